@@ -1,0 +1,1 @@
+"""executor: runs a plan on torch.distributed, measures it and verifies its numerics."""

@@ -1,0 +1,1 @@
+"""experiments: reproducible experiments and report builders."""

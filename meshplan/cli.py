@@ -1,0 +1,71 @@
+"""The ``meshplan`` command line (typer). Each command group lives in its own module under
+``meshplan.commands`` and exposes ``register(app)``; this file only wires them together and
+turns bad input into a one-line error with exit code 2."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from meshplan import __version__
+
+app = typer.Typer(
+    name="meshplan",
+    help="Sharding completion, reshard planning, pipeline simulation and strategy search.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One entry per command module; each defines register(app: typer.Typer) -> None.
+COMMAND_MODULES = [
+    "meshplan.commands.clusters",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"meshplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """meshplan command line."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script. Bad input (any ``ValueError``, ``FileNotFoundError``
+    or ``KeyError`` raised by meshplan) prints ``error: <message>`` and exits with 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as e:
+        return e.exit_code
+    except SystemExit as e:  # click usage errors already printed
+        return int(e.code or 0)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        typer.echo(f"error: {msg}", err=True)
+        return 2
+    except Exception as e:  # click errors (bad option etc.)
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            return 2
+        if isinstance(e, click.exceptions.Abort):
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""tuner: search space, sharding patterns, Optuna study, history and resume."""
