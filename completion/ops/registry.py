@@ -59,6 +59,11 @@ class OpDef:
             used by SPMD rules, cost and kernels when a per-type entry is absent.
         grad: the ``*_grad`` op type, if the op has one.
         variadic: operands may repeat (``concat``, ``add_n``).
+        grad_inputs: operands of the ``grad`` op, each naming a forward operand
+            (``"x"``), a forward result (``"out"``) or a result's gradient (``"out@GRAD"``),
+            in Paddle's order, e.g. matmul: ``("x", "y", "out@GRAD")``, relu:
+            ``("out", "out@GRAD")``. The grad op's results are the gradients of the forward
+            operands, in operand order (null where no gradient is needed).
     """
 
     name: str
@@ -70,6 +75,7 @@ class OpDef:
     family: str = ""
     grad: str | None = None
     variadic: bool = False
+    grad_inputs: tuple[str, ...] = ()
 
 
 OP_REGISTRY: dict[str, OpDef] = {}
