@@ -1,0 +1,185 @@
+"""Cluster specs: the catalog, provenance of every number, and one-line spec errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import clusters
+from clusters import (
+    CATALOG_DIR,
+    ClusterError,
+    ClusterSpecError,
+    UnknownClusterError,
+    list_catalog,
+    load_cluster,
+)
+
+CATALOG = [
+    "cpu-local",
+    "dgx-a100-40g",
+    "dgx-a100-80g",
+    "dgx-h100",
+    "hgx-h200",
+    "selene",
+    "zb-paper-a100",
+]
+
+
+def _base() -> dict:
+    return yaml.safe_load((CATALOG_DIR / "dgx-a100-80g.yaml").read_text())
+
+
+def _write(tmp_path: Path, data: object, name: str = "c.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_catalog_names_all_seven():
+    assert list_catalog() == CATALOG
+
+
+@pytest.mark.parametrize("name", CATALOG)
+def test_every_number_carries_provenance(name):
+    data = yaml.safe_load((CATALOG_DIR / f"{name}.yaml").read_text())
+    seen = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if "value" in node:
+                assert set(node) == {"value", "provenance"}, path
+                assert isinstance(node["provenance"], str) and len(node["provenance"]) > 10, path
+                seen.append(path)
+                return
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        else:
+            # a bare number anywhere else is a number without provenance
+            assert not isinstance(node, (int, float)) or isinstance(node, bool), path
+
+    walk(data, name)
+    # device: >= 2 dtypes + memory + bw + 3 efficiencies; node: 5; cluster: 2
+    assert len(seen) >= 2 + 2 + 3 + 5 + 2
+    assert data["name"] == name
+
+
+def test_dgx_a100_numbers_match_reference():
+    # hardware_and_models.md: A100 SXM 80GB 312 TFLOP/s bf16, 80 GB, 2.0 TB/s; DGX A100
+    # achieved busbw ~230 GB/s, 8 x 200 Gb/s HDR; formulas.md: Paddle 3.4 us / 9.6 us, 0.65.
+    c = load_cluster("dgx-a100-80g")
+    d, n = c.device, c.node
+    assert d.peak("bf16") == 312e12 and d.memory_bytes.value == 80e9
+    assert d.memory_bandwidth.value == 2.0e12 and d.efficiency.gemm.value == 0.65
+    assert n.intra_bandwidth.value == 230e9 and n.nic_bandwidth.value == 200e9 / 8
+    assert n.nic_count.value == 8 and n.devices_per_node.value == 8
+    assert n.intra_latency.value == 3.4e-6 and c.spec.cluster.inter_latency.value == 9.6e-6
+    assert c.num_nodes == 1 and c.world_size == 8
+
+
+def test_h100_h200_and_paper_clusters():
+    h100, h200 = load_cluster("dgx-h100"), load_cluster("hgx-h200")
+    assert h100.device.peak("bf16") == 989e12 and h100.device.memory_bandwidth.value == 3.35e12
+    assert h200.device.memory_bytes.value == 141e9 and h200.device.memory_bandwidth.value == 4.8e12
+    assert h100.node.nic_bandwidth.value == 400e9 / 8
+    # NVLink4 450 GB/s each way x (230/300) achieved ratio of the DGX A100
+    assert h100.node.intra_bandwidth.value == pytest.approx(450e9 * 230 / 300)
+    assert load_cluster("zb-paper-a100").num_nodes == 4
+    assert load_cluster("dgx-a100-40g").device.memory_bytes.value == 40e9
+
+
+def test_load_by_path_and_num_nodes_override(tmp_path):
+    p = _write(tmp_path, _base())
+    c = load_cluster(str(p), num_nodes=3)
+    assert (c.name, c.num_nodes, c.world_size) == ("dgx-a100-80g", 3, 24)
+    assert load_cluster(p).num_nodes == 1
+
+
+def test_efficiency_fields_readable():
+    eff = load_cluster("dgx-a100-80g").device.efficiency
+    assert eff.memory_bandwidth.value == 0.8 and eff.kernel_overhead_s.value == 5e-6
+    assert "0.65" in eff.gemm.provenance
+    assert eff.gemm_half_flops is None
+
+
+def test_optional_gemm_half_flops(tmp_path):
+    data = _base()
+    data["device"]["efficiency"]["gemm_half_flops"] = {"value": 1e9, "provenance": "calibrated"}
+    c = load_cluster(_write(tmp_path, data))
+    assert c.device.efficiency.gemm_half_flops.value == 1e9
+
+
+def _err(tmp_path, data) -> str:
+    with pytest.raises(ClusterSpecError) as ei:
+        load_cluster(_write(tmp_path, data))
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_field(tmp_path):
+    data = _base()
+    del data["node"]["nic_bandwidth"]
+    assert "missing field 'node.nic_bandwidth'" in _err(tmp_path, data)
+
+
+def test_missing_provenance(tmp_path):
+    data = _base()
+    del data["node"]["intra_bandwidth"]["provenance"]
+    assert "missing field 'node.intra_bandwidth.provenance'" in _err(tmp_path, data)
+
+
+@pytest.mark.parametrize("bad", [-5.0, 0])
+def test_non_positive_bandwidth(tmp_path, bad):
+    data = _base()
+    data["node"]["intra_bandwidth"]["value"] = bad
+    msg = _err(tmp_path, data)
+    assert "node.intra_bandwidth.value" in msg and "greater than 0" in msg and f"{bad!r}" in msg
+
+
+def test_zero_nic_and_memory_bandwidth(tmp_path):
+    data = _base()
+    data["node"]["nic_bandwidth"]["value"] = 0
+    assert "node.nic_bandwidth.value" in _err(tmp_path, data)
+    data = _base()
+    data["device"]["memory_bandwidth"]["value"] = -1
+    assert "device.memory_bandwidth.value" in _err(tmp_path, data)
+
+
+def test_unknown_field_and_bad_efficiency(tmp_path):
+    data = _base()
+    data["node"]["nic_bw"] = {"value": 1, "provenance": "x"}
+    assert "unknown field 'node.nic_bw'" in _err(tmp_path, data)
+    data = _base()
+    data["device"]["efficiency"]["gemm"]["value"] = 1.5
+    assert "device.efficiency.gemm.value" in _err(tmp_path, data)
+
+
+def test_bad_yaml_and_not_mapping(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nnode: [1, 2\n")
+    with pytest.raises(ClusterSpecError, match="invalid YAML"):
+        load_cluster(p)
+    with pytest.raises(ClusterSpecError, match="must be a mapping, got list"):
+        load_cluster(_write(tmp_path, [1, 2]))
+
+
+def test_unknown_catalog_name_and_missing_file():
+    with pytest.raises(UnknownClusterError, match="unknown cluster 'dgx-z9'.*dgx-a100-80g"):
+        load_cluster("dgx-z9")
+    with pytest.raises(ClusterSpecError, match="cluster file not found: nowhere/x.yaml"):
+        load_cluster("nowhere/x.yaml")
+
+
+def test_bad_num_nodes_and_dtype():
+    with pytest.raises(ClusterError, match="num_nodes must be an int >= 1, got 0"):
+        load_cluster("dgx-h100", num_nodes=0)
+    with pytest.raises(ClusterSpecError, match="no peak_flops for dtype 'fp8'"):
+        load_cluster("dgx-h100").device.peak("fp8")
+
+
+def test_errors_are_value_errors():
+    assert issubclass(clusters.ClusterError, ValueError)
+    assert issubclass(clusters.CollectiveError, ValueError)
