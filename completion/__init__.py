@@ -1,6 +1,7 @@
 """completion: program IR, process meshes, dist attrs, SPMD rules, Completer, partition and
 reshard passes. Knows nothing about time or hardware (see DESIGN.md)."""
 
+from completion.backward import BackwardError, append_backward
 from completion.dist_attr import (
     OperatorDistAttr,
     Partial,
@@ -12,9 +13,20 @@ from completion.dist_attr import (
     shard_range,
 )
 from completion.errors import CompletionError, DistAttrError
+from completion.frontends import from_torch
+from completion.ir import Operation, OpRole, Program, Value
 from completion.mesh import ProcessMesh
+from completion.models import ModelConfig, build_mlp, build_model, get_model_config
+from completion.ops.registry import OpError, TensorType
+from completion.optimizer import OptimizerError, apply_optimizer
+from completion.pir import PirParseError, parse_program, print_program
 
 __all__ = [
+    "ModelConfig",
+    "build_mlp",
+    "build_model",
+    "from_torch",
+    "get_model_config",
     "CompletionError",
     "DistAttrError",
     "OperatorDistAttr",
@@ -23,6 +35,19 @@ __all__ = [
     "Replicate",
     "Shard",
     "TensorDistAttr",
+    "OpError",
+    "OpRole",
+    "Operation",
+    "PirParseError",
+    "Program",
+    "TensorType",
+    "Value",
+    "BackwardError",
+    "OptimizerError",
+    "append_backward",
+    "apply_optimizer",
+    "parse_program",
+    "print_program",
     "local_shape",
     "max_local_shape",
     "shard_range",

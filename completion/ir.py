@@ -207,7 +207,10 @@ class Program:
             else:
                 nm = names[i] if names and i < len(names) else None
                 results.append(Value(t, nm, **flags))
-        op = Operation(type, operands, results, attrs, role=role, struct_name=struct_name)
+        op = Operation(
+            type, operands, results, attrs, role=role, struct_name=struct_name,
+            attr_tags={k: t for k, t in od.attr_tags.items() if k in attrs},
+        )
         return self.append(op, index)
 
     def remove(self, op: Operation) -> None:
@@ -239,11 +242,17 @@ class Program:
                     yield v
 
     def renumber(self) -> None:
-        """Assign SSA ids ``%0, %1, ...`` in definition order (null results take no id)."""
+        """Assign SSA ids ``%0, %1, ...`` in definition order.
+
+        A null result (``<<NULL TYPE>>``) still occupies an id slot, as in Paddle's PIR
+        printer (``(%17, %18) = "pd_op.subtract_grad" ... -> ..., <<NULL TYPE>>``), so ids
+        match the printed text."""
         n = 0
-        for v in self.values():
-            v.id = n
-            n += 1
+        for op in self.ops:
+            for v in op.results:
+                if v is not None:
+                    v.id = n
+                n += 1
 
     def value(self, ref: str | int) -> Value:
         """A value by ``%N`` / N or by name (``parameter_name`` / data ``name``).

@@ -64,6 +64,12 @@ class OpDef:
             in Paddle's order, e.g. matmul: ``("x", "y", "out@GRAD")``, relu:
             ``("out", "out@GRAD")``. The grad op's results are the gradients of the forward
             operands, in operand order (null where no gradient is needed).
+        attr_tags: attribute name -> PIR type tag printed before the value
+            (``{"axis": "pd_op.IntArray"}`` prints ``axis:(pd_op.IntArray)[]``).
+        internal_attrs: attributes used by inference/builders but not printed in PIR text
+            (e.g. a parameter's ``shape``/``dtype``, which the text carries in its type).
+        forward: for a ``*_grad`` op, the forward op type it differentiates.
+        variadic_results: the last result repeats (``split``).
     """
 
     name: str
@@ -76,6 +82,10 @@ class OpDef:
     grad: str | None = None
     variadic: bool = False
     grad_inputs: tuple[str, ...] = ()
+    attr_tags: dict[str, str] = field(default_factory=dict)
+    internal_attrs: tuple[str, ...] = ()
+    forward: str | None = None
+    variadic_results: bool = False
 
 
 OP_REGISTRY: dict[str, OpDef] = {}

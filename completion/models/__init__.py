@@ -1,0 +1,83 @@
+"""Model builders: the built-in catalog, Hugging Face ``config.json`` loading and the forward
+programs of GPT- and LLaMA-family decoders (and the seed's small MLP).
+
+Struct-name scheme (every op carries one; chunk segmentation matches it with a regex such as
+``r"^decoder\\.layers\\.(\\d+)\\."``):
+
+- ``embed_tokens``: input_ids data, token embedding parameter and lookup;
+- ``embed_positions``: position_ids data, learned position table, the add (GPT only);
+- ``rotary_emb``: the sin/cos tables (LLaMA only);
+- ``decoder.layers.{i}.input_layernorm`` / ``.post_attention_layernorm``: the norms;
+- ``decoder.layers.{i}.self_attn.{q,k,v,o}_proj``: projections (weight, GPT also bias);
+- ``decoder.layers.{i}.self_attn``: reshapes, rotary embedding, flash_attention;
+- ``decoder.layers.{i}.mlp.{up,down}_proj`` (GPT) or ``.mlp.{gate,up,down}_proj``
+  (LLaMA), ``decoder.layers.{i}.mlp.act`` (gelu / swiglu);
+- ``decoder.layers.{i}``: the two residual adds;
+- ``decoder.norm``: the final norm; ``lm_head``: the output projection (a tied head reads
+  ``embed_tokens.weight``); ``loss``: labels data, cross_entropy_with_softmax, mean and
+  shadow_output (role LOSS).
+
+Parameters are named ``<struct name>.weight`` / ``.bias``, e.g.
+``decoder.layers.3.mlp.up_proj.weight``; each parameter op sits just before its first user.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from completion.ir import Program
+from completion.models.config import (
+    MODEL_CATALOG,
+    ModelConfig,
+    ModelConfigError,
+    config_from_hf_dict,
+    get_model_config,
+    load_hf_config,
+    model_names,
+)
+from completion.models.mlp import build_mlp
+from completion.models.transformer import FAMILIES, build_decoder
+
+
+def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: int,
+                seq_len: int | None = None, dtype: str = "bfloat16",
+                num_layers: int | None = None) -> Program:
+    """The forward program (with loss) of a catalog model, a ``config.json`` path or a config.
+
+    Args:
+        name_or_config: catalog name (``llama2-7b``, ``gpt3-175b``, ``megatron-1t`` ...), a
+            path to a Hugging Face style ``config.json``, or a :class:`ModelConfig`.
+        batch_size: sequences per step (b).
+        seq_len: tokens per sequence (s); default the model's ``seq_len``. GPT models need
+            ``seq_len <= `` the position table size.
+        dtype: parameter and activation dtype (float32, bfloat16, float16).
+        num_layers: override the layer count (small test programs).
+
+    Raises ModelConfigError (a ValueError) naming the model or argument at fault.
+    """
+    cfg = get_model_config(name_or_config)
+    if num_layers is not None:
+        cfg = cfg.replace(num_layers=num_layers)
+    s = cfg.seq_len if seq_len is None else seq_len
+    for nm, v in (("batch_size", batch_size), ("seq_len", s)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelConfigError(f"model {cfg.name!r}: {nm} must be a positive int, got {v!r}")
+    if cfg.family == "gpt" and s > cfg.seq_len:
+        raise ModelConfigError(
+            f"model {cfg.name!r}: seq_len {s} exceeds the {cfg.seq_len} learned positions"
+        )
+    return build_decoder(cfg, batch_size, s, dtype)
+
+
+__all__ = [
+    "FAMILIES",
+    "MODEL_CATALOG",
+    "ModelConfig",
+    "ModelConfigError",
+    "build_mlp",
+    "build_model",
+    "config_from_hf_dict",
+    "get_model_config",
+    "load_hf_config",
+    "model_names",
+]

@@ -1,0 +1,212 @@
+"""Model configurations: the built-in catalog and Hugging Face ``config.json`` loading.
+
+The catalog holds every decoder-only model of ``shared/reference/hardware_and_models.md``:
+LLaMA 2 (Touvron et al. 2023), GPT-3 175B (Brown et al. 2020), the Zero Bubble paper's GPT
+sizes (Qi et al. 2024, Table 3) and the Megatron 2021 GPT family (Narayanan et al. 2021,
+Table 1). GPT-family models tie the LM head to the token embedding, as Megatron's parameter
+count (eq. 2) assumes; LLaMA models do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+from completion.errors import CompletionError
+
+FAMILIES = ("gpt", "llama")
+
+
+class ModelConfigError(CompletionError):
+    """An invalid model configuration, an unknown model name or a bad ``config.json``."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer.
+
+    Attributes:
+        name: catalog name (or the config file path).
+        family: ``"gpt"`` (learned positions, layer_norm with bias, GeLU MLP, biases on every
+            linear) or ``"llama"`` (rms_norm, rotary, SwiGLU MLP, no biases, grouped-query
+            attention).
+        num_layers, hidden_size, num_heads: l, h, a.
+        num_kv_heads: key/value heads (GQA); ``num_heads % num_kv_heads == 0``.
+        ffn_hidden_size: MLP inner size (SwiGLU: width of the gate and of the up projection).
+        vocab_size: V. seq_len: maximum (and default) sequence length s.
+        tie_word_embeddings: the LM head reuses the token embedding ``[V, h]``.
+        norm_eps: epsilon of layer_norm / rms_norm. rope_theta: rotary base (llama).
+
+    Raises ModelConfigError naming the field when a value is out of range.
+    """
+
+    name: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    tie_word_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ModelConfigError(f"model {self.name!r}: family {self.family!r} is not one of {list(FAMILIES)}")
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ModelConfigError(f"model {self.name!r}: {f} must be a positive int, got {v!r}")
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+        if not self.norm_eps > 0:
+            raise ModelConfigError(f"model {self.name!r}: norm_eps must be > 0, got {self.norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _gpt(name: str, l: int, h: int, a: int, ffn: int, vocab: int, seq: int) -> ModelConfig:  # noqa: E741
+    return ModelConfig(name, "gpt", l, h, a, a, ffn, vocab, seq, tie_word_embeddings=True)
+
+
+def _llama(name: str, l: int, h: int, a: int, kv: int, ffn: int) -> ModelConfig:  # noqa: E741
+    return ModelConfig(name, "llama", l, h, a, kv, ffn, 32000, 4096, norm_eps=1e-5)
+
+
+def _megatron(size: str, l: int, h: int, a: int) -> ModelConfig:  # noqa: E741
+    return _gpt(f"megatron-{size}", l, h, a, 4 * h, 51200, 2048)
+
+
+_CATALOG_LIST = [
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672),
+    _gpt("gpt3-175b", 96, 12288, 96, 49152, 51200, 2048),
+    _gpt("zb-gpt-1.5b", 22, 2304, 24, 9216, 50257, 1024),
+    _gpt("zb-gpt-6.2b", 30, 4096, 32, 16384, 50257, 1024),
+    _gpt("zb-gpt-14.6b", 46, 5120, 40, 20480, 50257, 1024),
+    _gpt("zb-gpt-28.3b", 62, 6144, 48, 24576, 50257, 1024),
+    _megatron("1.7b", 24, 2304, 24),
+    _megatron("3.6b", 30, 3072, 32),
+    _megatron("7.5b", 36, 4096, 32),
+    _megatron("18.4b", 40, 6144, 48),
+    _megatron("39.1b", 48, 8192, 64),
+    _megatron("76.1b", 60, 10240, 80),
+    _megatron("145.6b", 80, 12288, 96),
+    _megatron("310.1b", 96, 16384, 128),
+    _megatron("529.6b", 105, 20480, 128),
+    _megatron("1t", 128, 25600, 160),
+]
+
+#: Built-in models by name.
+MODEL_CATALOG: dict[str, ModelConfig] = {c.name: c for c in _CATALOG_LIST}
+
+_HF_FAMILY = {"llama": "llama", "mistral": "llama", "gpt2": "gpt", "gpt": "gpt", "megatron-gpt": "gpt"}
+
+
+def model_names() -> list[str]:
+    """Names of the built-in models, in catalog order."""
+    return list(MODEL_CATALOG)
+
+
+def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
+    """Read a Hugging Face style ``config.json`` (local file; nothing is downloaded).
+
+    Keys: ``model_type`` (``llama``/``mistral`` -> llama family; ``gpt2``/``gpt``/
+    ``megatron-gpt`` -> gpt family), ``num_hidden_layers``, ``hidden_size``,
+    ``num_attention_heads``, ``num_key_value_heads`` (default: heads),
+    ``intermediate_size`` (default 4 x hidden for gpt), ``vocab_size``,
+    ``max_position_embeddings``, optional ``tie_word_embeddings`` (default: true for gpt,
+    false for llama), ``rms_norm_eps`` / ``layer_norm_epsilon``, ``rope_theta``. GPT-2's own
+    spellings (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``n_positions``) are accepted.
+
+    Raises FileNotFoundError when the file is absent and ModelConfigError naming the file
+    and key on bad content.
+    """
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"model config file not found: {p}")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{p}: expected a JSON object at the top level")
+    return config_from_hf_dict(raw, name=str(p))
+
+
+def _key(raw: dict[str, Any], name: str, *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in raw and raw[k] is not None:
+            return raw[k]
+    if default is None:
+        raise ModelConfigError(f"{name}: missing key {keys[0]!r}")
+    return default
+
+
+def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
+    """Build a ModelConfig from the dict of a Hugging Face ``config.json`` (see
+    :func:`load_hf_config` for the keys)."""
+    mt = raw.get("model_type")
+    if mt not in _HF_FAMILY:
+        raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(_HF_FAMILY)}")
+    family = _HF_FAMILY[mt]
+    layers = _key(raw, name, "num_hidden_layers", "n_layer")
+    hidden = _key(raw, name, "hidden_size", "n_embd")
+    heads = _key(raw, name, "num_attention_heads", "n_head")
+    kv = _key(raw, name, "num_key_value_heads", default=heads)
+    if family == "gpt":
+        ffn = _key(raw, name, "intermediate_size", "n_inner", default=4 * hidden)
+    else:
+        ffn = _key(raw, name, "intermediate_size")
+    eps_keys = ("rms_norm_eps",) if family == "llama" else ("layer_norm_epsilon", "layer_norm_eps")
+    return ModelConfig(
+        name=name,
+        family=family,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
+        vocab_size=_key(raw, name, "vocab_size"),
+        seq_len=_key(raw, name, "max_position_embeddings", "n_positions"),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", family == "gpt")),
+        norm_eps=float(_key(raw, name, *eps_keys, default=1e-5)),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+    )
+
+
+def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelConfig:
+    """Resolve a catalog name, a path to a ``config.json``, or a ModelConfig.
+
+    Raises ModelConfigError naming the model when the name is neither in the catalog nor an
+    existing file."""
+    if isinstance(name_or_config, ModelConfig):
+        return name_or_config
+    key = str(name_or_config)
+    if key in MODEL_CATALOG:
+        return MODEL_CATALOG[key]
+    if key.lower() in MODEL_CATALOG:
+        return MODEL_CATALOG[key.lower()]
+    p = pathlib.Path(key)
+    if p.suffix == ".json" or p.is_file():
+        return load_hf_config(p)
+    raise ModelConfigError(f"unknown model {key!r}; built-in models: {', '.join(MODEL_CATALOG)}")
