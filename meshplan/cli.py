@@ -22,6 +22,8 @@ app = typer.Typer(
 # One entry per command module; each defines register(app: typer.Typer) -> None.
 COMMAND_MODULES = [
     "meshplan.commands.clusters",
+    "meshplan.commands.program",
+    "meshplan.commands.simulate",
 ]
 
 
@@ -42,6 +44,15 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def _click_exceptions():
+    """click's exceptions module: typer >= 0.2x vendors click as ``typer._click``."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # older typer depends on the click distribution
+        from click import exceptions
+    return exceptions
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script. Bad input (any ``ValueError``, ``FileNotFoundError``
     or ``KeyError`` raised by meshplan) prints ``error: <message>`` and exits with 2."""
@@ -55,13 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         typer.echo(f"error: {msg}", err=True)
         return 2
-    except Exception as e:  # click errors (bad option etc.)
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # click usage errors (bad option, missing argument, range)
+        click_exc = _click_exceptions()
+        if isinstance(e, click_exc.ClickException):
             e.show()
             return 2
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, click_exc.Abort):
             return 1
         raise
     return 0

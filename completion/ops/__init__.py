@@ -14,3 +14,4 @@ from completion.ops.registry import (
 
 __all__ = ["OP_REGISTRY", "OpDef", "OpError", "TensorType", "canonical_type", "get_opdef", "register_op"]
 from completion.ops import nn  # noqa: E402,F401  (registers the nn ops)
+from completion.ops import collective  # noqa: E402,F401  (registers the reshard pass ops)

@@ -1,0 +1,58 @@
+"""``meshplan program show --model NAME [--layers L] [--batch-size B] [--seq-len S]``:
+build a model's forward program and print it as PIR text plus a summary (ops by type,
+parameter count).
+
+``NAME`` is a built-in model (``llama2-7b``, ``gpt3-175b``, ``megatron-1t`` ...) or a path to
+a Hugging Face style ``config.json``. An unknown name raises ``ModelConfigError`` (a
+``ValueError``); ``meshplan.cli.main`` prints it as one ``error: ...`` line, exit code 2."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import typer
+
+from completion.ir import OpRole, Program
+from completion.models import build_model, get_model_config
+from completion.pir import print_program
+
+program_app = typer.Typer(help="Build and inspect programs.", no_args_is_help=True)
+
+
+def summary_lines(program: Program, title: str) -> list[str]:
+    """The summary block: op count by role, ops by type (most frequent first), parameters."""
+    by_type = Counter(op.full_type for op in program.ops)
+    by_role = Counter(OpRole(op.role).name.lower() for op in program.ops)
+    n_params = program.num_parameters()
+    roles = ", ".join(f"{r} {n}" for r, n in sorted(by_role.items()))
+    lines = [f"// summary: {title}", f"// ops: {len(program.ops)} ({roles})"]
+    width = max((len(t) for t in by_type), default=0)
+    for t, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"//   {t:<{width}}  {n}")
+    lines.append(f"// parameters: {n_params:,} ({n_params / 1e9:.3f} B)")
+    return lines
+
+
+@program_app.command("show")
+def show(
+    model: str = typer.Option(..., "--model", "-m", help="Built-in model name or config.json path."),
+    layers: int | None = typer.Option(None, "--layers", "-l", help="Override the layer count."),
+    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Sequences per step."),
+    seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="float32, bfloat16 or float16."),
+    summary_only: bool = typer.Option(False, "--summary-only", help="Print only the summary."),
+) -> None:
+    """Print the forward program of MODEL as PIR text, then a summary."""
+    cfg = get_model_config(model)
+    program = build_model(cfg, batch_size, seq_len, dtype=dtype, num_layers=layers)
+    if not summary_only:
+        typer.echo(print_program(program).rstrip("\n"))
+    n_layers = layers if layers is not None else cfg.num_layers
+    s = seq_len if seq_len is not None else cfg.seq_len
+    title = (f"{cfg.name} ({cfg.family}), {n_layers} layers, batch {batch_size}, seq {s}, {dtype}")
+    typer.echo("\n".join(summary_lines(program, title)))
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the ``program`` command group to the root app."""
+    app.add_typer(program_app, name="program")
