@@ -1,0 +1,73 @@
+"""Handcrafted zero-bubble schedules ZB-H1, ZB-H2 and ZB-V (Paddle's ZBVPP).
+
+Source: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR), sec. 2 and Table 2
+(ZB-H1 bubble (p-1)(T_F+T_B-T_W), peak p*M_B; ZB-H2 bubble (p-1)(T_F+T_B-2T_W), peak
+(2p-1)M_B) and sec. 6 (ZB-V: 2p chunks in a V, peak p*M_B, bubble 0 at equal times).
+Orders come from ``simulator.schedules.greedy.unit_greedy`` with each schedule's memory caps.
+"""
+
+from __future__ import annotations
+
+from simulator.schedules.base import (
+    Action,
+    Schedule,
+    ScheduleError,
+    interleaved_vstages,
+    make_schedule,
+    register_schedule,
+    v_shape_vstages,
+)
+from simulator.schedules.greedy import unit_greedy
+
+
+def _single_chunk(name: str, v: int) -> None:
+    if v != 1:
+        raise ScheduleError(f"{name}: num_chunks must be 1, got {v}")
+
+
+@register_schedule("ZBH1")
+def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, Fig. 3 top): rank r runs min(p - r, m) warm-up forwards, then
+    per micro-batch k: B_k, W_{k-r} (W lags r micro-batches), F_{next}; leftover W at the
+    end. Worker i = r+1 holds (p-i+1)M_B + (i-1)M_W, 1F1B's peak. Any m >= 1."""
+    _single_chunk("ZBH1", v)
+    rows = []
+    for r in range(p):
+        warm = min(p - r, m)
+        row = [Action("F", r, i) for i in range(warm)]
+        for k in range(m):
+            row.append(Action("B", r, k))
+            if k >= r:
+                row.append(Action("W", r, k - r))
+            if warm + k < m:
+                row.append(Action("F", r, warm + k))
+        row += [Action("W", r, i) for i in range(max(0, m - r), m)]
+        rows.append(row)
+    return make_schedule("ZBH1", p, m, 1, rows, interleaved_vstages(p, 1))
+
+
+@register_schedule("ZBH2")
+def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H2: extra warm-up forwards (worker i holds (2p-2i+1)M_B + (2i-2)M_W). Bubble
+    (p-1)(T_F+T_B-2T_W) for m >= 2p; any m >= 1 runs."""
+    _single_chunk("ZBH2", v)
+    rows, _ = unit_greedy(p, m, interleaved_vstages(p, 1), [2 * (p - r) - 1 for r in range(p)], [2 * p - 1] * p)
+    return make_schedule("ZBH2", p, m, 1, rows, interleaved_vstages(p, 1))
+
+
+@register_schedule("ZBVPP")
+def zb_v(p: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V: rank i holds virtual stages i and 2p-1-i (a micro-batch starts and ends on rank
+    0); at most 2p chunk activations (p*M_B) live per rank. Requires num_chunks == 2."""
+    if v != 2:
+        raise ScheduleError(f"ZBVPP: num_chunks must be 2 (a V of two chunks per rank), got {v}")
+    vst = v_shape_vstages(p)
+    best, best_cost = None, None
+    for deep_b_first in (True, False):  # two tie-break variants; keep the shorter one
+        try:
+            rows, cost = unit_greedy(p, m, vst, [2 * p] * p, [2 * p] * p, w_weight=0.5, deep_b_first=deep_b_first)
+        except ScheduleError:
+            continue
+        if best_cost is None or cost < best_cost:
+            best, best_cost = rows, cost
+    return make_schedule("ZBVPP", p, m, 2, best, vst)

@@ -1,0 +1,49 @@
+"""``meshplan simulate``: JSON output, Chrome trace and PNG."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from meshplan.commands import simulate
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    simulate.register(app)
+
+    @app.callback()
+    def _root() -> None:
+        """test root"""
+
+    return app
+
+
+def test_cli_simulate_json_trace_plot(tmp_path):
+    trace, plot = tmp_path / "out.json", tmp_path / "out.png"
+    args = ["simulate", "--schedule", "1F1B", "--stages", "4", "--microbatches", "8", "--tf", "1",
+            "--tb", "2", "--tw", "0", "--trace", str(trace), "--plot", str(plot), "--json"]
+    res = CliRunner().invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert abs(out["step_time_ms"] - (8 + 3) * 3.0) < 1e-9  # (m+p-1)(T_F+T_B)
+    assert out["peak_memory"] == [4.0, 3.0, 2.0, 1.0]
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    for rank in range(4):
+        names = sorted(e["name"] for e in events if e["tid"] == rank)
+        assert names == sorted([f"F{i}" for i in range(8)] + [f"BW{i}" for i in range(8)])
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_simulate_via_main_and_bad_input(capsys):
+    from meshplan.cli import main
+
+    rc = main(["simulate", "--schedule", "ZBVPP", "--stages", "8", "--microbatches", "24", "--tf", "18.5",
+               "--tb", "18.1", "--tw", "9.3", "--tcomm", "0.6", "--chunks", "2", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["peak_memory"] == [8.0] * 8
+    rc = main(["simulate", "--schedule", "VPP", "--stages", "4", "--microbatches", "6", "--tf", "1", "--tb", "1"])
+    assert rc == 2
+    assert "multiple of num_stages" in capsys.readouterr().err
