@@ -33,6 +33,7 @@ def apply_partition_pass(program: Program) -> Program:
 
     Raises ReshardError (a ValueError) naming the value and both attrs when a required
     layout cannot be reached (e.g. it does not fit the value's shape)."""
+    program.renumber()  # error messages name values by id
     cache: dict[tuple[int, tuple], Value] = {}
     for op in list(program.ops):
         if op.dist_attr is None or op.type == "reshard":

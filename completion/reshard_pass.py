@@ -18,7 +18,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from completion.dist_attr import OperatorDistAttr, Partial, Placement, Replicate, Shard, TensorDistAttr
+from completion.dist_attr import (
+    OperatorDistAttr,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    TensorDistAttr,
+)
 from completion.errors import CompletionError, DistAttrError
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
@@ -41,6 +48,7 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
     ``cost`` is the planner's per-step cost (default: the hardware-free proxy). Returns
     the program, renumbered. Raises ReshardError naming the value and both attrs for an
     unreachable layout, CompletionError for a reshard op without a dist attr."""
+    program.renumber()  # error messages name values by id
     for op in [o for o in program.ops if o.type == "reshard"]:
         v, out = op.operands[0], op.results[0]
         if op.dist_attr is None or v is None or out is None:

@@ -1,0 +1,56 @@
+"""Partition + reshard speed: ``apply_partition_pass`` then ``apply_reshard_pass`` on
+llama2-7b (32 layers, batch 4, forward + ``append_backward`` + ``apply_optimizer("adamw")``),
+Megatron layout (:func:`completion.annotate.shard_megatron`) on a mesh [dp=2, mp=4], after
+``Completer.complete()``.
+
+Target (issue 5): under 0.5 s. Only the two passes are timed; the planner's cache is
+cleared before each run so every plan is searched again."""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.harness import BenchResult, reference_workload
+from completion import apply_partition_pass, apply_reshard_pass, build_model
+from completion.annotate import shard_megatron
+from completion.backward import append_backward
+from completion.completer import Completer
+from completion.mesh import ProcessMesh
+from completion.optimizer import apply_optimizer
+from completion.reshard.planner import _plan
+
+
+def completed_program(name: str = "llama2-7b"):
+    """``name`` (batch 4) forward + backward + AdamW, Megatron dp2 x mp4, completed."""
+    p = build_model(name, 4)
+    append_backward(p)
+    apply_optimizer(p, "adamw")
+    shard_megatron(p, ProcessMesh.of(2, 4, dim_names=("dp", "mp")), "dp", "mp")
+    Completer(p).complete()
+    return p
+
+
+def time_passes(name: str = "llama2-7b", repeat: int = 3) -> tuple[float, int, int]:
+    """Median seconds of partition + reshard over ``repeat`` fresh programs, the number of
+    reshard ops inserted and the op count after the reshard pass."""
+    times, n_rs, n_ops = [], 0, 0
+    for _ in range(repeat):
+        p = completed_program(name)
+        _plan.cache_clear()
+        t0 = time.perf_counter()
+        apply_partition_pass(p)
+        n_rs = sum(op.type == "reshard" for op in p.ops)
+        apply_reshard_pass(p)
+        times.append(time.perf_counter() - t0)
+        n_ops = len(p)
+    times.sort()
+    return times[len(times) // 2], n_rs, n_ops
+
+
+def run() -> list[BenchResult]:
+    t0 = time.perf_counter()
+    reference_workload()
+    ref = time.perf_counter() - t0
+    sec, n_rs, n_ops = time_passes()
+    extra = f"{n_rs} reshards -> {n_ops} ops"
+    return [BenchResult("partition+reshard llama2-7b megatron dp2 x mp4", sec, ref, 0.5, extra)]
