@@ -24,6 +24,10 @@ COMMAND_MODULES = [
     "meshplan.commands.clusters",
     "meshplan.commands.program",
     "meshplan.commands.simulate",
+    "meshplan.commands.cost",
+    "meshplan.commands.report",
+    "meshplan.commands.complete",
+    "meshplan.commands.tune",
 ]
 
 

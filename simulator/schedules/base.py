@@ -9,7 +9,7 @@ The model order of chunks is given by ``Schedule.vstage[rank][chunk]`` (virtual 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -90,6 +90,7 @@ class Schedule:
 
 
 Builder = Callable[..., Schedule]
+TIME_AWARE = ("ZB", "ZBVPP")  # builders that accept stage_times / comm_time
 SCHEDULES: dict[str, Builder] = {}
 
 
@@ -108,6 +109,24 @@ def check_common(name: str, p: int, m: int, v: int) -> None:
     for label, val in (("num_stages", p), ("num_microbatches", m), ("num_chunks", v)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ScheduleError(f"{name}: {label} must be a positive integer, got {val!r}")
+
+
+def times_ns(name: str, stage_times: Mapping[str, float] | None, comm_time: float = 0.0
+             ) -> tuple[tuple[int, int, int], int]:
+    """(T_F, T_B, T_W) and T_comm in integer ns for the time-aware builders (ZB, ZBVPP);
+    ``stage_times`` None means 1 s each. Raises ScheduleError on a missing key, a
+    non-positive pass time or a negative ``comm_time``."""
+    st = {"F": 1.0, "B": 1.0, "W": 1.0} if stage_times is None else stage_times
+    if not isinstance(st, Mapping) or not {"F", "B", "W"} <= set(st):
+        raise ScheduleError(f"{name}: stage_times must be a mapping with F, B, W seconds, got {st!r}")
+    try:
+        vals = tuple(round(float(st[k]) * 1e9) for k in "FBW")
+        comm = round(float(comm_time) * 1e9)
+    except (TypeError, ValueError):
+        raise ScheduleError(f"{name}: stage_times/comm_time must be numbers of seconds") from None
+    if min(vals) <= 0 or comm < 0:
+        raise ScheduleError(f"{name}: stage times must be > 0 and comm_time >= 0, got {st!r}, {comm_time!r}")
+    return vals, comm
 
 
 def interleaved_vstages(p: int, v: int) -> tuple[tuple[int, ...], ...]:
@@ -144,9 +163,9 @@ def build_schedule(
         num_chunks: v, model chunks per rank (VPP: any v >= 1; ZBVPP: exactly 2; else 1).
         memory_limit: only for ``ZB``: activation memory limit per rank in units of M_B
             (``p`` gives ZB-1p, ``2p`` gives ZB-2p); default ``2p``.
-        options: builder-specific keywords; ``ZB`` takes ``stage_times`` (``{"F","B","W"}``
-            seconds, default all 1) and ``comm_time`` (seconds, default 0) because its
-            heuristic places W passes using the times.
+        options: builder-specific keywords; ``ZB`` and ``ZBVPP`` take ``stage_times``
+            (``{"F","B","W"}`` seconds per stage, default all equal) and ``comm_time``
+            (T_comm seconds, default 0) because their heuristics place passes by time.
 
     Raises:
         ScheduleError: unknown name, or an illegal (p, m, v, memory_limit) combination.
@@ -157,7 +176,7 @@ def build_schedule(
     check_common(name, num_stages, num_microbatches, num_chunks)
     if memory_limit is not None and name != "ZB":
         raise ScheduleError(f"{name}: memory_limit applies only to the ZB schedule")
-    if options and name != "ZB":
+    if options and (name not in TIME_AWARE or set(options) - {"stage_times", "comm_time"}):
         raise ScheduleError(f"{name}: unexpected options {sorted(options)}")
     if name == "ZB":
         options["memory_limit"] = memory_limit

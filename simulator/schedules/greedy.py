@@ -1,17 +1,18 @@
 """Unit-time greedy list scheduler that derives the handcrafted zero-bubble orders.
 
-ZB-H1, ZB-H2 (Qi et al. 2024, sec. 2, Fig. 3, Table 2) and ZB-V (sec. 6, Fig. 8) are
-defined by their memory budgets: on rank r (0-based) at most ``cap_unb[r]`` micro-batches
+ZB-H1 and ZB-H2 (Qi et al. 2024, sec. 2, Fig. 3, Table 2) are defined by their memory
+budgets: on rank r (0-based) at most ``cap_unb[r]`` micro-batches
 whose F ran but whose B did not, and at most ``cap_live[r]`` whose F ran but whose W did
 not (each holds M_B before B, M_W after). Playing every pass at unit time (one slot per
 F, B or W of a chunk, no communication) with the priority "B if ready, else F if ready and
 within the caps, else the oldest pending W" yields the published orders:
 
 * ZB-H1: cap_unb = p - r, cap_live = p -> worker i=r+1 holds (p-i+1)M_B + (i-1)M_W;
-* ZB-H2: cap_unb = 2(p - r) - 1, cap_live = 2p - 1 -> (2p-2i+1)M_B + (2i-2)M_W;
-* ZB-V: cap_live = 2p chunk passes of M_B/2 each -> p*M_B on every rank.
+* ZB-H2: cap_unb = 2(p - r) - 1, cap_live = 2p - 1 -> (2p-2i+1)M_B + (2i-2)M_W.
 
-Among chunks, the deeper virtual stage goes first (its pass frees memory sooner).
+With several chunks per rank the deeper virtual stage goes first (its pass frees memory
+sooner). (ZB-V is not derived here: at unit time this greedy leaves a bubble for some
+(p, m); ``zbv.py`` builds it time-aware.)
 """
 
 from __future__ import annotations
@@ -27,16 +28,11 @@ def unit_greedy(
     vstage: tuple[tuple[int, ...], ...],
     cap_unb: list[int],
     cap_live: list[int],
-    w_weight: float = 1.0,
-    deep_b_first: bool = True,
-    deep_f_first: bool = True,
-    alternate: bool = False,
 ) -> tuple[list[list[Action]], int]:
     """Per-rank action lists, and the largest per-rank span in slots, from the unit-time greedy described in the module docstring.
 
     An F may start on rank r while ``unb + 1 <= cap_unb[r]`` and
-    ``unb + 1 + w_weight * pending_w <= cap_live[r]`` (``w_weight`` = M_W / M_B assumed by
-    the budget: 1 counts a pending W like a full activation, 0.5 like ZB-V's M_W = M_B/2).
+    ``unb + 1 + pending_w <= cap_live[r]`` (a pending W counted like a full activation).
 
     Raises ScheduleError if the caps admit no progress (e.g. a cap below 1)."""
     v = len(vstage[0])
@@ -49,25 +45,21 @@ def unit_greedy(
     unb = [0] * p
     live = [0] * p
     rows: list[list[Action]] = [[] for _ in range(p)]
-    b_order = [sorted(range(v), key=lambda c, r=r: -vstage[r][c] if deep_b_first else vstage[r][c]) for r in range(p)]
-    f_order = [sorted(range(v), key=lambda c, r=r: -vstage[r][c] if deep_f_first else vstage[r][c]) for r in range(p)]
+    order = [sorted(range(v), key=lambda c, r=r: -vstage[r][c]) for r in range(p)]
     total, placed, t = 3 * nvs * m, 0, 0
     idle_slots = 0
-    last = [""] * p
     first_slot = [-1] * p
     end_slot = [0] * p
     while placed < total:
         progressed = False
         for r in range(p):
-            f_ok = unb[r] < cap_unb[r] and unb[r] + 1 + w_weight * (live[r] - unb[r]) <= cap_live[r]
-            b = _ready_b(r, t, m, nvs, vstage, b_order[r], f_done, b_done, next_b)
-            f = _ready_f(r, t, m, vstage, f_order[r], f_done, next_f) if f_ok else None
-            act = _pick(b, f, pending_w[r], alternate and last[r] == "B")
+            f_ok = unb[r] < cap_unb[r] and live[r] + 1 <= cap_live[r]
+            b = _ready_b(r, t, m, nvs, vstage, order[r], f_done, b_done, next_b)
+            f = _ready_f(r, t, m, vstage, order[r], f_done, next_f) if f_ok else None
+            act = b or f or (("W",) + pending_w[r].popleft() if pending_w[r] else None)
             if act is None:
                 continue
             kind, c, mb = act
-            if kind != "W":
-                last[r] = kind
             if first_slot[r] < 0:
                 first_slot[r] = t
             end_slot[r] = t + 1
@@ -109,21 +101,3 @@ def _ready_f(r, t, m, vstage, order, f_done, next_f):
         if mb < m and (vs == 0 or f_done.get((vs - 1, mb), t + 1) <= t):
             return ("F", c, mb)
     return None
-
-
-def _pick(b, f, pend, want_f):
-    """Choose among a ready B, a ready F and the oldest pending W. Default priority is
-    B > F > W; with ``want_f`` (alternating mode after a B) it is F > W > B."""
-    first, second = (f, b) if want_f else (b, f)
-    if first is not None:
-        return first
-    if want_f and pend:
-        c, mb = pend.popleft()
-        return ("W", c, mb)
-    if second is not None:
-        return second
-    if pend:
-        c, mb = pend.popleft()
-        return ("W", c, mb)
-    return None
-

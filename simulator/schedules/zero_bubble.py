@@ -1,8 +1,8 @@
-"""Handcrafted zero-bubble schedules ZB-H1, ZB-H2 and ZB-V (Paddle's ZBVPP).
+"""Handcrafted zero-bubble schedules ZB-H1 and ZB-H2 (ZB-V, Paddle's ZBVPP: ``zbv.py``).
 
 Source: Qi et al. 2024, "Zero Bubble Pipeline Parallelism" (ICLR), sec. 2 and Table 2
 (ZB-H1 bubble (p-1)(T_F+T_B-T_W), peak p*M_B; ZB-H2 bubble (p-1)(T_F+T_B-2T_W), peak
-(2p-1)M_B) and sec. 6 (ZB-V: 2p chunks in a V, peak p*M_B, bubble 0 at equal times).
+(2p-1)M_B).
 Orders come from ``simulator.schedules.greedy.unit_greedy`` with each schedule's memory caps.
 """
 
@@ -15,7 +15,6 @@ from simulator.schedules.base import (
     interleaved_vstages,
     make_schedule,
     register_schedule,
-    v_shape_vstages,
 )
 from simulator.schedules.greedy import unit_greedy
 
@@ -53,21 +52,3 @@ def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
     _single_chunk("ZBH2", v)
     rows, _ = unit_greedy(p, m, interleaved_vstages(p, 1), [2 * (p - r) - 1 for r in range(p)], [2 * p - 1] * p)
     return make_schedule("ZBH2", p, m, 1, rows, interleaved_vstages(p, 1))
-
-
-@register_schedule("ZBVPP")
-def zb_v(p: int, m: int, v: int = 2) -> Schedule:
-    """ZB-V: rank i holds virtual stages i and 2p-1-i (a micro-batch starts and ends on rank
-    0); at most 2p chunk activations (p*M_B) live per rank. Requires num_chunks == 2."""
-    if v != 2:
-        raise ScheduleError(f"ZBVPP: num_chunks must be 2 (a V of two chunks per rank), got {v}")
-    vst = v_shape_vstages(p)
-    best, best_cost = None, None
-    for deep_b_first in (True, False):  # two tie-break variants; keep the shorter one
-        try:
-            rows, cost = unit_greedy(p, m, vst, [2 * p] * p, [2 * p] * p, w_weight=0.5, deep_b_first=deep_b_first)
-        except ScheduleError:
-            continue
-        if best_cost is None or cost < best_cost:
-            best, best_cost = rows, cost
-    return make_schedule("ZBVPP", p, m, 2, best, vst)

@@ -1,0 +1,70 @@
+"""``meshplan cost``: predicted step time, throughput, MFU and memory of one strategy.
+
+Prints the time breakdown of the critical rank (compute, TP comm, PP comm, bubble, DP
+sync, optimizer) and the memory breakdown of the heaviest rank; ``--json`` prints
+step_time_ms, tokens_per_s, tflops_per_gpu, mfu, max_memory_bytes and the breakdowns."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _render(model: str, cluster: str, res: object) -> str:
+    d = res.to_dict()  # type: ignore[attr-defined]
+    lines = [
+        f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
+        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%, "
+        f"bubble ratio {d['bubble_ratio']:.4f}",
+        f"layers per stage: {d['layers_per_vstage']}",
+        "time breakdown (critical rank):",
+    ]
+    lines += [f"  {k:<10} {v * 1e3:10.2f} ms" for k, v in d["time_breakdown_s"].items()]
+    lines.append(f"memory breakdown (heaviest rank), max {_fmt_bytes(d['max_memory_bytes'])}:")
+    lines += [f"  {k:<12} {_fmt_bytes(v):>12}" for k, v in d["memory_breakdown_bytes"].items()]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``cost`` command to ``app``."""
+
+    @app.command("cost")
+    def cost(
+        model: str = typer.Option(..., "--model", help="Built-in name, config.json or .pir path."),
+        cluster: str = typer.Option(..., "--cluster", help="Catalog name or cluster YAML path."),
+        nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's)."),
+        dp: int = typer.Option(1, "--dp", help="Data-parallel degree."),
+        mp: int = typer.Option(1, "--mp", help="Tensor (model) parallel degree."),
+        pp: int = typer.Option(1, "--pp", help="Pipeline stages."),
+        vpp: int = typer.Option(1, "--vpp", help="Model chunks per pipeline rank (VPP/ZBVPP)."),
+        schedule: str = typer.Option("1F1B", "--schedule", help="FThenB, 1F1B, VPP, ZBH1, ZBH2, ZBVPP, ZB-1p, ZB-2p."),
+        micro_batch_size: int = typer.Option(1, "--micro-batch-size", help="Sequences per micro-batch."),
+        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
+        seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's)."),
+        recompute: str = typer.Option("none", "--recompute", help="none, selective or full."),
+        zero: int = typer.Option(0, "--zero", help="ZeRO sharding stage 0-3 over dp."),
+        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism."),
+        dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
+    ) -> None:
+        """Cost one training step of MODEL on CLUSTER under a strategy."""
+        from meshplan.engine import Engine
+        from meshplan.strategy import Strategy
+
+        strategy = Strategy(dp=dp, mp=mp, pp=pp, vpp=vpp, schedule_mode=schedule,
+                            micro_batch_size=micro_batch_size, global_batch_size=global_batch,
+                            recompute=recompute, sharding_stage=zero,
+                            sequence_parallel=sequence_parallel, dtype=dtype)
+        res = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len).simulate()
+        if trace is not None:
+            res.sim.to_chrome_trace(trace)
+        if as_json:
+            typer.echo(json.dumps(res.to_dict(), sort_keys=True))
+        else:
+            typer.echo(_render(model, cluster, res))

@@ -1,0 +1,111 @@
+"""``Plan``: everything needed to reproduce one candidate (model reference, cluster, strategy,
+annotations), with a JSON round trip."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshplan.strategy import Strategy, StrategyError
+
+PLAN_VERSION = 1
+
+
+class PlanError(ValueError):
+    """A malformed plan document; names the field at fault."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A reproducible candidate.
+
+    Attributes:
+        model: a built-in model name (``llama2-7b``), a ``config.json`` path or a PIR
+            program text path.
+        cluster: a catalog cluster name or a cluster YAML path; nodes: node count (None =
+            the spec's default).
+        strategy: the :class:`Strategy`.
+        seq_len: tokens per sequence (None = the model's default).
+        annotations: value name -> placements, applied on top of the strategy's
+            annotation (mesh dims in the order dp, mp).
+    """
+
+    model: str
+    cluster: str
+    strategy: Strategy
+    nodes: int | None = None
+    seq_len: int | None = None
+    annotations: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("model", "cluster"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise PlanError(f"plan field {name!r} must be a non-empty string, got {v!r}")
+        if not isinstance(self.strategy, Strategy):
+            raise PlanError(f"plan field 'strategy' must be a Strategy, got {type(self.strategy).__name__}")
+        for name in ("nodes", "seq_len"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise PlanError(f"plan field {name!r} must be an integer >= 1 or null, got {v!r}")
+        if not isinstance(self.annotations, Mapping):
+            raise PlanError("plan field 'annotations' must be a mapping value name -> placements")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_VERSION,
+            "model": self.model,
+            "cluster": self.cluster,
+            "nodes": self.nodes,
+            "seq_len": self.seq_len,
+            "strategy": self.strategy.to_dict(),
+            "annotations": {k: list(v) for k, v in self.annotations.items()},
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Inverse of :meth:`to_dict`. Raises PlanError naming a missing/unknown field."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        known = {"version", "model", "cluster", "nodes", "seq_len", "strategy", "annotations"}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise PlanError(f"unknown plan field(s) {extra}")
+        for req in ("model", "cluster", "strategy"):
+            if req not in data:
+                raise PlanError(f"plan is missing field {req!r}")
+        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
+            raise PlanError(f"plan field 'version' is {data['version']!r}; this meshplan reads {PLAN_VERSION}")
+        try:
+            strategy = Strategy.from_dict(data["strategy"])
+        except StrategyError as e:
+            raise PlanError(f"plan field 'strategy': {e}") from None
+        return cls(model=data["model"], cluster=data["cluster"], strategy=strategy,
+                   nodes=data.get("nodes"), seq_len=data.get("seq_len"),
+                   annotations=dict(data.get("annotations") or {}))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json() + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"plan file not found: {p}")
+        return cls.from_json(p.read_text())

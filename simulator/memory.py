@@ -1,0 +1,304 @@
+"""Memory per rank: model states by ZeRO stage, activations saved for backward (read from
+the program), recomputation, a workspace term, and the in-flight count from the schedule.
+
+Model states (ZeRO, Rajbhandari et al. SC'20, section 5; formulas.md): with mixed-precision
+Adam, 2 bytes of 16-bit weights + 2 of gradients + 12 of optimizer states (fp32 master,
+momentum, variance) per parameter; ZeRO-1 shards the optimizer states over the sharding
+degree N, ZeRO-2 also the gradients, ZeRO-3 also the weights:
+(2+2+12/N)P, (2+14/N)P, 16P/N. Uneven shards take the largest (ceil) share.
+
+Activations: the forward values that backward ops read (PIR: operands of role-backward ops
+defined by forward/loss ops), excluding parameters and the operands a grad kernel needs only
+the shape of (Paddle ``backward.yaml`` ``no_need_buffer``, table :data:`NO_NEED_BUFFER`).
+Views (reshape, squeeze, unsqueeze) share their input's storage and are counted once; the
+result of a forward all_gather (sequence parallelism) is kept as its sharded input
+(:func:`is_regather`).
+Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation"): ``full`` keeps
+only each layer's input; ``selective`` drops what only the attention core (QK^T, softmax,
+dropout, attention over V, or a flash_attention kernel) needs. The transient of recomputing
+one layer (its dropped bytes) is added once to the peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from completion.ir import Operation, OpRole, Program, Value
+from simulator.blocks import assign_blocks
+from simulator.sig import DTYPE_BYTES, local_tensor, op_signature
+
+# grad op -> operand indices whose buffers are not read (only their shapes)
+NO_NEED_BUFFER: dict[str, frozenset[int]] = {
+    "add_grad": frozenset({0, 1}), "subtract_grad": frozenset({0, 1}),
+    "embedding_grad": frozenset({1}), "layer_norm_grad": frozenset({2}),
+    "reshape_grad": frozenset({0}), "squeeze_grad": frozenset({0}),
+    "unsqueeze_grad": frozenset({0}), "cast_grad": frozenset({0}),
+    "transpose_grad": frozenset({0}), "slice_grad": frozenset({0}),
+    "mean_grad": frozenset({0}), "sum_grad": frozenset({0}), "split_grad": frozenset({0}),
+    "concat_grad": frozenset(), "expand_grad": frozenset({0}),
+}
+VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze", "flatten", "view"})
+ATTN_CORE_TYPES = frozenset({"flash_attention", "softmax", "dropout", "scale", "matmul"})
+ATTN_CORE_GRADS = frozenset({f"{t}_grad" for t in ATTN_CORE_TYPES})
+RECOMPUTE_MODES = ("none", "selective", "full")
+StageKey = tuple[tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer states on one rank."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def zero_model_states(num_params: int, sharding_degree: int, stage: int, param_bytes: int = 2,
+                      grad_bytes: int = 2, optimizer_bytes: int = 12) -> ModelStates:
+    """Model states of one rank holding ``num_params`` parameters under ZeRO ``stage``
+    (0-3) over ``sharding_degree`` ranks (ZeRO paper section 5 / formulas.md).
+
+    Raises ValueError for a stage outside 0..3 or a degree < 1."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"sharding_stage must be 0, 1, 2 or 3, got {stage!r}")
+    if sharding_degree < 1 or num_params < 0:
+        raise ValueError(f"sharding_degree must be >= 1 and num_params >= 0, got "
+                         f"{sharding_degree}, {num_params}")
+    shard = -(-num_params // sharding_degree)
+    return ModelStates(
+        params=(shard if stage >= 3 else num_params) * param_bytes,
+        grads=(shard if stage >= 2 else num_params) * grad_bytes,
+        optimizer=(shard if stage >= 1 else num_params) * optimizer_bytes,
+    )
+
+
+def optimizer_bytes_per_param(param_dtype: str, optimizer: str = "adamw") -> int:
+    """Optimizer-state bytes per parameter: Adam/AdamW keep fp32 momentum and variance (8),
+    SGD none; a 16-bit parameter adds an fp32 master copy (4). Raises ValueError for an
+    unknown optimizer."""
+    base = {"adam": 8, "adamw": 8, "sgd": 0}
+    if optimizer not in base:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(base)}")
+    master = 4 if DTYPE_BYTES.get(param_dtype, 4) < 4 else 0
+    return base[optimizer] + master
+
+
+def stage_key(op: Operation) -> StageKey:
+    """(ranks of the op's process mesh, chunk id); ((), chunk) when not annotated."""
+    da = op.dist_attr
+    mesh = da.process_mesh if da is not None else None
+    if mesh is None:
+        for v in op.results:
+            if v is not None and v.dist_attr is not None:
+                mesh = v.dist_attr.process_mesh
+                break
+    chunk = op.chunk_id or (da.chunk_id if da is not None else 0)
+    return (tuple(mesh.process_ids) if mesh is not None else (), chunk)
+
+
+def _root(v: Value) -> Value:
+    while v.op is not None and v.op.operands and v.op.operands[0] is not None and (
+            v.op.type in VIEW_OPS or is_regather(v.op)):
+        v = v.op.operands[0]
+    return v
+
+
+def is_regather(op: Operation) -> bool:
+    """A forward reshard that only all_gathers (S -> R on some mesh dims, no partial).
+    Its result is not kept for backward: the sharded input is kept and the all_gather
+    re-issued in B, as Megatron's sequence parallelism does (Korthikanti et al. 2022,
+    section 4.2.2), so activations stay s*b*h*(34 + 5as/h)/t."""
+    if op.type != "reshard" or op.role != OpRole.FORWARD or not op.operands or not op.results:
+        return False
+    x, y = op.operands[0], op.results[0]
+    if x is None or y is None or x.dist_attr is None or y.dist_attr is None:
+        return False
+    a, b = x.dist_attr, y.dist_attr
+    if a.partial or b.partial or a.process_mesh != b.process_mesh:
+        return False
+    kept = all(m == -1 or m == n for m, n in zip(b.dims_mapping, a.dims_mapping, strict=True))
+    return kept and a.dims_mapping != b.dims_mapping
+
+
+def _nbytes(v: Value) -> int:
+    t = local_tensor(v, None)
+    n = 1
+    for s in t.shape:
+        n *= s
+    return n * DTYPE_BYTES.get(t.dtype, 4)
+
+
+def _is_attn_core(op: Operation) -> bool:
+    """An op of the attention core: softmax / dropout / scale / activation x activation
+    matmul / flash_attention (or their grads) under a ``...self_attn`` struct name."""
+    types = ATTN_CORE_GRADS if op.role == OpRole.BACKWARD else ATTN_CORE_TYPES
+    if op.type not in types or not (op.struct_name or "").endswith("self_attn"):
+        return False
+    return not any(v is not None and v.is_parameter for v in op.operands)
+
+
+@dataclass
+class StageActivations:
+    """Per micro-batch activation bytes of one (stage mesh, chunk), per block.
+
+    Attributes:
+        by_block: bytes kept from F until B per block ("pre", layer index, "post").
+        w_by_block: of those (plus the output gradients W kernels read), the bytes still
+            held after B until W (M_W), per block.
+        dropped_by_block: bytes dropped by recompute per block (re-materialised in B: the
+            transient of recomputing that block).
+    """
+
+    by_block: dict = field(default_factory=dict)
+    w_by_block: dict = field(default_factory=dict)
+    dropped_by_block: dict = field(default_factory=dict)
+
+    @property
+    def m_b(self) -> int:
+        """M_B: bytes held per micro-batch from F to B."""
+        return sum(self.by_block.values())
+
+    @property
+    def m_w(self) -> int:
+        """M_W: bytes held per micro-batch from B to W (<= M_B)."""
+        return min(sum(self.w_by_block.values()), self.m_b)
+
+    @property
+    def recompute_peak(self) -> int:
+        """Transient of recomputing the largest block (0 without recompute)."""
+        return max(self.dropped_by_block.values(), default=0)
+
+    def add(self, table: str, block, nbytes: int) -> None:
+        d = getattr(self, table)
+        d[block] = d.get(block, 0) + nbytes
+
+
+def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Operation]]]:
+    """Storage roots read by backward ops, and their backward consumers."""
+    roots: dict[int, Value] = {}
+    users: dict[int, list[Operation]] = {}
+    for op in program.ops:
+        if op.role != OpRole.BACKWARD:
+            continue
+        skip = NO_NEED_BUFFER.get(op.type, frozenset())
+        for i, v in enumerate(op.operands):
+            if v is None or i in skip or v.op is None:
+                continue
+            if v.op.role not in (OpRole.FORWARD, OpRole.LOSS) or v.is_parameter or v.persistable:
+                continue
+            r = _root(v)
+            if r.is_parameter or r.persistable:
+                continue
+            roots[id(r)] = r
+            users.setdefault(id(r), []).append(op)
+    return roots, users
+
+
+def _w_ops(program: Program, names: frozenset[str]) -> list[Operation]:
+    """Backward ops that compute a weight gradient (their reads stay until W)."""
+    return [op for op in program.ops if op.role == OpRole.BACKWARD
+            and any(op_signature(op, None, names).weights)]
+
+
+def saved_activations(program: Program, recompute: str = "none") -> dict[StageKey, StageActivations]:
+    """Activation bytes per micro-batch for every (stage mesh, chunk) of ``program``, per
+    block (largest shard of each value on the stage's mesh, i.e. the heaviest rank).
+
+    ``program`` must contain its backward ops (``append_backward``). Raises ValueError for
+    an unknown ``recompute`` mode."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    names = frozenset(p.name for p in program.parameters() if p.name)
+    blocks = assign_blocks(program)
+    roots, users = _saved_roots(program)
+    w_ops = _w_ops(program, names)
+    w_ids = {id(_root(v)) for op in w_ops for v in op.operands if v is not None and not v.is_parameter}
+    out: dict[StageKey, StageActivations] = {}
+    for rid, r in roots.items():
+        st = out.setdefault(stage_key(r.op), StageActivations())
+        nb, blk = _nbytes(r), blocks.get(id(r.op), "pre")
+        drop = False
+        if recompute == "full":
+            drop = isinstance(blk, int)
+        elif recompute == "selective" and _is_attn_core(r.op):
+            drop = all(_is_attn_core(u) for u in users[rid])
+        if drop:
+            st.add("dropped_by_block", blk, nb)
+            continue
+        st.add("by_block", blk, nb)
+        if rid in w_ids:
+            st.add("w_by_block", blk, nb)
+    if recompute == "full":
+        _add_layer_inputs(program, roots, blocks, out)
+    for op in w_ops:  # output gradients that W kernels read
+        st = out.setdefault(stage_key(op), StageActivations())
+        for v in op.operands:
+            if v is not None and v.op is not None and v.op.role == OpRole.BACKWARD:
+                st.add("w_by_block", blocks.get(id(op), "post"), _nbytes(v))
+    return out
+
+
+def _add_layer_inputs(program: Program, roots: dict[int, Value], blocks: dict,
+                      out: dict[StageKey, StageActivations]) -> None:
+    """Full recompute: each layer keeps the values it reads from outside itself."""
+    kept: set[int] = set()
+    for op in program.ops:
+        blk = blocks.get(id(op))
+        if op.role != OpRole.FORWARD or not isinstance(blk, int):
+            continue
+        for v in op.operands:
+            if v is None or v.is_parameter or v.persistable or v.op is None:
+                continue
+            r = _root(v)
+            src = blocks.get(id(r.op))
+            if id(r) in kept or src == blk or r.op.type == "data":
+                continue
+            if not isinstance(src, int) and id(r) in roots:
+                continue  # already kept as a saved value outside the layers
+            kept.add(id(r))
+            out.setdefault(stage_key(op), StageActivations()).add("by_block", blk, _nbytes(r))
+
+
+def workspace_bytes(program: Program, ops: Iterable[Operation] | None = None) -> int:
+    """Workspace term: the largest working set of a single op (local operand + result
+    bytes), e.g. the logits and softmax of the loss. Bytes."""
+    best = 0
+    for op in ops if ops is not None else program.ops:
+        if op.role == OpRole.OPTIMIZE:
+            continue
+        vals = [v for v in (*op.operands, *op.results) if v is not None and not v.is_parameter]
+        best = max(best, sum(_nbytes(v) for v in vals))
+    return best
+
+
+def timeline_activation_peaks(timeline: Iterable, num_ranks: int,
+                              per_chunk: dict[tuple[int, int], tuple[float, float]]) -> list[float]:
+    """Peak activation bytes per rank from a SimPy timeline (``SimResult.timeline``):
+    +M_B of (rank, chunk) at each F start, -(M_B - M_W) at a B end, -M_W at a W end,
+    -M_B at a fused BW end (frees first at equal times). ``per_chunk[(rank, chunk)] =
+    (M_B, M_W)`` bytes per micro-batch."""
+    changes: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
+    for e in timeline:
+        mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
+        if e.kind == "F":
+            changes[e.rank].append((e.start, 1, mb))
+        elif e.kind == "B":
+            changes[e.rank].append((e.end, 0, -(mb - mw)))
+        elif e.kind == "W":
+            changes[e.rank].append((e.end, 0, -mw))
+        else:
+            changes[e.rank].append((e.end, 0, -mb))
+    peaks = []
+    for ch in changes:
+        ch.sort()
+        cur = best = 0.0
+        for _, _, d in ch:
+            cur += d
+            best = max(best, cur)
+        peaks.append(best)
+    return peaks

@@ -1,0 +1,302 @@
+"""FLOPs and memory traffic of every op type, from its local (per-rank) shapes.
+
+An op is described by an :class:`OpSig` (type, local operand/result shapes and dtypes, the
+attributes that matter, and which operands/results are weights or weight gradients); a
+registry maps op types (or, failing that, op families, then a generic memory-bound rule)
+to a cost function returning one or more :class:`KernelCost`, each tagged with its phase:
+
+- ``"F"`` forward, ``"B"`` the input-gradient part of a backward op, ``"W"`` the
+  weight-gradient part (Zero Bubble paper, Qi et al. 2024, section 2: a matmul's backward
+  splits into dX = dY W^T, the B pass, and dW = X^T dY, the W pass), ``"O"`` optimizer.
+
+Counting conventions (documented because every published figure depends on them):
+
+- matmul: 2mnk FLOPs per product (batched / broadcast batch dims multiply), Megatron-LM
+  2021 (Narayanan et al.), appendix "FLOPs calculation". Its grad: dX and dY cost 2mnk each.
+- flash_attention: model FLOPs 4 * b * h_q * s_q * s_k * d (QK^T and PV, two 2mnk
+  products per head), counted in full even when causal, as Megatron eq. 3 and the ZB paper
+  (Table 1: 24bsh^2 + 4bs^2h per layer) count attention; GQA leaves FLOPs unchanged (K/V
+  are shared, only their bytes shrink). The *executed* FLOPs (``exec_flops``, what the
+  roofline times) skip masked blocks when causal (fraction (s_k+1)/(2 s_k) for s_q = s_k)
+  and, in backward, include the recomputation of QK^T (FlashAttention-2, Dao 2023,
+  section 3.1: backward = 5 products = 2.5x forward; model FLOPs keep the 2x of eq. 3).
+- elementwise ops, norms, softmax, rotary, cross entropy: a small per-element FLOP count
+  (table ``ELEMENT_FLOPS``); their time is bound by bytes moved (read every operand,
+  write every result), which is what the roofline uses.
+- views (reshape, squeeze, unsqueeze), data/parameter/full/shadow_output, reshard: no
+  kernel here (reshard collectives are costed from the reshard pass, not as ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.sig import DTYPE_BYTES, OpSig, TensorSig  # noqa: F401  (re-exported)
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """One kernel of an op.
+
+    Attributes:
+        phase: ``"F"``, ``"B"``, ``"W"`` or ``"O"`` (see module docstring).
+        flops: model FLOPs (the count MFU and Megatron's eq. 3 use).
+        exec_flops: FLOPs the kernel really executes (causal skip, attention recompute).
+        bytes: HBM bytes read + written.
+        kind: ``"gemm"``, ``"attention"`` or ``"memory"`` (selects the efficiency).
+        dtype: compute dtype (selects the peak FLOP/s).
+        gemm_flops: FLOPs of the single GEMM (size-dependent efficiency); 0 otherwise.
+    """
+
+    phase: str
+    flops: float
+    exec_flops: float
+    bytes: float
+    kind: str
+    dtype: str
+    gemm_flops: float = 0.0
+
+
+CostFn = Callable[[OpSig], list[KernelCost]]
+COST_RULES: dict[str, CostFn] = {}
+
+# Per-element FLOPs of memory-bound ops (a convention: these ops are bandwidth-bound, so
+# the count only enters the FLOP totals, where it is below 0.1% for transformer layers).
+ELEMENT_FLOPS: dict[str, float] = {
+    "add": 1, "subtract": 1, "multiply": 1, "divide": 1, "scale": 1, "relu": 1,
+    "square": 1, "exp": 1, "cast": 0, "tanh": 4, "sigmoid": 4, "silu": 4, "gelu": 8,
+    "swiglu": 5, "dropout": 2, "softmax": 5, "log_softmax": 5, "layer_norm": 8,
+    "rms_norm": 5, "fused_rotary_position_embedding": 3, "sum": 1, "mean": 1, "max": 1,
+    "cross_entropy_with_softmax": 6, "add_n": 1, "full_like": 0, "transpose": 0,
+    "split": 0, "concat": 0, "slice": 0, "embedding": 0, "sgd_": 2, "adam_": 12,
+    "adamw_": 14,
+}
+NO_KERNEL = frozenset(
+    {"data", "parameter", "full", "shadow_output", "reshape", "squeeze", "unsqueeze",
+     "reshard", "reshape_grad", "squeeze_grad", "unsqueeze_grad", "assign", "builtin_combine",
+     "builtin_split", "combine"}
+)
+OPTIMIZER_OPS = frozenset({"sgd_", "adam_", "adamw_", "momentum_", "lamb_"})
+
+
+def register_cost(*names: str) -> Callable[[CostFn], CostFn]:
+    """Decorator: register a cost function for op types or op families."""
+
+    def deco(fn: CostFn) -> CostFn:
+        for n in names:
+            COST_RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _bytes(ts: TensorSig | None) -> float:
+    return 0.0 if ts is None else float(_numel(ts.shape) * DTYPE_BYTES.get(ts.dtype, 4))
+
+
+def _elems(ts: TensorSig | None) -> int:
+    return 0 if ts is None else _numel(ts.shape)
+
+
+def _first_dtype(sig: OpSig) -> str:
+    for t in (*sig.outs, *sig.ins):
+        if t is not None:
+            return t.dtype
+    return "float32"
+
+
+# -- matmul ---------------------------------------------------------------------------------
+def _matmul_dims(sig: OpSig) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of ``out = x @ y`` with Paddle's transpose_x / transpose_y."""
+    x, y = sig.ins[0], sig.ins[1]
+    if x is None or y is None:
+        raise ValueError(f"{sig.type}: matmul needs two operands")
+    xs, ys = list(x.shape), list(y.shape)
+    if len(xs) == 1:
+        xs = [1, xs[0]] if not sig.attr("transpose_x") else [xs[0], 1]
+    if len(ys) == 1:
+        ys = [ys[0], 1] if not sig.attr("transpose_y") else [1, ys[0]]
+    if sig.attr("transpose_x"):
+        xs[-1], xs[-2] = xs[-2], xs[-1]
+    if sig.attr("transpose_y"):
+        ys[-1], ys[-2] = ys[-2], ys[-1]
+    m, k = xs[-2], xs[-1]
+    n = ys[-1]
+    bx, by = xs[:-2], ys[:-2]
+    nb = max(len(bx), len(by))
+    bx, by = [1] * (nb - len(bx)) + bx, [1] * (nb - len(by)) + by
+    batch = _numel(tuple(max(a, b) for a, b in zip(bx, by, strict=True)))
+    return batch, m, n, k
+
+
+def _gemm(phase: str, flops: float, nbytes: float, dtype: str) -> KernelCost:
+    return KernelCost(phase, flops, flops, nbytes, "gemm", dtype, flops)
+
+
+@register_cost("matmul", "matmul_family")
+def matmul_cost(sig: OpSig) -> list[KernelCost]:
+    """out[batch, m, n] = x[.., m, k] @ y[.., k, n]: 2 * batch * m * n * k FLOPs."""
+    b, m, n, k = _matmul_dims(sig)
+    nbytes = _bytes(sig.ins[0]) + _bytes(sig.ins[1]) + _bytes(sig.outs[0])
+    return [_gemm("F", 2.0 * b * m * n * k, nbytes, _first_dtype(sig))]
+
+
+@register_cost("matmul_grad")
+def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
+    """Operands (x, y, dout) -> (dx, dy): each non-null gradient is one 2*b*m*n*k GEMM;
+    dx reads (dout, y), dy reads (x, dout). The phase of each is W when that forward
+    operand is a weight (``sig.weight``), else B."""
+    fwd = OpSig("matmul", sig.ins[:2], (sig.ins[2],), sig.attrs)
+    b, m, n, k = _matmul_dims(fwd)
+    fl, dt = 2.0 * b * m * n * k, _first_dtype(sig)
+    x, y, dout = sig.ins[0], sig.ins[1], sig.ins[2]
+    out = []
+    for j, reads in ((0, (dout, y)), (1, (x, dout))):
+        g = sig.outs[j] if j < len(sig.outs) else None
+        if g is None:
+            continue
+        nbytes = sum(_bytes(t) for t in reads) + _bytes(g)
+        out.append(_gemm(sig.phase_of(j), fl, nbytes, dt))
+    return out
+
+
+# -- attention ------------------------------------------------------------------------------
+def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int]:
+    """(batch, heads_q, s_q, s_k, head_dim) from q, k in [b, s, heads, d] (Paddle's layout)."""
+    q, k = sig.ins[0], sig.ins[1]
+    if q is None or k is None or len(q.shape) != 4 or len(k.shape) != 4:
+        raise ValueError(f"{sig.type}: expects q, k of shape [batch, seq, heads, head_dim]")
+    b, sq, hq, d = q.shape
+    return b, hq, sq, k.shape[1], d
+
+
+def _causal_fraction(sig: OpSig, sq: int, sk: int) -> float:
+    if not sig.attr("causal") or sk == 0:
+        return 1.0
+    # bottom-right aligned causal mask: query i sees keys up to i + (sk - sq)
+    seen = sum(min(sk, i + 1 + (sk - sq)) for i in range(sq)) if sq <= 4096 else None
+    if seen is None:
+        seen = sq * (sk - sq) + sq * (sq + 1) / 2
+    return seen / (sq * sk)
+
+
+@register_cost("flash_attention", "attention")
+def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
+    """Model FLOPs 4*b*h_q*s_q*s_k*d; executed FLOPs times the causal fraction. Bytes: read
+    q, k, v (GQA: k, v have fewer heads), write out and the softmax log-sum-exp."""
+    b, hq, sq, sk, d = _attn_dims(sig)
+    fl = 4.0 * b * hq * sq * sk * d
+    ex = fl * _causal_fraction(sig, sq, sk)
+    nbytes = sum(_bytes(t) for t in sig.ins[:3]) + sum(_bytes(t) for t in sig.outs)
+    return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig))]
+
+
+@register_cost("flash_attention_grad", "attention_grad")
+def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
+    """Model FLOPs 2x forward (dQ, dK, dV, dP); executed 2.5x forward (QK^T recomputed,
+    FlashAttention-2 section 3.1). All B: attention has no weights."""
+    b, hq, sq, sk, d = _attn_dims(sig)
+    fwd = 4.0 * b * hq * sq * sk * d
+    ex = 2.5 * fwd * _causal_fraction(sig, sq, sk)
+    nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs)
+    return [KernelCost("B", 2.0 * fwd, ex, nbytes, "attention", _first_dtype(sig))]
+
+
+# -- memory-bound ops -----------------------------------------------------------------------
+def _mem(phase: str, flops: float, nbytes: float, dtype: str) -> KernelCost:
+    return KernelCost(phase, flops, flops, nbytes, "memory", dtype)
+
+
+def _base_type(t: str) -> str:
+    return t[: -len("_grad")] if t.endswith("_grad") else t
+
+
+def elementwise_cost(sig: OpSig) -> list[KernelCost]:
+    """Forward memory-bound op: FLOPs = ELEMENT_FLOPS[type] * largest tensor's elements;
+    bytes = every operand read + every result written."""
+    n = max([_elems(t) for t in (*sig.ins, *sig.outs)] or [0])
+    fl = ELEMENT_FLOPS.get(sig.type, 1) * n
+    nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs)
+    phase = "O" if sig.type in OPTIMIZER_OPS else sig.default_phase
+    return [_mem(phase, fl, nbytes, _first_dtype(sig))]
+
+
+def elementwise_grad_cost(sig: OpSig) -> list[KernelCost]:
+    """Generic grad of a memory-bound op, split by result: the input gradients (B) are
+    one kernel reading every operand and writing them; the weight gradients (W, e.g. a
+    norm's scale or an add's bias) are one reduction kernel reading the incoming gradient
+    and the saved input and writing them. FLOPs: 2x the forward per-element count."""
+    n = max([_elems(t) for t in sig.ins] or [0])
+    per = 2.0 * ELEMENT_FLOPS.get(_base_type(sig.type), 1)
+    dt = _first_dtype(sig)
+    b_outs = [t for j, t in enumerate(sig.outs) if t is not None and sig.phase_of(j) == "B"]
+    w_outs = [t for j, t in enumerate(sig.outs) if t is not None and sig.phase_of(j) == "W"]
+    out = []
+    reads = sum(_bytes(t) for t in sig.ins)
+    if b_outs or not w_outs:
+        out.append(_mem("B", per * n, reads + sum(_bytes(t) for t in b_outs), dt))
+    if w_outs:
+        big = sorted((_bytes(t) for t in sig.ins), reverse=True)[:2]
+        out.append(_mem("W", float(n), sum(big) + sum(_bytes(t) for t in w_outs), dt))
+    return out
+
+
+@register_cost("embedding")
+def embedding_cost(sig: OpSig) -> list[KernelCost]:
+    """Gather: read the ids and the selected rows (= output size), write the output."""
+    nbytes = _bytes(sig.ins[0]) + 2 * _bytes(sig.outs[0])
+    return [_mem("F", 0.0, nbytes, _first_dtype(sig))]
+
+
+@register_cost("embedding_grad")
+def embedding_grad_cost(sig: OpSig) -> list[KernelCost]:
+    """Scatter-add into the table gradient (W): zero the table, read ids and dout,
+    accumulate rows (read + write of dout-sized rows)."""
+    out = []
+    for j, g in enumerate(sig.outs):
+        if g is None:
+            continue
+        dout = sig.ins[-1]
+        nbytes = _bytes(g) + sum(_bytes(t) for t in sig.ins[:1]) + 3 * _bytes(dout)
+        out.append(_mem(sig.phase_of(j), float(_elems(dout)), nbytes, _first_dtype(sig)))
+    return out
+
+
+def no_kernel(sig: OpSig) -> list[KernelCost]:
+    """Ops that launch nothing (views, inputs, reshard placeholders)."""
+    return []
+
+
+for _n in NO_KERNEL:
+    COST_RULES.setdefault(_n, no_kernel)
+
+
+def rule_for(op_type: str, family: str = "") -> CostFn:
+    """The cost function of ``op_type``: by type, then by family (``family`` or the forward
+    op's), then the generic elementwise / elementwise-grad rule."""
+    if op_type in COST_RULES:
+        return COST_RULES[op_type]
+    if family and family in COST_RULES:
+        return COST_RULES[family]
+    if op_type.endswith("_grad"):
+        if family and family + "_grad" in COST_RULES:
+            return COST_RULES[family + "_grad"]
+        return elementwise_grad_cost
+    return elementwise_cost
+
+
+@lru_cache(maxsize=65536)
+def op_cost(sig: OpSig) -> tuple[KernelCost, ...]:
+    """Kernels of one op (cached by signature: identical layers are costed once).
+
+    Raises ValueError naming the op type when its shapes do not fit its rule."""
+    return tuple(rule_for(sig.type, sig.family)(sig))

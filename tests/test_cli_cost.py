@@ -1,0 +1,55 @@
+"""``meshplan cost``: JSON keys and values agree with Engine.simulate(), text output, trace,
+and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.engine import Engine
+from meshplan.strategy import Strategy
+
+ARGS = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
+        "--dp", "2", "--pp", "2", "--micro-batch-size", "1", "--global-batch", "8",
+        "--recompute", "full", "--zero", "1"]
+
+
+def test_json_output_matches_the_engine(capsys):
+    assert main([*ARGS, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("step_time_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "max_memory_bytes",
+                "time_breakdown_s", "memory_breakdown_bytes"):
+        assert key in out
+    strat = Strategy(dp=2, pp=2, micro_batch_size=1, global_batch_size=8, recompute="full",
+                     sharding_stage=1)
+    t_ms, peak = Engine("megatron-1.7b", "dgx-a100-80g", strat, nodes=1).cost()
+    assert out["step_time_ms"] == pytest.approx(t_ms)
+    assert out["max_memory_bytes"] == peak
+    assert out["tokens_per_s"] == pytest.approx(8 * 2048 / (t_ms / 1e3))
+    # executed FLOPs include the recompute forward; MFU counts model FLOPs only
+    assert out["executed_flops_per_step"] > out["model_flops_per_step"]
+    assert set(out["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "bubble",
+                                            "dp_sync", "optimizer"}
+
+
+def test_text_output_and_trace(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert main([*ARGS, "--trace", str(trace)]) == 0
+    text = capsys.readouterr().out
+    assert "time breakdown" in text and "memory breakdown" in text and "MFU" in text
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    # 2 stages x m = 4 micro-batches x (F, BW) actions
+    assert len(events) == 2 * 4 * 2
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--dp", "3"], "global_batch_size"),
+    (["--recompute", "most"], "recompute"),
+    (["--zero", "5"], "sharding_stage"),
+])
+def test_bad_input_is_a_one_line_error(capsys, extra, needle):
+    assert main([*ARGS, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,113 @@
+"""Op cost: FLOPs / bytes from local shapes, the B/W split, and roofline times.
+
+Reference values are derived by hand (2mnk, 4*b*h*s^2*d) or taken from the ZB paper,
+Table 1 (forward FLOPs of one GPT layer 24bsh^2 + 4bs^2h)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusters import load_cluster
+from completion.models import build_model
+from simulator.op_cost import KernelCost, op_cost
+from simulator.roofline import DEFAULT_GEMM_HALF_FLOPS, Roofline
+from simulator.sig import OpSig, TensorSig, op_signature
+
+
+def T(*shape: int, dtype: str = "bfloat16") -> TensorSig:
+    return TensorSig(tuple(shape), dtype)
+
+
+@settings(deadline=None, max_examples=60)
+@given(b=st.integers(1, 4), m=st.integers(1, 64), n=st.integers(1, 64), k=st.integers(1, 64),
+       tx=st.booleans(), ty=st.booleans())
+def test_matmul_flops_2mnk_with_transposes_and_broadcast(b, m, n, k, tx, ty):
+    x = T(b, k, m) if tx else T(b, m, k)
+    y = T(n, k) if ty else T(k, n)  # broadcast over the batch dim
+    sig = OpSig("matmul", (x, y), (T(b, m, n),), (("transpose_x", tx), ("transpose_y", ty)))
+    (kc,) = op_cost(sig)
+    assert kc.flops == 2 * b * m * n * k
+    assert kc.bytes == 2 * (b * m * k + k * n + b * m * n)
+    assert kc.phase == "F" and kc.kind == "gemm"
+
+
+def test_matmul_grad_splits_input_and_weight_gradients():
+    x, w, dout = T(8, 16), T(16, 32), T(8, 32)
+    sig = OpSig("matmul_grad", (x, w, dout), (T(8, 16), T(16, 32)), weights=(False, True),
+                default_phase="B")
+    ks = op_cost(sig)
+    assert [k.phase for k in ks] == ["B", "W"]
+    assert all(k.flops == 2 * 8 * 16 * 32 for k in ks)
+    # dx reads dout and w, writes dx; dW reads x and dout, writes dW (2 bytes each)
+    assert ks[0].bytes == 2 * (8 * 32 + 16 * 32 + 8 * 16)
+    assert ks[1].bytes == 2 * (8 * 16 + 8 * 32 + 16 * 32)
+    # no input gradient needed (a first layer): only W remains
+    only_w = OpSig("matmul_grad", (x, w, dout), (None, T(16, 32)), weights=(False, True))
+    assert [k.phase for k in op_cost(only_w)] == ["W"]
+
+
+def test_flash_attention_causal_and_gqa():
+    b, s, hq, hkv, d = 2, 128, 8, 2, 64
+    q, kv = T(b, s, hq, d), T(b, s, hkv, d)
+    outs = (T(b, s, hq, d), None, T(b, hq, s, dtype="float32"), T(2, dtype="int64"))
+    causal = OpSig("flash_attention", (q, kv, kv), outs, (("causal", True),))
+    full = OpSig("flash_attention", (q, q, q), outs, (("causal", False),))
+    (kc,), (kf,) = op_cost(causal), op_cost(full)
+    assert kc.flops == kf.flops == 4 * b * hq * s * s * d  # model FLOPs count the full s^2
+    assert kc.exec_flops == pytest.approx(kf.flops * (s + 1) / (2 * s))
+    assert kf.exec_flops == kf.flops
+    assert kc.bytes < kf.bytes  # GQA: K/V carry 2 of 8 heads
+    grad = OpSig("flash_attention_grad", (q, kv, kv, q, outs[2], outs[3], q), (q, kv, kv),
+                 (("causal", False),), default_phase="B")
+    (g,) = op_cost(grad)
+    assert g.phase == "B" and g.flops == 2 * kf.flops and g.exec_flops == 2.5 * kf.flops
+
+
+def test_elementwise_and_norm_grads_split_weight_part():
+    x, w = T(4, 16, 32), T(32)
+    stat = T(64, dtype="float32")
+    sig = OpSig("layer_norm_grad", (x, w, w, stat, stat, x), (x, w, w),
+                weights=(False, True, True))
+    ks = op_cost(sig)
+    assert [k.phase for k in ks] == ["B", "W"]
+    assert all(k.kind == "memory" for k in ks)
+    relu = OpSig("relu", (x,), (x,))
+    (r,) = op_cost(relu)
+    assert r.bytes == 2 * 2 * 4 * 16 * 32 and r.flops == 4 * 16 * 32
+
+
+def test_unknown_op_falls_back_to_memory_bound():
+    sig = OpSig("some_custom_op", (T(10, 10),), (T(10, 10),))
+    (k,) = op_cost(sig)
+    assert k.kind == "memory" and k.bytes == 400
+
+
+@pytest.mark.parametrize("name", ["megatron-1.7b", "megatron-7.5b", "gpt3-175b"])
+def test_gpt_layer_forward_flops_match_zb_table1(name):
+    b, s = 1, 2048
+    prog = build_model(name, batch_size=b, seq_len=s, num_layers=1)
+    layer = [op for op in prog.ops if op.struct_name.startswith("decoder.layers.0")]
+    flops = sum(k.flops for op in layer for k in op_cost(op_signature(op)))
+    h = prog.value("decoder.layers.0.self_attn.q_proj.weight").shape[0]
+    expect = 24 * b * s * h * h + 4 * b * s * s * h
+    assert flops == pytest.approx(expect, rel=0.01)
+
+
+def test_roofline_times_from_the_cluster_spec():
+    dev = load_cluster("selene").device
+    rf = Roofline.from_device(dev)
+    assert rf.defaults_used == ("gemm_half_flops",)
+    peak, eff = dev.peak("bf16"), dev.efficiency.gemm.value
+    ovh = dev.efficiency.kernel_overhead_s.value
+    fl = 2.0 * 8192 ** 3
+    gemm = KernelCost("F", fl, fl, 3 * 2 * 8192 ** 2, "gemm", "bfloat16", fl)
+    size = fl / (fl + DEFAULT_GEMM_HALF_FLOPS)
+    assert rf.kernel_time(gemm) == pytest.approx(fl / (peak * eff * size) + ovh)
+    mem = KernelCost("F", 1e6, 1e6, 4e9, "memory", "bfloat16")
+    bw = dev.memory_bandwidth.value * dev.efficiency.memory_bandwidth.value
+    assert rf.kernel_time(mem) == pytest.approx(4e9 / bw + ovh)
+    small = KernelCost("F", 2e6, 2e6, 1e3, "gemm", "bfloat16", 2e6)
+    assert rf.gemm_eff(2e6) < 0.05 * eff  # tiny GEMMs run far below the plateau
+    assert rf.kernel_time(small) > 2e6 / (peak * eff)
