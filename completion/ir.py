@@ -279,6 +279,12 @@ class Program:
     def ops_by_role(self, role: OpRole) -> list[Operation]:
         return [op for op in self.ops if op.role == role]
 
+    def annotate(self, value_name: str | int, mesh: Any, dims_mapping: Any = None, placements: Any = None) -> TensorDistAttr:
+        """Annotate a value's layout; see :func:`completion.annotate.annotate`."""
+        from completion.annotate import annotate
+
+        return annotate(self, value_name, mesh, dims_mapping, placements)
+
     def validate(self) -> None:
         """Check SSA form: every operand defined earlier in the program, defined once.
 

@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "meshplan.commands.report",
     "meshplan.commands.complete",
     "meshplan.commands.tune",
+    "meshplan.commands.calibrate",
 ]
 
 

@@ -55,12 +55,14 @@ letter and never proposes."""
 
 @dataclass(frozen=True)
 class DistTensor:
-    """A tensor as a rule sees it: global shape, current attr (None: no information) and
-    the priority of its proposal (see module docstring)."""
+    """A tensor as a rule sees it: global shape, current attr (None: no information), the
+    priority of its proposal (see module docstring) and its dtype (used only to infer result
+    shapes in ``infer_forward``)."""
 
     shape: tuple[int, ...]
     attr: TensorDistAttr | None = None
     priority: int = 0
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class Notation:
         shape_only: operands read for their shape only (their Partial is kept as is).
         keep_all_partial: every Partial input passes through (``reshard``).
         num_operand_attrs: truncate the operand attrs (``full_like`` lists only x).
+        aux_outputs: results that never become Partial (a dropout seed / offset).
+        result_shapes: shapes to use for results the caller gave as None (a grad op's
+            null gradients: their size-1 dims stay replicated).
     """
 
     inputs: list[Letters | None]
@@ -109,6 +114,8 @@ class Notation:
     shape_only: frozenset[int] = frozenset()
     keep_all_partial: bool = False
     num_operand_attrs: int | None = None
+    aux_outputs: frozenset[int] = frozenset()
+    result_shapes: list[tuple[int, ...] | None] | None = None
 
 
 class LetterPool:
@@ -259,8 +266,12 @@ def solve(nt: Notation, ins: Sequence[DistTensor | None], outs: Sequence[DistTen
             continue
         present = {x for e in lt for x in e.split("+")}
         part = dict(overall)
-        for L, m in lmap.items():
-            if L not in present and L not in nt.internal:
-                part[m] = nt.reduce_type
-        results.append(TensorDistAttr(mesh, _dims(lt, _shape(outs[j]) if j < len(outs) else None, lmap), part))
+        if j not in nt.aux_outputs:
+            for L, m in lmap.items():
+                if L not in present and L not in nt.internal:
+                    part[m] = nt.reduce_type
+        shape = _shape(outs[j]) if j < len(outs) else None
+        if shape is None and nt.result_shapes is not None and j < len(nt.result_shapes):
+            shape = nt.result_shapes[j]
+        results.append(TensorDistAttr(mesh, _dims(lt, shape, lmap), part))
     return SpmdResult(tuple(operands), tuple(results))

@@ -85,3 +85,19 @@ register_spmd_rule("sink", sink)
 register_spmd_rule("add_n", add_n)
 register_spmd_rule("reshard", reshard)
 register_spmd_rule("optimizer", optimizer)
+
+
+def p2p(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
+    """``send(x)`` keeps x as it is (any Partial travels); ``recv()`` is a source."""
+    if not ins:
+        return source(op, ins, outs, attrs)
+    pool = LetterPool()
+    return Notation([pool.take(len(s)) if s is not None else None for s in ins], [],
+                    keep_all_partial=True)
+
+
+# collectives and local steps emitted by the reshard pass carry their target layout on
+# their result; propagation treats them as identities like ``reshard``
+register_spmd_rule("collective", reshard)
+register_spmd_rule("reshard_local", reshard)
+register_spmd_rule("p2p", p2p)

@@ -86,7 +86,7 @@ def flash_attention(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -
     q, kv = (b, s, h, d), (b, t, h, d)
     seed = replicated_letters(outs[3] if len(outs) > 3 else (2,), pool, rep)
     outputs: list[Letters | None] = [q, (b, h, s, t), (b, h, s), seed]
-    return Notation([q, kv, kv], outputs, rep, divisible=frozenset({h}))
+    return Notation([q, kv, kv], outputs, rep, divisible=frozenset({h}), aux_outputs=frozenset({3}))
 
 
 def rotary_embedding(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:

@@ -51,7 +51,7 @@ class SpmdRule:
         od = get_opdef(self.op_type)
         if od is None:
             return []
-        types = [None if t is None else TensorType(t.shape) for t in inputs]
+        types = [None if t is None else TensorType(t.shape, t.dtype) for t in inputs]
         try:
             out = od.infer(types, {**od.attrs, **attrs})
         except OpError as e:
@@ -180,7 +180,7 @@ class GradRule(EinsumRule):
         grads = tuple(i for i, (kind, _) in enumerate(slots) if kind == "grad")
         linear = (LinearGroup(grads, "all", frozenset({"sum", "avg"})),) if fnt.linear and grads else ()
         return Notation(inputs, outputs, set(fnt.replicated), "sum", fnt.internal, fnt.divisible,
-                        linear, frozenset(self._shape_only_operands(slots)))
+                        linear, frozenset(self._shape_only_operands(slots)), result_shapes=f_in)
 
     def _grad_types(self, ins: Shapes, attrs: dict[str, Any]) -> list[tuple[int, ...] | None]:
         try:
