@@ -300,11 +300,14 @@ class StepModel:
         """Simulate the step (see module docstring)."""
         c = self.cfg
         t_comm = self.comm_time()
-        if c.schedule == "ZB":  # its heuristic places W using the (slowest) stage times
-            times, parts = self._times({vs: (vs, 0) for vs in range(self.nvs)})
+        if c.schedule in ("ZB", "ZBVPP"):  # time-aware heuristics: place W by (slowest) stage times
+            where = ({vs: (vs, 0) for vs in range(self.nvs)} if c.schedule == "ZB" else
+                     build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp).rank_of_vstage())
+            times, parts = self._times(where)
             worst = {ph: max(t[ph] for t in times) for ph in PHASES}
-            sched = build_schedule("ZB", c.pp, c.num_microbatches, c.vpp, c.memory_limit,
+            sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
                                    stage_times=worst, comm_time=t_comm)
+            times, parts = self._times(sched.rank_of_vstage())
         else:
             sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit)
             times, parts = self._times(sched.rank_of_vstage())

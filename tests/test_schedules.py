@@ -60,27 +60,57 @@ def test_zbh2_bubble_closed_form(p, k, t):
     assert _bubble_ns(_run("ZBH2", p, m, 1, tf, tb, tw), m, tf, tb, tw) == (p - 1) * (tf + tb - 2 * tw)
 
 
-@pytest.mark.parametrize("p", [2, 4])
-@pytest.mark.parametrize("m_over_p", [2, 3, 4])
-def test_zbvpp_zero_bubble_equal_times(p, m_over_p):
-    m = m_over_p * p
-    res = _run("ZBVPP", p, m, 2, 200, 200, 200)
+def _zbv_grid():
+    """m >= 2p for every p in PS: the edges 2p, 2p+1, multiples, 64, and the (p, m) pairs
+    where the earlier unit-time greedy kept one to three chunk passes of bubble."""
+    for p in PS:
+        for m in sorted({2 * p, 2 * p + 1, 3 * p - 1, 3 * p, 4 * p + 2, 64} | ({20, 24, 30, 54} if p == 8 else set())
+                        | ({33, 43, 49, 52, 61} if p == 16 else set())):
+            yield p, m
+
+
+@pytest.mark.parametrize("p, m", list(_zbv_grid()))
+def test_zbvpp_zero_bubble_equal_times(p, m):
+    """ZB-V (Qi et al. 2024, sec. 6): T_F = T_B = T_W and m >= 2p -> bubble exactly 0 (every
+    rank busy from its first pass to its last), and p*M_B on every rank (M_W = M_B/2)."""
+    res = _run("ZBVPP", p, m, 2, 200, 200, 200, memory={"M_B": 1.0, "M_W": 0.5})
     assert _bubble_ns(res, m, 200, 200, 200) == 0
     assert res.bubble_ratio == 0.0
+    assert [round(s * 1e9) for s in res.span] == [m * 600] * p
+    assert res.peak_memory == [float(p)] * p
 
 
-@pytest.mark.parametrize("p, m", [(8, 16), (8, 32), (16, 32), (16, 64)])
-def test_zbvpp_zero_bubble_larger_p(p, m):
-    res = _run("ZBVPP", p, m, 2, 200, 200, 200)
-    assert res.bubble_ratio == 0.0
+# The CLI example of issue 6 (Zero Bubble Table 9, 1.5B, m = 24 rounded; ms).
+CLI_TIMES = {"F": 18.5e-3, "B": 18.1e-3, "W": 9.3e-3}
 
 
-@pytest.mark.parametrize("p, m", [(8, 24), (16, 33)])
-def test_zbvpp_known_gap_small_bubble(p, m):
-    """Known gap: for a few (p, m) the derived ZB-V order keeps one or two chunk passes of
-    bubble; bounded here so a regression shows."""
-    res = _run("ZBVPP", p, m, 2, 200, 200, 200)
-    assert 0 < _bubble_ns(res, m, 200, 200, 200) <= 2 * 200
+@pytest.mark.parametrize("comm", [0.0, 0.6e-3])
+def test_zbvpp_with_unequal_times_and_comm(comm):
+    """With T_W ~ T_F/2 and a real T_comm ZB-V cannot be bubble-free, but at ZB-H1's memory
+    (p*M_B) it must still beat ZB-H1 and ZB-1p, and even ZB-H2 ((2p-1)M_B). Tuning the order
+    to the times never loses against the order built for equal times."""
+    p, m, mem = 8, 24, {"M_B": 1.0, "M_W": 0.5}
+    plain = build_schedule("ZBVPP", p, m, 2)
+    tuned = build_schedule("ZBVPP", p, m, 2, stage_times=CLI_TIMES, comm_time=comm)
+    r_plain = simulate_pipeline(plain, CLI_TIMES, comm, memory=mem)
+    r_tuned = simulate_pipeline(tuned, CLI_TIMES, comm, memory=mem)
+    assert r_tuned.bubble_ratio <= r_plain.bubble_ratio < 0.08
+    assert max(r_tuned.span) == pytest.approx(tuned.meta["cost_s"], abs=1e-9)
+    assert r_tuned.peak_memory == r_plain.peak_memory == [float(p)] * p
+    one_p = build_schedule("ZB", p, m, memory_limit=p, stage_times=CLI_TIMES, comm_time=comm)
+    for other in (build_schedule("ZBH1", p, m), build_schedule("ZBH2", p, m), one_p):
+        assert r_plain.bubble_ratio < simulate_pipeline(other, CLI_TIMES, comm).bubble_ratio
+
+
+def test_time_aware_options_only_for_zb_and_zbvpp():
+    with pytest.raises(ScheduleError, match="unexpected options"):
+        build_schedule("ZBH1", 4, 8, stage_times=CLI_TIMES)
+    with pytest.raises(ScheduleError, match="unexpected options"):
+        build_schedule("ZBVPP", 4, 8, 2, foo=1)
+    with pytest.raises(ScheduleError, match="comm_time >= 0"):
+        build_schedule("ZBVPP", 4, 8, 2, stage_times=CLI_TIMES, comm_time=-1.0)
+    with pytest.raises(ScheduleError, match="mapping with F, B, W"):
+        build_schedule("ZB", 4, 8, stage_times={"F": 1.0})
 
 
 MEM = {"M_B": 1.0, "M_W": 0.25}

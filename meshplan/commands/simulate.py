@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
         st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
         v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
-        opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule == "ZB" else {}
+        opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
         sched = build_schedule(schedule, stages, microbatches, v, memory_limit, **opts)
         res = simulate_pipeline(sched, st, tcomm * 1e-3, memory={"M_B": 1.0, "M_W": 0.5})
         if trace is not None:

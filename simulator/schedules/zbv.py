@@ -23,8 +23,9 @@ input; the turn of the V on rank p-1 and the loss on rank 0 stay on one rank):
    run's per-rank bubbles as allowance while that lowers the worst bubble; the order with
    the smallest cost (largest per-rank span) is kept, searching stops at zero bubble.
 
-Memory: a chunk F holds M_B/2 (2 units), a B frees half of it, a W the rest (M_W = M_B/4
-per chunk); the cap is 2p chunk forwards (4p units) = p*M_B per rank (formulas.md).
+Memory: a chunk F holds M_B/2 (2 units), its B frees half of that and its W the rest
+(M_W = M_B/2 per stage); the cap is 2p chunk forwards (4p units) = p*M_B per rank
+(formulas.md).
 """
 
 from __future__ import annotations
@@ -42,125 +43,143 @@ from simulator.schedules.base import (
     v_shape_vstages,
 )
 
-_MEM = {"F": 2, "B": -1, "W": -1}
+_F, _B, _W = 0, 1, 2  # pass kinds; slot ``2 * kind + chunk`` indexes the counters
+_MEM = (2, -1, -1)
 _MAX_RERUNS = 8
 
 
 class _VPlan:
-    """State of one ZB-V construction; times in integer ns, memory in units (F = 2)."""
+    """State of one ZB-V construction; times in integer ns, memory in units (F = 2).
+
+    ``end[((2 * kind + c) * p + r) * m + i]`` is the end time of F/B (kind 0/1) of chunk c,
+    micro-batch i on rank r, -1 while unplaced."""
 
     def __init__(self, p: int, m: int, times: tuple[int, int, int], comm: int, allowance: list[int] | None):
         self.p, self.m, self.comm, self.budget = p, m, comm, 4 * p
-        self.dur = dict(zip("FBW", times, strict=True))
-        self.count = {(k, c): [0] * p for k in "FBW" for c in (0, 1)}
-        self.end: dict[tuple[int, str, int, int], int] = {}
+        self.dur = times
+        self.count = [[0] * p for _ in range(6)]
+        self.end = [-1] * (4 * p * m)
         self.free, self.idle, self.mem = [0] * p, [0] * p, [0] * p
+        self.max_idle = 0
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
         self.rows: list[list[Action]] = [[] for _ in range(p)]
         self.allowance = allowance or [0] * p
+        self.max_allowance = max(self.allowance)
 
-    def n(self, kind: str, c: int, r: int) -> int:
-        return self.count[(kind, c)][r]
+    def n(self, kind: int, c: int, r: int) -> int:
+        return self.count[2 * kind + c][r]
 
-    def source(self, r: int, kind: str, c: int, i: int) -> tuple[int, str, int, int] | None:
-        """Key of the cross-rank pass feeding (kind, chunk c, micro-batch i) on rank r."""
-        up = kind == "F" and c == 0 or kind == "B" and c == 1  # input comes from rank r-1
-        q = r - 1 if up else r + 1
-        return (q, kind, c, i) if 0 <= q < self.p else None
+    def source(self, r: int, kind: int, c: int) -> int:
+        """Index in ``end`` of the cross-rank pass feeding rank r's next (kind, c) pass;
+        -1 if it has none (rank 0's chunk-0 F and chunk-1 B, rank p-1's turn of the V)."""
+        q = r - 1 if kind == c else r + 1  # F chunk 0 and B chunk 1 come from rank r-1
+        if not 0 <= q < self.p:
+            return -1
+        slot = 2 * kind + c
+        return (slot * self.p + q) * self.m + self.count[slot][r]
 
-    def arrival(self, r: int, kind: str, c: int) -> int | None:
-        """When the next (kind, c) pass of rank r has its cross-rank input (None: none/unplaced)."""
-        src = self.source(r, kind, c, self.n(kind, c, r))
-        end = None if src is None else self.end.get(src)
-        return None if end is None else end + self.comm
+    def arrival(self, r: int, kind: int, c: int) -> int | None:
+        """When rank r's next (kind, c) pass has its cross-rank input (None: none/unplaced)."""
+        src = self.source(r, kind, c)
+        end = -1 if src < 0 else self.end[src]
+        return None if end < 0 else end + self.comm
 
-    def placed(self, r: int, kind: str, c: int) -> bool:
-        src = self.source(r, kind, c, self.n(kind, c, r))
-        return src is None or src in self.end
+    def placed(self, r: int, kind: int, c: int) -> bool:
+        src = self.source(r, kind, c)
+        return src < 0 or self.end[src] >= 0
 
-    def put(self, r: int, kind: str, c: int, i: int | None = None) -> None:
-        i = self.n(kind, c, r) if i is None else i
-        start = self.free[r]
-        if kind != "W":
-            if not self.placed(r, kind, c) or not self._local_input_placed(r, kind, c, i):
-                raise ScheduleError(f"ZBVPP: {kind}{i} chunk {c} on rank {r} placed before its input")
-            arrival = self.arrival(r, kind, c)
-            start = start if arrival is None else max(start, arrival)
-        if self.n("F", 0, r):
-            self.idle[r] += start - self.free[r]
-        self.free[r] = start + self.dur[kind]
-        self.end[(r, kind, c, i)] = self.free[r]
-        self.mem[r] += _MEM[kind]
-        self.count[(kind, c)][r] += 1
-        self.rows[r].append(Action(kind, r, i, c))
-        if kind == "B":
-            self.pending[r].append((c, i))
+    def _key(self, kind: int, c: int, r: int, i: int) -> int:
+        return ((2 * kind + c) * self.p + r) * self.m + i
 
-    def _local_input_placed(self, r: int, kind: str, c: int, i: int) -> bool:
+    def _local_input_placed(self, r: int, kind: int, c: int, i: int) -> bool:
         """Same-rank inputs: the V's turn (F chunk 1 / B chunk 0 on rank p-1 after chunk 0's
         F / chunk 1's B), the loss (B chunk 1 on rank 0 after its F), every B after its F."""
-        if kind == "F":
-            return c == 0 or r < self.p - 1 or (r, "F", 0, i) in self.end
-        if (r, "F", c, i) not in self.end:
+        last = r == self.p - 1
+        if kind == _F:
+            return c == 0 or not last or self.end[self._key(_F, 0, r, i)] >= 0
+        if self.end[self._key(_F, c, r, i)] < 0:
             return False
-        return c == 1 or r < self.p - 1 or (r, "B", 1, i) in self.end
+        return c == 1 or not last or self.end[self._key(_B, 1, r, i)] >= 0
+
+    def put(self, r: int, kind: int, c: int, i: int | None = None) -> None:
+        slot = 2 * kind + c
+        i = self.count[slot][r] if i is None else i
+        free = start = self.free[r]
+        if kind != _W:
+            src = self.source(r, kind, c)
+            src_end = self.end[src] if src >= 0 else 0
+            if src_end < 0 or not self._local_input_placed(r, kind, c, i):
+                raise ScheduleError(f"ZBVPP: {'FBW'[kind]}{i} chunk {c} on rank {r} placed before its input")
+            if src >= 0 and src_end + self.comm > start:
+                start = src_end + self.comm
+            self.end[(slot * self.p + r) * self.m + i] = start + self.dur[kind]
+        if start > free and self.count[0][r]:
+            self.idle[r] += start - free
+            self.max_idle = max(self.max_idle, self.idle[r])
+        self.free[r] = start + self.dur[kind]
+        self.mem[r] += _MEM[kind]
+        self.count[slot][r] += 1
+        self.rows[r].append(Action("FBW"[kind], r, i, c))
+        if kind == _B:
+            self.pending[r].append((c, i))
 
     def put_w(self, r: int) -> None:
         if not self.pending[r]:
             raise ScheduleError(f"ZBVPP: rank {r} has no W left to free memory (p={self.p}, m={self.m})")
         c, i = self.pending[r].popleft()
-        self.put(r, "W", c, i)
+        self.put(r, _W, c, i)
 
     def fill(self, r: int, arrival: int | None, partial: bool) -> None:
         """Run pending W passes in the gap before ``arrival`` (rule 2 of the module doc)."""
-        if arrival is None:
+        if arrival is None or not self.pending[r]:
             return
-        while self.pending[r] and arrival >= self.free[r] + self.dur["W"]:
+        tw = self.dur[_W]
+        while self.pending[r] and arrival >= self.free[r] + tw:
             self.put_w(r)
-        slack = max(max(self.idle), max(self.allowance) - self.allowance[r]) - self.idle[r]
+        slack = max(self.max_idle, self.max_allowance - self.allowance[r]) - self.idle[r]
         if partial and self.pending[r] and arrival - self.free[r] > slack:
             self.put_w(r)
 
 
 def _warmup(s: _VPlan) -> None:
-    p, m, tf = s.p, s.m, s.dur["F"]
+    p, m, tf = s.p, s.m, s.dur[_F]
     for r in range(p):
-        s.put(r, "F", 0)
+        s.put(r, _F, 0)
     for r in range(p - 1, -1, -1):
         if r < p - 1:
-            due = s.end[(r + 1, "F", 1, 0)] + s.comm
-            while (s.mem[r] + _MEM["F"] * (2 + 2 * r) <= s.budget and s.free[r] + tf <= due
-                   and s.n("F", 0, r) < m):
+            due = s.end[s._key(_F, 1, r + 1, 0)] + s.comm
+            while (s.mem[r] + _MEM[_F] * (2 + 2 * r) <= s.budget and s.free[r] + tf <= due
+                   and s.n(_F, 0, r) < m):
                 for q in range(r + 1):
-                    s.put(q, "F", 0)
-        s.put(r, "F", 1)
+                    s.put(q, _F, 0)
+        s.put(r, _F, 1)
     chunk = 0
     for r in range(1, p):
         def total(q: int) -> int:
-            return s.n("F", 0, q) + s.n("F", 1, q)
+            return s.n(_F, 0, q) + s.n(_F, 1, q)
 
-        while total(r) < total(r - 1) or s.n("F", 1, r) <= s.n("F", 1, r - 1) < m:
+        while total(r) < total(r - 1) or s.n(_F, 1, r) <= s.n(_F, 1, r - 1) < m:
             for q in range(p - 1, r - 1, -1):
-                if s.n("F", chunk, q) < m:
-                    s.put(q, "F", chunk)
+                if s.n(_F, chunk, q) < m:
+                    s.put(q, _F, chunk)
             chunk = 1 - chunk
 
 
 def _b_chunk(s: _VPlan, r: int) -> int:
-    if s.n("B", 0, r) >= s.n("B", 1, r):
+    if s.n(_B, 0, r) >= s.n(_B, 1, r):
         return 1
-    return 0 if s.n("B", 1, r) >= s.m or s.placed(r, "B", 0) else 1
+    return 0 if s.n(_B, 1, r) >= s.m or s.placed(r, _B, 0) else 1
 
 
 def _f_chunk(s: _VPlan, r: int) -> int | None:
-    nf0, nf1 = s.n("F", 0, r), s.n("F", 1, r)
+    nf0, nf1 = s.n(_F, 0, r), s.n(_F, 1, r)
     if nf1 >= s.m:
         return None
     if nf1 >= nf0:
         return 0
-    if s.placed(r, "F", 1):
+    if s.placed(r, _F, 1):
         return 1
-    return 0 if nf0 < s.m and s.placed(r, "F", 0) else None
+    return 0 if nf0 < s.m and s.placed(r, _F, 0) else None
 
 
 def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
@@ -168,18 +187,18 @@ def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
     order = [r for r in range(s.p - 1, -1, -1) if chunks[r] == 0] + [r for r in range(s.p) if chunks[r] == 1]
     for r in order:
         c = chunks[r]
-        if s.n("B", c, r) >= s.m:
+        if s.n(_B, c, r) >= s.m:
             raise ScheduleError(f"ZBVPP: rank {r} ran out of chunk-{c} backwards (p={s.p}, m={s.m})")
-        s.fill(r, s.arrival(r, "B", c), c == 0 or fill_b)
-        s.put(r, "B", c)
+        s.fill(r, s.arrival(r, _B, c), c == 0 or fill_b)
+        s.put(r, _B, c)
     for r in range(s.p):
         c = _f_chunk(s, r)
         if c is None:
             continue
-        while s.mem[r] + _MEM["F"] > s.budget:
+        while s.mem[r] + _MEM[_F] > s.budget:
             s.put_w(r)
-        s.fill(r, s.arrival(r, "F", c), fill_f)
-        s.put(r, "F", c)
+        s.fill(r, s.arrival(r, _F, c), fill_f)
+        s.put(r, _F, c)
 
 
 def zbv_plan(p: int, m: int, times: tuple[int, int, int], comm: int, fill_b: bool, fill_f: bool,
@@ -203,14 +222,22 @@ def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VP
         allowance = None
         for _ in range(_MAX_RERUNS):
             plan = zbv_plan(p, m, times, comm, *switches, allowance)
-            if best is None or max(plan.idle) < max(best[0].idle):
+            if best is None or plan.max_idle < best[0].max_idle:
                 best = (plan, switches)
-            if max(best[0].idle) == 0 or (allowance is not None and max(plan.idle) >= max(allowance)):
+            if best[0].max_idle == 0 or (allowance is not None and plan.max_idle >= max(allowance)):
                 break
             allowance = plan.idle
-        if max(best[0].idle) == 0:
+        if best[0].max_idle == 0:
             break
     return best
+
+
+def _cost_s(p: int, m: int, rows: list[list[Action]], stage_times: Mapping[str, float], comm_time: float) -> float:
+    """Largest per-rank span (s) of ``rows`` played by the SimPy engine."""
+    from simulator.engine import simulate_pipeline
+
+    sched = make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p))
+    return max(simulate_pipeline(sched, stage_times, comm_time).span)
 
 
 @register_schedule("ZBVPP")
@@ -218,15 +245,25 @@ def zb_v(p: int, m: int, v: int = 2, stage_times: Mapping[str, float] | None = N
          comm_time: float = 0.0) -> Schedule:
     """ZB-V (module docstring). ``stage_times`` ``{"F","B","W"}`` are per-stage seconds (each
     chunk takes half; default all equal) and ``comm_time`` T_comm seconds: the order is
-    tuned for them. Any m >= 1 is legal; zero bubble when T_F = T_B = T_W, T_comm = 0 and
-    m >= 2p; peak p*M_B per rank. ``meta`` holds the predicted cost (s) and the switches.
+    tuned for them, and the order tuned for equal times is kept instead when the engine
+    finds it shorter. Any m >= 1 is legal; zero bubble when T_F = T_B = T_W, T_comm = 0
+    and m >= 2p; peak p*M_B per rank. ``meta``: ``tuned`` (whether the times were used),
+    the switches, and ``cost_s`` (largest per-rank span, s, for the given or unit times).
     Raises ScheduleError when num_chunks != 2 or the times are invalid."""
     if v != 2:
         raise ScheduleError(f"ZBVPP: num_chunks must be 2 (a V of two chunks per rank), got {v}")
     times, comm = times_ns("ZBVPP", stage_times, comm_time)
     # A chunk takes half the stage time; every decision compares sums of durations, so
-    # doubling T_comm instead keeps integer ns exact. Predicted cost = half of the plan's.
-    plan, (fill_b, fill_f) = _search(p, m, times, 2 * comm)
-    cost = max(plan.free[r] - (plan.end[(r, "F", 0, 0)] - plan.dur["F"]) for r in range(p))
-    return make_schedule("ZBVPP", p, m, 2, plan.rows, v_shape_vstages(p),
-                         cost_s=cost * 0.5e-9, fill_b=fill_b, fill_f=fill_f)
+    # doubling T_comm instead keeps integer ns exact (the plan's times are twice the chunk's).
+    plan, switches = _search(p, m, times, 2 * comm)
+    cost = max(plan.free[r] - (plan.end[plan._key(_F, 0, r, 0)] - times[_F]) for r in range(p)) * 0.5e-9
+    tuned = stage_times is not None and (comm > 0 or len(set(times)) > 1)
+    rows = plan.rows
+    if tuned:
+        cost = _cost_s(p, m, rows, stage_times, comm_time)
+        plain, plain_switches = _search(p, m, (1, 1, 1), 0)
+        plain_cost = _cost_s(p, m, plain.rows, stage_times, comm_time)
+        if plain_cost < cost:
+            rows, switches, cost, tuned = plain.rows, plain_switches, plain_cost, False
+    return make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p), cost_s=cost, tuned=tuned,
+                         fill_b=switches[0], fill_f=switches[1])

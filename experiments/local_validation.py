@@ -1,0 +1,92 @@
+"""``local_validation``: ``meshplan validate`` over a set of 2-rank plans on this machine,
+predicted vs measured step time, with the relative error.
+
+NOT REGISTERED yet: written against the API documented in issue 9 (``meshplan validate
+PLAN.json --nproc N [--cluster FILE.yaml] [--steps S] --json`` printing
+``predicted_step_time_ms``, ``measured_step_time_ms`` and ``relative_error``), which the
+executor does not provide yet. Add ``"experiments.local_validation"`` to
+``experiments.EXPERIMENT_MODULES`` once it does.
+
+Plans (issue 9's validation set): a 2-layer LLaMA-style model (hidden 256, 4 heads,
+seq 64, vocabulary 1000, fp32) on 2 gloo ranks of the ``cpu-local`` cluster (or the YAML
+that ``meshplan calibrate`` wrote, given as ``MESHPLAN_CLUSTER``): dp = 2, mp = 2
+(Megatron layout), pp = 2 with 1F1B, pp = 2 with ZBVPP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.base import ExperimentError, ExperimentResult, register_experiment, require
+
+NAME = "local_validation"
+CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+          "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 688,
+          "vocab_size": 1000, "max_position_embeddings": 64}
+PLANS = {  # label -> Strategy fields (global batch 8)
+    "dp=2": {"dp": 2, "micro_batch_size": 2},
+    "mp=2": {"mp": 2, "micro_batch_size": 2},
+    "pp=2 1F1B": {"pp": 2, "schedule_mode": "1F1B", "micro_batch_size": 2},
+    "pp=2 ZBVPP": {"pp": 2, "vpp": 2, "schedule_mode": "ZBVPP", "micro_batch_size": 2},
+}
+
+
+def write_plans(out_dir: Path, cluster: str) -> dict[str, Path]:
+    """Write the model config and one ``plan.json`` per entry of ``PLANS``."""
+    plan_cls = require(NAME, "meshplan.plan", "Plan", issue="issue 7")
+    strategy_cls = require(NAME, "meshplan.strategy", "Strategy", issue="issue 7")
+    work = out_dir / f"{NAME}_plans"
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = work / "config.json"
+    cfg.write_text(json.dumps(CONFIG, indent=2))
+    out = {}
+    for label, fields in PLANS.items():
+        strat = strategy_cls(global_batch_size=8, dtype="float32", **fields)
+        path = work / ("plan_" + label.replace("=", "").replace(" ", "_") + ".json")
+        plan_cls(model=str(cfg), cluster=cluster, strategy=strat, seq_len=64).save(path)
+        out[label] = path
+    return out
+
+
+def validate(plan: Path, steps: int, cluster_yaml: str | None) -> dict:
+    """Run ``meshplan validate PLAN --nproc 2 --json`` in a subprocess; its JSON."""
+    require(NAME, "executor", "run_plan", issue="issue 9")
+    cmd = [sys.executable, "-m", "meshplan", "validate", str(plan), "--nproc", "2",
+           "--steps", str(steps), "--json"]
+    if cluster_yaml:
+        cmd += ["--cluster", cluster_yaml]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise ExperimentError(f"experiment {NAME!r}: meshplan validate {plan.name} failed "
+                              f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as e:
+        raise ExperimentError(f"experiment {NAME!r}: meshplan validate printed no JSON: {e}") from e
+
+
+@register_experiment(NAME, "Local validation: predicted vs measured step time (2 ranks)")
+def run(quick: bool, out_dir: Path) -> ExperimentResult:
+    """Validate every plan of ``PLANS`` (quick: 3 steps each, else 10)."""
+    cluster_yaml = os.environ.get("MESHPLAN_CLUSTER")
+    plans = write_plans(Path(out_dir), cluster_yaml or "cpu-local")
+    records = []
+    for label, path in plans.items():
+        got = validate(path, 3 if quick else 10, cluster_yaml)
+        pred, meas = float(got["predicted_step_time_ms"]), float(got["measured_step_time_ms"])
+        records.append({"plan": label, "predicted_step_time_ms": pred,
+                        "measured_step_time_ms": meas, "relative_error": pred / meas - 1})
+    df = pd.DataFrame.from_records(records)
+    notes = [f"Largest |relative error|: {df['relative_error'].abs().max():.1%} "
+             f"(cluster: {cluster_yaml or 'cpu-local, uncalibrated'})."]
+    desc = ("2-layer LLaMA-style model (hidden 256, 4 heads, seq 64, vocab 1000, fp32), "
+            "global batch 8, on 2 gloo ranks; `meshplan validate --json`; "
+            "error = predicted / measured - 1.")
+    return ExperimentResult(NAME, "Local validation: predicted vs measured step time (2 ranks)",
+                            df, desc, notes, float_format=".3f")
