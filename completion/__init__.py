@@ -1,7 +1,9 @@
 """completion: program IR, process meshes, dist attrs, SPMD rules, Completer, partition and
 reshard passes. Knows nothing about time or hardware (see DESIGN.md)."""
 
+from completion.annotate import annotate, shard_megatron
 from completion.backward import BackwardError, append_backward
+from completion.completer import Completer
 from completion.dist_attr import (
     OperatorDistAttr,
     Partial,
@@ -23,8 +25,15 @@ from completion.partition import apply_partition_pass
 from completion.pir import PirParseError, parse_program, print_program
 from completion.reshard import ReshardError, ReshardPlan, plan_reshard
 from completion.reshard_pass import RankOp, apply_reshard_pass, rank_program
+from completion.spmd import DistTensor, SpmdResult, get_spmd_rule
 
 __all__ = [
+    "Completer",
+    "DistTensor",
+    "SpmdResult",
+    "annotate",
+    "get_spmd_rule",
+    "shard_megatron",
     "RankOp",
     "ReshardError",
     "ReshardPlan",

@@ -1,7 +1,9 @@
 """``megatron_table1``: predicted TFLOP/s per GPU vs Megatron-LM 2021 Table 1 (the rows
 in shared/reference/published_tables.md), with the calibration used and the error.
 
-Setup (Narayanan et al. 2021, Table 1): GPT of the ``megatron-*`` catalog, sequence 2048,
+Setup (Narayanan et al. 2021, Table 1): GPT as Megatron-LM 2021 ran it (unfused
+attention, dropout: ``completion.models.megatron2021``) in the ``megatron-*`` sizes,
+sequence 2048,
 vocabulary 51200, global batch 512, DGX A100 (``selene`` cluster spec), tensor parallel as
 published, no pipeline (PP = 1, so the schedule plays no role), data parallel = GPUs / TP,
 full activation recompute (the table's FLOP count, eq. 3, includes it), fp16. Not
@@ -30,6 +32,7 @@ TABLE1 = [
     ("megatron-3.6b", 2, 64, 512, 138.0),
     ("megatron-7.5b", 4, 128, 512, 142.0),
 ]
+SEQ = 2048
 FIT_ROW = "megatron-1.7b"
 
 
@@ -38,11 +41,18 @@ def tflops_per_gpu(row: tuple, gemm_efficiency: float | None) -> float:
     Raises ExperimentError when the Engine is missing or rejects the setup."""
     engine_cls = require(NAME, "meshplan.engine", "Engine", issue="issue 7")
     strategy_cls = require(NAME, "meshplan.strategy", "Strategy", issue="issue 7")
+    build = require(NAME, "completion.models.megatron2021", "megatron_gpt", issue="issue 7")
+    get_config = require(NAME, "completion.models", "get_model_config", issue="issue 3")
     model, tp, gpus, batch, _ = row
-    strat = strategy_cls(dp=gpus // tp, mp=tp, pp=1, micro_batch_size=MICRO_BATCH,
+    cfg = get_config(model)
+    dp = gpus // tp
+    strat = strategy_cls(dp=dp, mp=tp, pp=1, micro_batch_size=MICRO_BATCH,
                          global_batch_size=batch, recompute="full", dtype="float16")
     try:
-        eng = engine_cls(model, CLUSTER, strat, nodes=gpus // 8, gemm_efficiency=gemm_efficiency)
+        # one layer is built; the Engine repeats its cost num_layers times (identical layers)
+        program = build(MICRO_BATCH * dp, SEQ, cfg.hidden_size, cfg.num_heads)
+        eng = engine_cls(program, CLUSTER, strat, nodes=gpus // 8, num_layers=cfg.num_layers,
+                         gemm_efficiency=gemm_efficiency)
         return float(eng.simulate().tflops_per_gpu)
     except (TypeError, ValueError) as e:
         raise ExperimentError(f"experiment {NAME!r}: Engine failed on {model}: {e}") from e
@@ -95,8 +105,8 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
         f"312). Ours: `Engine(model, {CLUSTER!r}, Strategy(dp=GPUs/TP, mp=TP, pp=1, "
         f"micro_batch_size={MICRO_BATCH}, global_batch_size=512, recompute='full', "
         "dtype='float16'))`, `simulate().tflops_per_gpu` (executed FLOPs incl. recompute). "
-        "Micro-batch size is not published (assumed). Catalog GPT layers (flash attention, "
-        "no dropout), not the 2021 unfused attention."
+        "Micro-batch size is not published (assumed). Layers as Megatron 2021 ran them "
+        "(unfused attention, dropout), from `completion.models.megatron2021`."
     )
     return ExperimentResult(NAME, "Megatron-LM 2021 Table 1: TFLOP/s per GPU", df, desc, notes,
                             float_format=".3f")

@@ -156,8 +156,8 @@ TABLE1 = {  # published_tables.md, Megatron 2021 Table 1: layers, h, heads, TP, 
 def _table1_engine(row: str) -> Engine:
     """Assumed: micro-batch 4 (not published), PP = 1 so no pipeline schedule (1F1B with
     one stage), full recompute, fp16, global batch 512, the Megatron 2021 GPT architecture
-    (unfused attention, dropout; tests/gpt2021.py); dp = GPUs / TP."""
-    from tests.gpt2021 import megatron_gpt
+    (unfused attention, dropout; completion/models/megatron2021.py); dp = GPUs / TP."""
+    from completion.models.megatron2021 import megatron_gpt
 
     layers, h, a, tp, gpus, _ = TABLE1[row]
     dp, mbs = gpus // tp, 4

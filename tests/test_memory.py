@@ -13,7 +13,7 @@ from completion import append_backward, build_model
 from simulator import memory as mem
 from simulator.engine import simulate_pipeline
 from simulator.schedules import build_schedule
-from tests.gpt2021 import megatron_layer
+from completion.models.megatron2021 import megatron_layer
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 64])

@@ -7,6 +7,8 @@ A rule's ``infer_forward(inputs, attrs)`` / ``infer_reverse(outputs, attrs, inpu
 result attrs). The merge itself is documented in :mod:`completion.spmd.core`.
 """
 
+# importing the rule modules registers their rules
+from completion.spmd import misc_notations, nn_notations, notations, reshape  # noqa: E402,F401
 from completion.spmd.core import (
     DistTensor,
     LetterPool,
@@ -24,9 +26,6 @@ from completion.spmd.rule import (
     register_spmd_rule,
     registered_keys,
 )
-
-# importing the rule modules registers their rules
-from completion.spmd import misc_notations, nn_notations, notations, reshape  # noqa: E402,F401
 
 __all__ = [
     "DistTensor",

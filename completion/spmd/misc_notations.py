@@ -8,7 +8,7 @@ from typing import Any
 
 from completion.ops.declare import base_name
 from completion.ops.registry import get_opdef
-from completion.spmd.core import LetterPool, LinearGroup, Letters, Notation
+from completion.spmd.core import LetterPool, Letters, LinearGroup, Notation
 from completion.spmd.notations import replicated_letters
 from completion.spmd.rule import register_spmd_rule
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from completion.spmd.core import ALL_TYPES, LetterPool, LinearGroup, Letters, Notation
+from completion.spmd.core import ALL_TYPES, LetterPool, Letters, LinearGroup, Notation
 from completion.spmd.rule import register_spmd_rule
 
 Shapes = Sequence[tuple[int, ...] | None]

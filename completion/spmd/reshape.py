@@ -16,6 +16,7 @@ Paddle's ``ReshapeInferSpmd``; written from their documented behaviour.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 from completion.dist_attr import TensorDistAttr
 from completion.mesh import ProcessMesh
 from completion.ops.registry import OpDef

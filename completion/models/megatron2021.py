@@ -1,8 +1,9 @@
-"""Test support: GPT as Megatron-LM 2021 ran it (Narayanan et al. 2021; Korthikanti et
+"""GPT as Megatron-LM 2021 ran it (Narayanan et al. 2021; Korthikanti et
 al. 2022, fig. 2): unfused attention (QK^T, scale, softmax, dropout, x V) and dropout
 (p = 0.1) after the attention and MLP blocks. The built-in GPT builder uses flash attention
 without dropout, so the published activation formula and Table 1 throughputs, measured on
-this older architecture, are checked on programs built here."""
+this older architecture, are checked on programs built here (tests/test_memory.py,
+tests/test_engine_cost.py, experiments/megatron_table1.py)."""
 
 from __future__ import annotations
 

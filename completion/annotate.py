@@ -1,0 +1,159 @@
+"""Annotation API: :func:`annotate` one value, or :func:`shard_megatron` a whole model.
+
+The Megatron-LM layout (Shoeybi et al. 2019, sec. 3; Korthikanti et al. 2022 for sequence
+parallelism) on a mesh with a data-parallel and a tensor-parallel (mp) dim:
+
+- column-parallel ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` (and a fused
+  ``qkv_proj``): weight ``[in, out]`` split on ``out`` over mp, bias split over mp;
+- row-parallel ``o_proj``, ``down_proj``: weight split on ``in`` over mp, bias replicated;
+- vocab-parallel ``embed_tokens`` (weight ``[V, h]`` split on V) and ``lm_head`` (weight
+  ``[h, V]`` split on V);
+- every other parameter (norms, position embedding) replicated;
+- data inputs with a batch dim: the batch dim over dp (tables such as rotary sin/cos, whose
+  leading dim is 1, and scalars stay replicated);
+- ``sequence_parallel``: the outputs of the norms and of the residual adds (the regions
+  Megatron runs on ``[b, s/mp, h]``) are annotated sharded on the sequence dim over mp, so
+  completion turns the row-parallel all_reduce into a reduce_scatter and gathers before
+  the column-parallel matmuls.
+
+Names follow the model builders (:mod:`completion.models`): parameters are
+``<struct name>.weight`` / ``.bias``, decoder layers ``decoder.layers.<i>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from completion.dist_attr import Placement, TensorDistAttr
+from completion.errors import CompletionError, DistAttrError
+from completion.ir import OpRole, Program, Value
+from completion.mesh import ProcessMesh
+
+DERIVED_ATTR = "_completion_derived"
+
+
+def annotate(program: Program, value_name: str | int, mesh: ProcessMesh,
+             dims_mapping: Sequence[int] | None = None,
+             placements: Sequence[Placement] | None = None) -> TensorDistAttr:
+    """Annotate the value ``value_name`` (a name or ``%N``) with a layout on ``mesh``.
+
+    Give ``dims_mapping`` (one mesh dim or -1 per tensor dim) or ``placements`` (one
+    Shard/Replicate/Partial per mesh dim); neither means replicated. The annotation is
+    never overwritten by completion. Returns the attr. Raises CompletionError for an unknown
+    value, DistAttrError for an invalid layout (naming the value) or when both forms are
+    given and disagree.
+    """
+    v = program.value(value_name)
+    return set_annotation(program, v, mesh, dims_mapping, placements)
+
+
+def set_annotation(program: Program, v: Value, mesh: ProcessMesh,
+                   dims_mapping: Sequence[int] | None = None,
+                   placements: Sequence[Placement] | None = None) -> TensorDistAttr:
+    """:func:`annotate` for a value object."""
+    try:
+        if placements is not None:
+            attr = TensorDistAttr.from_placements(mesh, placements, v.ndim)
+            if dims_mapping is not None and tuple(dims_mapping) != attr.dims_mapping:
+                raise DistAttrError(f"dims_mapping {list(dims_mapping)} disagrees with placements "
+                                    f"{list(placements)}")
+        else:
+            dm = [-1] * v.ndim if dims_mapping is None else dims_mapping
+            attr = TensorDistAttr(mesh, dm)
+        attr.check_shape(v.shape, v.label())
+    except DistAttrError as e:
+        raise DistAttrError(f"annotate {v.label()}: {e}") from None
+    v.dist_attr = attr
+    derived = getattr(program, DERIVED_ATTR, None)
+    if derived is not None:
+        derived.discard(v)
+    return attr
+
+
+# -- Megatron layout -----------------------------------------------------------------------
+Layout = Callable[[Value, int, int], list[int] | None]
+
+
+def _column(v: Value, dp: int, mp: int) -> list[int]:
+    return [-1] * (v.ndim - 1) + [mp]
+
+
+def _row(v: Value, dp: int, mp: int) -> list[int]:
+    return [mp] + [-1] * (v.ndim - 1) if v.ndim == 2 else [-1] * v.ndim
+
+
+def _replicated(v: Value, dp: int, mp: int) -> list[int]:
+    return [-1] * v.ndim
+
+
+#: parameter-name pattern -> layout (first match wins)
+MEGATRON_PARAMS: list[tuple[re.Pattern[str], Layout]] = [
+    (re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj)\.(weight|bias)$"), _column),
+    (re.compile(r"(^|\.)(o_proj|down_proj)\.weight$"), _row),
+    (re.compile(r"(^|\.)embed_tokens\.weight$"), _row),
+    (re.compile(r"(^|\.)lm_head\.weight$"), _column),
+    (re.compile(r".*"), _replicated),
+]
+NORM_TYPES = ("layer_norm", "rms_norm")
+RESIDUAL_STRUCT = re.compile(r"(^|\.)layers\.\d+$|(^|\.)embed_positions$")
+
+
+def _batch_size(program: Program) -> int | None:
+    data = [op.results[0] for op in program.ops if op.type == "data" and op.results and op.results[0] is not None]
+    ids = next((v for v in data if v.name == "input_ids"), None)
+    if ids is not None and ids.ndim:
+        return ids.shape[0]
+    return next((v.shape[0] for v in data if v.ndim >= 2 and v.shape[0] > 1), None)
+
+
+def _sequence_parallel_values(program: Program) -> list[Value]:
+    out = []
+    for op in program.ops:
+        if op.role not in (OpRole.FORWARD, OpRole.LOSS):
+            continue
+        if op.type in NORM_TYPES or (op.type == "add" and RESIDUAL_STRUCT.search(op.struct_name or "")):
+            r = op.results[0] if op.results else None
+            if r is not None and r.ndim == 3:
+                out.append(r)
+    return out
+
+
+def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_dim: int | str,
+                   sequence_parallel: bool = False) -> dict[str, TensorDistAttr]:
+    """Annotate a built model with the Megatron layout (module docstring).
+
+    Args:
+        program: a program from :func:`completion.build_model` (before or after backward).
+        mesh: the process mesh; ``dp_dim`` / ``mp_dim`` are its data- and tensor-parallel
+            dims (index or name; they must differ).
+    Returns the annotations by value label. Raises DistAttrError for a missing mesh dim or
+    dp_dim == mp_dim, CompletionError when the program has no parameters.
+    """
+    dp, mp = mesh.dim_index(dp_dim), mesh.dim_index(mp_dim)
+    if dp == mp:
+        raise DistAttrError(f"dp_dim and mp_dim are both mesh dim {dp}")
+    params = program.parameters()
+    if not params:
+        raise CompletionError("shard_megatron: the program has no parameters")
+    out: dict[str, TensorDistAttr] = {}
+    for v in params:
+        name = v.name or ""
+        layout = next(f for rx, f in MEGATRON_PARAMS if rx.search(name))
+        out[v.label()] = set_annotation(program, v, mesh, layout(v, dp, mp))
+    batch = _batch_size(program)
+    for op in program.ops:
+        if op.type != "data" or not op.results or op.results[0] is None:
+            continue
+        v = op.results[0]
+        if v.persistable or not v.ndim:
+            continue
+        dm = [-1] * v.ndim
+        if batch is not None and batch > 1 and v.shape[0] == batch:
+            dm[0] = dp
+        out[v.label()] = set_annotation(program, v, mesh, dm)
+    if sequence_parallel:
+        for v in _sequence_parallel_values(program):
+            out[v.label()] = set_annotation(program, v, mesh, [dp, mp, -1])
+    return out
+

@@ -1,0 +1,256 @@
+"""The Completer: from a few annotated values, the process mesh, dims_mapping and partial
+status of every value and every op operand/result, and each op's pipeline chunk.
+
+Behaviour matches Paddle auto-parallel's ``Completer`` (``complete_forward_annotation``,
+``complete_backward_annotation``, ``complete_update_annotation``, ``complete_chunk_id``),
+with these contracts:
+
+- Annotations: a value whose ``dist_attr`` is set when completion starts (by
+  :meth:`Program.annotate` / :func:`completion.annotate` or directly) is an annotation and
+  is never overwritten. Attrs the Completer derived are recorded on the program, so
+  completing again re-derives them from the annotations alone (completion is idempotent).
+- Process meshes first: an op takes the mesh of its first annotated result, else of its
+  first operand that has one, else of the nearest op before it (after it, at the start).
+  With pipeline stages (:meth:`complete_chunk_id` with pp_degree > 1) each op runs on its
+  stage's sub-mesh: a mesh with a dim named ``pp`` is split along it; any other mesh is
+  stage 0's, and stage s uses the same shape with ranks offset by ``s * mesh.size``.
+  Annotations move to their stage's mesh (their dims_mapping kept, a ``pp`` entry dropped).
+- Then dims_mapping: forward ops, then backward ops, then optimizer ops, each phase by
+  forward and reverse sweeps to a fixed point (:mod:`completion.propagate`; at most 500
+  sweeps, then a CompletionError naming the values still changing). Values of a completed
+  phase are not changed by later phases. A source op (data, parameter, full) belongs to the
+  phase of its first user (optimizer states are completed with the optimizer ops).
+- Optimizer ops honour a ZeRO stage (:mod:`completion.zero`).
+"""
+
+from __future__ import annotations
+
+from completion.chunks import DEFAULT_SEG_METHOD, ChunkPlan, assign_chunks
+from completion.dist_attr import TensorDistAttr
+from completion.errors import CompletionError
+from completion.ir import Operation, OpRole, Program, Value
+from completion.mesh import ProcessMesh
+from completion.propagate import MAX_SWEEPS, Propagator
+from completion.zero import apply_zero
+
+PHASES = {"forward": (OpRole.FORWARD, OpRole.LOSS), "backward": (OpRole.BACKWARD,),
+          "update": (OpRole.OPTIMIZE,)}
+DERIVED_ATTR = "_completion_derived"
+
+
+class Completer:
+    """Completes the dist attrs of ``program`` in place (module docstring).
+
+    Args:
+        program: the program; at least one value must be annotated.
+        zero_stage: ZeRO stage 0-3 for :meth:`complete_update_annotation`.
+        dp_mesh_dim: the data-parallel mesh dim (index or name) for ZeRO; default: a dim
+            named ``dp``, else the dim gradients are Partial over, else 0.
+        pp_degree, vpp_degree, schedule_mode, seg_method: pipeline segmentation used by
+            :meth:`complete` (see :meth:`complete_chunk_id`).
+        max_sweeps: bound on propagation sweeps per phase.
+
+    Raises (from the methods): CompletionError when nothing is annotated, a rule fails on
+    an op (naming it), propagation does not converge, or the pipeline split is invalid.
+    """
+
+    def __init__(self, program: Program, zero_stage: int = 0, *, dp_mesh_dim: int | str | None = None,
+                 pp_degree: int = 1, vpp_degree: int = 1, schedule_mode: str = "1F1B",
+                 seg_method: str = DEFAULT_SEG_METHOD, max_sweeps: int = MAX_SWEEPS) -> None:
+        self.program = program
+        self.zero_stage = zero_stage
+        self.dp_mesh_dim = dp_mesh_dim
+        self.pp_degree, self.vpp_degree = pp_degree, vpp_degree
+        self.schedule_mode, self.seg_method = schedule_mode, seg_method
+        self.max_sweeps = max_sweeps
+        self.chunks: ChunkPlan | None = None
+        self.op_mesh: dict[int, ProcessMesh] = {}
+        self.fixed: dict[int, int] = {}
+        self.sweeps: dict[str, int] = {}
+        self._done: set[str] = set()
+        self._prepared = False
+
+    # -- public API ---------------------------------------------------------------------
+    def complete(self) -> Program:
+        """Chunk ids (when pp_degree > 1), process meshes, forward, backward and update
+        annotation. Returns the program (completed in place)."""
+        if self.pp_degree > 1 or self.vpp_degree > 1:
+            self.complete_chunk_id(self.pp_degree, self.vpp_degree, self.schedule_mode, self.seg_method)
+        self.complete_forward_annotation()
+        self.complete_backward_annotation()
+        self.complete_update_annotation()
+        return self.program
+
+    def complete_chunk_id(self, pp_degree: int, vpp_degree: int = 1, schedule_mode: str = "1F1B",
+                          seg_method: str = DEFAULT_SEG_METHOD) -> ChunkPlan:
+        """Assign each op its pipeline stage and chunk (:mod:`completion.chunks`); sets
+        ``op.chunk_id``. Later annotation completion places ops on their stage meshes (a
+        completion already done is redone)."""
+        self.chunks = assign_chunks(self.program, pp_degree, vpp_degree, schedule_mode, seg_method)
+        self.pp_degree, self.vpp_degree = pp_degree, vpp_degree
+        self._prepared = False
+        self._done.clear()
+        return self.chunks
+
+    def complete_process_mesh(self) -> None:
+        """Give every op a process mesh (module docstring) and reset derived attrs."""
+        self._prepare()
+
+    def complete_forward_annotation(self) -> None:
+        """Complete forward and loss ops (and the sources they use first)."""
+        self._run("forward")
+
+    def complete_backward_annotation(self) -> None:
+        """Complete backward ops (forward first if not done)."""
+        if "forward" not in self._done:
+            self._run("forward")
+        self._run("backward")
+
+    def complete_update_annotation(self, zero_stage: int | None = None) -> None:
+        """Complete optimizer ops and their states; apply the ZeRO stage (argument, else
+        the constructor's)."""
+        for ph in ("forward", "backward"):
+            if ph not in self._done:
+                self._run(ph)
+        self._run("update")
+        stage = self.zero_stage if zero_stage is None else zero_stage
+        ops = [op for op in self.program.ops if op.role == OpRole.OPTIMIZE]
+        apply_zero(ops, stage, self.dp_mesh_dim, set(self.fixed))
+
+    def stage_of(self, op: Operation) -> int:
+        """The pipeline stage of ``op`` (0 without pipeline segmentation)."""
+        return self.chunks.stage.get(id(op), 0) if self.chunks else 0
+
+    # -- preparation --------------------------------------------------------------------
+    def _prepare(self) -> None:
+        if self._prepared:
+            return
+        prog = self.program
+        derived: set[Value] = getattr(prog, DERIVED_ATTR, set())
+        self.fixed = {}
+        for v in prog.values():
+            if v.dist_attr is not None and v not in derived:
+                self.fixed[id(v)] = 2 if v.is_parameter else 1
+            else:
+                v.dist_attr = None
+        for op in prog.ops:
+            op.dist_attr = None
+        setattr(prog, DERIVED_ATTR, set())
+        self._assign_meshes()
+        self._prepared = True
+
+    def _annotated_meshes(self) -> list[ProcessMesh]:
+        out: list[ProcessMesh] = []
+        for v in self.program.values():
+            if id(v) in self.fixed and v.dist_attr is not None:
+                m = v.dist_attr.process_mesh
+                if m not in out:
+                    out.append(m)
+        if not out:
+            raise CompletionError("cannot complete: no value is annotated with a process mesh "
+                                  "(annotate at least one value, e.g. a parameter)")
+        return out
+
+    def _assign_meshes(self) -> None:
+        ops = self.program.ops
+        meshes = self._annotated_meshes()
+        if self.chunks is not None and self.chunks.pp_degree > 1:
+            stages = stage_meshes(meshes[0], self.chunks.pp_degree)
+            self.op_mesh = {id(op): stages[self.chunks.stage.get(id(op), 0)] for op in ops}
+            self._rehome(stages)
+            return
+        found: list[ProcessMesh | None] = []
+        vmesh: dict[int, ProcessMesh] = {}
+        for op in ops:
+            m = next((r.dist_attr.process_mesh for r in op.results
+                      if r is not None and id(r) in self.fixed and r.dist_attr is not None), None)
+            if m is None:
+                m = next((vmesh[id(v)] for v in op.operands if v is not None and id(v) in vmesh), None)
+            found.append(m)
+            if m is not None:
+                for r in op.results:
+                    if r is not None:
+                        vmesh[id(r)] = m
+        nxt = next(m for m in found if m is not None)
+        prev = None
+        for i, op in enumerate(ops):
+            if found[i] is None:
+                found[i] = prev or next((m for m in found[i:] if m is not None), nxt)
+            prev = found[i]
+            self.op_mesh[id(op)] = found[i]  # type: ignore[assignment]
+
+    def _rehome(self, stages: list[ProcessMesh]) -> None:
+        """Move annotations onto the stage mesh (and chunk) of the op that defines them."""
+        for op in self.program.ops:
+            mesh = self.op_mesh[id(op)]
+            for r in op.results:
+                if r is None or id(r) not in self.fixed or r.dist_attr is None:
+                    continue
+                a = r.dist_attr
+                if a.process_mesh != mesh:
+                    a = rehome(a, mesh)
+                if a.chunk_id != op.chunk_id:
+                    a = a.replace(chunk_id=op.chunk_id)
+                r.dist_attr = a
+
+    # -- phases -------------------------------------------------------------------------
+    def _phase_ops(self, phase: str) -> list[Operation]:
+        roles = PHASES[phase]
+        ops = self.program.ops
+        pos = {id(op): i for i, op in enumerate(ops)}
+        out = []
+        for op in ops:
+            if op.operands or not op.results:
+                if op.role in roles:
+                    out.append(op)
+                continue
+            first = min((u for r in op.results if r is not None for u, _ in r.uses),
+                        key=lambda u: pos[id(u)], default=None)
+            role = OpRole.FORWARD if first is None or first.role == OpRole.LOSS else first.role
+            if role in roles:
+                out.append(op)
+        return out
+
+    def _run(self, phase: str) -> None:
+        self._prepare()
+        ops = self._phase_ops(phase)
+        prop = Propagator(ops, self.op_mesh, self.fixed, self.max_sweeps)
+        self.sweeps[phase] = prop.run()
+        derived = getattr(self.program, DERIVED_ATTR)
+        for op in ops:
+            for r in op.results:
+                if r is not None and id(r) not in self.fixed:
+                    if r.dist_attr is None:
+                        r.dist_attr = TensorDistAttr.replicated(self.op_mesh[id(op)], r.ndim)
+                    derived.add(r)
+        self._done.add(phase)
+
+
+def stage_meshes(mesh: ProcessMesh, pp_degree: int) -> list[ProcessMesh]:
+    """The per-stage meshes for ``pp_degree`` stages (Completer docstring). Raises
+    CompletionError if a ``pp`` mesh dim does not have ``pp_degree`` entries."""
+    if "pp" in mesh.dim_names:
+        d = mesh.dim_names.index("pp")
+        if mesh.shape[d] != pp_degree:
+            raise CompletionError(f"mesh dim 'pp' has size {mesh.shape[d]} but pp_degree is {pp_degree}")
+        return [mesh.submesh(d, s) for s in range(pp_degree)]
+    n = mesh.size
+    return [ProcessMesh(mesh.shape, tuple(r + s * n for r in mesh.process_ids), mesh.dim_names)
+            for s in range(pp_degree)]
+
+
+def rehome(a: TensorDistAttr, mesh: ProcessMesh) -> TensorDistAttr:
+    """``a`` moved onto the stage mesh ``mesh``: same dims_mapping when the shapes match;
+    from a mesh with a ``pp`` dim, that dim dropped and later dims shifted down."""
+    src = a.process_mesh
+    if src.shape == mesh.shape:
+        return TensorDistAttr(mesh, a.dims_mapping, a.partial_dims, a.chunk_id)
+    if "pp" in src.dim_names and src.ndim == mesh.ndim + 1:
+        d = src.dim_names.index("pp")
+
+        def mv(m: int) -> int:
+            return -1 if m < 0 or m == d else (m - 1 if m > d else m)
+
+        part = {mv(m): t for m, t in a.partial if m != d}
+        return TensorDistAttr(mesh, [mv(m) for m in a.dims_mapping], part, a.chunk_id)
+    raise CompletionError(f"annotation on mesh {list(src.shape)} cannot move to stage mesh {list(mesh.shape)}")

@@ -1,0 +1,212 @@
+"""Sharding propagation to a fixed point: the worklist engine behind the Completer.
+
+State: each value's dist attr (``Value.dist_attr``), each op's mesh, and per value a
+*hint*: the dims_mapping its consumers would like (merged first-wins, only ever refined
+from -1 to a mesh dim, so hints are monotone and propagation terminates).
+
+Processing an op calls its SPMD rule with the operands' attrs and the results' hints (or
+annotations), stores the op's ``OperatorDistAttr``, sets each result's attr (unless it is
+fixed: annotated, or completed in an earlier phase) and merges each required operand
+dims_mapping into that operand's hint. A changed result re-queues its consumers; a changed
+hint re-queues the producer. Sweeps alternate direction (forward, reverse, forward...) over
+the queued ops only, so an unchanged region is never revisited; after ``max_sweeps`` a
+CompletionError names the values still changing.
+
+Invariant at the fixed point: a value's attr equals its producer's result attr; an op's
+operand attr may differ from the operand value's attr (the partition pass inserts a
+reshard there).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from typing import Any
+
+from completion.dist_attr import OperatorDistAttr, TensorDistAttr
+from completion.errors import CompletionError
+from completion.ir import Operation, Value
+from completion.mesh import ProcessMesh
+from completion.spmd import DistTensor, SpmdResult, get_spmd_rule
+
+MAX_SWEEPS = 500
+
+
+def freeze(x: Any) -> Hashable:
+    """A hashable stand-in for an attribute value (lists -> tuples, dicts -> items)."""
+    if isinstance(x, (list, tuple)):
+        return tuple(freeze(e) for e in x)
+    if isinstance(x, dict):
+        return tuple(sorted((str(k), freeze(v)) for k, v in x.items()))
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+def on_mesh(attr: TensorDistAttr | None, mesh: ProcessMesh) -> TensorDistAttr | None:
+    """``attr`` seen from an op on ``mesh``: itself; moved to ``mesh`` when the meshes have
+    the same shape (a pipeline stage boundary keeps its layout); else None (no info)."""
+    if attr is None or attr.process_mesh is mesh or attr.process_mesh == mesh:
+        return attr
+    if attr.process_mesh.shape == mesh.shape:
+        return TensorDistAttr(mesh, attr.dims_mapping, attr.partial_dims, attr.chunk_id)
+    return None
+
+
+class Propagator:
+    """Propagates over ``ops`` (a phase of the program) to a fixed point.
+
+    Args:
+        ops: the ops to complete, in program order.
+        op_mesh: id(op) -> process mesh (every op of ``ops``).
+        fixed: id(value) -> priority for values whose attr must not change (annotations:
+            2 for a parameter, 1 otherwise; values of earlier phases: 0).
+        max_sweeps: bound on sweeps (CompletionError beyond it).
+    """
+
+    def __init__(self, ops: list[Operation], op_mesh: dict[int, ProcessMesh],
+                 fixed: dict[int, int], max_sweeps: int = MAX_SWEEPS) -> None:
+        self.ops = ops
+        self.pos = {id(op): i for i, op in enumerate(ops)}
+        self.op_mesh = op_mesh
+        self.fixed = fixed
+        self.max_sweeps = max_sweeps
+        self.hints: dict[int, tuple[int, ...]] = {}
+        self.cache: dict[Hashable, SpmdResult] = {}
+        self.attr_keys: dict[int, Hashable] = {}
+        self.sweeps = 0
+
+    # -- one op -------------------------------------------------------------------------
+    def _inputs(self, op: Operation, mesh: ProcessMesh) -> tuple[list, list]:
+        fixed, hints = self.fixed, self.hints
+        ins: list[DistTensor | None] = []
+        for v in op.operands:
+            if v is None:
+                ins.append(None)
+            else:
+                ins.append(DistTensor(v.type.shape, on_mesh(v.dist_attr, mesh), fixed.get(id(v), 0)))
+        outs: list[DistTensor | None] = []
+        for r in op.results:
+            if r is None:
+                outs.append(None)
+            elif id(r) in fixed:
+                outs.append(DistTensor(r.type.shape, on_mesh(r.dist_attr, mesh), fixed[id(r)]))
+            else:
+                h = hints.get(id(r))
+                outs.append(DistTensor(r.type.shape, None if h is None else TensorDistAttr(mesh, h), -1))
+        return ins, outs
+
+    def infer(self, op: Operation) -> SpmdResult:
+        """The rule's answer for ``op`` in the current state (cached by its inputs)."""
+        mesh = self.op_mesh[id(op)]
+        ins, outs = self._inputs(op, mesh)
+        akey = self.attr_keys.get(id(op))
+        if akey is None:
+            akey = self.attr_keys[id(op)] = freeze(op.attrs)
+        key = (op.type, akey, mesh, tuple(ins), tuple(outs))
+        res = self.cache.get(key)
+        if res is None:
+            try:
+                res = get_spmd_rule(op.type).infer(ins, outs, op.attrs, mesh)
+            except CompletionError as e:
+                raise CompletionError(f"{op.label()}: {e}") from None
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                raise CompletionError(f"{op.label()}: SPMD rule failed: {e}") from None
+            self.cache[key] = res
+        return res
+
+    def process(self, op: Operation, changed: list[Value]) -> list[Operation]:
+        """Apply the rule to ``op``; returns the ops to revisit."""
+        res = self.infer(op)
+        mesh = self.op_mesh[id(op)]
+        chunk = op.chunk_id
+        operands = [_chunk(a, chunk) for a in res.operands]
+        results: list[TensorDistAttr | None] = []
+        todo: list[Operation] = []
+        for j, r in enumerate(op.results):
+            a = _chunk(res.results[j], chunk) if j < len(res.results) else None
+            if r is not None and id(r) in self.fixed:
+                a = on_mesh(r.dist_attr, mesh) or a
+            elif r is not None and a is not None and r.dist_attr != a:
+                r.dist_attr = a
+                changed.append(r)
+                todo.extend(u for u, _ in r.uses if id(u) in self.pos)
+            results.append(a)
+        results += [None] * (len(op.results) - len(results))
+        op.dist_attr = OperatorDistAttr(mesh, tuple(operands), tuple(results), chunk)
+        for i, v in enumerate(op.operands):
+            if v is None or i >= len(res.operands) or id(v) in self.fixed:
+                continue
+            req = res.operands[i]
+            if req is None or v.op is None or id(v.op) not in self.pos:
+                continue
+            if v.dist_attr is not None and v.dist_attr.process_mesh.shape != mesh.shape:
+                continue
+            if self._hint(v, req.dims_mapping):
+                todo.append(v.op)
+        return todo
+
+    def _hint(self, v: Value, dims: tuple[int, ...]) -> bool:
+        old = self.hints.get(id(v))
+        shape = v.type.shape
+        if old is None:
+            if all(m < 0 for m in dims):
+                return False
+            new = tuple(-1 if shape[d] == 1 else m for d, m in enumerate(dims))
+        else:
+            cur = list(old)
+            used = {m for m in cur if m >= 0}
+            for d, m in enumerate(dims):
+                if m >= 0 and cur[d] < 0 and m not in used and shape[d] != 1:
+                    cur[d] = m
+                    used.add(m)
+            new = tuple(cur)
+        if new == old:
+            return False
+        self.hints[id(v)] = new
+        return True
+
+    # -- the fixed point ----------------------------------------------------------------
+    def run(self) -> int:
+        """Propagate to a fixed point; returns the number of sweeps."""
+        pending = set(range(len(self.ops)))
+        direction = 1
+        while pending:
+            self.sweeps += 1
+            changed: list[Value] = []
+            if self.sweeps > self.max_sweeps:
+                raise self._no_fixed_point(pending)
+            heap = [direction * i for i in pending]
+            heapq.heapify(heap)
+            queued = set(pending)
+            pending = set()
+            while heap:
+                i = direction * heapq.heappop(heap)
+                queued.discard(i)
+                for nxt in self.process(self.ops[i], changed):
+                    j = self.pos[id(nxt)]
+                    if (j - i) * direction > 0:
+                        if j not in queued:
+                            queued.add(j)
+                            heapq.heappush(heap, direction * j)
+                    else:
+                        pending.add(j)
+            self.last_changed = changed
+            direction = -direction
+        return self.sweeps
+
+    def _no_fixed_point(self, pending: set[int]) -> CompletionError:
+        vals = [v.label() for v in getattr(self, "last_changed", [])][:10]
+        ops = [self.ops[i].label() for i in sorted(pending)][:5]
+        return CompletionError(
+            f"sharding propagation did not reach a fixed point after {self.max_sweeps} sweeps; "
+            f"values still changing: {', '.join(vals) or 'none'}; ops still queued: {', '.join(ops)}"
+        )
+
+
+def _chunk(a: TensorDistAttr | None, chunk: int) -> TensorDistAttr | None:
+    if a is None or a.chunk_id == chunk:
+        return a
+    return a.replace(chunk_id=chunk)

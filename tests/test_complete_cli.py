@@ -1,0 +1,42 @@
+"""``meshplan complete``: a built model with the Megatron layout and pipeline stages, a PIR
+file, and clear errors."""
+
+from __future__ import annotations
+
+from completion.pir import parse_program
+from meshplan.cli import main
+
+
+def test_complete_model_megatron_with_vpp(capsys):
+    rc = main(["complete", "--model", "llama2-7b", "--layers", "4", "--seq-len", "32",
+               "--mesh", "dp=2,mp=2,pp=2", "--megatron", "--vpp", "2", "--schedule", "VPP"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "// per-op summary" in out
+    # the program text parses back, stage 1 runs on ranks 4..7
+    text = out[: out.index("}\n") + 2]
+    p = parse_program(text)
+    assert {op.dist_attr.process_mesh.process_ids for op in p.ops} == {(0, 1, 2, 3), (4, 5, 6, 7)}
+    assert "pd_op.matmul [decoder.layers.3.mlp.down_proj] stage 1/chunk 1: (S(0),S(2)) (R,S(0)) -> (S(0),P(sum))" in out
+
+
+def test_complete_pir_file_data_parallel(capsys, shared_dir):
+    f = shared_dir / "data/programs/mlp_sgd_no_dist_attrs.pir"
+    rc = main(["complete", "--program", str(f), "--mesh", "dp=2", "--summary-only"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    # batch on dp: the weight gradients are Partial(sum) and the sgd_ ops need them reduced
+    assert "pd_op.matmul_grad [] stage 0/chunk 0: (S(0)) (R) (S(0)) -> (S(0)) (P(sum))" in out
+    assert "pd_op.sgd_ [] stage 0/chunk 0: (R) (R) (R)* null -> (R) null" in out
+    assert "// operands needing a reshard: 3" in out
+
+
+def test_complete_errors(capsys):
+    assert main(["complete", "--model", "llama2-7b", "--mesh", "dp=x"]) == 2
+    assert "--mesh entry 'dp=x'" in capsys.readouterr().err
+    assert main(["complete", "--mesh", "dp=2"]) == 2
+    assert "exactly one of --program" in capsys.readouterr().err
+    rc = main(["complete", "--model", "llama2-7b", "--layers", "10", "--seq-len", "16",
+               "--mesh", "dp=1,mp=2,pp=4", "--megatron", "--vpp", "2", "--schedule", "VPP"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "10 layers" in err and "= 8 segments" in err
