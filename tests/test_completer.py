@@ -239,3 +239,23 @@ def test_zero3_shards_an_unannotated_parameter_value():
     assert list(w.dist_attr.dims_mapping) == [0, -1]
     mm = next(op for op in p.ops if op.type == "matmul" and op.operands[1] is w)
     assert list(mm.dist_attr.operands[1].dims_mapping) == [-1, -1]  # all_gather before use
+
+
+def test_optimizer_state_follows_its_parameter_and_beta_powers_stay_replicated():
+    """adamw_: param_out / moment outs take the parameter's layout, the gradient operand is
+    required reduced (no Partial), and the beta-power results (shape [1], independent of the
+    sharded parameter) are replicated, never Partial."""
+    p = llama()
+    shard_megatron(p, MESH22, "dp", "mp")
+    Completer(p).complete()
+    opt = [op for op in p.ops if op.type == "adamw_"]
+    assert opt
+    for op in opt:
+        param_attr = op.dist_attr.operands[0]
+        assert not op.dist_attr.operands[1].partial  # gradient reduced before the update
+        for k in (0, 1, 2):  # param_out, moment1_out, moment2_out
+            assert op.dist_attr.results[k].dims_mapping == param_attr.dims_mapping
+            assert not op.dist_attr.results[k].partial
+        for k in (3, 4):  # beta1_pow_out, beta2_pow_out
+            assert op.dist_attr.results[k].dims_mapping == (-1,)
+            assert not op.dist_attr.results[k].partial

@@ -76,8 +76,12 @@ def optimizer(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Nota
         lt = None if s is None else (plt if nm in PARAM_LIKE else replicated_letters(s, pool, rep))
         by_name[nm] = lt
         inputs.append(lt)
-    outputs = [by_name.get(r.removesuffix("_out")) for r in rnames[: len(outs)]]
-    return Notation(inputs, outputs, rep)
+    bases = [r.removesuffix("_out") for r in rnames[: len(outs)]]
+    outputs = [by_name.get(b) for b in bases]
+    # beta powers and other scalar state do not depend on the sharded parameter letters:
+    # they never become Partial
+    aux = frozenset(i for i, b in enumerate(bases) if b not in PARAM_LIKE)
+    return Notation(inputs, outputs, rep, aux_outputs=aux)
 
 
 register_spmd_rule("source", source)
