@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "meshplan.commands.complete",
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",
+    "meshplan.commands.validate",
 ]
 
 

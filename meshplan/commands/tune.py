@@ -1,0 +1,137 @@
+"""``meshplan tune`` (strategy search with Optuna) and ``meshplan worker`` (join a study).
+
+``tune`` writes ``plan.json`` (the best feasible plan, loadable with ``Plan.load``),
+``history.csv`` (Paddle auto-tuner style columns) and ``report.txt`` (counts and the top
+plans) to ``--output`` (default ``meshplan-runs/STUDY``). The default storage is the Optuna
+journal file ``--output/journal.log``; rerunning the same command resumes the search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import typer
+
+
+def _default_study(cfg_dict: dict, model: str, mode: str) -> str:
+    h = hashlib.sha1(json.dumps(cfg_dict, sort_keys=True).encode()).hexdigest()[:8]
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(model).name)
+    return f"{safe}-{mode}-{h}"
+
+
+def _ann(c) -> str:
+    if c.mp == 1:
+        return "- (mp=1, nothing sharded inside a rank)"
+    if c.annotation_seed is not None:
+        return f"full_random seed {c.annotation_seed}"
+    t = {k: v for k, v in c.template_dict().items() if k != "loss"}
+    return ",".join(f"{k}={v}" for k, v in sorted(t.items())) or c.annotation
+
+
+def _report(result, study: str, storage: str, k: int) -> str:
+    from rich.console import Console
+
+    from tuner.result import top_table
+
+    con = Console(record=True, width=200, file=io.StringIO())
+    con.print(f"study {study} ({storage}): {result.counts()}")
+    con.print(top_table(result, k))
+    return con.export_text()
+
+
+def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
+    from meshplan.tuning import to_plan
+
+    out.mkdir(parents=True, exist_ok=True)
+    result.write_history_csv(out / "history.csv")
+    text = _report(result, study, storage, top)
+    typer.echo(text)
+    best = result.best()
+    if best is None:
+        (out / "report.txt").write_text(text + "\nno feasible plan found\n")
+        typer.echo("no feasible plan found (every scored plan exceeds device memory)")
+        return
+    cand, rec = best
+    plan = to_plan(cand, cfg.scorer_config)
+    plan.save(out / "plan.json")
+    s = plan.strategy
+    line = (f"best plan: dp={s.dp} mp={s.mp} pp={s.pp} vpp={s.vpp} {s.schedule_mode} "
+            f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.sharding_stage} "
+            f"sp={s.sequence_parallel} annotation={_ann(cand)}: "
+            f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
+            f"(feasible)")
+    (out / "report.txt").write_text(text + "\n" + line + "\n")
+    typer.echo(line)
+    typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``tune`` and ``worker`` commands to ``app``."""
+
+    @app.command("tune")
+    def tune(
+        model: str = typer.Option(..., "--model", help="Built-in model name."),
+        cluster: str = typer.Option(..., "--cluster", help="Catalog cluster name."),
+        nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes."),
+        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
+        seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+        mode: str = typer.Option("pattern-based", "--mode",
+                                 help="pattern-based, full_random or semi-auto."),
+        trials: int = typer.Option(100, "--trials", help="Finished trials the study should hold."),
+        timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
+        seed: int = typer.Option(0, "--seed", help="Sampler seed."),
+        storage: str | None = typer.Option(None, "--storage",
+                                           help="'memory', a journal file or a database URL."),
+        study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
+        workers: int = typer.Option(1, "--workers", help="Local worker processes."),
+        pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
+        fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,mp=8."),
+        output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
+        sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
+        layers: int | None = typer.Option(None, "--layers", help="Override the layer count."),
+        cross_node_mp: bool = typer.Option(False, "--allow-cross-node-mp",
+                                           help="Let tensor parallelism span nodes."),
+        top: int = typer.Option(10, "--top", help="Rows of the top-plans table."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    ) -> None:
+        """Search the fastest plan of MODEL on CLUSTER that fits in memory."""
+        import optuna
+
+        from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
+        from tuner.search import MEMORY, search
+        from tuner.space import SearchSpace, parse_fix
+        from tuner.study import TuneConfig
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_mp, layers)
+        sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
+              "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}
+        cfg = TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
+                         template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
+                         seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+        name = study or _default_study(cfg.to_dict(), model, mode)
+        out = Path(output) if output else Path("meshplan-runs") / name
+        study_dir = None if storage == MEMORY else out
+        res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
+                     timeout=timeout, workers=workers, progress=not no_progress)
+        where = storage or str(out / "journal.log")
+        _finish(res, cfg, name, where, out, top)
+
+    @app.command("worker")
+    def worker(
+        study: str = typer.Option(..., "--study", help="Study name to join."),
+        storage: str = typer.Option(..., "--storage", help="Journal file or database URL."),
+        trials: int | None = typer.Option(None, "--trials", help="Target (default: the study's)."),
+        timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
+    ) -> None:
+        """Join a search started by ``meshplan tune`` and run its trials."""
+        import optuna
+
+        from tuner.study import run_worker
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        n = run_worker(study, storage, trials, timeout)
+        typer.echo(f"worker ran {n} trials on study {study}")

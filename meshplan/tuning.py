@@ -1,0 +1,151 @@
+"""The bridge between the tuner and the cost model: candidates -> Strategy -> Engine.
+
+The tuner does not import meshplan (DESIGN.md dependency direction); it receives a scorer
+built here by :func:`make_scorer` (named in the study as ``"meshplan.tuning:make_scorer"``
+so workers in other processes and on other machines rebuild the same one).
+
+Annotations: a candidate's pattern templates become a placements mapping over the
+representative program's values (``tuner.patterns.apply_templates``); the template set
+equal to Megatron's layout (with or without the sequence-parallel norm) is passed as the
+Strategy's ``"megatron"`` annotation, which also realises sequence parallelism
+(``completion.shard_megatron``). full_random draws one random dims_mapping per parameter
+of the representative decoder layer; the engine costs that one layer for all layers
+(``meshplan.model_source``), so every layer shares the draw.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from clusters import load_cluster
+from completion.ir import Program
+from completion.models import build_model, get_model_config
+from meshplan.engine import Engine
+from meshplan.plan import Plan
+from meshplan.strategy import Strategy
+from tuner.patterns import apply_templates, find_patterns, random_annotation, template_choices
+from tuner.space import Candidate, ModelDims, SearchProblem
+from tuner.study import Score
+from tuner.suggest import MEGATRON_BASE, PATTERN, RANDOM
+
+SCORER_FACTORY = "meshplan.tuning:make_scorer"
+
+
+@functools.lru_cache(maxsize=8)
+def template_program(model: str, seq_len: int) -> tuple[Program, tuple]:
+    """The one-layer program annotations are written against (batch 2, so the batch dim of
+    every data input is told apart from size-1 dims) and its patterns."""
+    prog = build_model(model, 2, seq_len, num_layers=1)
+    return prog, tuple(find_patterns(prog))
+
+
+def template_kinds(model: str, seq_len: int) -> dict[str, tuple[str, ...]]:
+    """Pattern kind -> template names for the model (a tied head has one)."""
+    _, pats = template_program(model, seq_len)
+    kinds = {p.kind for p in pats}
+    return {k: tuple(template_choices(k, pats)) for k in sorted(kinds)}
+
+
+def search_problem(model: str, cluster: str, nodes: int | None, global_batch_size: int,
+                   seq_len: int | None, allow_cross_node_mp: bool = False,
+                   num_layers: int | None = None) -> SearchProblem:
+    """The SearchProblem of a model on ``nodes`` nodes of a catalog cluster."""
+    cfg = get_model_config(model)
+    if num_layers is not None:
+        cfg = cfg.replace(num_layers=num_layers)
+    cl = load_cluster(cluster, nodes)
+    return SearchProblem(ModelDims.of(cfg), cl.world_size, cl.devices_per_node,
+                         global_batch_size, seq_len or cfg.seq_len, allow_cross_node_mp)
+
+
+def annotation_of(c: Candidate, model: str, seq_len: int,
+                  user: Any = "megatron") -> str | dict[str, list[str]]:
+    """The Strategy annotation of a candidate ("megatron", or a placements mapping)."""
+    if c.mp == 1:
+        return "megatron"  # nothing is sharded inside a rank; the engine skips completion
+    if c.annotation == "templates":
+        t = c.template_dict()
+        if all(t.get(k, v) in (v, "tied") for k, v in MEGATRON_BASE.items()):
+            return "megatron"
+        prog, pats = template_program(model, seq_len)
+        return apply_templates(prog, pats, t)
+    if c.annotation == "random":
+        prog, _ = template_program(model, seq_len)
+        return random_annotation(prog, c.mp, int(c.annotation_seed or 0))
+    return user
+
+
+def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
+                dtype: str = "bfloat16", user_annotation: Any = "megatron") -> Strategy:
+    """The meshplan Strategy of a candidate."""
+    return Strategy(dp=c.dp, mp=c.mp, pp=c.pp, vpp=c.vpp, schedule_mode=c.schedule,
+                    micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
+                    recompute=c.recompute, sharding_stage=c.sharding_stage,
+                    sequence_parallel=c.sequence_parallel, dtype=dtype,
+                    annotation=annotation_of(c, model, seq_len, user_annotation))
+
+
+def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
+    """The reproducible Plan (plan.json) of a candidate under a scorer config."""
+    s = to_strategy(c, config["global_batch_size"], config["model"], config["seq_len"],
+                    config.get("dtype", "bfloat16"), config.get("annotation", "megatron"))
+    ann = s.annotation if isinstance(s.annotation, dict) else {}
+    if ann:
+        s = s.replace(annotation="none")
+    return Plan(model=model_ref(config["model"], config.get("num_layers")), cluster=config["cluster"], strategy=s,
+                nodes=config.get("nodes"), seq_len=config["seq_len"], annotations=ann)
+
+
+def model_ref(model: str, num_layers: int | None) -> str:
+    """What the Engine is given: the model name, or for a layer-count override a
+    Hugging Face style config.json written once under the temp dir."""
+    if not num_layers:
+        return model
+    cfg = get_model_config(model)
+    hf = {"model_type": cfg.family if cfg.family == "llama" else "gpt",
+          "num_hidden_layers": int(num_layers), "hidden_size": cfg.hidden_size,
+          "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+          "intermediate_size": cfg.ffn_hidden_size, "vocab_size": cfg.vocab_size,
+          "max_position_embeddings": cfg.seq_len, "tie_word_embeddings": cfg.tie_word_embeddings,
+          "rms_norm_eps": cfg.norm_eps, "layer_norm_epsilon": cfg.norm_eps,
+          "rope_theta": cfg.rope_theta}
+    d = Path(tempfile.gettempdir()) / "meshplan-models"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{Path(model).name}-L{num_layers}.json"
+    text = json.dumps(hf, sort_keys=True)
+    if not p.is_file() or p.read_text() != text:
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(p)
+    return str(p)
+
+
+def make_scorer(config: Mapping[str, Any]):
+    """A scorer ``candidate -> Score`` running ``Engine.simulate()``.
+
+    ``config``: model, cluster, nodes, global_batch_size, seq_len, dtype, annotation (the
+    user's, semi-auto), num_layers (optional override, small test spaces)."""
+    cl = load_cluster(config["cluster"], config.get("nodes"))
+    model = model_ref(config["model"], config.get("num_layers"))
+    name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
+    cap = int(cl.device.memory_bytes.value)
+    dtype = config.get("dtype", "bfloat16")
+
+    def score(c: Candidate) -> Score:
+        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"))
+        r = Engine(model, cl, s, seq_len=seq).simulate()
+        return Score(r.step_time, r.max_memory_bytes, cap,
+                     {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+                      "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})
+
+    return score
+
+
+__all__ = ["PATTERN", "RANDOM", "SCORER_FACTORY", "annotation_of", "make_scorer",
+           "search_problem", "template_kinds", "to_plan", "to_strategy"]

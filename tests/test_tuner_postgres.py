@@ -1,0 +1,145 @@
+"""Distributed search on a real PostgreSQL server: two workers on one study.
+
+The fixture installs PostgreSQL when it is absent (``apt-get install -y postgresql``, as
+root), initialises a throw-away cluster in a temp dir as the ``postgres`` user with trust
+authentication, and starts it on 127.0.0.1 at a free port. It skips, naming the reason,
+only when the server cannot be installed or started, or psycopg2 (the ``meshplan[postgres]``
+extra) is missing."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    return Path(found[-1]).parent if found else None
+
+
+def _install() -> str | None:
+    """Install PostgreSQL with apt; returns why it failed, or None."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "PostgreSQL is not installed and this user cannot apt-get install it"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if r.returncode:
+            return f"{' '.join(cmd)} failed: {r.stderr[-300:]}"
+    return None
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return cmd
+    return ["runuser", "-u", "postgres", "--", *cmd]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    pytest.importorskip("psycopg2", reason="psycopg2 missing: install meshplan[postgres]")
+    if _pg_bin() is None:
+        why = _install()
+        if why:
+            pytest.skip(why)
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries not found after installation")
+    # not under pytest's tmp dir: that is private to root and the server runs as postgres
+    base = Path(tempfile.mkdtemp(prefix="meshplan-pg-"))
+    data, sock = base / "data", base / "sock"
+    sock.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+        shutil.chown(sock, "postgres")
+        base.chmod(0o755)
+    r = subprocess.run(_as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+                                     "--auth=trust", "-E", "UTF8"]),
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"initdb failed: {r.stderr[-300:]}")
+    port = _free_port()
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=50"
+    r = subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-o", opts,
+                                     "-l", str(base / "log"), "-w", "start"]),
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"pg_ctl start failed: {r.stderr[-300:]} {(base / 'log').read_text()[-300:]}")
+    try:
+        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U",
+                        "postgres", "meshplan"], check=True, capture_output=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/meshplan"
+    finally:
+        subprocess.run(_as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast",
+                                     "-w", "stop"]), capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+LEAD = """
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+from tuner.search import search
+from tuner.space import ModelDims, SearchProblem, SearchSpace
+from tuner.study import TuneConfig
+prob = SearchProblem(ModelDims("toy", 8, 1024, 16, 4, 4096, 32000), 16, 8, 64, 1024)
+cfg = TuneConfig(SearchSpace(prob), mode="semi-auto", sampler="random", seed=3,
+                 scorer_factory="tests.tuner_analytic:make_analytic",
+                 scorer_config={"global_batch_size": 64, "sleep_s": 0.05})
+res = search(cfg, "pg", storage=sys.argv[1], n_trials=80)
+print("lead done", len(res.trials()))
+"""
+
+
+def test_two_workers_on_one_postgres_study(pg_url):
+    import optuna
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    lead = subprocess.Popen([sys.executable, "-c", LEAD, pg_url], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    storage = open_storage(pg_url, None)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the worker joins once the lead created the study
+        if any(s.study_name == "pg" for s in optuna.get_all_study_summaries(storage)):
+            break
+        time.sleep(0.1)
+    worker = subprocess.run([sys.executable, "-m", "meshplan", "worker", "--study", "pg",
+                             "--storage", pg_url], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    out, err = lead.communicate(timeout=300)
+    assert lead.returncode == 0, err[-2000:]
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    n_worker = int(worker.stdout.split("worker ran ")[1].split()[0])
+    study = optuna.load_study(study_name="pg", storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state.is_finished()]
+    assert 80 <= len(finished) <= 81  # the last trial may race between the two workers
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers))
+    by_pid = {}
+    for t in finished:
+        by_pid.setdefault(t.system_attrs["meshplan_worker"]["pid"], []).append(t.number)
+    assert len(by_pid) == 2, "both workers must have run trials"
+    assert n_worker >= 1 and sorted(len(v) for v in by_pid.values())[0] >= 1
+    # the union of the two workers' trials is the study
+    assert sorted(n for v in by_pid.values() for n in v) == sorted(t.number for t in finished)
+    assert n_worker in {len(v) for v in by_pid.values()}

@@ -1,0 +1,198 @@
+"""Legality rules: a candidate that breaks one is never simulated.
+
+Each rule is a named function ``rule(candidate, problem) -> str | None`` returning the
+reason it fails (or None); :data:`RULES` holds them in check order and
+:func:`check_legality` returns every :class:`Violation` (name and reason).
+
+The rules follow Megatron-LM's argument checks (``megatron/training/arguments.py``:
+heads, kv heads and vocab divisible by the tensor-parallel size, layers divisible by the
+pipeline size and by pp * vpp for the interleaved schedule, micro-batches a multiple of pp
+for interleaving, sequence parallelism only with tensor parallelism) and the Zero Bubble
+repo's ZB-V (two chunks per rank). Two more rules only remove duplicate points:
+``schedule_needs_pipeline`` (with pp = 1 every schedule is the same step, kept as 1F1B) and
+``zero_needs_dp`` (a ZeRO stage over a data-parallel group of one rank is stage 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tuner.space import Candidate, SearchProblem
+
+Rule = Callable[[Candidate, SearchProblem], "str | None"]
+
+#: Schedules that run more than one model chunk per pipeline rank.
+INTERLEAVED = ("VPP", "ZBVPP")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A failed rule: its name and a reason naming the numbers at fault."""
+
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.reason}"
+
+
+def mesh_matches_world(c: Candidate, p: SearchProblem) -> str | None:
+    """dp * mp * pp must equal the world size."""
+    if c.dp * c.mp * c.pp != p.world_size:
+        return f"dp*mp*pp = {c.dp}*{c.mp}*{c.pp} = {c.world_size} != world size {p.world_size}"
+    return None
+
+
+def _mp_divides(field: str) -> Rule:
+    def rule(c: Candidate, p: SearchProblem) -> str | None:
+        n = getattr(p.model, field)
+        if n % c.mp:
+            return f"mp={c.mp} does not divide {field}={n} of {p.model.name}"
+        return None
+    rule.__name__ = f"mp_divides_{field.removeprefix('num_').removesuffix('_size')}"
+    rule.__doc__ = f"Tensor parallelism splits {field} evenly: mp | {field}."
+    return rule
+
+
+mp_divides_heads = _mp_divides("num_heads")
+mp_divides_kv_heads = _mp_divides("num_kv_heads")
+mp_divides_hidden = _mp_divides("hidden_size")
+mp_divides_ffn_hidden = _mp_divides("ffn_hidden_size")
+mp_divides_vocab = _mp_divides("vocab_size")
+
+
+def mp_within_node(c: Candidate, p: SearchProblem) -> str | None:
+    """A tensor-parallel group stays inside one node (NVLink) unless the problem allows
+    crossing nodes."""
+    if not p.allow_cross_node_mp and c.mp > p.devices_per_node:
+        return f"mp={c.mp} exceeds {p.devices_per_node} devices per node (cross-node mp not allowed)"
+    return None
+
+
+def pp_divides_layers(c: Candidate, p: SearchProblem) -> str | None:
+    """pp | layers, unless an uneven split is requested (then pp <= layers)."""
+    l_ = p.model.num_layers
+    if c.pp > l_:
+        return f"pp={c.pp} exceeds the {l_} layers"
+    if not p.uneven_pp and l_ % c.pp:
+        return f"pp={c.pp} does not divide the {l_} layers (no uneven split requested)"
+    return None
+
+
+def layers_divisible_by_chunks(c: Candidate, p: SearchProblem) -> str | None:
+    """With vpp chunks per rank, layers split into pp * vpp equal chunks."""
+    if c.vpp > 1 and p.model.num_layers % (c.pp * c.vpp):
+        return (f"{p.model.num_layers} layers are not divisible by pp*vpp = "
+                f"{c.pp}*{c.vpp} = {c.pp * c.vpp}")
+    return None
+
+
+def vpp_needs_interleaved_schedule(c: Candidate, p: SearchProblem) -> str | None:
+    """vpp > 1 only with VPP / ZBVPP, and VPP needs vpp >= 2 (vpp = 1 is plain 1F1B)."""
+    if c.vpp > 1 and c.schedule not in INTERLEAVED:
+        return f"vpp={c.vpp} needs schedule VPP or ZBVPP, got {c.schedule}"
+    if c.schedule == "VPP" and c.vpp < 2:
+        return "schedule VPP needs vpp >= 2 (vpp = 1 is 1F1B)"
+    if c.schedule in INTERLEAVED and c.pp < 2:
+        return f"schedule {c.schedule} needs pp >= 2, got pp={c.pp}"
+    return None
+
+
+def zbvpp_needs_vpp2(c: Candidate, p: SearchProblem) -> str | None:
+    """ZB-V places exactly two chunks per rank in a V."""
+    if c.schedule == "ZBVPP" and c.vpp != 2:
+        return f"schedule ZBVPP needs vpp = 2, got vpp={c.vpp}"
+    return None
+
+
+def global_batch_divisible(c: Candidate, p: SearchProblem) -> str | None:
+    """B must be a multiple of dp * mbs (m = B / (dp * mbs) micro-batches)."""
+    per = c.dp * c.micro_batch_size
+    if p.global_batch_size % per:
+        return (f"global batch {p.global_batch_size} is not divisible by dp*mbs = "
+                f"{c.dp}*{c.micro_batch_size} = {per}")
+    return None
+
+
+def microbatches_at_least_pp(c: Candidate, p: SearchProblem) -> str | None:
+    """m >= pp, or the pipeline never fills."""
+    m = c.num_microbatches(p.global_batch_size)
+    if c.pp > 1 and m < c.pp:
+        return f"{m} micro-batches < pp={c.pp}"
+    return None
+
+
+def vpp_microbatches_multiple_of_pp(c: Candidate, p: SearchProblem) -> str | None:
+    """Interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2) needs m a multiple of pp."""
+    m = c.num_microbatches(p.global_batch_size)
+    if c.schedule == "VPP" and m % c.pp:
+        return f"VPP needs micro-batches a multiple of pp: m={m}, pp={c.pp}"
+    return None
+
+
+def sequence_parallel_needs_mp(c: Candidate, p: SearchProblem) -> str | None:
+    """Sequence parallelism splits the tensor-parallel region's sequence: mp > 1."""
+    if c.sequence_parallel and c.mp < 2:
+        return "sequence parallel needs mp > 1"
+    return None
+
+
+def sequence_parallel_seq_divisible(c: Candidate, p: SearchProblem) -> str | None:
+    """Sequence parallelism shards the sequence over mp: mp | seq_len."""
+    if c.sequence_parallel and p.seq_len % c.mp:
+        return f"sequence parallel: seq_len {p.seq_len} is not divisible by mp={c.mp}"
+    return None
+
+
+def schedule_needs_pipeline(c: Candidate, p: SearchProblem) -> str | None:
+    """With pp = 1 all schedules run the same step; only 1F1B is kept (no duplicates)."""
+    if c.pp == 1 and c.schedule != "1F1B":
+        return f"pp=1: schedule {c.schedule} is the same step as 1F1B"
+    return None
+
+
+def zero_needs_dp(c: Candidate, p: SearchProblem) -> str | None:
+    """A ZeRO stage over a data-parallel group of one rank is stage 0 (no duplicates)."""
+    if c.dp == 1 and c.sharding_stage > 0:
+        return f"dp=1: ZeRO stage {c.sharding_stage} shards over one rank (same as stage 0)"
+    return None
+
+
+#: Every rule, in check order (cheap mesh rules first).
+RULES: tuple[Rule, ...] = (
+    mesh_matches_world, mp_divides_heads, mp_divides_kv_heads, mp_divides_hidden,
+    mp_divides_ffn_hidden, mp_divides_vocab, mp_within_node, pp_divides_layers,
+    layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
+    global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
+    sequence_parallel_needs_mp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
+    zero_needs_dp,
+)
+RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
+#: Rules that read only dp, mp, pp (checked right after the mesh is chosen).
+MESH_RULES: tuple[Rule, ...] = RULES[:8]
+
+
+def check_legality(c: Candidate, p: SearchProblem, rules: tuple[Rule, ...] = RULES
+                   ) -> list[Violation]:
+    """Every failing rule of ``rules`` for ``c`` (empty when legal)."""
+    out = []
+    for r in rules:
+        reason = r(c, p)
+        if reason is not None:
+            out.append(Violation(r.__name__, reason))
+    return out
+
+
+def first_violation(c: Candidate, p: SearchProblem, rules: tuple[Rule, ...] = RULES
+                    ) -> Violation | None:
+    """The first failing rule (cheap early exit), or None when ``c`` is legal."""
+    for r in rules:
+        reason = r(c, p)
+        if reason is not None:
+            return Violation(r.__name__, reason)
+    return None
+
+
+def is_legal(c: Candidate, p: SearchProblem) -> bool:
+    return first_violation(c, p) is None

@@ -1,0 +1,209 @@
+"""Search results: history (Paddle auto-tuner style), best plans, tables, progress.
+
+History columns follow PaddlePaddle's auto-tuner ``history.csv`` (``dp_degree``,
+``mp_degree``, ``pp_degree``, ``vpp_degree``, ``micro_batch_size``, ``sharding_degree``,
+``sharding_stage``, ``use_recompute``, ``recompute_granularity``, ``time``,
+``max_mem_usage``), with meshplan's extras. Units: ``time`` is the step time in seconds
+(empty for a pruned trial); ``max_mem_usage`` is the peak memory over ranks in bytes, or
+``OOM`` when it exceeds the device memory (Paddle writes ``OOM`` the same way).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
+from tuner.space import Candidate
+
+HISTORY_COLUMNS = (
+    "job_id", "state", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
+    "acc_steps", "sharding_degree", "sharding_stage", "use_recompute", "recompute_granularity",
+    "sequence_parallel", "schedule_mode", "annotation", "templates", "time", "tokens_per_s",
+    "mfu", "bubble_ratio", "max_mem_usage", "peak_memory_bytes", "memory_limit_bytes",
+    "feasible", "cached", "pruned_reason",
+)
+GIB = 1024**3
+
+
+def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
+    ua = t.user_attrs
+    plan = ua.get("plan") or {}
+    row: dict[str, Any] = dict.fromkeys(HISTORY_COLUMNS)
+    row.update(job_id=t.number, state=t.state.name,
+               pruned_reason=ua.get("illegal") or ua.get("error") or
+               ("interrupted" if ua.get("interrupted") else None))
+    if plan:
+        dp, mbs = plan["dp"], plan["micro_batch_size"]
+        rc = plan["recompute"]
+        row.update(dp_degree=dp, mp_degree=plan["mp"], pp_degree=plan["pp"],
+                   vpp_degree=plan["vpp"], micro_batch_size=mbs,
+                   acc_steps=global_batch // (dp * mbs),
+                   sharding_degree=dp if plan["sharding_stage"] else 1,
+                   sharding_stage=plan["sharding_stage"], use_recompute=rc != "none",
+                   recompute_granularity=None if rc == "none" else rc,
+                   sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
+                   annotation=plan.get("annotation"),
+                   templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
+                   or (f"seed={plan['annotation_seed']}"
+                       if plan.get("annotation_seed") is not None else None))
+    if "time_s" in ua:
+        mem, lim = ua["memory_bytes"], ua["memory_limit_bytes"]
+        m = ua.get("metrics", {})
+        row.update(time=ua["time_s"], tokens_per_s=m.get("tokens_per_s"), mfu=m.get("mfu"),
+                   bubble_ratio=m.get("bubble_ratio"),
+                   max_mem_usage=mem if mem <= lim else "OOM", peak_memory_bytes=mem,
+                   memory_limit_bytes=lim, feasible=mem <= lim, cached=bool(ua.get("cached")))
+    return row
+
+
+@dataclass
+class TuneResult:
+    """The outcome of a search over one study.
+
+    Attributes: study (the Optuna study); global_batch_size (for acc_steps); pareto:
+    whether the study minimised (time, memory).
+    """
+
+    study: optuna.Study
+    global_batch_size: int
+    pareto: bool = False
+
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per trial with :data:`HISTORY_COLUMNS`, ordered by trial number."""
+        rows = [_row(t, self.global_batch_size) for t in self.trials()]
+        return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+
+    def write_history_csv(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.to_dataframe().to_csv(p, index=False)
+        return p
+
+    def counts(self) -> dict[str, int]:
+        """complete / pruned (illegal, error) / failed / oom / cached trial counts."""
+        c: Counter[str] = Counter()
+        for t in self.trials():
+            c[t.state.name.lower()] += 1
+            ua = t.user_attrs
+            if t.state == TrialState.PRUNED:
+                c["illegal" if "illegal" in ua else "error"] += 1
+            if "time_s" in ua and ua["memory_bytes"] > ua["memory_limit_bytes"]:
+                c["oom"] += 1
+            if ua.get("cached"):
+                c["cached"] += 1
+        return dict(c)
+
+    def feasible(self) -> list[optuna.trial.FrozenTrial]:
+        """Complete trials that fit in memory, fastest first, one per distinct plan."""
+        seen, out = set(), []
+        ts = [t for t in self.trials() if t.state == TrialState.COMPLETE
+              and t.user_attrs.get("memory_bytes", 1) <= t.user_attrs.get("memory_limit_bytes", 0)]
+        for t in sorted(ts, key=lambda t: (t.user_attrs["time_s"], t.number)):
+            k = t.user_attrs.get("plan_key")
+            if k not in seen:
+                seen.add(k)
+                out.append(t)
+        return out
+
+    def best(self) -> tuple[Candidate, Mapping[str, Any]] | None:
+        """The fastest feasible plan and its record (time_s, memory_bytes, metrics)."""
+        f = self.feasible()
+        if not f:
+            return None
+        return Candidate.from_dict(f[0].user_attrs["plan"]), f[0].user_attrs
+
+    def pareto_front(self) -> list[optuna.trial.FrozenTrial]:
+        """Feasible trials not dominated in (time, peak memory), fastest first."""
+        f = self.feasible()
+        out = []
+        for t in f:
+            a = (t.user_attrs["time_s"], t.user_attrs["memory_bytes"])
+            if not any((u.user_attrs["time_s"], u.user_attrs["memory_bytes"]) != a
+                       and u.user_attrs["time_s"] <= a[0] and u.user_attrs["memory_bytes"] <= a[1]
+                       for u in f):
+                out.append(t)
+        return out
+
+    def top(self, k: int = 10) -> list[optuna.trial.FrozenTrial]:
+        return (self.pareto_front() if self.pareto else self.feasible())[:k]
+
+
+def plan_label(plan: Mapping[str, Any]) -> str:
+    """Short one-line plan description for the progress bar."""
+    s = f"dp{plan['dp']} mp{plan['mp']} pp{plan['pp']} {plan['schedule']}"
+    if plan["vpp"] > 1:
+        s += f" vpp{plan['vpp']}"
+    s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['sharding_stage']}"
+    return s + (" sp" if plan["sequence_parallel"] else "")
+
+
+def top_table(result: TuneResult, k: int = 10) -> Any:
+    """A rich Table of the top plans (mesh, schedule, vpp, mbs, recompute, ZeRO,
+    templates, step time, tokens/s, MFU, peak memory, bubble)."""
+    from rich.table import Table
+
+    title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
+    tab = Table(title=title)
+    for col in ("#", "mesh dp-mp-pp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+                "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble"):
+        tab.add_column(col, justify="right" if col not in ("annotation", "schedule") else "left")
+    for i, t in enumerate(result.top(k), 1):
+        p, ua = t.user_attrs["plan"], t.user_attrs
+        m = ua.get("metrics", {})
+        ann = ",".join(f"{a}={b}" for a, b in sorted(p["templates"].items()) if a != "loss")
+        if p["mp"] == 1:
+            ann = "- (mp=1)"
+        elif p.get("annotation_seed") is not None:
+            ann = f"random seed {p['annotation_seed']}"
+        ann = ann or str(p.get("annotation"))
+        tab.add_row(str(i), f"{p['dp']}-{p['mp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+                    str(p["micro_batch_size"]), p["recompute"], str(p["sharding_stage"]),
+                    "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
+                    f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
+                    f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}")
+    return tab
+
+
+class ProgressReporter:
+    """A rich progress bar over the trial target, showing the best feasible plan so far."""
+
+    def __init__(self, total: int, done: int = 0, enabled: bool = True) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.enabled = enabled
+        self.best: tuple[float, str] | None = None
+        self.progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 disable=not enabled, transient=False)
+        self.task = self.progress.add_task("best: -", total=total, completed=done)
+
+    def __enter__(self) -> ProgressReporter:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+        ua = t.user_attrs
+        if (t.state == TrialState.COMPLETE and ua.get("memory_bytes", 1) <= ua.get(
+                "memory_limit_bytes", 0) and (self.best is None or ua["time_s"] < self.best[0])):
+            self.best = (ua["time_s"], plan_label(ua["plan"]))
+        desc = "best: -" if self.best is None else f"best {self.best[0] * 1e3:.1f} ms  {self.best[1]}"
+        self.progress.update(self.task, advance=1, description=desc)

@@ -1,0 +1,80 @@
+"""Run a whole search: open (or resume) the study, start local workers, show progress.
+
+``search(cfg, study_name, storage=..., study_dir=..., n_trials=..., workers=N)`` is what
+``meshplan tune`` calls; the scorer comes from ``cfg.scorer_factory`` (see
+:mod:`tuner.study`). With ``workers > 1`` the other ``workers - 1`` processes are started
+with the ``spawn`` method and join the same study through its storage (an in-memory study
+cannot be shared: that raises TuneError).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+from tuner.result import ProgressReporter, TuneResult
+from tuner.study import (
+    TuneConfig,
+    TuneError,
+    _count,
+    open_study,
+    optimize,
+    resolve_factory,
+    run_worker,
+)
+
+MEMORY = "memory"
+
+
+def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: float | None,
+                 study_dir: str | None) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    run_worker(study_name, storage, n_trials, timeout, study_dir)
+
+
+def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
+           study_dir: str | Path | None = None, n_trials: int = 100,
+           timeout: float | None = None, workers: int = 1, progress: bool = False
+           ) -> TuneResult:
+    """Run (or resume) the search until the study holds ``n_trials`` finished trials.
+
+    Args:
+        cfg: the search; study_name: the study; storage: None (journal file in
+            ``study_dir``), ``"memory"`` (in-memory, nothing kept), a journal path or a
+            database URL; workers: local processes on the study; progress: rich progress bar.
+
+    Raises TuneError for workers > 1 on an in-memory study or a study holding another search.
+    """
+    if n_trials < 1:
+        raise TuneError(f"trials must be >= 1, got {n_trials}")
+    if workers < 1:
+        raise TuneError(f"workers must be >= 1, got {workers}")
+    in_memory = storage == MEMORY or (storage is None and study_dir is None)
+    if in_memory and workers > 1:
+        raise TuneError("--workers > 1 needs a shared storage (a study directory or a database URL)")
+    sdir = None if in_memory else (Path(study_dir) if study_dir is not None else None)
+    url = None if storage == MEMORY else storage
+    study, cfg = open_study(cfg, study_name, url, sdir)
+    study.set_user_attr("target_trials", n_trials)
+    scorer = resolve_factory(cfg.scorer_factory)(cfg.scorer_config)
+    procs = []
+    if workers > 1:
+        ctx = mp.get_context("spawn")
+        for _ in range(workers - 1):
+            p = ctx.Process(target=_worker_main, args=(study_name, url, n_trials, timeout,
+                                                       str(sdir) if sdir else None))
+            p.start()
+            procs.append(p)
+    done, _ = _count(study)
+    try:
+        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress) as rep:
+            optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
+    finally:
+        for p in procs:
+            p.join()
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise TuneError(f"{len(bad)} worker process(es) exited with codes {bad}")
+    return TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)

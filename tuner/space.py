@@ -1,0 +1,287 @@
+"""The strategy search space: what a candidate plan is and which values each knob may take.
+
+A :class:`Candidate` is one point: the process mesh ``dp x mp x pp`` (dp * mp * pp = world
+size), the virtual pipeline degree ``vpp``, the pipeline schedule, the micro-batch size (the
+number of micro-batches follows from the global batch: m = B / (dp * mbs)), activation
+recompute, the ZeRO stage over the data-parallel group, Megatron sequence parallelism and
+the intra-op annotation (pattern templates, a full_random seed, or the user's annotation).
+
+A :class:`SearchProblem` is what the search is about (model dims, cluster shape, batch and
+sequence); a :class:`SearchSpace` lists the allowed values of each knob for that problem,
+with ``fix`` pinning any of them (``--fix dp=8,mp=8``).
+
+The knob names follow Megatron-LM / PaddlePaddle's auto-tuner (``dp_degree``,
+``mp_degree``, ``pp_degree``, ``vpp_degree``, ``micro_batch_size``, ``sharding_stage``,
+``use_recompute`` / ``recompute_granularity``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+#: Pipeline schedules the tuner searches (ZB is ZB-2p of Qi et al. 2024).
+SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBVPP", "ZB")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+MODES = ("pattern-based", "full_random", "semi-auto")
+#: Knobs that ``fix`` may pin, with their types.
+FIXABLE: dict[str, type] = {
+    "dp": int, "mp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
+    "recompute": str, "sharding_stage": int, "sequence_parallel": bool,
+}
+_FIX_ALIASES = {"mbs": "micro_batch_size", "zero": "sharding_stage", "sp": "sequence_parallel",
+                "schedule_mode": "schedule", "tp": "mp"}
+
+
+class SpaceError(ValueError):
+    """A bad search problem or space; the message names the field at fault."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The model sizes legality needs (a view of ``completion.models.ModelConfig``).
+
+    Attributes: num_layers (l), hidden_size (h), num_heads (a), num_kv_heads, ffn_hidden_size,
+    vocab_size (V); name for messages.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> ModelDims:
+        """From any object with ModelConfig's attribute names."""
+        return cls(str(cfg.name), cfg.num_layers, cfg.hidden_size, cfg.num_heads,
+                   cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size)
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """What is searched: a model on a cluster at a batch and sequence length.
+
+    Attributes:
+        model: the model sizes; world_size: GPUs; devices_per_node: GPUs per node (tensor
+        parallelism stays inside one unless ``allow_cross_node_mp``); global_batch_size:
+        sequences per step; seq_len: tokens per sequence; uneven_pp: allow a layer count not
+        divisible by pp (stages differ by at most one layer).
+
+    Raises SpaceError naming the field when a number is not a positive integer.
+    """
+
+    model: ModelDims
+    world_size: int
+    devices_per_node: int
+    global_batch_size: int
+    seq_len: int
+    allow_cross_node_mp: bool = False
+    uneven_pp: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "devices_per_node", "global_batch_size", "seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpaceError(f"search problem field {name!r} must be an integer >= 1, got {v!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SearchProblem:
+        d = dict(d)
+        return cls(model=ModelDims(**d.pop("model")), **d)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space (hashable; equal candidates are the same plan).
+
+    ``templates`` is a sorted tuple of (pattern kind, template name) for pattern-based
+    search; ``annotation_seed`` seeds the random dims_mappings of full_random; both empty /
+    None for semi-auto (the user's annotation, ``annotation`` names it).
+    """
+
+    dp: int
+    mp: int
+    pp: int
+    vpp: int = 1
+    schedule: str = "1F1B"
+    micro_batch_size: int = 1
+    recompute: str = "none"
+    sharding_stage: int = 0
+    sequence_parallel: bool = False
+    templates: tuple[tuple[str, str], ...] = ()
+    annotation_seed: int | None = None
+    annotation: str = "megatron"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.mp * self.pp
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """m = B / (dp * mbs) (integer division; legality checks divisibility)."""
+        return global_batch_size // (self.dp * self.micro_batch_size)
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity of the plan (the cache key)."""
+        return astuple_fast(self)
+
+    def template_dict(self) -> dict[str, str]:
+        return dict(self.templates)
+
+    def mesh_str(self) -> str:
+        return f"dp{self.dp}-mp{self.mp}-pp{self.pp}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["templates"] = dict(self.templates)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
+        d = dict(d)
+        d["templates"] = tuple(sorted(dict(d.get("templates") or {}).items()))
+        return cls(**d)
+
+    def replace(self, **kw: Any) -> Candidate:
+        return replace(self, **kw)
+
+
+def astuple_fast(c: Candidate) -> tuple[Any, ...]:
+    return (c.dp, c.mp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
+            c.sharding_stage, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation)
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n in increasing order."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def parse_fix(text: str | None) -> dict[str, Any]:
+    """``"dp=8,mp=8,schedule=VPP,sp=true"`` -> ``{"dp": 8, "mp": 8, ...}``.
+
+    Raises SpaceError naming the unknown knob or the bad value."""
+    out: dict[str, Any] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise SpaceError(f"--fix item {item!r} is not NAME=VALUE")
+        k, v = (s.strip() for s in item.split("=", 1))
+        k = _FIX_ALIASES.get(k, k)
+        if k not in FIXABLE:
+            raise SpaceError(f"--fix: unknown knob {k!r}; known: {sorted(FIXABLE)}")
+        typ = FIXABLE[k]
+        try:
+            if typ is bool:
+                if v.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(v)
+                out[k] = v.lower() in ("true", "1")
+            else:
+                out[k] = typ(v)
+        except ValueError:
+            raise SpaceError(f"--fix: {k}={v!r} is not a valid {typ.__name__}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Allowed values per knob for one problem.
+
+    Attributes:
+        problem: the :class:`SearchProblem`.
+        schedules, vpp_degrees (> 1, used with VPP / ZBVPP), micro_batch_sizes, recompute,
+        sharding_stages, sequence_parallel: allowed values.
+        fix: knob -> pinned value (overrides the lists).
+    """
+
+    problem: SearchProblem
+    schedules: tuple[str, ...] = SCHEDULES
+    vpp_degrees: tuple[int, ...] = (2, 4)
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    recompute: tuple[str, ...] = RECOMPUTE
+    sharding_stages: tuple[int, ...] = ZERO_STAGES
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    fix: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.schedules if s not in SCHEDULES]
+        if bad:
+            raise SpaceError(f"search space: unknown schedule(s) {bad}; known: {list(SCHEDULES)}")
+        bad_r = [r for r in self.recompute if r not in RECOMPUTE]
+        if bad_r:
+            raise SpaceError(f"search space: unknown recompute {bad_r}; known: {list(RECOMPUTE)}")
+        for k in self.fix:
+            if k not in FIXABLE:
+                raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
+        object.__setattr__(self, "fix", dict(self.fix))
+
+    # choices per knob, after fix -------------------------------------------------------
+    def _pick(self, name: str, options: tuple[Any, ...] | list[Any]) -> list[Any]:
+        return [self.fix[name]] if name in self.fix else list(options)
+
+    def mp_choices(self) -> list[int]:
+        return self._pick("mp", divisors(self.problem.world_size))
+
+    def pp_choices(self) -> list[int]:
+        return self._pick("pp", divisors(self.problem.world_size))
+
+    def schedule_choices(self) -> list[str]:
+        return self._pick("schedule", self.schedules)
+
+    def vpp_choices(self) -> list[int]:
+        return self._pick("vpp", self.vpp_degrees)
+
+    def mbs_choices(self) -> list[int]:
+        return self._pick("micro_batch_size", self.micro_batch_sizes)
+
+    def recompute_choices(self) -> list[str]:
+        return self._pick("recompute", self.recompute)
+
+    def zero_choices(self) -> list[int]:
+        return self._pick("sharding_stage", self.sharding_stages)
+
+    def sp_choices(self) -> list[bool]:
+        return self._pick("sequence_parallel", self.sequence_parallel)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["problem"] = self.problem.to_dict()
+        d["fix"] = dict(self.fix)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SearchSpace:
+        d = dict(d)
+        prob = SearchProblem.from_dict(d.pop("problem"))
+        return cls(problem=prob, **{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
+    """Every combination of the non-annotation knobs (legal or not), in a fixed order.
+
+    vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (mp * pp) (combinations
+    where that is not an integer, or contradicts a fixed dp, are skipped)."""
+    w = space.problem.world_size
+    for mp, pp in itertools.product(space.mp_choices(), space.pp_choices()):
+        if w % (mp * pp):
+            continue
+        dp = w // (mp * pp)
+        if "dp" in space.fix and space.fix["dp"] != dp:
+            continue
+        for sched in space.schedule_choices():
+            vpps = space.vpp_choices() if sched in ("VPP", "ZBVPP") else [1]
+            for vpp, mbs, rc, z, sp in itertools.product(
+                    vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
+                    space.sp_choices()):
+                yield Candidate(dp, mp, pp, vpp, sched, mbs, rc, z, sp)

@@ -1,0 +1,146 @@
+"""Study storage and recovery of trials a killed worker left behind.
+
+Storage choice (documented decision): the default is Optuna's ``JournalStorage`` with a
+``JournalFileBackend`` — one append-only log ``<study dir>/journal.log``, safe for several
+local processes (file lock), no server, and readable by Optuna's own tools:
+``optuna trials --storage <study dir>/journal.log --study-name NAME`` and
+``optuna-dashboard <study dir>/journal.log``. Any SQLAlchemy URL (``sqlite:///...``,
+``postgresql://user@host/db``; the latter needs the ``meshplan[postgres]`` extra,
+psycopg2) selects Optuna's ``RDBStorage`` with heartbeats, for workers on many machines.
+
+Recovery: every trial records the worker that runs it (host, pid, process start time).
+When a worker starts it fails the RUNNING trials whose worker is gone — a dead pid on this
+host, or (RDB storage) a heartbeat older than the grace period — marking them
+``interrupted``, and enqueues each one's parameters once (``retry_of``) so the point is
+evaluated again: no trial is lost, none that finished is repeated.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+WORKER_ATTR = "meshplan_worker"
+HEARTBEAT_S = 10
+GRACE_S = 60
+
+
+class StorageError(ValueError):
+    """A storage URL that cannot be used; the message names it."""
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time (clock ticks since boot) of ``pid`` from /proc, None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def worker_id() -> dict[str, Any]:
+    """This process: host name, pid and process start time."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
+
+
+def worker_alive(w: dict[str, Any]) -> bool | None:
+    """True/False for a worker on this host; None when it ran on another host."""
+    if w.get("host") != socket.gethostname():
+        return None
+    pid = int(w.get("pid", -1))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    start = _proc_start(pid)
+    return start is None or w.get("start") is None or start == w.get("start")
+
+
+def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
+    """Resolve ``--storage``: None -> a journal file in ``study_dir`` (None when study_dir
+    is None too: in-memory); a path or ``journal:PATH`` -> that journal file; a SQLAlchemy
+    URL -> RDBStorage with heartbeats.
+
+    Raises StorageError naming the URL when its driver is missing or it is malformed."""
+    if url is None:
+        if study_dir is None:
+            return None
+        study_dir.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(study_dir / "journal.log")))
+    if url.startswith("journal:"):
+        url = url[len("journal:"):]
+    if "://" not in url:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(url))
+    url = rdb_url(url)
+    try:
+        with warnings.catch_warnings():  # heartbeats are marked experimental by Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              engine_kwargs={"pool_pre_ping": True})
+    except ImportError:
+        raise StorageError(f"storage {url!r}: its database driver is not installed; "
+                           f"install meshplan[postgres] (psycopg2) for PostgreSQL") from None
+    except Exception as e:  # sqlalchemy's ArgumentError / OperationalError
+        raise StorageError(f"storage {url!r}: {type(e).__name__}: {e}") from None
+
+
+def rdb_url(url: str) -> str:
+    """``postgresql://`` names the psycopg2 driver explicitly (``postgresql+psycopg2://``)
+    when psycopg 3 (SQLAlchemy 2.1's default) is absent and psycopg2 is installed."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        import importlib.util
+
+        if (importlib.util.find_spec("psycopg") is None
+                and importlib.util.find_spec("psycopg2") is not None):
+            return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def describe_storage(url: str | None, study_dir: Path | None) -> str:
+    if url is None:
+        return "in-memory" if study_dir is None else str(study_dir / "journal.log")
+    return url if "://" in url else str(url).removeprefix("journal:")
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail trials whose worker is gone and enqueue their parameters once; returns the
+    numbers of the trials re-enqueued."""
+    storage = study._storage
+    if getattr(storage, "heartbeat_interval", None):
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    out = []
+    for t in trials:
+        if t.state == TrialState.RUNNING:
+            w = t.system_attrs.get(WORKER_ATTR)
+            if w is None or worker_alive(w) is not False:
+                continue
+            try:
+                storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+        elif not (t.state == TrialState.FAIL and t.number not in retried):
+            continue
+        if t.number in retried:
+            continue
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number},
+                            skip_if_exists=False)
+        retried.add(t.number)
+        out.append(t.number)
+    return out

@@ -1,0 +1,181 @@
+"""Define-by-run suggestion of one candidate from an Optuna trial.
+
+Parameters are suggested in dependency order and only where they matter (conditional
+search space): the mesh first (``mp_degree``, ``pp_degree``; dp follows from the world
+size), then ``schedule`` only when pp > 1, ``vpp_degree`` only for VPP (ZBVPP is always 2),
+``micro_batch_size``, ``recompute``, ``sharding_stage`` only when dp > 1, and the
+annotation knobs only when mp > 1. Every categorical has the same choices in every trial
+(Optuna requires it); choices that can never be legal for the problem (an mp that does not
+divide the heads, a pp that does not divide the layers) are filtered out up front, the
+remaining illegal combinations are returned as a :class:`Violation` for the caller to
+prune. Nothing here simulates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from tuner import legality as L
+from tuner.space import Candidate, SearchSpace, iter_base_candidates
+
+#: Annotation modes (issue 8 / Paddle auto-parallel's names).
+PATTERN, RANDOM, SEMI = "pattern-based", "full_random", "semi-auto"
+_MP_RULES = (L.mp_divides_heads, L.mp_divides_kv_heads, L.mp_divides_hidden,
+             L.mp_divides_ffn_hidden, L.mp_divides_vocab, L.mp_within_node)
+#: Templates that make up Megatron's layout; the norm's sequence-parallel variant is only
+#: offered on top of it (the engine realises sequence parallelism on that layout).
+MEGATRON_BASE = {"embedding": "vocab_parallel", "attention": "megatron", "mlp": "megatron",
+                 "lm_head": "vocab_parallel"}
+TEMPLATE_ORDER = ("embedding", "attention", "mlp", "lm_head", "norm")
+
+
+def mp_choices(space: SearchSpace) -> list[int]:
+    """mp values that pass every rule reading only mp (heads, hidden, vocab, node)."""
+    p = space.problem
+    return [m for m in space.mp_choices()
+            if all(r(Candidate(1, m, 1), p) is None for r in _MP_RULES)]
+
+
+def pp_choices(space: SearchSpace) -> list[int]:
+    """pp values that pass ``pp_divides_layers``."""
+    p = space.problem
+    return [q for q in space.pp_choices() if L.pp_divides_layers(Candidate(1, 1, q), p) is None]
+
+
+def _cat(trial: optuna.Trial, name: str, choices: Sequence[Any]) -> Any:
+    """A categorical suggestion; a single choice is fixed without a parameter."""
+    choices = list(choices)
+    if not choices:
+        raise optuna.TrialPruned(f"no legal value for {name}")
+    if len(choices) == 1:
+        return choices[0]
+    return trial.suggest_categorical(name, choices)
+
+
+def _templates(trial: optuna.Trial, space: SearchSpace, kinds: Mapping[str, Sequence[str]],
+               mp: int) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """One template per pattern kind (only when mp > 1); returns (templates, sequence
+    parallel). The norm's ``sequence_parallel`` template is offered only on the Megatron
+    base layout and when sequence parallelism is allowed and legal."""
+    if mp == 1:
+        return (), False  # nothing is sharded inside a rank: every template is the same plan
+    chosen: dict[str, str] = {}
+    for kind in TEMPLATE_ORDER:
+        if kind not in kinds:
+            continue
+        opts = list(kinds[kind])
+        if kind == "norm":
+            base = all(chosen.get(k, MEGATRON_BASE[k]) == MEGATRON_BASE[k] or
+                       chosen.get(k) == "tied" for k in MEGATRON_BASE)
+            sp_ok = (True in space.sp_choices() and base
+                     and space.problem.seq_len % mp == 0)
+            if not sp_ok:
+                opts = [o for o in opts if o != "sequence_parallel"]
+            if False not in space.sp_choices() and sp_ok:
+                opts = ["sequence_parallel"]
+        chosen[kind] = _cat(trial, f"template_{kind}", opts)
+    for kind, opts in kinds.items():
+        chosen.setdefault(kind, opts[0])
+    return tuple(sorted(chosen.items())), chosen.get("norm") == "sequence_parallel"
+
+
+def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
+                      template_kinds: Mapping[str, Sequence[str]] | None = None,
+                      annotation: str = "megatron") -> Candidate | L.Violation:
+    """Suggest one candidate; returns the first :class:`Violation` instead when the point
+    is illegal (the caller prunes it). ``template_kinds`` maps pattern kind -> template
+    names (pattern-based mode); ``annotation`` names the user's annotation (semi-auto)."""
+    p = space.problem
+    mp = _cat(trial, "mp_degree", mp_choices(space))
+    pp = _cat(trial, "pp_degree", pp_choices(space))
+    if p.world_size % (mp * pp):
+        return L.Violation("mesh_matches_world",
+                           f"mp*pp = {mp}*{pp} does not divide world size {p.world_size}")
+    dp = p.world_size // (mp * pp)
+    if "dp" in space.fix and space.fix["dp"] != dp:
+        return L.Violation("fixed_dp", f"dp={dp} but --fix dp={space.fix['dp']}")
+    v = L.first_violation(Candidate(dp, mp, pp), p, L.MESH_RULES)
+    if v is not None:
+        return v
+    sched = _cat(trial, "schedule", space.schedule_choices()) if pp > 1 else "1F1B"
+    if sched == "ZBVPP":
+        vpp = 2
+    elif sched == "VPP":
+        vpp = _cat(trial, "vpp_degree", space.vpp_choices())
+    else:
+        vpp = 1
+    mbs = _cat(trial, "micro_batch_size", space.mbs_choices())
+    rc = _cat(trial, "recompute", space.recompute_choices())
+    zero = _cat(trial, "sharding_stage", space.zero_choices()) if dp > 1 else 0
+    templates: tuple[tuple[str, str], ...] = ()
+    seed = None
+    if mode == PATTERN:
+        templates, sp = _templates(trial, space, template_kinds or {}, mp)
+    else:
+        sp = _cat(trial, "sequence_parallel", [s for s in space.sp_choices()
+                                               if not s or p.seq_len % mp == 0]) if mp > 1 else False
+        if mode == RANDOM and mp > 1:
+            seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
+    cand = Candidate(dp, mp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
+                     "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation))
+    return L.first_violation(cand, p) or cand
+
+
+def _template_sets(space: SearchSpace, kinds: Mapping[str, Sequence[str]], mp: int
+                   ) -> list[tuple[tuple[tuple[str, str], ...], bool]]:
+    """Every (templates, sequence parallel) the conditional suggestion can produce."""
+    if mp == 1:
+        return [((), False)]
+    free = [k for k in TEMPLATE_ORDER if k in kinds and k != "norm"]
+    out = []
+    for combo in itertools.product(*(kinds[k] for k in free)):
+        chosen = dict(zip(free, combo, strict=True))
+        if "norm" in kinds:
+            base = all(chosen.get(k, MEGATRON_BASE[k]) in (MEGATRON_BASE[k], "tied")
+                       for k in MEGATRON_BASE)
+            sp_ok = True in space.sp_choices() and base and space.problem.seq_len % mp == 0
+            opts = [o for o in kinds["norm"] if o != "sequence_parallel" or sp_ok]
+            if False not in space.sp_choices() and sp_ok:
+                opts = ["sequence_parallel"]
+            norms = opts
+        else:
+            norms = [None]
+        for n in norms:
+            full = dict(chosen) | ({"norm": n} if n else {})
+            for kind, o in kinds.items():
+                full.setdefault(kind, o[0])
+            out.append((tuple(sorted(full.items())), n == "sequence_parallel"))
+    return out
+
+
+def enumerate_candidates(space: SearchSpace, mode: str,
+                         template_kinds: Mapping[str, Sequence[str]] | None = None,
+                         annotation: str = "megatron") -> list[Candidate]:
+    """Every legal candidate of the space for pattern-based or semi-auto mode (the points
+    an exhaustive search visits), without Optuna. full_random has a seed per point and is
+    not enumerable (raises ValueError)."""
+    if mode == RANDOM:
+        raise ValueError("full_random draws an annotation seed per trial; it cannot be enumerated")
+    allowed_mp, allowed_pp = set(mp_choices(space)), set(pp_choices(space))
+    out, seen = [], set()
+    for c in iter_base_candidates(space):
+        if c.mp not in allowed_mp or c.pp not in allowed_pp:
+            continue
+        if c.pp == 1 and c.schedule != "1F1B":
+            continue
+        if mode == PATTERN:
+            if c.sequence_parallel:
+                continue
+            variants = [c.replace(templates=t, sequence_parallel=sp, annotation="templates")
+                        for t, sp in _template_sets(space, template_kinds or {}, c.mp)]
+        else:
+            variants = [c.replace(annotation=annotation)]
+        for v in variants:
+            if L.is_legal(v, space.problem) and v.key() not in seen:
+                seen.add(v.key())
+                out.append(v)
+    return out
