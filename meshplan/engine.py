@@ -61,8 +61,11 @@ class Engine:
         overlap_dp_sync: hide the gradient sync behind the last backward where possible.
         layers_per_stage: explicit layers per virtual stage (e.g. [1, 2, 2, 3]).
         example_inputs: for a torch module.
-        num_layers: for a given program whose decoder layers are identical, the number of
-            layers the model really has: its first layer stands for all of them.
+        num_layers: the number of decoder layers to cost. For a model given by name or
+            config it overrides the config's layer count (a smaller model of the same
+            shape, e.g. a 4-layer llama2-7b for small search spaces); for a given program
+            whose decoder layers are identical, the number of layers the model really has:
+            its first layer stands for all of them.
         gemm_efficiency: overrides the cluster spec's ``device.efficiency.gemm`` (used when
             fitting that constant, e.g. on Megatron 2021 Table 1).
 
@@ -133,6 +136,18 @@ class Engine:
                 out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
         return out
 
+    @classmethod
+    def from_plan(cls, plan: Any, cluster: Any = None, **kwargs: Any) -> Engine:
+        """The Engine of a :class:`meshplan.plan.Plan`: its model, cluster (or ``cluster``,
+        e.g. a calibrated YAML), nodes, seq_len and num_layers, and its strategy with the
+        plan's annotations (when it has any) as the annotation. ``kwargs`` go to the
+        constructor."""
+        strat = plan.strategy
+        if plan.annotations:
+            strat = strat.replace(annotation=dict(plan.annotations))
+        return cls(plan.model, cluster or plan.cluster, strat, nodes=plan.nodes,
+                   seq_len=plan.seq_len, num_layers=plan.num_layers, **kwargs)
+
     def complete(self) -> Program:
         """Annotate (Megatron layout, or the strategy's mapping) on mesh [dp, mp] and
         complete every op's dist attr. A no-op when nothing is sharded inside a rank."""
@@ -195,7 +210,8 @@ class Engine:
         costs = StageCoster(prog, self.cluster, self.roofline, rank=0).block_costs()
         layer_ids = sorted(k for k in costs if isinstance(k, int))
         if self.source.program is None:
-            keys = [layer_ids[0]] * self.source.num_layers if layer_ids else []
+            n = self.num_layers or self.source.num_layers
+            keys = [layer_ids[0]] * n if layer_ids else []
         elif self.num_layers is not None and layer_ids:
             keys = [layer_ids[0]] * self.num_layers
         else:

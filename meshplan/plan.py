@@ -31,6 +31,7 @@ class Plan:
         seq_len: tokens per sequence (None = the model's default).
         annotations: value name -> placements, applied on top of the strategy's
             annotation (mesh dims in the order dp, mp).
+        num_layers: decoder layers to cost (None = the model's own; see ``Engine``).
     """
 
     model: str
@@ -39,6 +40,7 @@ class Plan:
     nodes: int | None = None
     seq_len: int | None = None
     annotations: dict[str, list[str]] = field(default_factory=dict)
+    num_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "cluster"):
@@ -47,7 +49,7 @@ class Plan:
                 raise PlanError(f"plan field {name!r} must be a non-empty string, got {v!r}")
         if not isinstance(self.strategy, Strategy):
             raise PlanError(f"plan field 'strategy' must be a Strategy, got {type(self.strategy).__name__}")
-        for name in ("nodes", "seq_len"):
+        for name in ("nodes", "seq_len", "num_layers"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise PlanError(f"plan field {name!r} must be an integer >= 1 or null, got {v!r}")
@@ -61,6 +63,7 @@ class Plan:
             "cluster": self.cluster,
             "nodes": self.nodes,
             "seq_len": self.seq_len,
+            "num_layers": self.num_layers,
             "strategy": self.strategy.to_dict(),
             "annotations": {k: list(v) for k, v in self.annotations.items()},
         }
@@ -73,7 +76,8 @@ class Plan:
         """Inverse of :meth:`to_dict`. Raises PlanError naming a missing/unknown field."""
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
-        known = {"version", "model", "cluster", "nodes", "seq_len", "strategy", "annotations"}
+        known = {"version", "model", "cluster", "nodes", "seq_len", "num_layers", "strategy",
+                 "annotations"}
         extra = sorted(set(data) - known)
         if extra:
             raise PlanError(f"unknown plan field(s) {extra}")
@@ -88,7 +92,7 @@ class Plan:
             raise PlanError(f"plan field 'strategy': {e}") from None
         return cls(model=data["model"], cluster=data["cluster"], strategy=strategy,
                    nodes=data.get("nodes"), seq_len=data.get("seq_len"),
-                   annotations=dict(data.get("annotations") or {}))
+                   num_layers=data.get("num_layers"), annotations=dict(data.get("annotations") or {}))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:

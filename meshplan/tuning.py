@@ -16,11 +16,7 @@ of the representative decoder layer; the engine costs that one layer for all lay
 from __future__ import annotations
 
 import functools
-import json
-import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from clusters import load_cluster
@@ -98,32 +94,9 @@ def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
     ann = s.annotation if isinstance(s.annotation, dict) else {}
     if ann:
         s = s.replace(annotation="none")
-    return Plan(model=model_ref(config["model"], config.get("num_layers")), cluster=config["cluster"], strategy=s,
-                nodes=config.get("nodes"), seq_len=config["seq_len"], annotations=ann)
-
-
-def model_ref(model: str, num_layers: int | None) -> str:
-    """What the Engine is given: the model name, or for a layer-count override a
-    Hugging Face style config.json written once under the temp dir."""
-    if not num_layers:
-        return model
-    cfg = get_model_config(model)
-    hf = {"model_type": cfg.family if cfg.family == "llama" else "gpt",
-          "num_hidden_layers": int(num_layers), "hidden_size": cfg.hidden_size,
-          "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-          "intermediate_size": cfg.ffn_hidden_size, "vocab_size": cfg.vocab_size,
-          "max_position_embeddings": cfg.seq_len, "tie_word_embeddings": cfg.tie_word_embeddings,
-          "rms_norm_eps": cfg.norm_eps, "layer_norm_epsilon": cfg.norm_eps,
-          "rope_theta": cfg.rope_theta}
-    d = Path(tempfile.gettempdir()) / "meshplan-models"
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / f"{Path(model).name}-L{num_layers}.json"
-    text = json.dumps(hf, sort_keys=True)
-    if not p.is_file() or p.read_text() != text:
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(p)
-    return str(p)
+    return Plan(model=config["model"], cluster=config["cluster"], strategy=s,
+                nodes=config.get("nodes"), seq_len=config["seq_len"], annotations=ann,
+                num_layers=config.get("num_layers"))
 
 
 def make_scorer(config: Mapping[str, Any]):
@@ -132,14 +105,14 @@ def make_scorer(config: Mapping[str, Any]):
     ``config``: model, cluster, nodes, global_batch_size, seq_len, dtype, annotation (the
     user's, semi-auto), num_layers (optional override, small test spaces)."""
     cl = load_cluster(config["cluster"], config.get("nodes"))
-    model = model_ref(config["model"], config.get("num_layers"))
+    model, num_layers = config["model"], config.get("num_layers")
     name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
     cap = int(cl.device.memory_bytes.value)
     dtype = config.get("dtype", "bfloat16")
 
     def score(c: Candidate) -> Score:
         s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"))
-        r = Engine(model, cl, s, seq_len=seq).simulate()
+        r = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).simulate()
         return Score(r.step_time, r.max_memory_bytes, cap,
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
                       "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})

@@ -19,7 +19,8 @@ def test_plan_json_round_trip(dp, mp, pp, mbs, k, rc, zero, sched):
                      recompute=rc, sharding_stage=zero, schedule_mode=sched,
                      sequence_parallel=mp > 1)
     plan = Plan("llama2-7b", "dgx-h100", strat, nodes=4,
-                annotations={"lm_head.weight": ["Replicate()", "Shard(1)"]})
+                annotations={"lm_head.weight": ["Replicate()", "Shard(1)"]},
+                num_layers=None if k % 2 else 4)
     again = Plan.from_json(plan.to_json())
     assert again == plan
     assert again.strategy.num_microbatches == k
@@ -46,3 +47,18 @@ def test_plan_errors():
         Plan.from_dict({"model": "m", "cluster": "c", "strategy": {"dp": 0}})
     with pytest.raises(PlanError, match="line 1"):
         Plan.from_json("{not json")
+
+
+def test_num_layers_overrides_the_configs_layer_count():
+    """A 4-layer llama2-7b costs 4 decoder layers: model FLOPs differ from the 32-layer model
+    by exactly 28 layers' worth (one layer = (32-layer total - 4-layer total) / 28, and the
+    2-layer model sits on the same line)."""
+    from meshplan.engine import Engine
+
+    strat = Strategy(dp=1, mp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    flops = {n: Engine("llama2-7b", "dgx-a100-80g", strat, seq_len=256,
+                       num_layers=n).simulate().model_flops for n in (2, 4, 32)}
+    per_layer = (flops[32] - flops[4]) / 28
+    assert flops[4] - flops[2] == pytest.approx(2 * per_layer, rel=1e-9)
+    with pytest.raises(ValueError, match="num_layers"):
+        Plan("llama2-7b", "dgx-h100", strat, num_layers=0)

@@ -93,9 +93,7 @@ def test_cli_outputs_plan_and_history(tmp_path):
     feas = done[done.max_mem_usage != "OOM"]
     best_t = feas.time.min()
     # the plan reproduces its step time through the Engine (what the executor will load)
-    res = Engine(plan.model, plan.cluster, plan.strategy.replace(
-        annotation=plan.annotations or plan.strategy.annotation), nodes=plan.nodes,
-        seq_len=plan.seq_len).simulate()
+    res = Engine.from_plan(plan).simulate()
     assert res.step_time == pytest.approx(best_t, rel=1e-9)
     assert res.max_memory_bytes <= 80e9
     row = feas.loc[feas.time.idxmin()]

@@ -1,0 +1,175 @@
+"""Launch ``nproc`` ranks with torch.multiprocessing and torch.distributed (gloo on CPU,
+NCCL on GPU), collect each rank's return value, and never hang.
+
+Failure handling: every rank runs under a wrapper that records its exception; the parent
+polls the processes and, as soon as one exits with an error, terminates the others and
+raises :class:`RankFailure` carrying that rank's number and message. A run that exceeds
+``timeout`` seconds in total (e.g. a collective whose peer never arrives) is terminated
+the same way and raises :class:`LaunchTimeout`. Collectives also carry the process-group
+timeout (``collective_timeout``), so a rank blocked on a dead peer raises by itself.
+
+Multi-node runs use ``torchrun`` instead (``torchrun --nnodes N --nproc-per-node G
+-m executor.run PLAN.json``); the per-rank code is the same, only the rendezvous differs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BACKENDS = ("gloo", "nccl")
+
+
+class LaunchError(ValueError):
+    """Bad launch arguments (world size, backend) detected before any rank starts."""
+
+
+class RankFailure(RuntimeError):
+    """A rank raised; ``rank`` and ``message`` name it, ``traceback`` has its trace."""
+
+    def __init__(self, rank: int, message: str, tb: str = "") -> None:
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank, self.message, self.traceback = rank, message, tb
+
+
+class LaunchTimeout(RuntimeError):
+    """The ranks did not finish within the launch timeout; all were terminated."""
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1 for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def check_launch(nproc: int, backend: str) -> None:
+    """Raise LaunchError for a bad world size or backend (NCCL needs nproc GPUs)."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise LaunchError(f"nproc must be a positive integer, got {nproc!r}")
+    if backend not in BACKENDS:
+        raise LaunchError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n < nproc:
+            raise LaunchError(f"backend nccl needs {nproc} GPUs, this machine has {n}")
+
+
+def _write(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(obj))
+    os.replace(tmp, path)  # atomic: the parent never reads half a file
+
+
+def _worker(rank: int, fn: Callable[..., Any], nproc: int, backend: str, port: int,
+            collective_timeout: float, outdir: str, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    out = Path(outdir)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=nproc,
+                                timeout=timedelta(seconds=collective_timeout))
+        result = fn(rank, nproc, *args)
+        dist.barrier()  # every rank's sends have been received before anyone leaves
+        _write(out / f"result_{rank}.pkl", result)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, then re-raised
+        msg = f"{type(e).__name__}: {e}"
+        _write(out / f"error_{rank}.pkl", (time.time(), msg, traceback.format_exc()))
+        _exit(1)  # do not wait in destroy_process_group on peers that may be stuck
+    # process-group teardown can abort in C++ destructors (gloo threads) after the work is
+    # done; the result is written, so leave without running them
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _first_error(outdir: Path) -> tuple[int, str, str] | None:
+    errs = []
+    for f in outdir.glob("error_*.pkl"):
+        t, msg, tb = pickle.loads(f.read_bytes())
+        errs.append((t, int(f.stem.split("_")[1]), msg, tb))
+    if not errs:
+        return None
+    _, rank, msg, tb = min(errs)
+    return rank, msg, tb
+
+
+def _stop(ctx: Any, grace: float = 3.0) -> None:
+    for p in ctx.processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.time() + grace
+    for p in ctx.processes:
+        p.join(max(0.0, deadline - time.time()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def launch(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "gloo",
+           timeout: float = 300.0, collective_timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(rank, nproc, *args)`` on ``nproc`` spawned ranks; return their results in
+    rank order (each must be picklable).
+
+    ``fn`` must be importable (a module-level function). Raises LaunchError before
+    starting for a bad nproc/backend, RankFailure when a rank raises (the others are
+    terminated), LaunchTimeout after ``timeout`` seconds.
+    """
+    check_launch(nproc, backend)
+    with tempfile.TemporaryDirectory(prefix="meshplan-launch-") as tmp:
+        outdir = Path(tmp)
+        ctx = mp.start_processes(
+            _worker, args=(fn, nproc, backend, free_port(), collective_timeout, tmp, args),
+            nprocs=nproc, join=False, start_method="spawn")
+        deadline = time.time() + timeout
+        try:
+            while True:
+                err = _first_error(outdir)
+                if err is not None:
+                    _stop(ctx)
+                    raise RankFailure(*err)
+                dead = [r for r, p in enumerate(ctx.processes)
+                        if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead and _first_error(outdir) is None:
+                    _stop(ctx)
+                    code = ctx.processes[dead[0]].exitcode
+                    raise RankFailure(dead[0], f"exited with code {code} (killed or crashed)")
+                if all(not p.is_alive() for p in ctx.processes):
+                    break
+                if time.time() > deadline:
+                    _stop(ctx)
+                    raise LaunchTimeout(f"{nproc} ranks did not finish within {timeout:.0f} s; terminated")
+                time.sleep(0.05)
+        finally:
+            _stop(ctx, grace=1.0)
+        err = _first_error(outdir)
+        if err is not None:
+            raise RankFailure(*err)
+        results = []
+        for r in range(nproc):
+            f = outdir / f"result_{r}.pkl"
+            if not f.is_file():
+                code = ctx.processes[r].exitcode
+                raise RankFailure(r, f"exited with code {code} without a result")
+            results.append(pickle.loads(f.read_bytes()))
+        return results

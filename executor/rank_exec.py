@@ -1,0 +1,288 @@
+"""The per-rank interpreter: runs a :class:`~executor.rank_plan.RankPlan` op by op with the
+kernel registry and torch.distributed, in the schedule's action order.
+
+One step: the ``pre`` unit; then every action of this rank's schedule row (F, B, W, or BW
+= B then W) on its micro-batch's environment; then the gradients read by the ``step`` unit,
+summed over micro-batches and scaled by 1/m; then the ``step`` unit (gradient collectives,
+optimizer updates). Values die after their last per-micro-batch use; live bytes are
+tracked per storage (:mod:`executor.memory`). Sends are posted asynchronously and waited at
+the end of the step; receives are waited at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from completion.ir import Value
+from completion.ops.registry import TensorType
+from completion.reshard_pass import value_layout
+from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
+from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
+from executor.kernels import KernelContext, get_kernel, torch_dtype
+from executor.memory import MemTracker
+from executor.rank_plan import Item, RankPlan, is_persistent
+from executor.writeback import ALIASES, write_back
+
+MAX_MB = 1024  # p2p tag = program index * MAX_MB + micro-batch
+
+
+class ExecError(RuntimeError):
+    """A value is missing when an op needs it, or an op cannot run; names rank and op."""
+
+
+class RankExecutor:
+    """Runs one rank's units. ``batch``: rows of one micro-batch in the program;
+    ``num_microbatches``: m; ``seed``: the init/data seed; ``device``: cpu or cuda:N."""
+
+    def __init__(self, plan: RankPlan, groups: Groups, batch: int, num_microbatches: int,
+                 seed: int = 0, device: str = "cpu") -> None:
+        if num_microbatches > MAX_MB:
+            raise ExecError(f"at most {MAX_MB} micro-batches are supported, got {num_microbatches}")
+        self.plan, self.groups, self.batch, self.m = plan, groups, batch, num_microbatches
+        self.seed, self.device, self.rank = seed, torch.device(device), plan.rank
+        self.state: dict[int, torch.Tensor] = {}
+        self.mem = MemTracker()
+        self.pending: list[tuple[Any, torch.Tensor]] = []
+        self.losses: dict[int, torch.Tensor] = {}
+        self._step_inputs: dict[int, torch.Tensor] = {}
+        self._ctx: dict[int, KernelContext] = {}
+
+    # -- values ----------------------------------------------------------------------------
+    def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
+        ro = self.plan.sources[id(v)]
+        op, shape = ro.op, ro.result_shapes[0] or ()
+        if op.type == "parameter":
+            t = local_block(parameter_value(self.seed, v.name or f"%{v.id}", v.shape, v.dtype),
+                            value_layout(v), self.rank)
+        elif op.type == "data" and (v.persistable or "init_value" in op.attrs):
+            val = op.attrs.get("init_value", DEFAULT_LR if (v.name or "").startswith("learning_rate") else 0.0)
+            t = torch.full(shape, float(val), dtype=torch_dtype(v.dtype))
+        elif op.type == "data":
+            t = self._input(v, mb)
+        else:
+            t = get_kernel(op.type)([], op.attrs, KernelContext(out_types=(TensorType(shape, v.dtype),)))[0]
+        t = t.to(self.device)
+        self._put(v, t, self.state if is_persistent(v) else env)
+        return t
+
+    def _input(self, v: Value, mb: int) -> torch.Tensor:
+        batched = is_batch_input(v, self.batch)
+        if id(v) not in self._step_inputs:
+            shape = (v.shape[0] * self.m, *v.shape[1:]) if batched else v.shape
+            self._step_inputs[id(v)] = input_value(self.seed, v, shape)
+        glob = self._step_inputs[id(v)]
+        if batched:
+            glob = glob[mb * self.batch:(mb + 1) * self.batch]
+        return local_block(glob, value_layout(v), self.rank)
+
+    def _get(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
+        k = id(v)
+        if env is not None and k in env:
+            return env[k]
+        if k in self.state:
+            return self.state[k]
+        if k in self.plan.sources:
+            return self._source(v, env, mb)
+        raise ExecError(f"rank {self.rank}: value {v.label()} is needed in micro-batch {mb} "
+                        f"but was never produced on this rank")
+
+    def _put(self, v: Value, t: torch.Tensor, env: dict | None) -> None:
+        if env is None:
+            raise ExecError(f"rank {self.rank}: no environment to store {v.label()}")
+        old = env.get(id(v))
+        if old is not None:
+            self.mem.remove(old)
+        env[id(v)] = t
+        self.mem.add(t)
+
+    def _release(self, v: Value, env: dict, left: Counter) -> None:
+        k = id(v)
+        left[k] -= 1
+        if left[k] <= 0 and k in env:
+            self.mem.remove(env.pop(k))
+
+    # -- ops -------------------------------------------------------------------------------
+    def _kctx(self, it: Item) -> KernelContext:
+        ctx = self._ctx.get(id(it))
+        if ctx is None:
+            ro = it.ro
+            outs = tuple(TensorType(s, v.dtype) if v is not None and s is not None else None
+                         for v, s in zip(ro.op.results, ro.result_shapes, strict=False))
+            ctx = KernelContext(out_types=outs, in_offsets=it.offsets, device=self.device,
+                                group=ro.group, rank=self.rank, want=it.want,
+                                in_global=tuple(None if v is None else tuple(v.shape)
+                                                for v in ro.op.operands),
+                                comm=self._comm_fn(it))
+            self._ctx[id(it)] = ctx
+        return ctx
+
+    def _comm_fn(self, it: Item):
+        """All-reduce over the ranks sharding a dim of one of ``it``'s operands."""
+
+        def comm(t: torch.Tensor, operand: int, dim: int, reduce_type: str) -> torch.Tensor:
+            v = it.op.operands[operand]
+            lay = value_layout(v) if v is not None else None
+            if lay is None or self.rank not in lay.mesh.process_ids:
+                return t
+            sharders = lay.sharders(dim)
+            for m in (reversed(sharders) if reduce_type == "gather" else sharders):
+                group = lay.mesh.group_of(self.rank, m)
+                if len(group) < 2:
+                    continue
+                pg = self.groups.get(group)
+                if reduce_type == "gather":  # innermost shards first: blocks become contiguous
+                    total = sum(lay.local_shape(v.shape, r)[dim] for r in group)
+                    t = all_gather(t, dim, len(group), pg, total)
+                else:
+                    t = all_reduce(t, pg, len(group), reduce_type)
+            return t
+
+        return comm
+
+    def _store(self, it: Item, outs: list, env: dict, key: Any) -> None:
+        for i, v in enumerate(it.op.results):
+            if v is None or (it.want is not None and i not in it.want):
+                continue
+            t = outs[i] if i < len(outs) else None
+            if t is None:
+                raise ExecError(f"rank {self.rank}: {it.op.label()} produced no result {i}")
+            if key == "pre":
+                self._put(v, t, self.state)
+                continue
+            if key == "step":
+                self._put(v, t, env)
+                continue
+            if id(v) in self.plan.accum:
+                acc = self.accum.get(id(v))
+                if acc is None:
+                    self.accum[id(v)] = t.clone()
+                    self.mem.add(self.accum[id(v)])
+                else:
+                    acc += t
+            if self.plan.uses[id(v)] > 0:
+                self._put(v, t, env)
+
+    def _exec(self, it: Item, mb: int, env: dict, left: Counter | None, key: Any) -> None:
+        op, ro = it.op, it.ro
+        ins = [None if v is None else self._get(v, env, mb) for v in op.operands]
+        try:
+            if op.type in COLLECTIVES:
+                outs = [run_collective(op.type, ins[0], op.attrs, self.rank, ro.group or (self.rank,),
+                                       self.groups, ro.result_shapes[0] or ())]
+            elif op.type == "shadow_output":
+                if op.operands[0] is self.plan.loss:
+                    self.losses[mb] = ins[0].detach().float().cpu().clone()
+                outs = []
+            else:
+                outs = get_kernel(op.type)(ins, op.attrs, self._kctx(it))
+        except (ValueError, RuntimeError) as e:
+            raise ExecError(f"rank {self.rank}: {op.label()} failed: {e}") from e
+        self._store(it, outs, env, key)
+        if key == "step" and op.type in ALIASES:
+            write_back(op, ins, outs, self.state, self.rank, self.groups)
+        if left is not None:
+            for v in op.operands:
+                if v is not None:
+                    self._release(v, env, left)
+
+    def _p2p(self, items: list[Item], mb: int, env: dict, left: Counter | None, key: Any) -> None:
+        ops, recvs, sent = [], [], []
+        for it in items:
+            op = it.op
+            if op.type == "send":
+                t = self._get(op.operands[0], env, mb).contiguous()
+                for a, b in op.attrs["pairs"]:
+                    if a == self.rank:
+                        ops.append(("send", t, b, it.index * MAX_MB + mb))
+                        sent.append(t)
+            else:
+                shape = it.ro.result_shapes[0] or ()
+                buf = torch.empty(shape, dtype=torch_dtype(op.attrs.get("dtype")), device=self.device)
+                src = it.ro.group[0] if it.ro.group else None
+                if src is None:
+                    raise ExecError(f"rank {self.rank}: {op.label()} has no sender for this rank")
+                ops.append(("recv", buf, src, (it.index - 1) * MAX_MB + mb))
+                recvs.append((it, buf, len(ops) - 1))
+        works = p2p(ops)
+        wait_all = bool(works) and torch.distributed.get_backend() == "nccl"
+        for i, w in enumerate(works):
+            if wait_all or ops[i][0] == "recv":
+                w.wait()
+            else:
+                self.pending.append((w, ops[i][1]))
+        for it, buf, _ in recvs:
+            self._store(it, [buf], env, key)
+        if left is not None:
+            for it in items:
+                if it.op.type == "send":
+                    self._release(it.op.operands[0], env, left)
+
+    def run_unit(self, key: Any, mb: int, env: dict, left: Counter | None) -> None:
+        """Run the items of unit ``key`` for micro-batch ``mb`` (consecutive send/recv
+        items go out as one batched p2p)."""
+        items = self.plan.units.get(key, [])
+        i = 0
+        while i < len(items):
+            if items[i].op.type in ("send", "recv"):
+                j = i
+                while j < len(items) and items[j].op.type in ("send", "recv"):
+                    j += 1
+                self._p2p(items[i:j], mb, env, left, key)
+                i = j
+            else:
+                self._exec(items[i], mb, env, left, key)
+                i += 1
+
+    # -- a step ----------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def run_step(self, actions) -> list[tuple]:
+        """One training step over this rank's schedule row. Returns the actions' timings
+        ``(kind, stage, microbatch, chunk, start_s, end_s)`` relative to the step start, the
+        optimizer phase as kind ``"O"``; losses per micro-batch are in ``self.losses``."""
+        envs = {mb: {} for mb in range(self.m)}
+        lefts = {mb: Counter(self.plan.uses) for mb in range(self.m)}
+        self.accum, self.losses = {}, {}
+        self._step_inputs.clear()
+        t_start = self._now()
+        self.run_unit("pre", 0, self.state, None)
+        times = []
+        for a in actions:
+            t0 = self._now()
+            for kind in (("B", "W") if a.kind == "BW" else (a.kind,)):
+                self.run_unit((kind, a.chunk), a.microbatch, envs[a.microbatch], lefts[a.microbatch])
+            times.append((a.kind, a.stage, a.microbatch, a.chunk, t0 - t_start, self._now() - t_start))
+        t0 = self._now()
+        step_env = {}
+        for k, t in self.accum.items():
+            step_env[k] = t / self.m
+            self.mem.add(step_env[k])
+            self.mem.remove(t)
+        self.run_unit("step", 0, step_env, None)
+        for w, _ in self.pending:
+            w.wait()
+        self.pending.clear()
+        times.append(("O", -1, -1, -1, t0 - t_start, self._now() - t_start))
+        for env in [*envs.values(), step_env]:
+            for t in env.values():
+                self.mem.remove(t)
+        self.accum = {}
+        return times
+
+    def parameters(self) -> dict[str, tuple[Any, Any]]:
+        """name -> (local block as numpy, layout, global shape) of every parameter this rank
+        holds."""
+        out = {}
+        for k, t in self.state.items():
+            v = self.plan.values.get(k)
+            if v is not None and v.is_parameter:
+                out[v.name or f"%{v.id}"] = (t.detach().float().cpu().numpy().copy(), value_layout(v),
+                                             tuple(v.shape))
+        return out

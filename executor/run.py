@@ -1,0 +1,233 @@
+"""``run_plan``: run a plan on torch.distributed and measure it; ``verify``: prove it
+computes what one process computes.
+
+Each rank builds the plan's partitioned program (:mod:`executor.program`, the same on every
+rank), its :class:`~executor.rank_plan.RankPlan`, the process groups of every collective
+in the program, and the pipeline schedule (``simulator`` schedules are data: rank
+``stage * dp * mp + l`` runs row ``stage``). It then runs ``warmup + steps`` steps and
+returns timings, losses, peak memory and (for verify) its parameter blocks; the parent
+reassembles losses and parameters from the blocks (:mod:`executor.assemble`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from completion.reshard_pass import value_layout
+from executor.assemble import assemble
+from executor.launch import LaunchError, launch
+
+STEP_TIMEOUT = 120.0
+
+
+class PlanMismatchError(LaunchError):
+    """The plan's world size does not match ``nproc`` (refused before launch)."""
+
+
+@dataclass
+class Measurement:
+    """What a run measured (seconds, bytes) and, when a predictor was given, what the
+    simulator predicted for the same plan.
+
+    Attributes:
+        step_times: per measured step, the slowest rank's step time.
+        step_time: their median.
+        losses: per measured step, the global loss (mean over micro-batches).
+        actions: per rank, ``(kind, stage, microbatch, chunk, start_s, end_s)`` of the last
+            measured step (kind ``O`` = optimizer phase).
+        phase_times: per rank, median seconds of its F, B, W, BW actions (last step).
+        peak_memory: per rank, peak live tensor bytes (CPU) or CUDA peak allocation (GPU).
+        predicted: e.g. ``step_time`` (s), ``max_memory_bytes`` from the simulator.
+    """
+
+    nproc: int
+    backend: str
+    step_times: list[float]
+    step_time: float
+    losses: list[float]
+    actions: list[list[tuple]]
+    phase_times: list[dict[str, float]]
+    peak_memory: list[int]
+    predicted: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    replica_drift: float = 0.0
+
+    @property
+    def max_peak_memory(self) -> int:
+        return max(self.peak_memory) if self.peak_memory else 0
+
+    def relative_error(self) -> float | None:
+        """(predicted - measured) / measured step time, when a prediction exists."""
+        p = self.predicted.get("step_time")
+        return None if p is None or self.step_time <= 0 else (p - self.step_time) / self.step_time
+
+
+def check_plan(plan: Any, nproc: int) -> None:
+    """Refuse a plan whose dp * mp * pp differs from ``nproc`` (before launch)."""
+    s = plan.strategy
+    need = s.dp * s.mp * s.pp
+    if need != nproc:
+        raise PlanMismatchError(f"plan needs dp*mp*pp = {s.dp}*{s.mp}*{s.pp} = {need} ranks "
+                                f"but nproc is {nproc}")
+
+
+def program_groups(program: Any) -> list[tuple[int, ...]]:
+    """Every rank group the program may use: the groups of its collective ops and of every
+    mesh dim of every op's mesh (kernels such as vocab-parallel cross entropy reduce over
+    them). The same list on every rank, so groups are created in the same order."""
+    out: set[tuple[int, ...]] = set()
+    meshes = set()
+    for op in program.ops:
+        if op.dialect == "dist_op":
+            out.update(tuple(g) for g in op.attrs.get("groups", ()) or ())
+        if op.dist_attr is not None:
+            meshes.add(op.dist_attr.process_mesh)
+    for mesh in meshes:
+        for m in range(mesh.ndim):
+            out.update(tuple(g) for g in mesh.groups(m))
+    return sorted(out)
+
+
+def _phase_medians(times: list[tuple]) -> dict[str, float]:
+    out: dict[str, list[float]] = {}
+    for kind, *_, t0, t1 in times:
+        out.setdefault(kind, []).append(t1 - t0)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: int,
+               single: bool, want_params: bool, adam_epsilon: float | None = None) -> dict[str, Any]:
+    from executor.collectives import Groups
+    from executor.program import build_program
+    from executor.rank_exec import RankExecutor
+    from executor.rank_plan import build_rank_plan
+    from simulator.schedules import build_schedule
+
+    pp = build_program(plan, single_process=single, adam_epsilon=adam_epsilon)
+    s = pp.strategy
+    groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
+    name = "1F1B" if s.schedule_mode in ("ZB", "ZB-1p", "ZB-2p") else s.schedule_mode
+    sched = build_schedule(name, s.pp, pp.num_microbatches, s.vpp)
+    stage = rank // (s.dp * s.mp)
+    dist_on = torch.distributed.is_initialized()
+    device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
+    ex = RankExecutor(build_rank_plan(pp.program, rank), groups, pp.batch, pp.num_microbatches,
+                      seed, device)
+    step_times, losses, times = [], [], []
+    for i in range(warmup + steps):
+        if i == warmup:
+            ex.mem.reset_peak()
+            if device != "cpu":
+                torch.cuda.reset_peak_memory_stats(device)
+        if dist_on:
+            torch.distributed.barrier()
+        times = ex.run_step(sched.actions[stage])
+        if i >= warmup:
+            step_times.append(times[-1][-1])
+            losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
+    peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else ex.mem.peak
+    loss_v = ex.plan.loss
+    return {"step_times": step_times, "losses": losses, "times": times, "peak": int(peak),
+            "loss_layout": value_layout(loss_v) if loss_v is not None else None,
+            "loss_shape": tuple(loss_v.shape) if loss_v is not None else (),
+            "params": ex.parameters() if want_params else {}}
+
+
+def _rank_main_many(rank: int, nproc: int, jobs: list[tuple]) -> list[dict[str, Any]]:
+    """Several plans in one launch (one spawn for many runs): ``jobs`` are argument tuples
+    of :func:`_rank_main` after ``nproc``."""
+    return [_rank_main(rank, nproc, *job) for job in jobs]
+
+
+def _measurement(results: list[dict], nproc: int, backend: str, steps: int, params: bool
+                 ) -> Measurement:
+    per_step = [max(res["step_times"][i] for res in results) for i in range(steps)]
+    prm, drift = _collect_params(results) if params else ({}, 0.0)
+    return Measurement(
+        nproc=nproc, backend=backend, step_times=per_step, step_time=statistics.median(per_step),
+        losses=_losses(results, steps), actions=[res["times"] for res in results],
+        phase_times=[_phase_medians(res["times"]) for res in results],
+        peak_memory=[res["peak"] for res in results], params=prm, replica_drift=drift)
+
+
+def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 2,
+              warmup: int = 0, seed: int = 0, params: bool = False,
+              adam_epsilon: float | None = None, timeout: float = 900.0) -> list[Measurement]:
+    """Run several plans of the same world size one after another in one launch (saves a
+    spawn per plan); same arguments as :func:`run_plan`."""
+    for p in plans:
+        check_plan(p, nproc)
+    jobs = [(p, steps, warmup, seed, False, params, adam_epsilon) for p in plans]
+    per_rank = launch(_rank_main_many, nproc, args=(jobs,), backend=backend, timeout=timeout,
+                      collective_timeout=STEP_TIMEOUT)
+    return [_measurement([per_rank[r][i] for r in range(nproc)], nproc, backend, steps, params)
+            for i in range(len(plans))]
+
+
+def _losses(results: list[dict], m_steps: int) -> list[float]:
+    out = []
+    holders = [(r, res) for r, res in enumerate(results) if res["losses"] and res["losses"][0]]
+    if not holders:
+        return out
+    layout, shape = holders[0][1]["loss_layout"], holders[0][1]["loss_shape"]
+    for step in range(m_steps):
+        mbs = sorted(holders[0][1]["losses"][step])
+        vals = []
+        for mb in mbs:
+            glob, _ = assemble(layout, shape, {r: res["losses"][step][mb] for r, res in holders})
+            vals.append(float(np.asarray(glob).reshape(-1)[0]))
+        out.append(float(np.mean(vals)))
+    return out
+
+
+def _collect_params(results: list[dict]) -> tuple[dict[str, np.ndarray], float]:
+    blocks: dict[str, dict[int, Any]] = {}
+    layouts: dict[str, Any] = {}
+    for r, res in enumerate(results):
+        for name, (arr, lay, shape) in res["params"].items():
+            blocks.setdefault(name, {})[r] = arr
+            layouts[name] = (lay, shape)
+    out, drift = {}, 0.0
+    for name, bl in blocks.items():
+        lay, shape = layouts[name]
+        out[name], d = assemble(lay, shape, bl)
+        drift = max(drift, d)
+    return out, drift
+
+
+def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warmup: int = 2,
+             seed: int = 0, predictor: Any = None, timeout: float = 600.0,
+             _single: bool = False, _params: bool = False,
+             _adam_epsilon: float | None = None) -> Measurement:
+    """Run ``plan`` on ``nproc`` ranks for ``warmup + steps`` steps and measure the last
+    ``steps``.
+
+    Args:
+        plan: a ``meshplan.Plan`` (read duck-typed: ``model``, ``seq_len``, ``strategy``).
+        backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank).
+        seed: parameter and data seed. predictor: optional ``plan -> dict`` giving the
+            simulator's prediction (``meshplan`` passes ``Engine.simulate``); stored in
+            ``Measurement.predicted``.
+    Raises:
+        PlanMismatchError / LaunchError before launch (world size, backend);
+        RankFailure when a rank raises; LaunchTimeout after ``timeout`` seconds.
+    """
+    if not _single:
+        check_plan(plan, nproc)
+    if steps < 1 or warmup < 0:
+        raise LaunchError(f"steps must be >= 1 and warmup >= 0, got steps={steps} warmup={warmup}")
+    args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon)
+    if _single:  # one rank, no process group: run in this process
+        results = [_rank_main(0, 1, *args)]
+    else:
+        results = launch(_rank_main, nproc, args=args, backend=backend, timeout=timeout,
+                         collective_timeout=STEP_TIMEOUT)
+    meas = _measurement(results, nproc, backend, steps, _params)
+    if predictor is not None:
+        meas.predicted = dict(predictor(plan))
+    return meas
