@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,10 @@ def worker_alive(w: dict[str, Any]) -> bool | None:
     return start is None or w.get("start") is None or start == w.get("start")
 
 
+#: attempts after a lost race creating the schema (workers starting at once)
+SCHEMA_RACE_RETRIES = 5
+
+
 def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     """Resolve ``--storage``: None -> a journal file in ``study_dir`` (None when study_dir
     is None too: in-memory); a path or ``journal:PATH`` -> that journal file; a SQLAlchemy
@@ -86,16 +91,23 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
         Path(url).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(url))
     url = rdb_url(url)
-    try:
-        with warnings.catch_warnings():  # heartbeats are marked experimental by Optuna
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                              engine_kwargs={"pool_pre_ping": True})
-    except ImportError:
-        raise StorageError(f"storage {url!r}: its database driver is not installed; "
-                           f"install meshplan[postgres] (psycopg2) for PostgreSQL") from None
-    except Exception as e:  # sqlalchemy's ArgumentError / OperationalError
-        raise StorageError(f"storage {url!r}: {type(e).__name__}: {e}") from None
+    for attempt in range(SCHEMA_RACE_RETRIES + 1):
+        try:
+            with warnings.catch_warnings():  # heartbeats are marked experimental by Optuna
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                  engine_kwargs={"pool_pre_ping": True})
+        except ImportError:
+            raise StorageError(f"storage {url!r}: its database driver is not installed; "
+                               f"install meshplan[postgres] (psycopg2) for PostgreSQL") from None
+        except Exception as e:  # sqlalchemy's ArgumentError / OperationalError / IntegrityError
+            # Workers that start together race to create Optuna's tables; the loser gets
+            # an IntegrityError ("duplicate key ... pg_type") and simply tries again.
+            if type(e).__name__ in ("IntegrityError", "ProgrammingError") and attempt < SCHEMA_RACE_RETRIES:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise StorageError(f"storage {url!r}: {type(e).__name__}: {e}") from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def rdb_url(url: str) -> str:
