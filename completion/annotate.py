@@ -157,3 +157,31 @@ def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_di
             out[v.label()] = set_annotation(program, v, mesh, [dp, mp, -1])
     return out
 
+
+
+# -- programs annotated in their text ------------------------------------------------------
+def annotated_ranks(program: Program) -> tuple[int, ...]:
+    """The sorted ranks of every process mesh in the program's dist attrs (values and ops);
+    empty when nothing is annotated (e.g. a program text without dist attrs). A program
+    text with dist attrs (the seed ``mlp_sgd_before_partition.pir``) is annotated for
+    exactly these ranks."""
+    ranks: set[int] = set()
+    for v in program.values():
+        if v.dist_attr is not None:
+            ranks.update(v.dist_attr.process_mesh.process_ids)
+    for op in program.ops:
+        if op.dist_attr is not None:
+            ranks.update(op.dist_attr.process_mesh.process_ids)
+    return tuple(sorted(ranks))
+
+
+def clear_annotations(program: Program) -> None:
+    """Drop every value's and op's dist attr, so a program annotated for many ranks runs
+    (or is costed) unsharded on one."""
+    for v in program.values():
+        v.dist_attr = None
+    for op in program.ops:
+        op.dist_attr = None
+    derived = getattr(program, DERIVED_ATTR, None)
+    if derived is not None:
+        derived.clear()

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from completion.errors import DistAttrError
-from completion.mesh import ProcessMesh
+from completion.mesh import ProcessMesh, as_int, as_ints
 
 REDUCE_TYPES = ("sum", "avg", "max", "min")
 
@@ -30,6 +30,9 @@ class Shard:
     """Placement: this mesh dim splits tensor dim ``dim`` (ceil-sized chunks)."""
 
     dim: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dim", as_int(self.dim, "Shard dim"))
 
     def __repr__(self) -> str:
         return f"Shard({self.dim})"
@@ -89,11 +92,16 @@ class TensorDistAttr:
     ) -> None:
         if not isinstance(process_mesh, ProcessMesh):
             raise DistAttrError(f"process_mesh must be a ProcessMesh, got {type(process_mesh).__name__}")
-        dm = tuple(int(d) for d in dims_mapping)
+        dm = as_ints(dims_mapping, "dims_mapping")
         items = partial.items() if isinstance(partial, Mapping) else (partial or ())
         pmap: dict[int, str] = {}
-        for d, rt in items:
-            pmap[int(d)] = _norm_reduce(rt)
+        for item in items:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise DistAttrError(f"partial needs (mesh dim, reduce type) pairs, got {item!r}")
+            pmap[as_int(item[0], "partial mesh dim")] = _norm_reduce(item[1])
+        chunk_id = as_int(chunk_id, "chunk_id")
+        if chunk_id < 0:
+            raise DistAttrError(f"chunk_id must be >= 0, got {chunk_id}")
         ndim = process_mesh.ndim
         for d in dm:
             if not -1 <= d < ndim:
@@ -181,6 +189,9 @@ class TensorDistAttr:
             "partial": self.partial_dims,
             "chunk_id": self.chunk_id,
         }
+        unknown = sorted(set(kw) - set(args))
+        if unknown:
+            raise DistAttrError(f"TensorDistAttr has no field(s) {unknown}; known: {sorted(args)}")
         args.update(kw)
         return TensorDistAttr(**args)
 
@@ -208,8 +219,11 @@ def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
     Matches ``torch.chunk`` / DTensor: chunk = ceil(size/parts); trailing ranks may get fewer
     rows or zero rows. E.g. size 5 over 4 parts -> 2, 2, 1, 0.
     """
+    size, parts, index = as_int(size, "size"), as_int(parts, "parts"), as_int(index, "index")
     if parts <= 0:
         raise DistAttrError(f"cannot split into {parts} parts")
+    if size < 0 or not 0 <= index < parts:
+        raise DistAttrError(f"shard_range: size {size} must be >= 0 and index {index} in 0..{parts - 1}")
     chunk = -(-size // parts)
     start = min(size, index * chunk)
     stop = min(size, start + chunk)

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from numbers import Integral
 
 from completion.errors import DistAttrError
+
+
+def as_int(x: object, what: str) -> int:
+    """``x`` as an int; DistAttrError naming ``what`` for a bool, a float (even 2.0), NaN,
+    a string or None, rather than truncating it silently."""
+    if isinstance(x, bool) or not isinstance(x, Integral):
+        raise DistAttrError(f"{what} must be an integer, got {x!r}")
+    return int(x)
+
+
+def as_ints(xs: object, what: str) -> tuple[int, ...]:
+    """A sequence of ints (see :func:`as_int`); DistAttrError naming ``what`` otherwise."""
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, Iterable):
+        raise DistAttrError(f"{what} must be a sequence of integers, got {xs!r}")
+    return tuple(as_int(x, f"{what} entry") for x in xs)
 
 
 @dataclass(frozen=True)
@@ -28,8 +45,8 @@ class ProcessMesh:
     dim_names: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
-        ids = tuple(int(r) for r in self.process_ids)
+        shape = as_ints(self.shape, "process mesh shape")
+        ids = as_ints(self.process_ids, "process mesh process_ids")
         if not shape or any(s <= 0 for s in shape):
             raise DistAttrError(f"process mesh shape {list(shape)} must be non-empty and positive")
         if len(ids) != math.prod(shape):
@@ -41,6 +58,8 @@ class ProcessMesh:
         names = tuple(self.dim_names) or tuple(f"d{i}" for i in range(len(shape)))
         if len(names) != len(shape):
             raise DistAttrError(f"process mesh dim_names {list(names)} do not match shape {list(shape)}")
+        if len(set(names)) != len(names):
+            raise DistAttrError(f"process mesh dim_names {list(names)} repeat a name")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "process_ids", ids)
         object.__setattr__(self, "dim_names", names)
@@ -82,6 +101,12 @@ class ProcessMesh:
         return tuple(reversed(out))
 
     def rank_at(self, coord: tuple[int, ...]) -> int:
+        """The rank at a mesh coordinate. Raises DistAttrError for a coordinate of the
+        wrong length or outside the mesh."""
+        coord = as_ints(coord, "mesh coordinate")
+        if len(coord) != self.ndim or not all(
+                0 <= c < s for c, s in zip(coord, self.shape, strict=True)):
+            raise DistAttrError(f"coordinate {list(coord)} is outside mesh shape {list(self.shape)}")
         flat = 0
         for c, s in zip(coord, self.shape, strict=True):
             flat = flat * s + c

@@ -36,7 +36,7 @@ from completion import (
     parse_program,
     shard_megatron,
 )
-from completion.annotate import annotate, set_annotation
+from completion.annotate import annotate, annotated_ranks, clear_annotations, set_annotation
 from completion.ir import OpRole
 from completion.roles import infer_roles
 
@@ -114,6 +114,24 @@ def _annotate(prog: Program, s: Any, mesh: ProcessMesh) -> None:
             set_annotation(prog, v, mesh)
 
 
+def _file_annotation(prog: Program, s: Any) -> tuple[int, ...]:
+    """The ranks a program text annotates (its dist attrs are then the annotation, completed
+    as they are). On one rank the annotations are dropped (the program runs unsharded);
+    otherwise they must cover exactly ranks 0 .. dp*mp-1 with pp = 1, else
+    PlanProgramError names both."""
+    ranks = annotated_ranks(prog)
+    if not ranks:
+        return ()
+    if s.dp * s.mp * s.pp == 1:
+        clear_annotations(prog)
+        return ()
+    if ranks != tuple(range(s.dp * s.mp)) or s.pp != 1:
+        raise PlanProgramError(
+            f"the program is annotated for ranks {list(ranks)} but the strategy needs dp*mp = "
+            f"{s.dp}*{s.mp} ranks 0..{s.dp * s.mp - 1} with pp=1 (got pp={s.pp})")
+    return ranks
+
+
 def build_program(plan: Any, single_process: bool = False,
                   adam_epsilon: float | None = None) -> PlanProgram:
     """The partitioned program of ``plan`` (module docstring).
@@ -138,6 +156,7 @@ def build_program(plan: Any, single_process: bool = False,
     if program_batch(prog) != batch:
         raise PlanProgramError(f"model {plan.model!r} has batch {program_batch(prog)} but the strategy "
                                f"needs micro_batch_size * dp = {batch}")
+    pre = _file_annotation(prog, s) if is_file else ()
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
     if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
@@ -145,7 +164,8 @@ def build_program(plan: Any, single_process: bool = False,
         apply_optimizer(prog, s.optimizer, learning_rate=_LR[s.optimizer], **extra)
     if s.dp * s.mp * s.pp > 1 or isinstance(s.annotation, dict):
         mesh = ProcessMesh((s.dp, s.mp), tuple(range(s.dp * s.mp)), ("dp", "mp"))
-        _annotate(prog, s, mesh)
+        if not pre:  # a program annotated in its text keeps its own annotations
+            _annotate(prog, s, mesh)
         mode = _CHUNK_MODE.get(s.schedule_mode, s.schedule_mode)
         Completer(prog, zero_stage=s.sharding_stage, dp_mesh_dim=0, pp_degree=s.pp,
                   vpp_degree=s.vpp, schedule_mode=mode).complete()

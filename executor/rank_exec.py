@@ -4,7 +4,10 @@ kernel registry and torch.distributed, in the schedule's action order.
 One step: the ``pre`` unit; then every action of this rank's schedule row (F, B, W, or BW
 = B then W) on its micro-batch's environment; then the gradients read by the ``step`` unit,
 summed over micro-batches and scaled by 1/m; then the ``step`` unit (gradient collectives,
-optimizer updates). Values die after their last per-micro-batch use; live bytes are
+optimizer updates). The step's gradient all_reduces are fused into one bucket per (group,
+reduce type, dtype) and issued once, before the updates — as PyTorch DDP and Megatron-LM
+bucket gradients (Li et al., VLDB 2020, sec. 3.2.3), and as the simulator's gradient sync
+assumes (``simulator.step``: one fused all_reduce per rank). Values die after their last per-micro-batch use; live bytes are
 tracked per storage (:mod:`executor.memory`). Sends are posted asynchronously and waited at
 the end of the step; receives are waited at once.
 """
@@ -221,13 +224,44 @@ class RankExecutor:
                 if it.op.type == "send":
                     self._release(it.op.operands[0], env, left)
 
+    def _bucketed_all_reduce(self, items: list[Item], env: dict) -> set[int]:
+        """Fuse the step's gradient all_reduces (operand already in ``env``) into one
+        all_reduce per (group, reduce type, dtype); returns the ids of the items done."""
+        buckets: dict[tuple, list[Item]] = {}
+        for it in items:
+            x = it.op.operands[0] if it.op.operands else None
+            if it.op.type != "all_reduce" or x is None or id(x) not in env or not it.ro.group:
+                continue
+            key = (tuple(it.ro.group), str(it.op.attrs.get("reduce_type") or "sum"), env[id(x)].dtype)
+            buckets.setdefault(key, []).append(it)
+        done: set[int] = set()
+        for (group, rtype, _), its in buckets.items():
+            ins = [env[id(it.op.operands[0])] for it in its]
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            self.mem.add(flat)
+            try:
+                out = all_reduce(flat, self.groups.get(group), len(group), rtype)
+            except (ValueError, RuntimeError) as e:
+                raise ExecError(f"rank {self.rank}: fused gradient all_reduce over {list(group)} "
+                                f"failed: {e}") from e
+            self.mem.remove(flat)
+            offset = 0
+            for it, t in zip(its, ins, strict=True):
+                self._store(it, [out[offset:offset + t.numel()].view(t.shape)], env, "step")
+                offset += t.numel()
+                done.add(id(it))
+        return done
+
     def run_unit(self, key: Any, mb: int, env: dict, left: Counter | None) -> None:
         """Run the items of unit ``key`` for micro-batch ``mb`` (consecutive send/recv
-        items go out as one batched p2p)."""
+        items go out as one batched p2p; the step's gradient all_reduces as one bucket)."""
         items = self.plan.units.get(key, [])
+        done = self._bucketed_all_reduce(items, env) if key == "step" else set()
         i = 0
         while i < len(items):
-            if items[i].op.type in ("send", "recv"):
+            if id(items[i]) in done:
+                i += 1
+            elif items[i].op.type in ("send", "recv"):
                 j = i
                 while j < len(items) and items[j].op.type in ("send", "recv"):
                     j += 1

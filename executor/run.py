@@ -2,9 +2,10 @@
 computes what one process computes.
 
 Each rank builds the plan's partitioned program (:mod:`executor.program`, the same on every
-rank), its :class:`~executor.rank_plan.RankPlan`, the process groups of every collective
-in the program, and the pipeline schedule (``simulator`` schedules are data: rank
-``stage * dp * mp + l`` runs row ``stage``). It then runs ``warmup + steps`` steps and
+rank), its :class:`~executor.rank_plan.RankPlan` and the process groups of every collective
+in the program, and runs its row of the pipeline schedule the caller gave
+(:mod:`executor.actions`; rank ``stage * dp * mp + l`` runs row ``stage``; the executor
+never builds schedules itself, ``meshplan.validation`` does). It runs ``warmup + steps`` steps and
 returns timings, losses, peak memory and (for verify) its parameter blocks; the parent
 reassembles losses and parameters from the blocks (:mod:`executor.assemble`).
 """
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from completion.reshard_pass import value_layout
+from executor.actions import Rows, ScheduleError, schedule_rows, single_stage_order
 from executor.assemble import assemble
 from executor.launch import LaunchError, launch
 
@@ -76,6 +78,22 @@ def check_plan(plan: Any, nproc: int) -> None:
                                 f"but nproc is {nproc}")
 
 
+class PlanScheduleError(PlanMismatchError, ScheduleError):
+    """The schedule given for a plan does not fit it (refused before launch)."""
+
+
+def plan_rows(plan: Any, schedule: Any) -> Rows:
+    """The per-stage action rows of ``schedule`` for ``plan`` (checked against its pp,
+    micro-batch count and chunks; ``None`` only for one stage). Raises PlanScheduleError."""
+    s = plan.strategy
+    batch = s.micro_batch_size * s.dp
+    m = s.global_batch_size // batch if batch > 0 else 0
+    try:
+        return schedule_rows(schedule, s.pp, max(m, 1), max(s.vpp, 1))
+    except ScheduleError as e:
+        raise PlanScheduleError(str(e)) from None
+
+
 def program_groups(program: Any) -> list[tuple[int, ...]]:
     """Every rank group the program may use: the groups of its collective ops and of every
     mesh dim of every op's mesh (kernels such as vocab-parallel cross entropy reduce over
@@ -101,18 +119,19 @@ def _phase_medians(times: list[tuple]) -> dict[str, float]:
 
 
 def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: int,
-               single: bool, want_params: bool, adam_epsilon: float | None = None) -> dict[str, Any]:
+               single: bool, want_params: bool, adam_epsilon: float | None = None,
+               rows: Rows | None = None) -> dict[str, Any]:
+    """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage)."""
     from executor.collectives import Groups
     from executor.program import build_program
     from executor.rank_exec import RankExecutor
     from executor.rank_plan import build_rank_plan
-    from simulator.schedules import build_schedule
 
     pp = build_program(plan, single_process=single, adam_epsilon=adam_epsilon)
     s = pp.strategy
     groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
-    name = "1F1B" if s.schedule_mode in ("ZB", "ZB-1p", "ZB-2p") else s.schedule_mode
-    sched = build_schedule(name, s.pp, pp.num_microbatches, s.vpp)
+    if rows is None:
+        rows = single_stage_order(pp.num_microbatches)
     stage = rank // (s.dp * s.mp)
     dist_on = torch.distributed.is_initialized()
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
@@ -126,7 +145,7 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
                 torch.cuda.reset_peak_memory_stats(device)
         if dist_on:
             torch.distributed.barrier()
-        times = ex.run_step(sched.actions[stage])
+        times = ex.run_step(rows[stage])
         if i >= warmup:
             step_times.append(times[-1][-1])
             losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
@@ -157,12 +176,20 @@ def _measurement(results: list[dict], nproc: int, backend: str, steps: int, para
 
 def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 2,
               warmup: int = 0, seed: int = 0, params: bool = False,
-              adam_epsilon: float | None = None, timeout: float = 900.0) -> list[Measurement]:
+              adam_epsilon: float | None = None, timeout: float = 900.0,
+              schedules: list[Any] | None = None) -> list[Measurement]:
     """Run several plans of the same world size one after another in one launch (saves a
-    spawn per plan); same arguments as :func:`run_plan`."""
+    spawn per plan); same arguments as :func:`run_plan`, ``schedules`` one per plan (None
+    entries for one-stage plans). Raises what :func:`run_plan` raises, before launch for
+    a bad plan or schedule."""
+    schedules = [None] * len(plans) if schedules is None else list(schedules)
+    if len(schedules) != len(plans):
+        raise PlanScheduleError(f"{len(plans)} plans but {len(schedules)} schedules")
     for p in plans:
         check_plan(p, nproc)
-    jobs = [(p, steps, warmup, seed, False, params, adam_epsilon) for p in plans]
+    rows = [plan_rows(p, sc) for p, sc in zip(plans, schedules, strict=True)]
+    jobs = [(p, steps, warmup, seed, False, params, adam_epsilon, r)
+            for p, r in zip(plans, rows, strict=True)]
     per_rank = launch(_rank_main_many, nproc, args=(jobs,), backend=backend, timeout=timeout,
                       collective_timeout=STEP_TIMEOUT)
     return [_measurement([per_rank[r][i] for r in range(nproc)], nproc, backend, steps, params)
@@ -202,7 +229,7 @@ def _collect_params(results: list[dict]) -> tuple[dict[str, np.ndarray], float]:
 
 def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warmup: int = 2,
              seed: int = 0, predictor: Any = None, timeout: float = 600.0,
-             _single: bool = False, _params: bool = False,
+             schedule: Any = None, _single: bool = False, _params: bool = False,
              _adam_epsilon: float | None = None) -> Measurement:
     """Run ``plan`` on ``nproc`` ranks for ``warmup + steps`` steps and measure the last
     ``steps``.
@@ -213,15 +240,22 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         seed: parameter and data seed. predictor: optional ``plan -> dict`` giving the
             simulator's prediction (``meshplan`` passes ``Engine.simulate``); stored in
             ``Measurement.predicted``.
+        schedule: the pipeline schedule, read duck-typed (:mod:`executor.actions`: an
+            object with ``actions`` or per-stage rows of actions); required when pp > 1.
+            ``meshplan.validation.run_plan`` builds it with ``simulator.build_schedule``.
     Raises:
         PlanMismatchError / LaunchError before launch (world size, backend);
+        PlanScheduleError before launch (missing schedule for pp > 1, or one that does
+        not fit the plan);
         RankFailure when a rank raises; LaunchTimeout after ``timeout`` seconds.
     """
+    rows = None
     if not _single:
         check_plan(plan, nproc)
+        rows = plan_rows(plan, schedule)
     if steps < 1 or warmup < 0:
         raise LaunchError(f"steps must be >= 1 and warmup >= 0, got steps={steps} warmup={warmup}")
-    args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon)
+    args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon, rows)
     if _single:  # one rank, no process group: run in this process
         results = [_rank_main(0, 1, *args)]
     else:

@@ -62,12 +62,16 @@ def rel_error(a: Any, b: Any) -> float:
 
 
 def verify(plan: Any, nproc: int, steps: int = 2, seed: int = 0, rtol: float = RTOL,
-           backend: str = "gloo", adam_epsilon: float | None = VERIFY_ADAM_EPSILON) -> VerifyResult:
+           backend: str = "gloo", adam_epsilon: float | None = VERIFY_ADAM_EPSILON,
+           schedule: Any = None) -> VerifyResult:
     """Run ``plan`` on ``nproc`` ranks and on one process for ``steps`` steps (no warmup)
     and compare every step's loss and every parameter after the last update; ``ok`` when
-    all relative errors are <= ``rtol`` (fp32: 1e-5). Raises what ``run_plan`` raises."""
+    all relative errors are <= ``rtol`` (fp32: 1e-5). ``schedule``: the pipeline schedule
+    (required when pp > 1, see ``run_plan``; ``meshplan.validation.verify`` builds it).
+    Raises what ``run_plan`` raises."""
     check_plan(plan, nproc)
-    kw = {"steps": steps, "warmup": 0, "seed": seed, "_params": True, "_adam_epsilon": adam_epsilon}
+    kw = {"steps": steps, "warmup": 0, "seed": seed, "_params": True, "_adam_epsilon": adam_epsilon,
+          "schedule": schedule}
     dist: Measurement = run_plan(plan, nproc, backend, **kw)
     return compare(dist, reference(plan, steps, seed, adam_epsilon), rtol)
 
@@ -89,9 +93,10 @@ def compare(dist: Measurement, ref: Measurement, rtol: float = RTOL) -> VerifyRe
 
 
 def verify_many(plans: list[Any], nproc: int, steps: int = 2, seed: int = 0, rtol: float = RTOL,
-                backend: str = "gloo", adam_epsilon: float | None = VERIFY_ADAM_EPSILON
-                ) -> list[VerifyResult]:
-    """:func:`verify` for several plans of one world size with a single launch."""
+                backend: str = "gloo", adam_epsilon: float | None = VERIFY_ADAM_EPSILON,
+                schedules: list[Any] | None = None) -> list[VerifyResult]:
+    """:func:`verify` for several plans of one world size with a single launch
+    (``schedules``: one per plan, None for one-stage plans)."""
     dists = run_plans(plans, nproc, backend, steps=steps, seed=seed, params=True,
-                      adam_epsilon=adam_epsilon)
+                      adam_epsilon=adam_epsilon, schedules=schedules)
     return [compare(d, reference(p, steps, seed, adam_epsilon), rtol) for d, p in zip(dists, plans, strict=True)]

@@ -32,9 +32,8 @@ EXPERIMENT_MODULES = [
     "experiments.zb_throughput",
     "experiments.megatron_table1",
     "experiments.search_quality",
+    "experiments.local_validation",
 ]
-# Written against issue 9's documented API, not registered until the executor lands:
-# "experiments.local_validation".
 
 for _name in EXPERIMENT_MODULES:
     importlib.import_module(_name)

@@ -72,12 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         typer.echo(f"error: {msg}", err=True)
         return 2
+    except OSError as e:  # an output path that is a directory, unwritable, a full disk, ...
+        where = f": {e.filename}" if e.filename else ""
+        typer.echo(f"error: {e.strerror or e}{where}", err=True)
+        return 2
     except Exception as e:  # click usage errors (bad option, missing argument, range)
         click_exc = _click_exceptions()
         if isinstance(e, click_exc.ClickException):
             e.show()
             return 2
-        if isinstance(e, click_exc.Abort):
+        if isinstance(e, getattr(click_exc, "Abort", typer.Abort)):
             return 1
         raise
     return 0

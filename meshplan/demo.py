@@ -1,32 +1,183 @@
-"""``make demo``: the main job on a built-in model and cluster.
+"""``make demo`` (``python -m meshplan.demo``): the main job end to end.
 
-1. the cluster catalog and the collective-time table of a 4-node DGX A100 cluster
-   (the same functions ``meshplan clusters list/show`` use);
-2. the predicted step of llama2-7b on 4 x dgx-a100-80g under one Megatron-style plan
-   (``meshplan cost``): step time, tokens/s, MFU, time and memory breakdowns.
+1. the cluster catalog (one table);
+2. a pattern-based strategy search for llama2-7b on 4 x dgx-a100-80g (32 GPUs), global
+   batch 512 x 4096 tokens, 300 trials, seed 0 (``meshplan tune``'s search, in memory);
+   prints the top plans;
+3. writes ``reports/demo/`` (recreated each run): README.md (question, setup, best plan and
+   why, top-10 table, validation, files), trials.csv, plan.json, the best plan's Gantt PNG
+   and Chrome trace, and the step time vs peak memory PNG (:mod:`meshplan.demo_report`);
+4. validates a small plan on 2 local ranks with ``meshplan validate`` (a 2-layer
+   LLaMA-style model, hidden 256, mp=2 Megatron layout, on gloo) and prints predicted vs
+   measured.
+
+Options: ``--trials N``, ``--seed S``, ``--output DIR``, ``--steps S`` (measured steps of
+the validation), ``--cluster FILE.yaml`` (the validation's prediction on a calibrated spec,
+e.g. from ``meshplan calibrate``), ``--no-validate``. Exit code 0 on success, 1 when the validation failed
+(the report is still written), 2 for bad input.
 """
 
 from __future__ import annotations
 
-from clusters import load_cluster
-from meshplan.commands.clusters import make_console, render_catalog, render_collectives
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
-COST_ARGS = [
-    "cost", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "4",
-    "--dp", "4", "--mp", "4", "--pp", "2", "--schedule", "1F1B",
-    "--micro-batch-size", "1", "--global-batch", "64",
-]
+from meshplan.commands.clusters import make_console, render_catalog
+from meshplan.demo_markdown import annotation_label, readme_text
+from meshplan.demo_report import (
+    FILES,
+    GIB,
+    DemoError,
+    DemoSetup,
+    SearchOutcome,
+    best_plan,
+    prepare_dir,
+    ranked,
+    run_search,
+    write_artifacts,
+)
+
+DEFAULT_OUTPUT = "reports/demo"
+#: The validated model: issue 9's 2-layer LLaMA-style validation model (fp32 on CPU).
+VALIDATION_MODEL = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+                    "num_attention_heads": 4, "num_key_value_heads": 4,
+                    "intermediate_size": 688, "vocab_size": 1000, "max_position_embeddings": 64}
+VALIDATION_STRATEGY = {"mp": 2, "micro_batch_size": 2, "global_batch_size": 8,
+                       "dtype": "float32", "optimizer": "sgd"}
+VALIDATION_LABEL = ("2-layer LLaMA-style model (hidden 256, 4 heads, seq 64, vocabulary 1000, "
+                    "fp32), mp=2 Megatron layout, global batch 8 in 4 micro-batches of 2, SGD")
+VALIDATION_NOTE = ("Predictions use the catalog's `cpu-local` spec, which is not calibrated to "
+                   "this machine; `meshplan calibrate --output local.yaml` measures it and "
+                   "`python -m meshplan.demo --cluster local.yaml` (or `meshplan validate ... "
+                   "--cluster local.yaml`) predicts with the measured numbers.")
+
+def write_validation_plan(out_dir: Path) -> Path:
+    """Write the small model's config.json and its 2-rank plan.json; returns the plan."""
+    from meshplan.plan import Plan
+    from meshplan.strategy import Strategy
+
+    cfg = out_dir / "validation_model.json"
+    cfg.write_text(json.dumps(VALIDATION_MODEL, indent=2) + "\n")
+    plan = Plan(str(cfg.resolve()), "cpu-local", Strategy(**VALIDATION_STRATEGY), seq_len=64)
+    return plan.save(out_dir / "validation_plan.json")
 
 
-def main() -> int:
-    """Print the demo to stdout; returns the exit code (0 on success)."""
-    from meshplan.cli import main as cli_main
+def run_validation(plan_path: Path, out_dir: Path, steps: int = 5,
+                   cluster: str | None = None) -> dict[str, Any]:
+    """``meshplan validate PLAN --nproc 2 --json`` in a subprocess (its own ranks, its own
+    error handling), predicting on ``cluster`` (a calibrated YAML; default the plan's
+    ``cpu-local``); its JSON plus ``label``, ``command`` and ``note``, or ``error``."""
+    args = ["validate", str(plan_path), "--nproc", "2", "--steps", str(steps), "--json",
+            "--csv", str(out_dir / "validation.csv")] + (["--cluster", cluster] if cluster else [])
+    cmd = "meshplan " + " ".join(a if "/" not in a else Path(a).name for a in args)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True,
+                              text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": "meshplan validate did not finish within 600 s", "command": cmd}
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"meshplan validate exited with {proc.returncode}: {' / '.join(tail)}",
+                "command": cmd}
+    try:
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as e:
+        return {"error": f"meshplan validate printed no JSON ({e})", "command": cmd}
+    note = f"Predictions use the cluster spec {cluster}." if cluster else VALIDATION_NOTE
+    return {**got, "label": VALIDATION_LABEL, "command": cmd, "note": note}
 
+
+def _top_table(outcome: SearchOutcome, k: int = 10) -> Any:
+    from rich.table import Table
+
+    tab = Table(title=f"Top {k} plans (distinct, fitting in memory)")
+    for col in ("#", "dp-mp-pp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+                "annotation", "step s", "tokens/s", "MFU", "peak GiB", "bubble"):
+        tab.add_column(col, justify="left" if col in ("schedule", "annotation") else "right")
+    for i, t in enumerate(ranked(outcome.result, k), 1):
+        p, ua = t.user_attrs["plan"], t.user_attrs
+        m = ua.get("metrics", {})
+        tab.add_row(str(i), f"{p['dp']}-{p['mp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+                    str(p["micro_batch_size"]), p["recompute"], str(p["sharding_stage"]),
+                    "y" if p["sequence_parallel"] else "n", annotation_label(p),
+                    f"{ua['time_s']:.3f}", f"{m.get('tokens_per_s', 0.0):,.0f}",
+                    f"{m.get('mfu', 0.0):.3f}", f"{ua['memory_bytes'] / GIB:.1f}",
+                    f"{m.get('bubble_ratio', 0.0):.3f}")
+    return tab
+
+
+def _validation_table(v: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    tab = Table(title="predicted vs measured (2 gloo ranks)")
+    for col in ("quantity", "predicted", "measured", "rel. error"):
+        tab.add_column(col, justify="left" if col == "quantity" else "right")
+    for r in v["rows"]:
+        p, m = r["predicted"], r["measured"]
+        err = "" if p is None or not m else f"{(p - m) / m:+.1%}"
+        tab.add_row(r["quantity"], "-" if p is None else f"{p:.3f}", f"{m:.3f}", err)
+    return tab
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m meshplan.demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=300, help="search trials (default 300)")
+    ap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    ap.add_argument("--output", default=DEFAULT_OUTPUT, help=f"report directory ({DEFAULT_OUTPUT})")
+    ap.add_argument("--steps", type=int, default=5, help="measured validation steps (default 5)")
+    ap.add_argument("--cluster", default=None,
+                    help="cluster YAML for the validation's prediction (default cpu-local)")
+    ap.add_argument("--no-validate", action="store_true", help="skip the 2-rank validation")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo (module docstring); returns the exit code."""
+    args = _parse(argv)
+    t0 = time.perf_counter()
     console = make_console()
+    try:
+        out = prepare_dir(args.output)
+        setup = DemoSetup(trials=args.trials, seed=args.seed)
+        setup.tune_config()  # bad arguments fail before anything runs
+    except (DemoError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     render_catalog(console)
-    render_collectives(console, load_cluster("dgx-a100-80g", num_nodes=4))
-    console.rule("meshplan " + " ".join(COST_ARGS))
-    return cli_main(COST_ARGS)
+    console.rule(f"search: {setup.command()}")
+    outcome = run_search(setup, progress=True)
+    best = best_plan(outcome)
+    console.print(f"{outcome.result.counts()} in {outcome.seconds:.1f} s")
+    console.print(_top_table(outcome))
+    files = write_artifacts(out, outcome, best)
+    validation = None
+    if not args.no_validate:
+        console.rule("validate a small plan on 2 local ranks: meshplan validate")
+        files["validation_plan.json"] = write_validation_plan(out)
+        files["validation_model.json"] = out / "validation_model.json"
+        console.print(VALIDATION_LABEL)
+        validation = run_validation(files["validation_plan.json"], out, args.steps, args.cluster)
+        if validation.get("error"):
+            console.print(f"[red]validation failed:[/red] {validation['error']}")
+        else:
+            files["validation.csv"] = out / "validation.csv"
+            console.print(_validation_table(validation))
+            console.print(validation["note"])
+    names = ["README.md", *[f for f in FILES if f in files]]
+    (out / "README.md").write_text(readme_text(outcome, best, names, validation))
+    console.rule("report")
+    if best is not None:
+        console.print(f"best plan: {best.record['time_s']:.3f} s, "
+                      f"{best.record['memory_bytes'] / GIB:.1f} GiB (see {out / 'README.md'})")
+    for name in names:
+        console.print(f"  {out / name}")
+    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
+    return 1 if validation is not None and validation.get("error") else 0
 
 
 if __name__ == "__main__":

@@ -86,7 +86,10 @@ class Engine:
                               f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
         if not 0.0 <= overlap <= 1.0:
             raise EngineError(f"overlap must be in [0, 1], got {overlap}")
+        if gemm_efficiency is not None and not 0.0 < gemm_efficiency <= 1.0:
+            raise EngineError(f"gemm_efficiency must be in (0, 1], got {gemm_efficiency}")
         self.source = resolve_model(model, seq_len, example_inputs)
+        self._check_model_split()
         self.roofline = Roofline.from_device(self.cluster.device, gemm_efficiency)
         self.overlap, self.overlap_dp_sync = overlap, overlap_dp_sync
         self.layers_per_stage = tuple(layers_per_stage) if layers_per_stage else None
@@ -94,8 +97,25 @@ class Engine:
             raise EngineError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         self.num_layers = num_layers
         self._program: Program | None = None
+        self._file_ranks: tuple[int, ...] = ()
         self._state = "new"
         self._gflops: dict[Any, float] = {}
+
+    def _check_model_split(self) -> None:
+        """Megatron's tensor-parallel rules for a model given by configuration: mp divides
+        the attention heads and the key/value heads (a head is never split across ranks),
+        and with sequence parallelism the sequence length (Megatron-LM
+        ``parallel_state`` / ``transformer_config`` checks). Raises EngineError."""
+        cfg, s = self.source.config, self.strategy
+        if cfg is None or s.mp == 1 or s.annotation != "megatron":
+            return
+        for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
+            if n % s.mp:
+                raise EngineError(f"strategy field 'mp' = {s.mp} does not divide model "
+                                  f"{cfg.name!r} {field_} = {n}")
+        if s.sequence_parallel and self.source.seq_len % s.mp:
+            raise EngineError(f"strategy field 'sequence_parallel': seq_len "
+                              f"{self.source.seq_len} is not divisible by mp = {s.mp}")
 
     # -- program pipeline --------------------------------------------------------------
     @property
@@ -110,11 +130,32 @@ class Engine:
             s = self.strategy
             batch = s.micro_batch_size * (s.dp if self._needs_completion else 1)
             prog = self.source.representative(batch, s.dtype)
+            self._file_ranks = self._file_annotation(prog)
             self._gflops = self._global_flops(prog)
             if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
                 apply_optimizer(prog, s.optimizer)
             self._program = prog
         return self._program
+
+    def _file_annotation(self, prog: Program) -> tuple[int, ...]:
+        """The ranks a given program's own dist attrs annotate (then they are the
+        annotation: completed as they are, never replaced by the strategy's "megatron" or
+        "none"). A one-rank strategy drops them (the program is costed unsharded); otherwise
+        they must cover exactly the stage mesh's ranks 0 .. dp*mp-1 (EngineError)."""
+        from completion.annotate import annotated_ranks, clear_annotations
+
+        s = self.strategy
+        ranks = annotated_ranks(prog) if self.source.program is not None else ()
+        if not ranks:
+            return ()
+        if s.dp * s.mp == 1:
+            clear_annotations(prog)
+            return ()
+        if ranks != tuple(range(s.dp * s.mp)):
+            raise EngineError(f"program {self.source.name!r} is annotated for ranks {list(ranks)} "
+                              f"but the strategy's mesh dp*mp = {s.dp}*{s.mp} has ranks "
+                              f"0..{s.dp * s.mp - 1}")
+        return ranks
 
     def _global_flops(self, prog: Program) -> dict[Any, float]:
         """Model FLOPs per micro-batch (all dp replicas) per block, and the forward FLOPs
@@ -160,7 +201,9 @@ class Engine:
 
             s = self.strategy
             mesh = ProcessMesh((s.dp, s.mp), tuple(range(s.dp * s.mp)), ("dp", "mp"))
-            if s.annotation == "megatron":
+            if self._file_ranks and not isinstance(s.annotation, dict):
+                pass  # the program's own annotations (see _file_annotation)
+            elif s.annotation == "megatron":
                 shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
             elif isinstance(s.annotation, dict):
                 for name, pl in s.annotation.items():

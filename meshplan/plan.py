@@ -18,6 +18,14 @@ class PlanError(ValueError):
     """A malformed plan document; names the field at fault."""
 
 
+def _annotations(data: Mapping[str, Any]) -> dict[str, list[str]]:
+    ann = data.get("annotations") or {}
+    if not isinstance(ann, Mapping):
+        raise PlanError(f"plan field 'annotations' must be a mapping value name -> placements, "
+                        f"got {type(ann).__name__}")
+    return dict(ann)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A reproducible candidate.
@@ -55,6 +63,11 @@ class Plan:
                 raise PlanError(f"plan field {name!r} must be an integer >= 1 or null, got {v!r}")
         if not isinstance(self.annotations, Mapping):
             raise PlanError("plan field 'annotations' must be a mapping value name -> placements")
+        if self.annotations:  # the same placement checks as Strategy.annotation
+            try:
+                self.strategy.replace(annotation=dict(self.annotations))
+            except StrategyError as e:
+                raise PlanError(f"plan field 'annotations': {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,7 +105,7 @@ class Plan:
             raise PlanError(f"plan field 'strategy': {e}") from None
         return cls(model=data["model"], cluster=data["cluster"], strategy=strategy,
                    nodes=data.get("nodes"), seq_len=data.get("seq_len"),
-                   num_layers=data.get("num_layers"), annotations=dict(data.get("annotations") or {}))
+                   num_layers=data.get("num_layers"), annotations=_annotations(data))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:

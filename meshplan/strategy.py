@@ -26,9 +26,14 @@ class StrategyError(ValueError):
 
 def _placement_ok(p: Any) -> bool:
     s = str(p).replace(" ", "")
-    return s in ("R", "Replicate()", "P", "Partial()") or any(
-        s.startswith(pre) and s.endswith(")") for pre in ("S(", "Shard(", "Partial(")
-    )
+    if s in ("R", "Replicate()", "P", "Partial()"):
+        return True
+    if not s.endswith(")"):
+        return False
+    if s.startswith(("S(", "Shard(")):
+        inner = s[s.index("(") + 1:-1]
+        return inner.lstrip("-").isdigit()
+    return s.startswith("Partial(") and s[8:-1].lower() in ("sum", "avg", "mean", "max", "min")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def search_problem(model: str, cluster: str, nodes: int | None, global_batch_siz
         cfg = cfg.replace(num_layers=num_layers)
     cl = load_cluster(cluster, nodes)
     return SearchProblem(ModelDims.of(cfg), cl.world_size, cl.devices_per_node,
-                         global_batch_size, seq_len or cfg.seq_len, allow_cross_node_mp)
+                         global_batch_size, cfg.seq_len if seq_len is None else seq_len,
+                         allow_cross_node_mp)
 
 
 def annotation_of(c: Candidate, model: str, seq_len: int,

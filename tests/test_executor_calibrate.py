@@ -11,6 +11,8 @@ import yaml
 from clusters import load_cluster
 from executor.calibrate import CalibrationError, calibrate, fit_line
 from executor.calibrate_comm import link_estimates
+from executor.calibrate_fit import FitError, fit_gemm, fit_links, fit_ratio
+from executor.calibrate_ops import classify
 from meshplan.cli import main
 
 
@@ -27,6 +29,46 @@ def test_link_estimates_invert_the_cluster_model():
     assert math.isclose(a, 1e-5) and math.isclose(b, 1e9)
     a, b = link_estimates("send_recv", 2, 2e-5, 1e-9)
     assert math.isclose(a, 2e-5) and math.isclose(b, 1e9)
+
+
+def test_fit_gemm_recovers_rate_and_half_flops():
+    # t = o + (F + H) / P with P = 1e11 FLOP/s, H = 2e6 FLOPs, o = 1e-5 s
+    flops = [2e6, 1e7, 5e7, 2e8]
+    secs = [1e-5 + (f + 2e6) / 1e11 for f in flops]
+    rate, half = fit_gemm(flops, secs, 1e-5)
+    assert rate == pytest.approx(1e11) and half == pytest.approx(2e6)
+    with pytest.raises(FitError, match="GEMM rate"):
+        fit_gemm([1e6], [1e-3], 0.0)
+
+
+def test_fit_ratio_is_time_weighted_beyond_the_overhead():
+    # 3 MB in (1 ms - 0.1 ms) and 1 MB in (0.4 ms - 0.1 ms): 4 MB / 1.2 ms
+    assert fit_ratio([3e6, 1e6], [1e-3, 4e-4], 1e-4, "x") == pytest.approx(4e6 / 1.2e-3)
+
+
+def test_fit_links_inverts_the_single_node_model():
+    a, b = 2e-4, 1e9  # ring all_reduce on 2: 2a + S/B; all_gather: a + S/(2B); p2p: a + S/B
+    pts = {"all_reduce/2": [(s, 2 * a + s / b) for s in (1e3, 1e5, 1e6)],
+           "all_gather/2": [(s, a + s / (2 * b)) for s in (1e3, 1e5, 1e6)],
+           "send_recv/2": [(s, a + s / b) for s in (1e3, 1e6)]}
+    got_a, got_b = fit_links(pts)
+    assert got_a == pytest.approx(a) and got_b == pytest.approx(b)
+
+
+def test_classify_counts_gemm_flops_and_memory_bytes():
+    import torch
+
+    from completion import append_backward, build_mlp
+
+    prog = build_mlp(batch_size=4, in_features=16, hidden=16, out_features=8)
+    append_backward(prog)
+    mm = next(op for op in prog.ops if op.type == "matmul")
+    x, w = torch.zeros(4, 16), torch.zeros(16, 16)
+    assert classify(mm, [x, w], [4 * 16 * 4], None) == ("gemm", 2.0 * 4 * 16 * 16, (64 + 256 + 64) * 4)
+    grad = next(op for op in prog.ops if op.type == "matmul_grad")
+    assert classify(grad, [x, w, torch.zeros(4, 16)], [256, 1024], (1,))[1] == 2.0 * 4 * 16 * 16
+    relu = next(op for op in prog.ops if op.type == "relu")
+    assert classify(relu, [x], [256], None) == ("memory", 0.0, 512.0)
 
 
 def test_calibrate_refuses_one_rank():
@@ -48,5 +90,6 @@ def test_calibrate_quick_writes_a_loadable_plausible_cluster(tmp_path, capsys):
     assert 1e-8 < d.efficiency.kernel_overhead_s.value < 1e-2
     assert 0 <= n.intra_latency.value < 1e-2 and 1e6 < n.intra_bandwidth.value < 1e12
     assert d.peak_flops["fp32"].provenance.startswith("measured on ")
+    assert 0 < d.efficiency.attention.value <= 1 and 0 < d.efficiency.memory_kernels.value <= 1
     raw = yaml.safe_load(out.read_text())
     assert "all_reduce/2 alpha=" in raw["node"]["intra_bandwidth"]["provenance"]

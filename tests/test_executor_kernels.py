@@ -50,6 +50,7 @@ CASES = [
     ("matmul", lambda: [rnd(3, 4), rnd(4, 5)], {}),
     ("matmul", lambda: [rnd(4, 3), rnd(5, 4)], {"transpose_x": True, "transpose_y": True}),
     ("matmul", lambda: [rnd(2, 3, 4, 5), rnd(5, 6)], {}),
+    ("matmul", lambda: [rnd(2, 3, 5, 4), rnd(6, 5)], {"transpose_x": True, "transpose_y": True}),
     ("matmul", lambda: [rnd(2, 1, 3, 4), rnd(5, 4, 6)], {}),
     ("matmul", lambda: [rnd(3, 4), rnd(4)], {}),
     ("softmax", lambda: [rnd(3, 4, 5)], {"axis": -1}),

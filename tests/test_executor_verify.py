@@ -12,9 +12,9 @@ import pytest
 
 from completion import parse_program
 from executor.program import build_program
-from executor.verify import verify_many
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
+from meshplan.validation import verify_many
 from tests.conftest import SHARED
 from tuner.patterns import random_annotation
 

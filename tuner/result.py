@@ -104,11 +104,12 @@ class TuneResult:
         return dict(c)
 
     def feasible(self) -> list[optuna.trial.FrozenTrial]:
-        """Complete trials that fit in memory, fastest first, one per distinct plan."""
+        """Complete trials that fit in memory, fastest first (equal times: lower peak memory
+        first, then trial number), one per distinct plan."""
         seen, out = set(), []
         ts = [t for t in self.trials() if t.state == TrialState.COMPLETE
               and t.user_attrs.get("memory_bytes", 1) <= t.user_attrs.get("memory_limit_bytes", 0)]
-        for t in sorted(ts, key=lambda t: (t.user_attrs["time_s"], t.number)):
+        for t in sorted(ts, key=lambda t: (t.user_attrs["time_s"], t.user_attrs["memory_bytes"], t.number)):
             k = t.user_attrs.get("plan_key")
             if k not in seen:
                 seen.add(k)

@@ -181,6 +181,8 @@ def parse_fix(text: str | None) -> dict[str, Any]:
         k = _FIX_ALIASES.get(k, k)
         if k not in FIXABLE:
             raise SpaceError(f"--fix: unknown knob {k!r}; known: {sorted(FIXABLE)}")
+        if k in out:
+            raise SpaceError(f"--fix: knob {k!r} is given twice (in {text!r})")
         typ = FIXABLE[k]
         try:
             if typ is bool:
@@ -192,6 +194,33 @@ def parse_fix(text: str | None) -> dict[str, Any]:
         except ValueError:
             raise SpaceError(f"--fix: {k}={v!r} is not a valid {typ.__name__}") from None
     return out
+
+
+_FIX_CHOICES: dict[str, tuple[Any, ...]] = {
+    "schedule": SCHEDULES, "recompute": RECOMPUTE, "sharding_stage": ZERO_STAGES,
+    "sequence_parallel": (False, True)}
+
+
+def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
+    """Each pinned value is one the knob can take: a known schedule / recompute / ZeRO
+    stage, an integer >= 1 for degrees and sizes, and dp, mp, pp (and their product)
+    dividing the world size. Raises SpaceError naming the knob and value."""
+    for k, v in fix.items():
+        if k in _FIX_CHOICES:
+            if v not in _FIX_CHOICES[k] or isinstance(v, bool) != (k == "sequence_parallel"):
+                raise SpaceError(f"--fix: {k}={v!r} is not one of {list(_FIX_CHOICES[k])}")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpaceError(f"--fix: {k}={v!r} must be an integer >= 1")
+    mesh = {k: fix[k] for k in ("dp", "mp", "pp") if k in fix}
+    prod = 1
+    for v in mesh.values():
+        prod *= v
+    if world_size % prod:
+        pinned = ",".join(f"{k}={v}" for k, v in mesh.items())
+        raise SpaceError(f"--fix: {pinned} does not divide the world size {world_size} "
+                         f"(dp * mp * pp must equal it)")
+    if len(mesh) == 3 and prod != world_size:
+        raise SpaceError(f"--fix: dp*mp*pp = {prod} but the world size is {world_size}")
 
 
 @dataclass(frozen=True)
@@ -224,6 +253,7 @@ class SearchSpace:
         for k in self.fix:
             if k not in FIXABLE:
                 raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
+        _check_fix(self.fix, self.problem.world_size)
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------

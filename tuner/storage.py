@@ -106,7 +106,8 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
             if type(e).__name__ in ("IntegrityError", "ProgrammingError") and attempt < SCHEMA_RACE_RETRIES:
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise StorageError(f"storage {url!r}: {type(e).__name__}: {e}") from None
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+            raise StorageError(f"storage {url!r}: {type(e).__name__}: {first}") from None
     raise AssertionError("unreachable")  # pragma: no cover
 
 

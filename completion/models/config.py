@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +163,23 @@ def _key(raw: dict[str, Any], name: str, *keys: str, default: Any = None) -> Any
     return default
 
 
+def _float_key(raw: dict[str, Any], name: str, keys: tuple[str, ...], default: float) -> float:
+    """The first of ``keys`` present as a finite number > 0 (else ``default``)."""
+    v = _key(raw, name, *keys, default=default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ModelConfigError(f"{name}: {keys[0]!r} must be a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def _bool_key(raw: dict[str, Any], name: str, key: str, default: bool) -> bool:
+    v = raw.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):  # bool("false") is True: refuse strings and numbers
+        raise ModelConfigError(f"{name}: {key!r} must be true or false, got {v!r}")
+    return v
+
+
 def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
     """Build a ModelConfig from the dict of a Hugging Face ``config.json`` (see
     :func:`load_hf_config` for the keys)."""
@@ -188,9 +206,9 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         ffn_hidden_size=ffn,
         vocab_size=_key(raw, name, "vocab_size"),
         seq_len=_key(raw, name, "max_position_embeddings", "n_positions"),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", family == "gpt")),
-        norm_eps=float(_key(raw, name, *eps_keys, default=1e-5)),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        tie_word_embeddings=_bool_key(raw, name, "tie_word_embeddings", family == "gpt"),
+        norm_eps=_float_key(raw, name, eps_keys, 1e-5),
+        rope_theta=_float_key(raw, name, ("rope_theta",), 10000.0),
     )
 
 

@@ -57,7 +57,14 @@ def _matmul_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
         if attrs.get("transpose_x") and x.ndim > 1:
             da = _t(da)
         da = da.reshape(x.shape)
-    if ctx.wants(1):
+    if ctx.wants(1) and b.ndim == 2 and a.ndim > 2:
+        # a weight read by a batched activation: sum_b a_b^T g_b = A^T G with the batch
+        # dims flattened into rows -- one GEMM instead of a batched one plus a reduction
+        db = torch.matmul(_t(a.reshape(-1, a.shape[-1])), gc.reshape(-1, gc.shape[-1]))
+        if attrs.get("transpose_y"):
+            db = _t(db)
+        db = db.reshape(y.shape)
+    elif ctx.wants(1):
         db = unbroadcast(torch.matmul(_t(a), gc), b.shape)
         if attrs.get("transpose_y") and y.ndim > 1:
             db = _t(db)

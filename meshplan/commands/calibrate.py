@@ -1,7 +1,9 @@
 """``meshplan calibrate [--nproc 2] --output FILE.yaml [--quick] [--name NAME]``: measure
-this machine (GEMM rate per dtype, memory bandwidth, kernel overhead, collective alpha/beta
-on gloo ranks) and write a cluster YAML that ``--cluster FILE.yaml`` accepts everywhere.
-See ``executor.calibrate`` for the method."""
+this machine as the executor uses it (its own ops' GEMM rate, small-GEMM penalty,
+memory-bound and attention kernel throughput and per-op overhead, GEMM rate per dtype,
+memory bandwidth, collective alpha/beta on gloo ranks) and write a cluster YAML that
+``--cluster FILE.yaml`` accepts everywhere. See ``executor.calibrate`` for the method;
+measure on an otherwise idle machine (the load is recorded in the provenance)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,13 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote {path} ({cal.provenance})")
         for k, v in d.peak_flops.items():
             typer.echo(f"  GEMM {k}: {v.value / 1e9:.1f} GFLOP/s per rank")
+        e = d.efficiency
         typer.echo(f"  memory bandwidth: {d.memory_bandwidth.value / 1e9:.2f} GB/s; "
-                   f"kernel overhead: {d.efficiency.kernel_overhead_s.value * 1e6:.1f} us")
+                   f"kernel overhead: {e.kernel_overhead_s.value * 1e6:.1f} us")
+        if e.memory_kernels is not None and e.attention is not None:
+            typer.echo(f"  memory-bound kernels: {e.memory_kernels.value:.0%} of it; attention: "
+                       f"{e.attention.value:.0%} of the fp32 GEMM rate; GEMM half-rate size "
+                       f"{e.gemm_half_flops.value / 1e6:.2f} MFLOP")
         n = c.spec.node
         typer.echo(f"  collectives: step latency {n.intra_latency.value * 1e6:.1f} us, "
                    f"bandwidth {n.intra_bandwidth.value / 1e9:.2f} GB/s")

@@ -117,6 +117,9 @@ def complete_cmd(
     """Complete the sharding of a program (or a built model) and print it with a summary."""
     if (program_file is None) == (model is None):
         raise CompletionError("give exactly one of --program FILE or --model NAME")
+    if model is not None and (pathlib.Path(model).suffix == ".pir" or (
+            pathlib.Path(model).is_file() and pathlib.Path(model).suffix != ".json")):
+        program_file, model = model, None  # a program text given as the model
     mesh, pp = parse_mesh(mesh_spec)
     if program_file is not None:
         program = parse_program(pathlib.Path(program_file).read_text())

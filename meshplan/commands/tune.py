@@ -52,7 +52,11 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     best = result.best()
     if best is None:
         (out / "report.txt").write_text(text + "\nno feasible plan found\n")
-        typer.echo("no feasible plan found (every scored plan exceeds device memory)")
+        c = result.counts()
+        why = ("every scored plan exceeds device memory" if c.get("complete") else
+               f"no plan was scored: {c.get('illegal', 0)} illegal, {c.get('error', 0)} "
+               f"failed; widen --fix or raise --trials")
+        typer.echo(f"no feasible plan found ({why})")
         return
     cand, rec = best
     plan = to_plan(cand, cfg.scorer_config)
@@ -106,6 +110,10 @@ def register(app: typer.Typer) -> None:
         from tuner.study import TuneConfig
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if top < 1:
+            raise ValueError(f"--top must be >= 1, got {top}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
         prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_mp, layers)
         sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
               "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}

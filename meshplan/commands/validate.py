@@ -1,7 +1,10 @@
 """``meshplan validate PLAN.json --nproc N [--cluster FILE.yaml] [--steps S] [--json]
 [--csv FILE]``: run a plan on N local ranks (gloo; ``--backend nccl`` on GPUs) and print the
 simulator's prediction next to the measurement (step time, T_F / T_B / T_W per stage, peak
-memory) with the relative error; append one row to a CSV for the experiment reports."""
+memory) with the relative error; append one row to a CSV for the experiment reports.
+
+The run plays the schedule the simulator played for the prediction
+(``meshplan.validation.run_plan``), so both describe the same order of work."""
 
 from __future__ import annotations
 
@@ -16,27 +19,13 @@ import typer
 DEFAULT_CSV = "reports/validation.csv"
 
 
-def predictor(cluster: str | None):
-    """``plan -> dict`` with the simulator's prediction (``meshplan.Engine.simulate``) on
-    ``cluster`` (default: the plan's own cluster)."""
-
-    def predict(plan: Any) -> dict[str, Any]:
-        from meshplan.engine import Engine
-
-        res = Engine.from_plan(plan, cluster).simulate()
-        return {"step_time": res.step_time, "max_memory_bytes": res.max_memory_bytes,
-                "stage_times": res.stage_times}
-
-    return predict
-
-
 def _rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
     """(quantity, predicted, measured) rows: step time, per-stage T_F/T_B/T_W, memory."""
     rows: list[tuple[str, float | None, float]] = [
         ("step time (ms)", _ms(meas.predicted.get("step_time")), meas.step_time * 1e3)]
     s = plan.strategy
     per_stage = s.dp * s.mp
-    pred_stages = meas.predicted.get("stage_times") or []
+    pred_stages = meas.predicted.get("rank_stage_times") or meas.predicted.get("stage_times") or []
     for st in range(s.pp):
         got = meas.phase_times[st * per_stage] if st * per_stage < len(meas.phase_times) else {}
         pred = pred_stages[st] if st < len(pred_stages) else {}
@@ -88,12 +77,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Run a plan, print predicted vs measured with relative errors."""
-        from executor import run_plan
         from meshplan.plan import Plan
+        from meshplan.validation import run_plan
 
         plan = Plan.load(plan_file)
-        meas = run_plan(plan, nproc, backend=backend, steps=steps, warmup=2,
-                        predictor=predictor(cluster or None))
+        meas = run_plan(plan, nproc, cluster=cluster or None, backend=backend, steps=steps,
+                        warmup=2)
         _append_csv(Path(csv_path), plan_file, plan, meas)
         rows = _rows(plan, meas)
         if as_json:

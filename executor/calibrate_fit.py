@@ -1,0 +1,95 @@
+"""Fits that turn calibration timings into the cluster spec's constants.
+
+Model the constants feed (``simulator.roofline``, ``clusters.collectives``): an executed
+kernel costs ``o`` (``kernel_overhead_s``) plus
+
+- GEMM of F FLOPs: ``(F + F_half) / P`` (``P`` = ``peak_flops[fp32]`` with ``gemm`` = 1,
+  ``F_half`` = ``gemm_half_flops``);
+- attention, executed FLOPs F: ``F / (P a)`` (``a`` = ``efficiency.attention``);
+- memory-bound, bytes M (operands + results): ``M / (B_copy m)`` (``B_copy`` =
+  ``memory_bandwidth``, ``m`` = ``efficiency.memory_kernels``);
+- collective of kind k on n ranks, S bytes: ``steps_k(n) a_i + share_k(n) S / B_i``.
+
+Every fit minimises *relative* squared error (each sample's residual divided by its
+measured time), so a 20 us op weighs as much as a 2 ms one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class FitError(ValueError):
+    """Too few or degenerate samples for a fit; names the quantity."""
+
+
+def relative_lstsq(columns: Sequence[Sequence[float]], t: Sequence[float], what: str) -> np.ndarray:
+    """Least squares of ``t ~ sum_j x_j columns[j]`` minimising sum ((t_i - fit_i) / t_i)^2.
+    Raises FitError for fewer samples than unknowns or a non-positive time."""
+    a = np.asarray(columns, float).T
+    y = np.asarray(t, float)
+    if a.shape[0] < a.shape[1] or np.any(y <= 0):
+        raise FitError(f"{what}: need >= {a.shape[1]} samples with positive times, got {len(y)}")
+    w = 1.0 / y
+    x, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    return x
+
+
+def fit_overhead(view_seconds: Sequence[float]) -> float:
+    """Per-op overhead ``o``: median time of the executor's kernel-less ops (views): its
+    interpreter loop plus one torch dispatch."""
+    if not view_seconds:
+        raise FitError("kernel overhead: no view ops were timed")
+    return float(statistics.median(view_seconds))
+
+
+def fit_gemm(flops: Sequence[float], seconds: Sequence[float], o: float) -> tuple[float, float]:
+    """(P FLOP/s, F_half FLOPs) from GEMM samples: ``t - o = F / P + F_half / P``.
+    F_half is clamped to >= 1 FLOP (a noisy negative intercept means no small-size penalty).
+    Raises FitError for a non-positive rate."""
+    t = [max(s - o, 1e-9) for s in seconds]
+    inv_p, half_over_p = relative_lstsq([list(flops), [1.0] * len(flops)], t, "GEMM rate")
+    if inv_p <= 0:
+        raise FitError("GEMM rate: the fit gave a non-positive rate")
+    return 1.0 / inv_p, max(half_over_p / inv_p, 1.0)
+
+
+def fit_ratio(amount: Sequence[float], seconds: Sequence[float], o: float, what: str) -> float:
+    """Achieved rate ``sum(amount) / sum(t - o)`` (time-weighted: the rate a mix of these
+    ops achieves). Raises FitError when nothing was timed."""
+    busy = sum(max(s - o, 1e-9) for s in seconds)
+    if not amount or busy <= 0 or sum(amount) <= 0:
+        raise FitError(f"{what}: no samples")
+    return float(sum(amount) / busy)
+
+
+def collective_terms(kind: str, n: int) -> tuple[float, float]:
+    """(latency steps, bandwidth share) of ``kind`` on ``n`` ranks of one node in the
+    single-node model of ``clusters.collectives`` (ring all_reduce: 2(n-1), 2(n-1)/n;
+    reduce_scatter / all_gather / all_to_all: n-1, (n-1)/n; send_recv: 1, 1)."""
+    if kind == "send_recv":
+        return 1.0, 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    return float(n - 1), (n - 1) / n
+
+
+def fit_links(points: dict[str, list[tuple[float, float]]]) -> tuple[float, float]:
+    """(step latency a_i seconds, bandwidth B_i bytes/s): one joint relative least-squares
+    fit of every (kind/n, S, t) point to ``steps a + share S / B``. Raises FitError for a
+    non-positive bandwidth."""
+    lat, byt, ts = [], [], []
+    for key, pts in points.items():
+        kind, n = key.split("/")
+        steps, share = collective_terms(kind, int(n))
+        for s, t in pts:
+            lat.append(steps)
+            byt.append(share * s)
+            ts.append(t)
+    a, inv_b = relative_lstsq([lat, byt], ts, "collective alpha/beta")
+    if inv_b <= 0:
+        raise FitError("collective alpha/beta: the fit gave a non-positive bandwidth")
+    return max(float(a), 0.0), 1.0 / float(inv_b)

@@ -1,0 +1,162 @@
+"""Op timings of the executor's own interpreter, for calibration.
+
+What a plan's step costs on this machine is what the executor pays per op: its
+interpreter loop (value lookup, liveness, memory tracking), the torch dispatch of each
+kernel, and the kernel's work at the shapes the plan uses. So calibration runs the
+executor itself on transformer layers (a 1-layer LLaMA-style program, forward, backward
+and SGD) at a few sizes, times every executed item, and classifies it the way the
+simulator's op cost model does (``simulator.op_cost``; the conventions are repeated here
+because the executor does not import the simulator):
+
+- ``gemm``: ``matmul`` and each computed part of ``matmul_grad`` (dX or dW): 2 * batch *
+  m * n * k FLOPs per part (Megatron-LM 2021 appendix);
+- ``attention``: ``flash_attention`` executed FLOPs 4 b h s_q s_k d times the causal
+  fraction (s_k + 1) / (2 s_k), its grad 2.5 times that (FlashAttention-2 sec. 3.1);
+- ``memory``: every other kernel; bytes = its operands read + its (wanted) results
+  written;
+- ``view``: reshape / squeeze / unsqueeze and their grads (no kernel in the cost model).
+
+Each sample is ``(kind, op type, flops, bytes, seconds)`` with seconds the median over the
+timed steps. Run on every rank at once (``calibrate`` launches it on ``nproc`` ranks), so
+the cores are as loaded as during a plan's run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VIEWS = frozenset({"reshape", "squeeze", "unsqueeze", "reshape_grad", "squeeze_grad",
+                   "unsqueeze_grad", "shadow_output"})
+ATTENTION = frozenset({"flash_attention", "flash_attention_grad"})
+GEMM = frozenset({"matmul", "matmul_grad"})
+
+# (hidden, heads, ffn, seq, batch): a small and a mid-size layer (quick: the small one
+# and a smaller one); every LLaMA-style op at the sizes 2-rank CPU plans use
+FULL_SIZES = ((128, 2, 352, 64, 2), (256, 4, 688, 128, 2), (512, 8, 1376, 128, 2))
+QUICK_SIZES = ((128, 2, 352, 64, 1), (256, 4, 688, 64, 2))
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One executed op (or op part) of the calibration program."""
+
+    kind: str
+    op_type: str
+    flops: float
+    bytes: float
+    seconds: float
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def _gemm_flops(op: Any, ins: list, want: Any) -> float:
+    x, y = ins[0], ins[1]
+    k = x.shape[-2] if op.attrs.get("transpose_x") and x.ndim > 1 else x.shape[-1]
+    ys = list(y.shape) if y.ndim > 1 else [y.shape[0], 1]
+    n = ys[-2] if op.attrs.get("transpose_y") else ys[-1]
+    xs = list(x.shape) if x.ndim > 1 else [1, x.shape[0]]
+    m = xs[-1] if op.attrs.get("transpose_x") else xs[-2]
+    batch = 1
+    for d in torch.broadcast_shapes(tuple(xs[:-2]), tuple(ys[:-2])):
+        batch *= d
+    parts = 1 if op.type == "matmul" else len(want) if want is not None else 2
+    return 2.0 * batch * m * n * k * parts
+
+
+def _attention_flops(op: Any, ins: list) -> float:
+    q, k = ins[0], ins[1]
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    frac = (sk + 1) / (2 * sk) if op.attrs.get("causal", True) and sq == sk else 1.0
+    fwd = 4.0 * b * h * sq * sk * d * frac
+    return fwd * (2.5 if op.type.endswith("_grad") else 1.0)
+
+
+def classify(op: Any, ins: list, out_bytes: list[int], want: Any) -> tuple[str, float, float]:
+    """(kind, flops, bytes) of one executed item (module docstring); ``out_bytes`` per
+    result of the op (parts not in ``want`` are not counted)."""
+    nbytes = float(sum(_nbytes(t) for t in ins) + sum(
+        b for i, b in enumerate(out_bytes) if want is None or i in want))
+    if op.type in VIEWS:
+        return "view", 0.0, nbytes
+    if op.type in GEMM:
+        return "gemm", _gemm_flops(op, ins, want), nbytes
+    if op.type in ATTENTION:
+        return "attention", _attention_flops(op, ins), nbytes
+    return "memory", 0.0, nbytes
+
+
+def _out_bytes(it: Any) -> list[int]:
+    from executor.kernels import torch_dtype
+
+    out = []
+    for v, shape in zip(it.op.results, it.ro.result_shapes, strict=False):
+        n = 0
+        if v is not None and shape is not None:
+            n = torch.Size(shape).numel() * torch.empty((), dtype=torch_dtype(v.dtype)).element_size()
+        out.append(int(n))
+    return out
+
+
+def _program(hidden: int, heads: int, ffn: int, seq: int, batch: int):
+    from completion import append_backward, apply_optimizer, build_model
+    from completion.models.config import config_from_hf_dict
+
+    cfg = config_from_hf_dict({
+        "model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads,
+        "num_key_value_heads": heads, "intermediate_size": ffn, "vocab_size": 1000,
+        "max_position_embeddings": seq, "num_hidden_layers": 1}, "calibration")
+    prog = build_model(cfg, batch_size=batch, seq_len=seq, dtype="float32", num_layers=1)
+    append_backward(prog)
+    apply_optimizer(prog, "sgd", learning_rate=0.01)
+    return prog
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+
+
+def trace_layer(size: tuple[int, int, int, int, int], steps: int,
+                device: str = "cpu") -> list[OpSample]:
+    """Run the 1-layer program of ``size`` = (hidden, heads, ffn, seq, batch) in this
+    process on ``device`` for ``steps`` steps (after one warm-up step) and return one
+    sample per executed item (median seconds; CUDA is synchronised around each item)."""
+    from executor.actions import single_stage_order
+    from executor.collectives import Groups
+    from executor.rank_exec import RankExecutor
+    from executor.rank_plan import build_rank_plan
+
+    batch = size[4]
+    ex = RankExecutor(build_rank_plan(_program(*size), 0), Groups([]), batch, 1, device=device)
+    times: dict[int, list[float]] = {}
+    info: dict[int, tuple[str, str, float, float]] = {}
+    run = ex._exec
+
+    def timed(it, mb, env, left, key):
+        ins = [None if v is None else ex._get(v, env, mb) for v in it.op.operands]
+        _sync(device)
+        t0 = time.perf_counter()
+        run(it, mb, env, left, key)
+        _sync(device)
+        dt = time.perf_counter() - t0
+        times.setdefault(id(it), []).append(dt)
+        if id(it) not in info:
+            kind, fl, nb = classify(it.op, [t for t in ins if t is not None], _out_bytes(it),
+                                    it.want)
+            info[id(it)] = (kind, it.op.type, fl, nb)
+
+    ex._exec = timed
+    order = single_stage_order(1)[0]
+    ex.run_step(order)
+    times.clear()
+    for _ in range(steps):
+        ex.run_step(order)
+    return [OpSample(*info[k], statistics.median(v)) for k, v in times.items() if k in info]

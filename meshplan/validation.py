@@ -1,0 +1,109 @@
+"""Run and verify plans on torch.distributed with the schedule the simulator plays.
+
+The executor never imports the simulator (DESIGN.md: executor -> completion, clusters);
+``meshplan`` may import both, so it builds each plan's pipeline schedule with
+``simulator.build_schedule`` and passes it to ``executor.run_plan`` / ``executor.verify``
+(``schedule=``), together with the simulator's prediction.
+
+Schedules: for a prediction, the very schedule ``simulator.step.StepModel.run`` plays —
+``build_schedule(name, pp, m, vpp, memory_limit)`` with, for the time-aware ``ZB`` and
+``ZBVPP`` heuristics, the simulated per-phase stage times (the slowest stage's T_F, T_B,
+T_W) and T_comm — so the measured step runs the order that was predicted. For
+verification only the numerics matter, and the plain registered schedule is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.schedules import Schedule, build_schedule
+from simulator.stage_cost import PHASES
+
+TIME_AWARE = ("ZB", "ZBVPP")
+
+
+def _num_microbatches(strategy: Any) -> int:
+    return max(1, strategy.global_batch_size // (strategy.micro_batch_size * strategy.dp))
+
+
+def plain_schedule(plan: Any) -> Schedule:
+    """The plan's registered schedule without stage times (``Strategy.schedule()`` names it;
+    one stage gets 1F1B). Raises ``simulator.schedules.ScheduleError`` for an illegal
+    (pp, m, vpp) combination."""
+    s = plan.strategy
+    name, limit = s.schedule()
+    return build_schedule(name, s.pp, _num_microbatches(s), s.vpp, limit)
+
+
+def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
+    """The simulator's prediction for ``plan`` on ``cluster`` (default: the plan's own)
+    and the schedule it played.
+
+    Returns ``({"step_time": s, "max_memory_bytes": B, "stage_times": [{F, B, W} s per
+    virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
+    chunks], "time_breakdown": {...}}, schedule)``. Raises ``EngineError`` (a
+    ValueError) for a plan the cost model cannot cost."""
+    from meshplan.engine import Engine
+
+    model = Engine.from_plan(plan, cluster)._step_model()
+    res = model.run()
+    c = model.cfg
+    if c.schedule in TIME_AWARE:  # as StepModel.run: the heuristic places passes by time
+        worst = {ph: max(t[ph] for t in res.stage_times) for ph in PHASES}
+        sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
+                               stage_times=worst, comm_time=model.comm_time())
+    else:
+        sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit)
+    per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
+                for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
+    pred = {"step_time": res.step_time, "max_memory_bytes": res.max_memory_bytes,
+            "stage_times": res.stage_times, "rank_stage_times": per_rank,
+            "time_breakdown": res.time_breakdown}
+    return pred, sched
+
+
+def run_plan(plan: Any, nproc: int, *, cluster: Any = None, with_prediction: bool = True,
+             **kwargs: Any) -> Any:
+    """``executor.run_plan`` with the simulated schedule and its prediction.
+
+    ``cluster``: the cluster the prediction uses (e.g. a calibrated YAML; default the
+    plan's). ``with_prediction=False`` runs the plain schedule and predicts nothing.
+    ``kwargs`` go to ``executor.run_plan`` (backend, steps, warmup, seed, timeout).
+    Returns an ``executor.Measurement`` whose ``predicted`` holds :func:`predict`'s dict."""
+    from executor import run_plan as _run
+
+    if not with_prediction:
+        return _run(plan, nproc, schedule=plain_schedule(plan), **kwargs)
+    pred, sched = predict(plan, cluster)
+    return _run(plan, nproc, schedule=sched, predictor=lambda _p: pred, **kwargs)
+
+
+def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_prediction: bool = True,
+              **kwargs: Any) -> list[Any]:
+    """Several plans of one world size in one launch (``executor.run_plans``), each with
+    its simulated schedule and prediction as in :func:`run_plan`."""
+    from executor import run_plans as _run
+
+    if with_prediction:
+        pairs = [predict(p, cluster) for p in plans]
+    else:
+        pairs = [({}, plain_schedule(p)) for p in plans]
+    out = _run(plans, nproc, schedules=[s for _, s in pairs], **kwargs)
+    for meas, (pred, _) in zip(out, pairs, strict=True):
+        meas.predicted = dict(pred)
+    return out
+
+
+def verify(plan: Any, nproc: int, **kwargs: Any) -> Any:
+    """``executor.verify`` with the plan's registered schedule (``kwargs``: steps, seed,
+    rtol, backend, adam_epsilon). Returns an ``executor.VerifyResult``."""
+    from executor import verify as _verify
+
+    return _verify(plan, nproc, schedule=plain_schedule(plan), **kwargs)
+
+
+def verify_many(plans: list[Any], nproc: int, **kwargs: Any) -> list[Any]:
+    """``executor.verify_many`` (one launch) with each plan's registered schedule."""
+    from executor import verify_many as _verify_many
+
+    return _verify_many(plans, nproc, schedules=[plain_schedule(p) for p in plans], **kwargs)

@@ -1,0 +1,65 @@
+"""Robustness of ``--fix`` and the tune command: conflicting, unknown-valued or impossible
+pins fail up front with a one-line error instead of running a search whose every trial is
+illegal (regressions found by a break-it review)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.tuning import search_problem
+from tuner.space import SearchSpace, SpaceError, parse_fix
+from tuner.storage import StorageError, open_storage
+
+PROB = search_problem("llama2-7b", "dgx-a100-80g", None, 16, None, num_layers=4)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("dp=2,dp=4", "'dp' is given twice"),
+    ("zero=1,sharding_stage=2", "'sharding_stage' is given twice"),
+])
+def test_duplicate_knob_is_refused(text, msg):
+    with pytest.raises(SpaceError, match=msg):
+        parse_fix(text)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("dp=3", "dp=3 does not divide the world size 8"),
+    ("dp=8,mp=8", "does not divide the world size 8"),
+    ("dp=2,mp=2,pp=1", "dp\\*mp\\*pp = 4 but the world size is 8"),
+    ("schedule=bogus", "schedule='bogus' is not one of"),
+    ("zero=7", "sharding_stage=7 is not one of"),
+    ("vpp=0", "vpp=0 must be an integer >= 1"),
+])
+def test_impossible_pins_are_refused(text, msg):
+    with pytest.raises(SpaceError, match=msg):
+        SearchSpace(PROB, fix=parse_fix(text))
+
+
+def test_legal_pins_are_kept():
+    sp = SearchSpace(PROB, fix=parse_fix("dp=2,mp=4,zero=1,sp=true"))
+    assert sp.fix == {"dp": 2, "mp": 4, "sharding_stage": 1, "sequence_parallel": True}
+
+
+def test_seq_len_zero_is_not_silently_the_default():
+    with pytest.raises(SpaceError, match="'seq_len' must be an integer >= 1, got 0"):
+        search_problem("llama2-7b", "dgx-a100-80g", None, 16, 0)
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--top", "-1"], "--top must be >= 1"), (["--timeout", "-1"], "--timeout must be > 0"),
+    (["--fix", "dp=2,dp=4"], "given twice"),
+])
+def test_tune_cli_bad_options_exit_2(tmp_path, capsys, extra, msg):
+    rc = main(["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "16",
+               "--layers", "4", "--trials", "1", "--storage", "memory", "--no-progress",
+               "--output", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and err.count("\n") == 1
+
+
+def test_unreachable_database_is_a_one_line_error():
+    pytest.importorskip("psycopg2")
+    with pytest.raises(StorageError) as e:
+        open_storage("postgresql://nobody@127.0.0.1:1/db", None)
+    assert "\n" not in str(e.value) and "127.0.0.1" in str(e.value)
