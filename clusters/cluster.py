@@ -9,7 +9,7 @@ from numbers import Real
 
 from clusters.collectives import BUSBW_FACTORS, COLLECTIVES, KINDS, Links
 from clusters.errors import ClusterError, CollectiveError
-from clusters.spec import ClusterSpec, DeviceSpec, NodeSpec
+from clusters.spec import MAX_WORLD_SIZE, ClusterSpec, DeviceSpec, NodeSpec
 from clusters.topology import GroupTopology, check_ranks, classify
 
 
@@ -47,6 +47,10 @@ class Cluster:
             or self.num_nodes < 1
         ):
             raise ClusterError(f"num_nodes must be an int >= 1, got {self.num_nodes!r}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ClusterError(
+                f"num_nodes {self.num_nodes} x {self.devices_per_node} devices per node = "
+                f"{self.world_size} ranks exceeds the limit of {MAX_WORLD_SIZE}")
 
     # --- shape ---
     @property

@@ -35,11 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clusters.errors import ClusterSpecError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+#: Most ranks (num_nodes * devices_per_node) a cluster may have: 2**20, about ten times the
+#: largest GPU clusters built so far; larger numbers are typos, and would make rank tables
+#: (``meshplan clusters show``) run out of memory.
+MAX_WORLD_SIZE = 2**20
 
 
 class _Quantity(BaseModel):
@@ -70,6 +75,13 @@ class Count(_Quantity):
 
     value: int = Field(ge=1)
 
+    @field_validator("value", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `true` would otherwise count as 1
+            raise ValueError("must be an integer, not a boolean")
+        return v
+
 
 class Efficiency(BaseModel):
     """Achieved fractions of peak, read by the op cost model (simulator): GEMM time is
@@ -84,6 +96,15 @@ class Efficiency(BaseModel):
     gemm_half_flops: Positive | None = None
     """Optional: FLOPs of one GEMM at which it reaches half of ``gemm`` (read by
     ``simulator.roofline``; its documented default applies when absent)."""
+    attention: Fraction | None = None
+    """Optional: achieved fraction of ``peak_flops`` of the attention kernel on its
+    executed FLOPs (``simulator.roofline``); absent: ``gemm`` applies, as before.
+    ``meshplan calibrate`` measures it on the executor's attention kernel."""
+    memory_kernels: Fraction | None = None
+    """Optional: achieved fraction of ``memory_bandwidth`` of memory-bound kernels
+    (elementwise, norms, softmax, optimizer updates), bytes counted as operands read +
+    results written (``simulator.op_cost``); absent: ``memory_bandwidth`` applies to them
+    too, as before. ``meshplan calibrate`` measures it on the executor's kernels."""
 
 
 class DeviceSpec(BaseModel):
@@ -144,6 +165,14 @@ class ClusterSpec(BaseModel):
     node: NodeSpec
     cluster: InterconnectSpec
 
+    @model_validator(mode="after")
+    def _world_size(self) -> ClusterSpec:
+        n, d = self.cluster.num_nodes.value, self.node.devices_per_node.value
+        if n * d > MAX_WORLD_SIZE:
+            raise ValueError(f"cluster.num_nodes {n} x node.devices_per_node {d} = {n * d} "
+                             f"ranks exceeds the limit of {MAX_WORLD_SIZE}")
+        return self
+
 
 def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
@@ -158,6 +187,8 @@ def _one_line(err: ValidationError, source: str) -> str:
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown field {field!r}"
     msg = first["msg"].replace("\n", " ")
+    if not first["loc"]:  # a whole-spec check: the input is the whole mapping, not shown
+        return f"{source}: {msg.removeprefix('Value error, ')}"
     return f"{source}: field {field!r}: {msg} (got {first.get('input')!r})"
 
 
