@@ -53,3 +53,19 @@ def test_bad_input_is_a_one_line_error(capsys, extra, needle):
     assert main([*ARGS, *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_out_of_memory_is_reported(capsys):
+    """llama2-7b unsharded on one A100 80GB: bf16 weights + grads + fp32 Adam states alone
+    are 16 bytes x 6.74e9 = 108 GB > 80 GB, so the plan cannot fit; the report says so."""
+    args = ["cost", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "8",
+            "--seq-len", "512"]
+    assert main(args + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["device_memory_bytes"] == 80_000_000_000
+    assert d["max_memory_bytes"] >= 16 * 6.738e9 and d["fits_in_memory"] is False
+    assert main(args) == 0
+    assert "OUT OF MEMORY" in capsys.readouterr().out
+    # ZeRO-3 over 8 ranks: 16 x 6.74e9 / 8 = 13.5 GB of model states, it fits
+    assert main(args + ["--dp", "8", "--zero", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits_in_memory"] is True

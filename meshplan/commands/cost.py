@@ -15,7 +15,14 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _render(model: str, cluster: str, res: object) -> str:
+def _memory_fit(res: object, capacity: int) -> dict[str, object]:
+    """``device_memory_bytes`` and ``fits_in_memory`` (peak of the heaviest rank against
+    the device's memory) for the report."""
+    peak = int(res.max_memory_bytes)  # type: ignore[attr-defined]
+    return {"device_memory_bytes": capacity, "fits_in_memory": peak <= capacity}
+
+
+def _render(model: str, cluster: str, res: object, capacity: int) -> str:
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
@@ -27,6 +34,9 @@ def _render(model: str, cluster: str, res: object) -> str:
     lines += [f"  {k:<10} {v * 1e3:10.2f} ms" for k, v in d["time_breakdown_s"].items()]
     lines.append(f"memory breakdown (heaviest rank), max {_fmt_bytes(d['max_memory_bytes'])}:")
     lines += [f"  {k:<12} {_fmt_bytes(v):>12}" for k, v in d["memory_breakdown_bytes"].items()]
+    if d["max_memory_bytes"] > capacity:
+        lines.append(f"OUT OF MEMORY: the heaviest rank needs {_fmt_bytes(d['max_memory_bytes'])}, "
+                     f"the device has {_fmt_bytes(capacity)}")
     return "\n".join(lines)
 
 
@@ -61,10 +71,12 @@ def register(app: typer.Typer) -> None:
                             micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                             recompute=recompute, sharding_stage=zero,
                             sequence_parallel=sequence_parallel, dtype=dtype)
-        res = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len).simulate()
+        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+        res = engine.simulate()
+        capacity = int(engine.cluster.device.memory_bytes.value)
         if trace is not None:
             res.sim.to_chrome_trace(trace)
         if as_json:
-            typer.echo(json.dumps(res.to_dict(), sort_keys=True))
+            typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity)}, sort_keys=True))
         else:
-            typer.echo(_render(model, cluster, res))
+            typer.echo(_render(model, cluster, res, capacity))
