@@ -63,3 +63,15 @@ def test_unreachable_database_is_a_one_line_error():
     with pytest.raises(StorageError) as e:
         open_storage("postgresql://nobody@127.0.0.1:1/db", None)
     assert "\n" not in str(e.value) and "127.0.0.1" in str(e.value)
+
+
+def test_fixed_pp_beyond_the_layer_count_is_refused_up_front():
+    """--fix pp=8 on a 4-layer model can never be legal (pp_divides_layers): the space
+    refuses it before any trial instead of failing every trial."""
+    from meshplan.tuning import search_problem
+    from tuner.space import SearchSpace, SpaceError, parse_fix
+
+    prob = search_problem("llama2-7b", "dgx-a100-80g", 1, 64, 1024, num_layers=4)
+    with pytest.raises(SpaceError, match="pp=8 exceeds the model's 4 layers"):
+        SearchSpace(prob, fix=parse_fix("pp=8"))
+    SearchSpace(prob, fix=parse_fix("pp=4"))  # legal

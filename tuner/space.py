@@ -254,6 +254,9 @@ class SearchSpace:
             if k not in FIXABLE:
                 raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
         _check_fix(self.fix, self.problem.world_size)
+        layers = self.problem.model.num_layers
+        if "pp" in self.fix and self.fix["pp"] > layers:
+            raise SpaceError(f"--fix: pp={self.fix['pp']} exceeds the model's {layers} layers")
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------

@@ -50,6 +50,7 @@ def _cat(trial: optuna.Trial, name: str, choices: Sequence[Any]) -> Any:
     """A categorical suggestion; a single choice is fixed without a parameter."""
     choices = list(choices)
     if not choices:
+        trial.set_user_attr("illegal", f"no legal value for {name}")
         raise optuna.TrialPruned(f"no legal value for {name}")
     if len(choices) == 1:
         return choices[0]
