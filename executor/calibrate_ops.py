@@ -3,8 +3,9 @@
 What a plan's step costs on this machine is what the executor pays per op: its
 interpreter loop (value lookup, liveness, memory tracking), the torch dispatch of each
 kernel, and the kernel's work at the shapes the plan uses. So calibration runs the
-executor itself on transformer layers (a 1-layer LLaMA-style program, forward, backward
-and SGD) at a few sizes, times every executed item, and classifies it the way the
+executor itself on transformer layers (a 2-layer LLaMA-style program, forward, backward
+and SGD, 2 micro-batches per step: the working set of a real step, so caches are as
+contended as in a plan's run) at a few sizes, times every executed item, and classifies it the way the
 simulator's op cost model does (``simulator.op_cost``; the conventions are repeated here
 because the executor does not import the simulator):
 
@@ -39,6 +40,7 @@ GEMM = frozenset({"matmul", "matmul_grad"})
 # and a smaller one); every LLaMA-style op at the sizes 2-rank CPU plans use
 FULL_SIZES = ((128, 2, 352, 64, 2), (256, 4, 688, 128, 2), (512, 8, 1376, 128, 2))
 QUICK_SIZES = ((128, 2, 352, 64, 1), (256, 4, 688, 64, 2))
+LAYERS, MICROBATCHES = 2, 2
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,8 @@ def _program(hidden: int, heads: int, ffn: int, seq: int, batch: int):
     cfg = config_from_hf_dict({
         "model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads,
         "num_key_value_heads": heads, "intermediate_size": ffn, "vocab_size": 1000,
-        "max_position_embeddings": seq, "num_hidden_layers": 1}, "calibration")
-    prog = build_model(cfg, batch_size=batch, seq_len=seq, dtype="float32", num_layers=1)
+        "max_position_embeddings": seq, "num_hidden_layers": LAYERS}, "calibration")
+    prog = build_model(cfg, batch_size=batch, seq_len=seq, dtype="float32", num_layers=LAYERS)
     append_backward(prog)
     apply_optimizer(prog, "sgd", learning_rate=0.01)
     return prog
@@ -126,7 +128,7 @@ def _sync(device: str) -> None:
 
 def trace_layer(size: tuple[int, int, int, int, int], steps: int,
                 device: str = "cpu") -> list[OpSample]:
-    """Run the 1-layer program of ``size`` = (hidden, heads, ffn, seq, batch) in this
+    """Run the ``LAYERS``-layer program of ``size`` = (hidden, heads, ffn, seq, batch) in this
     process on ``device`` for ``steps`` steps (after one warm-up step) and return one
     sample per executed item (median seconds; CUDA is synchronised around each item)."""
     from executor.actions import single_stage_order
@@ -135,7 +137,8 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
     from executor.rank_plan import build_rank_plan
 
     batch = size[4]
-    ex = RankExecutor(build_rank_plan(_program(*size), 0), Groups([]), batch, 1, device=device)
+    ex = RankExecutor(build_rank_plan(_program(*size), 0), Groups([]), batch, MICROBATCHES,
+                      device=device)
     times: dict[int, list[float]] = {}
     info: dict[int, tuple[str, str, float, float]] = {}
     run = ex._exec
@@ -154,7 +157,7 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
             info[id(it)] = (kind, it.op.type, fl, nb)
 
     ex._exec = timed
-    order = single_stage_order(1)[0]
+    order = single_stage_order(MICROBATCHES)[0]
     ex.run_step(order)
     times.clear()
     for _ in range(steps):

@@ -10,10 +10,18 @@ kernel_overhead_s`` (launch + tail, per kernel). This is the roofline model of W
 Waterman and Patterson (CACM 2009) with achieved rather than peak ceilings, as in Calculon
 (Isaev et al. SC'23) and Paddle's auto-parallel cost model (compute = FLOPs / (0.65 peak)).
 
+Two optional spec fields refine the ceilings per kernel kind (``meshplan calibrate``
+measures both on the executor's own kernels): ``device.efficiency.attention`` replaces
+``gemm`` for attention kernels (their achieved rate on executed FLOPs), and
+``device.efficiency.memory_kernels`` replaces ``mem_eff`` for memory-bound kernels
+(elementwise, norms, softmax, optimizer updates, local reshard slices: their achieved
+fraction of the bandwidth with bytes = operands + results). GEMM and attention kernels
+keep ``mem_eff`` in their memory term. Absent fields fall back to ``gemm`` / ``mem_eff``.
+
 Every constant comes from the cluster spec. ``gemm_half_flops`` (F_half) is read from
-``device.efficiency.gemm_half_flops`` when the spec has that field; the current spec
-schema has none, so the documented default :data:`DEFAULT_GEMM_HALF_FLOPS` is used and
-reported in :attr:`Roofline.defaults_used`.
+``device.efficiency.gemm_half_flops`` when the spec has that field; otherwise the
+documented default :data:`DEFAULT_GEMM_HALF_FLOPS` is used and reported in
+:attr:`Roofline.defaults_used`.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ class Roofline:
         mem_bandwidth: HBM bytes/s (peak); mem_efficiency: achieved fraction.
         kernel_overhead: seconds added per kernel.
         defaults_used: names of constants not in the spec (documented defaults).
+        attention_efficiency: fraction of peak of attention kernels (None: gemm's).
+        memory_kernel_efficiency: fraction of the bandwidth memory-bound kernels achieve
+            (None: ``mem_efficiency``).
     """
 
     peak_flops: dict[str, float]
@@ -54,6 +65,8 @@ class Roofline:
     mem_efficiency: float
     kernel_overhead: float
     defaults_used: tuple[str, ...] = field(default=())
+    attention_efficiency: float | None = None
+    memory_kernel_efficiency: float | None = None
 
     @classmethod
     def from_device(cls, device: Any, gemm_efficiency: float | None = None) -> Roofline:
@@ -62,6 +75,7 @@ class Roofline:
         eff = device.efficiency
         half = getattr(eff, "gemm_half_flops", None)
         defaults = () if half is not None else ("gemm_half_flops",)
+        attn, memk = getattr(eff, "attention", None), getattr(eff, "memory_kernels", None)
         return cls(
             peak_flops={k: float(v.value) for k, v in device.peak_flops.items()},
             gemm_efficiency=float(eff.gemm.value if gemm_efficiency is None else gemm_efficiency),
@@ -70,6 +84,8 @@ class Roofline:
             mem_efficiency=float(eff.memory_bandwidth.value),
             kernel_overhead=float(eff.kernel_overhead_s.value),
             defaults_used=defaults,
+            attention_efficiency=None if attn is None else float(attn.value),
+            memory_kernel_efficiency=None if memk is None else float(memk.value),
         )
 
     def peak(self, dtype: str) -> float:
@@ -97,11 +113,18 @@ class Roofline:
         if k.kind == "gemm":
             compute = k.exec_flops / (peak * self.gemm_eff(k.gemm_flops)) if k.exec_flops else 0.0
         elif k.kind == "attention":
-            compute = k.exec_flops / (peak * self.gemm_efficiency)
+            eff = self.gemm_efficiency if self.attention_efficiency is None else self.attention_efficiency
+            compute = k.exec_flops / (peak * eff)
         else:
-            compute = k.exec_flops / peak
+            return max(k.exec_flops / peak, self.memory_time(k.bytes)) + self.kernel_overhead
         memory = k.bytes / (self.mem_bandwidth * self.mem_efficiency)
         return max(compute, memory) + self.kernel_overhead
+
+    def memory_time(self, nbytes: float) -> float:
+        """Seconds a memory-bound kernel takes to move ``nbytes`` (no per-kernel overhead):
+        ``nbytes / (mem_bandwidth * memory_kernel_efficiency)``."""
+        eff = self.mem_efficiency if self.memory_kernel_efficiency is None else self.memory_kernel_efficiency
+        return nbytes / (self.mem_bandwidth * eff)
 
     def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost]) -> dict[str, float]:
         """Seconds per phase (``F``, ``B``, ``W``, ``O``) of a list of kernels."""

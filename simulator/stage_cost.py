@@ -124,7 +124,7 @@ class StageCoster:
                 continue  # stage boundaries are the pipeline's p2p, costed by the engine
             group = tuple(r + self.offset for r in _group_of(st, self.rank))
             if not st.is_collective:
-                bc.compute[phase] += st.nbytes / (self.roofline.mem_bandwidth * self.roofline.mem_efficiency)
+                bc.compute[phase] += self.roofline.memory_time(st.nbytes)  # local slice
                 continue
             if grad:
                 bc.grad_sync.append((st.kind, int(st.nbytes), group))

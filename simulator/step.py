@@ -286,7 +286,7 @@ class StepModel:
         c = self.cfg
         shard = -(-params // c.dp) if c.sharding_stage >= 1 else params
         nbytes = shard * (2 * (c.param_bytes + c.optimizer_bytes) + c.grad_bytes)
-        return nbytes / (self.rf.mem_bandwidth * self.rf.mem_efficiency) + self.rf.kernel_overhead
+        return self.rf.memory_time(nbytes) + self.rf.kernel_overhead  # memory-bound updates
 
     def _times(self, where: dict[int, tuple[int, int]]) -> tuple[list, list]:
         times, parts = [], []
