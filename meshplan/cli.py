@@ -19,13 +19,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# One entry per command module; each defines register(app: typer.Typer) -> None.
+# One entry per command module; each defines register(app: typer.Typer) -> None. The CLI is
+# the composition root: it loads command modules by name, so a package above meshplan in
+# DESIGN.md's dependency order (``experiments``, which imports everything) can add its
+# command (``report``) without meshplan importing it.
 COMMAND_MODULES = [
     "meshplan.commands.clusters",
     "meshplan.commands.program",
     "meshplan.commands.simulate",
     "meshplan.commands.cost",
-    "meshplan.commands.report",
+    "experiments.command",
     "meshplan.commands.complete",
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",

@@ -80,13 +80,7 @@ def test_the_checker_sees_relative_and_local_imports(tmp_path, monkeypatch):
     assert violations("executor") == ["executor/sub/mod.py:2 imports simulator.schedules"]
 
 
-# Known violations outside the executor, left to the lead (strict: this fails once fixed).
-KNOWN = {"meshplan": "meshplan/commands/report.py imports experiments ('meshplan report')"}
-
-
-@pytest.mark.parametrize("package", [
-    pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN[p], strict=True)) if p in KNOWN else p
-    for p in OURS if p != "experiments"])
+@pytest.mark.parametrize("package", [p for p in OURS if p != "experiments"])
 def test_package_imports_follow_the_design(package):
     bad = violations(package)
     assert not bad, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(bad)
