@@ -40,3 +40,18 @@ def test_complete_errors(capsys):
                "--mesh", "dp=1,mp=2,pp=4", "--megatron", "--vpp", "2", "--schedule", "VPP"])
     err = capsys.readouterr().err
     assert rc == 2 and "10 layers" in err and "= 8 segments" in err
+
+
+def test_annotate_option_reproduces_the_seed_golden(capsys, shared_dir):
+    """The seed completion golden from the command line: the program without dist attrs,
+    the two parameters annotated (parameter_0 column split, parameter_1 row split), gives
+    back mlp_sgd_before_partition.pir line for line."""
+    bare = shared_dir / "data/programs/mlp_sgd_no_dist_attrs.pir"
+    want = (shared_dir / "data/programs/mlp_sgd_before_partition.pir").read_text().splitlines()
+    rc = main(["complete", "--program", str(bare), "--mesh", "d0=2",
+               "-a", "parameter_0=-1,0", "--annotate", "parameter_1=[0,-1]"])
+    assert rc == 0
+    got = capsys.readouterr().out.splitlines()
+    assert [g.rstrip() for g in got[: len(want)]] == [w.rstrip() for w in want]
+    assert main(["complete", "--program", str(bare), "--mesh", "d0=2", "-a", "parameter_0"]) == 2
+    assert "NAME=DIMS_MAPPING" in capsys.readouterr().err

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from completion import append_backward, build_model
+from completion.models.megatron2021 import megatron_layer
 from simulator import memory as mem
 from simulator.engine import simulate_pipeline
 from simulator.schedules import build_schedule
-from completion.models.megatron2021 import megatron_layer
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 64])

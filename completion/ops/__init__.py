@@ -1,7 +1,17 @@
-"""Op declarations. Importing this package registers every op type."""
+"""Op declarations. Importing this package registers every op type: the basic ops, the nn
+ops (``nn``) and the collective / local ops of the reshard pass (``collective``)."""
 
 # importing a module registers its ops (order matters only for grad ops reused by name)
-from completion.ops import basic, elementwise, linalg, optim, reduce, shape_ops  # noqa: E402,F401
+from completion.ops import (  # noqa: F401
+    basic,
+    collective,
+    elementwise,
+    linalg,
+    nn,
+    optim,
+    reduce,
+    shape_ops,
+)
 from completion.ops.registry import (
     OP_REGISTRY,
     OpDef,
@@ -13,5 +23,3 @@ from completion.ops.registry import (
 )
 
 __all__ = ["OP_REGISTRY", "OpDef", "OpError", "TensorType", "canonical_type", "get_opdef", "register_op"]
-from completion.ops import nn  # noqa: E402,F401  (registers the nn ops)
-from completion.ops import collective  # noqa: E402,F401  (registers the reshard pass ops)

@@ -18,7 +18,7 @@ import pathlib
 
 import typer
 
-from completion.annotate import set_annotation, shard_megatron
+from completion.annotate import annotate, set_annotation, shard_megatron
 from completion.backward import append_backward
 from completion.completer import Completer
 from completion.errors import CompletionError
@@ -59,6 +59,20 @@ def _data_parallel(program: Program, mesh: ProcessMesh) -> None:
         if dp is not None and v.ndim >= 2 and v.shape[0] > 1:
             dm[0] = dp
         set_annotation(program, v, mesh, dm)
+
+
+def parse_annotation(spec: str) -> tuple[str, list[int]]:
+    """``"parameter_0=-1,0"`` or ``"parameter_0=[-1,0]"`` -> (value name, dims_mapping).
+    Raises CompletionError naming the item when it is not NAME=INT,INT,..."""
+    name, sep, dm = spec.partition("=")
+    try:
+        if not sep or not name.strip():
+            raise ValueError
+        dims = [int(x) for x in dm.strip().strip("[]").split(",") if x.strip()]
+    except ValueError:
+        raise CompletionError(f"--annotate {spec!r} is not NAME=DIMS_MAPPING "
+                              f"(e.g. parameter_0=-1,0)") from None
+    return name.strip(), dims
 
 
 def _fmt(a) -> str:
@@ -113,6 +127,9 @@ def complete_cmd(
     batch_size: int = typer.Option(4, "--batch-size", "-b", help="Sequences per step (--model)."),
     seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence (--model)."),
     summary_only: bool = typer.Option(False, "--summary-only", help="Print only the summary."),
+    annotations: list[str] | None = typer.Option(
+        None, "--annotate", "-a",
+        help="NAME=DIMS_MAPPING on the mesh, e.g. parameter_0=-1,0 (repeatable)."),
 ) -> None:
     """Complete the sharding of a program (or a built model) and print it with a summary."""
     if (program_file is None) == (model is None):
@@ -125,7 +142,7 @@ def complete_cmd(
         program = parse_program(pathlib.Path(program_file).read_text())
         if megatron:
             shard_megatron(program, mesh, "dp", "mp", sequence_parallel)
-        elif not any(v.dist_attr is not None for v in program.values()):
+        elif not annotations and not any(v.dist_attr is not None for v in program.values()):
             _data_parallel(program, mesh)
     else:
         program = build_model(model, batch_size, seq_len, num_layers=layers)  # type: ignore[arg-type]
@@ -137,6 +154,9 @@ def complete_cmd(
             shard_megatron(program, mesh, "dp", "mp", sequence_parallel)
         else:
             _data_parallel(program, mesh)
+    for spec in annotations or ():
+        name, dims = parse_annotation(spec)
+        annotate(program, name, mesh, dims_mapping=dims)
     completer = Completer(program, zero_stage, pp_degree=pp, vpp_degree=vpp, schedule_mode=schedule)
     completer.complete()
     if not summary_only:
