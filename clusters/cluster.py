@@ -55,26 +55,32 @@ class Cluster:
     # --- shape ---
     @property
     def name(self) -> str:
+        """The spec's name (catalog entry or YAML ``name``)."""
         return self.spec.name
 
     @property
     def device(self) -> DeviceSpec:
+        """The device spec (peak FLOP/s, memory bytes, memory bandwidth, efficiencies)."""
         return self.spec.device
 
     @property
     def node(self) -> NodeSpec:
+        """The node spec (devices per node, intra-node bandwidth/latency, NICs)."""
         return self.spec.node
 
     @property
     def devices_per_node(self) -> int:
+        """Devices (ranks) per node."""
         return self.spec.node.devices_per_node.value
 
     @property
     def world_size(self) -> int:
+        """Total ranks: num_nodes * devices_per_node."""
         return self.num_nodes * self.devices_per_node
 
     @property
     def links(self) -> Links:
+        """The per-rank link parameters (bytes/s, seconds) the collective cost model uses."""
         n = self.spec.node
         return Links(
             intra_bandwidth=n.intra_bandwidth.value,

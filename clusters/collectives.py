@@ -58,6 +58,7 @@ class Links:
 
     @property
     def nics_per_device(self) -> int:
+        """NICs per device, ``max(1, nic_count // devices_per_node)`` (rail-aligned NICs)."""
         return max(1, self.nic_count // self.devices_per_node)
 
     def node_nic_bandwidth(self, k: int) -> float:
@@ -104,6 +105,9 @@ Algorithms = dict[str, float]
 
 
 def all_reduce(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of an all_reduce of ``s`` bytes (nccl-tests buffer size) on ``topo``, per
+    algorithm: ``ring`` and ``tree`` on one node; ``hierarchical`` and flat ``ring`` across
+    nodes (formulas in the module docstring, after nccl-tests ``doc/PERFORMANCE.md``)."""
     n, bi, ai = topo.size, ln.intra_bandwidth, ln.intra_latency
     if topo.single_node:
         return {"ring": ring_all_reduce(s, n, ai, bi), "tree": tree_all_reduce(s, n, ai, bi)}
@@ -125,14 +129,23 @@ def _half(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
 
 
 def reduce_scatter(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of a reduce_scatter of ``s`` bytes (the whole input) on ``topo``, per
+    algorithm: ``ring`` on one node; ``hierarchical`` and flat ``ring`` across nodes
+    (module docstring)."""
     return _half(s, topo, ln)
 
 
 def all_gather(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of an all_gather of ``s`` bytes (the whole output) on ``topo``, per
+    algorithm: ``ring`` on one node; ``hierarchical`` and flat ``ring`` across nodes
+    (module docstring); the same cost as reduce_scatter."""
     return _half(s, topo, ln)
 
 
 def all_to_all(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of an all_to_all of ``s`` bytes (per-rank send buffer) on ``topo``:
+    ``{"pairwise": t}`` with t the slowest node's ``(k-1) a_i + (n-k) a_n +
+    max((k-1) S/(n B_i), (n-k) S/(n NIC(k)/k))`` (module docstring)."""
     n, bi, ai = topo.size, ln.intra_bandwidth, ln.intra_latency
     worst = 0.0
     for k in topo.ranks_per_node.values():
@@ -144,6 +157,9 @@ def all_to_all(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
 
 
 def broadcast(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of a broadcast of ``s`` bytes on ``topo``: ``{"chain": t}``, a pipelined
+    chain with ``(n-N) a_i + (N-1) a_n`` latency plus ``S / B`` (B = B_i on one node, else
+    ``min(B_i, NIC(k))``; module docstring)."""
     n, nn = topo.size, topo.num_nodes
     lat = (n - nn) * ln.intra_latency + (nn - 1) * ln.inter_latency
     bw = ln.intra_bandwidth if topo.single_node else _flat_ring_bw(topo, ln)
@@ -151,6 +167,8 @@ def broadcast(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
 
 
 def send_recv(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """Seconds of a point-to-point send of ``s`` bytes between the two ranks of ``topo``:
+    ``{"p2p": a_i + S/B_i}`` on one node, ``{"p2p": a_n + S/NIC(1)}`` across nodes."""
     if topo.single_node:
         return {"p2p": ln.intra_latency + s / ln.intra_bandwidth}
     return {"p2p": ln.inter_latency + s / ln.node_nic_bandwidth(1)}

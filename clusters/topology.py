@@ -26,38 +26,47 @@ class GroupTopology:
 
     @property
     def size(self) -> int:
+        """Ranks in the group."""
         return len(self.ranks)
 
     @property
     def nodes(self) -> tuple[int, ...]:
+        """Node indices the group touches, in ``per_node`` order."""
         return tuple(n for n, _ in self.per_node)
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes the group touches (N)."""
         return len(self.per_node)
 
     @property
     def single_node(self) -> bool:
+        """True when every rank of the group is on one node."""
         return self.num_nodes == 1
 
     @property
     def spans_nodes(self) -> bool:
+        """True when the group touches more than one node."""
         return self.num_nodes > 1
 
     @property
     def ranks_per_node(self) -> dict[int, int]:
+        """Node index -> number of group ranks on it."""
         return {n: len(rs) for n, rs in self.per_node}
 
     @property
     def max_ranks_per_node(self) -> int:
+        """k: the most group ranks on any one node."""
         return max(len(rs) for _, rs in self.per_node)
 
     @property
     def min_ranks_per_node(self) -> int:
+        """The fewest group ranks on any node the group touches."""
         return min(len(rs) for _, rs in self.per_node)
 
     @property
     def uniform(self) -> bool:
+        """True when every touched node holds the same number of group ranks."""
         return self.max_ranks_per_node == self.min_ranks_per_node
 
     def describe(self) -> str:

@@ -129,9 +129,11 @@ class TensorDistAttr:
         return dict(self.partial)
 
     def is_partial(self) -> bool:
+        """True when some mesh dim holds a pending reduction (Partial)."""
         return bool(self.partial)
 
     def is_replicated(self) -> bool:
+        """True when no tensor dim is sharded and nothing is partial (all Replicate)."""
         return not self.partial and all(d == -1 for d in self.dims_mapping)
 
     @property
@@ -179,6 +181,7 @@ class TensorDistAttr:
 
     @classmethod
     def replicated(cls, process_mesh: ProcessMesh, ndim: int, chunk_id: int = 0) -> TensorDistAttr:
+        """A fully replicated attr for a tensor of rank ``ndim`` on ``process_mesh``."""
         return cls(process_mesh, [-1] * ndim, None, chunk_id)
 
     def replace(self, **kw) -> TensorDistAttr:

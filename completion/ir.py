@@ -65,14 +65,17 @@ class Value:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """Global (unsharded) shape."""
         return self.type.shape
 
     @property
     def dtype(self) -> str:
+        """Element type name, e.g. ``float32``."""
         return self.type.dtype
 
     @property
     def ndim(self) -> int:
+        """Number of tensor dims."""
         return len(self.type.shape)
 
     def label(self) -> str:
@@ -133,6 +136,7 @@ class Operation:
 
     @property
     def full_type(self) -> str:
+        """Type with its dialect prefix, e.g. ``pd_op.matmul``."""
         return f"{self.dialect}.{self.type}"
 
     def label(self) -> str:
@@ -270,6 +274,7 @@ class Program:
         raise CompletionError(f"no value named {ref!r} in the program")
 
     def parameters(self) -> list[Value]:
+        """Parameter values in program order."""
         return [v for v in self.values() if v.is_parameter]
 
     def num_parameters(self) -> int:
@@ -277,6 +282,7 @@ class Program:
         return sum(v.type.numel for v in self.parameters())
 
     def ops_by_role(self, role: OpRole) -> list[Operation]:
+        """Ops whose ``role`` is ``role``, in program order."""
         return [op for op in self.ops if op.role == role]
 
     def annotate(self, value_name: str | int, mesh: Any, dims_mapping: Any = None, placements: Any = None) -> TensorDistAttr:

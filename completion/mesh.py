@@ -72,10 +72,12 @@ class ProcessMesh:
 
     @property
     def ndim(self) -> int:
+        """Number of mesh dims."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Number of ranks in the mesh."""
         return len(self.process_ids)
 
     def dim_index(self, dim: int | str) -> int:

@@ -25,11 +25,14 @@ SEED_TYPES = ("full", "full_like")
 
 
 def is_grad_type(op_type: str) -> bool:
+    """True for a gradient op type: a registered op with a ``forward`` op, or any type
+    ending in ``_grad`` (so unknown grad ops still count)."""
     od = get_opdef(op_type)
     return (od is not None and od.forward is not None) or op_type.endswith("_grad")
 
 
 def is_optimizer_type(op_type: str) -> bool:
+    """True for a registered op of the ``optimizer`` family (``sgd_``, ``adamw_``, ...)."""
     od = get_opdef(op_type)
     return od is not None and od.family == "optimizer"
 

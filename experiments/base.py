@@ -94,3 +94,23 @@ def require(experiment: str, module: str, attr: str | None = None, issue: str = 
         raise ExperimentError(
             f"experiment {experiment!r} needs {module}.{attr}{where}, which does not exist yet"
         ) from None
+
+
+def agg_pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (experiments only write PNGs,
+    and may run on machines without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it as a PNG to ``path`` at ``dpi`` dots per inch and close it
+    (so long experiment runs do not accumulate open figures); returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    agg_pyplot().close(fig)
+    return path

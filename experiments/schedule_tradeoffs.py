@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.base import ExperimentResult, register_experiment
+from experiments.base import ExperimentResult, agg_pyplot, register_experiment, save_figure
 from experiments.zero_bubble_data import MODELS, TABLE9, interleaved_chunks, stage_times
 
 NAME = "schedule_tradeoffs"
@@ -68,11 +68,7 @@ def row_micro_batch() -> int:
 
 def plot(df: pd.DataFrame, path: Path) -> Path:
     """Two panels against m: step time (ms) and peak activation memory (GiB)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = agg_pyplot()
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
     markers = "os^vD<>"
     for i, (label, sub) in enumerate(df.groupby("schedule", sort=False)):
@@ -86,10 +82,7 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
     for ax in (ax_t, ax_m):
         ax.grid(alpha=0.3)
         ax.legend(title="schedule", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_experiment(NAME, "Schedule trade-offs: step time and peak memory vs micro-batches")

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.base import ExperimentError, ExperimentResult, register_experiment, require
+from experiments.base import (
+    ExperimentError,
+    ExperimentResult,
+    agg_pyplot,
+    register_experiment,
+    require,
+    save_figure,
+)
 
 NAME = "search_quality"
 MODEL, CLUSTER, NODES, BATCH, SEQ = "llama2-7b", "dgx-a100-80g", 1, 32, 4096
@@ -93,11 +100,7 @@ def _summary(label: str, hist: pd.DataFrame, curve: list[float], optimum: float)
 
 def plot(curves: dict[str, list[float]], optimum: float, path: Path) -> Path:
     """Best feasible step time (ms) vs trials, one line per method, the optimum dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for label, curve in curves.items():
         ax.step(range(1, len(curve) + 1), [c * 1e3 for c in curve], where="post", label=label)
@@ -108,10 +111,7 @@ def plot(curves: dict[str, list[float]], optimum: float, path: Path) -> Path:
            title=f"Search quality: {MODEL} on {NODES} x {CLUSTER} (8 GPUs)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @register_experiment(NAME, "Search quality: pattern-based vs full_random vs exhaustive")

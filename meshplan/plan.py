@@ -70,6 +70,7 @@ class Plan:
                 raise PlanError(f"plan field 'annotations': {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with ``version`` and every field; :meth:`from_dict` reads it back."""
         return {
             "version": PLAN_VERSION,
             "model": self.model,
@@ -82,6 +83,7 @@ class Plan:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
+        """``to_dict`` as JSON text (sorted keys; ``indent`` as ``json.dumps``)."""
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @classmethod
@@ -109,6 +111,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """Parse plan JSON text. Raises PlanError naming the line/column of bad JSON or the bad field."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -116,12 +119,14 @@ class Plan:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
+        """Write the plan's JSON to ``path``; returns the path. Raises OSError when it cannot be written."""
         p = Path(path)
         p.write_text(self.to_json() + "\n")
         return p
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        """Read a plan written by :meth:`save`. Raises FileNotFoundError, or PlanError on bad content."""
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"plan file not found: {p}")

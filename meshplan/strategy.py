@@ -117,6 +117,7 @@ class Strategy:
     # -- derived ---------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
+        """Ranks the strategy uses: dp * mp * pp."""
         return self.dp * self.mp * self.pp
 
     @property
@@ -126,6 +127,7 @@ class Strategy:
 
     @property
     def num_chunks(self) -> int:
+        """Model chunks per pipeline rank (= ``vpp``; 2 for ZBVPP)."""
         return self.vpp
 
     def schedule(self) -> tuple[str, float | None]:
@@ -138,9 +140,11 @@ class Strategy:
         return self.schedule_mode, None
 
     def replace(self, **kw: Any) -> Strategy:
+        """A copy with the fields in ``kw`` changed; re-validated (raises StrategyError)."""
         return replace(self, **kw)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (every field; JSON-ready); :meth:`from_dict` reads it back."""
         return asdict(self)
 
     @classmethod

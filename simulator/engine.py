@@ -89,7 +89,7 @@ def _hop_ns(schedule: Schedule, comm_time: float, cluster: Any, p2p_bytes: float
 
 def _plan(schedule: Schedule, times, hop) -> list[list[tuple]]:
     """Precompute per action: (kind, mb, chunk, vs, key, done_keys, duration, deps)."""
-    p, m, nvs = schedule.num_stages, schedule.num_microbatches, schedule.num_vstages
+    m, nvs = schedule.num_microbatches, schedule.num_vstages
     where = schedule.rank_of_vstage()
 
     def key(code: int, vs: int, mb: int) -> int:
@@ -115,7 +115,6 @@ def _plan(schedule: Schedule, times, hop) -> list[list[tuple]]:
                 done = (key(1, vs, a.microbatch),) + ((key(2, vs, a.microbatch),) if a.kind == "BW" else ())
             out.append((a, vs, done, dur, deps))
         plan.append(out)
-    del p
     return plan
 
 
@@ -148,6 +147,13 @@ def simulate_pipeline(
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
     plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes))
+    return SimResult.from_timeline(schedule, _play(schedule, plan), memory)
+
+
+def _play(schedule: Schedule, plan: list[list[tuple]]) -> list[TimelineEvent]:
+    """Run the SimPy event loop over ``plan`` (from ``_plan``): one process per rank that
+    executes its actions in order, each waiting for its dependencies' finish times plus
+    their hop delays (integer ns). Returns the timeline; raises ScheduleError on a deadlock."""
     env = simpy.Environment()
     finish: dict[int, int] = {}
     waiters: dict[int, simpy.Event] = {}
@@ -184,7 +190,7 @@ def simulate_pipeline(
     env.run()
     if stuck:
         raise ScheduleError(_deadlock_message(schedule, stuck))
-    return SimResult.from_timeline(schedule, timeline, memory)
+    return timeline
 
 
 def _deadlock_message(schedule: Schedule, stuck: dict[int, tuple]) -> str:

@@ -55,6 +55,7 @@ class ModelStates:
 
     @property
     def total(self) -> int:
+        """params + grads + optimizer bytes on the rank."""
         return self.params + self.grads + self.optimizer
 
 
@@ -174,6 +175,8 @@ class StageActivations:
         return max(self.dropped_by_block.values(), default=0)
 
     def add(self, table: str, block, nbytes: int) -> None:
+        """Add ``nbytes`` to ``block``'s entry of the table named ``table`` (``by_block``,
+        ``w_by_block`` or ``dropped_by_block``)."""
         d = getattr(self, table)
         d[block] = d.get(block, 0) + nbytes
 

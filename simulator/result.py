@@ -56,12 +56,19 @@ class SimResult:
 
     @property
     def step_time_ns(self) -> int:
+        """Makespan in integer nanoseconds: the last action's end (0 for an empty timeline)."""
         return max(e.end for e in self.timeline) if self.timeline else 0
 
     @classmethod
     def from_timeline(
         cls, schedule: Schedule, timeline: list[TimelineEvent], memory: Mapping[str, float] | None
     ) -> SimResult:
+        """Summarise an executed ``timeline`` (integer ns events, one per action) of
+        ``schedule``: makespan, per-rank busy time (sum of action durations), idle time
+        (makespan - busy), span (first start to last end), bubble ratio (class docstring, Qi et
+        al. 2024 sec. 5.3) and per-rank peak memory (:func:`peak_memory`, in the unit of
+        ``memory``). Times in the result are seconds. Raises ValueError on a bad ``memory``
+        mapping; ``timeline`` must not be empty."""
         p = schedule.num_stages
         per_rank: list[list[TimelineEvent]] = [[] for _ in range(p)]
         for e in timeline:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from clusters import CATALOG_DIR
-from meshplan.cli import main
+from tests._cli import one_line_error, run_main
 
 CATALOG = [
     "cpu-local",
@@ -21,31 +21,17 @@ CATALOG = [
 ]
 
 
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc, out, err) -> str:
-    assert rc == 2
-    assert "Traceback" not in err + out
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ")
-    return lines[0]
-
-
 def test_list_names_all_seven(capsys):
-    rc, out, _ = run(capsys, "clusters", "list")
+    rc, out, _ = run_main(capsys, "clusters", "list")
     assert rc == 0
     for name in CATALOG:
         assert name in out
-    rc, out, _ = run(capsys, "clusters", "list", "--json")
+    rc, out, _ = run_main(capsys, "clusters", "list", "--json")
     assert [r["name"] for r in json.loads(out)] == CATALOG
 
 
 def test_show_dgx_a100_4_nodes(capsys):
-    rc, out, _ = run(capsys, "clusters", "show", "dgx-a100-80g", "--nodes", "4")
+    rc, out, _ = run_main(capsys, "clusters", "show", "dgx-a100-80g", "--nodes", "4")
     assert rc == 0
     assert "4 nodes x 8 devices = 32 ranks" in out
     assert "230 GB/s" in out and "Paddle ring latency" in out  # device/node specs + provenance
@@ -58,7 +44,7 @@ def test_show_dgx_a100_4_nodes(capsys):
 
 
 def test_show_json(capsys):
-    rc, out, _ = run(capsys, "clusters", "show", "dgx-a100-80g", "--nodes", "2", "--json")
+    rc, out, _ = run_main(capsys, "clusters", "show", "dgx-a100-80g", "--nodes", "2", "--json")
     assert rc == 0
     data = json.loads(out)
     assert data["cluster"]["world_size"] == 16
@@ -74,7 +60,7 @@ def test_show_json(capsys):
 
 
 def test_time_command(capsys):
-    rc, out, _ = run(
+    rc, out, _ = run_main(
         capsys,
         "clusters",
         "time",
@@ -90,14 +76,14 @@ def test_time_command(capsys):
     data = json.loads(out)
     assert data["time_s"] == pytest.approx(7 * (3.4e-6 + (1 << 30) / (8 * 230e9)))
     assert data["busbw_Bps"] == pytest.approx(7 / 8 * (1 << 30) / data["time_s"])
-    rc, out, _ = run(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nodes", "2")
+    rc, out, _ = run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nodes", "2")
     assert rc == 0 and "16 ranks on 2 nodes" in out and "hierarchical" in out
 
 
 def test_validate_ok(capsys, tmp_path):
     p = tmp_path / "mine.yaml"
     p.write_text((CATALOG_DIR / "dgx-h100.yaml").read_text())
-    rc, out, _ = run(capsys, "clusters", "validate", str(p))
+    rc, out, _ = run_main(capsys, "clusters", "validate", str(p))
     assert rc == 0 and out.strip() == "ok: dgx-h100 (1 node x 8 devices = 8 ranks)"
 
 
@@ -111,57 +97,61 @@ def _bad_yaml(tmp_path, edit) -> str:
 
 def test_validate_missing_field(capsys, tmp_path):
     p = _bad_yaml(tmp_path, lambda d: d["cluster"].pop("inter_latency"))
-    line = one_line_error(*run(capsys, "clusters", "validate", p))
+    line = one_line_error(*run_main(capsys, "clusters", "validate", p))
     assert line == f"error: {p}: missing field 'cluster.inter_latency'"
 
 
 @pytest.mark.parametrize("value", [-100.0, 0.0])
 def test_validate_bad_bandwidth(capsys, tmp_path, value):
     p = _bad_yaml(tmp_path, lambda d: d["node"]["nic_bandwidth"].update(value=value))
-    line = one_line_error(*run(capsys, "clusters", "validate", p))
+    line = one_line_error(*run_main(capsys, "clusters", "validate", p))
     assert "field 'node.nic_bandwidth.value'" in line and "greater than 0" in line
     assert f"(got {value!r})" in line
 
 
 def test_show_unknown_catalog_name(capsys):
-    line = one_line_error(*run(capsys, "clusters", "show", "dgx-b200"))
+    line = one_line_error(*run_main(capsys, "clusters", "show", "dgx-b200"))
     assert line.startswith("error: unknown cluster 'dgx-b200'") and "dgx-a100-80g" in line
 
 
 def test_time_ranks_outside_cluster(capsys):
     line = one_line_error(
-        *run(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--ranks", "0-8")
+        *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--ranks", "0-8")
     )
     assert line == ("error: rank 8 is outside cluster 'dgx-a100-80g' (world_size 8, ranks 0..7)")
 
 
 def test_time_negative_nbytes(capsys):
     line = one_line_error(
-        *run(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "-1")
+        *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "-1")
     )
     assert line == "error: nbytes must be >= 0, got -1.0"
 
 
 def test_time_unknown_kind_and_bad_options(capsys):
-    line = one_line_error(*run(capsys, "clusters", "time", "dgx-a100-80g", "allreduce"))
+    line = one_line_error(*run_main(capsys, "clusters", "time", "dgx-a100-80g", "allreduce"))
     assert "unknown collective kind 'allreduce'" in line
     line = one_line_error(
-        *run(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "12XB")
+        *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "12XB")
     )
     assert "invalid --nbytes '12XB'" in line
     line = one_line_error(
-        *run(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--ranks", "a-b")
+        *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--ranks", "a-b")
     )
     assert "invalid --ranks 'a-b'" in line
-    line = one_line_error(*run(capsys, "clusters", "show", "dgx-h100", "--nodes", "0"))
+    line = one_line_error(*run_main(capsys, "clusters", "show", "dgx-h100", "--nodes", "0"))
     assert line == "error: --nodes must be >= 1, got 0"
 
 
-def test_demo_prints_catalog_and_table(capsys):
+def test_demo_prints_the_catalog_first(tmp_path, capsys):
+    # The demo's step 1 is the catalog table (meshplan/demo.py docstring); a short search
+    # without the 2-rank validation keeps this fast and writes only under tmp_path.
     from meshplan.demo import main as demo_main
 
-    assert demo_main() == 0
+    assert demo_main(["--trials", "3", "--no-validate", "--output", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
+    catalog = out[: out.index("search: ")]
     for name in CATALOG:
-        assert name in out
-    assert "32 ranks on 4 nodes, 8 per node" in out and "1 GiB" in out
+        assert name in catalog
+    assert "meshplan cluster catalog" in catalog
+    assert (tmp_path / "demo" / "README.md").is_file()

@@ -6,21 +6,7 @@ import json
 
 from completion import parse_program, print_program
 from completion.models import build_model
-from meshplan.cli import main
-
-
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc, out, err) -> str:
-    assert rc == 2
-    assert "Traceback" not in err + out
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ")
-    return lines[0]
+from tests._cli import one_line_error, run_main
 
 
 def _split(out: str) -> tuple[str, list[str]]:
@@ -30,7 +16,7 @@ def _split(out: str) -> tuple[str, list[str]]:
 
 
 def test_show_llama_two_layers(capsys):
-    rc, out, err = run(capsys, "program", "show", "--model", "llama2-7b", "--layers", "2",
+    rc, out, err = run_main(capsys, "program", "show", "--model", "llama2-7b", "--layers", "2",
                        "--batch-size", "2", "--seq-len", "32")
     assert rc == 0 and err == ""
     text, summary = _split(out)
@@ -48,7 +34,7 @@ def test_show_llama_two_layers(capsys):
 
 
 def test_summary_only_gpt(capsys):
-    rc, out, _ = run(capsys, "program", "show", "-m", "gpt3-175b", "-l", "1", "-s", "64", "--summary-only")
+    rc, out, _ = run_main(capsys, "program", "show", "-m", "gpt3-175b", "-l", "1", "-s", "64", "--summary-only")
     assert rc == 0 and "pd_op." not in out.split("// ops")[0]
     # 1 GPT-3 layer: 12h^2 + 13h; embeddings (51200 + 2048) h; two layer_norms of the
     # final norm 2h; h = 12288 -> 2,466,435,072
@@ -62,22 +48,22 @@ def test_config_json_path(capsys, tmp_path):
                              "num_attention_heads": 4, "num_key_value_heads": 2,
                              "intermediate_size": 128, "vocab_size": 100,
                              "max_position_embeddings": 16}))
-    rc, out, _ = run(capsys, "program", "show", "--model", str(f), "--summary-only")
+    rc, out, _ = run_main(capsys, "program", "show", "--model", str(f), "--summary-only")
     assert rc == 0
     # 2 * (2*64*64 + 2*64*32 + 3*64*128 + 2*64) + 2*100*64 + 64 = 86,848
     assert out.strip().splitlines()[-1] == "// parameters: 86,848 (0.000 B)"
 
 
 def test_unknown_model_is_a_one_line_error(capsys):
-    line = one_line_error(*run(capsys, "program", "show", "--model", "llama5-3b"))
+    line = one_line_error(*run_main(capsys, "program", "show", "--model", "llama5-3b"))
     assert "unknown model 'llama5-3b'" in line and "llama2-7b" in line
 
 
 def test_bad_values_are_one_line_errors(capsys):
-    line = one_line_error(*run(capsys, "program", "show", "--model", "gpt3-175b", "--layers", "1",
+    line = one_line_error(*run_main(capsys, "program", "show", "--model", "gpt3-175b", "--layers", "1",
                                "--seq-len", "4096"))
     assert "seq_len 4096 exceeds the 2048 learned positions" in line
-    line = one_line_error(*run(capsys, "program", "show", "--model", "llama2-7b", "--layers", "0"))
+    line = one_line_error(*run_main(capsys, "program", "show", "--model", "llama2-7b", "--layers", "0"))
     assert "num_layers must be a positive int, got 0" in line
-    line = one_line_error(*run(capsys, "program", "show", "--model", "llama2-7b", "--batch-size", "0"))
+    line = one_line_error(*run_main(capsys, "program", "show", "--model", "llama2-7b", "--batch-size", "0"))
     assert "batch_size must be a positive int, got 0" in line

@@ -279,4 +279,7 @@ def test_infer_reverse_pushes_result_layout_to_operands():
 def test_rules_never_warn_for_declared_ops():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fwd("gelu", [T((4, 8), M2, [0, -1])])
+        r = fwd("gelu", [T((4, 8), M2, [0, -1])])
+    # elementwise unary (x -> x): the row sharding passes through unchanged
+    assert dims(r.operands[0]) == ([0, -1], {})
+    assert dims(r.results[0]) == ([0, -1], {})

@@ -195,4 +195,5 @@ def first_violation(c: Candidate, p: SearchProblem, rules: tuple[Rule, ...] = RU
 
 
 def is_legal(c: Candidate, p: SearchProblem) -> bool:
+    """True when ``c`` breaks none of the legality rules for ``p`` (see ``first_violation``)."""
     return first_violation(c, p) is None

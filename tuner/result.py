@@ -76,6 +76,7 @@ class TuneResult:
     pareto: bool = False
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
+        """All trials of the study, in trial-number order (not copied)."""
         return self.study.get_trials(deepcopy=False)
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -84,6 +85,8 @@ class TuneResult:
         return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
 
     def write_history_csv(self, path: str | Path) -> Path:
+        """Write :meth:`to_dataframe` as CSV to ``path`` (parent directories created);
+        returns the path. Raises OSError when the path cannot be written."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         self.to_dataframe().to_csv(p, index=False)
@@ -136,6 +139,7 @@ class TuneResult:
         return out
 
     def top(self, k: int = 10) -> list[optuna.trial.FrozenTrial]:
+        """The first ``k`` of the Pareto front (``pareto`` studies) or of :meth:`feasible`."""
         return (self.pareto_front() if self.pareto else self.feasible())[:k]
 
 

@@ -91,10 +91,12 @@ class SearchProblem:
                 raise SpaceError(f"search problem field {name!r} must be an integer >= 1, got {v!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (JSON-ready; ``model`` as a nested dict)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SearchProblem:
+        """Inverse of ``to_dict``. Raises SpaceError on out-of-range fields (``__post_init__``)."""
         d = dict(d)
         return cls(model=ModelDims(**d.pop("model")), **d)
 
@@ -123,6 +125,7 @@ class Candidate:
 
     @property
     def world_size(self) -> int:
+        """Ranks the plan uses: dp * mp * pp."""
         return self.dp * self.mp * self.pp
 
     def num_microbatches(self, global_batch_size: int) -> int:
@@ -134,27 +137,34 @@ class Candidate:
         return astuple_fast(self)
 
     def template_dict(self) -> dict[str, str]:
+        """Pattern kind -> template name (empty unless pattern-based)."""
         return dict(self.templates)
 
     def mesh_str(self) -> str:
+        """``dp{dp}-mp{mp}-pp{pp}``, e.g. ``dp2-mp4-pp1``."""
         return f"dp{self.dp}-mp{self.mp}-pp{self.pp}"
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (JSON-ready; ``templates`` as a dict)."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
+        """Inverse of ``to_dict`` (``templates`` back to a sorted tuple of pairs)."""
         d = dict(d)
         d["templates"] = tuple(sorted(dict(d.get("templates") or {}).items()))
         return cls(**d)
 
     def replace(self, **kw: Any) -> Candidate:
+        """A copy with the fields in ``kw`` changed (``dataclasses.replace``)."""
         return replace(self, **kw)
 
 
 def astuple_fast(c: Candidate) -> tuple[Any, ...]:
+    """The fields of ``c`` as a tuple, in declaration order (what ``dataclasses.astuple``
+    returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.mp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
             c.sharding_stage, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation)
 
@@ -264,30 +274,39 @@ class SearchSpace:
         return [self.fix[name]] if name in self.fix else list(options)
 
     def mp_choices(self) -> list[int]:
+        """Tensor-parallel degrees to try: the fixed value, else every divisor of the world size."""
         return self._pick("mp", divisors(self.problem.world_size))
 
     def pp_choices(self) -> list[int]:
+        """Pipeline degrees to try: the fixed value, else every divisor of the world size."""
         return self._pick("pp", divisors(self.problem.world_size))
 
     def schedule_choices(self) -> list[str]:
+        """Pipeline schedules to try: the fixed value, else ``schedules``."""
         return self._pick("schedule", self.schedules)
 
     def vpp_choices(self) -> list[int]:
+        """VPP degrees (chunks per rank) to try: the fixed value, else ``vpp_degrees``."""
         return self._pick("vpp", self.vpp_degrees)
 
     def mbs_choices(self) -> list[int]:
+        """Micro-batch sizes to try: the fixed value, else ``micro_batch_sizes``."""
         return self._pick("micro_batch_size", self.micro_batch_sizes)
 
     def recompute_choices(self) -> list[str]:
+        """Recompute modes to try: the fixed value, else ``recompute``."""
         return self._pick("recompute", self.recompute)
 
     def zero_choices(self) -> list[int]:
+        """ZeRO stages to try: the fixed value, else ``sharding_stages``."""
         return self._pick("sharding_stage", self.sharding_stages)
 
     def sp_choices(self) -> list[bool]:
+        """Sequence-parallel flags to try: the fixed value, else ``sequence_parallel``."""
         return self._pick("sequence_parallel", self.sequence_parallel)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (JSON-ready; the problem nested, ``fix`` a plain dict)."""
         d = asdict(self)
         d["problem"] = self.problem.to_dict()
         d["fix"] = dict(self.fix)
@@ -295,6 +314,7 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SearchSpace:
+        """Inverse of ``to_dict`` (lists back to tuples). Raises SpaceError as the constructor does."""
         d = dict(d)
         prob = SearchProblem.from_dict(d.pop("problem"))
         return cls(problem=prob, **{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

@@ -124,6 +124,8 @@ def rdb_url(url: str) -> str:
 
 
 def describe_storage(url: str | None, study_dir: Path | None) -> str:
+    """Human-readable location of a study's storage for reports: ``in-memory``, the journal
+    file (``study_dir/journal.log`` by default), or the database URL."""
     if url is None:
         return "in-memory" if study_dir is None else str(study_dir / "journal.log")
     return url if "://" in url else str(url).removeprefix("journal:")

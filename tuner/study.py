@@ -62,6 +62,7 @@ class Score:
 
     @property
     def feasible(self) -> bool:
+        """True when the plan's peak memory fits the device: memory_bytes <= memory_limit_bytes."""
         return self.memory_bytes <= self.memory_limit_bytes
 
 
@@ -97,9 +98,11 @@ class TuneConfig:
 
     @property
     def sampler_name(self) -> str:
+        """The sampler used: ``sampler`` if set, else random for full_random and TPE otherwise."""
         return self.sampler or ("random" if self.mode == RANDOM else "tpe")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (stored with the study; a resume compares it)."""
         d = asdict(self)
         d["space"] = self.space.to_dict()
         d["template_kinds"] = {k: list(v) for k, v in self.template_kinds.items()}
@@ -107,6 +110,7 @@ class TuneConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TuneConfig:
+        """Inverse of ``to_dict``. Raises TuneError / SpaceError as the constructors do."""
         d = dict(d)
         d["space"] = SearchSpace.from_dict(d["space"])
         d["template_kinds"] = {k: tuple(v) for k, v in d.get("template_kinds", {}).items()}

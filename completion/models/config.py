@@ -77,6 +77,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Per-head size d = h / a (integer division; validated to divide evenly)."""
         return self.hidden_size // self.num_heads
 
     def replace(self, **changes: Any) -> ModelConfig:

@@ -107,22 +107,36 @@ def defop(
         )
     )
     if gname and grad_inputs and gname not in OP_REGISTRY:
-        fwd_vars = {base_name(o) for o in operands if variadic and o == operands[-1]}
-        fwd_vars |= {base_name(r) for r in results if variadic_results and r == results[-1]}
-        register_op(
-            OpDef(
-                name=gname,
-                dialect=dialect,
-                operands=tuple(grad_inputs),
-                results=tuple(f"{base_name(o)}{GRAD_SUFFIX}" for o in operands),
-                infer=grad_infer or default_grad_infer(operands, grad_inputs),
-                attrs={**(attrs or {}), **(grad_attrs or {})},
-                family=f"{family}_grad" if family else "grad",
-                variadic=any(base_name(g) in fwd_vars for g in grad_inputs),
-                attr_tags={**(attr_tags or {}), **(grad_attr_tags or {})},
-                internal_attrs=tuple(internal_attrs),
-                forward=name,
-                variadic_results=variadic,
-            )
-        )
+        register_op(_grad_opdef(od, grad_infer, grad_attrs, grad_attr_tags))
     return od
+
+
+def _grad_opdef(
+    fwd: OpDef,
+    grad_infer: InferFn | None = None,
+    grad_attrs: dict[str, Any] | None = None,
+    grad_attr_tags: dict[str, str] | None = None,
+) -> OpDef:
+    """The OpDef of ``fwd.grad`` derived from the forward declaration (module docstring):
+    operands ``fwd.grad_inputs``; results ``<operand>@GRAD`` per forward operand; attributes
+    and tags the forward ones updated by ``grad_attrs`` / ``grad_attr_tags``; family
+    ``<family>_grad``; variadic where a grad input names the forward op's variadic operand or
+    result. Inference is ``grad_infer`` or :func:`default_grad_infer`. Not registered here;
+    ``fwd`` must declare ``grad`` and ``grad_inputs``."""
+    ops, res = fwd.operands, fwd.results
+    fwd_vars = {base_name(o) for o in ops if fwd.variadic and o == ops[-1]}
+    fwd_vars |= {base_name(r) for r in res if fwd.variadic_results and r == res[-1]}
+    return OpDef(
+        name=fwd.grad,
+        dialect=fwd.dialect,
+        operands=fwd.grad_inputs,
+        results=tuple(f"{base_name(o)}{GRAD_SUFFIX}" for o in ops),
+        infer=grad_infer or default_grad_infer(ops, fwd.grad_inputs),
+        attrs={**fwd.attrs, **(grad_attrs or {})},
+        family=f"{fwd.family}_grad" if fwd.family else "grad",
+        variadic=any(base_name(g) in fwd_vars for g in fwd.grad_inputs),
+        attr_tags={**fwd.attr_tags, **(grad_attr_tags or {})},
+        internal_attrs=fwd.internal_attrs,
+        forward=fwd.name,
+        variadic_results=fwd.variadic,
+    )

@@ -29,10 +29,12 @@ class TensorType:
 
     @property
     def ndim(self) -> int:
+        """Number of dims."""
         return len(self.shape)
 
     @property
     def numel(self) -> int:
+        """Number of elements (1 for a scalar)."""
         n = 1
         for s in self.shape:
             n *= s

@@ -124,4 +124,5 @@ def padded_local_shape(
 
 
 def numel(shape: Sequence[int]) -> int:
+    """Number of elements of a tensor of ``shape`` (1 for a scalar ``()``)."""
     return math.prod(int(s) for s in shape)

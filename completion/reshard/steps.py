@@ -96,10 +96,12 @@ class ReshardStep:
 
     @property
     def is_collective(self) -> bool:
+        """True for a communication step (``COLLECTIVE_KINDS``), False for a local one."""
         return self.kind in COLLECTIVE_KINDS
 
     @property
     def group_size(self) -> int:
+        """Ranks per communication group (1 when the step has no groups)."""
         return len(self.groups[0]) if self.groups else 1
 
     def __repr__(self) -> str:

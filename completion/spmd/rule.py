@@ -43,6 +43,11 @@ class SpmdRule:
 
     def infer(self, inputs: Sequence[DistTensor | None], outputs: Sequence[DistTensor | None],
               attrs: dict[str, Any], mesh: ProcessMesh | None = None) -> SpmdResult:
+        """Infer the op's layouts from what is known about its operands (``inputs``) and
+        results (``outputs``), one DistTensor or None (null value) each, in op order: the attr
+        every operand must have and the attr of every result (:class:`SpmdResult`). ``mesh``
+        is the mesh to use when no operand has an attr. Raises CompletionError when the
+        registry's shape inference fails or no process mesh is known."""
         raise NotImplementedError  # pragma: no cover - abstract
 
     def result_shapes(self, inputs: Sequence[DistTensor | None], attrs: dict[str, Any]

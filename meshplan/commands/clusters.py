@@ -22,6 +22,8 @@ clusters_app = typer.Typer(
 )
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of tables.")
+NAME_ARG = typer.Argument(..., help="Catalog name or path to a cluster YAML.")
+NODES_OPT = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's).")
 
 
 def make_console() -> Console:
@@ -168,6 +170,16 @@ def _echo_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
+def load_with_nodes(name: str, nodes: int | None) -> Cluster:
+    """``load_cluster(name, num_nodes=nodes)`` after checking the ``--nodes`` option.
+
+    Raises ClusterError when ``nodes`` < 1 (naming ``--nodes``), or as ``load_cluster`` does
+    for an unknown name, a bad YAML file or an oversized world."""
+    if nodes is not None and nodes < 1:
+        raise ClusterError(f"--nodes must be >= 1, got {nodes}")
+    return load_cluster(name, num_nodes=nodes)
+
+
 @clusters_app.command("list")
 def list_cmd(as_json: bool = JSON_OPT) -> None:
     """List the built-in cluster catalog."""
@@ -179,14 +191,12 @@ def list_cmd(as_json: bool = JSON_OPT) -> None:
 
 @clusters_app.command("show")
 def show_cmd(
-    name: str = typer.Argument(..., help="Catalog name or path to a cluster YAML."),
-    nodes: int = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's)."),
+    name: str = NAME_ARG,
+    nodes: int = NODES_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Topology, device specs and a collective time / busbw table (1 KiB .. 1 GiB)."""
-    if nodes is not None and nodes < 1:
-        raise ClusterError(f"--nodes must be >= 1, got {nodes}")
-    c = load_cluster(name, num_nodes=nodes)
+    c = load_with_nodes(name, nodes)
     if as_json:
         _echo_json(
             {
@@ -203,17 +213,15 @@ def show_cmd(
 
 @clusters_app.command("time")
 def time_cmd(
-    name: str = typer.Argument(..., help="Catalog name or path to a cluster YAML."),
+    name: str = NAME_ARG,
     kind: str = typer.Argument(..., help=f"One of: {', '.join(KINDS)}."),
     nbytes: str = typer.Option("1GiB", "--nbytes", help="Buffer size (nccl-tests), e.g. 64MiB."),
     ranks: str = typer.Option(None, "--ranks", help="Group, e.g. 0-7 or 0,8 (default: all)."),
-    nodes: int = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's)."),
+    nodes: int = NODES_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Time and busbw of one collective on one group (every candidate algorithm shown)."""
-    if nodes is not None and nodes < 1:
-        raise ClusterError(f"--nodes must be >= 1, got {nodes}")
-    c = load_cluster(name, num_nodes=nodes)
+    c = load_with_nodes(name, nodes)
     group = parse_ranks(ranks) if ranks is not None else list(range(c.world_size))
     size = parse_nbytes(nbytes)
     algs = c.collective_algorithms(kind, size, group)

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -72,74 +73,87 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
 
 
+def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
+                 seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
+                 sampler: str | None, layers: int | None, cross_node_mp: bool) -> Any:
+    """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
+    pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
+    ModelConfigError, ClusterError) naming the bad option."""
+    from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
+    from tuner.space import SearchSpace, parse_fix
+    from tuner.study import TuneConfig
+
+    prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_mp, layers)
+    sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
+          "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}
+    return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
+                      template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
+                      seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def tune_cmd(
+    model: str = typer.Option(..., "--model", help="Built-in model name."),
+    cluster: str = typer.Option(..., "--cluster", help="Catalog cluster name."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+    mode: str = typer.Option("pattern-based", "--mode",
+                             help="pattern-based, full_random or semi-auto."),
+    trials: int = typer.Option(100, "--trials", help="Finished trials the study should hold."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed."),
+    storage: str | None = typer.Option(None, "--storage",
+                                       help="'memory', a journal file or a database URL."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
+    workers: int = typer.Option(1, "--workers", help="Local worker processes."),
+    pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
+    fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,mp=8."),
+    output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
+    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
+    layers: int | None = typer.Option(None, "--layers", help="Override the layer count."),
+    cross_node_mp: bool = typer.Option(False, "--allow-cross-node-mp",
+                                       help="Let tensor parallelism span nodes."),
+    top: int = typer.Option(10, "--top", help="Rows of the top-plans table."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+) -> None:
+    """Search the fastest plan of MODEL on CLUSTER that fits in memory."""
+    import optuna
+
+    from tuner.search import MEMORY, search
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if top < 1:
+        raise ValueError(f"--top must be >= 1, got {top}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+    cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode, seed, pareto, fix,
+                       sampler, layers, cross_node_mp)
+    name = study or _default_study(cfg.to_dict(), model, mode)
+    out = Path(output) if output else Path("meshplan-runs") / name
+    study_dir = None if storage == MEMORY else out
+    res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
+                 timeout=timeout, workers=workers, progress=not no_progress)
+    where = storage or str(out / "journal.log")
+    _finish(res, cfg, name, where, out, top)
+
+
+def worker_cmd(
+    study: str = typer.Option(..., "--study", help="Study name to join."),
+    storage: str = typer.Option(..., "--storage", help="Journal file or database URL."),
+    trials: int | None = typer.Option(None, "--trials", help="Target (default: the study's)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
+) -> None:
+    """Join a search started by ``meshplan tune`` and run its trials."""
+    import optuna
+
+    from tuner.study import run_worker
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    n = run_worker(study, storage, trials, timeout)
+    typer.echo(f"worker ran {n} trials on study {study}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``tune`` and ``worker`` commands to ``app``."""
-
-    @app.command("tune")
-    def tune(
-        model: str = typer.Option(..., "--model", help="Built-in model name."),
-        cluster: str = typer.Option(..., "--cluster", help="Catalog cluster name."),
-        nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes."),
-        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
-        seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
-        mode: str = typer.Option("pattern-based", "--mode",
-                                 help="pattern-based, full_random or semi-auto."),
-        trials: int = typer.Option(100, "--trials", help="Finished trials the study should hold."),
-        timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
-        seed: int = typer.Option(0, "--seed", help="Sampler seed."),
-        storage: str | None = typer.Option(None, "--storage",
-                                           help="'memory', a journal file or a database URL."),
-        study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
-        workers: int = typer.Option(1, "--workers", help="Local worker processes."),
-        pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
-        fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,mp=8."),
-        output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
-        sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
-        layers: int | None = typer.Option(None, "--layers", help="Override the layer count."),
-        cross_node_mp: bool = typer.Option(False, "--allow-cross-node-mp",
-                                           help="Let tensor parallelism span nodes."),
-        top: int = typer.Option(10, "--top", help="Rows of the top-plans table."),
-        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
-    ) -> None:
-        """Search the fastest plan of MODEL on CLUSTER that fits in memory."""
-        import optuna
-
-        from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
-        from tuner.search import MEMORY, search
-        from tuner.space import SearchSpace, parse_fix
-        from tuner.study import TuneConfig
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        if top < 1:
-            raise ValueError(f"--top must be >= 1, got {top}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
-        prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_mp, layers)
-        sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
-              "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}
-        cfg = TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
-                         template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
-                         seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
-        name = study or _default_study(cfg.to_dict(), model, mode)
-        out = Path(output) if output else Path("meshplan-runs") / name
-        study_dir = None if storage == MEMORY else out
-        res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
-                     timeout=timeout, workers=workers, progress=not no_progress)
-        where = storage or str(out / "journal.log")
-        _finish(res, cfg, name, where, out, top)
-
-    @app.command("worker")
-    def worker(
-        study: str = typer.Option(..., "--study", help="Study name to join."),
-        storage: str = typer.Option(..., "--storage", help="Journal file or database URL."),
-        trials: int | None = typer.Option(None, "--trials", help="Target (default: the study's)."),
-        timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
-    ) -> None:
-        """Join a search started by ``meshplan tune`` and run its trials."""
-        import optuna
-
-        from tuner.study import run_worker
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        n = run_worker(study, storage, trials, timeout)
-        typer.echo(f"worker ran {n} trials on study {study}")
+    app.command("tune")(tune_cmd)
+    app.command("worker")(worker_cmd)

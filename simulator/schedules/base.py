@@ -50,6 +50,7 @@ class Schedule:
 
     @property
     def num_vstages(self) -> int:
+        """Virtual stages: num_stages * num_chunks."""
         return self.num_stages * self.num_chunks
 
     def rank_of_vstage(self) -> dict[int, tuple[int, int]]:
@@ -109,6 +110,13 @@ def check_common(name: str, p: int, m: int, v: int) -> None:
     for label, val in (("num_stages", p), ("num_microbatches", m), ("num_chunks", v)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ScheduleError(f"{name}: {label} must be a positive integer, got {val!r}")
+
+
+def require_single_chunk(name: str, v: int, hint: str = "") -> None:
+    """Raise ScheduleError unless ``v`` (num_chunks) is 1, for the schedules that run one
+    model chunk per rank (FThenB, 1F1B, ZBH1, ZBH2, ZB); ``hint`` is appended to the message."""
+    if v != 1:
+        raise ScheduleError(f"{name}: num_chunks must be 1, got {v}{hint}")
 
 
 def times_ns(name: str, stage_times: Mapping[str, float] | None, comm_time: float = 0.0

@@ -15,19 +15,17 @@ from simulator.schedules.base import (
     interleaved_vstages,
     make_schedule,
     register_schedule,
+    require_single_chunk,
 )
 
-
-def _single_chunk(name: str, v: int) -> None:
-    if v != 1:
-        raise ScheduleError(f"{name}: num_chunks must be 1, got {v} (use VPP or ZBVPP)")
+_MULTI_CHUNK_HINT = " (use VPP or ZBVPP)"
 
 
 @register_schedule("FThenB")
 def fthenb(p: int, m: int, v: int = 1) -> Schedule:
     """GPipe: every rank runs all m forwards, then all m fused backwards (micro-batch order).
     No communication: step (m + p - 1)(T_F + T_B + T_W). Any m >= 1 is legal."""
-    _single_chunk("FThenB", v)
+    require_single_chunk("FThenB", v, _MULTI_CHUNK_HINT)
     rows = [[Action("F", r, i) for i in range(m)] + [Action("BW", r, i) for i in range(m)] for r in range(p)]
     return make_schedule("FThenB", p, m, 1, rows, interleaved_vstages(p, 1))
 
@@ -50,7 +48,7 @@ def one_f_one_b_rows(p: int, m: int) -> list[list[Action]]:
 def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
     """1F1B (PipeDream-flush / Megatron non-interleaved). Step (m+p-1)(T_F+T_B+T_W) without
     communication; peak activations min(p - r, m) micro-batches on rank r."""
-    _single_chunk("1F1B", v)
+    require_single_chunk("1F1B", v, _MULTI_CHUNK_HINT)
     return make_schedule("1F1B", p, m, 1, one_f_one_b_rows(p, m), interleaved_vstages(p, 1))
 
 

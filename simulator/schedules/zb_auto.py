@@ -46,6 +46,7 @@ from simulator.schedules.base import (
     interleaved_vstages,
     make_schedule,
     register_schedule,
+    require_single_chunk,
     times_ns,
 )
 
@@ -182,8 +183,7 @@ def zb_auto(p: int, m: int, v: int = 1, memory_limit: float | None = None,
     F/B/W seconds (default all equal), ``comm_time`` T_comm seconds. The chosen switches and
     the predicted cost (s) are in ``meta``. Raises ScheduleError on num_chunks != 1, a
     limit below one micro-batch, or bad times."""
-    if v != 1:
-        raise ScheduleError(f"ZB: num_chunks must be 1, got {v}")
+    require_single_chunk("ZB", v)
     limit = 2 * p if memory_limit is None else memory_limit
     if not limit >= 1:
         raise ScheduleError(f"ZB: memory_limit must be >= 1 (M_B units), got {memory_limit!r}")

@@ -11,17 +11,12 @@ from __future__ import annotations
 from simulator.schedules.base import (
     Action,
     Schedule,
-    ScheduleError,
     interleaved_vstages,
     make_schedule,
     register_schedule,
+    require_single_chunk,
 )
 from simulator.schedules.greedy import unit_greedy
-
-
-def _single_chunk(name: str, v: int) -> None:
-    if v != 1:
-        raise ScheduleError(f"{name}: num_chunks must be 1, got {v}")
 
 
 @register_schedule("ZBH1")
@@ -29,7 +24,7 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     """ZB-H1 (Qi et al. 2024, Fig. 3 top): rank r runs min(p - r, m) warm-up forwards, then
     per micro-batch k: B_k, W_{k-r} (W lags r micro-batches), F_{next}; leftover W at the
     end. Worker i = r+1 holds (p-i+1)M_B + (i-1)M_W, 1F1B's peak. Any m >= 1."""
-    _single_chunk("ZBH1", v)
+    require_single_chunk("ZBH1", v)
     rows = []
     for r in range(p):
         warm = min(p - r, m)
@@ -49,6 +44,6 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
 def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
     """ZB-H2: extra warm-up forwards (worker i holds (2p-2i+1)M_B + (2i-2)M_W). Bubble
     (p-1)(T_F+T_B-2T_W) for m >= 2p; any m >= 1 runs."""
-    _single_chunk("ZBH2", v)
+    require_single_chunk("ZBH2", v)
     rows, _ = unit_greedy(p, m, interleaved_vstages(p, 1), [2 * (p - r) - 1 for r in range(p)], [2 * p - 1] * p)
     return make_schedule("ZBH2", p, m, 1, rows, interleaved_vstages(p, 1))

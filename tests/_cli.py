@@ -1,0 +1,22 @@
+"""Helpers for tests of the ``meshplan`` CLI entry point (``meshplan.cli.main``)."""
+
+from __future__ import annotations
+
+from meshplan.cli import main
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``meshplan ARGV...`` in-process; returns (exit code, stdout, stderr)."""
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(rc: int, out: str, err: str) -> str:
+    """Assert a bad-input failure: exit code 2, no traceback, exactly one ``error: ...`` line
+    on stderr; returns that line."""
+    assert rc == 2
+    assert "Traceback" not in err + out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    return lines[0]
