@@ -105,6 +105,14 @@ class Efficiency(BaseModel):
     (elementwise, norms, softmax, optimizer updates), bytes counted as operands read +
     results written (``simulator.op_cost``); absent: ``memory_bandwidth`` applies to them
     too, as before. ``meshplan calibrate`` measures it on the executor's kernels."""
+    by_op: dict[str, Positive] | None = None
+    """Optional: per op type, the achieved efficiency of that op's attention or
+    memory-bound kernels, replacing ``attention`` / ``memory_kernels`` for it
+    (``simulator.roofline``): achieved FLOP/s over ``peak_flops`` (attention) or achieved
+    bytes/s over ``memory_bandwidth`` with the cost model's bytes (memory-bound). It may
+    exceed 1 where the kernel moves fewer bytes than the model counts (a gradient passed
+    through as a view) and is far below ``memory_kernels`` for kernels that make several
+    passes over their data. ``meshplan calibrate`` measures it per op of the executor."""
 
 
 class DeviceSpec(BaseModel):

@@ -14,16 +14,22 @@ are kept. Fits: :mod:`executor.calibrate_fit`.
   = 1: P is the achieved asymptote); ``efficiency.attention`` = achieved rate of the
   attention ops on executed FLOPs over P; ``efficiency.memory_kernels`` = the bytes the
   memory-bound ops move (operands + results) per second of their time beyond ``o``, over
-  ``memory_bandwidth``.
+  ``memory_bandwidth``; ``efficiency.by_op`` = the same two ratios per op type and phase
+  (key ``op:phase``, e.g. ``rms_norm_grad:W``): each kernel as it really runs (several
+  passes over its data, or none for a gradient passed through as a view).
 - ``memory_bandwidth``: a large tensor copy (bytes read + written per second), with
   ``efficiency.memory_bandwidth`` = 1.
 - Other dtypes' ``peak_flops``: square matmuls per dtype, their rate scaled by the fp32
   ratio executor-GEMM-fit / square-matmul (the same interpreter and shapes cost).
 - Collectives: all_reduce, reduce_scatter, all_gather, all_to_all on groups of 2..nproc
   and p2p send/recv (the executor's own collective functions), several buffer sizes S
-  (nccl-tests convention, ``clusters.collectives``). One joint relative least-squares fit
-  to the single-node model ``steps a + share S / B`` gives ``intra_latency`` a and
-  ``intra_bandwidth`` B; the per-kind line fits go into the provenance.
+  up to 16 MiB (a step's fused gradient bucket; nccl-tests convention,
+  ``clusters.collectives``). One joint relative least-squares fit of the group
+  collectives to the single-node model ``steps a + share S / B`` gives ``intra_latency``
+  a and ``intra_bandwidth`` B (bus bandwidth from collectives, as nccl-tests' busbw);
+  send/recv is left out of it -- gloo's point-to-point moves a byte about 3x faster than
+  its collectives, which also reduce and copy, and the plans' p2p messages are
+  latency-bound -- and, with every per-kind line fit, goes into the provenance.
 - memory size: physical memory / nproc. Inter-node values cannot be measured on one host
   and keep the ``cpu-local`` catalog placeholders (their provenance says so).
 
@@ -49,7 +55,14 @@ import yaml
 
 from clusters import load_cluster
 from clusters.spec import parse_spec
-from executor.calibrate_fit import FitError, fit_gemm, fit_links, fit_overhead, fit_ratio
+from executor.calibrate_fit import (
+    FitError,
+    fit_by_op,
+    fit_gemm,
+    fit_links,
+    fit_overhead,
+    fit_ratio,
+)
 
 GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
@@ -106,6 +119,7 @@ class Calibration:
     attention_efficiency: float | None = None
     memory_kernel_efficiency: float | None = None
     op_counts: dict[str, int] = field(default_factory=dict)
+    by_op: dict[str, tuple[float, int]] = field(default_factory=dict)
     memory_bytes: float = 0.0
     collective_fits: dict[str, tuple[float, float]] = field(default_factory=dict)
     intra_latency: float = 0.0
@@ -159,7 +173,7 @@ def settings(quick: bool, device: str = "cpu") -> Settings:
         trace_sizes=QUICK_SIZES if quick else FULL_SIZES, trace_steps=3 if quick else 7,
         gemm_sizes=gemm, dtypes=("fp32", "bf16") if quick else ("fp32", "bf16", "fp16"),
         reps=3 if quick else 7, copy_bytes=(16 if quick else 64) << 20,
-        comm_sizes=(1 << 12, 1 << 16, 1 << 18, 1 << 20) if quick else tuple(1 << k for k in range(10, 24, 2)),
+        comm_sizes=(1 << 12, 1 << 16, 1 << 18, 1 << 20) if quick else tuple(1 << k for k in range(10, 25, 2)),
         comm_iters=3 if quick else 10)
 
 
@@ -202,6 +216,7 @@ def _fit_compute(cal: Calibration, ops: list, gemm: dict, copy_bw: float) -> Non
     cal.kernel_overhead, cal.gemm_half_flops = o, half
     cal.memory_kernel_efficiency = min(mem / copy_bw, 1.0)
     cal.attention_efficiency = min(attn / rate, 1.0)
+    cal.by_op = fit_by_op(by["memory"] + by["attention"], o, copy_bw, rate)
     cal.gemm_points = gemm
     square_fp32 = max(f / t for f, t in gemm["fp32"])
     for name, pts in gemm.items():  # other dtypes: square-matmul rate x executor/square fp32
@@ -214,7 +229,8 @@ def _fit_comm(cal: Calibration, points: dict[str, list[tuple[float, float]]]) ->
         beta, alpha = fit_line([s for s, _ in pts], [t for _, t in pts])
         cal.collective_fits[key] = (alpha, beta)
     try:
-        cal.intra_latency, cal.intra_bandwidth = fit_links(points)
+        cal.intra_latency, cal.intra_bandwidth = fit_links(
+            {k: v for k, v in points.items() if not k.startswith("send_recv")})
     except FitError as e:
         raise CalibrationError(f"{e}; rerun without --quick") from None
 
@@ -272,6 +288,11 @@ def _device_spec(cal: Calibration) -> dict[str, Any]:
         eff["memory_kernels"] = _q(cal.memory_kernel_efficiency,
                                    f"{trace}: memory-bound ops' (operands + results) bytes/s "
                                    f"beyond o, over memory_bandwidth")
+    if cal.by_op:
+        eff["by_op"] = {k: _q(v, f"{trace}: {k.split(':')[0]} ({n} samples, phase "
+                                 f"{k.split(':')[1]}): bytes/s (memory-bound; FLOP/s for "
+                                 f"attention) beyond o, over memory_bandwidth (peak_flops fp32)")
+                        for k, (v, n) in sorted(cal.by_op.items())}
     flops = {}
     for k, v in cal.gemm_rate.items():
         how = ("GEMM fit t = o + (F + F_half)/P over the executor's matmul ops" if k == "fp32" else
@@ -291,7 +312,8 @@ def spec_dict(cal: Calibration, name: str) -> dict[str, Any]:
     p = cal.provenance
     fits = "; ".join(f"{k} alpha={a:.3g}s beta={b:.3g}s/B" for k, (a, b) in sorted(cal.collective_fits.items()))
     base = load_cluster("cpu-local").spec
-    joint = (f"{p}: joint relative least-squares fit of the executor's gloo collectives to "
+    joint = (f"{p}: joint relative least-squares fit of the executor's gloo collectives "
+             f"(all_reduce, reduce_scatter, all_gather, all_to_all; not send_recv) to "
              f"steps*a + share*S/B (clusters.collectives); per-kind lines [{fits}]")
     spec = {
         "name": name,

@@ -66,6 +66,27 @@ def fit_ratio(amount: Sequence[float], seconds: Sequence[float], o: float, what:
     return float(sum(amount) / busy)
 
 
+def fit_by_op(samples: Sequence, o: float, bandwidth: float, rate: float
+              ) -> dict[str, tuple[float, int]]:
+    """Per ``op:phase`` key, (efficiency, sample count) of memory-bound and attention
+    samples (objects with ``kind``, ``op_type``, ``phase``, ``flops``, ``bytes``,
+    ``seconds``): ``fit_ratio`` of bytes over ``bandwidth`` (memory) or of executed FLOPs
+    over ``rate`` (attention) -- the time-weighted achieved rate of that kernel."""
+    groups: dict[str, list] = {}
+    for smp in samples:
+        groups.setdefault(f"{smp.op_type}:{smp.phase or 'F'}", []).append(smp)
+    out = {}
+    for key, group in groups.items():
+        attention = group[0].kind == "attention"
+        amount = [smp.flops if attention else smp.bytes for smp in group]
+        try:
+            r = fit_ratio(amount, [smp.seconds for smp in group], o, key)
+        except FitError:
+            continue
+        out[key] = (r / (rate if attention else bandwidth), len(group))
+    return out
+
+
 def collective_terms(kind: str, n: int) -> tuple[float, float]:
     """(latency steps, bandwidth share) of ``kind`` on ``n`` ranks of one node in the
     single-node model of ``clusters.collectives`` (ring all_reduce: 2(n-1), 2(n-1)/n;

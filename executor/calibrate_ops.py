@@ -14,11 +14,14 @@ because the executor does not import the simulator):
 - ``attention``: ``flash_attention`` executed FLOPs 4 b h s_q s_k d times the causal
   fraction (s_k + 1) / (2 s_k), its grad 2.5 times that (FlashAttention-2 sec. 3.1);
 - ``memory``: every other kernel; bytes = its operands read + its (wanted) results
-  written;
+  written, except the gathers, counted as the cost model counts them: ``embedding`` reads
+  the ids and the selected rows and writes them (ids + 2 x out), ``embedding_grad``
+  writes the table gradient and reads the ids and dout three times (zero, read,
+  scatter-add: table grad + ids + 3 x dout);
 - ``view``: reshape / squeeze / unsqueeze and their grads (no kernel in the cost model).
 
-Each sample is ``(kind, op type, flops, bytes, seconds)`` with seconds the median over the
-timed steps. Run on every rank at once (``calibrate`` launches it on ``nproc`` ranks), so
+Each sample is ``(kind, op type, flops, bytes, seconds, phase)`` with seconds the median
+over the timed steps and phase the unit it ran in (F, B, W, or O for the optimizer step). Run on every rank at once (``calibrate`` launches it on ``nproc`` ranks), so
 the cores are as loaded as during a plan's run.
 """
 
@@ -52,6 +55,7 @@ class OpSample:
     flops: float
     bytes: float
     seconds: float
+    phase: str = ""
 
 
 def _nbytes(t: Any) -> int:
@@ -92,7 +96,22 @@ def classify(op: Any, ins: list, out_bytes: list[int], want: Any) -> tuple[str, 
         return "gemm", _gemm_flops(op, ins, want), nbytes
     if op.type in ATTENTION:
         return "attention", _attention_flops(op, ins), nbytes
+    if op.type in GATHER_BYTES:
+        return "memory", 0.0, GATHER_BYTES[op.type](ins, out_bytes, want)
     return "memory", 0.0, nbytes
+
+
+def _embedding_bytes(ins: list, out_bytes: list[int], want: Any) -> float:
+    return float(_nbytes(ins[0]) + 2 * out_bytes[0])
+
+
+def _embedding_grad_bytes(ins: list, out_bytes: list[int], want: Any) -> float:
+    table = sum(b for i, b in enumerate(out_bytes) if want is None or i in want)
+    return float(table + _nbytes(ins[0]) + 3 * _nbytes(ins[-1]))
+
+
+# op type -> bytes(ins, out_bytes, want) where the cost model does not count operands + results
+GATHER_BYTES = {"embedding": _embedding_bytes, "embedding_grad": _embedding_grad_bytes}
 
 
 def _out_bytes(it: Any) -> list[int]:
@@ -130,7 +149,9 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
                 device: str = "cpu") -> list[OpSample]:
     """Run the ``LAYERS``-layer program of ``size`` = (hidden, heads, ffn, seq, batch) in this
     process on ``device`` for ``steps`` steps (after one warm-up step) and return one
-    sample per executed item (median seconds; CUDA is synchronised around each item)."""
+    sample per executed item (median seconds over the steps' first micro-batch -- the
+    later ones also add their weight gradients into the accumulators, which the cost
+    model counts apart; CUDA is synchronised around each item)."""
     from executor.actions import single_stage_order
     from executor.collectives import Groups
     from executor.rank_exec import RankExecutor
@@ -141,6 +162,7 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
                       device=device)
     times: dict[int, list[float]] = {}
     info: dict[int, tuple[str, str, float, float]] = {}
+    phases: dict[int, str] = {}
     run = ex._exec
 
     def timed(it, mb, env, left, key):
@@ -150,11 +172,13 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
         run(it, mb, env, left, key)
         _sync(device)
         dt = time.perf_counter() - t0
-        times.setdefault(id(it), []).append(dt)
+        if mb == 0:  # later micro-batches also accumulate gradients (modelled apart)
+            times.setdefault(id(it), []).append(dt)
         if id(it) not in info:
             kind, fl, nb = classify(it.op, [t for t in ins if t is not None], _out_bytes(it),
                                     it.want)
             info[id(it)] = (kind, it.op.type, fl, nb)
+            phases[id(it)] = key[0] if isinstance(key, tuple) else "O"
 
     ex._exec = timed
     order = single_stage_order(MICROBATCHES)[0]
@@ -162,4 +186,5 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
     times.clear()
     for _ in range(steps):
         ex.run_step(order)
-    return [OpSample(*info[k], statistics.median(v)) for k, v in times.items() if k in info]
+    return [OpSample(*info[k], statistics.median(v), phases[k]) for k, v in times.items()
+            if k in info]

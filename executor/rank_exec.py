@@ -9,7 +9,11 @@ reduce type, dtype) and issued once, before the updates — as PyTorch DDP and M
 bucket gradients (Li et al., VLDB 2020, sec. 3.2.3), and as the simulator's gradient sync
 assumes (``simulator.step``: one fused all_reduce per rank). Values die after their last per-micro-batch use; live bytes are
 tracked per storage (:mod:`executor.memory`). Sends are posted asynchronously and waited at
-the end of the step; receives are waited at once.
+the end of the step; receives are waited at once. A collective whose result only feeds
+logging (``shadow_output``, e.g. the data-parallel average of the loss) is issued
+asynchronously and waited at the end of the step, as Megatron-LM reports its averaged loss
+off the critical path: no compute waits for it, so it costs the step nothing but its
+launch (the cost model has no such collective either).
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ class ExecError(RuntimeError):
     """A value is missing when an op needs it, or an op cannot run; names rank and op."""
 
 
+def _unaliased(t: torch.Tensor, ins: list | None) -> bool:
+    """True when ``t`` is no view and shares no storage with an operand, so the executor
+    may own it (accumulate into it in place)."""
+    if ins is None or t._base is not None:
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    return all(x is None or not isinstance(x, torch.Tensor) or x.untyped_storage().data_ptr() != ptr
+               for x in ins)
+
+
 class RankExecutor:
     """Runs one rank's units. ``batch``: rows of one micro-batch in the program;
     ``num_microbatches``: m; ``seed``: the init/data seed; ``device``: cpu or cuda:N."""
@@ -53,6 +67,8 @@ class RankExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         self._step_inputs: dict[int, torch.Tensor] = {}
         self._ctx: dict[int, KernelContext] = {}
+        self._deferred: dict[int, tuple[Any, torch.Tensor, int, str]] = {}
+        self._late_losses: dict[int, torch.Tensor] = {}
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -146,7 +162,7 @@ class RankExecutor:
 
         return comm
 
-    def _store(self, it: Item, outs: list, env: dict, key: Any) -> None:
+    def _store(self, it: Item, outs: list, env: dict, key: Any, ins: list | None = None) -> None:
         for i, v in enumerate(it.op.results):
             if v is None or (it.want is not None and i not in it.want):
                 continue
@@ -161,30 +177,68 @@ class RankExecutor:
                 continue
             if id(v) in self.plan.accum:
                 acc = self.accum.get(id(v))
-                if acc is None:
-                    self.accum[id(v)] = t.clone()
+                if acc is None:  # the first micro-batch's gradient becomes the accumulator
+                    own = self.plan.uses[id(v)] <= 0 and _unaliased(t, ins)
+                    self.accum[id(v)] = t if own else t.clone()
                     self.mem.add(self.accum[id(v)])
-                else:
+                else:  # gradient accumulation: one in-place add per later micro-batch
                     acc += t
             if self.plan.uses[id(v)] > 0:
                 self._put(v, t, env)
+
+    @staticmethod
+    def _logging_only(op: Any) -> bool:
+        """True for an all_reduce whose result is read only by ``shadow_output`` ops."""
+        res = op.results[0] if op.results else None
+        return (op.type == "all_reduce" and res is not None and bool(res.uses)
+                and all(u.type == "shadow_output" for u, _ in res.uses))
+
+    def _deferred_all_reduce(self, it: Item, x: torch.Tensor) -> torch.Tensor:
+        """Post ``it``'s all_reduce asynchronously (completed in :meth:`_finish_deferred`)."""
+        group = tuple(it.ro.group or (self.rank,))
+        rtype = str(it.op.attrs.get("reduce_type") or "sum")
+        out = x.clone()
+        if len(group) > 1:
+            op = {"sum": torch.distributed.ReduceOp.SUM, "avg": torch.distributed.ReduceOp.SUM,
+                  "max": torch.distributed.ReduceOp.MAX, "min": torch.distributed.ReduceOp.MIN}
+            if rtype not in op:
+                raise ValueError(f"unknown reduce_type {rtype!r}")
+            work = torch.distributed.all_reduce(out, op=op[rtype], group=self.groups.get(group),
+                                                async_op=True)
+            self._deferred[id(out)] = (work, out, len(group), rtype)
+        return out
+
+    def _finish_deferred(self) -> None:
+        """Wait for the logging collectives of the step and record the late losses."""
+        for work, out, n, rtype in self._deferred.values():
+            work.wait()
+            if rtype == "avg":
+                out /= n
+        self._deferred.clear()
+        for mb, t in self._late_losses.items():
+            self.losses[mb] = t.detach().float().cpu().clone()
+        self._late_losses.clear()
 
     def _exec(self, it: Item, mb: int, env: dict, left: Counter | None, key: Any) -> None:
         op, ro = it.op, it.ro
         ins = [None if v is None else self._get(v, env, mb) for v in op.operands]
         try:
-            if op.type in COLLECTIVES:
+            if op.type in COLLECTIVES and self._logging_only(op):
+                outs = [self._deferred_all_reduce(it, ins[0])]
+            elif op.type in COLLECTIVES:
                 outs = [run_collective(op.type, ins[0], op.attrs, self.rank, ro.group or (self.rank,),
                                        self.groups, ro.result_shapes[0] or ())]
             elif op.type == "shadow_output":
-                if op.operands[0] is self.plan.loss:
+                if op.operands[0] is self.plan.loss and id(ins[0]) in self._deferred:
+                    self._late_losses[mb] = ins[0]
+                elif op.operands[0] is self.plan.loss:
                     self.losses[mb] = ins[0].detach().float().cpu().clone()
                 outs = []
             else:
                 outs = get_kernel(op.type)(ins, op.attrs, self._kctx(it))
         except (ValueError, RuntimeError) as e:
             raise ExecError(f"rank {self.rank}: {op.label()} failed: {e}") from e
-        self._store(it, outs, env, key)
+        self._store(it, outs, env, key, ins)
         if key == "step" and op.type in ALIASES:
             write_back(op, ins, outs, self.state, self.rank, self.groups)
         if left is not None:
@@ -295,14 +349,13 @@ class RankExecutor:
             times.append((a.kind, a.stage, a.microbatch, a.chunk, t0 - t_start, self._now() - t_start))
         t0 = self._now()
         step_env = {}
-        for k, t in self.accum.items():
-            step_env[k] = t / self.m
-            self.mem.add(step_env[k])
-            self.mem.remove(t)
+        for k, t in self.accum.items():  # mean over micro-batches, in place (owned)
+            step_env[k] = t.div_(self.m) if self.m > 1 else t
         self.run_unit("step", 0, step_env, None)
         for w, _ in self.pending:
             w.wait()
         self.pending.clear()
+        self._finish_deferred()
         times.append(("O", -1, -1, -1, t0 - t_start, self._now() - t_start))
         for env in [*envs.values(), step_env]:
             for t in env.values():

@@ -8,12 +8,15 @@ The executor never imports the simulator (DESIGN.md: executor -> completion, clu
 Schedules: for a prediction, the very schedule ``simulator.step.StepModel.run`` plays —
 ``build_schedule(name, pp, m, vpp, memory_limit)`` with, for the time-aware ``ZB`` and
 ``ZBVPP`` heuristics, the simulated per-phase stage times (the slowest stage's T_F, T_B,
-T_W) and T_comm — so the measured step runs the order that was predicted. For
+T_W) and T_comm — so the measured step runs the order that was predicted. The
+prediction models the executor's gradient accumulation (``StepConfig.accumulate_grads``:
+an add per parameter gradient per later micro-batch and the 1/m scaling). For
 verification only the numerics matter, and the plain registered schedule is used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from simulator.schedules import Schedule, build_schedule
@@ -46,6 +49,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     from meshplan.engine import Engine
 
     model = Engine.from_plan(plan, cluster)._step_model()
+    # the executor accumulates gradients with separate adds and scales them by 1/m
+    model.cfg = dataclasses.replace(model.cfg, accumulate_grads=True)
     res = model.run()
     c = model.cfg
     if c.schedule in TIME_AWARE:  # as StepModel.run: the heuristic places passes by time

@@ -30,7 +30,7 @@ Counting conventions (documented because every published figure depends on them)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from simulator.sig import DTYPE_BYTES, OpSig, TensorSig  # noqa: F401  (re-exported)
@@ -48,6 +48,7 @@ class KernelCost:
         kind: ``"gemm"``, ``"attention"`` or ``"memory"`` (selects the efficiency).
         dtype: compute dtype (selects the peak FLOP/s).
         gemm_flops: FLOPs of the single GEMM (size-dependent efficiency); 0 otherwise.
+        op: the op type it belongs to (per-op efficiencies, ``Roofline.by_op``).
     """
 
     phase: str
@@ -57,6 +58,7 @@ class KernelCost:
     kind: str
     dtype: str
     gemm_flops: float = 0.0
+    op: str = ""
 
 
 CostFn = Callable[[OpSig], list[KernelCost]]
@@ -299,4 +301,4 @@ def op_cost(sig: OpSig) -> tuple[KernelCost, ...]:
     """Kernels of one op (cached by signature: identical layers are costed once).
 
     Raises ValueError naming the op type when its shapes do not fit its rule."""
-    return tuple(rule_for(sig.type, sig.family)(sig))
+    return tuple(k if k.op else replace(k, op=sig.type) for k in rule_for(sig.type, sig.family)(sig))

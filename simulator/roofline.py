@@ -17,6 +17,10 @@ measures both on the executor's own kernels): ``device.efficiency.attention`` re
 (elementwise, norms, softmax, optimizer updates, local reshard slices: their achieved
 fraction of the bandwidth with bytes = operands + results). GEMM and attention kernels
 keep ``mem_eff`` in their memory term. Absent fields fall back to ``gemm`` / ``mem_eff``.
+A third, ``device.efficiency.by_op``, gives these two efficiencies per op type (kernels
+tagged with their op by ``simulator.op_cost``): one calibrated number per kernel as it
+really runs (e.g. a rotary embedding making several passes over its data), replacing the
+kind's average for that op.
 
 Every constant comes from the cluster spec. ``gemm_half_flops`` (F_half) is read from
 ``device.efficiency.gemm_half_flops`` when the spec has that field; otherwise the
@@ -56,6 +60,8 @@ class Roofline:
         attention_efficiency: fraction of peak of attention kernels (None: gemm's).
         memory_kernel_efficiency: fraction of the bandwidth memory-bound kernels achieve
             (None: ``mem_efficiency``).
+        by_op: ``"op:phase"`` (or ``"op"``) -> efficiency replacing the two above for
+            that op's attention or memory-bound kernels in that phase (empty: none).
     """
 
     peak_flops: dict[str, float]
@@ -67,6 +73,7 @@ class Roofline:
     defaults_used: tuple[str, ...] = field(default=())
     attention_efficiency: float | None = None
     memory_kernel_efficiency: float | None = None
+    by_op: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_device(cls, device: Any, gemm_efficiency: float | None = None) -> Roofline:
@@ -76,6 +83,7 @@ class Roofline:
         half = getattr(eff, "gemm_half_flops", None)
         defaults = () if half is not None else ("gemm_half_flops",)
         attn, memk = getattr(eff, "attention", None), getattr(eff, "memory_kernels", None)
+        by_op = {k: float(v.value) for k, v in (getattr(eff, "by_op", None) or {}).items()}
         return cls(
             peak_flops={k: float(v.value) for k, v in device.peak_flops.items()},
             gemm_efficiency=float(eff.gemm.value if gemm_efficiency is None else gemm_efficiency),
@@ -86,6 +94,7 @@ class Roofline:
             defaults_used=defaults,
             attention_efficiency=None if attn is None else float(attn.value),
             memory_kernel_efficiency=None if memk is None else float(memk.value),
+            by_op=by_op,
         )
 
     def peak(self, dtype: str) -> float:
@@ -114,16 +123,26 @@ class Roofline:
             compute = k.exec_flops / (peak * self.gemm_eff(k.gemm_flops)) if k.exec_flops else 0.0
         elif k.kind == "attention":
             eff = self.gemm_efficiency if self.attention_efficiency is None else self.attention_efficiency
-            compute = k.exec_flops / (peak * eff)
+            compute = k.exec_flops / (peak * self.op_efficiency(k, eff))
         else:
-            return max(k.exec_flops / peak, self.memory_time(k.bytes)) + self.kernel_overhead
+            return max(k.exec_flops / peak, self.memory_time(k.bytes, k.op, k.phase)) + self.kernel_overhead
         memory = k.bytes / (self.mem_bandwidth * self.mem_efficiency)
         return max(compute, memory) + self.kernel_overhead
 
-    def memory_time(self, nbytes: float) -> float:
-        """Seconds a memory-bound kernel takes to move ``nbytes`` (no per-kernel overhead):
-        ``nbytes / (mem_bandwidth * memory_kernel_efficiency)``."""
+    def op_efficiency(self, k: KernelCost, default: float) -> float:
+        """``by_op["<op>:<phase>"]``, else ``by_op["<op>"]``, else ``default``."""
+        if not self.by_op or not k.op:
+            return default
+        return self.by_op.get(f"{k.op}:{k.phase}", self.by_op.get(k.op, default))
+
+    def memory_time(self, nbytes: float, op: str = "", phase: str = "") -> float:
+        """Seconds a memory-bound kernel of op type ``op`` in ``phase`` takes to move
+        ``nbytes`` (no per-kernel overhead): ``nbytes / (mem_bandwidth * e)`` with ``e`` =
+        ``by_op["op:phase"]`` or ``by_op["op"]``, else ``memory_kernel_efficiency``, else
+        ``mem_efficiency``."""
         eff = self.mem_efficiency if self.memory_kernel_efficiency is None else self.memory_kernel_efficiency
+        if self.by_op and op:
+            eff = self.by_op.get(f"{op}:{phase}", self.by_op.get(op, eff))
         return nbytes / (self.mem_bandwidth * eff)
 
     def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost]) -> dict[str, float]:

@@ -31,6 +31,48 @@ from simulator.sig import DTYPE_BYTES, is_weight_grad, local_tensor, op_signatur
 
 PHASES = ("F", "B", "W")
 
+# op type -> fn(op, rank) -> [(phase, collective kind, bytes, group)]: collectives a
+# kernel issues itself (not reshard ops), e.g. vocab-parallel cross entropy
+KERNEL_COLLECTIVES: dict[str, Any] = {}
+
+
+def _sharded_axis_groups(v: Any, axis: int, rank: int) -> list[tuple[int, ...]]:
+    """Groups of the mesh dims sharding ``axis`` of value ``v`` that hold ``rank``."""
+    da = getattr(v, "dist_attr", None)
+    if da is None or not v.shape:
+        return []
+    ax = axis % len(v.shape)
+    m = da.dims_mapping[ax]
+    dims = m if isinstance(m, (tuple, list)) else (m,)
+    mesh = da.process_mesh
+    if rank not in mesh.process_ids:
+        return []
+    return [tuple(g) for d in dims if d is not None and d >= 0
+            for g in (mesh.group_of(rank, d),) if len(g) > 1]
+
+
+def _vocab_parallel_ce(op: Operation, rank: int) -> list[tuple[str, str, int, tuple[int, ...]]]:
+    """Vocab-parallel cross entropy (class axis sharded; Megatron-LM
+    ``vocab_parallel_cross_entropy``, Shoeybi et al. 2019 sec. 3): the forward all_reduces
+    three per-row statistics over the class shards -- the row max, the sum of exponentials
+    and the target logit (soft labels: the loss) -- each ``rows`` float32 values; the grad
+    of hard labels needs none. Rows = local elements / local class extent."""
+    x = op.operands[0]
+    if x is None or op.type != "cross_entropy_with_softmax":
+        return []
+    groups = _sharded_axis_groups(x, int(op.attrs.get("axis", -1)), rank)
+    if not groups:
+        return []
+    lt = local_tensor(x, rank)
+    rows = 1
+    for d in lt.shape[:-1] if int(op.attrs.get("axis", -1)) in (-1, len(lt.shape) - 1) else lt.shape:
+        rows *= d
+    stat = 8 if lt.dtype == "float64" else 4
+    return [("F", "all_reduce", rows * stat, g) for g in groups for _ in range(3)]
+
+
+KERNEL_COLLECTIVES["cross_entropy_with_softmax"] = _vocab_parallel_ce
+
 
 @dataclass
 class BlockCost:
@@ -136,6 +178,17 @@ class StageCoster:
                 bc.comm["B"] += t
                 bc.comm_count["B"] += 1
 
+    def _kernel_collectives(self, op: Operation, bc: BlockCost) -> None:
+        """In-stage collectives a kernel issues itself (``KERNEL_COLLECTIVES``), timed with
+        ``Cluster.collective_time`` on their groups and charged to the op's phase."""
+        fn = KERNEL_COLLECTIVES.get(op.type)
+        if fn is None:
+            return
+        for phase, kind, nbytes, group in fn(op, self.rank):
+            g = tuple(r + self.offset for r in group)
+            bc.comm[phase] += self.cluster.collective_time(kind, nbytes, g)
+            bc.comm_count[phase] += 1
+
     def _params_and_workspace(self, op: Operation, bc: BlockCost) -> None:
         work = 0
         for v in (*op.operands, *op.results):
@@ -167,6 +220,7 @@ class StageCoster:
             if op.type == "parameter":
                 continue
             self._params_and_workspace(op, bc)
+            self._kernel_collectives(op, bc)
             times, kernels = self._op_times(op)
             for k in kernels:
                 if k.phase in PHASES:

@@ -51,6 +51,12 @@ class StepConfig:
     overlap: float = 0.0
     overlap_dp_sync: bool = False
     layers_per_stage: tuple[int, ...] | None = None
+    accumulate_grads: bool = False
+    """True: the framework adds each later micro-batch's parameter gradients into an
+    accumulator with a separate kernel and scales by 1/m before the update (Paddle's
+    gradient merge, PyTorch ``.grad`` accumulation, this project's executor); False
+    (default): accumulation is fused into the dW GEMM (Megatron-LM
+    ``gradient_accumulation_fusion``) and the 1/m into the loss, free in the roofline."""
 
 
 @dataclass
@@ -227,7 +233,34 @@ class StepModel:
             elif is_layer and cfg.recompute == "selective":
                 t["B"] += blk.attn_core_f
                 parts["compute"] += blk.attn_core_f
+        acc = self._accumulation_time(vs)
+        t["W"] += acc
+        parts["compute"] += acc
         return t, parts
+
+    def _accumulation_time(self, vs: int) -> float:
+        """Gradient accumulation per micro-batch of virtual stage ``vs`` (seconds, in W).
+
+        Only with ``StepConfig.accumulate_grads``: with m > 1 micro-batches every parameter gradient of the stage is added into its
+        accumulator once per micro-batch after the first (the first one's gradient becomes
+        the accumulator): one memory-bound in-place add per parameter, reading the
+        accumulator and the new gradient and writing the accumulator (3 x gradient bytes)
+        plus one kernel launch -- Paddle's gradient merge (an add per gradient per micro-
+        batch) and PyTorch's ``.grad`` accumulation do this; Megatron-LM folds it into the
+        dW GEMM (beta = 1). Spread evenly over the m W passes: ``(m-1)/m`` of it each.
+        Tied parameters (embedding in "pre" and "post") are counted once. The in-place
+        add streams at the device's achieved copy bandwidth (:meth:`_stream_time`)."""
+        m = self.cfg.num_microbatches
+        if m <= 1 or not self.cfg.accumulate_grads:
+            return 0.0
+        named: dict[str, int] = {}
+        for blk in self._vs_blocks(vs):
+            named.update({k: n for k, (n, _) in blk.params.items()})
+        if not named:
+            return 0.0
+        nbytes = 3.0 * sum(named.values()) * self.cfg.grad_bytes
+        per_step = self._stream_time(nbytes) + len(named) * self.rf.kernel_overhead
+        return per_step * (m - 1) / m
 
     def _dp_group(self, stage: int) -> list[int]:
         base = stage * self.cfg.dp * self.cfg.mp
@@ -282,11 +315,26 @@ class StepModel:
                     t += self.cluster.collective_time(kind, nb, [r + off for r in g])
         return max(0.0, t - last_b) if c.overlap_dp_sync else t
 
+    def _stream_time(self, nbytes: float) -> float:
+        """Seconds of a streaming in-place kernel (one read / write pass per operand, as
+        an accumulating add or a scaling) moving ``nbytes``: the achieved copy bandwidth
+        ``memory_bandwidth * efficiency.memory_bandwidth``, not the average of the
+        memory-bound kernels (which includes multi-pass ones)."""
+        return nbytes / (self.rf.mem_bandwidth * self.rf.mem_efficiency)
+
     def _optimizer_time(self, params: int) -> float:
+        """Memory-bound updates of the rank's (ZeRO-sharded) parameters: read and write
+        parameter and optimizer state, read the gradient; with m > 1 micro-batches also
+        the mean over micro-batches, one in-place scaling of every accumulated gradient by
+        1/m (read + write; Paddle's gradient merge with ``avg``) when
+        ``StepConfig.accumulate_grads``."""
         c = self.cfg
         shard = -(-params // c.dp) if c.sharding_stage >= 1 else params
         nbytes = shard * (2 * (c.param_bytes + c.optimizer_bytes) + c.grad_bytes)
-        return self.rf.memory_time(nbytes) + self.rf.kernel_overhead  # memory-bound updates
+        scale = 0.0
+        if c.num_microbatches > 1 and c.accumulate_grads:
+            scale = self._stream_time(2 * params * c.grad_bytes)
+        return self.rf.memory_time(nbytes) + self.rf.kernel_overhead + scale  # memory-bound
 
     def _times(self, where: dict[int, tuple[int, int]]) -> tuple[list, list]:
         times, parts = [], []

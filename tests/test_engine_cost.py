@@ -209,3 +209,57 @@ def test_engine_takes_a_program_text_path():
     gemms = 3 * 2 * 4 * 16 * 16 + 3 * 2 * 4 * 16 * 8
     assert res.model_flops == pytest.approx(gemms, rel=0.1)
     assert res.layers_per_vstage == [0]
+
+
+def _plan_model(name: str):
+    import dataclasses
+    import os
+    import pathlib
+
+    from meshplan.plan import Plan
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    cwd = os.getcwd()
+    os.chdir(root)  # the plan names its model config relative to the repository root
+    try:
+        model = Engine.from_plan(Plan.load(root / "benchmarks" / "plans" / f"{name}.json"))._step_model()
+    finally:
+        os.chdir(cwd)
+    return model, dataclasses
+
+
+def test_gradient_accumulation_adds_three_gradient_passes_per_later_microbatch():
+    """pp=2, m=4 (benchmarks/plans/pp2_1f1b.json): with accumulate_grads each W of a stage
+    gains (m-1)/m (3 G / B_copy + n o), G the stage's gradient bytes, n its parameter
+    tensors; off (default) nothing changes."""
+    model, dc = _plan_model("pp2_1f1b")
+    c, rf = model.cfg, model.rf
+    base = [model.stage_time(vs, vs)[0] for vs in range(2)]
+    model.cfg = dc.replace(c, accumulate_grads=True)
+    for vs in range(2):
+        named = {}
+        for blk in model._vs_blocks(vs):
+            named.update({k: n for k, (n, _) in blk.params.items()})
+        g = sum(named.values()) * c.grad_bytes
+        extra = (3 * g / (rf.mem_bandwidth * rf.mem_efficiency) + len(named) * rf.kernel_overhead)
+        extra *= (c.num_microbatches - 1) / c.num_microbatches
+        got = model.stage_time(vs, vs)[0]
+        assert got["W"] - base[vs]["W"] == pytest.approx(extra, rel=1e-9)
+        assert got["F"] == base[vs]["F"] and got["B"] == base[vs]["B"]
+
+
+def test_vocab_parallel_cross_entropy_costs_three_row_all_reduces():
+    """mp=2 Megatron layout: the logits' class axis is sharded, so the loss block's F
+    comm holds 3 all_reduces of b*s float32 row statistics on group (0, 1)."""
+    from simulator import stage_cost
+
+    eng_model, _ = _plan_model("mp2")
+    with_ce = eng_model.post.comm["F"]
+    saved = stage_cost.KERNEL_COLLECTIVES.pop("cross_entropy_with_softmax")
+    try:
+        without = _plan_model("mp2")[0].post.comm["F"]
+    finally:
+        stage_cost.KERNEL_COLLECTIVES["cross_entropy_with_softmax"] = saved
+    b, s = 2, 128
+    expect = 3 * eng_model.cluster.collective_time("all_reduce", b * s * 4, (0, 1))
+    assert with_ce - without == pytest.approx(expect, rel=1e-9)

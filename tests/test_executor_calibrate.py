@@ -93,3 +93,19 @@ def test_calibrate_quick_writes_a_loadable_plausible_cluster(tmp_path, capsys):
     assert 0 < d.efficiency.attention.value <= 1 and 0 < d.efficiency.memory_kernels.value <= 1
     raw = yaml.safe_load(out.read_text())
     assert "all_reduce/2 alpha=" in raw["node"]["intra_bandwidth"]["provenance"]
+
+
+def test_fit_by_op_is_the_time_weighted_rate_per_op_and_phase():
+    from executor.calibrate_fit import fit_by_op
+    from executor.calibrate_ops import OpSample
+
+    o, bw, rate = 1e-5, 1e10, 1e11
+    samples = [OpSample("memory", "rms_norm_grad", 0.0, 4e5, 1e-5 + 1e-4, "W"),
+               OpSample("memory", "rms_norm_grad", 0.0, 2e5, 1e-5 + 1e-4, "W"),
+               OpSample("memory", "rms_norm_grad", 0.0, 1e6, 1e-5 + 1e-4, "B"),
+               OpSample("attention", "flash_attention", 2e6, 0.0, 1e-5 + 1e-3, "F")]
+    got = fit_by_op(samples, o, bw, rate)
+    assert got["rms_norm_grad:W"][0] == pytest.approx(6e5 / 2e-4 / bw)  # 0.3
+    assert got["rms_norm_grad:W"][1] == 2
+    assert got["rms_norm_grad:B"][0] == pytest.approx(1e6 / 1e-4 / bw)  # 1.0
+    assert got["flash_attention:F"][0] == pytest.approx(2e6 / 1e-3 / rate)  # 0.02

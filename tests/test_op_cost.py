@@ -111,3 +111,25 @@ def test_roofline_times_from_the_cluster_spec():
     small = KernelCost("F", 2e6, 2e6, 1e3, "gemm", "bfloat16", 2e6)
     assert rf.gemm_eff(2e6) < 0.05 * eff  # tiny GEMMs run far below the plateau
     assert rf.kernel_time(small) > 2e6 / (peak * eff)
+
+
+def test_roofline_per_op_efficiency_replaces_the_kind_average():
+    """``by_op`` ("op:phase" first, then "op") replaces memory_kernels / attention for
+    that op only: t = bytes / (B e) + o; other ops keep the average."""
+    rf = Roofline(peak_flops={"fp32": 1e11}, gemm_efficiency=1.0, gemm_half_flops=1.0,
+                  mem_bandwidth=1e10, mem_efficiency=1.0, kernel_overhead=1e-5,
+                  memory_kernel_efficiency=0.5,
+                  by_op={"rms_norm_grad:W": 0.1, "rope": 0.25, "flash_attention": 0.05})
+    w = KernelCost("W", 0.0, 0.0, 1e6, "memory", "float32", op="rms_norm_grad")
+    b = KernelCost("B", 0.0, 0.0, 1e6, "memory", "float32", op="rms_norm_grad")
+    r = KernelCost("F", 0.0, 0.0, 1e6, "memory", "float32", op="rope")
+    a = KernelCost("F", 1e9, 1e9, 0.0, "attention", "float32", op="flash_attention")
+    assert rf.kernel_time(w) == pytest.approx(1e6 / (1e10 * 0.1) + 1e-5)
+    assert rf.kernel_time(b) == pytest.approx(1e6 / (1e10 * 0.5) + 1e-5)
+    assert rf.kernel_time(r) == pytest.approx(1e6 / (1e10 * 0.25) + 1e-5)
+    assert rf.kernel_time(a) == pytest.approx(1e9 / (1e11 * 0.05) + 1e-5)
+
+
+def test_op_cost_tags_kernels_with_their_op_type():
+    sig = OpSig("rms_norm", (T(2, 8, 16), T(16)), (T(2, 8, 16), T(2, 8)))
+    assert {k.op for k in op_cost(sig)} == {"rms_norm"}

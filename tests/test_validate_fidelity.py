@@ -27,6 +27,10 @@ def test_calibrate_then_validate_reports_a_finite_error(tmp_path, capsys, monkey
     for key in ("kernel_overhead_s", "gemm_half_flops", "attention", "memory_kernels"):
         assert eff[key]["provenance"].startswith("measured on "), key
     assert 0 < eff["attention"]["value"] <= 1 and 0 < eff["memory_kernels"]["value"] <= 1
+    # per op and phase: every traced memory-bound / attention op of the layer, with provenance
+    for key in ("rms_norm:F", "rms_norm_grad:W", "flash_attention:F", "flash_attention_grad:B"):
+        assert eff["by_op"][key]["provenance"].startswith("measured on "), key
+        assert eff["by_op"][key]["value"] > 0
     capsys.readouterr()
     monkeypatch.chdir(ROOT)  # the plan names its model config relative to the repo root
     rc = main(["validate", "benchmarks/plans/dp2.json", "--nproc", "2", "--steps", "2",

@@ -193,15 +193,19 @@ def _swiglu_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
 # -- cross entropy ----------------------------------------------------------------------
 
 
-def _hard(label: torch.Tensor, x: torch.Tensor, ax: int, ignore: int, offset: int = 0):
-    """One-hot of ``label`` over the local classes ``[offset, offset + C_local)`` (zero rows
-    for ignored labels and labels held by another rank) and the valid-label mask."""
+def _target(label: torch.Tensor, n_local: int, ax: int, ignore: int, offset: int = 0):
+    """(index, here, valid) of hard ``label`` over the local classes ``[offset, offset +
+    n_local)``: the local index to gather (clamped), whether this rank holds the label,
+    and whether the label is not ``ignore``."""
     lab = label.long()
     valid = lab != ignore
     local = lab - offset
-    here = valid & (local >= 0) & (local < x.shape[ax])
-    onehot = torch.zeros_like(x).scatter_(ax, local.clamp(0, max(x.shape[ax] - 1, 0)), 1.0)
-    return onehot * here.to(x.dtype), valid
+    here = valid & (local >= 0) & (local < n_local)
+    return local.clamp(0, max(n_local - 1, 0)), here, valid
+
+
+def _class_sharded(x: torch.Tensor, ax: int, ctx: KernelContext) -> bool:
+    return ctx.comm is not None and ctx.global_shape(0, x.shape)[ax] != x.shape[ax]
 
 
 @register_kernel("cross_entropy_with_softmax")
@@ -209,27 +213,46 @@ def _cross_entropy(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     """Softmax cross entropy; with the class axis sharded (vocab-parallel, Megatron-LM
     ``vocab_parallel_cross_entropy``) the row max, the sum of exponentials and the target
     logit are all-reduced over the class shards (``KernelContext.all_reduce_over``), so
-    each rank gets the full loss and its block of the softmax."""
+    each rank gets the full loss and its block of the softmax.
+
+    Passes over the [rows, classes] logits (what the kernel moves; the cost model counts
+    one read and one write): unsharded, ``log_softmax`` (fused: read twice, write once) and
+    its ``exp`` (read + write) -- the target is a gather; sharded, max (read), x - max
+    (read + write), exp in place (read + write), sum (read), division in place (read +
+    write)."""
     x, label = need(ins, 0, "cross_entropy", "input"), need(ins, 1, "cross_entropy", "label")
     if not attrs.get("use_softmax", True):
         raise KernelError("cross_entropy_with_softmax: use_softmax=False is not supported")
     ax = _ax(attrs, x.ndim)
     xf = x.to(stat_dtype(x))
+    soft = bool(attrs.get("soft_label"))
+    if not _class_sharded(x, ax, ctx):
+        logp = torch.log_softmax(xf, dim=ax)
+        if soft:
+            loss = -(label.to(logp.dtype) * logp).sum(dim=ax, keepdim=True)
+        else:
+            idx, here, valid = _target(label, x.shape[ax], ax, int(attrs.get("ignore_index", -100)))
+            loss = -logp.gather(ax, idx) * valid.to(logp.dtype)
+        return [torch.exp(logp).to(x.dtype), loss.to(x.dtype)]
     m = ctx.all_reduce_over(xf.detach().amax(dim=ax, keepdim=True), 0, ax, "max")
-    e = torch.exp(xf - m)
-    lse = torch.log(ctx.all_reduce_over(e.sum(dim=ax, keepdim=True), 0, ax, "sum")) + m
-    logp = xf - lse
-    if attrs.get("soft_label"):
-        loss = ctx.all_reduce_over(-(label.to(logp.dtype) * logp).sum(dim=ax, keepdim=True), 0, ax, "sum")
+    e = (xf - m).exp_()
+    total = ctx.all_reduce_over(e.sum(dim=ax, keepdim=True), 0, ax, "sum")
+    lse = torch.log(total) + m
+    if soft:
+        loss = ctx.all_reduce_over(-(label.to(xf.dtype) * (xf - lse)).sum(dim=ax, keepdim=True),
+                                   0, ax, "sum")
     else:
-        onehot, valid = _hard(label, logp, ax, int(attrs.get("ignore_index", -100)), ctx.offset(0, ax))
-        target = ctx.all_reduce_over((onehot * xf).sum(dim=ax, keepdim=True), 0, ax, "sum")
-        loss = (lse - target) * valid.to(logp.dtype)
-    return [torch.exp(logp).to(x.dtype), loss.to(x.dtype)]
+        idx, here, valid = _target(label, x.shape[ax], ax, int(attrs.get("ignore_index", -100)),
+                                   ctx.offset(0, ax))
+        target = ctx.all_reduce_over(xf.gather(ax, idx) * here.to(xf.dtype), 0, ax, "sum")
+        loss = (lse - target) * valid.to(xf.dtype)
+    return [e.div_(total).to(x.dtype), loss.to(x.dtype)]
 
 
 @register_kernel("cross_entropy_with_softmax_grad")
 def _cross_entropy_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
+    """``d input = (softmax - onehot(label)) g``: hard labels as softmax * g (read + write)
+    and a scatter-add of -g at the (local) label positions."""
     label = need(ins, 0, "cross_entropy_grad", "label")
     sm, g = need(ins, 1, "cross_entropy_grad", "softmax"), need(ins, 2, "cross_entropy_grad", "loss@GRAD")
     ax = _ax(attrs, sm.ndim)
@@ -237,5 +260,8 @@ def _cross_entropy_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
         lab = label.to(sm.dtype)
         total = ctx.all_reduce_over(lab.sum(dim=ax, keepdim=True), 0, ax, "sum")
         return [(sm * total - lab) * g, None]
-    onehot, valid = _hard(label, sm, ax, int(attrs.get("ignore_index", -100)), ctx.offset(1, ax))
-    return [(sm - onehot) * (g * valid.to(sm.dtype)), None]
+    idx, here, valid = _target(label, sm.shape[ax], ax, int(attrs.get("ignore_index", -100)),
+                               ctx.offset(1, ax))
+    gv = g * valid.to(sm.dtype)
+    out = sm * gv
+    return [out.scatter_add_(ax, idx, -(gv * here.to(sm.dtype)).expand_as(idx).to(sm.dtype)), None]
