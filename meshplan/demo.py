@@ -7,13 +7,15 @@
 3. writes ``reports/demo/`` (recreated each run): README.md (question, setup, best plan and
    why, top-10 table, validation, files), trials.csv, plan.json, the best plan's Gantt PNG
    and Chrome trace, and the step time vs peak memory PNG (:mod:`meshplan.demo_report`);
-4. validates a small plan on 2 local ranks with ``meshplan validate`` (a 2-layer
-   LLaMA-style model, hidden 256, mp=2 Megatron layout, on gloo) and prints predicted vs
-   measured.
+4. measures this machine (``meshplan calibrate --nproc 2``, about 20 s, written to
+   ``local.yaml`` in the report directory), then validates a small plan on 2 local ranks
+   with ``meshplan validate`` (a 2-layer LLaMA-style model, hidden 256, mp=2 Megatron
+   layout, on gloo) predicting on that measured spec, and prints predicted vs measured.
 
 Options: ``--trials N``, ``--seed S``, ``--output DIR``, ``--steps S`` (measured steps of
 the validation), ``--cluster FILE.yaml`` (the validation's prediction on a calibrated spec,
-e.g. from ``meshplan calibrate``), ``--no-validate``. Exit code 0 on success, 1 when the validation failed
+e.g. from an earlier ``meshplan calibrate``: no new calibration), ``--no-calibrate``
+(predict on the catalog's uncalibrated ``cpu-local``), ``--no-validate``. Exit code 0 on success, 1 when the validation failed
 (the report is still written), 2 for bad input.
 """
 
@@ -92,6 +94,24 @@ def run_validation(plan_path: Path, out_dir: Path, steps: int = 5,
     return {**got, "label": VALIDATION_LABEL, "command": cmd, "note": note}
 
 
+def calibrate_local(path: Path, console: Any) -> str | None:
+    """``meshplan calibrate --nproc 2 --output PATH`` in a subprocess; returns the YAML
+    path, or None (with a printed reason) when calibration failed, in which case the
+    validation predicts on the catalog's ``cpu-local``."""
+    cmd = [sys.executable, "-m", "meshplan", "calibrate", "--nproc", "2", "--output", str(path)]
+    console.print("measuring this machine: " + " ".join(["meshplan", *cmd[3:]]))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        console.print("[red]calibration did not finish within 300 s[/red]; predicting on cpu-local")
+        return None
+    if proc.returncode != 0 or not path.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        console.print(f"[red]calibration failed[/red] ({tail[0]}); predicting on cpu-local")
+        return None
+    return str(path)
+
+
 def _top_table(outcome: SearchOutcome, k: int = 10) -> Any:
     from rich.table import Table
 
@@ -132,6 +152,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=5, help="measured validation steps (default 5)")
     ap.add_argument("--cluster", default=None,
                     help="cluster YAML for the validation's prediction (default cpu-local)")
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="predict on the uncalibrated cpu-local spec instead of measuring")
     ap.add_argument("--no-validate", action="store_true", help="skip the 2-rank validation")
     return ap.parse_args(argv)
 
@@ -160,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         console.rule("validate a small plan on 2 local ranks: meshplan validate")
         files["validation_plan.json"] = write_validation_plan(out)
         files["validation_model.json"] = out / "validation_model.json"
+        cluster = args.cluster
+        if cluster is None and not args.no_calibrate:
+            cluster = calibrate_local(out / "local.yaml", console)
+            if cluster is not None:
+                files["local.yaml"] = out / "local.yaml"
         console.print(VALIDATION_LABEL)
-        validation = run_validation(files["validation_plan.json"], out, args.steps, args.cluster)
+        validation = run_validation(files["validation_plan.json"], out, args.steps, cluster)
         if validation.get("error"):
             console.print(f"[red]validation failed:[/red] {validation['error']}")
         else:

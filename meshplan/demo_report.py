@@ -38,6 +38,8 @@ FILES = {  # file name -> what it holds (the README lists them in this order)
                           "marked, device memory drawn",
     "validation_model.json": "config.json of the small model validated on 2 local ranks",
     "validation_plan.json": "the validated 2-rank plan",
+    "local.yaml": "this machine's cluster spec measured by `meshplan calibrate` (the "
+                  "validation's prediction uses it)",
     "validation.csv": "the row `meshplan validate --csv` appended (predicted vs measured)",
 }
 
