@@ -1,16 +1,17 @@
 """``local_validation``: ``meshplan validate`` over a set of 2-rank plans on this machine,
 predicted vs measured step time, with the relative error.
 
-Each plan runs in its own ``meshplan validate PLAN.json --nproc 2 --steps S --json``
-subprocess (``--cluster`` when ``MESHPLAN_CLUSTER`` names a calibrated YAML), which prints
-``predicted_step_time_ms``, ``measured_step_time_ms`` and ``relative_error``; its CSV rows
-go to ``<out>/local_validation_plans/validate.csv``. ``--quick`` (CI) runs the dp=2 and
-mp=2 plans for 3 steps; the full run all four for 10.
+First ``meshplan calibrate --nproc 2`` measures this machine (``--quick`` calibration in
+quick mode) unless ``MESHPLAN_CLUSTER`` names a calibrated YAML already. Each plan then
+runs in its own ``meshplan validate PLAN.json --nproc 2 --steps S --json --cluster YAML``
+subprocess, which prints ``predicted_step_time_ms``, ``measured_step_time_ms`` and
+``relative_error``; its CSV rows go to ``<out>/local_validation_plans/validate.csv``.
+``--quick`` (CI) runs the dp=2 and mp=2 plans for 3 steps; the full run all four for 10.
 
-Plans (issue 9's validation set): a 2-layer LLaMA-style model (hidden 256, 4 heads,
-seq 64, vocabulary 1000, fp32) on 2 gloo ranks of the ``cpu-local`` cluster (or the YAML
-that ``meshplan calibrate`` wrote, given as ``MESHPLAN_CLUSTER``): dp = 2, mp = 2
-(Megatron layout), pp = 2 with 1F1B, pp = 2 with ZBVPP.
+Plans (issue 9's validation set, as ``benchmarks/plans/``): a LLaMA-style model (hidden
+256, 4 heads, seq 128, vocabulary 1000, fp32; 2 layers, 4 for ZBVPP which needs
+pp * vpp = 4 chunks), global batch 8 in micro-batches of 2, SGD, on 2 gloo ranks: dp = 2,
+mp = 2 (Megatron layout), pp = 2 with 1F1B, pp = 2 with ZBVPP (vpp = 2).
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ import pandas as pd
 from experiments.base import ExperimentError, ExperimentResult, register_experiment, require
 
 NAME = "local_validation"
+SEQ = 128
 CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 688,
-          "vocab_size": 1000, "max_position_embeddings": 64}
-PLANS = {  # label -> Strategy fields (global batch 8)
-    "dp=2": {"dp": 2, "micro_batch_size": 2},
-    "mp=2": {"mp": 2, "micro_batch_size": 2},
-    "pp=2 1F1B": {"pp": 2, "schedule_mode": "1F1B", "micro_batch_size": 2},
-    "pp=2 ZBVPP": {"pp": 2, "vpp": 2, "schedule_mode": "ZBVPP", "micro_batch_size": 2},
+          "vocab_size": 1000, "max_position_embeddings": SEQ}
+PLANS = {  # label -> (layers, Strategy fields); global batch 8
+    "dp=2": (2, {"dp": 2, "micro_batch_size": 2}),
+    "mp=2": (2, {"mp": 2, "micro_batch_size": 2}),
+    "pp=2 1F1B": (2, {"pp": 2, "schedule_mode": "1F1B", "micro_batch_size": 2}),
+    "pp=2 ZBVPP": (4, {"pp": 2, "vpp": 2, "schedule_mode": "ZBVPP", "micro_batch_size": 2}),
 }
 
 
@@ -43,13 +45,13 @@ def write_plans(out_dir: Path, cluster: str) -> dict[str, Path]:
     strategy_cls = require(NAME, "meshplan.strategy", "Strategy", issue="issue 7")
     work = out_dir / f"{NAME}_plans"
     work.mkdir(parents=True, exist_ok=True)
-    cfg = work / "config.json"
-    cfg.write_text(json.dumps(CONFIG, indent=2))
     out = {}
-    for label, fields in PLANS.items():
-        strat = strategy_cls(global_batch_size=8, dtype="float32", **fields)
+    for label, (layers, fields) in PLANS.items():
+        cfg = work / f"config_l{layers}.json"
+        cfg.write_text(json.dumps({**CONFIG, "num_hidden_layers": layers}, indent=2))
+        strat = strategy_cls(global_batch_size=8, dtype="float32", optimizer="sgd", **fields)
         path = work / ("plan_" + label.replace("=", "").replace(" ", "_") + ".json")
-        plan_cls(model=str(cfg), cluster=cluster, strategy=strat, seq_len=64).save(path)
+        plan_cls(model=str(cfg), cluster=cluster, strategy=strat, seq_len=SEQ).save(path)
         out[label] = path
     return out
 
@@ -74,11 +76,26 @@ def validate(plan: Path, steps: int, cluster_yaml: str | None) -> dict:
         raise ExperimentError(f"experiment {NAME!r}: meshplan validate printed no JSON: {e}") from e
 
 
+def calibrate(out: Path, quick: bool) -> str:
+    """``meshplan calibrate --nproc 2 [--quick] --output OUT`` in a subprocess; the YAML."""
+    require(NAME, "executor", "run_plan", issue="issue 9")
+    cmd = [sys.executable, "-m", "meshplan", "calibrate", "--nproc", "2", "--output", str(out)]
+    proc = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0 or not out.is_file():
+        raise ExperimentError(f"experiment {NAME!r}: meshplan calibrate failed "
+                              f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return str(out)
+
+
 @register_experiment(NAME, "Local validation: predicted vs measured step time (2 ranks)")
 def run(quick: bool, out_dir: Path) -> ExperimentResult:
     """Validate every plan of ``PLANS`` for 10 steps (quick: ``QUICK_PLANS``, 3 steps)."""
     cluster_yaml = os.environ.get("MESHPLAN_CLUSTER")
-    plans = write_plans(Path(out_dir), cluster_yaml or "cpu-local")
+    if not cluster_yaml:
+        (Path(out_dir) / f"{NAME}_plans").mkdir(parents=True, exist_ok=True)
+        cluster_yaml = calibrate(Path(out_dir) / f"{NAME}_plans" / "calibrated.yaml", quick)
+    plans = write_plans(Path(out_dir), cluster_yaml)
     records = []
     for label, path in plans.items():
         if quick and label not in QUICK_PLANS:
@@ -89,9 +106,10 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
                         "measured_step_time_ms": meas, "relative_error": pred / meas - 1})
     df = pd.DataFrame.from_records(records)
     notes = [f"Largest |relative error|: {df['relative_error'].abs().max():.1%} "
-             f"(cluster: {cluster_yaml or 'cpu-local, uncalibrated'})."]
-    desc = ("2-layer LLaMA-style model (hidden 256, 4 heads, seq 64, vocab 1000, fp32), "
-            "global batch 8, on 2 gloo ranks; `meshplan validate --json`; "
-            "error = predicted / measured - 1.")
+             f"(cluster: {cluster_yaml}, measured by `meshplan calibrate`"
+             f"{' --quick' if quick else ''})."]
+    desc = ("LLaMA-style model (hidden 256, 4 heads, seq 128, vocab 1000, fp32; 2 layers, "
+            "4 for ZBVPP), global batch 8, SGD, on 2 gloo ranks, after `meshplan calibrate`; "
+            "`meshplan validate --json`; error = predicted / measured - 1.")
     return ExperimentResult(NAME, "Local validation: predicted vs measured step time (2 ranks)",
                             df, desc, notes, float_format=".3f")
