@@ -113,6 +113,13 @@ class Efficiency(BaseModel):
     exceed 1 where the kernel moves fewer bytes than the model counts (a gradient passed
     through as a view) and is far below ``memory_kernels`` for kernels that make several
     passes over their data. ``meshplan calibrate`` measures it per op of the executor."""
+    action_overhead_s: NonNegative | None = None
+    """Optional: seconds of host work per pipeline action pass (F, B or W; a fused BW
+    pays it twice, once per pass) outside its kernels -- the framework's per-action
+    dispatch (unit loop, micro-batch bookkeeping, p2p posting). ``simulator.step`` adds it
+    to each of T_F, T_B, T_W; absent: 0. On GPUs this host work overlaps with kernels
+    already queued asynchronously, so the catalog GPU specs set 0; on CPU (the executor
+    with gloo) it is serial and ``meshplan calibrate`` measures it."""
 
 
 class DeviceSpec(BaseModel):

@@ -14,7 +14,10 @@ are kept. Fits: :mod:`executor.calibrate_fit`.
   = 1: P is the achieved asymptote); ``efficiency.attention`` = achieved rate of the
   attention ops on executed FLOPs over P; ``efficiency.memory_kernels`` = the bytes the
   memory-bound ops move (operands + results) per second of their time beyond ``o``, over
-  ``memory_bandwidth``; ``efficiency.by_op`` = the same two ratios per op type and phase
+  ``memory_bandwidth``; ``efficiency.action_overhead_s`` = median over the F/B/W unit
+  calls (pipeline action passes) of the unit's wall time minus its ops' time (the
+  interpreter's per-action host work outside any op); ``efficiency.by_op`` = the same two
+  ratios per op type and phase
   (key ``op:phase``, e.g. ``rms_norm_grad:W``): each kernel as it really runs (several
   passes over its data, or none for a gradient passed through as a view).
 - ``memory_bandwidth``: a large tensor copy (bytes read + written per second), with
@@ -116,6 +119,7 @@ class Calibration:
     gemm_half_flops: float = 1.0
     memory_bandwidth: float = 0.0
     kernel_overhead: float = 0.0
+    action_overhead: float = 0.0
     attention_efficiency: float | None = None
     memory_kernel_efficiency: float | None = None
     op_counts: dict[str, int] = field(default_factory=dict)
@@ -201,7 +205,8 @@ def calibration_worker(rank: int, nproc: int, st: Settings, device: str) -> dict
 
 
 def _fit_compute(cal: Calibration, ops: list, gemm: dict, copy_bw: float) -> None:
-    by = {k: [s for s in ops if s.kind == k] for k in ("view", "gemm", "attention", "memory")}
+    by = {k: [s for s in ops if s.kind == k]
+          for k in ("view", "gemm", "attention", "memory", "action")}
     cal.op_counts = {k: len(v) for k, v in by.items()}
     try:
         o = fit_overhead([s.seconds for s in by["view"]])
@@ -214,6 +219,8 @@ def _fit_compute(cal: Calibration, ops: list, gemm: dict, copy_bw: float) -> Non
     except FitError as e:
         raise CalibrationError(str(e)) from None
     cal.kernel_overhead, cal.gemm_half_flops = o, half
+    if by["action"]:  # per F/B/W pass: unit wall minus its ops' time (median)
+        cal.action_overhead = statistics.median(s.seconds for s in by["action"])
     cal.memory_kernel_efficiency = min(mem / copy_bw, 1.0)
     cal.attention_efficiency = min(attn / rate, 1.0)
     cal.by_op = fit_by_op(by["memory"] + by["attention"], o, copy_bw, rate)
@@ -280,6 +287,9 @@ def _device_spec(cal: Calibration) -> dict[str, Any]:
         "kernel_overhead_s": _q(cal.kernel_overhead, f"{trace}: median time of kernel-less ops "
                                                      f"(interpreter loop + one dispatch)"),
         "gemm_half_flops": _q(cal.gemm_half_flops, f"{trace}: GEMM fit t = o + (F + F_half)/P"),
+        "action_overhead_s": _q(cal.action_overhead, f"{trace}: median over F/B/W unit calls of "
+                                                     f"unit wall time minus its ops' time "
+                                                     f"(per-action host work outside ops)"),
     }
     if cal.attention_efficiency is not None:
         eff["attention"] = _q(cal.attention_efficiency, f"{trace}: attention executed FLOP/s "

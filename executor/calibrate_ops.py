@@ -18,7 +18,10 @@ because the executor does not import the simulator):
   the ids and the selected rows and writes them (ids + 2 x out), ``embedding_grad``
   writes the table gradient and reads the ids and dout three times (zero, read,
   scatter-add: table grad + ids + 3 x dout);
-- ``view``: reshape / squeeze / unsqueeze and their grads (no kernel in the cost model).
+- ``view``: reshape / squeeze / unsqueeze and their grads (no kernel in the cost model);
+- ``action``: per F/B/W unit call (a pipeline action pass), its wall time minus the summed
+  time of its ops in the same call -- the interpreter's per-action host work outside any
+  op (unit loop, micro-batch environment lookups); median over further steps.
 
 Each sample is ``(kind, op type, flops, bytes, seconds, phase)`` with seconds the median
 over the timed steps and phase the unit it ran in (F, B, W, or O for the optimizer step). Run on every rank at once (``calibrate`` launches it on ``nproc`` ranks), so
@@ -186,5 +189,50 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
     times.clear()
     for _ in range(steps):
         ex.run_step(order)
-    return [OpSample(*info[k], statistics.median(v), phases[k]) for k, v in times.items()
-            if k in info]
+    ops = [OpSample(*info[k], statistics.median(v), phases[k]) for k, v in times.items()
+           if k in info]
+    ex._exec = run
+    resid = _unit_residuals(ex, order, steps, device)
+    return ops + [OpSample("action", ph, 0.0, 0.0, r, ph)
+                  for r, ph in zip(resid, _unit_phases(order), strict=True)]
+
+
+def _unit_phases(order: Any) -> list[str]:
+    return [ph for a in order for ph in (("B", "W") if a.kind == "BW" else (a.kind,))]
+
+
+def _unit_residuals(ex: Any, order: Any, steps: int, device: str) -> list[float]:
+    """Per F/B/W unit call of a step (in call order), the median over ``steps`` steps of
+    the unit's wall seconds minus the summed seconds of its ops (``ex._exec`` calls), both
+    from the same call; the ops are timed by a lean wrapper (two clock reads per op,
+    about 0.1 us each, outside the op times but inside the unit)."""
+    run_unit, inner = ex.run_unit, ex._exec
+    per: list[list[float]] = []
+    acc = [0.0]
+
+    def exec_timed(it, mb, env, left, key):
+        _sync(device)
+        t0 = time.perf_counter()
+        inner(it, mb, env, left, key)
+        _sync(device)
+        acc[0] += time.perf_counter() - t0
+
+    def unit(key, mb, env, left):
+        if not isinstance(key, tuple):
+            return run_unit(key, mb, env, left)
+        acc[0] = 0.0
+        _sync(device)
+        t0 = time.perf_counter()
+        run_unit(key, mb, env, left)
+        _sync(device)
+        per[-1].append(max(time.perf_counter() - t0 - acc[0], 0.0))
+        return None
+
+    ex.run_unit, ex._exec = unit, exec_timed
+    try:
+        for _ in range(steps):
+            per.append([])
+            ex.run_step(order)
+    finally:
+        ex.run_unit, ex._exec = run_unit, inner
+    return [statistics.median(col) for col in zip(*per, strict=True)]

@@ -8,8 +8,9 @@ raises :class:`RankFailure` carrying that rank's number and message. A run that 
 the same way and raises :class:`LaunchTimeout`. Collectives also carry the process-group
 timeout (``collective_timeout``), so a rank blocked on a dead peer raises by itself.
 
-Multi-node runs use ``torchrun`` instead (``torchrun --nnodes N --nproc-per-node G
--m executor.run PLAN.json``); the per-rank code is the same, only the rendezvous differs.
+All ranks run on this host (``torch.multiprocessing`` with a TCP rendezvous on
+127.0.0.1). A multi-node launcher (torchrun's environment rendezvous) is not implemented
+yet: the per-rank code would be the same, only the rendezvous differs.
 """
 
 from __future__ import annotations

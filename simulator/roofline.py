@@ -62,6 +62,8 @@ class Roofline:
             (None: ``mem_efficiency``).
         by_op: ``"op:phase"`` (or ``"op"``) -> efficiency replacing the two above for
             that op's attention or memory-bound kernels in that phase (empty: none).
+        action_overhead: seconds of host work per pipeline action pass (F, B or W)
+            outside its kernels (``device.efficiency.action_overhead_s``; absent: 0).
     """
 
     peak_flops: dict[str, float]
@@ -74,6 +76,7 @@ class Roofline:
     attention_efficiency: float | None = None
     memory_kernel_efficiency: float | None = None
     by_op: dict[str, float] = field(default_factory=dict)
+    action_overhead: float = 0.0
 
     @classmethod
     def from_device(cls, device: Any, gemm_efficiency: float | None = None) -> Roofline:
@@ -84,6 +87,7 @@ class Roofline:
         defaults = () if half is not None else ("gemm_half_flops",)
         attn, memk = getattr(eff, "attention", None), getattr(eff, "memory_kernels", None)
         by_op = {k: float(v.value) for k, v in (getattr(eff, "by_op", None) or {}).items()}
+        action = getattr(eff, "action_overhead_s", None)
         return cls(
             peak_flops={k: float(v.value) for k, v in device.peak_flops.items()},
             gemm_efficiency=float(eff.gemm.value if gemm_efficiency is None else gemm_efficiency),
@@ -95,6 +99,7 @@ class Roofline:
             attention_efficiency=None if attn is None else float(attn.value),
             memory_kernel_efficiency=None if memk is None else float(memk.value),
             by_op=by_op,
+            action_overhead=0.0 if action is None else float(action.value),
         )
 
     def peak(self, dtype: str) -> float:

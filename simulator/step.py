@@ -212,7 +212,12 @@ class StepModel:
         return self.cluster.collective_time("all_gather", nbytes, self._dp_group(stage))
 
     def stage_time(self, vs: int, stage: int) -> tuple[dict[str, float], dict[str, float]]:
-        """({F, B, W} seconds, {compute, comm} seconds per micro-batch) of virtual stage vs."""
+        """({F, B, W} seconds, {compute, comm} seconds per micro-batch) of virtual stage vs.
+
+        Each of T_F, T_B, T_W also carries the device's per-pass host overhead
+        (``Roofline.action_overhead``, ``device.efficiency.action_overhead_s``): the
+        framework's dispatch work per pipeline action outside its kernels (a BW action,
+        B + W, pays it twice -- the executor runs its B and W units one after the other)."""
         ov, cfg = self.cfg.overlap, self.cfg
         t = dict.fromkeys(PHASES, 0.0)
         parts = {"compute": 0.0, "comm": 0.0}
@@ -236,6 +241,10 @@ class StepModel:
         acc = self._accumulation_time(vs)
         t["W"] += acc
         parts["compute"] += acc
+        host = self.rf.action_overhead  # per pass, outside kernels: serial host work
+        for ph in PHASES:
+            t[ph] += host
+        parts["compute"] += len(PHASES) * host
         return t, parts
 
     def _accumulation_time(self, vs: int) -> float:
