@@ -88,18 +88,24 @@ def local_tensor(v: Value | None, rank: int | None) -> TensorSig | None:
     return TensorSig(max_local_shape(v.shape, attr), v.dtype)
 
 
-def is_weight(v: Value | None) -> bool:
-    """True when ``v`` is a parameter, or a cast / reshard / view of one."""
+def param_root(v: Value | None, through: frozenset[str] = _TRANSPARENT) -> Value | None:
+    """The parameter that ``v`` is (or is a chain of up to 6 ``through`` ops of, each read
+    from its first operand: cast / reshard / view), else None."""
     for _ in range(6):
         if v is None:
-            return False
+            return None
         if v.is_parameter:
-            return True
+            return v
         op = v.op
-        if op is None or op.type not in _TRANSPARENT or not op.operands:
-            return False
+        if op is None or op.type not in through or not op.operands:
+            return None
         v = op.operands[0]
-    return False
+    return None
+
+
+def is_weight(v: Value | None) -> bool:
+    """True when ``v`` is a parameter, or a cast / reshard / view of one."""
+    return param_root(v) is not None
 
 
 def is_weight_grad(v: Value | None, param_names: frozenset[str]) -> bool:

@@ -27,7 +27,10 @@ from simulator.blocks import Block, assign_blocks
 from simulator.memory import _is_attn_core, is_regather
 from simulator.op_cost import op_cost
 from simulator.roofline import Roofline
-from simulator.sig import DTYPE_BYTES, is_weight_grad, local_tensor, op_signature
+from simulator.sig import DTYPE_BYTES, is_weight_grad, local_tensor, op_signature, param_root
+
+#: a parameter seen through these ops is still that parameter (for gradient-sync sizing)
+_CAST_OR_RESHARD = frozenset({"cast", "reshard"})
 
 PHASES = ("F", "B", "W")
 
@@ -115,19 +118,6 @@ def _group_of(step: Any, rank: int) -> tuple[int, ...]:
     return tuple(step.groups[0]) if step.groups else (rank,)
 
 
-def _param_root(v: Any) -> Any:
-    for _ in range(6):
-        if v is None:
-            return None
-        if v.is_parameter:
-            return v
-        op = v.op
-        if op is None or op.type not in ("cast", "reshard") or not op.operands:
-            return None
-        v = op.operands[0]
-    return None
-
-
 class StageCoster:
     """Costs blocks of one program on one cluster for a representative rank.
 
@@ -199,7 +189,7 @@ class StageCoster:
             for d in t.shape:
                 n *= d
             nb = n * DTYPE_BYTES.get(t.dtype, 4)
-            root = _param_root(v)
+            root = param_root(v, _CAST_OR_RESHARD)
             if root is not None and op.role in (OpRole.FORWARD, OpRole.LOSS):
                 bc.params.setdefault(root.name or str(id(root)), (n, nb))
             if root is None:
