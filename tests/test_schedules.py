@@ -153,27 +153,34 @@ def test_illegal_combinations_raise(args, match):
         build_schedule(*args)
 
 
-def _legal_grid():
-    for p in (1, 2, 3, 4, 7, 8, 16):
-        for m in (1, 2, p, 2 * p + 1, 64):
-            if m > 64:
-                continue
-            for name in ("FThenB", "1F1B", "ZBH1", "ZBH2", "ZB"):
-                yield name, p, m, 1
-            yield "ZBVPP", p, m, 2
+def _legal_combinations(p):
+    """Every legal (schedule, m, v) for ``p`` stages with m <= 64 and v <= 4: the
+    single-chunk families at v = 1, ZBVPP at v = 2, VPP at v = 1..4 when p divides m."""
+    for m in range(1, 65):
+        for name in ("FThenB", "1F1B", "ZBH1", "ZBH2", "ZB"):
+            yield name, m, 1
+        yield "ZBVPP", m, 2
+        if m % p == 0:
             for v in (1, 2, 3, 4):
-                if m % p == 0:
-                    yield "VPP", p, m, v
+                yield "VPP", m, v
 
 
-def test_sweep_every_legal_family_runs_without_deadlock():
+@pytest.mark.parametrize("p", range(1, 17))
+def test_sweep_every_legal_combination_runs_without_deadlock(p):
+    """Issue 6: every legal (schedule, p <= 16, m <= 64, v <= 4) simulates to completion
+    (unequal F/B/W times and a p2p delay; the time-aware ZB / ZBVPP builders get them):
+    one timeline event per scheduled action, and a bubble ratio in [0, 1)."""
+    tf, tb, tw, comm = 300e-9, 200e-9, 100e-9, 30e-9
+    times = {"F": tf, "B": tb, "W": tw}
     count = 0
-    for name, p, m, v in _legal_grid():
-        res = _run(name, p, m, v, 300, 200, 100, comm=30)
-        assert len(res.timeline) == sum(len(r) for r in build_schedule(name, p, m, v).actions)
-        assert 0.0 <= res.bubble_ratio < 1.0
+    for name, m, v in _legal_combinations(p):
+        opts = {"stage_times": times, "comm_time": comm} if name in ("ZB", "ZBVPP") else {}
+        sched = build_schedule(name, p, m, v, **opts)
+        res = simulate_pipeline(sched, times, comm)
+        assert len(res.timeline) == sum(len(r) for r in sched.actions), (name, p, m, v)
+        assert 0.0 <= res.bubble_ratio < 1.0, (name, p, m, v)
         count += 1
-    assert count > 250
+    assert count == 64 * 6 + 4 * (64 // p)
 
 
 @pytest.mark.parametrize("name, expected", [("1F1B", 8 * 250), ("FThenB", 8 * 250), ("ZBH1", 8 * 200 + 50), ("ZBH2", 8 * 200 + 50)])
