@@ -1,7 +1,9 @@
 """Blocks of a program: ``"pre"`` (ops before the first decoder layer: embeddings), one
 int per decoder layer (struct names ``...layers.<i>...``, the builders' scheme, see
 ``completion.models``) and ``"post"`` (final norm, head, loss). A backward op belongs to
-its own layer, or else to the block of the forward op with the same struct name."""
+its own layer, or else to the block of the forward op with the same struct name (a compute
+op's block wins over an input's: the ``labels`` data op is created before the layers but
+shares the struct name ``loss`` with the loss ops, whose backward belongs to ``"post"``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from completion.ir import Operation, OpRole, Program
 
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 Block = Any  # "pre" | int | "post"
+INPUT_OPS = frozenset({"data", "parameter"})  # ops that only declare a program input
 
 
 def layer_of(op: Operation | None) -> int | None:
@@ -26,6 +29,7 @@ def assign_blocks(program: Program) -> dict[int, Block]:
     """id(op) -> block for every forward, loss and backward op."""
     out: dict[int, Block] = {}
     by_struct: dict[str, Block] = {}
+    of_inputs: dict[str, Block] = {}  # struct name -> block of its first data/parameter op
     seen_layer = False
     for op in program.ops:
         if op.role not in (OpRole.FORWARD, OpRole.LOSS):
@@ -37,7 +41,9 @@ def assign_blocks(program: Program) -> dict[int, Block]:
         else:
             blk = "post" if seen_layer else "pre"
         out[id(op)] = blk
-        by_struct.setdefault(op.struct_name, blk)
+        (of_inputs if op.type in INPUT_OPS else by_struct).setdefault(op.struct_name, blk)
+    for name, blk in of_inputs.items():
+        by_struct.setdefault(name, blk)
     for op in program.ops:
         if op.role == OpRole.BACKWARD:
             layer = layer_of(op)

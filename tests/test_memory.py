@@ -115,3 +115,27 @@ def test_workspace_is_the_largest_single_op():
     assert mem.workspace_bytes(prog) >= 2 * 2 * 512 * v
     with pytest.raises(ValueError, match="recompute"):
         mem.saved_activations(prog, "some")
+
+
+def test_loss_backward_and_its_working_set_belong_to_the_post_block():
+    """The ``labels`` data op (struct name ``loss``) is created before the layers; the loss
+    grads (same struct name) still belong to "post", the last stage, not to "pre". Working
+    sets by hand (bf16, V = 50257, h = 2304, b s = 4096 tokens): "pre" at most the tied
+    embedding's add_n (two [V, h] gradients in, one out); "post" the cross-entropy grad
+    (softmax and logits grad [b, s, V], labels int64 and the loss grad [b, s, 1])."""
+    from completion.ir import OpRole
+    from simulator.blocks import assign_blocks
+
+    b, s, vocab, h = 4, 1024, 50257, 2304
+    prog = build_model("zb-gpt-1.5b", batch_size=b, seq_len=s, num_layers=2)
+    append_backward(prog)
+    blocks = assign_blocks(prog)
+    grads = [op for op in prog.ops if op.role == OpRole.BACKWARD and op.struct_name == "loss"]
+    assert {"mean_grad", "cross_entropy_with_softmax_grad"} <= {op.type for op in grads}
+    assert {blocks[id(op)] for op in grads} == {"post"}
+
+    def work(blk):
+        return mem.workspace_bytes(prog, [op for op in prog.ops if blocks.get(id(op)) == blk])
+
+    assert work("pre") == 3 * vocab * h * 2
+    assert work("post") == 2 * b * s * vocab * 2 + b * s * (8 + 2)
