@@ -49,11 +49,16 @@ def fit_overhead(view_seconds: Sequence[float]) -> float:
 def fit_gemm(flops: Sequence[float], seconds: Sequence[float], o: float) -> tuple[float, float]:
     """(P FLOP/s, F_half FLOPs) from GEMM samples: ``t - o = F / P + F_half / P``.
     F_half is clamped to >= 1 FLOP (a noisy negative intercept means no small-size penalty).
-    Raises FitError for a non-positive rate."""
+    When noise swamps the size dependence (the fitted 1/P comes out <= 0), P falls back to
+    the fastest observed rate ``max(F / (t - o))`` with F_half = 1. Raises FitError when no
+    sample has FLOPs."""
     t = [max(s - o, 1e-9) for s in seconds]
     inv_p, half_over_p = relative_lstsq([list(flops), [1.0] * len(flops)], t, "GEMM rate")
     if inv_p <= 0:
-        raise FitError("GEMM rate: the fit gave a non-positive rate")
+        rates = [f / x for f, x in zip(flops, t, strict=True) if f > 0]
+        if not rates:
+            raise FitError("GEMM rate: no timed GEMM had any FLOPs")
+        return float(max(rates)), 1.0
     return 1.0 / inv_p, max(half_over_p / inv_p, 1.0)
 
 
@@ -100,8 +105,13 @@ def collective_terms(kind: str, n: int) -> tuple[float, float]:
 
 def fit_links(points: dict[str, list[tuple[float, float]]]) -> tuple[float, float]:
     """(step latency a_i seconds, bandwidth B_i bytes/s): one joint relative least-squares
-    fit of every (kind/n, S, t) point to ``steps a + share S / B``. Raises FitError for a
-    non-positive bandwidth."""
+    fit of every (kind/n, S, t) point to ``steps a + share S / B``.
+
+    When noise swamps the byte term (small messages on a loaded host: the fitted 1/B comes
+    out <= 0), B falls back to the fastest byte rate observed, ``max(share S / t)`` (a lower
+    bound on the link bandwidth: it charges the whole time to the bytes), and a to the
+    median of ``(t - share S / B) / steps`` over the points (>= 0). Raises FitError when no
+    point moved any bytes."""
     lat, byt, ts = [], [], []
     for key, pts in points.items():
         kind, n = key.split("/")
@@ -112,5 +122,9 @@ def fit_links(points: dict[str, list[tuple[float, float]]]) -> tuple[float, floa
             ts.append(t)
     a, inv_b = relative_lstsq([lat, byt], ts, "collective alpha/beta")
     if inv_b <= 0:
-        raise FitError("collective alpha/beta: the fit gave a non-positive bandwidth")
+        rates = [b / t for b, t in zip(byt, ts, strict=True) if b > 0]
+        if not rates:
+            raise FitError("collective alpha/beta: no timed collective moved any bytes")
+        inv_b = 1.0 / max(rates)
+        a = float(np.median([(t - b * inv_b) / k for k, b, t in zip(lat, byt, ts, strict=True)]))
     return max(float(a), 0.0), 1.0 / float(inv_b)

@@ -55,6 +55,26 @@ def test_fit_links_inverts_the_single_node_model():
     assert got_a == pytest.approx(a) and got_b == pytest.approx(b)
 
 
+def test_fit_links_falls_back_when_noise_swamps_the_bytes():
+    """Small messages on a loaded host: times fall as sizes grow, the free fit gives a
+    negative 1/B. Then B = the fastest observed byte rate and a = median residual / steps.
+    all_reduce on 2 ranks: steps 2, share 1. Rates 1e3/5e-4 = 2e6 and 1e4/4e-4 = 2.5e7 B/s,
+    so B = 2.5e7; residuals (5e-4 - 4e-5)/2 = 2.3e-4 and (4e-4 - 4e-4)/2 = 0: median 1.15e-4."""
+    pts = {"all_reduce/2": [(1e3, 5e-4), (1e4, 4e-4)]}
+    a, b = fit_links(pts)
+    assert b == pytest.approx(2.5e7)
+    assert a == pytest.approx(1.15e-4)
+    with pytest.raises(FitError, match="moved any bytes"):
+        fit_links({"all_reduce/2": [(0.0, 5e-4), (0.0, 4e-4)]})
+
+
+def test_fit_gemm_falls_back_to_the_fastest_rate_when_noise_swamps_size():
+    """Times that fall as FLOPs grow give a negative 1/P: P = max(F / (t - o)) =
+    4e6 / 1e-3 = 4e9 FLOP/s, no small-size penalty (F_half = 1)."""
+    p, half = fit_gemm([1e6, 4e6], [3e-3, 1.1e-3], 1e-4)
+    assert p == pytest.approx(4e9) and half == 1.0
+
+
 def test_classify_counts_gemm_flops_and_memory_bytes():
     import torch
 
