@@ -75,3 +75,23 @@ def test_fixed_pp_beyond_the_layer_count_is_refused_up_front():
     with pytest.raises(SpaceError, match="pp=8 exceeds the model's 4 layers"):
         SearchSpace(prob, fix=parse_fix("pp=8"))
     SearchSpace(prob, fix=parse_fix("pp=4"))  # legal
+
+
+def test_partial_score_record_of_a_killed_worker_is_not_read_as_a_score():
+    """A worker SIGKILLed while writing a trial's score leaves only some of its user attrs;
+    history rows and counts must not fail on it (KeyError) nor count it as scored."""
+    import optuna
+
+    from tuner.result import scored
+
+    assert scored({"time_s": 1.0, "memory_bytes": 2, "memory_limit_bytes": 3})
+    assert not scored({"time_s": 1.0})  # killed after the first write
+    study = optuna.create_study()
+    t = study.ask()
+    t.set_user_attr("time_s", 1.0)
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    from tuner.result import TuneResult
+
+    res = TuneResult(study, global_batch_size=8)
+    assert res.counts().get("oom", 0) == 0
+    assert res.to_dataframe().loc[0, "state"] == "FAIL"  # the row is written, no KeyError

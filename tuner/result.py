@@ -32,6 +32,15 @@ HISTORY_COLUMNS = (
 GIB = 1024**3
 
 
+
+SCORE_KEYS = ("time_s", "memory_bytes", "memory_limit_bytes")
+
+
+def scored(user_attrs: Mapping[str, Any]) -> bool:
+    """True when a trial carries a whole score record (a worker killed while writing it
+    can leave part of it)."""
+    return all(k in user_attrs for k in SCORE_KEYS)
+
 def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
     ua = t.user_attrs
     plan = ua.get("plan") or {}
@@ -53,7 +62,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
                        if plan.get("annotation_seed") is not None else None))
-    if "time_s" in ua:
+    if scored(ua):
         mem, lim = ua["memory_bytes"], ua["memory_limit_bytes"]
         m = ua.get("metrics", {})
         row.update(time=ua["time_s"], tokens_per_s=m.get("tokens_per_s"), mfu=m.get("mfu"),
@@ -100,7 +109,7 @@ class TuneResult:
             ua = t.user_attrs
             if t.state == TrialState.PRUNED:
                 c["illegal" if "illegal" in ua else "error"] += 1
-            if "time_s" in ua and ua["memory_bytes"] > ua["memory_limit_bytes"]:
+            if scored(ua) and ua["memory_bytes"] > ua["memory_limit_bytes"]:
                 c["oom"] += 1
             if ua.get("cached"):
                 c["cached"] += 1

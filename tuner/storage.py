@@ -26,7 +26,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
 WORKER_ATTR = "meshplan_worker"
@@ -84,12 +84,12 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
         if study_dir is None:
             return None
         study_dir.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(study_dir / "journal.log")))
+        return _journal(study_dir / "journal.log")
     if url.startswith("journal:"):
         url = url[len("journal:"):]
     if "://" not in url:
         Path(url).parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(url))
+        return _journal(Path(url))
     url = rdb_url(url)
     for attempt in range(SCHEMA_RACE_RETRIES + 1):
         try:
@@ -109,6 +109,17 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
             raise StorageError(f"storage {url!r}: {type(e).__name__}: {first}") from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: seconds before a journal lock left by a killed worker (SIGKILL while writing) is taken
+#: over; a live writer holds it for milliseconds (Optuna's default is 30 s)
+LOCK_GRACE_S = 5
+
+
+def _journal(path: Path) -> JournalStorage:
+    """Optuna's journal file storage at ``path`` with a short stale-lock grace period."""
+    return JournalStorage(JournalFileBackend(str(path),
+                                             lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
 
 
 def rdb_url(url: str) -> str:

@@ -218,7 +218,9 @@ class _Objective:
             self.cache[key] = rec
         else:
             trial.set_user_attr("cached", True)
-        for k in ("time_s", "memory_bytes", "memory_limit_bytes", "metrics"):
+        # time_s last: each attr is its own storage write, so a trial whose worker is killed
+        # mid-way never shows time_s without the memory fields that readers pair with it
+        for k in ("metrics", "memory_limit_bytes", "memory_bytes", "time_s"):
             trial.set_user_attr(k, rec[k])
         trial.set_constraint("memory", rec["memory_bytes"] / rec["memory_limit_bytes"] - 1.0)
         if self.cfg.pareto:
