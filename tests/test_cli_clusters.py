@@ -9,16 +9,7 @@ import yaml
 
 from clusters import CATALOG_DIR
 from tests._cli import one_line_error, run_main
-
-CATALOG = [
-    "cpu-local",
-    "dgx-a100-40g",
-    "dgx-a100-80g",
-    "dgx-h100",
-    "hgx-h200",
-    "selene",
-    "zb-paper-a100",
-]
+from tests.test_clusters_spec import CATALOG  # the seven expected catalog names
 
 
 def test_list_names_all_seven(capsys):
