@@ -21,10 +21,10 @@ from completion.mesh import ProcessMesh
 from completion.models import ModelConfig, build_mlp, build_model, get_model_config
 from completion.ops.registry import OpError, TensorType
 from completion.optimizer import OptimizerError, apply_optimizer
-from completion.partition import apply_partition_pass
+from completion.passes.partition import apply_partition_pass
+from completion.passes.reshard import RankOp, apply_reshard_pass, rank_program
 from completion.pir import PirParseError, parse_program, print_program
 from completion.reshard import ReshardError, ReshardPlan, plan_reshard
-from completion.reshard_pass import RankOp, apply_reshard_pass, rank_program
 from completion.spmd import DistTensor, SpmdResult, get_spmd_rule
 
 __all__ = [

@@ -285,12 +285,6 @@ class Program:
         """Ops whose ``role`` is ``role``, in program order."""
         return [op for op in self.ops if op.role == role]
 
-    def annotate(self, value_name: str | int, mesh: Any, dims_mapping: Any = None, placements: Any = None) -> TensorDistAttr:
-        """Annotate a value's layout; see :func:`completion.annotate.annotate`."""
-        from completion.annotate import annotate
-
-        return annotate(self, value_name, mesh, dims_mapping, placements)
-
     def validate(self) -> None:
         """Check SSA form: every operand defined earlier in the program, defined once.
 

@@ -26,7 +26,7 @@ import torch
 
 from completion.ir import Value
 from completion.ops.registry import TensorType
-from completion.reshard_pass import value_layout
+from completion.passes.reshard import value_layout
 from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
 from executor.kernels import KernelContext, get_kernel, torch_dtype

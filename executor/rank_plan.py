@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from completion import RankOp, rank_program
 from completion.ir import Operation, OpRole, Program, Value
-from completion.reshard_pass import value_layout
+from completion.passes.reshard import value_layout
 
 SOURCES = ("data", "parameter", "full")
 P2P = ("send", "recv")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from completion.reshard_pass import value_layout
+from completion.passes.reshard import value_layout
 from executor.actions import Rows, ScheduleError, schedule_rows, single_stage_order
 from executor.assemble import assemble
 from executor.launch import LaunchError, launch

@@ -18,8 +18,8 @@ import torch
 
 from completion.ir import Value
 from completion.ops.registry import TensorType
+from completion.passes.reshard import STEP_OPS, value_layout
 from completion.reshard import Layout, plan_reshard
-from completion.reshard_pass import STEP_OPS, value_layout
 from executor.collectives import Groups, run_collective
 from executor.kernels import KernelContext, get_kernel
 

@@ -29,8 +29,8 @@ from simulator.memory import (
     saved_activations,
 )
 from simulator.op_cost import op_cost
+from simulator.op_signature import DTYPE_BYTES, local_tensor, op_signature
 from simulator.roofline import Roofline
-from simulator.sig import DTYPE_BYTES, local_tensor, op_signature
 from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
 
@@ -196,7 +196,7 @@ class Engine:
         if self._state != "new":
             return prog
         if self._needs_completion:
-            from completion.annotate import shard_megatron
+            from completion.annotate import annotate, shard_megatron
             from completion.completer import Completer
 
             s = self.strategy
@@ -207,7 +207,7 @@ class Engine:
                 shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
             elif isinstance(s.annotation, dict):
                 for name, pl in s.annotation.items():
-                    prog.annotate(name, mesh, placements=[_placement(p) for p in pl])
+                    annotate(prog, name, mesh, placements=[_placement(p) for p in pl])
             completer = Completer(prog)
             completer.complete_forward_annotation()
             completer.complete_backward_annotation()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from completion.ir import Operation, OpRole, Program, Value
 from simulator.blocks import assign_blocks
-from simulator.sig import DTYPE_BYTES, local_tensor, op_signature
+from simulator.op_signature import DTYPE_BYTES, local_tensor, op_signature
 
 # grad op -> operand indices whose buffers are not read (only their shapes)
 NO_NEED_BUFFER: dict[str, frozenset[int]] = {

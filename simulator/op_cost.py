@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from simulator.sig import DTYPE_BYTES, OpSig, TensorSig  # noqa: F401  (re-exported)
+from simulator.op_signature import DTYPE_BYTES, OpSig, TensorSig  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

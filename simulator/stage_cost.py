@@ -26,8 +26,14 @@ from completion.reshard import plan_reshard
 from simulator.blocks import Block, assign_blocks
 from simulator.memory import _is_attn_core, is_regather
 from simulator.op_cost import op_cost
+from simulator.op_signature import (
+    DTYPE_BYTES,
+    is_weight_grad,
+    local_tensor,
+    op_signature,
+    param_root,
+)
 from simulator.roofline import Roofline
-from simulator.sig import DTYPE_BYTES, is_weight_grad, local_tensor, op_signature, param_root
 
 #: a parameter seen through these ops is still that parameter (for gradient-sync sizing)
 _CAST_OR_RESHARD = frozenset({"cast", "reshard"})

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.engine import simulate_pipeline
 from simulator.memory import (
     StageActivations,
     timeline_activation_peaks,
     zero_model_states,
 )
+from simulator.pipeline_sim import simulate_pipeline
 from simulator.result import SimResult
 from simulator.roofline import Roofline
 from simulator.schedules import build_schedule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from completion.annotate import shard_megatron
+from completion.annotate import annotate, shard_megatron
 from completion.backward import append_backward
 from completion.completer import Completer
 from completion.dist_attr import Partial, Replicate, Shard
@@ -41,8 +41,8 @@ def test_seed_golden_from_the_file_without_dist_attrs(shared_dir):
     progs = shared_dir / "data/programs"
     p = parse_program((progs / "mlp_sgd_no_dist_attrs.pir").read_text())
     mesh = ProcessMesh.of(2)
-    p.annotate("parameter_0", mesh, [-1, 0])
-    p.annotate("parameter_1", mesh, placements=[Shard(0)])
+    annotate(p, "parameter_0", mesh, [-1, 0])
+    annotate(p, "parameter_1", mesh, placements=[Shard(0)])
     Completer(p).complete()
     assert print_program(p) == (progs / "mlp_sgd_before_partition.pir").read_text()
 
@@ -63,9 +63,9 @@ def megatron_mlp(b=4, s=8, h=16):
 
 def test_megatron_mlp_golden():
     p, y1, y2 = megatron_mlp()
-    p.annotate("x", MESH22, [0, -1, -1])
-    p.annotate("W1", MESH22, [-1, 1])
-    p.annotate("W2", MESH22, [1, -1])
+    annotate(p, "x", MESH22, [0, -1, -1])
+    annotate(p, "W1", MESH22, [-1, 1])
+    annotate(p, "W2", MESH22, [1, -1])
     Completer(p).complete()
     assert attr(y1) == ([0, -1, 1], {})
     assert attr(y2) == ([0, -1, -1], {1: "sum"})
@@ -93,9 +93,9 @@ def test_case8_sequence_parallel_norm_weight_grad_is_partial_over_tp(norm):
     append_backward(p)
     apply_optimizer(p, "sgd")
     mesh = ProcessMesh.of(1, 2, dim_names=("dp", "tp"))
-    p.annotate("x", mesh, [-1, 1, -1])  # sequence dim over tp
-    p.annotate("norm.weight", mesh, [-1])
-    p.annotate("proj.weight", mesh)
+    annotate(p, "x", mesh, [-1, 1, -1])  # sequence dim over tp
+    annotate(p, "norm.weight", mesh, [-1])
+    annotate(p, "proj.weight", mesh)
     Completer(p).complete()
     assert attr(y) == ([-1, 1, -1], {})
     assert attr(p.value("norm.weight@GRAD")) == ([-1], {1: "sum"})
@@ -107,18 +107,18 @@ def test_case8_sequence_parallel_norm_weight_grad_is_partial_over_tp(norm):
 # -- annotation API ------------------------------------------------------------------------
 def test_annotate_forms_and_errors():
     p, _, _ = megatron_mlp()
-    a = p.annotate("W1", MESH22, placements=[Partial("sum"), Shard(1)])
+    a = annotate(p, "W1", MESH22, placements=[Partial("sum"), Shard(1)])
     assert a.dims_mapping == (-1, 1) and a.partial_dims == {0: "sum"}
-    assert p.annotate("W2", MESH22).dims_mapping == (-1, -1)
-    assert p.annotate("x", MESH22, [0, -1, -1], [Shard(0), Replicate()]).dims_mapping == (0, -1, -1)
+    assert annotate(p, "W2", MESH22).dims_mapping == (-1, -1)
+    assert annotate(p, "x", MESH22, [0, -1, -1], [Shard(0), Replicate()]).dims_mapping == (0, -1, -1)
     with pytest.raises(DistAttrError, match="W1.*disagrees"):
-        p.annotate("W1", MESH22, [0, -1], [Replicate(), Shard(1)])
+        annotate(p, "W1", MESH22, [0, -1], [Replicate(), Shard(1)])
     with pytest.raises(DistAttrError, match="W1.*mesh dim 2"):
-        p.annotate("W1", MESH22, [2, -1])
+        annotate(p, "W1", MESH22, [2, -1])
     with pytest.raises(DistAttrError, match="x.*rank 3"):
-        p.annotate("x", MESH22, [0, -1])
+        annotate(p, "x", MESH22, [0, -1])
     with pytest.raises(CompletionError, match="nope"):
-        p.annotate("nope", MESH22)
+        annotate(p, "nope", MESH22)
 
 
 def test_no_annotation_is_a_clear_error():
@@ -129,16 +129,16 @@ def test_no_annotation_is_a_clear_error():
 
 def test_non_convergence_names_the_values(shared_dir):
     p = parse_program((shared_dir / "data/programs/mlp_sgd_no_dist_attrs.pir").read_text())
-    p.annotate("parameter_0", ProcessMesh.of(2), [-1, 0])
+    annotate(p, "parameter_0", ProcessMesh.of(2), [-1, 0])
     with pytest.raises(CompletionError, match=r"fixed point after 1 sweeps; values still changing: %"):
         Completer(p, max_sweeps=1).complete()
 
 
 def test_annotations_survive_and_reshards_show_in_operands():
     p, y1, _ = megatron_mlp()
-    p.annotate("x", MESH22, [-1, 1, -1])  # sequence sharded on mp, W1 column-parallel on mp
-    p.annotate("W1", MESH22, [-1, 1])
-    p.annotate("W2", MESH22, [1, -1])
+    annotate(p, "x", MESH22, [-1, 1, -1])  # sequence sharded on mp, W1 column-parallel on mp
+    annotate(p, "W1", MESH22, [-1, 1])
+    annotate(p, "W2", MESH22, [1, -1])
     Completer(p).complete()
     assert attr(p.value("x")) == ([-1, 1, -1], {})
     mm = y1.op
@@ -151,7 +151,7 @@ def test_unknown_op_completes_replicated_with_a_warning():
     x = pb.data("x", [4, 8], "float32")
     y = pb.op1("opaque", [x], {"source_op": "aten.weird", "out_shapes": [[4, 8]], "out_dtypes": ["float32"]})
     p = pb.program
-    p.annotate("x", ProcessMesh.of(2), [0, -1])
+    annotate(p, "x", ProcessMesh.of(2), [0, -1])
     with pytest.warns(UserWarning, match="opaque"):
         Completer(p).complete()
     assert attr(y) == ([-1, -1], {})
@@ -233,7 +233,7 @@ def llama_annotated():
 
 def test_zero3_shards_an_unannotated_parameter_value():
     p = llama()
-    p.annotate("input_ids", MESH22, [0, -1])
+    annotate(p, "input_ids", MESH22, [0, -1])
     Completer(p, zero_stage=3).complete()
     w = p.value("decoder.layers.0.mlp.up_proj.weight")
     assert list(w.dist_attr.dims_mapping) == [0, -1]

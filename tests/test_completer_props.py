@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from completion.annotate import annotate
 from completion.backward import append_backward
 from completion.completer import Completer
 from completion.mesh import ProcessMesh
@@ -49,7 +50,7 @@ def annotated(draw):
             dm.append(m)
             if m >= 0:
                 free.remove(m)
-        p.annotate(v.id if v.name is None else v.name, mesh, dm)
+        annotate(p, v.id if v.name is None else v.name, mesh, dm)
     return p
 
 
@@ -92,7 +93,7 @@ def test_complete_is_idempotent_keeps_annotations_and_is_valid(p):
 def test_all_replicated_annotations_complete_replicated(kind, mesh):
     p = make(kind)
     for v in sources(p):
-        p.annotate(v.id if v.name is None else v.name, mesh)
+        annotate(p, v.id if v.name is None else v.name, mesh)
     Completer(p).complete()
     check_valid(p)
     for op in p.ops:

@@ -14,8 +14,8 @@ import torch
 from completion.dist_attr import Partial, Replicate, Shard
 from completion.mesh import ProcessMesh
 from completion.ops.registry import TensorType
+from completion.passes.reshard import STEP_OPS
 from completion.reshard import Layout, ReshardError, plan_reshard
-from completion.reshard_pass import STEP_OPS
 from completion.testing import VirtualMesh
 from executor.launch import launch
 

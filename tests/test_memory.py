@@ -12,7 +12,7 @@ import pytest
 from completion import append_backward, build_model
 from completion.models.megatron2021 import megatron_layer
 from simulator import memory as mem
-from simulator.engine import simulate_pipeline
+from simulator.pipeline_sim import simulate_pipeline
 from simulator.schedules import build_schedule
 
 
@@ -61,7 +61,7 @@ def test_megatron_layer_activations_with_tensor_parallel(t, sp):
     from completion import ProcessMesh
     from completion.annotate import shard_megatron
     from completion.completer import Completer
-    from completion.partition import apply_partition_pass
+    from completion.passes.partition import apply_partition_pass
 
     b, s, h, a = 1, 2048, 2304, 24
     prog = megatron_layer(b, s, h, a)

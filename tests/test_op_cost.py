@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from clusters import load_cluster
 from completion.models import build_model
 from simulator.op_cost import KernelCost, op_cost
+from simulator.op_signature import OpSig, TensorSig, op_signature
 from simulator.roofline import DEFAULT_GEMM_HALF_FLOPS, Roofline
-from simulator.sig import OpSig, TensorSig, op_signature
 
 
 def T(*shape: int, dtype: str = "bfloat16") -> TensorSig:

@@ -8,7 +8,17 @@ result attrs). The merge itself is documented in :mod:`completion.spmd.core`.
 """
 
 # importing the rule modules registers their rules
-from completion.spmd import misc_notations, nn_notations, notations, reshape  # noqa: E402,F401
+from completion.spmd import (  # noqa: E402,F401
+    basic,
+    collective,
+    elementwise,
+    linalg,
+    nn,
+    optim,
+    reduce,
+    reshape,
+    shape_ops,
+)
 from completion.spmd.core import (
     DistTensor,
     LetterPool,

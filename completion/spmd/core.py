@@ -44,6 +44,12 @@ from completion.dist_attr import TensorDistAttr
 from completion.errors import CompletionError
 from completion.mesh import ProcessMesh
 
+
+def norm_axis(axis: int, ndim: int) -> int:
+    """A possibly negative axis of a rank-``ndim`` tensor as a dim index (no range check)."""
+    return axis + ndim if axis < 0 else axis
+
+
 LINEAR_TYPES = frozenset({"sum", "avg"})
 ALL_TYPES = frozenset({"sum", "avg", "max", "min"})
 

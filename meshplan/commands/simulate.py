@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print step_time_ms, bubble_ratio, peak_memory as JSON."),
     ) -> None:
         """Simulate one step; peak memory is in M_B units (M_W = M_B / 2)."""
-        from simulator.engine import simulate_pipeline
+        from simulator.pipeline_sim import simulate_pipeline
         from simulator.schedules import build_schedule
 
         st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}

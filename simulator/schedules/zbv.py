@@ -234,7 +234,7 @@ def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VP
 
 def _cost_s(p: int, m: int, rows: list[list[Action]], stage_times: Mapping[str, float], comm_time: float) -> float:
     """Largest per-rank span (s) of ``rows`` played by the SimPy engine."""
-    from simulator.engine import simulate_pipeline
+    from simulator.pipeline_sim import simulate_pipeline
 
     sched = make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p))
     return max(simulate_pipeline(sched, stage_times, comm_time).span)

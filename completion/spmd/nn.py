@@ -1,5 +1,6 @@
-"""Einsum notations of the neural-network ops: embedding, layer_norm, rms_norm,
-flash_attention, fused_rotary_position_embedding, cross_entropy_with_softmax.
+"""Einsum notations of the neural-network ops (``completion.ops.nn``): softmax,
+log_softmax, swiglu, embedding, layer_norm, rms_norm, flash_attention,
+fused_rotary_position_embedding, cross_entropy_with_softmax.
 
 Layouts follow the op declarations in :mod:`completion.ops.nn`; the sharding semantics
 follow Megatron-LM (vocab-parallel embedding and cross entropy, head-parallel attention;
@@ -11,15 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from completion.spmd.core import LetterPool, Letters, Notation
-from completion.spmd.notations import replicated_letters
+from completion.spmd.core import LetterPool, Letters, Notation, norm_axis
+from completion.spmd.elementwise import broadcast_letters, elementwise_unary, replicated_letters
 from completion.spmd.rule import register_spmd_rule
 
 Shapes = Sequence[tuple[int, ...] | None]
-
-
-def _norm(axis: int, ndim: int) -> int:
-    return axis + ndim if axis < 0 else axis
 
 
 def _first(*shapes: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -49,7 +46,7 @@ def _norm_notation(ins: Shapes, outs: Shapes, begin: int, n_stats: int) -> Notat
     pool = LetterPool()
     x = _first(ins[0], outs[0] if outs else None)
     lt = pool.take(len(x))
-    b = _norm(begin, len(lt)) if lt else 0
+    b = norm_axis(begin, len(lt)) if lt else 0
     batch, normed = lt[:b], lt[b:]
     rep = set(normed)
     affine: Letters = normed if len(normed) == 1 else (pool.one(),)
@@ -121,11 +118,36 @@ def cross_entropy(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> 
     pool = LetterPool()
     x = _first(ins[0], outs[0] if outs else None)
     lt = pool.take(len(x))
-    a = _norm(int(attrs.get("axis", -1)), len(lt)) if lt else 0
+    a = norm_axis(int(attrs.get("axis", -1)), len(lt)) if lt else 0
     cls = lt[a] if lt else ""
     red = tuple(pool.one() if i == a else L for i, L in enumerate(lt))
     label = lt if attrs.get("soft_label") else red
     return Notation([lt, label], [lt, red], internal=frozenset({cls}))
+
+
+
+def softmax(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
+    """``softmax`` / ``log_softmax``: the softmax axis is replicated."""
+    nt = elementwise_unary(op, ins, outs, attrs)
+    lt = nt.inputs[0] or ()
+    if lt:
+        nt.replicated.add(lt[norm_axis(int(attrs.get("axis", -1)), len(lt))])
+    return nt
+
+
+def swiglu(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
+    """``swiglu(x, y)``: elementwise; with y null, x's last dim holds both halves and is
+    replicated."""
+    if len(ins) > 1 and ins[1] is not None:
+        pool = LetterPool()
+        lts, out = broadcast_letters(list(ins[:2]), pool)
+        return Notation(lts, [out])
+    pool = LetterPool()
+    x = ins[0] if ins and ins[0] is not None else (outs[0] or ())
+    lt = pool.take(len(x))
+    out = lt[:-1] + (pool.one(),) if lt else lt
+    rep = {lt[-1], out[-1]} if lt else set()
+    return Notation([lt, None], [out], rep)
 
 
 register_spmd_rule("embedding", embedding)
@@ -134,3 +156,5 @@ register_spmd_rule("rms_norm", rms_norm)
 register_spmd_rule("flash_attention", flash_attention)
 register_spmd_rule("rotary_embedding", rotary_embedding)
 register_spmd_rule("cross_entropy", cross_entropy)
+register_spmd_rule("softmax", softmax)
+register_spmd_rule("swiglu", swiglu)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from completion.dist_attr import TensorDistAttr
 from completion.ops.registry import TensorType
-from completion.pir_lex import Cursor
+from completion.pir.lex import Cursor
 
 NULL_TYPE = "<<NULL TYPE>>"
 NULL_VALUE = "<<NULL VALUE>>"

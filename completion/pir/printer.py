@@ -1,4 +1,4 @@
-"""Print a :class:`Program` as PIR text (the inverse of :mod:`completion.pir_parse`).
+"""Print a :class:`Program` as PIR text (the inverse of :mod:`completion.pir.parse`).
 
 Format as Paddle prints it: ``{``, one op per line indented by four spaces, ``}``. Per op:
 results ``(%N, ...)``, the quoted ``dialect.type``, operands (``<<NULL VALUE>>`` for a null
@@ -19,9 +19,9 @@ from typing import Any
 
 from completion.ir import Operation, Program
 from completion.ops.registry import get_opdef
-from completion.pir_lex import RawAttr
-from completion.pir_parse import NAME_ATTRS
-from completion.pir_types import NULL_VALUE, format_tensor_attr, format_type
+from completion.pir.lex import RawAttr
+from completion.pir.parse import NAME_ATTRS
+from completion.pir.types import NULL_VALUE, format_tensor_attr, format_type
 
 
 def print_program(program: Program) -> str:

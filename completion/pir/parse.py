@@ -27,8 +27,8 @@ from completion.errors import DistAttrError
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
 from completion.ops.registry import OpError, TensorType, canonical_type, get_opdef
-from completion.pir_lex import Cursor, PirParseError
-from completion.pir_types import NULL_VALUE, OpaqueType, ParsedType, at_type, parse_type
+from completion.pir.lex import Cursor, PirParseError
+from completion.pir.types import NULL_VALUE, OpaqueType, ParsedType, at_type, parse_type
 from completion.roles import infer_roles
 
 FLAG_ATTRS = ("stop_gradient", "persistable", "is_parameter")
