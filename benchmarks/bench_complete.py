@@ -1,6 +1,6 @@
 """Completion speed: ``Completer.complete()`` on full training programs (forward +
 ``append_backward`` + ``apply_optimizer("adamw")``) with the Megatron layout
-(:func:`completion.shard_megatron`) on a mesh [dp=2, mp=4].
+(:func:`completion.shard_megatron`) on a mesh [dp=2, tp=4].
 
 Targets (issue 4): llama2-7b (32 layers) under 1 s, llama2-70b (80 layers) under 3 s.
 Only ``complete()`` is timed; the program is rebuilt and annotated outside the timing."""

@@ -1,5 +1,5 @@
 """Speed of Engine.cost() (target from issue 7): llama2-70b on 64 nodes of dgx-h100,
-dp=8, mp=8, pp=8, vpp=2 (VPP), micro-batch 1, global batch 128, full recompute; the whole
+dp=8, tp=8, pp=8, vpp=2 (VPP), micro-batch 1, global batch 128, full recompute; the whole
 path (build, backward, optimizer, Megatron annotation, completion, partition, block costs,
 SimPy pipeline) from a fresh Engine each call."""
 
@@ -9,7 +9,7 @@ from benchmarks.harness import BenchResult, measure
 from meshplan.engine import Engine
 from meshplan.strategy import Strategy
 
-STRATEGY = Strategy(dp=8, mp=8, pp=8, vpp=2, schedule_mode="VPP", micro_batch_size=1,
+STRATEGY = Strategy(dp=8, tp=8, pp=8, vpp=2, schedule="VPP", micro_batch_size=1,
                     global_batch_size=128, recompute="full")
 
 

@@ -1,6 +1,6 @@
 """Partition + reshard speed: ``apply_partition_pass`` then ``apply_reshard_pass`` on
 llama2-7b (32 layers, batch 4, forward + ``append_backward`` + ``apply_optimizer("adamw")``),
-Megatron layout (:func:`completion.annotate.shard_megatron`) on a mesh [dp=2, mp=4], after
+Megatron layout (:func:`completion.annotate.shard_megatron`) on a mesh [dp=2, tp=4], after
 ``Completer.complete()``.
 
 Target (issue 5): under 0.5 s. Only the two passes are timed; the planner's cache is

@@ -7,6 +7,7 @@ dim that splits tensor dim ``i`` or -1) and torch DTensor (``Shard``, ``Replicat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -60,6 +61,47 @@ class Partial:
 
 
 Placement = Shard | Replicate | Partial
+
+
+
+_SHARD_RE = re.compile(r"(?:S|Shard)\((?:dim\s*=\s*)?(-?\d+)\)")
+_PARTIAL_RE = re.compile(r"(?:P|Partial)(?:\((?:reduce_op\s*=\s*)?['\"]?(\w*)['\"]?\))?")
+
+
+def parse_placement(text: str | Placement) -> Placement:
+    """One placement from its text, in DTensor's spelling or the short one.
+
+    Accepted (spaces ignored): ``Shard(1)``, ``Shard(dim=1)``, ``S(1)``; ``Replicate()``,
+    ``R``; ``Partial()``, ``Partial(sum)``, ``Partial("sum")``, ``Partial(reduce_op='sum')``,
+    ``P``, ``P(sum)`` (reduce types sum, avg/mean, max, min). A placement object is returned
+    as it is. Raises DistAttrError naming the text for anything else."""
+    if isinstance(text, (Shard, Replicate, Partial)):
+        return text
+    s = str(text).replace(" ", "")
+    if s in ("R", "Replicate()", "Replicate"):
+        return Replicate()
+    m = _SHARD_RE.fullmatch(s)
+    if m:
+        return Shard(int(m.group(1)))
+    m = _PARTIAL_RE.fullmatch(s)
+    if m:
+        return Partial(m.group(1) or "sum")
+    raise DistAttrError(f"placement {text!r} is not Shard(dim), Replicate() or Partial(reduce_type) "
+                        f"(short forms S(dim), R, P(sum) also accepted)")
+
+
+def parse_placements(text: str | Sequence[str | Placement]) -> tuple[Placement, ...]:
+    """Placements from a list of texts, or from one text such as
+    ``"[Shard(1), Replicate(), Partial(sum)]"`` (``repr`` of a placements list, as the
+    reshard pass writes its ``placements`` attribute). Raises DistAttrError (see
+    :func:`parse_placement`)."""
+    if isinstance(text, str):
+        body = text.strip()
+        if body.startswith("[") or body.startswith("("):
+            body = body[1:-1]
+        items = [x for x in re.split(r",(?![^()]*\))", body) if x.strip()]
+        return tuple(parse_placement(x) for x in items)
+    return tuple(parse_placement(x) for x in text)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ class ProcessMesh:
     """An N-d array of ranks, stored row-major.
 
     Args:
-        shape: mesh extent per mesh dim, e.g. ``(2, 4)`` for dp=2, mp=4.
+        shape: mesh extent per mesh dim, e.g. ``(2, 4)`` for dp=2, tp=4.
         process_ids: the ranks in row-major order; ``len == prod(shape)``, no repeats.
         dim_names: optional names per mesh dim (default ``d0, d1, ...``). Names do not take
             part in equality: two meshes are equal when shape and ranks are.

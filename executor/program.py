@@ -15,18 +15,14 @@ A plan is read duck-typed (``model``, ``seq_len``, ``strategy`` with the fields 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from completion import (
     Completer,
-    Partial,
     ProcessMesh,
     Program,
-    Replicate,
-    Shard,
     append_backward,
     apply_optimizer,
     apply_partition_pass,
@@ -37,6 +33,7 @@ from completion import (
     shard_megatron,
 )
 from completion.annotate import annotate, annotated_ranks, clear_annotations, set_annotation
+from completion.dist_attr import parse_placements
 from completion.ir import OpRole
 from completion.roles import infer_roles
 
@@ -67,19 +64,6 @@ class PlanProgram:
     world_size: int
 
 
-def _placement(text: str) -> Any:
-    s = str(text).replace(" ", "")
-    if s in ("R", "Replicate()"):
-        return Replicate()
-    m = re.fullmatch(r"(?:S|Shard)\((-?\d+)\)", s)
-    if m:
-        return Shard(int(m.group(1)))
-    m = re.fullmatch(r"(?:P|Partial)(?:\((\w*)\))?", s)
-    if m:
-        return Partial(m.group(1) or "sum")
-    raise PlanProgramError(f"annotation placement {text!r} is not Shard(i), Replicate() or Partial(r)")
-
-
 def _load_model(model: str, batch: int, seq_len: int | None, dtype: str,
                 num_layers: int | None = None) -> Program:
     path = Path(model)
@@ -108,7 +92,7 @@ def _annotate(prog: Program, s: Any, mesh: ProcessMesh) -> None:
         shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
     elif isinstance(s.annotation, dict):
         for name, pl in s.annotation.items():
-            annotate(prog, name, mesh, placements=[_placement(p) for p in pl])
+            annotate(prog, name, mesh, placements=parse_placements(pl))
     else:
         for v in prog.parameters():  # replicated everywhere (pipeline stages still split)
             set_annotation(prog, v, mesh)
@@ -122,13 +106,13 @@ def _file_annotation(prog: Program, s: Any) -> tuple[int, ...]:
     ranks = annotated_ranks(prog)
     if not ranks:
         return ()
-    if s.dp * s.mp * s.pp == 1:
+    if s.dp * s.tp * s.pp == 1:
         clear_annotations(prog)
         return ()
-    if ranks != tuple(range(s.dp * s.mp)) or s.pp != 1:
+    if ranks != tuple(range(s.dp * s.tp)) or s.pp != 1:
         raise PlanProgramError(
             f"the program is annotated for ranks {list(ranks)} but the strategy needs dp*mp = "
-            f"{s.dp}*{s.mp} ranks 0..{s.dp * s.mp - 1} with pp=1 (got pp={s.pp})")
+            f"{s.dp}*{s.tp} ranks 0..{s.dp * s.tp - 1} with pp=1 (got pp={s.pp})")
     return ranks
 
 
@@ -148,8 +132,8 @@ def build_program(plan: Any, single_process: bool = False,
     is_file = Path(str(plan.model)).suffix == ".pir" or Path(str(plan.model)).is_file()
     if single_process:
         micro = s.micro_batch_size * s.dp if is_file else s.global_batch_size
-        s = replace(s, dp=1, mp=1, pp=1, vpp=1, schedule_mode="1F1B", micro_batch_size=micro,
-                    sequence_parallel=False, sharding_stage=0, annotation="none")
+        s = replace(s, dp=1, tp=1, pp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+                    sequence_parallel=False, zero=0, annotation="none")
     batch = s.micro_batch_size * s.dp
     prog = _load_model(str(plan.model), batch, plan.seq_len, s.dtype,
                        getattr(plan, "num_layers", None))
@@ -162,12 +146,12 @@ def build_program(plan: Any, single_process: bool = False,
     if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
         extra = {} if adam_epsilon is None or s.optimizer == "sgd" else {"epsilon": adam_epsilon}
         apply_optimizer(prog, s.optimizer, learning_rate=_LR[s.optimizer], **extra)
-    if s.dp * s.mp * s.pp > 1 or isinstance(s.annotation, dict):
-        mesh = ProcessMesh((s.dp, s.mp), tuple(range(s.dp * s.mp)), ("dp", "mp"))
+    if s.dp * s.tp * s.pp > 1 or isinstance(s.annotation, dict):
+        mesh = ProcessMesh((s.dp, s.tp), tuple(range(s.dp * s.tp)), ("dp", "tp"))
         if not pre:  # a program annotated in its text keeps its own annotations
             _annotate(prog, s, mesh)
-        mode = _CHUNK_MODE.get(s.schedule_mode, s.schedule_mode)
-        Completer(prog, zero_stage=s.sharding_stage, dp_mesh_dim=0, pp_degree=s.pp,
+        mode = _CHUNK_MODE.get(s.schedule, s.schedule)
+        Completer(prog, zero_stage=s.zero, dp_mesh_dim=0, pp_degree=s.pp,
                   vpp_degree=s.vpp, schedule_mode=mode).complete()
         apply_partition_pass(prog)
         apply_reshard_pass(prog)
@@ -176,4 +160,4 @@ def build_program(plan: Any, single_process: bool = False,
     if m < 1 or m * batch != s.global_batch_size:
         raise PlanProgramError(f"global_batch_size {s.global_batch_size} is not a multiple of "
                                f"micro_batch_size * dp = {batch}")
-    return PlanProgram(prog, s, batch, m, s.dp * s.mp * s.pp)
+    return PlanProgram(prog, s, batch, m, s.dp * s.tp * s.pp)

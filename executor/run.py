@@ -72,9 +72,9 @@ class Measurement:
 def check_plan(plan: Any, nproc: int) -> None:
     """Refuse a plan whose dp * mp * pp differs from ``nproc`` (before launch)."""
     s = plan.strategy
-    need = s.dp * s.mp * s.pp
+    need = s.dp * s.tp * s.pp
     if need != nproc:
-        raise PlanMismatchError(f"plan needs dp*mp*pp = {s.dp}*{s.mp}*{s.pp} = {need} ranks "
+        raise PlanMismatchError(f"plan needs dp*mp*pp = {s.dp}*{s.tp}*{s.pp} = {need} ranks "
                                 f"but nproc is {nproc}")
 
 
@@ -132,7 +132,7 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
     groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
     if rows is None:
         rows = single_stage_order(pp.num_microbatches)
-    stage = rank // (s.dp * s.mp)
+    stage = rank // (s.dp * s.tp)
     dist_on = torch.distributed.is_initialized()
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
     ex = RankExecutor(build_rank_plan(pp.program, rank), groups, pp.batch, pp.num_microbatches,

@@ -6,7 +6,7 @@ quick mode) unless ``MESHPLAN_CLUSTER`` names a calibrated YAML already. Each pl
 runs in its own ``meshplan validate PLAN.json --nproc 2 --steps S --json --cluster YAML``
 subprocess, which prints ``predicted_step_time_ms``, ``measured_step_time_ms`` and
 ``relative_error``; its CSV rows go to ``<out>/local_validation_plans/validate.csv``.
-``--quick`` (CI) runs the dp=2 and mp=2 plans for 3 steps; the full run all four for 10.
+``--quick`` (CI) runs the dp=2 and tp=2 plans for 3 steps; the full run all four for 10.
 
 Plans (issue 9's validation set, as ``benchmarks/plans/``): a LLaMA-style model (hidden
 256, 4 heads, seq 128, vocabulary 1000, fp32; 2 layers, 4 for ZBVPP which needs
@@ -33,9 +33,9 @@ CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
           "vocab_size": 1000, "max_position_embeddings": SEQ}
 PLANS = {  # label -> (layers, Strategy fields); global batch 8
     "dp=2": (2, {"dp": 2, "micro_batch_size": 2}),
-    "mp=2": (2, {"mp": 2, "micro_batch_size": 2}),
-    "pp=2 1F1B": (2, {"pp": 2, "schedule_mode": "1F1B", "micro_batch_size": 2}),
-    "pp=2 ZBVPP": (4, {"pp": 2, "vpp": 2, "schedule_mode": "ZBVPP", "micro_batch_size": 2}),
+    "tp=2": (2, {"tp": 2, "micro_batch_size": 2}),
+    "pp=2 1F1B": (2, {"pp": 2, "schedule": "1F1B", "micro_batch_size": 2}),
+    "pp=2 ZBVPP": (4, {"pp": 2, "vpp": 2, "schedule": "ZBVPP", "micro_batch_size": 2}),
 }
 
 
@@ -56,7 +56,7 @@ def write_plans(out_dir: Path, cluster: str) -> dict[str, Path]:
     return out
 
 
-QUICK_PLANS = ("dp=2", "mp=2")
+QUICK_PLANS = ("dp=2", "tp=2")
 
 
 def validate(plan: Path, steps: int, cluster_yaml: str | None) -> dict:

@@ -46,7 +46,7 @@ def tflops_per_gpu(row: tuple, gemm_efficiency: float | None) -> float:
     model, tp, gpus, batch, _ = row
     cfg = get_config(model)
     dp = gpus // tp
-    strat = strategy_cls(dp=dp, mp=tp, pp=1, micro_batch_size=MICRO_BATCH,
+    strat = strategy_cls(dp=dp, tp=tp, pp=1, micro_batch_size=MICRO_BATCH,
                          global_batch_size=batch, recompute="full", dtype="float16")
     try:
         # one layer is built; the Engine repeats its cost num_layers times (identical layers)
@@ -102,7 +102,7 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
     ]
     desc = (
         "Narayanan et al. 2021, Table 1 (TFLOP/s per GPU, eq. 3 FLOPs with recompute, peak "
-        f"312). Ours: `Engine(model, {CLUSTER!r}, Strategy(dp=GPUs/TP, mp=TP, pp=1, "
+        f"312). Ours: `Engine(model, {CLUSTER!r}, Strategy(dp=GPUs/TP, tp=TP, pp=1, "
         f"micro_batch_size={MICRO_BATCH}, global_batch_size=512, recompute='full', "
         "dtype='float16'))`, `simulate().tflops_per_gpu` (executed FLOPs incl. recompute). "
         "Micro-batch size is not published (assumed). Layers as Megatron 2021 ran them "

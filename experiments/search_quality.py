@@ -3,7 +3,7 @@
 against the number of trials.
 
 Space: llama2-7b (seq 4096, global batch 32) on one node of ``dgx-a100-80g`` (8 GPUs);
-all (dp, mp, pp) meshes; schedules 1F1B, ZBH1, VPP (vpp 2); micro-batch 1 or 2;
+all (dp, tp, pp) meshes; schedules 1F1B, ZBH1, VPP (vpp 2); micro-batch 1 or 2;
 recompute none or full; ZeRO 0 or 1; no sequence parallel; pattern templates as
 ``meshplan.tuning.template_kinds`` gives them. Quick mode: 1F1B only, micro-batch 1, full
 recompute, ZeRO 0, and templates varying for attention and MLP only.
@@ -46,13 +46,13 @@ def _config(quick: bool):
     kinds = tuning.template_kinds(MODEL, SEQ)
     if quick:
         space = space_mod.SearchSpace(prob, schedules=("1F1B",), micro_batch_sizes=(1,),
-                                      recompute=("full",), sharding_stages=(0,),
+                                      recompute=("full",), zero_stages=(0,),
                                       sequence_parallel=(False,))
         kinds = {k: v if k in ("attention", "mlp") else v[:1] for k, v in kinds.items()}
     else:
         space = space_mod.SearchSpace(prob, schedules=("1F1B", "ZBH1", "VPP"), vpp_degrees=(2,),
                                       micro_batch_sizes=(1, 2), recompute=("none", "full"),
-                                      sharding_stages=(0, 1), sequence_parallel=(False,))
+                                      zero_stages=(0, 1), sequence_parallel=(False,))
     scorer_config = {"model": MODEL, "cluster": CLUSTER, "nodes": NODES,
                      "global_batch_size": BATCH, "seq_len": SEQ, "dtype": "bfloat16"}
 

@@ -28,11 +28,11 @@ def _engine_kwargs(label: str, m: int) -> tuple[dict, dict]:
     """(Strategy fields, Engine keywords) for one paper schedule label."""
     mbs = MODELS["1.5B"].micro_batch or 1
     strat = {"pp": P, "micro_batch_size": mbs, "global_batch_size": mbs * m,
-             "schedule_mode": label, "dtype": "bfloat16"}
+             "schedule": label, "dtype": "bfloat16"}
     kw: dict = {}
     if label == "1F1B-I":
         v = interleaved_chunks(MODELS["1.5B"], P)
-        strat.update(schedule_mode="VPP", vpp=v)
+        strat.update(schedule="VPP", vpp=v)
         kw["layers_per_stage"] = [0] + [1] * MODELS["1.5B"].layers + [0]
     return strat, kw
 

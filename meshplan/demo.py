@@ -9,7 +9,7 @@
    and Chrome trace, and the step time vs peak memory PNG (:mod:`meshplan.demo_report`);
 4. measures this machine (``meshplan calibrate --nproc 2``, about 20 s, written to
    ``local.yaml`` in the report directory), then validates a small plan on 2 local ranks
-   with ``meshplan validate`` (a 2-layer LLaMA-style model, hidden 256, mp=2 Megatron
+   with ``meshplan validate`` (a 2-layer LLaMA-style model, hidden 256, tp=2 Megatron
    layout, on gloo) predicting on that measured spec, and prints predicted vs measured.
 
 Options: ``--trials N``, ``--seed S``, ``--output DIR``, ``--steps S`` (measured steps of
@@ -49,10 +49,10 @@ DEFAULT_OUTPUT = "reports/demo"
 VALIDATION_MODEL = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
                     "num_attention_heads": 4, "num_key_value_heads": 4,
                     "intermediate_size": 688, "vocab_size": 1000, "max_position_embeddings": 64}
-VALIDATION_STRATEGY = {"mp": 2, "micro_batch_size": 2, "global_batch_size": 8,
+VALIDATION_STRATEGY = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8,
                        "dtype": "float32", "optimizer": "sgd"}
 VALIDATION_LABEL = ("2-layer LLaMA-style model (hidden 256, 4 heads, seq 64, vocabulary 1000, "
-                    "fp32), mp=2 Megatron layout, global batch 8 in 4 micro-batches of 2, SGD")
+                    "fp32), tp=2 Megatron layout, global batch 8 in 4 micro-batches of 2, SGD")
 VALIDATION_NOTE = ("Predictions use the catalog's `cpu-local` spec, which is not calibrated to "
                    "this machine; `meshplan calibrate --output local.yaml` measures it and "
                    "`python -m meshplan.demo --cluster local.yaml` (or `meshplan validate ... "
@@ -122,8 +122,8 @@ def _top_table(outcome: SearchOutcome, k: int = 10) -> Any:
     for i, t in enumerate(ranked(outcome.result, k), 1):
         p, ua = t.user_attrs["plan"], t.user_attrs
         m = ua.get("metrics", {})
-        tab.add_row(str(i), f"{p['dp']}-{p['mp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
-                    str(p["micro_batch_size"]), p["recompute"], str(p["sharding_stage"]),
+        tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+                    str(p["micro_batch_size"]), p["recompute"], str(p["zero"]),
                     "y" if p["sequence_parallel"] else "n", annotation_label(p),
                     f"{ua['time_s']:.3f}", f"{m.get('tokens_per_s', 0.0):,.0f}",
                     f"{m.get('mfu', 0.0):.3f}", f"{ua['memory_bytes'] / GIB:.1f}",

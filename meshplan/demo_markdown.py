@@ -15,8 +15,8 @@ from tuner.result import plan_label
 
 def annotation_label(plan: Mapping[str, Any]) -> str:
     """How the plan shards inside a rank: pattern templates, a full_random seed, or none."""
-    if plan.get("mp", 1) == 1:
-        return "none (mp=1)"
+    if plan.get("tp", 1) == 1:
+        return "none (tp=1)"
     if plan.get("annotation_seed") is not None:
         return f"full_random seed {plan['annotation_seed']}"
     t = {k: v for k, v in (plan.get("templates") or {}).items() if k != "loss"}
@@ -45,8 +45,8 @@ def _numel(shape: Sequence[int]) -> int:
 def _row(i: int, t: Any) -> str:
     p, ua = t.user_attrs["plan"], t.user_attrs
     m = ua.get("metrics", {})
-    cells = [str(i), f"{p['dp']}-{p['mp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
-             str(p["micro_batch_size"]), p["recompute"], str(p["sharding_stage"]),
+    cells = [str(i), f"{p['dp']}-{p['tp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+             str(p["micro_batch_size"]), p["recompute"], str(p["zero"]),
              "yes" if p["sequence_parallel"] else "no", annotation_label(p),
              f"{ua['time_s']:.3f}", f"{m.get('tokens_per_s', 0.0):,.0f}",
              f"{m.get('mfu', 0.0):.3f}", f"{ua['memory_bytes'] / GIB:.1f}",
@@ -80,7 +80,7 @@ def alternatives(outcome: SearchOutcome, best: BestPlan) -> list[str]:
         out.append(f"Runner-up: {plan_label(t.user_attrs['plan'])}, {t.user_attrs['time_s']:.3f} s "
                    f"({_gap(t, bt)}), {t.user_attrs['memory_bytes'] / GIB:.1f} GiB.")
     bp = best.candidate
-    for knob, word in (("mp", "tensor parallelism"), ("pp", "pipeline parallelism")):
+    for knob, word in (("tp", "tensor parallelism"), ("pp", "pipeline parallelism")):
         uses = getattr(bp, knob) > 1
         alt = [t for t in others if (t.user_attrs["plan"][knob] > 1) != uses]
         if alt:

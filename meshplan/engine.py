@@ -17,7 +17,8 @@ from typing import Any
 
 from clusters import Cluster, load_cluster
 from completion import ProcessMesh, Program, apply_optimizer
-from completion.dist_attr import Partial, Replicate, Shard
+from completion.dist_attr import parse_placements
+from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole
 from meshplan.model_source import resolve_model
 from meshplan.strategy import Strategy
@@ -29,7 +30,7 @@ from simulator.memory import (
     saved_activations,
 )
 from simulator.op_cost import op_cost
-from simulator.op_signature import DTYPE_BYTES, local_tensor, op_signature
+from simulator.op_signature import local_tensor, op_signature
 from simulator.roofline import Roofline
 from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
@@ -37,16 +38,6 @@ from simulator.step import StepConfig, StepModel, StepResult
 
 class EngineError(ValueError):
     """A strategy that does not fit the cluster or the model; names the field."""
-
-
-def _placement(text: str) -> Any:
-    s = text.replace(" ", "")
-    if s in ("R", "Replicate()"):
-        return Replicate()
-    if s.startswith("S(") or s.startswith("Shard("):
-        return Shard(int(s[s.index("(") + 1 : -1]))
-    inner = s[s.index("(") + 1 : -1] if "(" in s else ""
-    return Partial(inner or "sum")
 
 
 class Engine:
@@ -82,7 +73,7 @@ class Engine:
         self.cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
         s = self.strategy
         if s.world_size > self.cluster.world_size:
-            raise EngineError(f"strategy dp*mp*pp = {s.dp}*{s.mp}*{s.pp} = {s.world_size} ranks "
+            raise EngineError(f"strategy dp*mp*pp = {s.dp}*{s.tp}*{s.pp} = {s.world_size} ranks "
                               f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
         if not 0.0 <= overlap <= 1.0:
             raise EngineError(f"overlap must be in [0, 1], got {overlap}")
@@ -107,21 +98,21 @@ class Engine:
         and with sequence parallelism the sequence length (Megatron-LM
         ``parallel_state`` / ``transformer_config`` checks). Raises EngineError."""
         cfg, s = self.source.config, self.strategy
-        if cfg is None or s.mp == 1 or s.annotation != "megatron":
+        if cfg is None or s.tp == 1 or s.annotation != "megatron":
             return
         for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
-            if n % s.mp:
-                raise EngineError(f"strategy field 'mp' = {s.mp} does not divide model "
+            if n % s.tp:
+                raise EngineError(f"strategy field 'mp' = {s.tp} does not divide model "
                                   f"{cfg.name!r} {field_} = {n}")
-        if s.sequence_parallel and self.source.seq_len % s.mp:
+        if s.sequence_parallel and self.source.seq_len % s.tp:
             raise EngineError(f"strategy field 'sequence_parallel': seq_len "
-                              f"{self.source.seq_len} is not divisible by mp = {s.mp}")
+                              f"{self.source.seq_len} is not divisible by mp = {s.tp}")
 
     # -- program pipeline --------------------------------------------------------------
     @property
     def _needs_completion(self) -> bool:
         s = self.strategy
-        return s.mp > 1 or isinstance(s.annotation, dict) or (
+        return s.tp > 1 or isinstance(s.annotation, dict) or (
             self.source.program is not None and s.dp > 1)
 
     def program(self) -> Program:
@@ -148,13 +139,13 @@ class Engine:
         ranks = annotated_ranks(prog) if self.source.program is not None else ()
         if not ranks:
             return ()
-        if s.dp * s.mp == 1:
+        if s.dp * s.tp == 1:
             clear_annotations(prog)
             return ()
-        if ranks != tuple(range(s.dp * s.mp)):
+        if ranks != tuple(range(s.dp * s.tp)):
             raise EngineError(f"program {self.source.name!r} is annotated for ranks {list(ranks)} "
-                              f"but the strategy's mesh dp*mp = {s.dp}*{s.mp} has ranks "
-                              f"0..{s.dp * s.mp - 1}")
+                              f"but the strategy's mesh dp*mp = {s.dp}*{s.tp} has ranks "
+                              f"0..{s.dp * s.tp - 1}")
         return ranks
 
     def _global_flops(self, prog: Program) -> dict[Any, float]:
@@ -200,14 +191,14 @@ class Engine:
             from completion.completer import Completer
 
             s = self.strategy
-            mesh = ProcessMesh((s.dp, s.mp), tuple(range(s.dp * s.mp)), ("dp", "mp"))
+            mesh = ProcessMesh((s.dp, s.tp), tuple(range(s.dp * s.tp)), ("dp", "tp"))
             if self._file_ranks and not isinstance(s.annotation, dict):
                 pass  # the program's own annotations (see _file_annotation)
             elif s.annotation == "megatron":
                 shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
             elif isinstance(s.annotation, dict):
                 for name, pl in s.annotation.items():
-                    annotate(prog, name, mesh, placements=[_placement(p) for p in pl])
+                    annotate(prog, name, mesh, placements=parse_placements(pl))
             completer = Completer(prog)
             completer.complete_forward_annotation()
             completer.complete_backward_annotation()
@@ -262,12 +253,12 @@ class Engine:
         if not keys and s.pp > 1:
             raise EngineError(f"pp={s.pp} needs decoder layers (struct names '...layers.<i>...'); "
                               f"model {self.source.name!r} has none")
-        sched, limit = s.schedule()
+        sched, limit = s.registered_schedule()
         dbytes = DTYPE_BYTES[s.dtype]
         cfg = StepConfig(
-            dp=s.dp, mp=s.mp, pp=s.pp, vpp=s.vpp, num_microbatches=s.num_microbatches,
+            dp=s.dp, tp=s.tp, pp=s.pp, vpp=s.vpp, num_microbatches=s.num_microbatches,
             schedule=sched, memory_limit=limit, recompute=s.recompute,
-            sharding_stage=s.sharding_stage, param_bytes=dbytes, grad_bytes=dbytes,
+            zero=s.zero, param_bytes=dbytes, grad_bytes=dbytes,
             optimizer_bytes=optimizer_bytes_per_param(s.dtype, s.optimizer),
             boundary_bytes=self._boundary_bytes(prog, assign_blocks(prog)),
             tokens_per_step=s.global_batch_size * self.source.seq_len,

@@ -11,7 +11,9 @@ from typing import Any
 
 from meshplan.strategy import Strategy, StrategyError
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+#: plan versions this meshplan reads (version 1 spelled mp, schedule_mode, sharding_stage)
+READABLE_VERSIONS = (1, 2)
 
 
 class PlanError(ValueError):
@@ -99,8 +101,9 @@ class Plan:
         for req in ("model", "cluster", "strategy"):
             if req not in data:
                 raise PlanError(f"plan is missing field {req!r}")
-        if data.get("version", PLAN_VERSION) != PLAN_VERSION:
-            raise PlanError(f"plan field 'version' is {data['version']!r}; this meshplan reads {PLAN_VERSION}")
+        if data.get("version", PLAN_VERSION) not in READABLE_VERSIONS:
+            raise PlanError(f"plan field 'version' is {data['version']!r}; this meshplan reads "
+                            f"versions {list(READABLE_VERSIONS)}")
         try:
             strategy = Strategy.from_dict(data["strategy"])
         except StrategyError as e:

@@ -49,7 +49,7 @@ def template_kinds(model: str, seq_len: int) -> dict[str, tuple[str, ...]]:
 
 
 def search_problem(model: str, cluster: str, nodes: int | None, global_batch_size: int,
-                   seq_len: int | None, allow_cross_node_mp: bool = False,
+                   seq_len: int | None, allow_cross_node_tp: bool = False,
                    num_layers: int | None = None) -> SearchProblem:
     """The SearchProblem of a model on ``nodes`` nodes of a catalog cluster."""
     cfg = get_model_config(model)
@@ -58,13 +58,13 @@ def search_problem(model: str, cluster: str, nodes: int | None, global_batch_siz
     cl = load_cluster(cluster, nodes)
     return SearchProblem(ModelDims.of(cfg), cl.world_size, cl.devices_per_node,
                          global_batch_size, cfg.seq_len if seq_len is None else seq_len,
-                         allow_cross_node_mp)
+                         allow_cross_node_tp)
 
 
 def annotation_of(c: Candidate, model: str, seq_len: int,
                   user: Any = "megatron") -> str | dict[str, list[str]]:
     """The Strategy annotation of a candidate ("megatron", or a placements mapping)."""
-    if c.mp == 1:
+    if c.tp == 1:
         return "megatron"  # nothing is sharded inside a rank; the engine skips completion
     if c.annotation == "templates":
         t = c.template_dict()
@@ -74,16 +74,16 @@ def annotation_of(c: Candidate, model: str, seq_len: int,
         return apply_templates(prog, pats, t)
     if c.annotation == "random":
         prog, _ = template_program(model, seq_len)
-        return random_annotation(prog, c.mp, int(c.annotation_seed or 0))
+        return random_annotation(prog, c.tp, int(c.annotation_seed or 0))
     return user
 
 
 def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
                 dtype: str = "bfloat16", user_annotation: Any = "megatron") -> Strategy:
     """The meshplan Strategy of a candidate."""
-    return Strategy(dp=c.dp, mp=c.mp, pp=c.pp, vpp=c.vpp, schedule_mode=c.schedule,
+    return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule,
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
-                    recompute=c.recompute, sharding_stage=c.sharding_stage,
+                    recompute=c.recompute, zero=c.zero,
                     sequence_parallel=c.sequence_parallel, dtype=dtype,
                     annotation=annotation_of(c, model, seq_len, user_annotation))
 

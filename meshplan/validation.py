@@ -30,11 +30,11 @@ def _num_microbatches(strategy: Any) -> int:
 
 
 def plain_schedule(plan: Any) -> Schedule:
-    """The plan's registered schedule without stage times (``Strategy.schedule()`` names it;
+    """The plan's registered schedule without stage times (``Strategy.registered_schedule()`` names it;
     one stage gets 1F1B). Raises ``simulator.schedules.ScheduleError`` for an illegal
     (pp, m, vpp) combination."""
     s = plan.strategy
-    name, limit = s.schedule()
+    name, limit = s.registered_schedule()
     return build_schedule(name, s.pp, _num_microbatches(s), s.vpp, limit)
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program, Value
 from simulator.blocks import assign_blocks
-from simulator.op_signature import DTYPE_BYTES, local_tensor, op_signature
+from simulator.op_signature import local_tensor, op_signature
 
 # grad op -> operand indices whose buffers are not read (only their shapes)
 NO_NEED_BUFFER: dict[str, frozenset[int]] = {
@@ -66,7 +67,7 @@ def zero_model_states(num_params: int, sharding_degree: int, stage: int, param_b
 
     Raises ValueError for a stage outside 0..3 or a degree < 1."""
     if stage not in (0, 1, 2, 3):
-        raise ValueError(f"sharding_stage must be 0, 1, 2 or 3, got {stage!r}")
+        raise ValueError(f"ZeRO stage (zero) must be 0, 1, 2 or 3, got {stage!r}")
     if sharding_degree < 1 or num_params < 0:
         raise ValueError(f"sharding_degree must be >= 1 and num_params >= 0, got "
                          f"{sharding_degree}, {num_params}")

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from simulator.op_signature import DTYPE_BYTES, OpSig, TensorSig  # noqa: F401  (re-exported)
+from completion.dtypes import DTYPE_BYTES
+from simulator.op_signature import OpSig, TensorSig
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,6 @@ from completion.dist_attr import local_shape, max_local_shape
 from completion.ir import Operation, OpRole, Value
 from completion.ops.registry import get_opdef
 
-DTYPE_BYTES: dict[str, int] = {
-    "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1,
-    "float8_e5m2": 1, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
 # ops through which a value still "is" a weight (a cast or reshard of a parameter)
 _TRANSPARENT = frozenset({"cast", "reshard", "transpose", "reshape", "all_gather", "assign"})
 

@@ -21,18 +21,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program
 from completion.reshard import plan_reshard
 from simulator.blocks import Block, assign_blocks
 from simulator.memory import _is_attn_core, is_regather
 from simulator.op_cost import op_cost
-from simulator.op_signature import (
-    DTYPE_BYTES,
-    is_weight_grad,
-    local_tensor,
-    op_signature,
-    param_root,
-)
+from simulator.op_signature import is_weight_grad, local_tensor, op_signature, param_root
 from simulator.roofline import Roofline
 
 #: a parameter seen through these ops is still that parameter (for gradient-sync sizing)

@@ -34,14 +34,14 @@ class StepConfig:
     """What the step needs besides the block costs (see module docstring)."""
 
     dp: int
-    mp: int
+    tp: int
     pp: int
     vpp: int
     num_microbatches: int
     schedule: str
     memory_limit: float | None
     recompute: str
-    sharding_stage: int
+    zero: int
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
@@ -206,7 +206,7 @@ class StepModel:
         return out
 
     def _zero3_gather(self, blk: BlockCost, stage: int) -> float:
-        if self.cfg.sharding_stage < 3 or self.cfg.dp == 1:
+        if self.cfg.zero < 3 or self.cfg.dp == 1:
             return 0.0
         nbytes = sum(b for _, b in blk.params.values())
         return self.cluster.collective_time("all_gather", nbytes, self._dp_group(stage))
@@ -272,8 +272,8 @@ class StepModel:
         return per_step * (m - 1) / m
 
     def _dp_group(self, stage: int) -> list[int]:
-        base = stage * self.cfg.dp * self.cfg.mp
-        return [base + d * self.cfg.mp for d in range(self.cfg.dp)]
+        base = stage * self.cfg.dp * self.cfg.tp
+        return [base + d * self.cfg.tp for d in range(self.cfg.dp)]
 
     def comm_time(self) -> float:
         """T_comm: the slowest p2p hop of the boundary activation between adjacent stages'
@@ -281,7 +281,7 @@ class StepModel:
         c, p = self.cfg, self.cfg.pp
         if p == 1:
             return 0.0
-        width = c.dp * c.mp
+        width = c.dp * c.tp
         hops = [(k * width, (k + 1) * width) for k in range(p - 1)]
         if c.vpp > 1:
             hops.append(((p - 1) * width, 0))
@@ -312,12 +312,12 @@ class StepModel:
         c = self.cfg
         grads = params * c.grad_bytes
         group = self._dp_group(stage)
-        if c.sharding_stage >= 2:
+        if c.zero >= 2:
             t = self.cluster.collective_time("reduce_scatter", grads, group)
             t += self.cluster.collective_time("all_gather", params * c.param_bytes, group)
         else:
             t = self.cluster.collective_time("all_reduce", grads, group)
-        off = stage * c.dp * c.mp
+        off = stage * c.dp * c.tp
         for i in range(len(self.layers)):
             if i in self._rank_layer_set:
                 for kind, nb, g in self.layers[i].grad_sync:
@@ -338,7 +338,7 @@ class StepModel:
         1/m (read + write; Paddle's gradient merge with ``avg``) when
         ``StepConfig.accumulate_grads``."""
         c = self.cfg
-        shard = -(-params // c.dp) if c.sharding_stage >= 1 else params
+        shard = -(-params // c.dp) if c.zero >= 1 else params
         nbytes = shard * (2 * (c.param_bytes + c.optimizer_bytes) + c.grad_bytes)
         scale = 0.0
         if c.num_microbatches > 1 and c.accumulate_grads:
@@ -383,7 +383,7 @@ class StepModel:
         step = crit["finish"]
         mflops = c.num_microbatches * sum(v for k, v in self.gflops.items() if not isinstance(k, tuple))
         rec = c.num_microbatches * sum(v for k, v in self.gflops.items() if isinstance(k, tuple))
-        world = c.dp * c.mp * c.pp
+        world = c.dp * c.tp * c.pp
         return StepResult(
             step_time=step, tokens_per_s=c.tokens_per_step / step,
             tflops_per_gpu=(mflops + rec) / step / world / 1e12,
@@ -399,7 +399,7 @@ class StepModel:
         vstages = list(sched.vstage[r])
         self._rank_layer_set = {i for vs in vstages for i in self.vs_layers[vs]}
         params = self.rank_params(vstages)
-        states = zero_model_states(params, c.dp, c.sharding_stage, c.param_bytes, c.grad_bytes,
+        states = zero_model_states(params, c.dp, c.zero, c.param_bytes, c.grad_bytes,
                                    c.optimizer_bytes)
         sync = self._sync_time(r, params, times[vstages[0]]["B"])
         opt = self._optimizer_time(params)

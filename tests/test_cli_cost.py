@@ -23,7 +23,7 @@ def test_json_output_matches_the_engine(capsys):
                 "time_breakdown_s", "memory_breakdown_bytes"):
         assert key in out
     strat = Strategy(dp=2, pp=2, micro_batch_size=1, global_batch_size=8, recompute="full",
-                     sharding_stage=1)
+                     zero=1)
     t_ms, peak = Engine("megatron-1.7b", "dgx-a100-80g", strat, nodes=1).cost()
     assert out["step_time_ms"] == pytest.approx(t_ms)
     assert out["max_memory_bytes"] == peak
@@ -47,7 +47,7 @@ def test_text_output_and_trace(tmp_path, capsys):
 @pytest.mark.parametrize("extra,needle", [
     (["--dp", "3"], "global_batch_size"),
     (["--recompute", "most"], "recompute"),
-    (["--zero", "5"], "sharding_stage"),
+    (["--zero", "5"], "'zero'"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, needle):
     assert main([*ARGS, *extra]) == 2

@@ -9,7 +9,7 @@ from meshplan.cli import main
 
 def test_complete_model_megatron_with_vpp(capsys):
     rc = main(["complete", "--model", "llama2-7b", "--layers", "4", "--seq-len", "32",
-               "--mesh", "dp=2,mp=2,pp=2", "--megatron", "--vpp", "2", "--schedule", "VPP"])
+               "--mesh", "dp=2,tp=2,pp=2", "--megatron", "--vpp", "2", "--schedule", "VPP"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "// per-op summary" in out
@@ -37,7 +37,7 @@ def test_complete_errors(capsys):
     assert main(["complete", "--mesh", "dp=2"]) == 2
     assert "exactly one of --program" in capsys.readouterr().err
     rc = main(["complete", "--model", "llama2-7b", "--layers", "10", "--seq-len", "16",
-               "--mesh", "dp=1,mp=2,pp=4", "--megatron", "--vpp", "2", "--schedule", "VPP"])
+               "--mesh", "dp=1,tp=2,pp=4", "--megatron", "--vpp", "2", "--schedule", "VPP"])
     err = capsys.readouterr().err
     assert rc == 2 and "10 layers" in err and "= 8 segments" in err
 

@@ -52,7 +52,7 @@ def test_zero_model_states_through_the_engine(stage):
     n = 4
     total = build_model("llama2-7b", batch_size=1, seq_len=128).num_parameters()
     assert total % n == 0  # no uneven split
-    strat = Strategy(dp=n, global_batch_size=n, sharding_stage=stage)
+    strat = Strategy(dp=n, global_batch_size=n, zero=stage)
     res = Engine("llama2-7b", "dgx-a100-80g", strat, nodes=1, seq_len=128).simulate()
     m = res.memory_breakdown
     got = m["params"] + m["grads"] + m["optimizer"]
@@ -108,7 +108,7 @@ def test_zero_bubble_ordering_on_the_zb_paper_cluster():
     throughput, and 1F1B has the lowest peak memory."""
     res = {}
     for mode in ("1F1B", "ZB-1p", "ZB-2p"):
-        strat = Strategy(pp=8, micro_batch_size=6, global_batch_size=6 * 24, schedule_mode=mode)
+        strat = Strategy(pp=8, micro_batch_size=6, global_batch_size=6 * 24, schedule=mode)
         res[mode] = Engine("zb-gpt-1.5b", "zb-paper-a100", strat, nodes=1).simulate()
     t = {k: r.step_time for k, r in res.items()}
     assert t["ZB-2p"] < t["ZB-1p"] < t["1F1B"]
@@ -138,11 +138,11 @@ def test_bad_strategies_name_the_field():
     with pytest.raises(StrategyError, match="'dp'"):
         Strategy(dp=0)
     with pytest.raises(StrategyError, match="vpp"):
-        Strategy(pp=2, vpp=2, schedule_mode="1F1B")
+        Strategy(pp=2, vpp=2, schedule="1F1B")
     with pytest.raises(EngineError, match="exceeds cluster"):
         Engine("llama2-7b", "dgx-a100-80g", Strategy(dp=16, global_batch_size=16), nodes=1)
     with pytest.raises(EngineError, match="layers"):
-        Engine("megatron-1.7b", "dgx-a100-80g", Strategy(pp=8, vpp=4, schedule_mode="VPP",
+        Engine("megatron-1.7b", "dgx-a100-80g", Strategy(pp=8, vpp=4, schedule="VPP",
                global_batch_size=8), nodes=4).simulate()
 
 
@@ -161,7 +161,7 @@ def _table1_engine(row: str) -> Engine:
 
     layers, h, a, tp, gpus, _ = TABLE1[row]
     dp, mbs = gpus // tp, 4
-    strat = Strategy(dp=dp, mp=tp, micro_batch_size=mbs, global_batch_size=512,
+    strat = Strategy(dp=dp, tp=tp, micro_batch_size=mbs, global_batch_size=512,
                      recompute="full", dtype="float16")
     return Engine(megatron_gpt(mbs * dp, 2048, h, a), "selene", strat, nodes=gpus // 8,
                   num_layers=layers)
@@ -249,7 +249,7 @@ def test_gradient_accumulation_adds_three_gradient_passes_per_later_microbatch()
 
 
 def test_vocab_parallel_cross_entropy_costs_three_row_all_reduces():
-    """mp=2 Megatron layout: the logits' class axis is sharded, so the loss block's F
+    """tp=2 Megatron layout: the logits' class axis is sharded, so the loss block's F
     comm holds 3 all_reduces of b*s float32 row statistics on group (0, 1)."""
     from simulator import stage_cost
 
@@ -282,13 +282,13 @@ def test_vpp_activation_peaks_follow_megatrons_warm_up_count():
     layer, pre = acts.by_block[0], acts.by_block["pre"]
     warm = [min(m * v, 2 * (p - r - 1) + (v - 1) * p) + 1 for r in range(p)]
     assert warm[:2] == [31, 29]
-    vpp = Strategy(pp=p, vpp=v, micro_batch_size=6, global_batch_size=6 * m, schedule_mode="VPP")
+    vpp = Strategy(pp=p, vpp=v, micro_batch_size=6, global_batch_size=6 * m, schedule="VPP")
     res = Engine("zb-gpt-1.5b", "zb-paper-a100", vpp, nodes=1,
                  layers_per_stage=[0] + [1] * 22 + [0]).simulate()
     acts_vpp = [x["activations"] for x in res.memory_per_stage]
     assert acts_vpp[0] == pytest.approx((warm[0] - 2 * p) * pre + 2 * p * layer, rel=1e-9)
     assert acts_vpp[1] == pytest.approx(warm[1] * layer, rel=1e-9)
-    base = Strategy(pp=p, micro_batch_size=6, global_batch_size=6 * m, schedule_mode="1F1B")
+    base = Strategy(pp=p, micro_batch_size=6, global_batch_size=6 * m, schedule="1F1B")
     res1 = Engine("zb-gpt-1.5b", "zb-paper-a100", base, nodes=1).simulate()
     assert res1.layers_per_vstage == [3] * 7 + [1]
     assert res1.memory_per_stage[0]["activations"] == pytest.approx(p * (3 * layer + pre), rel=1e-9)

@@ -55,28 +55,28 @@ def test_verify_two_rank_plans(llama):
     ann = random_annotation(parse_program(open(MLP).read()), 2, 1)
     cases = {
         "mlp dp=2": _plan(MLP, dp=2, micro_batch_size=2, global_batch_size=8),
-        "mlp mp=2": _plan(MLP, mp=2, micro_batch_size=4, global_batch_size=8),
-        "mlp full_random": _plan(MLP, mp=2, micro_batch_size=4, global_batch_size=8, annotation=ann),
+        "mlp tp=2": _plan(MLP, tp=2, micro_batch_size=4, global_batch_size=8),
+        "mlp full_random": _plan(MLP, tp=2, micro_batch_size=4, global_batch_size=8, annotation=ann),
         "llama dp=2": _plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4),
-        "llama mp=2": _plan(llama[2], 64, mp=2, micro_batch_size=2, global_batch_size=4),
-        "llama mp=2 sp": _plan(llama[2], 64, mp=2, micro_batch_size=2, global_batch_size=4,
+        "llama tp=2": _plan(llama[2], 64, tp=2, micro_batch_size=2, global_batch_size=4),
+        "llama tp=2 sp": _plan(llama[2], 64, tp=2, micro_batch_size=2, global_batch_size=4,
                                sequence_parallel=True),
         "llama pp=2 1F1B": _plan(llama[2], 64, pp=2, micro_batch_size=1, global_batch_size=4),
         "llama pp=2 ZBH1": _plan(llama[2], 64, pp=2, micro_batch_size=1, global_batch_size=4,
-                                 schedule_mode="ZBH1"),
+                                 schedule="ZBH1"),
         "llama pp=2 VPP": _plan(llama[4], 64, pp=2, vpp=2, micro_batch_size=1, global_batch_size=4,
-                                schedule_mode="VPP"),
+                                schedule="VPP"),
         "llama pp=2 ZBVPP": _plan(llama[4], 64, pp=2, vpp=2, micro_batch_size=1,
-                                  global_batch_size=4, schedule_mode="ZBVPP"),
+                                  global_batch_size=4, schedule="ZBVPP"),
         "llama zero1 dp=2": _plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4,
-                                  optimizer="adamw", sharding_stage=1),
+                                  optimizer="adamw", zero=1),
     }
     _check(list(cases), verify_many(list(cases.values()), 2))
 
 
 @pytest.mark.distributed
 def test_verify_dp2_mp2_on_four_ranks(llama):
-    plan = _plan(llama[2], 64, dp=2, mp=2, micro_batch_size=1, global_batch_size=4)
+    plan = _plan(llama[2], 64, dp=2, tp=2, micro_batch_size=1, global_batch_size=4)
     _check(["llama dp2 x mp2"], verify_many([plan], 4))
 
 
@@ -85,11 +85,11 @@ def test_the_layouts_under_test_are_really_distributed(llama):
     def kinds(plan):
         return {op.type for op in build_program(plan).program.ops if op.dialect == "dist_op"}
 
-    sp = _plan(llama[2], 64, mp=2, micro_batch_size=2, global_batch_size=4, sequence_parallel=True)
+    sp = _plan(llama[2], 64, tp=2, micro_batch_size=2, global_batch_size=4, sequence_parallel=True)
     assert {"reduce_scatter", "all_gather"} <= kinds(sp)
     assert {"send", "recv"} <= kinds(_plan(llama[2], 64, pp=2, micro_batch_size=1, global_batch_size=4))
     zero = build_program(_plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4,
-                               optimizer="adamw", sharding_stage=1)).program
+                               optimizer="adamw", zero=1)).program
     moments = [op.operands[3] for op in zero.ops if op.type == "adamw_"]
     assert any(m.dist_attr is not None and m.dist_attr.dims_mapping[0] == 0 for m in moments)
 
@@ -98,7 +98,7 @@ def test_zero_bubble_plans_defer_weight_gradients(llama):
     from executor.rank_plan import build_rank_plan
 
     prog = build_program(_plan(llama[2], 64, pp=2, micro_batch_size=1, global_batch_size=4,
-                               schedule_mode="ZBH1")).program
+                               schedule="ZBH1")).program
     for rank in (0, 1):
         units = build_rank_plan(prog, rank).units
         w = [it for it in units[("W", 0)] if it.op.type == "matmul_grad"]

@@ -27,7 +27,7 @@ def test_zero_model_states_match_the_formulas(n):
         ms = mem.zero_model_states(p, n, stage, 2, 2, opt)
         assert ms.total == total
     assert mem.zero_model_states(p, n, 2).grads == 2 * p // n
-    with pytest.raises(ValueError, match="sharding_stage"):
+    with pytest.raises(ValueError, match="ZeRO stage"):
         mem.zero_model_states(p, n, 4)
 
 

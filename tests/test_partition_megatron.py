@@ -1,4 +1,4 @@
-"""Megatron layout on llama2-7b (2 layers), mesh [dp=2, mp=2]: the collectives the
+"""Megatron layout on llama2-7b (2 layers), mesh [dp=2, tp=2]: the collectives the
 partition and reshard passes emit match Megatron-LM's (Shoeybi et al. 2019, sec. 3;
 Korthikanti et al. 2022 for sequence parallelism)."""
 

@@ -16,7 +16,7 @@ PROB = search_problem("llama2-7b", "dgx-a100-80g", None, 16, None, num_layers=4)
 
 @pytest.mark.parametrize("text, msg", [
     ("dp=2,dp=4", "'dp' is given twice"),
-    ("zero=1,sharding_stage=2", "'sharding_stage' is given twice"),
+    ("zero=1,sharding_stage=2", "'zero' is given twice"),
 ])
 def test_duplicate_knob_is_refused(text, msg):
     with pytest.raises(SpaceError, match=msg):
@@ -25,10 +25,10 @@ def test_duplicate_knob_is_refused(text, msg):
 
 @pytest.mark.parametrize("text, msg", [
     ("dp=3", "dp=3 does not divide the world size 8"),
-    ("dp=8,mp=8", "does not divide the world size 8"),
-    ("dp=2,mp=2,pp=1", "dp\\*mp\\*pp = 4 but the world size is 8"),
+    ("dp=8,tp=8", "does not divide the world size 8"),
+    ("dp=2,tp=2,pp=1", "dp\\*tp\\*pp = 4 but the world size is 8"),
     ("schedule=bogus", "schedule='bogus' is not one of"),
-    ("zero=7", "sharding_stage=7 is not one of"),
+    ("zero=7", "zero=7 is not one of"),
     ("vpp=0", "vpp=0 must be an integer >= 1"),
 ])
 def test_impossible_pins_are_refused(text, msg):
@@ -37,8 +37,8 @@ def test_impossible_pins_are_refused(text, msg):
 
 
 def test_legal_pins_are_kept():
-    sp = SearchSpace(PROB, fix=parse_fix("dp=2,mp=4,zero=1,sp=true"))
-    assert sp.fix == {"dp": 2, "mp": 4, "sharding_stage": 1, "sequence_parallel": True}
+    sp = SearchSpace(PROB, fix=parse_fix("dp=2,tp=4,zero=1,sp=true"))
+    assert sp.fix == {"dp": 2, "tp": 4, "zero": 1, "sequence_parallel": True}
 
 
 def test_seq_len_zero_is_not_silently_the_default():

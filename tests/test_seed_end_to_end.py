@@ -2,7 +2,7 @@
 text annotated on a 1-D mesh of ranks 0, 1: parameter_0 column-split, parameter_1
 row-split) as the model of ``meshplan complete``, ``meshplan cost`` and ``meshplan
 validate`` and of a 2-rank ``verify`` run (``meshplan.validation.verify``), with the strategy matching its mesh
-(dp=1, mp=2 on 2 ranks).
+(dp=1, tp=2 on 2 ranks).
 
 Reference values: the reshards are those of the seed's ``mlp_sgd_after_partition.pir``;
 FLOPs are counted by hand; losses come from a numpy float64 run of the same MLP
@@ -29,8 +29,8 @@ from tests.conftest import SHARED
 
 PROGRAMS = SHARED / "data" / "programs"
 SEED = str(PROGRAMS / "mlp_sgd_before_partition.pir")
-# dp=1, mp=2: the program's mesh; its batch (4 rows) is one micro-batch
-STRATEGY = dict(mp=2, micro_batch_size=4, global_batch_size=4, dtype="float32", optimizer="sgd")
+# dp=1, tp=2: the program's mesh; its batch (4 rows) is one micro-batch
+STRATEGY = dict(tp=2, micro_batch_size=4, global_batch_size=4, dtype="float32", optimizer="sgd")
 COST_ARGS = ["cost", "--model", SEED, "--cluster", "cpu-local", "--mp", "2", "--global-batch", "4",
              "--micro-batch-size", "4", "--dtype", "float32", "--json"]
 # By hand (simulator.op_cost conventions: GEMM 2mnk, elementwise 1 FLOP per element of the
@@ -116,8 +116,8 @@ def test_one_rank_costs_the_program_unsharded_and_a_mismatch_is_refused():
     assert res.memory_breakdown["params"] == (16 * 8 + 16 * 16) * 4
     assert res.time_breakdown["tp_comm"] == 0.0
     with pytest.raises(EngineError, match=r"annotated for ranks \[0, 1\].*dp\*mp = 1\*4"):
-        Engine(SEED, "dgx-a100-80g", Strategy(mp=4, micro_batch_size=4, global_batch_size=4)).simulate()
-    bad = Plan(SEED, "cpu-local", Strategy(**{**STRATEGY, "mp": 1, "pp": 2}))
+        Engine(SEED, "dgx-a100-80g", Strategy(tp=4, micro_batch_size=4, global_batch_size=4)).simulate()
+    bad = Plan(SEED, "cpu-local", Strategy(**{**STRATEGY, "tp": 1, "pp": 2}))
     with pytest.raises(PlanProgramError, match=r"annotated for ranks \[0, 1\]"):
         build_program(bad)
 

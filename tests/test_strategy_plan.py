@@ -11,13 +11,13 @@ from meshplan.strategy import Strategy, StrategyError
 
 
 @settings(deadline=None, max_examples=50)
-@given(dp=st.integers(1, 8), mp=st.integers(1, 8), pp=st.integers(1, 8), mbs=st.integers(1, 4),
+@given(dp=st.integers(1, 8), tp=st.integers(1, 8), pp=st.integers(1, 8), mbs=st.integers(1, 4),
        k=st.integers(1, 4), rc=st.sampled_from(["none", "selective", "full"]),
        zero=st.integers(0, 3), sched=st.sampled_from(["1F1B", "ZBH1", "ZB-2p", "FThenB"]))
-def test_plan_json_round_trip(dp, mp, pp, mbs, k, rc, zero, sched):
-    strat = Strategy(dp=dp, mp=mp, pp=pp, micro_batch_size=mbs, global_batch_size=dp * mbs * k,
-                     recompute=rc, sharding_stage=zero, schedule_mode=sched,
-                     sequence_parallel=mp > 1)
+def test_plan_json_round_trip(dp, tp, pp, mbs, k, rc, zero, sched):
+    strat = Strategy(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=dp * mbs * k,
+                     recompute=rc, zero=zero, schedule=sched,
+                     sequence_parallel=tp > 1)
     plan = Plan("llama2-7b", "dgx-h100", strat, nodes=4,
                 annotations={"lm_head.weight": ["Replicate()", "Shard(1)"]},
                 num_layers=None if k % 2 else 4)
@@ -27,17 +27,54 @@ def test_plan_json_round_trip(dp, mp, pp, mbs, k, rc, zero, sched):
 
 
 def test_strategy_errors_name_the_field():
-    cases = [({"mp": -1}, "'mp'"), ({"schedule_mode": "GPipe"}, "schedule_mode"),
-             ({"recompute": "half"}, "recompute"), ({"sharding_stage": 4}, "sharding_stage"),
+    cases = [({"tp": -1}, "'tp'"), ({"schedule": "Chimera"}, "'schedule'"),
+             ({"recompute": "half"}, "recompute"), ({"zero": 4}, "'zero'"),
              ({"dp": 2, "global_batch_size": 3}, "global_batch_size"),
-             ({"schedule_mode": "ZBVPP", "vpp": 3}, "'vpp'"),
+             ({"schedule": "ZBVPP", "vpp": 3}, "'vpp'"),
+             ({"pp": 2, "layers_per_stage": [4]}, "'layers_per_stage' has 1 entries"),
+             ({"layers_per_stage": [-1]}, "'layers_per_stage' must hold integers >= 0"),
              ({"sequence_parallel": True}, "sequence_parallel"),
              ({"annotation": {"w": "Shard(0)"}}, "annotation"), ({"dtype": "int8"}, "dtype")]
     for kw, needle in cases:
         with pytest.raises(StrategyError, match=needle):
             Strategy(**kw)
-    assert Strategy(pp=4, schedule_mode="ZB-1p").schedule() == ("ZB", 4.0)
-    assert Strategy(pp=4, schedule_mode="ZB-2p").schedule() == ("ZB", 8.0)
+    assert Strategy(pp=4, schedule="ZB-1p").registered_schedule() == ("ZB", 4.0)
+    assert Strategy(pp=4, schedule="ZB-2p").registered_schedule() == ("ZB", 8.0)
+
+
+def test_schedule_names_are_case_insensitive_with_aliases():
+    assert Strategy(schedule="zbvpp", vpp=2).schedule == "ZBVPP"
+    assert Strategy(schedule="ZB-V", vpp=2).schedule == "ZBVPP"
+    assert Strategy(schedule="gpipe").schedule == "FThenB"
+    assert Strategy(schedule="1f1b-i", vpp=2).schedule == "VPP"
+    assert Strategy(schedule="zb-2P").schedule == "ZB-2p"
+
+
+def test_earlier_knob_names_are_read_and_a_knob_given_twice_is_refused():
+    old = {"dp": 2, "mp": 4, "schedule_mode": "ZBH1", "sharding_stage": 1, "pp": 2,
+           "global_batch_size": 8}
+    s = Strategy.from_dict(old)
+    assert (s.tp, s.schedule, s.zero) == (4, "ZBH1", 1)
+    assert set(s.to_dict()) >= {"tp", "schedule", "zero"} and "mp" not in s.to_dict()
+    with pytest.raises(StrategyError, match="'tp' is given twice"):
+        Strategy.from_dict({"tp": 2, "mp": 2})
+
+
+def test_a_version_1_plan_file_still_loads():
+    text = ('{"version": 1, "model": "llama2-7b", "cluster": "dgx-h100", "strategy": '
+            '{"dp": 2, "mp": 2, "schedule_mode": "1F1B", "sharding_stage": 2, '
+            '"global_batch_size": 4}}')
+    plan = Plan.from_json(text)
+    assert (plan.strategy.tp, plan.strategy.zero) == (2, 2)
+    assert Plan.from_json(plan.to_json()) == plan and '"version": 2' in plan.to_json()
+
+
+def test_placements_in_every_spelling_are_one_annotation():
+    a = Strategy(tp=2, annotation={"w": ["R", "Shard(dim=1)"]})
+    b = Strategy(tp=2, annotation={"w": ["Replicate()", "S(1)"]})
+    assert a == b and a.annotation == {"w": ["Replicate()", "Shard(1)"]}
+    with pytest.raises(StrategyError, match="'X' is not Shard"):
+        Strategy(annotation={"w": ["X"]})
 
 
 def test_plan_errors():
@@ -55,7 +92,7 @@ def test_num_layers_overrides_the_configs_layer_count():
     2-layer model sits on the same line)."""
     from meshplan.engine import Engine
 
-    strat = Strategy(dp=1, mp=1, pp=1, micro_batch_size=1, global_batch_size=1)
+    strat = Strategy(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=1)
     flops = {n: Engine("llama2-7b", "dgx-a100-80g", strat, seq_len=256,
                        num_layers=n).simulate().model_flops for n in (2, 4, 32)}
     per_layer = (flops[32] - flops[4]) / 28

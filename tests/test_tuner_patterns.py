@@ -129,15 +129,15 @@ def test_random_annotation(llama):
     for seed in range(40):
         ann = random_annotation(llama, 4, seed)
         for name, shape in shapes.items():
-            dp, mp = ann[name]
+            dp, tp = ann[name]
             assert dp == R
-            if mp != R:
-                d = int(mp[len("Shard("):-1])
+            if tp != R:
+                d = int(tp[len("Shard("):-1])
                 assert shape[d] % 4 == 0
-            seen[(len(shape), mp)] += 1
+            seen[(len(shape), tp)] += 1
         assert ann["input_ids"] == [S0, R]
     # every legal option of a 2-d weight and a 1-d norm weight is drawn
     assert {k for k in seen if k[0] == 2} == {(2, R), (2, S0), (2, S1)}
     assert {k for k in seen if k[0] == 1} == {(1, R), (1, S0)}
-    # mp = 1: nothing to shard
+    # tp = 1: nothing to shard
     assert all(pl == [R, R] for n, pl in random_annotation(llama, 1, 3).items() if n in shapes)

@@ -35,7 +35,7 @@ def small():
     prob = search_problem("llama2-7b", "dgx-a100-80g", 1, 32, 4096, num_layers=4)
     space = SearchSpace(prob, schedules=("1F1B", "VPP", "ZBH1"), vpp_degrees=(2,),
                         micro_batch_sizes=(1, 2, 4), recompute=("none", "full"),
-                        sharding_stages=(0, 1))
+                        zero_stages=(0, 1))
     return space, template_kinds("llama2-7b", 4096), make_scorer(SC)
 
 
@@ -98,7 +98,7 @@ def test_cli_outputs_plan_and_history(tmp_path):
     assert res.max_memory_bytes <= 80e9
     row = feas.loc[feas.time.idxmin()]
     assert (row.dp_degree, row.mp_degree, row.pp_degree) == (
-        plan.strategy.dp, plan.strategy.mp, plan.strategy.pp)
+        plan.strategy.dp, plan.strategy.tp, plan.strategy.pp)
     assert "Top plans" in (out / "report.txt").read_text()
     # rerunning the same command resumes: nothing new to run, same best plan
     assert main(["tune", *SMALL_ARGS, "--trials", "40", "--seed", "2", "--output", str(out),

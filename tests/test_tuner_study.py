@@ -91,7 +91,7 @@ def test_identical_plans_scored_once():
 def test_exhaustive_bruteforce_covers_exactly_the_legal_space():
     space = SearchSpace(PROB, schedules=("1F1B", "VPP", "ZBVPP"), vpp_degrees=(2, 4),
                         micro_batch_sizes=(1, 2, 4), recompute=("none", "full"),
-                        sharding_stages=(0, 1))
+                        zero_stages=(0, 1))
     c = cfg(sampler="bruteforce", space=space)
     study, rec = run(c, 100000)
     legal = {x.replace(annotation="megatron").key() for x in iter_base_candidates(space)
@@ -157,16 +157,16 @@ def test_pattern_based_bruteforce_matches_enumeration():
              "mlp": ("replicated", "megatron"), "norm": ("replicated", "sequence_parallel"),
              "lm_head": ("replicated", "vocab_parallel"), "loss": ("follow_head",)}
     space = SearchSpace(PROB, schedules=("1F1B",), micro_batch_sizes=(1, 2),
-                        recompute=("none",), sharding_stages=(0,))
+                        recompute=("none",), zero_stages=(0,))
     c = TuneConfig(space, mode="pattern-based", template_kinds=kinds, sampler="bruteforce",
                    seed=0, scorer_factory=FACTORY, scorer_config={"global_batch_size": 64})
     study, rec = run(c, 100000)
     got = {x.key() for x in rec.seen}
     want = {x.key() for x in enumerate_candidates(space, "pattern-based", kinds)}
     assert got == want
-    # mp in {1, 2, 4, 8} (16 heads, 4 kv heads -> mp <= 4 ... and <= 8 per node), pp | 8 layers
-    per_mesh = Counter((x.dp, x.mp, x.pp) for x in rec.seen if x.micro_batch_size == 1)
-    # mp > 1: 2^4 template sets + the sequence-parallel norm on the Megatron set = 17
+    # tp in {1, 2, 4, 8} (16 heads, 4 kv heads -> tp <= 4 ... and <= 8 per node), pp | 8 layers
+    per_mesh = Counter((x.dp, x.tp, x.pp) for x in rec.seen if x.micro_batch_size == 1)
+    # tp > 1: 2^4 template sets + the sequence-parallel norm on the Megatron set = 17
     assert set(per_mesh.values()) == {1, 17}
     assert all(v == (1 if m[1] == 1 else 17) for m, v in per_mesh.items())
     sp = [x for x in rec.seen if x.sequence_parallel]

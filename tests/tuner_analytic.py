@@ -16,11 +16,11 @@ GIB = 2**30
 
 
 def analytic_time_memory(c: Candidate, gb: int) -> tuple[float, int]:
-    """time = m*(1 + 0.1*pp + 0.05*mp) / mbs-ish; memory = 100 GiB / (mp*pp) / (1+zero) *mbs."""
+    """time = m*(1 + 0.1*pp + 0.05*tp) / mbs-ish; memory = 100 GiB / (tp*pp) / (1+zero) *mbs."""
     m = gb // (c.dp * c.micro_batch_size)
-    t = (m * c.micro_batch_size) * (1.0 + 0.05 * c.mp) / c.mp + 0.2 * (c.pp - 1)
+    t = (m * c.micro_batch_size) * (1.0 + 0.05 * c.tp) / c.tp + 0.2 * (c.pp - 1)
     t *= {"none": 1.0, "selective": 1.05, "full": 1.33}[c.recompute]
-    mem = 100 * GIB / (c.mp * c.pp) / (1 + c.sharding_stage) * c.micro_batch_size
+    mem = 100 * GIB / (c.tp * c.pp) / (1 + c.zero) * c.micro_batch_size
     mem /= {"none": 1.0, "selective": 1.5, "full": 4.0}[c.recompute]
     return t, int(mem)
 

@@ -38,35 +38,35 @@ class Violation:
 
 
 def mesh_matches_world(c: Candidate, p: SearchProblem) -> str | None:
-    """dp * mp * pp must equal the world size."""
-    if c.dp * c.mp * c.pp != p.world_size:
-        return f"dp*mp*pp = {c.dp}*{c.mp}*{c.pp} = {c.world_size} != world size {p.world_size}"
+    """dp * tp * pp must equal the world size."""
+    if c.dp * c.tp * c.pp != p.world_size:
+        return f"dp*tp*pp = {c.dp}*{c.tp}*{c.pp} = {c.world_size} != world size {p.world_size}"
     return None
 
 
 def _mp_divides(field: str) -> Rule:
     def rule(c: Candidate, p: SearchProblem) -> str | None:
         n = getattr(p.model, field)
-        if n % c.mp:
-            return f"mp={c.mp} does not divide {field}={n} of {p.model.name}"
+        if n % c.tp:
+            return f"tp={c.tp} does not divide {field}={n} of {p.model.name}"
         return None
-    rule.__name__ = f"mp_divides_{field.removeprefix('num_').removesuffix('_size')}"
-    rule.__doc__ = f"Tensor parallelism splits {field} evenly: mp | {field}."
+    rule.__name__ = f"tp_divides_{field.removeprefix('num_').removesuffix('_size')}"
+    rule.__doc__ = f"Tensor parallelism splits {field} evenly: tp | {field}."
     return rule
 
 
-mp_divides_heads = _mp_divides("num_heads")
-mp_divides_kv_heads = _mp_divides("num_kv_heads")
-mp_divides_hidden = _mp_divides("hidden_size")
-mp_divides_ffn_hidden = _mp_divides("ffn_hidden_size")
-mp_divides_vocab = _mp_divides("vocab_size")
+tp_divides_heads = _mp_divides("num_heads")
+tp_divides_kv_heads = _mp_divides("num_kv_heads")
+tp_divides_hidden = _mp_divides("hidden_size")
+tp_divides_ffn_hidden = _mp_divides("ffn_hidden_size")
+tp_divides_vocab = _mp_divides("vocab_size")
 
 
-def mp_within_node(c: Candidate, p: SearchProblem) -> str | None:
+def tp_within_node(c: Candidate, p: SearchProblem) -> str | None:
     """A tensor-parallel group stays inside one node (NVLink) unless the problem allows
     crossing nodes."""
-    if not p.allow_cross_node_mp and c.mp > p.devices_per_node:
-        return f"mp={c.mp} exceeds {p.devices_per_node} devices per node (cross-node mp not allowed)"
+    if not p.allow_cross_node_tp and c.tp > p.devices_per_node:
+        return f"tp={c.tp} exceeds {p.devices_per_node} devices per node (cross-node tp not allowed)"
     return None
 
 
@@ -131,17 +131,17 @@ def vpp_microbatches_multiple_of_pp(c: Candidate, p: SearchProblem) -> str | Non
     return None
 
 
-def sequence_parallel_needs_mp(c: Candidate, p: SearchProblem) -> str | None:
-    """Sequence parallelism splits the tensor-parallel region's sequence: mp > 1."""
-    if c.sequence_parallel and c.mp < 2:
-        return "sequence parallel needs mp > 1"
+def sequence_parallel_needs_tp(c: Candidate, p: SearchProblem) -> str | None:
+    """Sequence parallelism splits the tensor-parallel region's sequence: tp > 1."""
+    if c.sequence_parallel and c.tp < 2:
+        return "sequence parallel needs tp > 1"
     return None
 
 
 def sequence_parallel_seq_divisible(c: Candidate, p: SearchProblem) -> str | None:
-    """Sequence parallelism shards the sequence over mp: mp | seq_len."""
-    if c.sequence_parallel and p.seq_len % c.mp:
-        return f"sequence parallel: seq_len {p.seq_len} is not divisible by mp={c.mp}"
+    """Sequence parallelism shards the sequence over tp: tp | seq_len."""
+    if c.sequence_parallel and p.seq_len % c.tp:
+        return f"sequence parallel: seq_len {p.seq_len} is not divisible by tp={c.tp}"
     return None
 
 
@@ -154,22 +154,22 @@ def schedule_needs_pipeline(c: Candidate, p: SearchProblem) -> str | None:
 
 def zero_needs_dp(c: Candidate, p: SearchProblem) -> str | None:
     """A ZeRO stage over a data-parallel group of one rank is stage 0 (no duplicates)."""
-    if c.dp == 1 and c.sharding_stage > 0:
-        return f"dp=1: ZeRO stage {c.sharding_stage} shards over one rank (same as stage 0)"
+    if c.dp == 1 and c.zero > 0:
+        return f"dp=1: ZeRO stage {c.zero} shards over one rank (same as stage 0)"
     return None
 
 
 #: Every rule, in check order (cheap mesh rules first).
 RULES: tuple[Rule, ...] = (
-    mesh_matches_world, mp_divides_heads, mp_divides_kv_heads, mp_divides_hidden,
-    mp_divides_ffn_hidden, mp_divides_vocab, mp_within_node, pp_divides_layers,
+    mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
+    tp_divides_ffn_hidden, tp_divides_vocab, tp_within_node, pp_divides_layers,
     layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
-    sequence_parallel_needs_mp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
+    sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
     zero_needs_dp,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
-#: Rules that read only dp, mp, pp (checked right after the mesh is chosen).
+#: Rules that read only dp, tp, pp (checked right after the mesh is chosen).
 MESH_RULES: tuple[Rule, ...] = RULES[:8]
 
 

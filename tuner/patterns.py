@@ -16,7 +16,7 @@ which result), never from struct names:
 
 Each pattern kind has sharding templates (:data:`TEMPLATES`): ``replicated``; Megatron
 tensor parallelism (Shoeybi et al. 2019, Sec. 3): column-parallel q/k/v and up/gate
-(``[in, out]`` weight ``Shard(1)`` on mp, bias ``Shard(0)``), row-parallel o/down
+(``[in, out]`` weight ``Shard(1)`` on tp, bias ``Shard(0)``), row-parallel o/down
 (``Shard(0)``, bias replicated); vocab-parallel embedding (``[V, h]`` table ``Shard(0)``)
 and head (``[h, V]`` weight ``Shard(1)``); the norm's ``sequence_parallel`` variant
 (Korthikanti et al. 2022: norm weights stay replicated, activations between the tensor-
@@ -25,7 +25,7 @@ The loss has one template: it follows the head (completion keeps the class dim s
 a vocab-parallel cross entropy, when the head is vocab-parallel). A head tied to the token
 embedding shares its table and follows the embedding template.
 
-Annotations are ``{value name: [placement per mesh dim]}`` on the mesh ``[dp, mp]``; every
+Annotations are ``{value name: [placement per mesh dim]}`` on the mesh ``[dp, tp]``; every
 data input gets its batch dim on dp.
 """
 
@@ -207,7 +207,7 @@ def find_patterns(program: Program) -> list[PatternInstance]:
 
 # -- templates ---------------------------------------------------------------------------
 def _roles(inst: PatternInstance, spec: Mapping[str, str]) -> dict[str, list[str]]:
-    """Placements [dp, mp] for each parameter of ``inst`` by role: mp placement per role."""
+    """Placements [dp, tp] for each parameter of ``inst`` by role: tp placement per role."""
     out: dict[str, list[str]] = {}
     for role, names in inst.params.items():
         for n in names:
@@ -217,7 +217,7 @@ def _roles(inst: PatternInstance, spec: Mapping[str, str]) -> dict[str, list[str
 
 _MEGATRON = {"column": S1, "column_bias": S0, "row": S0, "row_bias": R}
 
-#: kind -> template name -> mp placement by parameter role (missing roles: replicated).
+#: kind -> template name -> tp placement by parameter role (missing roles: replicated).
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "embedding": {"replicated": {}, "vocab_parallel": {"table": S0}},
     "attention": {"replicated": {}, "megatron": _MEGATRON},
@@ -255,7 +255,7 @@ def data_annotations(program: Program) -> dict[str, list[str]]:
 
 def apply_templates(program: Program, patterns: Sequence[PatternInstance],
                     choice: Mapping[str, str]) -> dict[str, list[str]]:
-    """Annotation ``{value name: [dp placement, mp placement]}`` from one template per kind.
+    """Annotation ``{value name: [dp placement, tp placement]}`` from one template per kind.
 
     Raises PatternError naming the kind and template when a choice is unknown."""
     ann = data_annotations(program)
@@ -270,13 +270,13 @@ def apply_templates(program: Program, patterns: Sequence[PatternInstance],
     return ann
 
 
-def random_annotation(program: Program, mp: int, seed: int) -> dict[str, list[str]]:
-    """full_random: for every parameter a uniformly random legal dims_mapping on mp
-    (replicated, or one tensor dim whose size mp divides), dp replicated; data inputs with
+def random_annotation(program: Program, tp: int, seed: int) -> dict[str, list[str]]:
+    """full_random: for every parameter a uniformly random legal dims_mapping on tp
+    (replicated, or one tensor dim whose size tp divides), dp replicated; data inputs with
     batch on dp. Deterministic in ``seed``."""
     rng = random.Random(seed)
     ann = data_annotations(program)
     for v in program.parameters():
-        opts = [R] + [f"Shard({d})" for d, n in enumerate(v.shape) if mp > 1 and n % mp == 0]
+        opts = [R] + [f"Shard({d})" for d, n in enumerate(v.shape) if tp > 1 and n % tp == 0]
         ann[v.name or ""] = [R, rng.choice(opts)]
     return ann

@@ -51,13 +51,13 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
     if plan:
         dp, mbs = plan["dp"], plan["micro_batch_size"]
         rc = plan["recompute"]
-        row.update(dp_degree=dp, mp_degree=plan["mp"], pp_degree=plan["pp"],
+        row.update(dp_degree=dp, mp_degree=plan["tp"], pp_degree=plan["pp"],
                    vpp_degree=plan["vpp"], micro_batch_size=mbs,
                    acc_steps=global_batch // (dp * mbs),
-                   sharding_degree=dp if plan["sharding_stage"] else 1,
-                   sharding_stage=plan["sharding_stage"], use_recompute=rc != "none",
+                   sharding_degree=dp if plan["zero"] else 1,
+                   sharding_stage=plan["zero"], use_recompute=rc != "none",
                    recompute_granularity=None if rc == "none" else rc,
-                   sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
+                   sequence_parallel=plan["sequence_parallel"], schedule=plan["schedule"],
                    annotation=plan.get("annotation"),
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
@@ -154,10 +154,10 @@ class TuneResult:
 
 def plan_label(plan: Mapping[str, Any]) -> str:
     """Short one-line plan description for the progress bar."""
-    s = f"dp{plan['dp']} mp{plan['mp']} pp{plan['pp']} {plan['schedule']}"
+    s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']} {plan['schedule']}"
     if plan["vpp"] > 1:
         s += f" vpp{plan['vpp']}"
-    s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['sharding_stage']}"
+    s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['zero']}"
     return s + (" sp" if plan["sequence_parallel"] else "")
 
 
@@ -175,13 +175,13 @@ def top_table(result: TuneResult, k: int = 10) -> Any:
         p, ua = t.user_attrs["plan"], t.user_attrs
         m = ua.get("metrics", {})
         ann = ",".join(f"{a}={b}" for a, b in sorted(p["templates"].items()) if a != "loss")
-        if p["mp"] == 1:
-            ann = "- (mp=1)"
+        if p["tp"] == 1:
+            ann = "- (tp=1)"
         elif p.get("annotation_seed") is not None:
             ann = f"random seed {p['annotation_seed']}"
         ann = ann or str(p.get("annotation"))
-        tab.add_row(str(i), f"{p['dp']}-{p['mp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
-                    str(p["micro_batch_size"]), p["recompute"], str(p["sharding_stage"]),
+        tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+                    str(p["micro_batch_size"]), p["recompute"], str(p["zero"]),
                     "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
                     f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
                     f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}")

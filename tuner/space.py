@@ -1,6 +1,6 @@
 """The strategy search space: what a candidate plan is and which values each knob may take.
 
-A :class:`Candidate` is one point: the process mesh ``dp x mp x pp`` (dp * mp * pp = world
+A :class:`Candidate` is one point: the process mesh ``dp x tp x pp`` (dp * tp * pp = world
 size), the virtual pipeline degree ``vpp``, the pipeline schedule, the micro-batch size (the
 number of micro-batches follows from the global batch: m = B / (dp * mbs)), activation
 recompute, the ZeRO stage over the data-parallel group, Megatron sequence parallelism and
@@ -8,11 +8,13 @@ the intra-op annotation (pattern templates, a full_random seed, or the user's an
 
 A :class:`SearchProblem` is what the search is about (model dims, cluster shape, batch and
 sequence); a :class:`SearchSpace` lists the allowed values of each knob for that problem,
-with ``fix`` pinning any of them (``--fix dp=8,mp=8``).
+with ``fix`` pinning any of them (``--fix dp=8,tp=8``).
 
-The knob names follow Megatron-LM / PaddlePaddle's auto-tuner (``dp_degree``,
-``mp_degree``, ``pp_degree``, ``vpp_degree``, ``micro_batch_size``, ``sharding_stage``,
-``use_recompute`` / ``recompute_granularity``).
+The knob names are the project's one vocabulary (``completion.strategy``: ``dp``, ``tp``,
+``pp``, ``vpp``, ``schedule``, ``micro_batch_size``, ``recompute``, ``zero``,
+``sequence_parallel``); ``--fix`` also reads ``mp``, ``mbs``, ``sp``, ``sharding_stage`` and
+``schedule_mode``. Only ``history.csv`` keeps PaddlePaddle's auto-tuner column names
+(``tuner.result``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
 FIXABLE: dict[str, type] = {
-    "dp": int, "mp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
-    "recompute": str, "sharding_stage": int, "sequence_parallel": bool,
+    "dp": int, "tp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
+    "recompute": str, "zero": int, "sequence_parallel": bool,
 }
-_FIX_ALIASES = {"mbs": "micro_batch_size", "zero": "sharding_stage", "sp": "sequence_parallel",
-                "schedule_mode": "schedule", "tp": "mp"}
+_FIX_ALIASES = {"mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
+                "schedule_mode": "schedule", "mp": "tp"}
 
 
 class SpaceError(ValueError):
@@ -69,7 +71,7 @@ class SearchProblem:
 
     Attributes:
         model: the model sizes; world_size: GPUs; devices_per_node: GPUs per node (tensor
-        parallelism stays inside one unless ``allow_cross_node_mp``); global_batch_size:
+        parallelism stays inside one unless ``allow_cross_node_tp``); global_batch_size:
         sequences per step; seq_len: tokens per sequence; uneven_pp: allow a layer count not
         divisible by pp (stages differ by at most one layer).
 
@@ -81,7 +83,7 @@ class SearchProblem:
     devices_per_node: int
     global_batch_size: int
     seq_len: int
-    allow_cross_node_mp: bool = False
+    allow_cross_node_tp: bool = False
     uneven_pp: bool = False
 
     def __post_init__(self) -> None:
@@ -111,13 +113,13 @@ class Candidate:
     """
 
     dp: int
-    mp: int
+    tp: int
     pp: int
     vpp: int = 1
     schedule: str = "1F1B"
     micro_batch_size: int = 1
     recompute: str = "none"
-    sharding_stage: int = 0
+    zero: int = 0
     sequence_parallel: bool = False
     templates: tuple[tuple[str, str], ...] = ()
     annotation_seed: int | None = None
@@ -125,8 +127,8 @@ class Candidate:
 
     @property
     def world_size(self) -> int:
-        """Ranks the plan uses: dp * mp * pp."""
-        return self.dp * self.mp * self.pp
+        """Ranks the plan uses: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
 
     def num_microbatches(self, global_batch_size: int) -> int:
         """m = B / (dp * mbs) (integer division; legality checks divisibility)."""
@@ -141,8 +143,8 @@ class Candidate:
         return dict(self.templates)
 
     def mesh_str(self) -> str:
-        """``dp{dp}-mp{mp}-pp{pp}``, e.g. ``dp2-mp4-pp1``."""
-        return f"dp{self.dp}-mp{self.mp}-pp{self.pp}"
+        """``dp{dp}-mp{tp}-pp{pp}``, e.g. ``dp2-mp4-pp1``."""
+        return f"dp{self.dp}-mp{self.tp}-pp{self.pp}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (JSON-ready; ``templates`` as a dict)."""
@@ -165,8 +167,8 @@ class Candidate:
 def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     """The fields of ``c`` as a tuple, in declaration order (what ``dataclasses.astuple``
     returns, without its deep copies); used as the candidate's cache key."""
-    return (c.dp, c.mp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
-            c.sharding_stage, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation)
+    return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
+            c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation)
 
 
 def divisors(n: int) -> list[int]:
@@ -175,7 +177,7 @@ def divisors(n: int) -> list[int]:
 
 
 def parse_fix(text: str | None) -> dict[str, Any]:
-    """``"dp=8,mp=8,schedule=VPP,sp=true"`` -> ``{"dp": 8, "mp": 8, ...}``.
+    """``"dp=8,tp=8,schedule=VPP,sp=true"`` -> ``{"dp": 8, "tp": 8, ...}``.
 
     Raises SpaceError naming the unknown knob or the bad value."""
     out: dict[str, Any] = {}
@@ -207,13 +209,13 @@ def parse_fix(text: str | None) -> dict[str, Any]:
 
 
 _FIX_CHOICES: dict[str, tuple[Any, ...]] = {
-    "schedule": SCHEDULES, "recompute": RECOMPUTE, "sharding_stage": ZERO_STAGES,
+    "schedule": SCHEDULES, "recompute": RECOMPUTE, "zero": ZERO_STAGES,
     "sequence_parallel": (False, True)}
 
 
 def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
     """Each pinned value is one the knob can take: a known schedule / recompute / ZeRO
-    stage, an integer >= 1 for degrees and sizes, and dp, mp, pp (and their product)
+    stage, an integer >= 1 for degrees and sizes, and dp, tp, pp (and their product)
     dividing the world size. Raises SpaceError naming the knob and value."""
     for k, v in fix.items():
         if k in _FIX_CHOICES:
@@ -221,16 +223,16 @@ def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
                 raise SpaceError(f"--fix: {k}={v!r} is not one of {list(_FIX_CHOICES[k])}")
         elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpaceError(f"--fix: {k}={v!r} must be an integer >= 1")
-    mesh = {k: fix[k] for k in ("dp", "mp", "pp") if k in fix}
+    mesh = {k: fix[k] for k in ("dp", "tp", "pp") if k in fix}
     prod = 1
     for v in mesh.values():
         prod *= v
     if world_size % prod:
         pinned = ",".join(f"{k}={v}" for k, v in mesh.items())
         raise SpaceError(f"--fix: {pinned} does not divide the world size {world_size} "
-                         f"(dp * mp * pp must equal it)")
+                         f"(dp * tp * pp must equal it)")
     if len(mesh) == 3 and prod != world_size:
-        raise SpaceError(f"--fix: dp*mp*pp = {prod} but the world size is {world_size}")
+        raise SpaceError(f"--fix: dp*tp*pp = {prod} but the world size is {world_size}")
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,7 @@ class SearchSpace:
     Attributes:
         problem: the :class:`SearchProblem`.
         schedules, vpp_degrees (> 1, used with VPP / ZBVPP), micro_batch_sizes, recompute,
-        sharding_stages, sequence_parallel: allowed values.
+        zero_stages, sequence_parallel: allowed values.
         fix: knob -> pinned value (overrides the lists).
     """
 
@@ -249,7 +251,7 @@ class SearchSpace:
     vpp_degrees: tuple[int, ...] = (2, 4)
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = RECOMPUTE
-    sharding_stages: tuple[int, ...] = ZERO_STAGES
+    zero_stages: tuple[int, ...] = ZERO_STAGES
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
 
@@ -273,9 +275,9 @@ class SearchSpace:
     def _pick(self, name: str, options: tuple[Any, ...] | list[Any]) -> list[Any]:
         return [self.fix[name]] if name in self.fix else list(options)
 
-    def mp_choices(self) -> list[int]:
+    def tp_choices(self) -> list[int]:
         """Tensor-parallel degrees to try: the fixed value, else every divisor of the world size."""
-        return self._pick("mp", divisors(self.problem.world_size))
+        return self._pick("tp", divisors(self.problem.world_size))
 
     def pp_choices(self) -> list[int]:
         """Pipeline degrees to try: the fixed value, else every divisor of the world size."""
@@ -298,8 +300,8 @@ class SearchSpace:
         return self._pick("recompute", self.recompute)
 
     def zero_choices(self) -> list[int]:
-        """ZeRO stages to try: the fixed value, else ``sharding_stages``."""
-        return self._pick("sharding_stage", self.sharding_stages)
+        """ZeRO stages to try: the fixed value, else ``zero_stages``."""
+        return self._pick("zero", self.zero_stages)
 
     def sp_choices(self) -> list[bool]:
         """Sequence-parallel flags to try: the fixed value, else ``sequence_parallel``."""
@@ -323,13 +325,13 @@ class SearchSpace:
 def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
     """Every combination of the non-annotation knobs (legal or not), in a fixed order.
 
-    vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (mp * pp) (combinations
+    vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp) (combinations
     where that is not an integer, or contradicts a fixed dp, are skipped)."""
     w = space.problem.world_size
-    for mp, pp in itertools.product(space.mp_choices(), space.pp_choices()):
-        if w % (mp * pp):
+    for tp, pp in itertools.product(space.tp_choices(), space.pp_choices()):
+        if w % (tp * pp):
             continue
-        dp = w // (mp * pp)
+        dp = w // (tp * pp)
         if "dp" in space.fix and space.fix["dp"] != dp:
             continue
         for sched in space.schedule_choices():
@@ -337,4 +339,4 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
                     space.sp_choices()):
-                yield Candidate(dp, mp, pp, vpp, sched, mbs, rc, z, sp)
+                yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp)

@@ -1,11 +1,11 @@
 """Define-by-run suggestion of one candidate from an Optuna trial.
 
 Parameters are suggested in dependency order and only where they matter (conditional
-search space): the mesh first (``mp_degree``, ``pp_degree``; dp follows from the world
-size), then ``schedule`` only when pp > 1, ``vpp_degree`` only for VPP (ZBVPP is always 2),
-``micro_batch_size``, ``recompute``, ``sharding_stage`` only when dp > 1, and the
-annotation knobs only when mp > 1. Every categorical has the same choices in every trial
-(Optuna requires it); choices that can never be legal for the problem (an mp that does not
+search space): the mesh first (``tp``, ``pp``; dp follows from the world
+size), then ``schedule`` only when pp > 1, ``vpp`` only for VPP (ZBVPP is always 2),
+``micro_batch_size``, ``recompute``, ``zero`` only when dp > 1, and the
+annotation knobs only when tp > 1. Every categorical has the same choices in every trial
+(Optuna requires it); choices that can never be legal for the problem (a tp that does not
 divide the heads, a pp that does not divide the layers) are filtered out up front, the
 remaining illegal combinations are returned as a :class:`Violation` for the caller to
 prune. Nothing here simulates.
@@ -24,8 +24,8 @@ from tuner.space import Candidate, SearchSpace, iter_base_candidates
 
 #: Annotation modes (issue 8 / Paddle auto-parallel's names).
 PATTERN, RANDOM, SEMI = "pattern-based", "full_random", "semi-auto"
-_MP_RULES = (L.mp_divides_heads, L.mp_divides_kv_heads, L.mp_divides_hidden,
-             L.mp_divides_ffn_hidden, L.mp_divides_vocab, L.mp_within_node)
+_TP_RULES = (L.tp_divides_heads, L.tp_divides_kv_heads, L.tp_divides_hidden,
+             L.tp_divides_ffn_hidden, L.tp_divides_vocab, L.tp_within_node)
 #: Templates that make up Megatron's layout; the norm's sequence-parallel variant is only
 #: offered on top of it (the engine realises sequence parallelism on that layout).
 MEGATRON_BASE = {"embedding": "vocab_parallel", "attention": "megatron", "mlp": "megatron",
@@ -33,11 +33,11 @@ MEGATRON_BASE = {"embedding": "vocab_parallel", "attention": "megatron", "mlp": 
 TEMPLATE_ORDER = ("embedding", "attention", "mlp", "lm_head", "norm")
 
 
-def mp_choices(space: SearchSpace) -> list[int]:
-    """mp values that pass every rule reading only mp (heads, hidden, vocab, node)."""
+def tp_choices(space: SearchSpace) -> list[int]:
+    """tp values that pass every rule reading only tp (heads, hidden, vocab, node)."""
     p = space.problem
-    return [m for m in space.mp_choices()
-            if all(r(Candidate(1, m, 1), p) is None for r in _MP_RULES)]
+    return [m for m in space.tp_choices()
+            if all(r(Candidate(1, m, 1), p) is None for r in _TP_RULES)]
 
 
 def pp_choices(space: SearchSpace) -> list[int]:
@@ -58,11 +58,11 @@ def _cat(trial: optuna.Trial, name: str, choices: Sequence[Any]) -> Any:
 
 
 def _templates(trial: optuna.Trial, space: SearchSpace, kinds: Mapping[str, Sequence[str]],
-               mp: int) -> tuple[tuple[tuple[str, str], ...], bool]:
-    """One template per pattern kind (only when mp > 1); returns (templates, sequence
+               tp: int) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """One template per pattern kind (only when tp > 1); returns (templates, sequence
     parallel). The norm's ``sequence_parallel`` template is offered only on the Megatron
     base layout and when sequence parallelism is allowed and legal."""
-    if mp == 1:
+    if tp == 1:
         return (), False  # nothing is sharded inside a rank: every template is the same plan
     chosen: dict[str, str] = {}
     for kind in TEMPLATE_ORDER:
@@ -73,7 +73,7 @@ def _templates(trial: optuna.Trial, space: SearchSpace, kinds: Mapping[str, Sequ
             base = all(chosen.get(k, MEGATRON_BASE[k]) == MEGATRON_BASE[k] or
                        chosen.get(k) == "tied" for k in MEGATRON_BASE)
             sp_ok = (True in space.sp_choices() and base
-                     and space.problem.seq_len % mp == 0)
+                     and space.problem.seq_len % tp == 0)
             if not sp_ok:
                 opts = [o for o in opts if o != "sequence_parallel"]
             if False not in space.sp_choices() and sp_ok:
@@ -91,45 +91,45 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     is illegal (the caller prunes it). ``template_kinds`` maps pattern kind -> template
     names (pattern-based mode); ``annotation`` names the user's annotation (semi-auto)."""
     p = space.problem
-    mp = _cat(trial, "mp_degree", mp_choices(space))
-    pp = _cat(trial, "pp_degree", pp_choices(space))
-    if p.world_size % (mp * pp):
+    tp = _cat(trial, "tp", tp_choices(space))
+    pp = _cat(trial, "pp", pp_choices(space))
+    if p.world_size % (tp * pp):
         return L.Violation("mesh_matches_world",
-                           f"mp*pp = {mp}*{pp} does not divide world size {p.world_size}")
-    dp = p.world_size // (mp * pp)
+                           f"tp*pp = {tp}*{pp} does not divide world size {p.world_size}")
+    dp = p.world_size // (tp * pp)
     if "dp" in space.fix and space.fix["dp"] != dp:
         return L.Violation("fixed_dp", f"dp={dp} but --fix dp={space.fix['dp']}")
-    v = L.first_violation(Candidate(dp, mp, pp), p, L.MESH_RULES)
+    v = L.first_violation(Candidate(dp, tp, pp), p, L.MESH_RULES)
     if v is not None:
         return v
     sched = _cat(trial, "schedule", space.schedule_choices()) if pp > 1 else "1F1B"
     if sched == "ZBVPP":
         vpp = 2
     elif sched == "VPP":
-        vpp = _cat(trial, "vpp_degree", space.vpp_choices())
+        vpp = _cat(trial, "vpp", space.vpp_choices())
     else:
         vpp = 1
     mbs = _cat(trial, "micro_batch_size", space.mbs_choices())
     rc = _cat(trial, "recompute", space.recompute_choices())
-    zero = _cat(trial, "sharding_stage", space.zero_choices()) if dp > 1 else 0
+    zero = _cat(trial, "zero", space.zero_choices()) if dp > 1 else 0
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
-        templates, sp = _templates(trial, space, template_kinds or {}, mp)
+        templates, sp = _templates(trial, space, template_kinds or {}, tp)
     else:
         sp = _cat(trial, "sequence_parallel", [s for s in space.sp_choices()
-                                               if not s or p.seq_len % mp == 0]) if mp > 1 else False
-        if mode == RANDOM and mp > 1:
+                                               if not s or p.seq_len % tp == 0]) if tp > 1 else False
+        if mode == RANDOM and tp > 1:
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
-    cand = Candidate(dp, mp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
+    cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation))
     return L.first_violation(cand, p) or cand
 
 
-def _template_sets(space: SearchSpace, kinds: Mapping[str, Sequence[str]], mp: int
+def _template_sets(space: SearchSpace, kinds: Mapping[str, Sequence[str]], tp: int
                    ) -> list[tuple[tuple[tuple[str, str], ...], bool]]:
     """Every (templates, sequence parallel) the conditional suggestion can produce."""
-    if mp == 1:
+    if tp == 1:
         return [((), False)]
     free = [k for k in TEMPLATE_ORDER if k in kinds and k != "norm"]
     out = []
@@ -138,7 +138,7 @@ def _template_sets(space: SearchSpace, kinds: Mapping[str, Sequence[str]], mp: i
         if "norm" in kinds:
             base = all(chosen.get(k, MEGATRON_BASE[k]) in (MEGATRON_BASE[k], "tied")
                        for k in MEGATRON_BASE)
-            sp_ok = True in space.sp_choices() and base and space.problem.seq_len % mp == 0
+            sp_ok = True in space.sp_choices() and base and space.problem.seq_len % tp == 0
             opts = [o for o in kinds["norm"] if o != "sequence_parallel" or sp_ok]
             if False not in space.sp_choices() and sp_ok:
                 opts = ["sequence_parallel"]
@@ -161,10 +161,10 @@ def enumerate_candidates(space: SearchSpace, mode: str,
     not enumerable (raises ValueError)."""
     if mode == RANDOM:
         raise ValueError("full_random draws an annotation seed per trial; it cannot be enumerated")
-    allowed_mp, allowed_pp = set(mp_choices(space)), set(pp_choices(space))
+    allowed_tp, allowed_pp = set(tp_choices(space)), set(pp_choices(space))
     out, seen = [], set()
     for c in iter_base_candidates(space):
-        if c.mp not in allowed_mp or c.pp not in allowed_pp:
+        if c.tp not in allowed_tp or c.pp not in allowed_pp:
             continue
         if c.pp == 1 and c.schedule != "1F1B":
             continue
@@ -172,7 +172,7 @@ def enumerate_candidates(space: SearchSpace, mode: str,
             if c.sequence_parallel:
                 continue
             variants = [c.replace(templates=t, sequence_parallel=sp, annotation="templates")
-                        for t, sp in _template_sets(space, template_kinds or {}, c.mp)]
+                        for t, sp in _template_sets(space, template_kinds or {}, c.tp)]
         else:
             variants = [c.replace(annotation=annotation)]
         for v in variants:

@@ -15,16 +15,13 @@ model read them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from completion.dist_attr import (
     OperatorDistAttr,
-    Partial,
     Placement,
-    Replicate,
-    Shard,
     TensorDistAttr,
+    parse_placements,
 )
 from completion.errors import CompletionError, DistAttrError
 from completion.ir import Operation, Program, Value
@@ -109,22 +106,6 @@ def _emit(program: Program, index: int, rs: Operation, step: ReshardStep, cur: V
 
 
 # --- per-rank view ------------------------------------------------------------------------
-
-_PLACEMENT = re.compile(r"Shard\((-?\d+)\)|Replicate\(\)|Partial\((\w+)\)")
-
-
-def parse_placements(text: str) -> tuple[Placement, ...]:
-    """Inverse of ``repr(list(placements))``: ``"[Shard(1), Replicate(), Partial(sum)]"``."""
-    out: list[Placement] = []
-    for m in _PLACEMENT.finditer(text):
-        if m.group(0).startswith("Shard"):
-            out.append(Shard(int(m.group(1))))
-        elif m.group(0).startswith("Partial"):
-            out.append(Partial(m.group(2)))
-        else:
-            out.append(Replicate())
-    return tuple(out)
-
 
 def value_layout(v: Value) -> Layout | None:
     """The layout of ``v``: its dist attr, else the ``placements`` attr of the reshard-pass

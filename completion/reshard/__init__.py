@@ -19,7 +19,6 @@ from completion.reshard.steps import (
     LOCAL_KINDS,
     ReshardPlan,
     ReshardStep,
-    dtype_bytes,
 )
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "ReshardStep",
     "StepCost",
     "default_step_cost",
-    "dtype_bytes",
     "padded_local_shape",
     "plan_reshard",
 ]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from completion.dist_attr import Partial, Placement, Replicate, Shard, TensorDistAttr
+from completion.dtypes import dtype_bytes
 from completion.errors import CompletionError, DistAttrError
 from completion.mesh import ProcessMesh
 from completion.reshard.layout import LINEAR_REDUCE, Layout, partial_types_ok
@@ -33,7 +34,6 @@ from completion.reshard.steps import (
     ReshardPlan,
     ReshardStep,
     cross_mesh_step,
-    dtype_bytes,
 )
 
 STEP_OVERHEAD_BYTES = 65536.0

@@ -42,20 +42,10 @@ from completion.dist_attr import Partial, Placement, Replicate, Shard
 from completion.mesh import ProcessMesh
 from completion.reshard.layout import LINEAR_REDUCE, Layout, numel, padded_local_shape
 
-DTYPE_BYTES: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
-
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 LOCAL_KINDS = ("slice", "zero_fill", "scale")
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype``; raises ValueError for an unknown dtype."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True)

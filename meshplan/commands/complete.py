@@ -1,4 +1,4 @@
-"""``meshplan complete --program FILE.pir | --model NAME [--layers L] --mesh dp=2,mp=2[,pp=2]
+"""``meshplan complete --program FILE.pir | --model NAME [--layers L] --mesh dp=2,tp=2[,pp=2]
 [--megatron] [--vpp V --schedule VPP|ZBVPP] [--zero-stage Z]``: complete the sharding of a
 program and print it (PIR text) followed by a per-op summary.
 
@@ -30,8 +30,8 @@ from completion.pir import parse_program, print_program
 
 
 def parse_mesh(spec: str) -> tuple[ProcessMesh, int]:
-    """``"dp=2,mp=2,pp=2"`` -> (stage mesh [2, 2] named dp, mp; pp degree 2). Raises
-    CompletionError naming the bad entry."""
+    """``"dp=2,tp=2,pp=2"`` -> (stage mesh [2, 2] named dp, tp; pp degree 2); ``mp`` is read
+    as ``tp``. Raises CompletionError naming the bad entry."""
     dims: list[tuple[str, int]] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, eq, size = part.partition("=")
@@ -39,7 +39,7 @@ def parse_mesh(spec: str) -> tuple[ProcessMesh, int]:
             raise CompletionError(f"--mesh entry {part!r} is not name=positive_int (e.g. dp=2)")
         if any(n == name.strip() for n, _ in dims):
             raise CompletionError(f"--mesh names {name.strip()!r} twice")
-        dims.append((name.strip(), int(size)))
+        dims.append(({"mp": "tp"}.get(name.strip(), name.strip()), int(size)))
     pp = next((s for n, s in dims if n == "pp"), 1)
     rest = [(n, s) for n, s in dims if n != "pp"] or [("dp", 1)]
     return ProcessMesh.of(*[s for _, s in rest], dim_names=tuple(n for n, _ in rest)), pp
@@ -118,7 +118,7 @@ def complete_cmd(
     program_file: str | None = typer.Option(None, "--program", "-p", help="PIR program file."),
     model: str | None = typer.Option(None, "--model", "-m", help="Built-in model or config.json."),
     layers: int | None = typer.Option(None, "--layers", "-l", help="Override the layer count."),
-    mesh_spec: str = typer.Option("dp=1", "--mesh", help="Mesh, e.g. dp=2,mp=2,pp=2."),
+    mesh_spec: str = typer.Option("dp=1", "--mesh", help="Mesh, e.g. dp=2,tp=2,pp=2."),
     megatron: bool = typer.Option(False, "--megatron", help="Apply the Megatron layout."),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="With --megatron."),
     vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline degree (chunks per stage)."),
@@ -141,7 +141,7 @@ def complete_cmd(
     if program_file is not None:
         program = parse_program(pathlib.Path(program_file).read_text())
         if megatron:
-            shard_megatron(program, mesh, "dp", "mp", sequence_parallel)
+            shard_megatron(program, mesh, "dp", "tp", sequence_parallel)
         elif not annotations and not any(v.dist_attr is not None for v in program.values()):
             _data_parallel(program, mesh)
     else:
@@ -149,9 +149,9 @@ def complete_cmd(
         append_backward(program)
         apply_optimizer(program, "adamw")
         if megatron:
-            if "dp" not in mesh.dim_names or "mp" not in mesh.dim_names:
-                raise CompletionError("--megatron needs a mesh with dp and mp, e.g. dp=2,mp=2")
-            shard_megatron(program, mesh, "dp", "mp", sequence_parallel)
+            if "dp" not in mesh.dim_names or "tp" not in mesh.dim_names:
+                raise CompletionError("--megatron needs a mesh with dp and tp, e.g. dp=2,tp=2")
+            shard_megatron(program, mesh, "dp", "tp", sequence_parallel)
         else:
             _data_parallel(program, mesh)
     for spec in annotations or ():

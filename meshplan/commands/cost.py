@@ -67,9 +67,9 @@ def register(app: typer.Typer) -> None:
         from meshplan.engine import Engine
         from meshplan.strategy import Strategy
 
-        strategy = Strategy(dp=dp, mp=mp, pp=pp, vpp=vpp, schedule_mode=schedule,
+        strategy = Strategy(dp=dp, tp=mp, pp=pp, vpp=vpp, schedule=schedule,
                             micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                            recompute=recompute, sharding_stage=zero,
+                            recompute=recompute, zero=zero,
                             sequence_parallel=sequence_parallel, dtype=dtype)
         engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
         res = engine.simulate()

@@ -24,8 +24,8 @@ def _default_study(cfg_dict: dict, model: str, mode: str) -> str:
 
 
 def _ann(c) -> str:
-    if c.mp == 1:
-        return "- (mp=1, nothing sharded inside a rank)"
+    if c.tp == 1:
+        return "- (tp=1, nothing sharded inside a rank)"
     if c.annotation_seed is not None:
         return f"full_random seed {c.annotation_seed}"
     t = {k: v for k, v in c.template_dict().items() if k != "loss"}
@@ -63,8 +63,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
     s = plan.strategy
-    line = (f"best plan: dp={s.dp} mp={s.mp} pp={s.pp} vpp={s.vpp} {s.schedule_mode} "
-            f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.sharding_stage} "
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} {s.schedule} "
+            f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             f"sp={s.sequence_parallel} annotation={_ann(cand)}: "
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"(feasible)")
@@ -75,7 +75,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
 
 def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
-                 sampler: str | None, layers: int | None, cross_node_mp: bool) -> Any:
+                 sampler: str | None, layers: int | None, cross_node_tp: bool) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
@@ -83,7 +83,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
-    prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_mp, layers)
+    prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}
     return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
@@ -107,11 +107,11 @@ def tune_cmd(
     study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
     workers: int = typer.Option(1, "--workers", help="Local worker processes."),
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
-    fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,mp=8."),
+    fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
     sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
     layers: int | None = typer.Option(None, "--layers", help="Override the layer count."),
-    cross_node_mp: bool = typer.Option(False, "--allow-cross-node-mp",
+    cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
                                        help="Let tensor parallelism span nodes."),
     top: int = typer.Option(10, "--top", help="Rows of the top-plans table."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
@@ -127,7 +127,7 @@ def tune_cmd(
     if timeout is not None and not timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
     cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode, seed, pareto, fix,
-                       sampler, layers, cross_node_mp)
+                       sampler, layers, cross_node_tp)
     name = study or _default_study(cfg.to_dict(), model, mode)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out

@@ -24,7 +24,7 @@ def _rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
     rows: list[tuple[str, float | None, float]] = [
         ("step time (ms)", _ms(meas.predicted.get("step_time")), meas.step_time * 1e3)]
     s = plan.strategy
-    per_stage = s.dp * s.mp
+    per_stage = s.dp * s.tp
     pred_stages = meas.predicted.get("rank_stage_times") or meas.predicted.get("stage_times") or []
     for st in range(s.pp):
         got = meas.phase_times[st * per_stage] if st * per_stage < len(meas.phase_times) else {}
@@ -52,13 +52,13 @@ def _append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
     with path.open("a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(["time", "plan", "model", "dp", "mp", "pp", "vpp", "schedule", "nproc",
+            w.writerow(["time", "plan", "model", "dp", "tp", "pp", "vpp", "schedule", "nproc",
                         "predicted_step_time_ms", "measured_step_time_ms", "relative_error",
                         "measured_peak_bytes", "predicted_peak_bytes"])
         s = plan.strategy
         err = meas.relative_error()
-        w.writerow([time.strftime("%Y-%m-%dT%H:%M:%S"), plan_path, plan.model, s.dp, s.mp, s.pp,
-                    s.vpp, s.schedule_mode, meas.nproc, _ms(meas.predicted.get("step_time")),
+        w.writerow([time.strftime("%Y-%m-%dT%H:%M:%S"), plan_path, plan.model, s.dp, s.tp, s.pp,
+                    s.vpp, s.schedule, meas.nproc, _ms(meas.predicted.get("step_time")),
                     meas.step_time * 1e3, err, meas.max_peak_memory,
                     meas.predicted.get("max_memory_bytes")])
 

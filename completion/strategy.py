@@ -1,0 +1,218 @@
+"""``Strategy``: how one training step is split over the cluster (plain data).
+
+One name per knob, used alike by the Strategy, the tuner's candidates, the step model's
+config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 2021):
+
+- ``dp`` x ``tp`` x ``pp`` ranks: data, tensor and pipeline parallel degrees (ranks are laid
+  out tensor-parallel innermost, then data, then pipeline: rank = stage * dp * tp + d * tp + t);
+- ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
+- ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
+  :data:`SCHEDULE_ALIASES`);
+- ``micro_batch_size`` / ``global_batch_size``: sequences per micro-batch / per step;
+- ``recompute``: activation recompute ``none`` | ``selective`` | ``full``;
+- ``zero``: ZeRO stage 0-3 over the dp group (Rajbhandari et al. 2020);
+- ``sequence_parallel``: Megatron sequence parallelism (Korthikanti et al. 2022);
+- ``dtype``, ``optimizer``; ``annotation``: the intra-op layout ("megatron", "none" or a
+  mapping value name -> one placement per mesh dim [dp, tp]);
+- ``layers_per_stage``: decoder layers per virtual stage in model order (None: the cost
+  model balances them; the executor runs what the plan states).
+
+It lives in ``completion`` (which knows nothing about hardware or time) so that the cost
+model and the executor read the same object. Old plan files spelled three knobs
+differently (``mp``, ``schedule_mode``, ``sharding_stage``); :meth:`Strategy.from_dict`
+still reads them (:data:`LEGACY_KEYS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from completion.dist_attr import parse_placement
+from completion.errors import CompletionError, DistAttrError
+
+SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+#: other spellings users bring, lower-case -> canonical name
+SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
+                    "interleaved-1f1b": "VPP", "zb-h1": "ZBH1", "zb-h2": "ZBH2",
+                    "zb-v": "ZBVPP", "zbv": "ZBVPP"}
+_SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
+#: schedules that run more than one model chunk per rank
+INTERLEAVED = ("VPP", "ZBVPP")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bfloat16", "float16", "float32")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+ZERO_STAGES = (0, 1, 2, 3)
+#: knob names of earlier plan files -> today's
+LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}
+_INT_FIELDS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size")
+
+
+class StrategyError(CompletionError):
+    """An invalid strategy; the message names the field at fault."""
+
+
+def canonical_schedule(name: Any) -> str:
+    """The canonical spelling of a schedule name (case-insensitive; aliases such as
+    ``GPipe`` -> ``FThenB``, ``ZB-V`` -> ``ZBVPP``). Raises StrategyError for an unknown one."""
+    key = str(name).strip().lower()
+    if key not in _SCHEDULE_BY_LOWER:
+        raise StrategyError(f"strategy field 'schedule' must be one of {list(SCHEDULES)} "
+                            f"(case-insensitive), got {name!r}")
+    return _SCHEDULE_BY_LOWER[key]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A parallel strategy (frozen; hashable unless ``annotation`` is a mapping).
+
+    Attributes: see the module docstring. ``global_batch_size`` must be a multiple of
+    ``dp * micro_batch_size`` (m = global / (dp * micro) micro-batches per pipeline).
+
+    Raises:
+        StrategyError: naming the first invalid field.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    schedule: str = "1F1B"
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    recompute: str = "none"
+    zero: int = 0
+    sequence_parallel: bool = False
+    dtype: str = "bfloat16"
+    optimizer: str = "adamw"
+    annotation: Any = field(default="megatron")
+    layers_per_stage: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise StrategyError(f"strategy field {name!r} must be an integer >= 1, got {v!r}")
+        object.__setattr__(self, "schedule", canonical_schedule(self.schedule))
+        self._check_choices()
+        self._check_combinations()
+        self._check_annotation()
+        self._check_layers_per_stage()
+
+    def _check_choices(self) -> None:
+        for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS)):
+            if getattr(self, name) not in allowed:
+                raise StrategyError(f"strategy field {name!r} must be one of {list(allowed)}, "
+                                    f"got {getattr(self, name)!r}")
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise StrategyError(f"strategy field 'sequence_parallel' must be true or false, "
+                                f"got {self.sequence_parallel!r}")
+
+    def _check_combinations(self) -> None:
+        per_step = self.dp * self.micro_batch_size
+        if self.global_batch_size % per_step:
+            raise StrategyError(
+                f"strategy field 'global_batch_size' ({self.global_batch_size}) must be a multiple "
+                f"of dp * micro_batch_size = {per_step}")
+        if self.schedule == "ZBVPP" and self.vpp != 2:
+            raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
+                                f"a V), got {self.vpp}")
+        if self.vpp > 1 and self.schedule not in INTERLEAVED:
+            raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
+                                f"{self.schedule!r} runs one chunk per rank; use VPP")
+        if self.sequence_parallel and self.tp == 1:
+            raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
+
+    def _check_annotation(self) -> None:
+        ann = self.annotation
+        if isinstance(ann, Mapping):
+            out: dict[str, list[str]] = {}
+            for k, pl in ann.items():
+                if not isinstance(pl, (list, tuple)):
+                    raise StrategyError(f"strategy field 'annotation': value {k!r} needs a list of "
+                                        f"placements (one per mesh dim), got {pl!r}")
+                try:
+                    out[str(k)] = [repr(parse_placement(p)) for p in pl]
+                except DistAttrError as e:
+                    raise StrategyError(f"strategy field 'annotation': value {k!r}: {e}") from None
+            object.__setattr__(self, "annotation", out)
+        elif ann not in ("megatron", "none"):
+            raise StrategyError(f"strategy field 'annotation' must be 'megatron', 'none' or a "
+                                f"mapping value name -> placements, got {ann!r}")
+
+    def _check_layers_per_stage(self) -> None:
+        lps = self.layers_per_stage
+        if lps is None:
+            return
+        if isinstance(lps, (str, bytes)) or not hasattr(lps, "__iter__"):
+            raise StrategyError(f"strategy field 'layers_per_stage' must be a list of integers, got {lps!r}")
+        vals = tuple(lps)
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in vals):
+            raise StrategyError(f"strategy field 'layers_per_stage' must hold integers >= 0, got {list(vals)}")
+        if len(vals) != self.pp * self.vpp:
+            raise StrategyError(f"strategy field 'layers_per_stage' has {len(vals)} entries; pp * vpp "
+                                f"= {self.pp} * {self.vpp} = {self.pp * self.vpp} virtual stages need one each")
+        object.__setattr__(self, "layers_per_stage", vals)
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Ranks the strategy uses: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """m: micro-batches per pipeline per step."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def num_vstages(self) -> int:
+        """Virtual pipeline stages: pp * vpp."""
+        return self.pp * self.vpp
+
+    def registered_schedule(self) -> tuple[str, float | None]:
+        """(registered schedule builder name, ZB memory limit in units of M_B or None):
+        ZB-1p -> ("ZB", pp), ZB-2p and ZB -> ("ZB", 2 pp) (Qi et al. 2024, sec. 4)."""
+        if self.schedule == "ZB-1p":
+            return "ZB", float(self.pp)
+        if self.schedule in ("ZB-2p", "ZB"):
+            return "ZB", float(2 * self.pp)
+        return self.schedule, None
+
+    @property
+    def chunk_schedule(self) -> str:
+        """The schedule name the Completer places chunks by: the ZB heuristics place them
+        like 1F1B (one chunk per rank)."""
+        return "1F1B" if self.schedule in ("ZB", "ZB-1p", "ZB-2p") else self.schedule
+
+    def replace(self, **kw: Any) -> Strategy:
+        """A copy with the fields in ``kw`` changed; re-validated (raises StrategyError)."""
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (every field; JSON-ready); :meth:`from_dict` reads it back."""
+        d = asdict(self)
+        if d["layers_per_stage"] is not None:
+            d["layers_per_stage"] = list(d["layers_per_stage"])
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Strategy:
+        """Inverse of :meth:`to_dict`. Earlier knob names (:data:`LEGACY_KEYS`) are read as
+        today's; unknown keys, or a knob given under both names, raise StrategyError."""
+        if not isinstance(data, Mapping):
+            raise StrategyError(f"a strategy must be a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            name = LEGACY_KEYS.get(k, k)
+            if name in out:
+                raise StrategyError(f"strategy field {name!r} is given twice (as {k!r})")
+            out[name] = v
+        extra = sorted(set(out) - known)
+        if extra:
+            raise StrategyError(f"unknown strategy field(s) {extra}; known: {sorted(known)}")
+        return cls(**out)
