@@ -3,18 +3,19 @@ int per decoder layer (struct names ``...layers.<i>...``, the builders' scheme, 
 ``completion.models``) and ``"post"`` (final norm, head, loss). A backward op belongs to
 its own layer, or else to the block of the forward op with the same struct name (a compute
 op's block wins over an input's: the ``labels`` data op is created before the layers but
-shares the struct name ``loss`` with the loss ops, whose backward belongs to ``"post"``)."""
+shares the struct name ``loss`` with the loss ops, whose backward belongs to ``"post"``; an
+input op is one whose traits have ``input``, see ``completion.ops.op_traits``). Block keys
+are typed :data:`simulator.types.BlockKey`."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from completion.ir import Operation, OpRole, Program
+from completion.ops.registry import op_traits
+from simulator.types import BlockKey
 
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-Block = Any  # "pre" | int | "post"
-INPUT_OPS = frozenset({"data", "parameter"})  # ops that only declare a program input
 
 
 def layer_of(op: Operation | None) -> int | None:
@@ -25,11 +26,11 @@ def layer_of(op: Operation | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def assign_blocks(program: Program) -> dict[int, Block]:
+def assign_blocks(program: Program) -> dict[int, BlockKey]:
     """id(op) -> block for every forward, loss and backward op."""
-    out: dict[int, Block] = {}
-    by_struct: dict[str, Block] = {}
-    of_inputs: dict[str, Block] = {}  # struct name -> block of its first data/parameter op
+    out: dict[int, BlockKey] = {}
+    by_struct: dict[str, BlockKey] = {}
+    of_inputs: dict[str, BlockKey] = {}  # struct name -> block of its first data/parameter op
     seen_layer = False
     for op in program.ops:
         if op.role not in (OpRole.FORWARD, OpRole.LOSS):
@@ -37,11 +38,11 @@ def assign_blocks(program: Program) -> dict[int, Block]:
         layer = layer_of(op)
         if layer is not None:
             seen_layer = True
-            blk: Block = layer
+            blk: BlockKey = layer
         else:
             blk = "post" if seen_layer else "pre"
         out[id(op)] = blk
-        (of_inputs if op.type in INPUT_OPS else by_struct).setdefault(op.struct_name, blk)
+        (of_inputs if op_traits(op.type).input else by_struct).setdefault(op.struct_name, blk)
     for name, blk in of_inputs.items():
         by_struct.setdefault(name, blk)
     for op in program.ops:

@@ -23,8 +23,11 @@ Counting conventions (documented because every published figure depends on them)
 - elementwise ops, norms, softmax, rotary, cross entropy: a small per-element FLOP count
   (table ``ELEMENT_FLOPS``); their time is bound by bytes moved (read every operand,
   write every result), which is what the roofline uses.
-- views (reshape, squeeze, unsqueeze), data/parameter/full/shadow_output, reshard: no
-  kernel here (reshard collectives are costed from the reshard pass, not as ops).
+- ops whose declaration says they launch no kernel (``OpTraits.kernel`` None in
+  ``completion.ops``: views such as reshape, squeeze, unsqueeze and their grads,
+  data/parameter/full/shadow_output, reshard): no kernel here (reshard collectives are
+  costed from the reshard pass, not as ops). Optimizer updates (``OpTraits.optimizer``)
+  run in phase ``"O"``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from completion.dtypes import DTYPE_BYTES
+from completion.ops.registry import op_traits
+from simulator.errors import SimulatorError
 from simulator.op_signature import OpSig, TensorSig
+from simulator.types import KernelKind, Phase
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,11 @@ class KernelCost:
         op: the op type it belongs to (per-op efficiencies, ``Roofline.by_op``).
     """
 
-    phase: str
+    phase: Phase
     flops: float
     exec_flops: float
     bytes: float
-    kind: str
+    kind: KernelKind
     dtype: str
     gemm_flops: float = 0.0
     op: str = ""
@@ -67,6 +73,8 @@ COST_RULES: dict[str, CostFn] = {}
 
 # Per-element FLOPs of memory-bound ops (a convention: these ops are bandwidth-bound, so
 # the count only enters the FLOP totals, where it is below 0.1% for transformer layers).
+# A counting convention of this cost model (default 1), so it lives here rather than in the
+# op declarations: ``completion`` knows nothing about cost.
 ELEMENT_FLOPS: dict[str, float] = {
     "add": 1, "subtract": 1, "multiply": 1, "divide": 1, "scale": 1, "relu": 1,
     "square": 1, "exp": 1, "cast": 0, "tanh": 4, "sigmoid": 4, "silu": 4, "gelu": 8,
@@ -76,12 +84,6 @@ ELEMENT_FLOPS: dict[str, float] = {
     "split": 0, "concat": 0, "slice": 0, "embedding": 0, "sgd_": 2, "adam_": 12,
     "adamw_": 14,
 }
-NO_KERNEL = frozenset(
-    {"data", "parameter", "full", "shadow_output", "reshape", "squeeze", "unsqueeze",
-     "reshard", "reshape_grad", "squeeze_grad", "unsqueeze_grad", "assign", "builtin_combine",
-     "builtin_split", "combine"}
-)
-OPTIMIZER_OPS = frozenset({"sgd_", "adam_", "adamw_", "momentum_", "lamb_"})
 
 
 def register_cost(*names: str) -> Callable[[CostFn], CostFn]:
@@ -122,7 +124,7 @@ def _matmul_dims(sig: OpSig) -> tuple[int, int, int, int]:
     """(batch, m, n, k) of ``out = x @ y`` with Paddle's transpose_x / transpose_y."""
     x, y = sig.ins[0], sig.ins[1]
     if x is None or y is None:
-        raise ValueError(f"{sig.type}: matmul needs two operands")
+        raise SimulatorError(f"{sig.type}: matmul needs two operands")
     xs, ys = list(x.shape), list(y.shape)
     if len(xs) == 1:
         xs = [1, xs[0]] if not sig.attr("transpose_x") else [xs[0], 1]
@@ -141,7 +143,7 @@ def _matmul_dims(sig: OpSig) -> tuple[int, int, int, int]:
     return batch, m, n, k
 
 
-def _gemm(phase: str, flops: float, nbytes: float, dtype: str) -> KernelCost:
+def _gemm(phase: Phase, flops: float, nbytes: float, dtype: str) -> KernelCost:
     return KernelCost(phase, flops, flops, nbytes, "gemm", dtype, flops)
 
 
@@ -177,7 +179,7 @@ def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int]:
     """(batch, heads_q, s_q, s_k, head_dim) from q, k in [b, s, heads, d] (Paddle's layout)."""
     q, k = sig.ins[0], sig.ins[1]
     if q is None or k is None or len(q.shape) != 4 or len(k.shape) != 4:
-        raise ValueError(f"{sig.type}: expects q, k of shape [batch, seq, heads, head_dim]")
+        raise SimulatorError(f"{sig.type}: expects q, k of shape [batch, seq, heads, head_dim]")
     b, sq, hq, d = q.shape
     return b, hq, sq, k.shape[1], d
 
@@ -215,7 +217,7 @@ def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
 
 
 # -- memory-bound ops -----------------------------------------------------------------------
-def _mem(phase: str, flops: float, nbytes: float, dtype: str) -> KernelCost:
+def _mem(phase: Phase, flops: float, nbytes: float, dtype: str) -> KernelCost:
     return KernelCost(phase, flops, flops, nbytes, "memory", dtype)
 
 
@@ -229,7 +231,7 @@ def elementwise_cost(sig: OpSig) -> list[KernelCost]:
     n = max([_elems(t) for t in (*sig.ins, *sig.outs)] or [0])
     fl = ELEMENT_FLOPS.get(sig.type, 1) * n
     nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs)
-    phase = "O" if sig.type in OPTIMIZER_OPS else sig.default_phase
+    phase: Phase = "O" if op_traits(sig.type).optimizer else sig.default_phase
     return [_mem(phase, fl, nbytes, _first_dtype(sig))]
 
 
@@ -275,19 +277,19 @@ def embedding_grad_cost(sig: OpSig) -> list[KernelCost]:
 
 
 def no_kernel(sig: OpSig) -> list[KernelCost]:
-    """Ops that launch nothing (views, inputs, reshard placeholders)."""
+    """Ops that launch nothing (``OpTraits.kernel`` None: views, inputs, reshard
+    placeholders)."""
     return []
 
 
-for _n in NO_KERNEL:
-    COST_RULES.setdefault(_n, no_kernel)
-
-
 def rule_for(op_type: str, family: str = "") -> CostFn:
-    """The cost function of ``op_type``: by type, then by family (``family`` or the forward
-    op's), then the generic elementwise / elementwise-grad rule."""
+    """The cost function of ``op_type``: by type; then :func:`no_kernel` when the op's
+    traits say it launches no kernel (``completion.ops.op_traits``); then by family
+    (``family`` or the forward op's); then the generic elementwise / elementwise-grad rule."""
     if op_type in COST_RULES:
         return COST_RULES[op_type]
+    if op_traits(op_type).kernel is None:
+        return no_kernel
     if family and family in COST_RULES:
         return COST_RULES[family]
     if op_type.endswith("_grad"):

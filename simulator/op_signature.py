@@ -12,10 +12,8 @@ from typing import Any
 
 from completion.dist_attr import local_shape, max_local_shape
 from completion.ir import Operation, OpRole, Value
-from completion.ops.registry import get_opdef
-
-# ops through which a value still "is" a weight (a cast or reshard of a parameter)
-_TRANSPARENT = frozenset({"cast", "reshard", "transpose", "reshape", "all_gather", "assign"})
+from completion.ops.registry import get_opdef, op_traits
+from simulator.types import Phase
 
 
 @dataclass(frozen=True)
@@ -46,15 +44,16 @@ class OpSig:
     attrs: tuple[tuple[str, Any], ...] = ()
     family: str = ""
     weights: tuple[bool, ...] = ()
-    default_phase: str = "F"
+    default_phase: Phase = "F"
 
     def attr(self, name: str, default: Any = None) -> Any:
+        """The scalar attribute ``name``, or ``default`` when the op has none."""
         for k, v in self.attrs:
             if k == name:
                 return v
         return default
 
-    def phase_of(self, result_index: int) -> str:
+    def phase_of(self, result_index: int) -> Phase:
         """``"W"`` when result ``result_index`` is a weight gradient, else ``"B"``."""
         if result_index < len(self.weights) and self.weights[result_index]:
             return "W"
@@ -84,23 +83,30 @@ def local_tensor(v: Value | None, rank: int | None) -> TensorSig | None:
     return TensorSig(max_local_shape(v.shape, attr), v.dtype)
 
 
-def param_root(v: Value | None, through: frozenset[str] = _TRANSPARENT) -> Value | None:
-    """The parameter that ``v`` is (or is a chain of up to 6 ``through`` ops of, each read
-    from its first operand: cast / reshard / view), else None."""
+def param_root(v: Value | None, alias_only: bool = False) -> Value | None:
+    """The parameter that ``v`` is, or is a chain of up to 6 ops of, each read from its
+    first operand, that a parameter passes through: ops whose traits have
+    ``weight_passthrough`` (cast, reshard, transpose, reshape, all_gather, assign), or with
+    ``alias_only`` only those with ``weight_alias`` (cast, reshard: the result is the
+    parameter itself). None when ``v`` is not such a value."""
     for _ in range(6):
         if v is None:
             return None
         if v.is_parameter:
             return v
         op = v.op
-        if op is None or op.type not in through or not op.operands:
+        if op is None or not op.operands:
+            return None
+        t = op_traits(op.type)
+        if not (t.weight_alias if alias_only else t.weight_passthrough):
             return None
         v = op.operands[0]
     return None
 
 
 def is_weight(v: Value | None) -> bool:
-    """True when ``v`` is a parameter, or a cast / reshard / view of one."""
+    """True when ``v`` is a parameter, or seen through ``weight_passthrough`` ops (a cast,
+    reshard, transpose or view of one)."""
     return param_root(v) is not None
 
 
@@ -141,6 +147,7 @@ def op_signature(op: Operation, rank: int | None = None,
     names = param_names if isinstance(param_names, frozenset) else frozenset(param_names)
     od = get_opdef(op.type)
     weights: tuple[bool, ...] = ()
+    phase: Phase
     if op.role == OpRole.OPTIMIZE:
         phase = "O"
     elif op.role == OpRole.BACKWARD:

@@ -31,9 +31,11 @@ documented default :data:`DEFAULT_GEMM_HALF_FLOPS` is used and reported in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from simulator.errors import SimulatorError
 from simulator.op_cost import KernelCost
+from simulator.types import Phase
 
 # F_half: GEMM FLOPs at which the achieved rate is half of the spec's gemm efficiency.
 # 1e8 FLOPs (about a 370^3 GEMM) puts a 1024^3 GEMM at 95% and a 256^3 one at 25% of the
@@ -112,7 +114,7 @@ class Roofline:
             if alias in self.peak_flops:
                 return self.peak_flops[alias]
         if not self.peak_flops:
-            raise ValueError("roofline: the device lists no peak_flops")
+            raise SimulatorError("roofline: the device lists no peak_flops")
         return max(self.peak_flops.values())
 
     def gemm_eff(self, gemm_flops: float) -> float:
@@ -140,7 +142,7 @@ class Roofline:
             return default
         return self.by_op.get(f"{k.op}:{k.phase}", self.by_op.get(k.op, default))
 
-    def memory_time(self, nbytes: float, op: str = "", phase: str = "") -> float:
+    def memory_time(self, nbytes: float, op: str = "", phase: Phase | Literal[""] = "") -> float:
         """Seconds a memory-bound kernel of op type ``op`` in ``phase`` takes to move
         ``nbytes`` (no per-kernel overhead): ``nbytes / (mem_bandwidth * e)`` with ``e`` =
         ``by_op["op:phase"]`` or ``by_op["op"]``, else ``memory_kernel_efficiency``, else
@@ -150,9 +152,9 @@ class Roofline:
             eff = self.by_op.get(f"{op}:{phase}", self.by_op.get(op, eff))
         return nbytes / (self.mem_bandwidth * eff)
 
-    def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost]) -> dict[str, float]:
+    def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost]) -> dict[Phase, float]:
         """Seconds per phase (``F``, ``B``, ``W``, ``O``) of a list of kernels."""
-        out: dict[str, float] = {}
+        out: dict[Phase, float] = {}
         for k in kernels:
             out[k.phase] = out.get(k.phase, 0.0) + self.kernel_time(k)
         return out

@@ -1,8 +1,10 @@
 """Pattern-based and full_random intra-op annotation.
 
 ``find_patterns(program)`` finds the embedding, attention block, MLP block, norm, LM head and
-loss of a forward program from op types and dataflow (which op consumes which parameter and
-which result), never from struct names:
+loss of a forward program from the ops' declared pattern roles (``OpTraits.pattern_role`` in
+``completion.ops``: ``"embedding"``, ``"norm"``, ``"attention"``, ``"matmul"``,
+``"activation"``, ``"passthrough"``, ``"loss"``) and dataflow (which op consumes which
+parameter and which result), never from struct names:
 
 - embedding: an ``embedding`` op reading a parameter table;
 - norm: a normalisation op (``layer_norm``, ``rms_norm``) with its weight (and bias);
@@ -36,23 +38,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from completion.ir import Operation, Program, Value
-
-#: Op types a value passes through unchanged in meaning (shape and position ops).
-PASSTHROUGH = frozenset({"reshape", "transpose", "fused_rotary_position_embedding", "cast",
-                         "scale", "dropout", "split", "concat", "assign"})
-#: Elementwise activations between the MLP projections.
-ACTIVATIONS = frozenset({"gelu", "swiglu", "silu", "relu", "tanh", "multiply", "sigmoid"})
-ATTENTION_CORES = frozenset({"flash_attention", "scaled_dot_product_attention",
-                             "memory_efficient_attention"})
-NORMS = frozenset({"layer_norm", "rms_norm"})
-LOSSES = frozenset({"cross_entropy_with_softmax", "softmax_with_cross_entropy", "cross_entropy"})
-MATMULS = frozenset({"matmul", "linear"})
+from completion.ops.registry import PatternRole, op_traits
+from tuner.errors import TunerError
 
 R, S0, S1 = "Replicate()", "Shard(0)", "Shard(1)"
 KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "loss")
 
 
-class PatternError(ValueError):
+class PatternError(TunerError):
     """A template or pattern request that does not fit the program."""
 
 
@@ -69,6 +62,11 @@ class PatternInstance:
     ops: tuple[int, ...]
     params: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     tied: bool = False
+
+
+def _role(op: Operation) -> PatternRole | None:
+    """The op's declared pattern role (``completion.ops.op_traits``)."""
+    return op_traits(op.type).pattern_role
 
 
 def _param_operand(op: Operation) -> Value | None:
@@ -99,11 +97,11 @@ class _Index:
         self.program = program
         self.pos = {id(op): i for i, op in enumerate(program.ops)}
         self.pmatmul = {id(op): op for op in program.ops
-                        if op.type in MATMULS and _param_operand(op) is not None}
+                        if _role(op) == "matmul" and _param_operand(op) is not None}
 
-    def producer_matmuls(self, v: Value | None, through: frozenset[str]) -> list[Operation]:
-        """Parameter matmuls reached walking back from ``v`` through ``through`` ops and
-        bias adds (a residual add stops the walk)."""
+    def producer_matmuls(self, v: Value | None, through: PatternRole | None) -> list[Operation]:
+        """Parameter matmuls reached walking back from ``v`` through ops of pattern role
+        ``through`` (None: none) and bias adds (a residual add stops the walk)."""
         out: list[Operation] = []
         stack, seen = [v], set()
         while stack:
@@ -114,21 +112,22 @@ class _Index:
             op = x.op
             if id(op) in self.pmatmul:
                 out.append(op)
-            elif op.type in through:
+            elif through is not None and _role(op) == through:
                 stack.extend(o for o in op.operands if o is not None and not o.stop_gradient)
             elif op.type == "add" and any(o is not None and o.is_parameter for o in op.operands):
                 stack.extend(o for o in op.operands if o is not None and not o.is_parameter)
         return sorted(out, key=lambda o: self.pos[id(o)])
 
-    def consumer_matmul(self, v: Value | None, through: frozenset[str]) -> Operation | None:
-        """The first parameter matmul reached walking forward from ``v`` through ``through``."""
+    def consumer_matmul(self, v: Value | None, through: PatternRole | None) -> Operation | None:
+        """The first parameter matmul reached walking forward from ``v`` through ops of
+        pattern role ``through`` (None: none)."""
         stack = [v]
         while stack:
             x = stack.pop()
             for u in _users(x):
                 if id(u) in self.pmatmul and u.operands[0] is x:
                     return u
-                if u.type in through:
+                if through is not None and _role(u) == through:
                     stack.extend(r for r in u.results if r is not None)
         return None
 
@@ -168,25 +167,26 @@ def find_patterns(program: Program) -> list[PatternInstance]:
     loss_inputs: set[int] = set()
     emb_tables: set[str] = set()
     for i, op in enumerate(program.ops):
-        if op.type == "embedding" and _param_operand(op) is not None:
+        role = _role(op)
+        if role == "embedding" and _param_operand(op) is not None:
             t = _param_operand(op)
             emb_tables.add(t.name or "")
             out.append(PatternInstance("embedding", (i,), {"table": (t.name or "",)}))
-        elif op.type in NORMS:
+        elif role == "norm":
             ps = tuple(v.name or "" for v in op.operands[1:] if v is not None and v.is_parameter)
             roles = dict(zip(("weight", "bias"), ((p,) for p in ps), strict=False))
             out.append(PatternInstance("norm", (i,), roles))
-        elif op.type in ATTENTION_CORES:
+        elif role == "attention":
             cols: list[Operation] = []
             for v in op.operands[:3]:
-                cols += [m for m in ix.producer_matmuls(v, PASSTHROUGH) if m not in cols]
+                cols += [m for m in ix.producer_matmuls(v, "passthrough") if m not in cols]
             cols.sort(key=lambda o: ix.pos[id(o)])
-            row = ix.consumer_matmul(op.results[0], PASSTHROUGH)
+            row = ix.consumer_matmul(op.results[0], "passthrough")
             if cols and row is not None:
                 claimed.update(id(o) for o in (*cols, row))
                 out.append(_block(ix, "attention", cols, row, op))
-        elif op.type in LOSSES:
-            heads = ix.producer_matmuls(op.operands[0], frozenset())
+        elif role == "loss":
+            heads = ix.producer_matmuls(op.operands[0], None)
             for h in heads:
                 loss_inputs.add(id(h))
                 claimed.add(id(h))
@@ -198,7 +198,7 @@ def find_patterns(program: Program) -> list[PatternInstance]:
     for op in program.ops:
         if id(op) not in ix.pmatmul or id(op) in claimed:
             continue
-        ups = [u for u in ix.producer_matmuls(op.operands[0], ACTIVATIONS) if id(u) not in claimed]
+        ups = [u for u in ix.producer_matmuls(op.operands[0], "activation") if id(u) not in claimed]
         if ups:
             claimed.update(id(o) for o in (*ups, op))
             out.append(_block(ix, "mlp", ups, op, None))

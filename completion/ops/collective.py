@@ -44,8 +44,10 @@ def _recv(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
 
 
 for _name in COLLECTIVE_OPS:
+    # a parameter all_gathered (ZeRO-3, sequence-parallel weights) is still that parameter
     defop(_name, ("x",), ("out",), _same, dialect="dist_op", family="collective",
-          attrs={**STEP_ATTRS, "reduce_type": "sum", "src_dim": -1, "dst_dim": -1})
+          attrs={**STEP_ATTRS, "reduce_type": "sum", "src_dim": -1, "dst_dim": -1},
+          weight_passthrough=_name == "all_gather")
 for _name in LOCAL_OPS:
     defop(_name, ("x",), ("out",), _same, dialect="dist_op", family="reshard_local",
           attrs={**STEP_ATTRS, "src_dim": -1, "dst_dim": -1, "factor": 1.0})

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from completion.ops.declare import defop
-from completion.ops.registry import TensorType
+from completion.ops.registry import PatternRole, TensorType
 from completion.ops.shapes import broadcast, count, need
 
 T = Sequence[TensorType | None]
@@ -31,22 +31,29 @@ def _unary(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
 _AXIS = {"axis": -1}
 _AXIS_TAG = {"axis": "Int32"}
 
-for _name in ("add", "subtract", "multiply"):
+# add_grad / subtract_grad read only the shapes of x and y (Paddle backward.yaml
+# no_need_buffer: x, y); multiply is the gate product of GLU MLPs (an "activation" pattern)
+for _name in ("add", "subtract"):
     defop(_name, ("x", "y"), ("out",), _binary, family="elementwise_binary",
-          grad_inputs=("x", "y", "out@GRAD"), grad_attrs=_AXIS, grad_attr_tags=_AXIS_TAG)
+          grad_inputs=("x", "y", "out@GRAD"), grad_attrs=_AXIS, grad_attr_tags=_AXIS_TAG,
+          no_need_buffer=("x", "y"))
+defop("multiply", ("x", "y"), ("out",), _binary, family="elementwise_binary",
+      pattern_role="activation", grad_inputs=("x", "y", "out@GRAD"), grad_attrs=_AXIS,
+      grad_attr_tags=_AXIS_TAG)
 defop("divide", ("x", "y"), ("out",), _binary, family="elementwise_binary",
       grad_inputs=("x", "y", "out", "out@GRAD"), grad_attrs=_AXIS, grad_attr_tags=_AXIS_TAG)
 
-# unary activations: name -> Paddle grad operands
-_UNARY = {
-    "relu": ("out", "out@GRAD"),
-    "tanh": ("out", "out@GRAD"),
-    "sigmoid": ("out", "out@GRAD"),
-    "exp": ("out", "out@GRAD"),
-    "square": ("x", "out@GRAD"),
-    "silu": ("x", "out", "out@GRAD"),
+# unary ops: name -> (Paddle grad operands, pattern role); exp and square are no activations
+_UNARY: dict[str, tuple[tuple[str, ...], PatternRole | None]] = {
+    "relu": (("out", "out@GRAD"), "activation"),
+    "tanh": (("out", "out@GRAD"), "activation"),
+    "sigmoid": (("out", "out@GRAD"), "activation"),
+    "exp": (("out", "out@GRAD"), None),
+    "square": (("x", "out@GRAD"), None),
+    "silu": (("x", "out", "out@GRAD"), "activation"),
 }
-for _name, _gin in _UNARY.items():
-    defop(_name, ("x",), ("out",), _unary, family="elementwise_unary", grad_inputs=_gin)
+for _name, (_gin, _role) in _UNARY.items():
+    defop(_name, ("x",), ("out",), _unary, family="elementwise_unary", grad_inputs=_gin,
+          pattern_role=_role)
 defop("gelu", ("x",), ("out",), _unary, family="elementwise_unary",
-      attrs={"approximate": False}, grad_inputs=("x", "out@GRAD"))
+      attrs={"approximate": False}, pattern_role="activation", grad_inputs=("x", "out@GRAD"))

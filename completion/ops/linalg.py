@@ -27,6 +27,8 @@ def _matmul(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
     return [TensorType(shape, x.dtype)]
 
 
+# a GEMM; between two activations (QK^T, PV) it is part of an attention core
 defop("matmul", ("x", "y"), ("out",), _matmul, family="matmul",
       attrs={"transpose_x": False, "transpose_y": False},
+      kernel="gemm", attention_core=True, pattern_role="matmul",
       grad_inputs=("x", "y", "out@GRAD"))

@@ -7,6 +7,12 @@ and ``backward.yaml``) where Paddle has the op; simplifications are named per op
 registry requires, a grad op's results are the gradients of the forward operands in operand
 order, with a null result for an operand that has no gradient (token ids, labels, sin/cos).
 
+Traits: ``layer_norm`` / ``rms_norm`` are norms, ``flash_attention`` an attention kernel and
+core, ``softmax`` part of an unfused attention core, ``swiglu`` an activation, the rotary
+embedding a passthrough, ``cross_entropy_with_softmax`` the loss; ``layer_norm_grad`` reads
+only the shape of ``bias`` and ``embedding_grad`` only that of ``weight`` (backward.yaml
+``no_need_buffer``).
+
 Also ``opaque``: an op a frontend could not map (``from_torch`` on an unknown ATen op); its
 result types are recorded in its attributes and it has no grad op, so ``append_backward``
 does not propagate gradients through it.
@@ -271,46 +277,46 @@ def _infer_ce_grad(ts: _T, attrs: dict[str, Any]) -> list[TensorType | None]:
 _F, _I32, _I64 = "Float", "Int32", "Int64"
 
 defop("swiglu", ("x", "y?"), ("out",), _infer_swiglu, family="swiglu",
-      grad_inputs=("x", "y", "out@GRAD"), grad_infer=_infer_swiglu_grad)
+      pattern_role="activation", grad_inputs=("x", "y", "out@GRAD"), grad_infer=_infer_swiglu_grad)
 defop("softmax", ("x",), ("out",), _infer_softmax, attrs={"axis": -1}, attr_tags={"axis": _I32},
-      family="softmax", grad_inputs=("out", "out@GRAD"), grad_infer=_infer_softmax_grad)
+      family="softmax", attention_core=True, grad_inputs=("out", "out@GRAD"), grad_infer=_infer_softmax_grad)
 defop("log_softmax", ("x",), ("out",), _infer_softmax, attrs={"axis": -1},
       attr_tags={"axis": _I32}, family="softmax", grad_inputs=("out", "out@GRAD"),
       grad_infer=_infer_softmax_grad)
 defop("layer_norm", ("x", "scale?", "bias?"), ("out", "mean", "variance"), _infer_layer_norm,
       attrs={"epsilon": 1e-5, "begin_norm_axis": 1},
       attr_tags={"epsilon": _F, "begin_norm_axis": _I32}, family="layer_norm",
-      grad_inputs=("x", "scale", "bias", "mean", "variance", "out@GRAD"),
-      grad_infer=_infer_layer_norm_grad)
+      pattern_role="norm", grad_inputs=("x", "scale", "bias", "mean", "variance", "out@GRAD"),
+      grad_infer=_infer_layer_norm_grad, no_need_buffer=("bias",))
 # Paddle's rms_norm also takes bias, residual and norm_bias operands and quantization
 # attributes; the models here use none of them, so this op keeps x and norm_weight only.
 defop("rms_norm", ("x", "norm_weight"), ("out", "inv_var"), _infer_rms_norm,
       attrs={"epsilon": 1e-5, "begin_norm_axis": -1},
       attr_tags={"epsilon": _F, "begin_norm_axis": _I32}, family="rms_norm",
-      grad_inputs=("x", "norm_weight", "inv_var", "out@GRAD"), grad_infer=_infer_rms_norm_grad)
+      pattern_role="norm", grad_inputs=("x", "norm_weight", "inv_var", "out@GRAD"), grad_infer=_infer_rms_norm_grad)
 defop("embedding", ("x", "weight"), ("out",), _infer_embedding,
       attrs={"padding_idx": -1, "sparse": False}, attr_tags={"padding_idx": _I64},
-      family="embedding", grad_inputs=("x", "weight", "out@GRAD"),
-      grad_infer=_infer_embedding_grad)
+      family="embedding", pattern_role="embedding", grad_inputs=("x", "weight", "out@GRAD"),
+      grad_infer=_infer_embedding_grad, no_need_buffer=("weight",))
 # Paddle's flash_attn also takes fixed_seed_offset and attn_mask operands (both optional);
 # causal masking is the only mask the models here need.
 defop("flash_attention", ("q", "k", "v"), ("out", "softmax", "softmax_lse", "seed_offset"),
       _infer_flash_attention,
       attrs={"dropout": 0.0, "causal": True, "return_softmax": False, "is_test": False},
       attr_tags={"dropout": _F}, family="flash_attention",
-      grad_inputs=("q", "k", "v", "out", "softmax_lse", "seed_offset", "out@GRAD"),
+      kernel="attention", attention_core=True, pattern_role="attention", grad_inputs=("q", "k", "v", "out", "softmax_lse", "seed_offset", "out@GRAD"),
       grad_infer=_infer_flash_attention_grad)
 defop("fused_rotary_position_embedding", ("q", "k?", "v?", "sin?", "cos?", "position_ids?"),
       ("out_q", "out_k", "out_v"), _infer_rope,
       attrs={"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": 10000.0},
       attr_tags={"rotary_emb_base": _F}, family="rotary_embedding",
-      grad_inputs=("sin", "cos", "position_ids", "out_q@GRAD", "out_k@GRAD", "out_v@GRAD"),
+      pattern_role="passthrough", grad_inputs=("sin", "cos", "position_ids", "out_q@GRAD", "out_k@GRAD", "out_v@GRAD"),
       grad_infer=_infer_rope_grad)
 defop("cross_entropy_with_softmax", ("input", "label"), ("softmax", "loss"), _infer_ce,
       attrs={"soft_label": False, "use_softmax": True, "numeric_stable_mode": True,
              "ignore_index": -100, "axis": -1},
       attr_tags={"ignore_index": _I32, "axis": _I32}, family="cross_entropy",
-      grad_inputs=("label", "softmax", "loss@GRAD"), grad_infer=_infer_ce_grad)
+      pattern_role="loss", grad_inputs=("label", "softmax", "loss@GRAD"), grad_infer=_infer_ce_grad)
 
 
 # -- opaque: an op a frontend could not map (e.g. an unknown ATen op) ---------------------

@@ -54,10 +54,10 @@ _ADAM_TAGS = {"beta1": "Float", "beta2": "Float", "epsilon": "Float",
 
 defop("sgd_", ("param", "learning_rate", "grad", "master_param?"),
       ("param_out", "master_param_out"), _sgd, family="optimizer",
-      attrs={"multi_precision": False})
+      attrs={"multi_precision": False}, optimizer=True)
 defop("adam_", _ADAM_OPERANDS, _ADAM_RESULTS, _adam, family="optimizer",
-      attrs=_ADAM_ATTRS, attr_tags=_ADAM_TAGS)
+      attrs=_ADAM_ATTRS, attr_tags=_ADAM_TAGS, optimizer=True)
 defop("adamw_", _ADAM_OPERANDS, _ADAM_RESULTS, _adam, family="optimizer",
       attrs={**_ADAM_ATTRS, "coeff": 0.01, "lr_ratio": 1.0, "with_decay": True},
-      attr_tags={**_ADAM_TAGS, "coeff": "Float", "lr_ratio": "Float"})
+      attr_tags={**_ADAM_TAGS, "coeff": "Float", "lr_ratio": "Float"}, optimizer=True)
 

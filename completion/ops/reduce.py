@@ -2,6 +2,8 @@
 
 Grads as in Paddle: ``sum_grad(x, out@GRAD)``, ``mean_grad(x, out@GRAD)``,
 ``max_grad(x, out, out@GRAD)``; each carries ``reduce_all:false`` besides axis / keepdim.
+``sum_grad`` and ``mean_grad`` read only the shape of ``x`` (backward.yaml
+``no_need_buffer: x``).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def _reduce(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
 _G = {"reduce_all": False}
 defop("sum", ("x",), ("out",), _reduce, family="reduce",
       attrs={"axis": [], "dtype": "undefined", "keepdim": False},
-      attr_tags={"axis": IA, "dtype": DT}, grad_inputs=("x", "out@GRAD"), grad_attrs=_G)
+      attr_tags={"axis": IA, "dtype": DT}, grad_inputs=("x", "out@GRAD"), grad_attrs=_G,
+      no_need_buffer=("x",))
 defop("mean", ("x",), ("out",), _reduce, family="reduce",
       attrs={"axis": [], "keepdim": False}, attr_tags={"axis": IA},
-      grad_inputs=("x", "out@GRAD"), grad_attrs=_G)
+      grad_inputs=("x", "out@GRAD"), grad_attrs=_G, no_need_buffer=("x",))
 defop("max", ("x",), ("out",), _reduce, family="reduce",
       attrs={"axis": [], "keepdim": False}, attr_tags={"axis": IA},
       grad_inputs=("x", "out", "out@GRAD"), grad_attrs=_G)

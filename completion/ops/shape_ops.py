@@ -145,20 +145,29 @@ def _concat_grad(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
     return list(types[:-1])
 
 
+# reshape / squeeze / unsqueeze are views (no kernel); their grads reshape out@GRAD and read
+# only the shape of x (backward.yaml no_need_buffer: x), as slice_grad reads only input's.
+# The grad of a view launches no kernel either.
 defop("reshape", ("x",), ("out",), _reshape, family="reshape",
-      attrs={"shape": []}, attr_tags={"shape": IA}, grad_inputs=("x", "out@GRAD"))
+      attrs={"shape": []}, attr_tags={"shape": IA}, kernel=None, view=True,
+      weight_passthrough=True, pattern_role="passthrough",
+      grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))
 defop("transpose", ("x",), ("out",), _transpose, family="transpose",
-      attrs={"perm": []}, grad_inputs=("out@GRAD",), grad_infer=_transpose_grad)
+      attrs={"perm": []}, weight_passthrough=True, pattern_role="passthrough",
+      grad_inputs=("out@GRAD",), grad_infer=_transpose_grad)
 defop("split", ("x",), ("out",), _split, family="split", variadic_results=True,
       attrs={"axis": 0, "num_or_sections": 1}, attr_tags={"axis": "Int32"},
-      grad_inputs=("out@GRAD",), grad_infer=_split_grad)
+      pattern_role="passthrough", grad_inputs=("out@GRAD",), grad_infer=_split_grad)
 defop("concat", ("x",), ("out",), _concat, family="concat", variadic=True,
-      attrs={"axis": 0}, attr_tags={"axis": "Int32"},
+      attrs={"axis": 0}, attr_tags={"axis": "Int32"}, pattern_role="passthrough",
       grad_inputs=("x", "out@GRAD"), grad_infer=_concat_grad)
 defop("slice", ("input",), ("out",), _slice, family="slice",
       attrs={"axes": [], "decrease_axis": [], "ends": [], "infer_flags": [], "starts": []},
-      attr_tags={"ends": IA, "starts": IA}, grad_inputs=("input", "out@GRAD"))
+      attr_tags={"ends": IA, "starts": IA}, grad_inputs=("input", "out@GRAD"),
+      no_need_buffer=("input",))
 defop("squeeze", ("x",), ("out",), _squeeze, family="reshape",
-      attrs={"axis": []}, attr_tags={"axis": IA}, grad_inputs=("x", "out@GRAD"))
+      attrs={"axis": []}, attr_tags={"axis": IA}, kernel=None, view=True,
+      grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))
 defop("unsqueeze", ("x",), ("out",), _unsqueeze, family="reshape",
-      attrs={"axis": []}, attr_tags={"axis": IA}, grad_inputs=("x", "out@GRAD"))
+      attrs={"axis": []}, attr_tags={"axis": IA}, kernel=None, view=True,
+      grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))
