@@ -12,9 +12,24 @@ hint re-queues the producer. Sweeps alternate direction (forward, reverse, forwa
 the queued ops only, so an unchanged region is never revisited; after ``max_sweeps`` a
 CompletionError names the values still changing.
 
-Invariant at the fixed point: a value's attr equals its producer's result attr; an op's
-operand attr may differ from the operand value's attr (the partition pass inserts a
-reshard there).
+Facts are never relabelled (the layout a value is said to have is the layout its data has):
+
+- an op's result attr is always what its rule computes from the operand layouts it
+  requires. An annotated (fixed) result keeps its annotation as the *value's* attr even
+  when the op computes another layout (e.g. a matmul whose contracted dim is sharded gives
+  a Partial): the op's result attr then differs from the value's attr and the partition
+  pass reshards the result. Only sources that are given their data (``data``,
+  ``parameter``, ``recv``: no operands) produce their annotation as it is; a ``full``
+  computes its constant locally, so it gets its rule's layout (never Partial).
+- a ``reshard`` op moves data: it requires its operand exactly as the operand value is
+  laid out (so nothing is inserted before it) and gives its result the annotated target
+  (else its rule's). A reshard op whose op dist attr was given (``fixed_ops``) keeps its
+  source and target verbatim; if its operand value is laid out otherwise, the partition
+  pass inserts a reshard to the given source first.
+
+Invariant at the fixed point: a value that is not annotated has its producer's result attr;
+an op's operand attr may differ from the operand value's attr, and an annotated result may
+differ from its producer's result attr (the partition pass inserts a reshard at both).
 """
 
 from __future__ import annotations
@@ -64,14 +79,18 @@ class Propagator:
         fixed: id(value) -> priority for values whose attr must not change (annotations:
             2 for a parameter, 1 otherwise; values of earlier phases: 0).
         max_sweeps: bound on sweeps (CompletionError beyond it).
+        fixed_ops: ids of ops whose ``dist_attr`` is a given fact (``reshard`` ops with a
+            given source and target): never re-inferred or changed.
     """
 
     def __init__(self, ops: list[Operation], op_mesh: dict[int, ProcessMesh],
-                 fixed: dict[int, int], max_sweeps: int = MAX_SWEEPS) -> None:
+                 fixed: dict[int, int], max_sweeps: int = MAX_SWEEPS,
+                 fixed_ops: set[int] | frozenset[int] = frozenset()) -> None:
         self.ops = ops
         self.pos = {id(op): i for i, op in enumerate(ops)}
         self.op_mesh = op_mesh
         self.fixed = fixed
+        self.fixed_ops = fixed_ops
         self.max_sweeps = max_sweeps
         self.hints: dict[int, tuple[int, ...]] = {}
         self.cache: dict[Hashable, SpmdResult] = {}
@@ -119,16 +138,26 @@ class Propagator:
 
     def process(self, op: Operation, changed: list[Value]) -> list[Operation]:
         """Apply the rule to ``op``; returns the ops to revisit."""
+        if id(op) in self.fixed_ops:
+            return self._process_fixed(op)
         res = self.infer(op)
         mesh = self.op_mesh[id(op)]
         chunk = op.chunk_id
         operands = [_chunk(a, chunk) for a in res.operands]
+        if op.type == "reshard":  # a reshard moves data: it takes its operand as it is
+            operands = [_chunk(on_mesh(v.dist_attr, mesh) or v.dist_attr, chunk)
+                        if v is not None and v.dist_attr is not None else a
+                        for v, a in zip(op.operands, operands, strict=False)]
+        given_source = gives_annotation(op)
         results: list[TensorDistAttr | None] = []
         todo: list[Operation] = []
         for j, r in enumerate(op.results):
             a = _chunk(res.results[j], chunk) if j < len(res.results) else None
             if r is not None and id(r) in self.fixed:
-                a = on_mesh(r.dist_attr, mesh) or a
+                if a is None or given_source:
+                    a = on_mesh(r.dist_attr, mesh) or a
+                # else: the op computes ``a``; the value keeps its annotation and the
+                # partition pass reshards the result (never a relabel)
             elif r is not None and a is not None and r.dist_attr != a:
                 r.dist_attr = a
                 changed.append(r)
@@ -139,14 +168,28 @@ class Propagator:
         for i, v in enumerate(op.operands):
             if v is None or i >= len(res.operands) or id(v) in self.fixed:
                 continue
-            req = res.operands[i]
-            if req is None or v.op is None or id(v.op) not in self.pos:
-                continue
-            if v.dist_attr is not None and v.dist_attr.process_mesh.shape != mesh.shape:
-                continue
-            if self._hint(v, req.dims_mapping):
-                todo.append(v.op)
+            todo += self._hint_operand(v, res.operands[i], mesh)
         return todo
+
+    def _process_fixed(self, op: Operation) -> list[Operation]:
+        """A given op dist attr: nothing changes; its source layouts become hints."""
+        da = op.dist_attr
+        todo: list[Operation] = []
+        if da is None:
+            return todo
+        for i, v in enumerate(op.operands):
+            if v is not None and i < len(da.operands) and id(v) not in self.fixed:
+                todo += self._hint_operand(v, da.operands[i], da.process_mesh)
+        return todo
+
+    def _hint_operand(self, v: Value, req: TensorDistAttr | None, mesh: ProcessMesh) -> list[Operation]:
+        if req is None or v.op is None or id(v.op) not in self.pos:
+            return []
+        if v.dist_attr is not None and v.dist_attr.process_mesh.shape != mesh.shape:
+            return []
+        if len(req.dims_mapping) != v.ndim:
+            return []
+        return [v.op] if self._hint(v, req.dims_mapping) else []
 
     def _hint(self, v: Value, dims: tuple[int, ...]) -> bool:
         old = self.hints.get(id(v))
@@ -204,6 +247,18 @@ class Propagator:
             f"sharding propagation did not reach a fixed point after {self.max_sweeps} sweeps; "
             f"values still changing: {', '.join(vals) or 'none'}; ops still queued: {', '.join(ops)}"
         )
+
+
+#: source ops whose data is given in its annotated layout (inputs, parameters, received
+#: values); any other op's results are what its kernel computes
+GIVEN_SOURCES = frozenset({"data", "parameter", "recv"})
+
+
+def gives_annotation(op: Operation) -> bool:
+    """Whether ``op``'s annotated results are facts about its data (a source op whose
+    values are supplied in their annotated layout: ``data``, ``parameter``, ``recv``) rather
+    than layouts its kernel must be made to produce (every other op, ``full`` included)."""
+    return not op.operands and op.type in GIVEN_SOURCES
 
 
 def _chunk(a: TensorDistAttr | None, chunk: int) -> TensorDistAttr | None:

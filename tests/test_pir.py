@@ -79,7 +79,7 @@ def test_roles_inferred() -> None:
 
 def test_opaque_op_and_correct_spelling() -> None:
     text = (
-        '{\n    (%0) = "pd_op.data" () {dtype:(pd_op.DataType)float32,name:"x",'
+        '{\n    (%0) = "pd_op.data" () {dtype:(pd_op.DataType)bfloat16,name:"x",'
         "place:(pd_op.Place)Place(undefined:0),shape:(pd_op.IntArray)[2,3],stop_gradient:[true]}"
         " : () -> builtin.tensor<2x3xbf16>\n"
         '    (%1, %2) = "custom_op.frobnicate" (%0) {level:(Int32)3,op_dist_attr:{mesh:{shape:[2],'

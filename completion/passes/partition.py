@@ -13,6 +13,19 @@ the source mesh (source layout -> an intermediate layout on the destination mesh
 layout in which the cheapest plan crosses, see ``completion.reshard.planner``), the
 second on the destination mesh (intermediate -> required layout), so each stage keeps
 the half it runs. The reshard op takes the role and chunk of its consumer.
+
+Two more places where the data's layout and the layout a value is said to have differ
+(the pass never relabels; it moves data):
+
+- a result: an op whose result attr (``op.dist_attr.results[j]``, what its kernel
+  produces) differs from its result value's attr (an annotation the op cannot produce
+  directly, e.g. a matmul result annotated Shard where the contraction gives a Partial):
+  the op now defines a fresh value in the produced layout and a reshard right after it
+  defines the original value in its annotated layout (taking the producer's role and
+  chunk), so every user reads the annotated layout and its data is right;
+- a ``reshard`` op's operand: a reshard op's source and target are fixed; when its
+  operand value is laid out otherwise than the op's source, a reshard to that source is
+  inserted before it (the op itself is never rewritten).
 """
 
 from __future__ import annotations
@@ -29,15 +42,23 @@ def layout_key(attr: TensorDistAttr) -> tuple:
 
 
 def apply_partition_pass(program: Program) -> Program:
-    """Insert reshard ops into ``program`` in place (and return it, renumbered).
+    """Insert reshard ops into ``program`` in place (and return it, renumbered): before
+    each operand whose value's layout differs from the one its op requires, and after
+    each result whose value's layout differs from the one its op produces (module
+    docstring). Idempotent: a partitioned program has nothing left to insert.
 
     Raises ReshardError (a ValueError) naming the value and both attrs when a required
     layout cannot be reached (e.g. it does not fit the value's shape)."""
     program.renumber()  # error messages name values by id
     cache: dict[tuple[int, tuple], Value] = {}
     for op in list(program.ops):
-        if op.dist_attr is None or op.type == "reshard":
+        if op.dist_attr is None:
             continue
+        for j, r in enumerate(op.results):
+            have = op.dist_attr.results[j] if j < len(op.dist_attr.results) else None
+            if r is not None and have is not None and r.dist_attr is not None \
+                    and layout_key(have) != layout_key(r.dist_attr):
+                _reshard_result(program, op, j, have)
         required = op.dist_attr.operands
         for i, v in enumerate(op.operands):
             want = required[i] if i < len(required) else None
@@ -64,6 +85,24 @@ def _insert_reshard(program: Program, consumer: Operation, v: Value, want: Tenso
     return _reshard_op(program, where + 1, consumer, first, mid, want, want.process_mesh)
 
 
+def _reshard_result(program: Program, op: Operation, j: int, have: TensorDistAttr) -> None:
+    """``op`` produces result ``j`` in ``have`` but its value is laid out otherwise: the op
+    defines a fresh value in ``have`` and reshard op(s) right after it define the value."""
+    r = op.results[j]
+    assert r is not None and r.dist_attr is not None
+    want = r.dist_attr
+    tmp = Value(r.type, dist_attr=have, stop_gradient=r.stop_gradient)
+    tmp.op, tmp.index = op, j
+    op.results[j] = tmp
+    where = program.ops.index(op) + 1
+    if have.process_mesh == want.process_mesh:
+        _reshard_op(program, where, op, tmp, have, want, want.process_mesh, out=r)
+        return
+    mid = crossing_attr(have, want, r)
+    first = _reshard_op(program, where, op, tmp, have, mid, have.process_mesh)
+    _reshard_op(program, where + 1, op, first, mid, want, want.process_mesh, out=r)
+
+
 def crossing_attr(src: TensorDistAttr, dst: TensorDistAttr, v: Value) -> TensorDistAttr:
     """The layout on ``dst``'s mesh in which the cheapest plan from ``src`` crosses meshes
     (falls back to replicated when that layout nests two mesh dims on one tensor dim)."""
@@ -77,9 +116,10 @@ def crossing_attr(src: TensorDistAttr, dst: TensorDistAttr, v: Value) -> TensorD
 
 
 def _reshard_op(program: Program, index: int, consumer: Operation, v: Value, src: TensorDistAttr,
-                dst: TensorDistAttr, mesh) -> Value:
+                dst: TensorDistAttr, mesh, out: Value | None = None) -> Value:
     plan_reshard(src, dst, v.shape, v.dtype, value=v.label())  # validate: clear error now
-    out = Value(v.type, dist_attr=dst, stop_gradient=v.stop_gradient)
+    if out is None:
+        out = Value(v.type, dist_attr=dst, stop_gradient=v.stop_gradient)
     op = Operation(
         "dist_op.reshard", [v], [out], {},
         role=consumer.role, struct_name=consumer.struct_name, chunk_id=consumer.chunk_id,

@@ -44,6 +44,7 @@ class Cursor:
     def __init__(self, text: str) -> None:
         self.s = text
         self.i = 0
+        self.context = ""  # what is being read (an op and its line), for semantic errors
         self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
     # -- positions and errors ----------------------------------------------------------
@@ -204,14 +205,19 @@ class Cursor:
         return name
 
     def dict_items(self) -> dict[str, Any]:
-        """``{k:v, atom, ...}``; an atom item maps to None under its own text."""
+        """``{k:v, atom, ...}``; an atom item maps to None under its own text. A key given
+        twice is a PirParseError (never a silent overwrite)."""
         self.expect("{")
         out: dict[str, Any] = {}
         if self.eat("}"):
             return out
         while True:
+            self.ws()
             start = self.i
             k = self.key()
+            if k in out:
+                pre = f"{self.context}: " if self.context else ""
+                raise self.error(f"{pre}entry {k} is given twice in an attribute dict", start)
             if self.eat(":"):
                 out[k] = self.value()[0]
             elif k in ("true", "false"):

@@ -14,12 +14,35 @@ Mapping onto the IR: ``stop_gradient`` / ``persistable`` / ``is_parameter`` list
 result values' flags; a data op's ``name`` and a parameter's ``parameter_name`` become the
 value's name; ``op_dist_attr`` becomes ``Operation.dist_attr``; each result's
 ``pd_dist.tensor`` type becomes ``Value.dist_attr`` (process mesh taken from the op's
-``op_dist_attr`` when the shapes agree, since the type carries only the mesh shape). Roles
-come from :func:`completion.roles.infer_roles`.
+``op_dist_attr``, since the type carries only the mesh shape). Roles come from
+:func:`completion.roles.infer_roles`.
+
+Consistency (every check raises a PirParseError naming the op and its line):
+
+- types agree with dist attrs: a result type's ``mesh_shape`` must be the shape of the op's
+  ``op_dist_attr`` mesh (no mesh is ever invented for it); an operand type must be the
+  type its value was defined with (shape, dtype and dist part: mesh shape, dims_mappings,
+  partial status);
+- a mesh has at most :data:`MAX_MESH_RANKS` ranks (``mesh_shape:[1000000]`` is refused
+  before anything is allocated);
+- a known op has an operand count its declaration allows, declares as many results as its
+  shape inference gives, and each declared (non-null) result type equals the inferred
+  one -- source ops included (a ``data`` / ``full`` / ``recv`` whose ``shape`` or
+  ``dtype`` attribute disagrees with its result type is refused); a result the inference
+  leaves null must be ``<<NULL TYPE>>``;
+- ``op_dist_attr`` holds only ``mesh``, ``operand(k)``, ``result(k)`` and ``chunk_id``
+  (k in range), each tensor entry only ``dims_maping`` / ``dims_mapping``, ``partial(d,T)``
+  and ``chunk_id``; no key is given twice; result ids are >= 0; the flag lists
+  (``stop_gradient`` ...) have one entry per result.
+
+An op's result entry in ``op_dist_attr`` (the layout the op produces) may differ from its
+result type's dims_mappings (the layout the value is annotated with): the partition pass
+reshards such a result (:mod:`completion.passes.partition`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from completion.dist_attr import OperatorDistAttr, TensorDistAttr
@@ -32,6 +55,8 @@ from completion.pir.types import NULL_VALUE, OpaqueType, ParsedType, at_type, pa
 from completion.roles import infer_roles
 
 FLAG_ATTRS = ("stop_gradient", "persistable", "is_parameter")
+#: the largest mesh a program text may declare (ranks)
+MAX_MESH_RANKS = 65536
 NAME_ATTRS = {"data": "name", "parameter": "parameter_name"}
 
 
@@ -40,8 +65,11 @@ def parse_program(text: str) -> Program:
 
     Raises PirParseError (a CompletionError / ValueError) with line and column: syntax
     errors say what was expected; an undefined or doubly defined ``%N``, a type that
-    disagrees with the value's definition, a bad ``dims_maping`` or a failed shape
-    inference name the op and its line.
+    disagrees with the value's definition or with the op's dist attr, a mesh of more than
+    MAX_MESH_RANKS ranks, a bad ``dims_maping``, a known op with the wrong number of
+    operands or results, and a declared result type that its shape inference does not
+    give (source ops' ``shape`` / ``dtype`` attributes included) name the op and its line
+    (module docstring, "Consistency").
     """
     cur = Cursor(text)
     prog = Program()
@@ -68,15 +96,21 @@ def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None]) -> None:
     line = cur.where()[0]
     cur.expect("(", "'(' starting an operation, e.g. (%0) = \"pd_op.relu\" ...")
     res_ids: list[int] = []
+    res_at: list[int] = []
     if not cur.eat(")"):
         while True:
             cur.expect("%", "a result such as %0")
+            res_at.append(cur.i)
             res_ids.append(cur.integer("a value number after '%'"))
             if cur.eat(")"):
                 break
             cur.expect(",", "',' or ')' in the result list")
     cur.expect("=", "'=' after the result list")
     name = cur.string()
+    cur.context = f"{name} at line {line}"
+    for rid, at in zip(res_ids, res_at, strict=True):
+        if rid < 0:
+            raise cur.error(f"{cur.context}: result %{rid}: value numbers are >= 0", at)
     operands, operand_at = _operands(cur, name, env)
     attrs: dict[str, Any] = {}
     tags: dict[str, str] = {}
@@ -95,6 +129,8 @@ def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None]) -> None:
         raise cur.error(f"{where}: {len(res_ids)} results but {len(out_types)} result types", op_at)
     for k, (v, pt) in enumerate(zip(operands, in_types, strict=True)):
         _check_operand(cur, where, k, v, pt, operand_at[k])
+    for k, pt in enumerate(out_types):
+        _check_mesh_size(cur, where, f"result {k} type", pt.mesh_shape, op_at)
     op = _build_op(cur, name, line, op_at, operands, out_types, attrs, tags)
     _check_inference(cur, op, op_at)
     prog.append(op)
@@ -135,7 +171,11 @@ def _attr_dict(cur: Cursor, attrs: dict[str, Any], tags: dict[str, str]) -> None
     if cur.eat("}"):
         return
     while True:
+        cur.ws()
+        at = cur.i
         key = cur.ident("an attribute name")
+        if key in attrs:
+            raise cur.error(f"{cur.context}: attribute {key} is given twice", at)
         cur.expect(":", f"':' after attribute {key}")
         val, tag = cur.value()
         attrs[key] = val
@@ -158,22 +198,70 @@ def _type_list(cur: Cursor, open_: str, close: str) -> list[ParsedType]:
         cur.expect(",", f"',' or {close!r} in the type list")
 
 
-def _same_shape(a: TensorType, b: TensorType) -> bool:
-    return a.dtype == b.dtype and len(a.shape) == len(b.shape) and all(
-        x == y or -1 in (x, y) for x, y in zip(a.shape, b.shape, strict=True)
+def _agrees(declared: TensorType, inferred: TensorType) -> bool:
+    """A declared result type agrees with the inferred one: same dtype and rank, and each
+    dim equal unless inference leaves it unknown (-1, a dynamic dim of an input)."""
+    return declared.dtype == inferred.dtype and len(declared.shape) == len(inferred.shape) and all(
+        x == y or y == -1 for x, y in zip(declared.shape, inferred.shape, strict=True)
     )
 
 
 def _check_operand(cur: Cursor, where: str, k: int, v: Value | None, pt: ParsedType, at: int) -> None:
+    """An operand's type must be the type its value was defined with: shape and dtype
+    exactly, and the dist part (mesh shape, dims_mappings, partial status)."""
     if v is None:
         if pt.type is not None:
             raise cur.error(f"{where}: operand {k} is {NULL_VALUE} but its type is not <<NULL TYPE>>", at)
         return
-    if pt.type is None or not _same_shape(v.type, pt.type):
-        src = f" (line {v.op.line})" if v.op is not None and v.op.line else ""
+    src = f" (line {v.op.line})" if v.op is not None and v.op.line else ""
+    if pt.type is None or pt.type != v.type:
         raise cur.error(
             f"{where}: operand {k} (%{v.id}) is typed {_show(pt.type)} in the signature but "
             f"was defined as {_show(v.type)}{src}", at)
+    have = _show_dist(v.dist_attr)
+    if pt.mesh_shape is None:
+        said = "none"
+    else:
+        try:
+            said = _show_dist(TensorDistAttr(_shape_mesh(v, pt.mesh_shape), pt.dims_mapping, pt.partial))
+        except DistAttrError as e:
+            raise cur.error(f"{where}: operand {k} (%{v.id}) type: {e}", at) from None
+    if said != have:
+        raise cur.error(
+            f"{where}: operand {k} (%{v.id}) is typed with dist attr {said} in the signature but "
+            f"was defined with {have}{src}", at)
+
+
+def _shape_mesh(v: Value, mesh_shape: tuple[int, ...]) -> ProcessMesh:
+    """A mesh of ``mesh_shape`` to read a type's dist part with (the value's own mesh when
+    the shapes agree; the comparison is by mesh shape only, as the type carries no ranks)."""
+    if v.dist_attr is not None and v.dist_attr.process_mesh.shape == tuple(mesh_shape):
+        return v.dist_attr.process_mesh
+    if math.prod(mesh_shape) > MAX_MESH_RANKS or any(s <= 0 for s in mesh_shape):
+        raise DistAttrError(f"mesh_shape {list(mesh_shape)} is not a mesh of 1..{MAX_MESH_RANKS} ranks")
+    return ProcessMesh.of(*mesh_shape)
+
+
+def _show_dist(a: TensorDistAttr | None) -> str:
+    """A dist attr as a type states it: mesh shape, dims_mappings, partial."""
+    if a is None:
+        return "none"
+    part = "".join(f", partial({d},{r})" for d, r in a.partial)
+    return f"mesh_shape:{list(a.process_mesh.shape)},dims_mappings:{list(a.dims_mapping)}{part}"
+
+
+def _check_mesh_size(cur: Cursor, where: str, what: str, shape: Any, at: int) -> None:
+    """Refuse a mesh of more than MAX_MESH_RANKS ranks (before it is built)."""
+    if shape is None or not isinstance(shape, (list, tuple)):
+        return
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        return  # ProcessMesh reports non-integer entries
+    if any(s <= 0 for s in shape):
+        raise cur.error(f"{where}: {what}: mesh shape {list(shape)} must be non-empty and positive", at)
+    n = math.prod(shape)
+    if n > MAX_MESH_RANKS:
+        raise cur.error(f"{where}: {what}: mesh shape {list(shape)} has {n} ranks; at most "
+                        f"{MAX_MESH_RANKS} are supported", at)
 
 
 def _show(t: TensorType | None) -> str:
@@ -190,6 +278,11 @@ def _build_op(cur: Cursor, name: str, line: int, at: int, operands: list[Value |
     raw_dist = attrs.pop("op_dist_attr", None)
     tags.pop("op_dist_attr", None)
     where = f"{name} at line {line}"
+    for f, vals in flags.items():
+        n = len(out_types)
+        if not isinstance(vals, list) or len(vals) != n or not all(isinstance(b, bool) for b in vals):
+            raise cur.error(f"{where}: {f} must list one true/false per result ({n}), got "
+                            f"{vals!r}", at)
     op_dist = _op_dist_attr(cur, where, at, raw_dist, operands, out_types) if raw_dist else None
     results: list[Value | None] = []
     for k, pt in enumerate(out_types):
@@ -198,8 +291,7 @@ def _build_op(cur: Cursor, name: str, line: int, at: int, operands: list[Value |
             continue
         v = Value(pt.type, str(vname) if vname is not None and k == 0 else None)
         for f, vals in flags.items():
-            if isinstance(vals, list) and k < len(vals):
-                setattr(v, f, bool(vals[k]))
+            setattr(v, f, bool(vals[k]))
         if pt.mesh_shape is not None:
             v.dist_attr = _value_attr(cur, where, at, k, pt, op_dist)
         results.append(v)
@@ -213,9 +305,11 @@ def _build_op(cur: Cursor, name: str, line: int, at: int, operands: list[Value |
 def _value_attr(cur: Cursor, where: str, at: int, k: int, pt: ParsedType,
                 op_dist: OperatorDistAttr | None) -> TensorDistAttr:
     assert pt.mesh_shape is not None and pt.type is not None
-    mesh = op_dist.process_mesh if op_dist and op_dist.process_mesh.shape == pt.mesh_shape else None
+    if op_dist is not None and op_dist.process_mesh.shape != pt.mesh_shape:
+        raise cur.error(f"{where}: result {k} type has mesh_shape {list(pt.mesh_shape)} but the "
+                        f"op's op_dist_attr mesh has shape {list(op_dist.process_mesh.shape)}", at)
     try:
-        mesh = mesh or ProcessMesh.of(*pt.mesh_shape)
+        mesh = op_dist.process_mesh if op_dist is not None else ProcessMesh.of(*pt.mesh_shape)
         attr = TensorDistAttr(mesh, pt.dims_mapping, pt.partial)
         attr.check_shape(pt.type.shape, f"result {k}")
     except DistAttrError as e:
@@ -228,6 +322,15 @@ def _op_dist_attr(cur: Cursor, where: str, at: int, raw: Any, operands: list[Val
     if not isinstance(raw, dict) or not isinstance(raw.get("mesh"), dict):
         raise cur.error(f"{where}: op_dist_attr needs a mesh:{{shape:[..],process_ids:[..]}}", at)
     m = raw["mesh"]
+    unknown = [key for key in raw if key not in ("mesh", "chunk_id") and not _indexed(key)]
+    unknown += [f"mesh.{key}" for key in m if key not in ("shape", "process_ids", "dim_names")]
+    if unknown:
+        raise cur.error(f"{where}: op_dist_attr has unknown entries {unknown} (expected mesh, "
+                        f"operand(k), result(k), chunk_id)", at)
+    _check_mesh_size(cur, where, "op_dist_attr", m.get("shape"), at)
+    if isinstance(m.get("process_ids"), list) and len(m["process_ids"]) > MAX_MESH_RANKS:
+        raise cur.error(f"{where}: op_dist_attr: {len(m['process_ids'])} process_ids; at most "
+                        f"{MAX_MESH_RANKS} ranks are supported", at)
     try:
         mesh = ProcessMesh(tuple(m.get("shape") or ()), tuple(m.get("process_ids") or ()),
                            tuple(str(d) for d in m.get("dim_names") or ()))
@@ -242,6 +345,14 @@ def _op_dist_attr(cur: Cursor, where: str, at: int, raw: Any, operands: list[Val
     return OperatorDistAttr(mesh, tuple(ins), tuple(outs), int(raw.get("chunk_id", 0) or 0))
 
 
+def _indexed(key: str) -> bool:
+    """``operand(k)`` / ``result(k)`` with k a non-negative integer."""
+    for kind in ("operand", "result"):
+        if key.startswith(kind + "(") and key.endswith(")") and key[len(kind) + 1:-1].isdigit():
+            return True
+    return False
+
+
 def _entries(cur: Cursor, where: str, at: int, raw: dict[str, Any], kind: str, n: int) -> int:
     """How many ``kind(k)`` entries the op_dist_attr lists (Paddle may omit trailing ones,
     e.g. ``full_like``'s fill-value operand); an index past the op's arity is an error."""
@@ -252,8 +363,16 @@ def _entries(cur: Cursor, where: str, at: int, raw: dict[str, Any], kind: str, n
 
 
 def _tensor_attr(mesh: ProcessMesh, raw: Any, t: TensorType | None, what: str) -> TensorDistAttr | None:
-    if not isinstance(raw, dict) or "null" in raw:
+    if not isinstance(raw, dict):
+        raise DistAttrError(f"{what} must be {{dims_maping:[..]}} or {{null}}, got {raw!r}")
+    if "null" in raw:
+        if len(raw) != 1:
+            raise DistAttrError(f"{what} is {{null}} but lists more: {sorted(raw)}")
         return None
+    unknown = [k for k in raw if k not in ("dims_maping", "dims_mapping", "chunk_id")
+               and not (k.startswith("partial(") and k.endswith(")"))]
+    if unknown or ("dims_maping" in raw and "dims_mapping" in raw):
+        raise DistAttrError(f"{what} has unknown or repeated entries {sorted(raw)}")
     dm = raw.get("dims_maping", raw.get("dims_mapping"))
     if not isinstance(dm, list):
         raise DistAttrError(f"{what} has no dims_maping list")
@@ -269,23 +388,46 @@ def _tensor_attr(mesh: ProcessMesh, raw: Any, t: TensorType | None, what: str) -
 
 
 def _check_inference(cur: Cursor, op: Operation, at: int) -> None:
-    """Re-run the registry's inference on a known op and compare with the text's types."""
+    """Re-run the registry's inference on a known op and compare with the text's types:
+    operand count, result count and every declared result type (source ops too: their
+    ``shape`` / ``dtype`` attributes against their result type). Unknown ops (opaque) keep
+    the text's types."""
     od = get_opdef(op.type)
-    if od is None or not op.operands:
+    if od is None:
         return
+    where = f"{op.full_type} at line {op.line}"
     n_req = sum(1 for o in od.operands if not o.endswith("?"))
-    if not od.variadic and not n_req <= len(op.operands) <= len(od.operands):
-        return  # a different operand convention than ours: keep the text's types
+    n = len(op.operands)
+    if od.variadic and n < max(n_req, 1):
+        raise cur.error(f"{where}: takes at least {max(n_req, 1)} operand(s) "
+                        f"({', '.join(od.operands)}), got {n}", at)
+    if not od.variadic and not n_req <= n <= len(od.operands):
+        want = str(n_req) if n_req == len(od.operands) else f"{n_req} to {len(od.operands)}"
+        raise cur.error(f"{where}: takes {want} operand(s) ({', '.join(od.operands) or 'none'}), "
+                        f"got {n}", at)
+    for i, v in enumerate(op.operands):
+        if v is None and i < len(od.operands) and not od.operands[i].endswith("?") and not od.variadic \
+                and not op.type.endswith("_grad"):
+            raise cur.error(f"{where}: operand {i} ({od.operands[i]}) is required but is "
+                            f"{NULL_VALUE}", at)
     types = [v.type if v is not None else None for v in op.operands]
     try:
         got = od.infer(types, {**od.attrs, **op.attrs})
     except OpError as e:
-        raise cur.error(f"{op.full_type} at line {op.line}: {e}", at) from None
-    for k, (v, t) in enumerate(zip(op.results, got, strict=False)):
-        if v is not None and t is not None and not _same_shape(v.type, t):
+        raise cur.error(f"{where}: {e}", at) from None
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:
+        raise cur.error(f"{where}: cannot infer its result types: {e}", at) from None
+    if len(got) != len(op.results):
+        raise cur.error(f"{where}: declares {len(op.results)} results but the op gives "
+                        f"{len(got)}", at)
+    src = "its attributes give" if not op.operands else "the operands give"
+    for k, (v, t) in enumerate(zip(op.results, got, strict=True)):
+        if v is not None and t is None:
+            raise cur.error(f"{where}: result {k} is typed {_show(v.type)} but the op gives no "
+                            f"value there (<<NULL TYPE>>)", at)
+        if v is not None and t is not None and not _agrees(v.type, t):
             raise cur.error(
-                f"{op.full_type} at line {op.line}: result {k} is typed {_show(v.type)} but "
-                f"the operands give {_show(t)}", at)
+                f"{where}: result {k} is typed {_show(v.type)} but {src} {_show(t)}", at)
 
 
 __all__ = ["PirParseError", "parse_program"]

@@ -92,9 +92,19 @@ def _ints(xs: Any) -> str:
     return "[" + ",".join(str(int(x)) for x in xs) + "]"
 
 
+def _float(v: float) -> str:
+    """C++ ``ostream`` style (6 significant digits, Paddle's printer) when that reads back
+    as the same float, else the shortest exact form: printing never changes a value."""
+    if not math.isfinite(v):
+        return str(v)
+    s = format(v, "g")
+    return s if float(s) == v else repr(v)
+
+
 def format_value(v: Any, tag: str | None) -> str:
     """One attribute value; ``(tag)`` prefix when tagged. Tagged strings print raw
-    (``(pd_op.DataType)float32``); floats print like C++ ``ostream`` (6 significant digits)."""
+    (``(pd_op.DataType)float32``); floats print like C++ ``ostream`` (6 significant
+    digits) unless that would round them (then exactly, see :func:`_float`)."""
     pre = f"({tag})" if tag else ""
     if isinstance(v, bool):
         s = "true" if v else "false"
@@ -103,7 +113,7 @@ def format_value(v: Any, tag: str | None) -> str:
     elif isinstance(v, str):
         s = json.dumps(v)
     elif isinstance(v, float):
-        s = format(v, "g") if math.isfinite(v) else str(v)
+        s = _float(v)
     elif isinstance(v, int):
         s = str(v)
     elif isinstance(v, (list, tuple)):

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from completion.ops.registry import TensorType, canonical_type
+from executor.errors import ExecutorError
 
 
-class KernelError(ValueError):
+class KernelError(ExecutorError, ValueError):
     """No kernel for an op type, or a kernel refused its inputs; names the op."""
 
 

@@ -7,7 +7,10 @@ Gradient formulas are the textbook derivatives, in the operand orders of
 ``square_grad(x, g) = 2 x g``, ``silu_grad(x, out, g) = g s (1 + x (1 - s))`` with
 ``s = sigmoid(x)``, ``gelu_grad``: exact ``g (Phi(x) + x phi(x))`` or the tanh form of
 Hendrycks & Gimpel (2016) differentiated. Broadcast operands get their gradient summed over
-the broadcast dims (:func:`unbroadcast`).
+the broadcast dims (:func:`unbroadcast`), to the local shape of the grad op's own result
+(``KernelContext.out_types``; the operand's local shape only when none is given), never
+the forward operand's block: add/subtract grads read x and y for their shapes only and
+completion may lay them out otherwise than their gradients.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _full_like(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     v = ins[1] if len(ins) > 1 and ins[1] is not None else None
     value = float(v.reshape(-1)[0]) if v is not None else float(attrs.get("value", 0.0))
     dt = torch_dtype(attrs.get("dtype"), x.dtype)
-    return [torch.full(x.shape, value, dtype=dt, device=x.device)]
+    return [torch.full(ctx.out_shape(0, x.shape), value, dtype=dt, device=x.device)]
 
 
 @register_kernel("data")
@@ -88,26 +91,27 @@ for _n in _BINARY:
 @register_kernel("add_grad")
 def _add_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, y, g = (need(ins, i, "add_grad", w) for i, w in enumerate(("x", "y", "out@GRAD")))
-    return [unbroadcast(g, x.shape), unbroadcast(g, y.shape)]
+    return [unbroadcast(g, ctx.out_shape(0, x.shape)), unbroadcast(g, ctx.out_shape(1, y.shape))]
 
 
 @register_kernel("subtract_grad")
 def _subtract_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, y, g = (need(ins, i, "subtract_grad", w) for i, w in enumerate(("x", "y", "out@GRAD")))
-    return [unbroadcast(g, x.shape), unbroadcast(-g, y.shape)]
+    return [unbroadcast(g, ctx.out_shape(0, x.shape)), unbroadcast(-g, ctx.out_shape(1, y.shape))]
 
 
 @register_kernel("multiply_grad")
 def _multiply_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, y, g = (need(ins, i, "multiply_grad", w) for i, w in enumerate(("x", "y", "out@GRAD")))
-    return [unbroadcast(g * y, x.shape), unbroadcast(g * x, y.shape)]
+    return [unbroadcast(g * y, ctx.out_shape(0, x.shape)), unbroadcast(g * x, ctx.out_shape(1, y.shape))]
 
 
 @register_kernel("divide_grad")
 def _divide_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     names = ("x", "y", "out", "out@GRAD")
     x, y, out, g = (need(ins, i, "divide_grad", w) for i, w in enumerate(names))
-    return [unbroadcast(g / y, x.shape), unbroadcast(-g * out / y, y.shape)]
+    return [unbroadcast(g / y, ctx.out_shape(0, x.shape)),
+            unbroadcast(-g * out / y, ctx.out_shape(1, y.shape))]
 
 
 # -- unary -------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Forward: numpy ``matmul`` semantics after the optional transposes of the last two dims
 (Paddle ``matmul(x, y, transpose_x, transpose_y)``); a 1-D operand is promoted as numpy does.
 Grad (the chain rule for C = A B): dA = dC B^T, dB = A^T dC, mapped back through the
-transposes and summed over broadcast batch dims.
+transposes and summed over broadcast batch dims, shaped as the grad op's own local result
+types (``KernelContext.out_types``) when given.
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ def _matmul_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
         da = unbroadcast(torch.matmul(gc, _t(b)), a.shape)
         if attrs.get("transpose_x") and x.ndim > 1:
             da = _t(da)
-        da = da.reshape(x.shape)
+        da = da.reshape(ctx.out_shape(0, x.shape))
     if ctx.wants(1) and b.ndim == 2 and a.ndim > 2:
         # a weight read by a batched activation: sum_b a_b^T g_b = A^T G with the batch
         # dims flattened into rows -- one GEMM instead of a batched one plus a reduction
         db = torch.matmul(_t(a.reshape(-1, a.shape[-1])), gc.reshape(-1, gc.shape[-1]))
         if attrs.get("transpose_y"):
             db = _t(db)
-        db = db.reshape(y.shape)
+        db = db.reshape(ctx.out_shape(1, y.shape))
     elif ctx.wants(1):
         db = unbroadcast(torch.matmul(_t(a), gc), b.shape)
         if attrs.get("transpose_y") and y.ndim > 1:
             db = _t(db)
-        db = db.reshape(y.shape)
+        db = db.reshape(ctx.out_shape(1, y.shape))
     return [da, db]

@@ -10,7 +10,8 @@ Statistics (mean/variance/inv_var/lse) are kept in float32, or float64 for float
 Embedding supports a vocab-sharded weight: ids outside the local rows
 ``[offset, offset + rows)`` (offset from ``KernelContext.in_offsets``) read zeros, the
 vocab-parallel lookup of Megatron-LM (Shoeybi et al. 2019, sec. 3), whose partial sums an
-all_reduce completes.
+all_reduce completes. Grads shape their results by the op's own local result types
+(``KernelContext.out_types``) when given, never by a forward operand's block.
 """
 
 from __future__ import annotations
@@ -101,9 +102,10 @@ def _layer_norm_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     dxhat = gr * scale.reshape(1, -1).to(dt) if scale is not None else gr
     dx = rstd * (dxhat - dxhat.mean(dim=1, keepdim=True)
                  - xhat * (dxhat * xhat).mean(dim=1, keepdim=True))
-    dscale = (gr * xhat).sum(dim=0).reshape(scale.shape).to(scale.dtype) if scale is not None else None
-    dbias = gr.sum(dim=0).reshape(bias.shape).to(bias.dtype) if bias is not None else None
-    return [dx.to(x.dtype).reshape(x.shape), dscale, dbias]
+    dscale = (gr * xhat).sum(dim=0).reshape(ctx.out_shape(1, scale.shape)).to(scale.dtype) \
+        if scale is not None else None
+    dbias = gr.sum(dim=0).reshape(ctx.out_shape(2, bias.shape)).to(bias.dtype) if bias is not None else None
+    return [dx.to(x.dtype).reshape(ctx.out_shape(0, x.shape)), dscale, dbias]
 
 
 @register_kernel("rms_norm")
@@ -126,8 +128,8 @@ def _rms_norm_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     xhat = xr * r
     dxhat = gr * w.reshape(1, -1).to(dt)
     dx = r * (dxhat - xhat * (dxhat * xhat).mean(dim=1, keepdim=True))
-    dw = (gr * xhat).sum(dim=0).reshape(w.shape).to(w.dtype)
-    return [dx.to(x.dtype).reshape(x.shape), dw]
+    dw = (gr * xhat).sum(dim=0).reshape(ctx.out_shape(1, w.shape)).to(w.dtype)
+    return [dx.to(x.dtype).reshape(ctx.out_shape(0, x.shape)), dw]
 
 
 # -- embedding --------------------------------------------------------------------------

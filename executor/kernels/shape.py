@@ -10,6 +10,14 @@ the inverse permutation; split and concat swap roles; slice scatters into zeros;
 ``mean_grad`` divides by the *global* count of reduced elements (a block of a
 batch-sharded mean gets ``g / N_global``, the gradient of the global mean), and
 ``max_grad`` routes the gradient to every element equal to the maximum (Paddle's rule).
+
+Local shapes of grads: a grad kernel shapes each gradient by the *local type of its own
+result* (``KernelContext.out_types``, from the result's dist attr), never by the local
+shape of the forward operand it reads. Completion may lay a forward input out otherwise
+than its gradient (the input of a reshape is Shard(1) while the reshape needed it
+replicated, so its gradient is replicated): the forward operand's block then has another
+shape than the gradient's. The forward operand's shape is only the fallback when the
+caller gives no local types.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ def _unsqueeze(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
 @register_kernel("reshape_grad", "squeeze_grad", "unsqueeze_grad")
 def _reshape_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, g = need(ins, 0, "reshape_grad", "x"), need(ins, 1, "reshape_grad", "out@GRAD")
-    return [g.reshape(x.shape)]
+    return [g.reshape(ctx.out_shape(0, x.shape))]
 
 
 def _perm(attrs: Mapping[str, Any], ndim: int) -> list[int]:
@@ -132,7 +140,7 @@ def _concat_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     xs = [need(ins, i, "concat_grad", "x") for i in range(len(ins) - 1)]
     g = need(ins, len(ins) - 1, "concat_grad", "out@GRAD")
     ax = _axis(attrs, g.ndim)
-    return list(torch.split(g, [x.shape[ax] for x in xs], dim=ax))
+    return list(torch.split(g, [ctx.out_shape(i, x.shape)[ax] for i, x in enumerate(xs)], dim=ax))
 
 
 def _slice_index(shape: Sequence[int], attrs: Mapping[str, Any]) -> tuple[slice, ...]:
@@ -159,8 +167,9 @@ def _slice(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
 @register_kernel("slice_grad")
 def _slice_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, g = need(ins, 0, "slice_grad", "input"), need(ins, 1, "slice_grad", "out@GRAD")
-    idx = _slice_index(x.shape, attrs)
-    out = torch.zeros_like(x, dtype=g.dtype)
+    shape = ctx.out_shape(0, x.shape)
+    idx = _slice_index(shape, attrs)
+    out = torch.zeros(shape, dtype=g.dtype, device=g.device)
     out[idx] = g.reshape(out[idx].shape)
     return [out]
 
@@ -190,17 +199,19 @@ def _max(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     return [x.amax(dim=axes, keepdim=bool(attrs.get("keepdim"))) if axes else x.clone()]
 
 
-def _expand_back(x: torch.Tensor, g: torch.Tensor, attrs: Mapping[str, Any]) -> torch.Tensor:
-    """g reshaped with the reduced dims kept (size 1), then broadcast to x's shape."""
-    axes = norm_axes(attrs.get("axis"), x.ndim)
-    kept = [1 if i in axes else s for i, s in enumerate(x.shape)]
-    return g.reshape(kept).expand(x.shape)
+def _expand_back(shape: Sequence[int], g: torch.Tensor, attrs: Mapping[str, Any]) -> torch.Tensor:
+    """g reshaped with the reduced dims kept (size 1), then broadcast to ``shape`` (the
+    local shape of the gradient)."""
+    shape = tuple(shape)
+    axes = norm_axes(attrs.get("axis"), len(shape))
+    kept = [1 if i in axes else s for i, s in enumerate(shape)]
+    return g.reshape(kept).expand(shape)
 
 
 @register_kernel("sum_grad")
 def _sum_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, g = need(ins, 0, "sum_grad", "x"), need(ins, 1, "sum_grad", "out@GRAD")
-    return [_expand_back(x, g, attrs).to(x.dtype).contiguous()]
+    return [_expand_back(ctx.out_shape(0, x.shape), g, attrs).to(x.dtype).contiguous()]
 
 
 @register_kernel("mean_grad")
@@ -209,12 +220,13 @@ def _mean_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     axes = norm_axes(attrs.get("axis"), x.ndim)
     full = ctx.global_shape(0, x.shape)  # the global op divides by the global count
     n = math.prod(full[a] for a in axes)
-    return [(_expand_back(x, g, attrs) / max(n, 1)).contiguous()]
+    return [(_expand_back(ctx.out_shape(0, x.shape), g, attrs) / max(n, 1)).contiguous()]
 
 
 @register_kernel("max_grad")
 def _max_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     names = ("x", "out", "out@GRAD")
     x, out, g = (need(ins, i, "max_grad", w) for i, w in enumerate(names))
-    hit = (x == _expand_back(x, out, attrs)).to(g.dtype)
-    return [_expand_back(x, g, attrs) * hit]
+    shape = ctx.out_shape(0, x.shape)
+    hit = (x == _expand_back(x.shape, out, attrs)).to(g.dtype)
+    return [_expand_back(shape, g, attrs) * hit]
