@@ -43,26 +43,27 @@ def render(console: Console, rec) -> None:
     console.print(f"  files: {', '.join(str(f) for f in rec.files)}")
 
 
+def report_cmd(
+    quick: bool = typer.Option(False, "--quick", help="Small sizes (seconds; what CI runs)."),
+    output: str = typer.Option("reports/experiments", "--output",
+                               help="Directory for CSV, Markdown, PNG and README.md."),
+    only: list[str] | None = ONLY_OPT,
+) -> None:
+    """Run the experiments and write their tables and plots."""
+    from experiments import ExperimentError, run_experiments
+
+    console = _console()
+    records = run_experiments(output, quick=quick, only=only or None,
+                              on_done=lambda rec: render(console, rec))
+    console.print(f"report: {output}/README.md")
+    failed = [r for r in records if r.error]
+    if failed:
+        raise ExperimentError(
+            f"{len(failed)} experiment(s) failed: "
+            + "; ".join(f"{r.name}: {r.error}" for r in failed)
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``report`` command to ``app``."""
-
-    @app.command("report")
-    def report(
-        quick: bool = typer.Option(False, "--quick", help="Small sizes (seconds; what CI runs)."),
-        output: str = typer.Option("reports/experiments", "--output",
-                                   help="Directory for CSV, Markdown, PNG and README.md."),
-        only: list[str] | None = ONLY_OPT,
-    ) -> None:
-        """Run the experiments and write their tables and plots."""
-        from experiments import ExperimentError, run_experiments
-
-        console = _console()
-        records = run_experiments(output, quick=quick, only=only or None,
-                                  on_done=lambda rec: render(console, rec))
-        console.print(f"report: {output}/README.md")
-        failed = [r for r in records if r.error]
-        if failed:
-            raise ExperimentError(
-                f"{len(failed)} experiment(s) failed: "
-                + "; ".join(f"{r.name}: {r.error}" for r in failed)
-            )
+    app.command("report")(report_cmd)

@@ -1,39 +1,87 @@
 """The ``meshplan`` command line (typer). Each command group lives in its own module under
-``meshplan.commands`` and exposes ``register(app)``; this file only wires them together and
-turns bad input into a one-line error with exit code 2."""
+``meshplan.commands`` as top-level functions, and the module's ``register(app)`` attaches
+them; this file only wires them together and turns bad input into a one-line error with
+exit code 2.
+
+Command modules import numpy, pandas, pydantic and the meshplan packages inside their
+command functions, so that ``meshplan --help`` imports little more than typer."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from meshplan import __version__
 
-app = typer.Typer(
-    name="meshplan",
-    help="Sharding completion, reshard planning, pipeline simulation and strategy search.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-# One entry per command module; each defines register(app: typer.Typer) -> None. The CLI is
-# the composition root: it loads command modules by name, so a package above meshplan in
-# DESIGN.md's dependency order (``experiments``, which imports everything) can add its
-# command (``report``) without meshplan importing it.
+# One entry per command module; each defines register(app: typer.Typer) -> None.
 COMMAND_MODULES = [
     "meshplan.commands.clusters",
     "meshplan.commands.program",
     "meshplan.commands.simulate",
     "meshplan.commands.cost",
-    "experiments.command",
     "meshplan.commands.complete",
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",
     "meshplan.commands.validate",
+    "meshplan.commands.demo",
 ]
+# Commands of packages above meshplan in DESIGN.md's dependency order (``experiments``
+# imports everything, pandas included): the CLI is the composition root and loads them by
+# name, on first use (``meshplan --help`` lists them with this one-line help).
+LAZY_COMMANDS = {
+    "report": ("experiments.command", "Run the experiments and write their tables and plots."),
+}
+
+
+class _LazyCommand(TyperCommand):
+    """Stands for a command of :data:`LAZY_COMMANDS` in the help listing; invoking it imports
+    its module and hands over to the real command."""
+
+    def __init__(self, name: str, module: str, help: str) -> None:
+        super().__init__(name, help=help)
+        self.module = module
+
+    def load(self) -> Any:
+        """The real click command: the module's ``register`` run on a scratch app."""
+        scratch = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        importlib.import_module(self.module).register(scratch)
+        scratch.callback()(lambda: None)  # a group, whatever the module registers
+        return typer.main.get_group(scratch).commands[self.name]
+
+    def make_context(self, info_name: Any, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """The real command's context (the group then invokes the real command)."""
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+
+class _Root(TyperGroup):
+    """The root group: the registered commands, then :data:`LAZY_COMMANDS`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Registered commands in order, then the lazy ones."""
+        names = super().list_commands(ctx)
+        return names + [n for n in LAZY_COMMANDS if n not in names]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """A registered command, or a stand-in for a lazy one."""
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in LAZY_COMMANDS:
+            module, short_help = LAZY_COMMANDS[cmd_name]
+            cmd = _LazyCommand(cmd_name, module, short_help)
+        return cmd
+
+
+app = typer.Typer(
+    name="meshplan",
+    cls=_Root,
+    help="Sharding completion, reshard planning, pipeline simulation and strategy search.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
 def _version(value: bool) -> None:
@@ -62,11 +110,14 @@ def _click_exceptions():
     return exceptions
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script. Bad input (any ``ValueError``, ``FileNotFoundError``
-    or ``KeyError`` raised by meshplan) prints ``error: <message>`` and exits with 2."""
+def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
+    """Entry point of the console script (``argv``: the arguments after the program name,
+    default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
+    ``ValueError``, ``FileNotFoundError`` or ``KeyError`` raised by meshplan, or an option
+    value outside its choices or range) prints ``error: <message>`` and exits with 2; other
+    usage errors print click's usage message, also with 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except SystemExit as e:  # click usage errors already printed
@@ -81,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # click usage errors (bad option, missing argument, range)
         click_exc = _click_exceptions()
+        if isinstance(e, click_exc.BadParameter):  # a value outside a choice or a range
+            typer.echo(f"error: {e.format_message().replace('Value error, ', '')}", err=True)
+            return 2
         if isinstance(e, click_exc.ClickException):
             e.show()
             return 2

@@ -135,12 +135,11 @@ def test_time_unknown_kind_and_bad_options(capsys):
 
 
 def test_demo_prints_the_catalog_first(tmp_path, capsys):
-    # The demo's step 1 is the catalog table (meshplan/demo.py docstring); a short search
+    # The demo's step 1 is the catalog table (meshplan/demo docstring); a short search
     # without the 2-rank validation keeps this fast and writes only under tmp_path.
-    from meshplan.demo import main as demo_main
-
-    assert demo_main(["--trials", "3", "--no-validate", "--output", str(tmp_path / "demo")]) == 0
-    out = capsys.readouterr().out
+    rc, out, _ = run_main(capsys, "demo", "--trials", "3", "--no-validate",
+                          "--output", str(tmp_path / "demo"))
+    assert rc == 0
     catalog = out[: out.index("search: ")]
     for name in CATALOG:
         assert name in catalog

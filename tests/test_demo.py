@@ -1,6 +1,7 @@
 """The demo's building blocks at a small size (a 4-layer llama2-7b on one DGX A100 node, 30
 trials) written into a temporary report directory: every listed file exists and holds what
-it says. The full ``python -m meshplan.demo`` is not run here (it is timed by hand)."""
+it says. The full ``meshplan demo`` (``python -m meshplan.demo``) is not run here (it is
+timed by hand)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import matplotlib.image as mpimg
 import pytest
 
-from meshplan.demo import main as demo_main
+from meshplan.cli import main
 from meshplan.demo import run_validation, write_validation_plan
 from meshplan.demo_markdown import readme_text, validation_lines
 from meshplan.demo_report import (
@@ -123,7 +124,7 @@ def test_output_dir_is_recreated_but_a_foreign_dir_is_refused(tmp_path, capsys):
     (foreign / "keep.txt").write_text("x")
     with pytest.raises(DemoError, match="not written by the demo"):
         prepare_dir(foreign)
-    assert demo_main(["--output", str(foreign), "--no-validate"]) == 2
+    assert main(["demo", "--output", str(foreign), "--no-validate"]) == 2
     assert "not written by the demo" in capsys.readouterr().err
     assert (foreign / "keep.txt").read_text() == "x"
 

@@ -2,127 +2,23 @@
 (rich tables, or --json for machines).
 
 Bad input raises a ``clusters.ClusterError`` (a ``ValueError``); ``meshplan.cli.main``
-prints it as one ``error: ...`` line and exits with code 2."""
+prints it as one ``error: ...`` line and exits with code 2. The tables are
+:mod:`meshplan.cluster_tables`."""
 
 from __future__ import annotations
 
 import json
-import sys
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from clusters import Cluster, ClusterError, load_cluster, load_spec_file
-from clusters.collectives import KINDS
-from clusters.report import catalog_rows, collective_rows, table_group_sizes
-
-clusters_app = typer.Typer(
-    help="Cluster catalog, topology and collective cost model.", no_args_is_help=True
-)
+#: clusters.collectives.KINDS (listed here so that ``meshplan --help`` does not import the
+#: cluster model; tests/test_cli_options.py checks that they agree)
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of tables.")
 NAME_ARG = typer.Argument(..., help="Catalog name or path to a cluster YAML.")
 NODES_OPT = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's).")
-
-
-def make_console() -> Console:
-    """A console on the current stdout (wide when not a terminal, so tables stay whole)."""
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 150)
-
-
-def fmt_time(t: float) -> str:
-    """Seconds as us / ms / s."""
-    if t < 1e-3:
-        return f"{t * 1e6:.1f} us"
-    return f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.3f} s"
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes with a binary unit (KiB, MiB, GiB)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n:g} B"
-
-
-def shape(c: Cluster) -> str:
-    """``4 nodes x 8 devices = 32 ranks``."""
-    nodes = f"{c.num_nodes} node{'s' if c.num_nodes > 1 else ''}"
-    return f"{nodes} x {c.devices_per_node} devices = {c.world_size} ranks"
-
-
-def render_catalog(console: Console) -> None:
-    """The catalog as a rich table."""
-    table = Table(title="meshplan cluster catalog")
-    for col in ("name", "device", "devices/node", "nodes", "description"):
-        table.add_column(col)
-    for r in catalog_rows():
-        table.add_row(
-            r["name"],
-            r["device"],
-            str(r["devices_per_node"]),
-            str(r["num_nodes"]),
-            r["description"],
-        )
-    console.print(table)
-
-
-def render_topology(console: Console, c: Cluster) -> None:
-    """Topology and device specs, each number with its provenance."""
-    t = Table(title=f"{c.name}: {shape(c)} ({c.device.name})")
-    t.add_column("field")
-    t.add_column("value", justify="right")
-    t.add_column("provenance")
-    d, n = c.spec.device, c.spec.node
-    for dtype, q in sorted(d.peak_flops.items()):
-        t.add_row(f"peak {dtype}", f"{q.value / 1e12:g} TFLOP/s", q.provenance)
-    t.add_row("memory", f"{d.memory_bytes.value / 1e9:g} GB", d.memory_bytes.provenance)
-    t.add_row(
-        "memory bandwidth",
-        f"{d.memory_bandwidth.value / 1e9:g} GB/s",
-        d.memory_bandwidth.provenance,
-    )
-    for key, q in d.efficiency:
-        if q is None:
-            continue
-        t.add_row(f"efficiency {key}", f"{q.value:g}", q.provenance)
-    t.add_row(
-        "intra-node bandwidth",
-        f"{n.intra_bandwidth.value / 1e9:g} GB/s",
-        n.intra_bandwidth.provenance,
-    )
-    t.add_row("intra-node latency", fmt_time(n.intra_latency.value), n.intra_latency.provenance)
-    t.add_row("NICs per node", str(n.nic_count.value), n.nic_count.provenance)
-    t.add_row("NIC bandwidth", f"{n.nic_bandwidth.value / 1e9:g} GB/s", n.nic_bandwidth.provenance)
-    lat = c.spec.cluster.inter_latency
-    t.add_row("inter-node latency", fmt_time(lat.value), lat.provenance)
-    console.print(t)
-
-
-def render_collectives(console: Console, c: Cluster) -> None:
-    """One table per group size: time and busbw of every kind for 1 KiB .. 1 GiB."""
-    rows = collective_rows(c)
-    for g in table_group_sizes(c):
-        mine = [r for r in rows if r["group_size"] == g]
-        topo = next(r["topology"] for r in mine if r["kind"] == "all_reduce")
-        table = Table(
-            title=f"{c.name} collectives on ranks 0..{g - 1} ({topo}); time / busbw GB/s; "
-            f"send_recv is rank 0 -> {g - 1}"
-        )
-        table.add_column("size", justify="right")
-        for kind in KINDS:
-            table.add_column(kind, justify="right")
-        for s in sorted({r["nbytes"] for r in mine}):
-            cells = {r["kind"]: r for r in mine if r["nbytes"] == s}
-            table.add_row(
-                fmt_bytes(s),
-                *(
-                    f"{fmt_time(cells[k]['time_s'])} / {cells[k]['busbw_Bps'] / 1e9:.1f}"
-                    for k in KINDS
-                ),
-            )
-        console.print(table)
 
 
 _UNITS = {
@@ -149,6 +45,8 @@ def parse_nbytes(text: str) -> float:
     try:
         return float(num) * _UNITS[unit]
     except (ValueError, KeyError):
+        from clusters import ClusterError
+
         raise ClusterError(
             f"invalid --nbytes {text!r}: expected bytes like 4096, 64MiB, 1GiB"
         ) from None
@@ -162,6 +60,8 @@ def parse_ranks(text: str) -> list[int]:
             lo, sep, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
             ranks.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     except ValueError:
+        from clusters import ClusterError
+
         raise ClusterError(f"invalid --ranks {text!r}: expected e.g. 0-7 or 0,1,8,9") from None
     return ranks
 
@@ -170,32 +70,38 @@ def _echo_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-def load_with_nodes(name: str, nodes: int | None) -> Cluster:
+def load_with_nodes(name: str, nodes: int | None) -> Any:
     """``load_cluster(name, num_nodes=nodes)`` after checking the ``--nodes`` option.
 
     Raises ClusterError when ``nodes`` < 1 (naming ``--nodes``), or as ``load_cluster`` does
     for an unknown name, a bad YAML file or an oversized world."""
+    from clusters import ClusterError, load_cluster
+
     if nodes is not None and nodes < 1:
         raise ClusterError(f"--nodes must be >= 1, got {nodes}")
     return load_cluster(name, num_nodes=nodes)
 
 
-@clusters_app.command("list")
 def list_cmd(as_json: bool = JSON_OPT) -> None:
     """List the built-in cluster catalog."""
+    from clusters.report import catalog_rows
+    from meshplan.cluster_tables import make_console, render_catalog
+
     if as_json:
         _echo_json(catalog_rows())
     else:
         render_catalog(make_console())
 
 
-@clusters_app.command("show")
 def show_cmd(
     name: str = NAME_ARG,
     nodes: int = NODES_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Topology, device specs and a collective time / busbw table (1 KiB .. 1 GiB)."""
+    from clusters.report import collective_rows
+    from meshplan.cluster_tables import make_console, render_collectives, render_topology
+
     c = load_with_nodes(name, nodes)
     if as_json:
         _echo_json(
@@ -211,7 +117,6 @@ def show_cmd(
     render_collectives(console, c)
 
 
-@clusters_app.command("time")
 def time_cmd(
     name: str = NAME_ARG,
     kind: str = typer.Argument(..., help=f"One of: {', '.join(KINDS)}."),
@@ -221,6 +126,8 @@ def time_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Time and busbw of one collective on one group (every candidate algorithm shown)."""
+    from meshplan.cluster_tables import fmt_bytes, fmt_time
+
     c = load_with_nodes(name, nodes)
     group = parse_ranks(ranks) if ranks is not None else list(range(c.world_size))
     size = parse_nbytes(nbytes)
@@ -245,11 +152,13 @@ def time_cmd(
     )
 
 
-@clusters_app.command("validate")
 def validate_cmd(
     path: str = typer.Argument(..., help="Cluster YAML file."), as_json: bool = JSON_OPT
 ) -> None:
     """Validate a cluster YAML file; one-line error naming the bad field on failure."""
+    from clusters import Cluster, load_spec_file
+    from meshplan.cluster_tables import shape
+
     spec = load_spec_file(path)
     c = Cluster(spec, spec.cluster.num_nodes.value)
     if as_json:
@@ -259,5 +168,11 @@ def validate_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    """Attach the ``clusters`` command group to the root app."""
-    app.add_typer(clusters_app, name="clusters")
+    """Attach the ``clusters`` command group (list, show, time, validate) to ``app``."""
+    group = typer.Typer(help="Cluster catalog, topology and collective cost model.",
+                        no_args_is_help=True)
+    group.command("list")(list_cmd)
+    group.command("show")(show_cmd)
+    group.command("time")(time_cmd)
+    group.command("validate")(validate_cmd)
+    app.add_typer(group, name="clusters")

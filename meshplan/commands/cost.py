@@ -10,6 +10,8 @@ import json
 
 import typer
 
+from meshplan.commands import options as opt
+
 
 def _fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
@@ -40,43 +42,44 @@ def _render(model: str, cluster: str, res: object, capacity: int) -> str:
     return "\n".join(lines)
 
 
+def cost_cmd(
+    ctx: typer.Context,
+    model: str = opt.MODEL,
+    cluster: str = opt.CLUSTER,
+    nodes: int | None = opt.NODES,
+    dp: int = opt.DP,
+    tp: int = opt.TP,
+    pp: int = opt.PP,
+    vpp: int = opt.VPP,
+    schedule: opt.Schedule = opt.SCHEDULE,
+    micro_batch_size: int = opt.MICRO_BATCH_SIZE,
+    global_batch: int = opt.GLOBAL_BATCH,
+    seq_len: int | None = opt.SEQ_LEN,
+    recompute: opt.Recompute = opt.RECOMPUTE,
+    zero: int = opt.ZERO,
+    sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
+    dtype: opt.Dtype = opt.DTYPE,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
+) -> None:
+    """Cost one training step of MODEL on CLUSTER under a strategy."""
+    from meshplan.engine import Engine
+
+    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
+                                  micro_batch_size=micro_batch_size, global_batch_size=global_batch,
+                                  recompute=recompute, zero=zero,
+                                  sequence_parallel=sequence_parallel, dtype=dtype)
+    engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+    res = engine.simulate()
+    capacity = int(engine.cluster.device.memory_bytes.value)
+    if trace is not None:
+        res.sim.to_chrome_trace(trace)
+    if as_json:
+        typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity)}, sort_keys=True))
+    else:
+        typer.echo(_render(model, cluster, res, capacity))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``cost`` command to ``app``."""
-
-    @app.command("cost")
-    def cost(
-        model: str = typer.Option(..., "--model", help="Built-in name, config.json or .pir path."),
-        cluster: str = typer.Option(..., "--cluster", help="Catalog name or cluster YAML path."),
-        nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's)."),
-        dp: int = typer.Option(1, "--dp", help="Data-parallel degree."),
-        mp: int = typer.Option(1, "--mp", help="Tensor (model) parallel degree."),
-        pp: int = typer.Option(1, "--pp", help="Pipeline stages."),
-        vpp: int = typer.Option(1, "--vpp", help="Model chunks per pipeline rank (VPP/ZBVPP)."),
-        schedule: str = typer.Option("1F1B", "--schedule", help="FThenB, 1F1B, VPP, ZBH1, ZBH2, ZBVPP, ZB-1p, ZB-2p."),
-        micro_batch_size: int = typer.Option(1, "--micro-batch-size", help="Sequences per micro-batch."),
-        global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
-        seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence (default: the model's)."),
-        recompute: str = typer.Option("none", "--recompute", help="none, selective or full."),
-        zero: int = typer.Option(0, "--zero", help="ZeRO sharding stage 0-3 over dp."),
-        sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism."),
-        dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-        trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
-    ) -> None:
-        """Cost one training step of MODEL on CLUSTER under a strategy."""
-        from meshplan.engine import Engine
-        from meshplan.strategy import Strategy
-
-        strategy = Strategy(dp=dp, tp=mp, pp=pp, vpp=vpp, schedule=schedule,
-                            micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                            recompute=recompute, zero=zero,
-                            sequence_parallel=sequence_parallel, dtype=dtype)
-        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
-        res = engine.simulate()
-        capacity = int(engine.cluster.device.memory_bytes.value)
-        if trace is not None:
-            res.sim.to_chrome_trace(trace)
-        if as_json:
-            typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity)}, sort_keys=True))
-        else:
-            typer.echo(_render(model, cluster, res, capacity))
+    app.command("cost", cls=opt.StrategyCommand)(cost_cmd)

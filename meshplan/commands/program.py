@@ -9,18 +9,16 @@ a Hugging Face style ``config.json``. An unknown name raises ``ModelConfigError`
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import typer
 
-from completion.ir import OpRole, Program
-from completion.models import build_model, get_model_config
-from completion.pir import print_program
 
-program_app = typer.Typer(help="Build and inspect programs.", no_args_is_help=True)
+def summary_lines(program: Any, title: str) -> list[str]:
+    """The summary block of a ``completion.ir.Program``: op count by role, ops by type (most
+    frequent first), parameters."""
+    from completion.ir import OpRole
 
-
-def summary_lines(program: Program, title: str) -> list[str]:
-    """The summary block: op count by role, ops by type (most frequent first), parameters."""
     by_type = Counter(op.full_type for op in program.ops)
     by_role = Counter(OpRole(op.role).name.lower() for op in program.ops)
     n_params = program.num_parameters()
@@ -33,8 +31,7 @@ def summary_lines(program: Program, title: str) -> list[str]:
     return lines
 
 
-@program_app.command("show")
-def show(
+def show_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Built-in model name or config.json path."),
     layers: int | None = typer.Option(None, "--layers", "-l", help="Override the layer count."),
     batch_size: int = typer.Option(1, "--batch-size", "-b", help="Sequences per step."),
@@ -43,6 +40,9 @@ def show(
     summary_only: bool = typer.Option(False, "--summary-only", help="Print only the summary."),
 ) -> None:
     """Print the forward program of MODEL as PIR text, then a summary."""
+    from completion.models import build_model, get_model_config
+    from completion.pir import print_program
+
     cfg = get_model_config(model)
     program = build_model(cfg, batch_size, seq_len, dtype=dtype, num_layers=layers)
     if not summary_only:
@@ -54,5 +54,7 @@ def show(
 
 
 def register(app: typer.Typer) -> None:
-    """Attach the ``program`` command group to the root app."""
-    app.add_typer(program_app, name="program")
+    """Attach the ``program`` command group (show) to ``app``."""
+    group = typer.Typer(help="Build and inspect programs.", no_args_is_help=True)
+    group.command("show")(show_cmd)
+    app.add_typer(group, name="program")

@@ -16,6 +16,9 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import options as opt
+from meshplan.errors import MeshplanError
+
 
 def _default_study(cfg_dict: dict, model: str, mode: str) -> str:
     h = hashlib.sha1(json.dumps(cfg_dict, sort_keys=True).encode()).hexdigest()[:8]
@@ -75,7 +78,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
 
 def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
-                 sampler: str | None, layers: int | None, cross_node_tp: bool) -> Any:
+                 sampler: str | None, layers: int | None, cross_node_tp: bool,
+                 dtype: str = "bfloat16") -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
@@ -85,20 +89,20 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
 
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
-          "seq_len": prob.seq_len, "dtype": "bfloat16", "num_layers": layers}
+          "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers}
     return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 
 
 def tune_cmd(
-    model: str = typer.Option(..., "--model", help="Built-in model name."),
-    cluster: str = typer.Option(..., "--cluster", help="Catalog cluster name."),
-    nodes: int | None = typer.Option(None, "--nodes", help="Number of nodes."),
-    global_batch: int = typer.Option(..., "--global-batch", help="Sequences per step."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
-    mode: str = typer.Option("pattern-based", "--mode",
-                             help="pattern-based, full_random or semi-auto."),
+    model: str = opt.MODEL,
+    cluster: str = opt.CLUSTER,
+    nodes: int | None = opt.NODES,
+    global_batch: int = opt.GLOBAL_BATCH,
+    seq_len: int | None = opt.SEQ_LEN,
+    dtype: opt.Dtype = opt.DTYPE,
+    mode: opt.Mode = opt.MODE,
     trials: int = typer.Option(100, "--trials", help="Finished trials the study should hold."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
@@ -123,12 +127,13 @@ def tune_cmd(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if top < 1:
-        raise ValueError(f"--top must be >= 1, got {top}")
+        raise MeshplanError(f"--top must be >= 1, got {top}")
     if timeout is not None and not timeout > 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
-    cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode, seed, pareto, fix,
-                       sampler, layers, cross_node_tp)
-    name = study or _default_study(cfg.to_dict(), model, mode)
+        raise MeshplanError(f"--timeout must be > 0 seconds, got {timeout}")
+    mode_name = opt.value(mode)
+    cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto, fix,
+                       sampler, layers, cross_node_tp, opt.value(dtype))
+    name = study or _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out
     res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,

@@ -63,38 +63,39 @@ def _append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
                     meas.predicted.get("max_memory_bytes")])
 
 
+def validate_cmd(
+    plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
+    nproc: int = typer.Option(..., "--nproc", help="Ranks to launch (must equal dp*mp*pp)."),
+    cluster: str = typer.Option("", "--cluster", help="Cluster YAML or name for the prediction."),
+    steps: int = typer.Option(10, "--steps", min=1, help="Measured steps (after 2 warmup)."),
+    backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
+    csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to append a row to."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run a plan, print predicted vs measured with relative errors."""
+    from meshplan.plan import Plan
+    from meshplan.validation import run_plan
+
+    plan = Plan.load(plan_file)
+    meas = run_plan(plan, nproc, cluster=cluster or None, backend=backend, steps=steps,
+                    warmup=2)
+    _append_csv(Path(csv_path), plan_file, plan, meas)
+    rows = _rows(plan, meas)
+    if as_json:
+        typer.echo(json.dumps({
+            "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
+            "relative_error": meas.relative_error(), "losses": meas.losses,
+            "peak_memory_bytes": meas.peak_memory,
+            "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
+        return
+    typer.echo(f"{'quantity':<26}{'predicted':>12}{'measured':>12}{'rel. error':>12}")
+    for q, p, m in rows:
+        err = "" if p is None or m == 0 else f"{(p - m) / m:+.1%}"
+        ps = "-" if p is None else f"{p:.3f}"
+        typer.echo(f"{q:<26}{ps:>12}{m:>12.3f}{err:>12}")
+    typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``validate`` command to ``app``."""
-
-    @app.command("validate")
-    def validate(
-        plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
-        nproc: int = typer.Option(..., "--nproc", help="Ranks to launch (must equal dp*mp*pp)."),
-        cluster: str = typer.Option("", "--cluster", help="Cluster YAML or name for the prediction."),
-        steps: int = typer.Option(10, "--steps", min=1, help="Measured steps (after 2 warmup)."),
-        backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
-        csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to append a row to."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    ) -> None:
-        """Run a plan, print predicted vs measured with relative errors."""
-        from meshplan.plan import Plan
-        from meshplan.validation import run_plan
-
-        plan = Plan.load(plan_file)
-        meas = run_plan(plan, nproc, cluster=cluster or None, backend=backend, steps=steps,
-                        warmup=2)
-        _append_csv(Path(csv_path), plan_file, plan, meas)
-        rows = _rows(plan, meas)
-        if as_json:
-            typer.echo(json.dumps({
-                "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
-                "relative_error": meas.relative_error(), "losses": meas.losses,
-                "peak_memory_bytes": meas.peak_memory,
-                "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
-            return
-        typer.echo(f"{'quantity':<26}{'predicted':>12}{'measured':>12}{'rel. error':>12}")
-        for q, p, m in rows:
-            err = "" if p is None or m == 0 else f"{(p - m) / m:+.1%}"
-            ps = "-" if p is None else f"{p:.3f}"
-            typer.echo(f"{q:<26}{ps:>12}{m:>12.3f}{err:>12}")
-        typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
+    app.command("validate")(validate_cmd)

@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m meshplan.demo``): the main job end to end.
+"""``meshplan demo`` (``make demo``, ``python -m meshplan.demo``): the main job end to end.
 
 1. the cluster catalog (one table);
 2. a pattern-based strategy search for llama2-7b on 4 x dgx-a100-80g (32 GPUs), global
@@ -12,16 +12,16 @@
    with ``meshplan validate`` (a 2-layer LLaMA-style model, hidden 256, tp=2 Megatron
    layout, on gloo) predicting on that measured spec, and prints predicted vs measured.
 
-Options: ``--trials N``, ``--seed S``, ``--output DIR``, ``--steps S`` (measured steps of
-the validation), ``--cluster FILE.yaml`` (the validation's prediction on a calibrated spec,
-e.g. from an earlier ``meshplan calibrate``: no new calibration), ``--no-calibrate``
-(predict on the catalog's uncalibrated ``cpu-local``), ``--no-validate``. Exit code 0 on success, 1 when the validation failed
-(the report is still written), 2 for bad input.
+:func:`run_demo` runs it; the command line (``meshplan.commands.demo``) has the options
+``--trials N``, ``--seed S``, ``--output DIR``, ``--steps S`` (measured steps of the
+validation), ``--cluster FILE.yaml`` (the validation's prediction on a calibrated spec, e.g.
+from an earlier ``meshplan calibrate``: no new calibration), ``--no-calibrate`` (predict on
+the catalog's uncalibrated ``cpu-local``), ``--no-validate``. Exit code 0 on success, 1 when
+the validation failed (the report is still written), 2 for bad input.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -29,12 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshplan.commands.clusters import make_console, render_catalog
+from meshplan.cluster_tables import make_console, render_catalog
 from meshplan.demo_markdown import annotation_label, readme_text
 from meshplan.demo_report import (
     FILES,
     GIB,
-    DemoError,
     DemoSetup,
     SearchOutcome,
     best_plan,
@@ -44,7 +43,6 @@ from meshplan.demo_report import (
     write_artifacts,
 )
 
-DEFAULT_OUTPUT = "reports/demo"
 #: The validated model: issue 9's 2-layer LLaMA-style validation model (fp32 on CPU).
 VALIDATION_MODEL = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
                     "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -55,8 +53,9 @@ VALIDATION_LABEL = ("2-layer LLaMA-style model (hidden 256, 4 heads, seq 64, voc
                     "fp32), tp=2 Megatron layout, global batch 8 in 4 micro-batches of 2, SGD")
 VALIDATION_NOTE = ("Predictions use the catalog's `cpu-local` spec, which is not calibrated to "
                    "this machine; `meshplan calibrate --output local.yaml` measures it and "
-                   "`python -m meshplan.demo --cluster local.yaml` (or `meshplan validate ... "
+                   "`meshplan demo --cluster local.yaml` (or `meshplan validate ... "
                    "--cluster local.yaml`) predicts with the measured numbers.")
+
 
 def write_validation_plan(out_dir: Path) -> Path:
     """Write the small model's config.json and its 2-rank plan.json; returns the plan."""
@@ -144,32 +143,20 @@ def _validation_table(v: dict[str, Any]) -> Any:
     return tab
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m meshplan.demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--trials", type=int, default=300, help="search trials (default 300)")
-    ap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    ap.add_argument("--output", default=DEFAULT_OUTPUT, help=f"report directory ({DEFAULT_OUTPUT})")
-    ap.add_argument("--steps", type=int, default=5, help="measured validation steps (default 5)")
-    ap.add_argument("--cluster", default=None,
-                    help="cluster YAML for the validation's prediction (default cpu-local)")
-    ap.add_argument("--no-calibrate", action="store_true",
-                    help="predict on the uncalibrated cpu-local spec instead of measuring")
-    ap.add_argument("--no-validate", action="store_true", help="skip the 2-rank validation")
-    return ap.parse_args(argv)
+def run_demo(output: str | Path, *, trials: int, seed: int, steps: int, cluster: str | None,
+             calibrate: bool, validate: bool) -> int:
+    """Run the demo (module docstring), writing the report to ``output``; returns the exit
+    code (0, or 1 when the validation failed; the report is still written).
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo (module docstring); returns the exit code."""
-    args = _parse(argv)
+    ``calibrate``: measure this machine for the validation's prediction unless ``cluster``
+    names a spec; ``validate``: run the 2-rank validation at all. Raises DemoError (an
+    output directory the demo did not write) or ValueError (bad search settings) before
+    anything runs."""
     t0 = time.perf_counter()
     console = make_console()
-    try:
-        out = prepare_dir(args.output)
-        setup = DemoSetup(trials=args.trials, seed=args.seed)
-        setup.tune_config()  # bad arguments fail before anything runs
-    except (DemoError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = prepare_dir(output)
+    setup = DemoSetup(trials=trials, seed=seed)
+    setup.tune_config()  # bad arguments fail before anything runs
     render_catalog(console)
     console.rule(f"search: {setup.command()}")
     outcome = run_search(setup, progress=True)
@@ -178,17 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     console.print(_top_table(outcome))
     files = write_artifacts(out, outcome, best)
     validation = None
-    if not args.no_validate:
+    if validate:
         console.rule("validate a small plan on 2 local ranks: meshplan validate")
         files["validation_plan.json"] = write_validation_plan(out)
         files["validation_model.json"] = out / "validation_model.json"
-        cluster = args.cluster
-        if cluster is None and not args.no_calibrate:
+        if cluster is None and calibrate:
             cluster = calibrate_local(out / "local.yaml", console)
             if cluster is not None:
                 files["local.yaml"] = out / "local.yaml"
         console.print(VALIDATION_LABEL)
-        validation = run_validation(files["validation_plan.json"], out, args.steps, cluster)
+        validation = run_validation(files["validation_plan.json"], out, steps, cluster)
         if validation.get("error"):
             console.print(f"[red]validation failed:[/red] {validation['error']}")
         else:
@@ -205,7 +191,3 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  {out / name}")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
     return 1 if validation is not None and validation.get("error") else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""The strategy options that ``meshplan cost``, ``tune`` and ``complete`` share, defined once.
+
+One spelling per knob, the Strategy field's (``completion.strategy``): ``--dp``, ``--tp``,
+``--pp``, ``--vpp``, ``--schedule``, ``--micro-batch-size``, ``--global-batch``, ``--seq-len``,
+``--recompute``, ``--zero``, ``--sequence-parallel``, ``--dtype``; earlier and Megatron-LM
+spellings are aliases (:data:`FLAGS`). Closed value sets are typer Enum choices;
+schedule names are case-insensitive and take the aliases of
+``completion.strategy.SCHEDULE_ALIASES``.
+
+The choice lists mirror ``completion.strategy`` (SCHEDULES, SCHEDULE_ALIASES, RECOMPUTE,
+DTYPES) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
+pydantic, and ``meshplan --help`` must stay fast. ``tests/test_cli_options.py`` checks that
+they agree.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Any
+
+import typer
+from typer.core import TyperCommand
+
+#: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
+SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
+                        "zb-v", "zbv")
+
+#: Pipeline schedule choices (canonical names and aliases; matched case-insensitively).
+Schedule = Enum("Schedule", {n: n for n in SCHEDULE_NAMES + SCHEDULE_ALIAS_NAMES}, type=str)
+
+
+class Recompute(str, Enum):
+    """Activation recompute (completion.strategy.RECOMPUTE)."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Dtype(str, Enum):
+    """Training dtype (completion.strategy.DTYPES)."""
+
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class Mode(str, Enum):
+    """Strategy search mode (tuner.study.MODES)."""
+
+    pattern_based = "pattern-based"
+    full_random = "full_random"
+    semi_auto = "semi-auto"
+
+
+#: Strategy field -> its CLI flags (the first is the canonical one, the rest aliases)
+FLAGS: dict[str, tuple[str, ...]] = {
+    "dp": ("--dp",),
+    "tp": ("--tp", "--mp", "--tensor-model-parallel-size"),
+    "pp": ("--pp", "--pipeline-model-parallel-size"),
+    "vpp": ("--vpp",),
+    "schedule": ("--schedule",),
+    "micro_batch_size": ("--micro-batch-size",),
+    "global_batch_size": ("--global-batch", "--global-batch-size"),
+    "recompute": ("--recompute",),
+    "zero": ("--zero", "--zero-stage"),
+    "sequence_parallel": ("--sequence-parallel",),
+    "dtype": ("--dtype",),
+}
+
+MODEL = typer.Option(..., "--model", "-m",
+                     help="Built-in model name or config.json path (cost: also a .pir program).")
+#: ``complete``'s --model: optional there (it takes --program FILE instead)
+MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
+                                help="Built-in model name or config.json path (or --program).")
+CLUSTER = typer.Option(..., "--cluster", help="Catalog name or cluster YAML path.")
+NODES = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's).")
+DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
+TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
+PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
+VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")
+SCHEDULE = typer.Option(
+    Schedule["1F1B"], *FLAGS["schedule"], case_sensitive=False, show_choices=False,
+    help=f"Pipeline schedule, case-insensitive: {', '.join(SCHEDULE_NAMES)} "
+         f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
+MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
+GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
+SEQ_LEN = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence (default: the model's).")
+RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
+                         help="Activation recompute.")
+ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
+SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
+                                 help="Megatron sequence parallelism (needs tp > 1).")
+DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype.")
+MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+
+_ARGS_KEY = "meshplan.command_args"
+_FIELD = re.compile(r"strategy field '(\w+)'")
+
+
+class StrategyCommand(TyperCommand):
+    """A typer command with strategy options: it remembers its command line so that an
+    invalid strategy names the flag the user typed (:func:`flag_error`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Record ``args`` in ``ctx.meta``, then parse them as typer does."""
+        ctx.meta[_ARGS_KEY] = tuple(args)
+        return super().parse_args(ctx, args)
+
+
+def typed_flag(ctx: Any, field: str) -> str:
+    """The spelling of ``field``'s flag on the command line of ``ctx`` (e.g. ``--mp`` when the
+    user typed ``--mp 4``), else its canonical flag (``--tp``). Raises KeyError for a field
+    without a flag."""
+    return (given_flags(ctx, field) or FLAGS[field])[0]
+
+
+def given_flags(ctx: Any, *fields: str) -> list[str]:
+    """The flags of ``fields`` the user typed on the command line of ``ctx``, as typed."""
+    args = {a.split("=", 1)[0] for a in (ctx.meta.get(_ARGS_KEY, ()) if ctx is not None else ())}
+    return [f for name in fields for f in FLAGS[name] if f in args]
+
+
+def flag_error(ctx: Any, err: Exception) -> Exception:
+    """``err`` (a StrategyError naming ``strategy field 'F'``) with the flag of F in front:
+    ``--zero: strategy field 'zero' ...``; the same type, so ``meshplan.cli.main`` still prints
+    one ``error:`` line and exits 2. An error naming no flagged field is returned as is."""
+    m = _FIELD.search(str(err))
+    if m is None or m.group(1) not in FLAGS:
+        return err
+    return type(err)(f"{typed_flag(ctx, m.group(1))}: {err}")
+
+
+def value(choice: Any) -> Any:
+    """The plain value of an Enum choice (``Dtype.float32`` -> ``"float32"``); others as is."""
+    return choice.value if isinstance(choice, Enum) else choice
+
+
+def build_strategy(ctx: Any, **knobs: Any) -> Any:
+    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. Raises
+    StrategyError naming the flag the user typed (:func:`flag_error`)."""
+    from meshplan.strategy import Strategy, StrategyError
+
+    try:
+        return Strategy(**{k: value(v) for k, v in knobs.items()})
+    except StrategyError as e:
+        raise flag_error(ctx, e) from None

@@ -1,0 +1,200 @@
+"""The strategy options ``cost``, ``tune`` and ``complete`` share (meshplan.commands.options):
+aliases give the same Strategy, schedule names are case-insensitive, closed value sets are
+choices that reject bad values with exit code 2, Strategy errors name the flag typed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import meshplan.engine
+from completion import strategy as cs
+from meshplan.cli import main
+from meshplan.commands import options as opt
+from tests._cli import one_line_error, run_main
+
+BASE = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1"]
+
+
+class _Stop(ValueError):
+    """Raised by the stand-in Engine once it has the Strategy."""
+
+
+@pytest.fixture
+def strategies(monkeypatch):
+    """The Strategy every ``meshplan cost`` passes to Engine (which then stops the command)."""
+    got = []
+
+    def engine(model, cluster, strategy, **kw):
+        got.append(strategy)
+        raise _Stop("stopped before simulating")
+
+    monkeypatch.setattr(meshplan.engine, "Engine", engine)
+    return got
+
+
+def _strategy(capsys, strategies, *args):
+    rc, _, err = run_main(capsys, *BASE, *args)
+    assert rc == 2 and "stopped before simulating" in err, err
+    return strategies[-1]
+
+
+@pytest.mark.parametrize("variants", [
+    [["--tp", "2"], ["--mp", "2"], ["--tensor-model-parallel-size", "2"], ["--tp=2"]],
+    [["--pp", "2"], ["--pipeline-model-parallel-size", "2"]],
+    [["--zero", "2"], ["--zero-stage", "2"]],
+    [["--global-batch", "16"], ["--global-batch-size", "16"]],
+])
+def test_aliases_give_the_same_strategy(capsys, strategies, variants):
+    gb = [] if variants[0][0] == "--global-batch" else ["--global-batch", "8"]
+    got = [_strategy(capsys, strategies, "--dp", "2", *gb, *v) for v in variants]
+    default = _strategy(capsys, strategies, "--dp", "2", "--global-batch", "8")
+    assert all(g == got[0] for g in got) and got[0] != default
+
+
+def test_tp_alias_costs_the_same(capsys):
+    out = []
+    for flag in ("--tp", "--mp"):
+        assert main([*BASE, flag, "2", "--global-batch", "8", "--json"]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("typed,canonical", [
+    ("zbvpp", "ZBVPP"), ("ZbVpP", "ZBVPP"), ("zb-v", "ZBVPP"), ("ZBV", "ZBVPP"),
+])
+def test_schedule_is_case_insensitive_with_aliases(capsys, strategies, typed, canonical):
+    s = _strategy(capsys, strategies, "--pp", "2", "--vpp", "2", "--schedule", typed,
+                  "--global-batch", "8")
+    assert s.schedule == canonical
+
+
+def test_every_schedule_spelling_reaches_the_strategy(capsys, strategies):
+    for name in cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES):
+        want = cs.canonical_schedule(name)
+        vpp = "2" if want in cs.INTERLEAVED else "1"
+        s = _strategy(capsys, strategies, "--pp", "2", "--vpp", vpp, "--schedule", name.upper(),
+                      "--global-batch", "8")
+        assert s.schedule == want, name
+
+
+def test_choices_are_plain_values_in_the_strategy(capsys, strategies):
+    s = _strategy(capsys, strategies, "--global-batch", "8", "--recompute", "FULL",
+                  "--dtype", "float32")
+    assert (s.recompute, s.dtype) == ("full", "float32")
+    assert type(s.recompute) is str and type(s.dtype) is str and type(s.schedule) is str
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--schedule", "bogus"], "--schedule"),
+    (["--recompute", "most"], "--recompute"),
+    (["--dtype", "fp8"], "--dtype"),
+])
+def test_bad_choices_are_one_line_errors(capsys, args, flag):
+    line = one_line_error(*run_main(capsys, *BASE, "--global-batch", "8", *args))
+    assert f"'{flag}'" in line and args[1] in line
+
+
+def test_bad_tune_mode_is_an_error(capsys):
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster",
+                                    "dgx-a100-80g", "--global-batch", "8", "--mode", "grid"))
+    assert "'--mode'" in line and "pattern-based" in line
+
+
+@pytest.mark.parametrize("args,start", [
+    (["--global-batch", "8", "--zero", "5"], "error: --zero: strategy field 'zero'"),
+    (["--global-batch", "8", "--zero-stage", "5"], "error: --zero-stage: strategy field 'zero'"),
+    (["--global-batch", "8", "--dp", "3"], "error: --global-batch: strategy field 'global_batch_size'"),
+    (["--global-batch-size=8", "--dp", "3"], "error: --global-batch-size: strategy field"),
+    (["--global-batch", "8", "--sequence-parallel"], "error: --sequence-parallel: strategy field"),
+    (["--global-batch", "8", "--vpp", "2"], "error: --vpp: strategy field 'vpp'"),
+    (["--global-batch", "8", "--mp", "0"], "error: --mp: strategy field 'tp'"),
+])
+def test_strategy_errors_name_the_flag_typed(capsys, args, start):
+    line = one_line_error(*run_main(capsys, *BASE, *args))
+    assert line.startswith(start), line
+
+
+def test_complete_shares_the_strategy_options(capsys):
+    model = ["complete", "--model", "llama2-7b", "--layers", "4", "--seq-len", "32",
+             "--summary-only", "--megatron"]
+    outs = []
+    for extra in (["--mesh", "dp=2,tp=2,pp=2", "--schedule", "VPP", "--zero-stage", "1"],
+                  ["--dp", "2", "--tp", "2", "--pp", "2", "--schedule", "interleaved", "--zero", "1"],
+                  ["--dp", "2", "--mp", "2", "--pipeline-model-parallel-size", "2",
+                   "--schedule", "vpp", "--zero", "1"]):
+        rc, out, err = run_main(capsys, *model, "--vpp", "2", *extra)
+        assert rc == 0, err
+        outs.append(out)
+    assert outs[0] == outs[1] == outs[2] and "stage 1/chunk 1" in outs[0]
+
+
+def test_complete_errors_name_the_flags(capsys):
+    base = ["complete", "--model", "llama2-7b", "--layers", "2"]
+    line = one_line_error(*run_main(capsys, *base, "--mesh", "dp=2", "--mp", "2"))
+    assert line == "error: give --mesh or --mp, not both"
+    line = one_line_error(*run_main(capsys, *base, "--pp", "2", "--vpp", "2"))
+    assert line.startswith("error: --vpp: strategy field 'vpp' is 2")
+    line = one_line_error(*run_main(capsys, *base, "--zero-stage", "4"))
+    assert line.startswith("error: --zero-stage: strategy field 'zero'")
+    line = one_line_error(*run_main(capsys, *base, "--schedule", "1f1b-x"))
+    assert "'--schedule'" in line
+
+
+def test_tune_passes_plain_choices_to_the_search(monkeypatch, capsys, tmp_path):
+    import importlib
+
+    search_module = importlib.import_module("tuner.search")  # tuner.search is also a function
+    seen = {}
+
+    def search(cfg, name, **kw):
+        seen.update(mode=cfg.mode, dtype=cfg.scorer_config["dtype"], name=name)
+        raise _Stop("stopped before searching")
+
+    monkeypatch.setattr(search_module, "search", search)
+    rc, _, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                          "--nodes", "1", "--global-batch-size", "16", "-s", "1024",
+                          "--layers", "2", "--mode", "FULL_RANDOM", "--dtype", "float16",
+                          "--output", str(tmp_path))
+    assert rc == 2 and "stopped before searching" in err
+    assert seen["mode"] == "full_random" and type(seen["mode"]) is str
+    assert seen["dtype"] == "float16" and seen["name"].startswith("llama2-7b-full_random-")
+
+
+def test_choice_lists_mirror_their_packages():
+    from clusters.collectives import KINDS
+    from meshplan.commands.clusters import KINDS as CLI_KINDS
+    from tuner.study import MODES
+
+    assert opt.SCHEDULE_NAMES == cs.SCHEDULES
+    assert opt.SCHEDULE_ALIAS_NAMES == tuple(cs.SCHEDULE_ALIASES)
+    assert tuple(s.value for s in opt.Schedule) == cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES)
+    assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE
+    assert tuple(d.value for d in opt.Dtype) == cs.DTYPES
+    assert tuple(m.value for m in opt.Mode) == MODES
+    assert CLI_KINDS == KINDS
+    fields = {f for f in cs.Strategy.__dataclass_fields__}
+    assert set(opt.FLAGS) <= fields
+
+
+def test_the_three_commands_share_one_definition():
+    """cost, tune and complete take the shared option objects themselves (one definition)."""
+    import inspect
+
+    from meshplan.commands.complete import complete_cmd
+    from meshplan.commands.cost import cost_cmd
+    from meshplan.commands.tune import tune_cmd
+
+    shared = {id(v) for k, v in vars(opt).items() if k.isupper() and hasattr(v, "param_decls")}
+
+    def used(fn):
+        return {p.name for p in inspect.signature(fn).parameters.values() if id(p.default) in shared}
+
+    assert used(cost_cmd) >= {"model", "cluster", "nodes", "dp", "tp", "pp", "vpp", "schedule",
+                              "micro_batch_size", "global_batch", "seq_len", "recompute", "zero",
+                              "sequence_parallel", "dtype"}
+    assert used(tune_cmd) >= {"model", "cluster", "nodes", "global_batch", "seq_len", "dtype",
+                              "mode"}
+    assert used(complete_cmd) >= {"dp", "tp", "pp", "vpp", "schedule", "zero",
+                                  "sequence_parallel", "seq_len"}
