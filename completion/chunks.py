@@ -4,7 +4,9 @@ Layers are found by ``seg_method``, a regular expression searched in each forwar
 struct name (default: ``layers.<i>``, matching ``decoder.layers.3.mlp.up_proj``); the
 layer key is the first group when the regex has one, else the whole match. The layers,
 in order of first appearance, are split into ``pp_degree * vpp_degree`` contiguous
-segments of equal size. Segment k goes to:
+segments: of equal size by default (Megatron-LM's rule: the layer count must divide), or of
+the sizes ``layers_per_segment`` gives (uneven splits, e.g. the Zero Bubble paper's
+first and last stages with one layer less; a size may be 0). Segment k goes to:
 
 - ``VPP`` (interleaved 1F1B, Narayanan et al. 2021, sec. 2.2) and the non-interleaved
   schedules (``FThenB``, ``1F1B``, ``ZBH1``, ``ZBH2``; vpp_degree 1): stage ``k mod pp``,
@@ -24,6 +26,7 @@ parameter's segment.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from completion.errors import CompletionError
@@ -80,12 +83,34 @@ def _layer_keys(ops: list[Operation], rx: re.Pattern[str]) -> dict[int, str]:
     return keys
 
 
+def segment_of_layers(num_layers: int, num_segments: int,
+                      layers_per_segment: Sequence[int] | None = None) -> list[int]:
+    """Segment index of each of ``num_layers`` layers in model order: contiguous segments of
+    the given sizes, else of equal size. Raises CompletionError when the sizes are not
+    ``num_segments`` integers >= 0 summing to ``num_layers``, or (equal split) when
+    ``num_segments`` does not divide ``num_layers``."""
+    if layers_per_segment is None:
+        if num_layers % num_segments:
+            raise CompletionError(
+                f"{num_layers} layers cannot be split evenly into {num_segments} segments "
+                f"(pp_degree * vpp_degree); give layers_per_stage for an uneven split")
+        return [i // (num_layers // num_segments) for i in range(num_layers)]
+    sizes = list(layers_per_segment)
+    if len(sizes) != num_segments or any(not isinstance(n, int) or n < 0 for n in sizes) \
+            or sum(sizes) != num_layers:
+        raise CompletionError(f"layers_per_stage {sizes} must be {num_segments} integers >= 0 "
+                              f"summing to the program's {num_layers} layers")
+    return [k for k, n in enumerate(sizes) for _ in range(n)]
+
+
 def assign_chunks(program: Program, pp_degree: int, vpp_degree: int = 1,
-                  schedule_mode: str = "1F1B", seg_method: str = DEFAULT_SEG_METHOD) -> ChunkPlan:
+                  schedule_mode: str = "1F1B", seg_method: str = DEFAULT_SEG_METHOD,
+                  layers_per_segment: Sequence[int] | None = None) -> ChunkPlan:
     """Segment ``program`` (module docstring); sets ``op.chunk_id`` and returns the plan.
 
-    Raises CompletionError for bad degrees, an invalid regex, a regex that matches no op,
-    or a layer count not divisible by ``pp_degree * vpp_degree`` (naming both numbers).
+    ``layers_per_segment``: layers per segment (virtual stage) in model order; None splits
+    evenly. Raises CompletionError for bad degrees, an invalid regex, a regex that matches
+    no op, or a split that does not fit (see :func:`segment_of_layers`).
     """
     mode = check_degrees(pp_degree, vpp_degree, schedule_mode)
     try:
@@ -103,12 +128,12 @@ def assign_chunks(program: Program, pp_degree: int, vpp_degree: int = 1,
     nseg = pp_degree * vpp_degree
     if not layers:
         raise CompletionError(f"seg_method {seg_method!r} matches no forward op's struct name")
-    if len(layers) % nseg:
+    if layers_per_segment is None and len(layers) % nseg:
         raise CompletionError(
             f"{len(layers)} layers cannot be split evenly into pp_degree * vpp_degree = "
             f"{pp_degree} * {vpp_degree} = {nseg} segments")
-    per = len(layers) // nseg
-    seg_of_layer = {k: i // per for i, k in enumerate(layers)}
+    segs = segment_of_layers(len(layers), nseg, layers_per_segment)
+    seg_of_layer = {k: segs[i] for i, k in enumerate(layers)}
     plan = ChunkPlan(pp_degree, vpp_degree, mode, layers)
     _segment_ops(program, keys, seg_of_layer, plan.segment)
     for op in ops:

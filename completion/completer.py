@@ -9,6 +9,13 @@ with these contracts:
   :meth:`Program.annotate` / :func:`completion.annotate` or directly) is an annotation and
   is never overwritten. Attrs the Completer derived are recorded on the program, so
   completing again re-derives them from the annotations alone (completion is idempotent).
+- Annotations are facts, never relabels: when an op cannot produce the layout its result
+  is annotated with (a matmul contracting a sharded dim gives a Partial), the op's result
+  attr is what it computes and the value keeps its annotation; the partition pass then
+  reshards the result. A ``reshard`` op whose op dist attr is set when completion starts
+  is a given reshard: its source and target are kept verbatim (its result value takes the
+  target unless annotated), it runs on its given mesh, and the partition pass reshards
+  its operand to the given source when they differ (:mod:`completion.propagate`).
 - Process meshes first: an op takes the mesh of its first annotated result, else of its
   first operand that has one, else of the nearest op before it (after it, at the start).
   With pipeline stages (:meth:`complete_chunk_id` with pp_degree > 1) each op runs on its
@@ -25,8 +32,10 @@ with these contracts:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from completion.chunks import DEFAULT_SEG_METHOD, ChunkPlan, assign_chunks
-from completion.dist_attr import TensorDistAttr
+from completion.dist_attr import OperatorDistAttr, TensorDistAttr
 from completion.errors import CompletionError
 from completion.ir import Operation, OpRole, Program, Value
 from completion.mesh import ProcessMesh
@@ -36,6 +45,7 @@ from completion.zero import apply_zero
 PHASES = {"forward": (OpRole.FORWARD, OpRole.LOSS), "backward": (OpRole.BACKWARD,),
           "update": (OpRole.OPTIMIZE,)}
 DERIVED_ATTR = "_completion_derived"
+DERIVED_OPS_ATTR = "_completion_derived_ops"
 
 
 class Completer:
@@ -47,7 +57,8 @@ class Completer:
         dp_mesh_dim: the data-parallel mesh dim (index or name) for ZeRO; default: a dim
             named ``dp``, else the dim gradients are Partial over, else 0.
         pp_degree, vpp_degree, schedule_mode, seg_method: pipeline segmentation used by
-            :meth:`complete` (see :meth:`complete_chunk_id`).
+            :meth:`complete` (see :meth:`complete_chunk_id`); layers_per_stage: layers per
+            virtual stage in model order (None: an even split).
         max_sweeps: bound on propagation sweeps per phase.
 
     Raises (from the methods): CompletionError when nothing is annotated, a rule fails on
@@ -56,16 +67,19 @@ class Completer:
 
     def __init__(self, program: Program, zero_stage: int = 0, *, dp_mesh_dim: int | str | None = None,
                  pp_degree: int = 1, vpp_degree: int = 1, schedule_mode: str = "1F1B",
-                 seg_method: str = DEFAULT_SEG_METHOD, max_sweeps: int = MAX_SWEEPS) -> None:
+                 seg_method: str = DEFAULT_SEG_METHOD, max_sweeps: int = MAX_SWEEPS,
+                 layers_per_stage: Sequence[int] | None = None) -> None:
         self.program = program
         self.zero_stage = zero_stage
         self.dp_mesh_dim = dp_mesh_dim
         self.pp_degree, self.vpp_degree = pp_degree, vpp_degree
         self.schedule_mode, self.seg_method = schedule_mode, seg_method
         self.max_sweeps = max_sweeps
+        self.layers_per_stage = None if layers_per_stage is None else tuple(layers_per_stage)
         self.chunks: ChunkPlan | None = None
         self.op_mesh: dict[int, ProcessMesh] = {}
         self.fixed: dict[int, int] = {}
+        self.fixed_ops: set[int] = set()
         self.sweeps: dict[str, int] = {}
         self._done: set[str] = set()
         self._prepared = False
@@ -86,7 +100,8 @@ class Completer:
         """Assign each op its pipeline stage and chunk (:mod:`completion.chunks`); sets
         ``op.chunk_id``. Later annotation completion places ops on their stage meshes (a
         completion already done is redone)."""
-        self.chunks = assign_chunks(self.program, pp_degree, vpp_degree, schedule_mode, seg_method)
+        self.chunks = assign_chunks(self.program, pp_degree, vpp_degree, schedule_mode, seg_method,
+                                    self.layers_per_stage)
         self.pp_degree, self.vpp_degree = pp_degree, vpp_degree
         self._prepared = False
         self._done.clear()
@@ -127,15 +142,28 @@ class Completer:
             return
         prog = self.program
         derived: set[Value] = getattr(prog, DERIVED_ATTR, set())
-        self.fixed = {}
+        derived_ops: set[Operation] = getattr(prog, DERIVED_OPS_ATTR, set())
+        self.fixed, self.fixed_ops = {}, set()
+        targets: list[Value] = []  # results that take a given reshard's target
+        for op in prog.ops:
+            if op.type == "reshard" and op.dist_attr is not None and op not in derived_ops:
+                # a given reshard: its source and target are facts (module docstring)
+                self.fixed_ops.add(id(op))
+                for r, a in zip(op.results, op.dist_attr.results, strict=False):
+                    if r is not None and a is not None and (r.dist_attr is None or r in derived):
+                        r.dist_attr = a
+                        derived.discard(r)
+                        targets.append(r)
+            else:
+                op.dist_attr = None
         for v in prog.values():
             if v.dist_attr is not None and v not in derived:
                 self.fixed[id(v)] = 2 if v.is_parameter else 1
             else:
                 v.dist_attr = None
-        for op in prog.ops:
-            op.dist_attr = None
-        setattr(prog, DERIVED_ATTR, set())
+        # fixed now, but derived from their op: a later completion takes the op's target again
+        setattr(prog, DERIVED_ATTR, set(targets))
+        setattr(prog, DERIVED_OPS_ATTR, set())
         self._assign_meshes()
         self._prepared = True
 
@@ -178,6 +206,8 @@ class Completer:
                 found[i] = prev or next((m for m in found[i:] if m is not None), nxt)
             prev = found[i]
             self.op_mesh[id(op)] = found[i]  # type: ignore[assignment]
+            if id(op) in self.fixed_ops:  # a given reshard runs where it was given
+                self.op_mesh[id(op)] = op.dist_attr.process_mesh  # type: ignore[union-attr]
 
     def _rehome(self, stages: list[ProcessMesh]) -> None:
         """Move annotations onto the stage mesh (and chunk) of the op that defines them."""
@@ -192,6 +222,8 @@ class Completer:
                 if a.chunk_id != op.chunk_id:
                     a = a.replace(chunk_id=op.chunk_id)
                 r.dist_attr = a
+            if id(op) in self.fixed_ops and op.dist_attr is not None:
+                op.dist_attr = _rehome_op(op.dist_attr, mesh, op.chunk_id)
 
     # -- phases -------------------------------------------------------------------------
     def _phase_ops(self, phase: str) -> list[Operation]:
@@ -214,16 +246,33 @@ class Completer:
     def _run(self, phase: str) -> None:
         self._prepare()
         ops = self._phase_ops(phase)
-        prop = Propagator(ops, self.op_mesh, self.fixed, self.max_sweeps)
+        prop = Propagator(ops, self.op_mesh, self.fixed, self.max_sweeps, self.fixed_ops)
         self.sweeps[phase] = prop.run()
         derived = getattr(self.program, DERIVED_ATTR)
+        derived_ops = getattr(self.program, DERIVED_OPS_ATTR)
         for op in ops:
+            if id(op) not in self.fixed_ops:
+                derived_ops.add(op)
             for r in op.results:
                 if r is not None and id(r) not in self.fixed:
                     if r.dist_attr is None:
                         r.dist_attr = TensorDistAttr.replicated(self.op_mesh[id(op)], r.ndim)
                     derived.add(r)
         self._done.add(phase)
+
+
+def _rehome_op(da: OperatorDistAttr, mesh: ProcessMesh, chunk: int) -> OperatorDistAttr:
+    """A given op dist attr moved onto its stage mesh (each attr as :func:`rehome`)."""
+
+    def mv(a: TensorDistAttr | None) -> TensorDistAttr | None:
+        if a is None:
+            return None
+        if a.process_mesh != mesh:
+            a = rehome(a, mesh)
+        return a if a.chunk_id == chunk else a.replace(chunk_id=chunk)
+
+    return OperatorDistAttr(mesh, tuple(mv(a) for a in da.operands),
+                            tuple(mv(a) for a in da.results), chunk)
 
 
 def stage_meshes(mesh: ProcessMesh, pp_degree: int) -> list[ProcessMesh]:

@@ -281,10 +281,6 @@ class Program:
         """Total parameter elements (global, unsharded)."""
         return sum(v.type.numel for v in self.parameters())
 
-    def ops_by_role(self, role: OpRole) -> list[Operation]:
-        """Ops whose ``role`` is ``role``, in program order."""
-        return [op for op in self.ops if op.role == role]
-
     def validate(self) -> None:
         """Check SSA form: every operand defined earlier in the program, defined once.
 

@@ -9,8 +9,8 @@ representative program's values (``tuner.patterns.apply_templates``); the templa
 equal to Megatron's layout (with or without the sequence-parallel norm) is passed as the
 Strategy's ``"megatron"`` annotation, which also realises sequence parallelism
 (``completion.shard_megatron``). full_random draws one random dims_mapping per parameter
-of the representative decoder layer; the engine costs that one layer for all layers
-(``meshplan.model_source``), so every layer shares the draw.
+of a one-layer program; the plan pipeline repeats layer 0's layouts on every layer
+(``completion.plan_program.expand_layer_annotations``), so every layer shares the draw.
 """
 
 from __future__ import annotations

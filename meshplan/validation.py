@@ -5,10 +5,10 @@ The executor never imports the simulator (DESIGN.md: executor -> completion, clu
 ``simulator.build_schedule`` and passes it to ``executor.run_plan`` / ``executor.verify``
 (``schedule=``), together with the simulator's prediction.
 
-Schedules: for a prediction, the very schedule ``simulator.step.StepModel.run`` plays —
-``build_schedule(name, pp, m, vpp, memory_limit)`` with, for the time-aware ``ZB`` and
-``ZBVPP`` heuristics, the simulated per-phase stage times (the slowest stage's T_F, T_B,
-T_W) and T_comm — so the measured step runs the order that was predicted. The
+Schedules: for a prediction, the very schedule ``simulator.step.StepModel.run`` played
+(``StepResult.schedule``: for the time-aware ``ZB`` and ``ZBVPP`` heuristics the one built
+from the simulated stage times), and the layer split it costed, so the measured step runs
+the order and the stages that were predicted. The
 prediction models the executor's gradient accumulation (``StepConfig.accumulate_grads``:
 an add per parameter gradient per later micro-batch and the 1/m scaling). For
 verification only the numerics matter, and the plain registered schedule is used.
@@ -21,8 +21,6 @@ from typing import Any
 
 from simulator.schedules import Schedule, build_schedule
 from simulator.stage_cost import PHASES
-
-TIME_AWARE = ("ZB", "ZBVPP")
 
 
 def _num_microbatches(strategy: Any) -> int:
@@ -40,31 +38,32 @@ def plain_schedule(plan: Any) -> Schedule:
 
 def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     """The simulator's prediction for ``plan`` on ``cluster`` (default: the plan's own)
-    and the schedule it played.
+    and the schedule it played (``StepResult.schedule``).
 
     Returns ``({"step_time": s, "max_memory_bytes": B, "stage_times": [{F, B, W} s per
     virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
-    chunks], "time_breakdown": {...}}, schedule)``. Raises ``EngineError`` (a
-    ValueError) for a plan the cost model cannot cost."""
+    chunks], "time_breakdown": {...}, "layers_per_vstage": [...]}, schedule)``. Raises
+    ``EngineError`` (a ValueError) for a plan the cost model cannot cost."""
     from meshplan.engine import Engine
 
-    model = Engine.from_plan(plan, cluster)._step_model()
     # the executor accumulates gradients with separate adds and scales them by 1/m
-    model.cfg = dataclasses.replace(model.cfg, accumulate_grads=True)
-    res = model.run()
-    c = model.cfg
-    if c.schedule in TIME_AWARE:  # as StepModel.run: the heuristic places passes by time
-        worst = {ph: max(t[ph] for t in res.stage_times) for ph in PHASES}
-        sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
-                               stage_times=worst, comm_time=model.comm_time())
-    else:
-        sched = build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit)
+    res = Engine.from_plan(plan, cluster).step_model(accumulate_grads=True).run()
+    sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
                 for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
     pred = {"step_time": res.step_time, "max_memory_bytes": res.max_memory_bytes,
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
-            "time_breakdown": res.time_breakdown}
+            "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage)}
     return pred, sched
+
+
+def predicted_plan(plan: Any, pred: dict[str, Any]) -> Any:
+    """``plan`` with the pipeline layer split of its prediction (when the plan fixes none),
+    so the executor runs the stages that were costed."""
+    s = plan.strategy
+    if s.layers_per_stage is not None or s.pp * s.vpp == 1:
+        return plan
+    return dataclasses.replace(plan, strategy=s.replace(layers_per_stage=tuple(pred["layers_per_vstage"])))
 
 
 def run_plan(plan: Any, nproc: int, *, cluster: Any = None, with_prediction: bool = True,
@@ -80,7 +79,7 @@ def run_plan(plan: Any, nproc: int, *, cluster: Any = None, with_prediction: boo
     if not with_prediction:
         return _run(plan, nproc, schedule=plain_schedule(plan), **kwargs)
     pred, sched = predict(plan, cluster)
-    return _run(plan, nproc, schedule=sched, predictor=lambda _p: pred, **kwargs)
+    return _run(predicted_plan(plan, pred), nproc, schedule=sched, predictor=lambda _p: pred, **kwargs)
 
 
 def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_prediction: bool = True,
@@ -91,6 +90,7 @@ def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_predict
 
     if with_prediction:
         pairs = [predict(p, cluster) for p in plans]
+        plans = [predicted_plan(p, pred) for p, (pred, _) in zip(plans, pairs, strict=True)]
     else:
         pairs = [({}, plain_schedule(p)) for p in plans]
     out = _run(plans, nproc, schedules=[s for _, s in pairs], **kwargs)

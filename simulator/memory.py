@@ -9,14 +9,15 @@ degree N, ZeRO-2 also the gradients, ZeRO-3 also the weights:
 
 Activations: the forward values that backward ops read (PIR: operands of role-backward ops
 defined by forward/loss ops), excluding parameters and the operands a grad kernel needs only
-the shape of (Paddle ``backward.yaml`` ``no_need_buffer``, table :data:`NO_NEED_BUFFER`).
-Views (reshape, squeeze, unsqueeze) share their input's storage and are counted once; the
-result of a forward all_gather (sequence parallelism) is kept as its sharded input
+the shape of (Paddle ``backward.yaml`` ``no_need_buffer``, the grad op's
+``OpTraits.no_need_buffer`` in ``completion.ops``). Views (ops whose traits have ``view``:
+reshape, squeeze, unsqueeze) share their input's storage and are counted once; the result
+of a forward all_gather (sequence parallelism) is kept as its sharded input
 (:func:`is_regather`).
 Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation"): ``full`` keeps
 only each layer's input; ``selective`` drops what only the attention core (QK^T, softmax,
-dropout, attention over V, or a flash_attention kernel) needs. The transient of recomputing
-one layer (its dropped bytes) is added once to the peak.
+dropout, attention over V, or a flash_attention kernel: :func:`is_attention_core`) needs.
+The transient of recomputing one layer (its dropped bytes) is added once to the peak.
 """
 
 from __future__ import annotations
@@ -26,22 +27,13 @@ from dataclasses import dataclass, field
 
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program, Value
+from completion.ops.registry import op_traits
+from completion.roles import is_grad_type
 from simulator.blocks import assign_blocks
+from simulator.errors import SimulatorError
 from simulator.op_signature import local_tensor, op_signature
+from simulator.types import BlockKey
 
-# grad op -> operand indices whose buffers are not read (only their shapes)
-NO_NEED_BUFFER: dict[str, frozenset[int]] = {
-    "add_grad": frozenset({0, 1}), "subtract_grad": frozenset({0, 1}),
-    "embedding_grad": frozenset({1}), "layer_norm_grad": frozenset({2}),
-    "reshape_grad": frozenset({0}), "squeeze_grad": frozenset({0}),
-    "unsqueeze_grad": frozenset({0}), "cast_grad": frozenset({0}),
-    "transpose_grad": frozenset({0}), "slice_grad": frozenset({0}),
-    "mean_grad": frozenset({0}), "sum_grad": frozenset({0}), "split_grad": frozenset({0}),
-    "concat_grad": frozenset(), "expand_grad": frozenset({0}),
-}
-VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze", "flatten", "view"})
-ATTN_CORE_TYPES = frozenset({"flash_attention", "softmax", "dropout", "scale", "matmul"})
-ATTN_CORE_GRADS = frozenset({f"{t}_grad" for t in ATTN_CORE_TYPES})
 RECOMPUTE_MODES = ("none", "selective", "full")
 StageKey = tuple[tuple[int, ...], int]
 
@@ -67,9 +59,9 @@ def zero_model_states(num_params: int, sharding_degree: int, stage: int, param_b
 
     Raises ValueError for a stage outside 0..3 or a degree < 1."""
     if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage (zero) must be 0, 1, 2 or 3, got {stage!r}")
+        raise SimulatorError(f"ZeRO stage (zero) must be 0, 1, 2 or 3, got {stage!r}")
     if sharding_degree < 1 or num_params < 0:
-        raise ValueError(f"sharding_degree must be >= 1 and num_params >= 0, got "
+        raise SimulatorError(f"sharding_degree must be >= 1 and num_params >= 0, got "
                          f"{sharding_degree}, {num_params}")
     shard = -(-num_params // sharding_degree)
     return ModelStates(
@@ -85,7 +77,7 @@ def optimizer_bytes_per_param(param_dtype: str, optimizer: str = "adamw") -> int
     unknown optimizer."""
     base = {"adam": 8, "adamw": 8, "sgd": 0}
     if optimizer not in base:
-        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {sorted(base)}")
+        raise SimulatorError(f"unknown optimizer {optimizer!r}; expected one of {sorted(base)}")
     master = 4 if DTYPE_BYTES.get(param_dtype, 4) < 4 else 0
     return base[optimizer] + master
 
@@ -105,7 +97,7 @@ def stage_key(op: Operation) -> StageKey:
 
 def _root(v: Value) -> Value:
     while v.op is not None and v.op.operands and v.op.operands[0] is not None and (
-            v.op.type in VIEW_OPS or is_regather(v.op)):
+            op_traits(v.op.type).view or is_regather(v.op)):
         v = v.op.operands[0]
     return v
 
@@ -135,13 +127,21 @@ def _nbytes(v: Value) -> int:
     return n * DTYPE_BYTES.get(t.dtype, 4)
 
 
-def _is_attn_core(op: Operation) -> bool:
-    """An op of the attention core: softmax / dropout / scale / activation x activation
-    matmul / flash_attention (or their grads) under a ``...self_attn`` struct name."""
-    types = ATTN_CORE_GRADS if op.role == OpRole.BACKWARD else ATTN_CORE_TYPES
-    if op.type not in types or not (op.struct_name or "").endswith("self_attn"):
+def is_attention_core(op: Operation) -> bool:
+    """True when ``op`` is part of an attention core, the part selective recompute drops
+    (Korthikanti et al. 2022, section 5): its type has the ``attention_core`` trait
+    (softmax, dropout, scale, matmul, flash_attention; ``completion.ops.op_traits``), it is a
+    grad op exactly when it runs in backward, its struct name ends in ``self_attn``, and no
+    operand is a parameter (so a matmul is QK^T or PV, not a projection)."""
+    if not op_traits(op.type).attention_core:
+        return False
+    if (op.role == OpRole.BACKWARD) != is_grad_type(op.type):
+        return False
+    if not (op.struct_name or "").endswith("self_attn"):
         return False
     return not any(v is not None and v.is_parameter for v in op.operands)
+
+
 
 
 @dataclass
@@ -156,9 +156,9 @@ class StageActivations:
             transient of recomputing that block).
     """
 
-    by_block: dict = field(default_factory=dict)
-    w_by_block: dict = field(default_factory=dict)
-    dropped_by_block: dict = field(default_factory=dict)
+    by_block: dict[BlockKey, int] = field(default_factory=dict)
+    w_by_block: dict[BlockKey, int] = field(default_factory=dict)
+    dropped_by_block: dict[BlockKey, int] = field(default_factory=dict)
 
     @property
     def m_b(self) -> int:
@@ -175,7 +175,7 @@ class StageActivations:
         """Transient of recomputing the largest block (0 without recompute)."""
         return max(self.dropped_by_block.values(), default=0)
 
-    def add(self, table: str, block, nbytes: int) -> None:
+    def add(self, table: str, block: BlockKey, nbytes: int) -> None:
         """Add ``nbytes`` to ``block``'s entry of the table named ``table`` (``by_block``,
         ``w_by_block`` or ``dropped_by_block``)."""
         d = getattr(self, table)
@@ -189,7 +189,7 @@ def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Ope
     for op in program.ops:
         if op.role != OpRole.BACKWARD:
             continue
-        skip = NO_NEED_BUFFER.get(op.type, frozenset())
+        skip = op_traits(op.type).no_need_buffer
         for i, v in enumerate(op.operands):
             if v is None or i in skip or v.op is None:
                 continue
@@ -216,7 +216,7 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
     ``program`` must contain its backward ops (``append_backward``). Raises ValueError for
     an unknown ``recompute`` mode."""
     if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        raise SimulatorError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     names = frozenset(p.name for p in program.parameters() if p.name)
     blocks = assign_blocks(program)
     roots, users = _saved_roots(program)
@@ -229,8 +229,8 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
         drop = False
         if recompute == "full":
             drop = isinstance(blk, int)
-        elif recompute == "selective" and _is_attn_core(r.op):
-            drop = all(_is_attn_core(u) for u in users[rid])
+        elif recompute == "selective" and is_attention_core(r.op):
+            drop = all(is_attention_core(u) for u in users[rid])
         if drop:
             st.add("dropped_by_block", blk, nb)
             continue
@@ -247,7 +247,7 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
     return out
 
 
-def _add_layer_inputs(program: Program, roots: dict[int, Value], blocks: dict,
+def _add_layer_inputs(program: Program, roots: dict[int, Value], blocks: dict[int, BlockKey],
                       out: dict[StageKey, StageActivations]) -> None:
     """Full recompute: each layer keeps the values it reads from outside itself."""
     kept: set[int] = set()

@@ -17,6 +17,7 @@ behind compute: T = compute + (1 - overlap) * comm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -24,20 +25,21 @@ from typing import Any
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program
 from completion.reshard import plan_reshard
-from simulator.blocks import Block, assign_blocks
-from simulator.memory import _is_attn_core, is_regather
+from simulator.blocks import assign_blocks
+from simulator.memory import is_attention_core, is_regather
 from simulator.op_cost import op_cost
 from simulator.op_signature import is_weight_grad, local_tensor, op_signature, param_root
 from simulator.roofline import Roofline
+from simulator.types import BlockKey, Phase
 
-#: a parameter seen through these ops is still that parameter (for gradient-sync sizing)
-_CAST_OR_RESHARD = frozenset({"cast", "reshard"})
+#: the phases a block's costs are split into (the optimizer's "O" is costed apart)
+PHASES: tuple[Phase, ...] = ("F", "B", "W")
 
-PHASES = ("F", "B", "W")
-
-# op type -> fn(op, rank) -> [(phase, collective kind, bytes, group)]: collectives a
-# kernel issues itself (not reshard ops), e.g. vocab-parallel cross entropy
-KERNEL_COLLECTIVES: dict[str, Any] = {}
+#: one collective a kernel issues: (phase, collective kind, bytes, group)
+KernelCollective = tuple[Phase, str, int, tuple[int, ...]]
+# op type -> fn(op, rank) -> [KernelCollective]: collectives a kernel issues itself (not
+# reshard ops), e.g. vocab-parallel cross entropy (a registry of functions, like COST_RULES)
+KERNEL_COLLECTIVES: dict[str, Callable[[Operation, int], list[KernelCollective]]] = {}
 
 
 def _sharded_axis_groups(v: Any, axis: int, rank: int) -> list[tuple[int, ...]]:
@@ -55,7 +57,7 @@ def _sharded_axis_groups(v: Any, axis: int, rank: int) -> list[tuple[int, ...]]:
             for g in (mesh.group_of(rank, d),) if len(g) > 1]
 
 
-def _vocab_parallel_ce(op: Operation, rank: int) -> list[tuple[str, str, int, tuple[int, ...]]]:
+def _vocab_parallel_ce(op: Operation, rank: int) -> list[KernelCollective]:
     """Vocab-parallel cross entropy (class axis sharded; Megatron-LM
     ``vocab_parallel_cross_entropy``, Shoeybi et al. 2019 sec. 3): the forward all_reduces
     three per-row statistics over the class shards -- the row max, the sum of exponentials
@@ -93,17 +95,18 @@ class BlockCost:
         comm_count: number of in-stage collective steps per phase.
     """
 
-    compute: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    comm: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    exec_flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    comm: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    flops: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    exec_flops: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     attn_core_f: float = 0.0
     grad_sync: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
     params: dict[str, tuple[int, int]] = field(default_factory=dict)
     workspace: int = 0
-    comm_count: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    comm_count: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
 
-    def time(self, phase: str, overlap: float = 0.0) -> float:
+    def time(self, phase: Phase, overlap: float = 0.0) -> float:
+        """Seconds of ``phase``: compute + (1 - overlap) * in-stage collectives."""
         return self.compute[phase] + (1.0 - overlap) * self.comm[phase]
 
 
@@ -135,9 +138,9 @@ class StageCoster:
         self.program, self.cluster, self.roofline = program, cluster, roofline
         self.rank, self.offset = rank, rank_offset
         self.names = frozenset(p.name for p in program.parameters() if p.name)
-        self._time_cache: dict[Any, dict[str, float]] = {}
+        self._time_cache: dict[Any, dict[Phase, float]] = {}
 
-    def _op_times(self, op: Operation) -> tuple[dict[str, float], tuple]:
+    def _op_times(self, op: Operation) -> tuple[dict[Phase, float], tuple]:
         sig = op_signature(op, self.rank, self.names)
         if sig not in self._time_cache:
             self._time_cache[sig] = self.roofline.kernels_time(op_cost(sig))
@@ -150,7 +153,7 @@ class StageCoster:
         steps = _reshard_steps(x.dist_attr, y.dist_attr, tuple(x.shape), x.dtype)
         grad = op.role == OpRole.BACKWARD and is_weight_grad(x, self.names) or (
             op.role == OpRole.BACKWARD and any(u.role == OpRole.OPTIMIZE for u, _ in y.uses))
-        phase = "F" if op.role in (OpRole.FORWARD, OpRole.LOSS) else "B"
+        phase: Phase = "F" if op.role in (OpRole.FORWARD, OpRole.LOSS) else "B"
         regather = is_regather(op) and any(u.role == OpRole.BACKWARD for u, _ in y.uses)
         for st in steps:
             if st.kind == "send_recv":
@@ -190,17 +193,17 @@ class StageCoster:
             for d in t.shape:
                 n *= d
             nb = n * DTYPE_BYTES.get(t.dtype, 4)
-            root = param_root(v, _CAST_OR_RESHARD)
+            root = param_root(v, alias_only=True)
             if root is not None and op.role in (OpRole.FORWARD, OpRole.LOSS):
                 bc.params.setdefault(root.name or str(id(root)), (n, nb))
             if root is None:
                 work += nb
         bc.workspace = max(bc.workspace, work)
 
-    def block_costs(self) -> dict[Block, BlockCost]:
+    def block_costs(self) -> dict[BlockKey, BlockCost]:
         """Per-block costs (per micro-batch) of every block in the program."""
         blocks = assign_blocks(self.program)
-        out: dict[Block, BlockCost] = {}
+        out: dict[BlockKey, BlockCost] = {}
         for op in self.program.ops:
             if id(op) not in blocks:
                 continue
@@ -220,15 +223,7 @@ class StageCoster:
             for ph, t in times.items():
                 if ph in PHASES:
                     bc.compute[ph] += t
-            if op.role == OpRole.FORWARD and _is_attn_core(op):
+            if op.role == OpRole.FORWARD and is_attention_core(op):
                 bc.attn_core_f += times.get("F", 0.0)
         return out
 
-    def optimizer_time(self) -> float:
-        """Seconds of the optimizer ops on the rank (memory-bound kernels)."""
-        total = 0.0
-        for op in self.program.ops:
-            if op.role == OpRole.OPTIMIZE and op.type != "reshard":
-                times, _ = self._op_times(op)
-                total += sum(times.values())
-        return total

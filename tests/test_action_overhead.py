@@ -26,7 +26,7 @@ def _cluster_file(tmp_path, overhead: float | None):
 
 
 def _step(tmp_path, overhead, strat):
-    model = Engine("megatron-1.7b", _cluster_file(tmp_path, overhead), strat, nodes=1)._step_model()
+    model = Engine("megatron-1.7b", _cluster_file(tmp_path, overhead), strat, nodes=1).step_model()
     return model, model.run()
 
 
@@ -41,8 +41,8 @@ def test_overhead_adds_once_per_pass_to_each_stage_phase(tmp_path):
     strat = Strategy(global_batch_size=4, micro_batch_size=1)
     base, _ = _step(tmp_path, None, strat)
     with_h, _ = _step(tmp_path, H, strat)
-    t0, p0 = base.stage_time(0, 0)
-    t1, p1 = with_h.stage_time(0, 0)
+    t0, p0 = base.stage_time(0)
+    t1, p1 = with_h.stage_time(0)
     for ph in ("F", "B", "W"):
         assert t1[ph] == pytest.approx(t0[ph] + H, rel=1e-12)
     assert p1["compute"] == pytest.approx(p0["compute"] + 3 * H, rel=1e-12)

@@ -211,7 +211,7 @@ def test_engine_takes_a_program_text_path():
     assert res.layers_per_vstage == [0]
 
 
-def _plan_model(name: str):
+def _plan_model(name: str, accumulate_grads: bool = False):
     import dataclasses
     import os
     import pathlib
@@ -222,7 +222,7 @@ def _plan_model(name: str):
     cwd = os.getcwd()
     os.chdir(root)  # the plan names its model config relative to the repository root
     try:
-        model = Engine.from_plan(Plan.load(root / "benchmarks" / "plans" / f"{name}.json"))._step_model()
+        model = Engine.from_plan(Plan.load(root / "benchmarks" / "plans" / f"{name}.json")).step_model(accumulate_grads)
     finally:
         os.chdir(cwd)
     return model, dataclasses
@@ -234,16 +234,16 @@ def test_gradient_accumulation_adds_three_gradient_passes_per_later_microbatch()
     tensors; off (default) nothing changes."""
     model, dc = _plan_model("pp2_1f1b")
     c, rf = model.cfg, model.rf
-    base = [model.stage_time(vs, vs)[0] for vs in range(2)]
-    model.cfg = dc.replace(c, accumulate_grads=True)
+    base = [model.stage_time(vs)[0] for vs in range(2)]
+    model = _plan_model("pp2_1f1b", accumulate_grads=True)[0]
     for vs in range(2):
         named = {}
-        for blk in model._vs_blocks(vs):
+        for blk in model.timer.blocks(vs):
             named.update({k: n for k, (n, _) in blk.params.items()})
         g = sum(named.values()) * c.grad_bytes
         extra = (3 * g / (rf.mem_bandwidth * rf.mem_efficiency) + len(named) * rf.kernel_overhead)
         extra *= (c.num_microbatches - 1) / c.num_microbatches
-        got = model.stage_time(vs, vs)[0]
+        got = model.stage_time(vs)[0]
         assert got["W"] - base[vs]["W"] == pytest.approx(extra, rel=1e-9)
         assert got["F"] == base[vs]["F"] and got["B"] == base[vs]["B"]
 
@@ -254,10 +254,10 @@ def test_vocab_parallel_cross_entropy_costs_three_row_all_reduces():
     from simulator import stage_cost
 
     eng_model, _ = _plan_model("mp2")
-    with_ce = eng_model.post.comm["F"]
+    with_ce = eng_model.costs.post.comm["F"]
     saved = stage_cost.KERNEL_COLLECTIVES.pop("cross_entropy_with_softmax")
     try:
-        without = _plan_model("mp2")[0].post.comm["F"]
+        without = _plan_model("mp2")[0].costs.post.comm["F"]
     finally:
         stage_cost.KERNEL_COLLECTIVES["cross_entropy_with_softmax"] = saved
     b, s = 2, 128

@@ -9,26 +9,27 @@ import json
 
 import pytest
 
+from completion.plan_program import PlanProgramError
 from meshplan.engine import Engine, EngineError
 from meshplan.plan import Plan, PlanError
 from meshplan.strategy import Strategy, StrategyError
 
 
-@pytest.mark.parametrize("mp, field", [(3, "num_heads = 32"), (6, "num_heads = 32")])
-def test_mp_must_divide_heads(mp, field):
-    with pytest.raises(EngineError, match=f"'mp' = {mp} does not divide model 'llama2-7b' {field}"):
-        Engine("llama2-7b", "dgx-a100-80g", Strategy(tp=mp))
+@pytest.mark.parametrize("tp, field", [(3, "num_heads = 32"), (6, "num_heads = 32")])
+def test_tp_must_divide_heads(tp, field):
+    with pytest.raises(PlanProgramError, match=f"'tp' = {tp} does not divide model 'llama2-7b' {field}"):
+        Engine("llama2-7b", "dgx-a100-80g", Strategy(tp=tp))
 
 
-def test_mp_must_divide_kv_heads():
+def test_tp_must_divide_kv_heads():
     # llama2-70b: 64 heads, 8 kv heads; tp=16 divides the heads but not the kv heads.
-    with pytest.raises(EngineError, match="num_kv_heads = 8"):
+    with pytest.raises(PlanProgramError, match="num_kv_heads = 8"):
         Engine("llama2-70b", "dgx-a100-80g", Strategy(tp=16), nodes=2)
 
 
-def test_sequence_parallel_needs_seq_divisible_by_mp():
+def test_sequence_parallel_needs_seq_divisible_by_tp():
     s = Strategy(tp=8, sequence_parallel=True)
-    with pytest.raises(EngineError, match="seq_len 4100 is not divisible by mp = 8"):
+    with pytest.raises(PlanProgramError, match="seq_len 4100 is not divisible by tp = 8"):
         Engine("llama2-7b", "dgx-a100-80g", s, seq_len=4100)
     Engine("llama2-7b", "dgx-a100-80g", s, seq_len=4096)  # divisible: accepted
 

@@ -22,7 +22,7 @@ from completion.pir import parse_program, print_program
 from executor.data import DEFAULT_LR, input_value, parameter_value
 from executor.program import PlanProgramError, build_program
 from meshplan.cli import main
-from meshplan.engine import Engine, EngineError
+from meshplan.engine import Engine
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from tests.conftest import SHARED
@@ -115,7 +115,7 @@ def test_one_rank_costs_the_program_unsharded_and_a_mismatch_is_refused():
                                              micro_batch_size=4)).simulate()
     assert res.memory_breakdown["params"] == (16 * 8 + 16 * 16) * 4
     assert res.time_breakdown["tp_comm"] == 0.0
-    with pytest.raises(EngineError, match=r"annotated for ranks \[0, 1\].*dp\*mp = 1\*4"):
+    with pytest.raises(PlanProgramError, match=r"annotated for ranks \[0, 1\].*dp\*tp = 1\*4"):
         Engine(SEED, "dgx-a100-80g", Strategy(tp=4, micro_batch_size=4, global_batch_size=4)).simulate()
     bad = Plan(SEED, "cpu-local", Strategy(**{**STRATEGY, "tp": 1, "pp": 2}))
     with pytest.raises(PlanProgramError, match=r"annotated for ranks \[0, 1\]"):

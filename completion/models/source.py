@@ -1,0 +1,134 @@
+"""Resolve what a user passes as a model into something the plan pipeline can build.
+
+Accepted: a built-in model name (``llama2-7b``), a path to a Hugging Face style
+``config.json``, a path to a PIR program text file (``*.pir`` or any other text file), a
+:class:`completion.Program`, or a ``torch.nn.Module`` (captured with
+``completion.from_torch``; ``example_inputs`` required).
+
+A model given by configuration is rebuilt for every batch size and layer count it is asked
+for (:meth:`ModelSource.forward_program`); a given program is used as it is, layer by layer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from completion.chunks import DEFAULT_SEG_METHOD
+from completion.errors import CompletionError
+from completion.ir import Program
+from completion.models import build_model, get_model_config
+from completion.pir import parse_program
+
+_LAYER_RE = re.compile(DEFAULT_SEG_METHOD)
+
+
+class ModelSourceError(CompletionError):
+    """A model argument that is none of the accepted forms, or a missing model file."""
+
+
+@dataclass
+class ModelSource:
+    """A resolved model.
+
+    Attributes:
+        name: how reports name it. config: the ModelConfig (None for a given program).
+        program: a given program (None for a config). num_layers: decoder layers of the
+            model. seq_len: tokens per sequence.
+    """
+
+    name: str
+    config: Any = None
+    program: Program | None = None
+    num_layers: int = 0
+    seq_len: int = 0
+
+    @property
+    def is_program(self) -> bool:
+        """True for a given program (text file, Program or torch capture)."""
+        return self.program is not None
+
+    def forward_program(self, batch_size: int, dtype: str, num_layers: int | None = None) -> Program:
+        """The forward program (with loss): built from the config with ``batch_size``
+        sequences and ``num_layers`` layers (default: the model's), or the given program
+        itself (its batch and layers are its own; it may already hold backward and
+        optimizer ops)."""
+        if self.program is not None:
+            return self.program
+        return build_model(self.config, batch_size=batch_size, seq_len=self.seq_len, dtype=dtype,
+                           num_layers=num_layers or self.config.num_layers)
+
+
+def _from_program(prog: Program, name: str, seq_len: int | None = None) -> ModelSource:
+    """Layers from struct names; seq_len from ``input_ids`` [b, s] unless given."""
+    layers = {m.group(1) for op in prog.ops if op.struct_name
+              for m in [_LAYER_RE.search(op.struct_name)] if m}
+    if seq_len is None:
+        ids = [op.results[0] for op in prog.ops if op.type == "data" and op.results
+               and op.results[0] is not None and op.results[0].name == "input_ids"]
+        seq_len = ids[0].shape[1] if ids and len(ids[0].shape) == 2 else 0
+    return ModelSource(name=name, program=prog, num_layers=len(layers), seq_len=seq_len)
+
+
+def is_program_path(model: Any) -> bool:
+    """True when ``model`` names a PIR program text (``*.pir``, or an existing file that is
+    not a ``.json`` config)."""
+    if not isinstance(model, (str, Path)):
+        return False
+    path = Path(str(model))
+    return path.suffix == ".pir" or (path.is_file() and path.suffix != ".json")
+
+
+def resolve_model(model: Any, seq_len: int | None = None, example_inputs: Any = None,
+                  num_layers: int | None = None) -> ModelSource:
+    """A :class:`ModelSource` for ``model`` (see module docstring).
+
+    ``num_layers`` overrides the layer count: a config model becomes the same model with
+    that many layers (a smaller model of the same shape); for a given program whose decoder
+    layers are identical it is the number of layers the model really has, its first layer
+    standing for all of them in the cost model.
+
+    Raises ModelSourceError (a CompletionError) for an unsupported object or a missing
+    file (naming the path), and the builders' / parser's errors for bad configs or
+    program text."""
+    if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int)
+                                   or num_layers < 1):
+        raise ModelSourceError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+    src = _resolve(model, seq_len, example_inputs)
+    if num_layers is not None:
+        if src.config is not None:
+            src.config = src.config.replace(num_layers=num_layers)
+        src.num_layers = num_layers
+    return src
+
+
+def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSource:
+    if isinstance(model, Program):
+        return _from_program(model, "program", seq_len)
+    if isinstance(model, (str, Path)):
+        text = str(model)
+        path = Path(text)
+        if is_program_path(text):
+            if not path.is_file():
+                raise ModelSourceError(f"program file not found: {path}")
+            return _from_program(parse_program(path.read_text()), path.stem, seq_len)
+        if path.suffix == ".json" and not path.is_file():
+            raise ModelSourceError(f"model config not found: {path}")
+        cfg = get_model_config(text)
+        s = cfg.seq_len if seq_len is None else seq_len
+        return ModelSource(name=cfg.name, config=cfg, num_layers=cfg.num_layers, seq_len=s)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is an optional extra
+        torch = None
+    if torch is not None and isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise ModelSourceError("a torch module needs example_inputs (a tuple of tensors)")
+        from completion.frontends import from_torch
+
+        return _from_program(from_torch(model, example_inputs), type(model).__name__, seq_len)
+    raise ModelSourceError(
+        f"model must be a built-in name, a config.json path, a PIR program path, a Program "
+        f"or a torch module; got {type(model).__name__}")

@@ -1,0 +1,271 @@
+"""The one plan pipeline: (model, strategy) -> the completed, partitioned program.
+
+Both the cost model (``meshplan.Engine``, through ``simulator.StepModel.from_program``) and
+the executor (``executor.program.build_program``) call :func:`build_plan_program`, so what
+is predicted is what is executed. The steps:
+
+1. :func:`check_plan` -- the one legality check (Megatron-LM's tensor-parallel rules: tp
+   divides the attention heads and the key/value heads, with sequence parallelism the
+   sequence length; the layers fill pp * vpp virtual stages; a program text's own
+   annotations cover exactly ranks 0 .. dp*tp-1).
+2. The forward program with ``micro_batch_size * dp`` sequences (one micro-batch, every dp
+   replica), ``append_backward`` and ``apply_optimizer`` (unless the program has them).
+3. The annotation on the stage mesh [dp, tp] (ranks 0 .. dp*tp-1, tensor-parallel
+   innermost): the Megatron layout (``shard_megatron``, with sequence parallelism), the
+   strategy's per-value placements (layer 0's repeated on every layer:
+   :func:`expand_layer_annotations`), or -- ``annotation="none"`` -- every parameter
+   replicated; a program text annotated in its own dist attrs keeps them (per-value
+   placements of the strategy are applied on top).
+4. ``Completer`` with the ZeRO stage over dp, the pipeline degree, the virtual stages and
+   their layer split (``Strategy.layers_per_stage``, else an even split): stage s runs on
+   ranks ``s*dp*tp .. (s+1)*dp*tp - 1``.
+5. ``apply_partition_pass`` (reshard ops, send/recv at stage boundaries) and, unless
+   ``resolve_reshards=False``, ``apply_reshard_pass`` (collectives); ids renumbered.
+
+``representative=True`` builds what the cost model costs instead of the whole model: three
+decoder layers (fewer for a smaller model) on the stage-0 mesh only. A config model's
+layers are identical in their weights, but not in their program: the first reads the
+embedding output (a value of the "pre" block), the last has no output gradient to sum in
+its backward (the final norm is its only reader), a middle layer has both neighbours. So
+layer 0 stands for the first model layer, layer 1 for every middle one and layer 2 for the
+last (``simulator.program_costs``); every stage runs the same [dp, tp] layout shifted by
+stage * dp * tp ranks. Its layers' ops are those of the whole program's first, middle and
+last layers (``tests/test_plan_program.py``). A representative program of a pure data-parallel plan of a config
+model (tp = 1, Megatron annotation) is not annotated at all and holds one micro-batch:
+every dp rank runs that same program, and its only collectives (the gradient sync; ZeRO's
+reduce_scatter / all_gather) are costed by the step model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from completion.annotate import (
+    annotate,
+    annotated_ranks,
+    clear_annotations,
+    set_annotation,
+    shard_megatron,
+)
+from completion.backward import append_backward
+from completion.completer import Completer
+from completion.dist_attr import parse_placements
+from completion.errors import CompletionError
+from completion.ir import OpRole, Program
+from completion.mesh import ProcessMesh
+from completion.models.source import ModelSource, resolve_model
+from completion.optimizer import apply_optimizer
+from completion.passes import apply_partition_pass, apply_reshard_pass
+from completion.strategy import Strategy
+
+#: learning rates the optimizer ops get (the executor runs them; costs do not depend on them)
+LEARNING_RATES = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
+#: names of the stage mesh's dims
+MESH_DIMS = ("dp", "tp")
+
+
+class PlanProgramError(CompletionError):
+    """A plan whose model cannot be built or split as its strategy asks; names the field."""
+
+
+@dataclass
+class PlanProgram:
+    """A completed, partitioned program and what it was built for.
+
+    Attributes:
+        program: the program (forward, backward, optimizer; reshard ops, resolved into
+            collectives unless built with ``resolve_reshards=False``).
+        strategy: the strategy it was built for.
+        batch: rows of the program's batch dim (one micro-batch; every dp replica when the
+            program is annotated).
+        num_microbatches: m per step. world_size: ranks the plan runs on (dp * tp * pp).
+        representative: True for the cost model's one-layer, stage-0 program.
+        annotated: False when nothing inside a rank is sharded (no dist attrs at all).
+    """
+
+    program: Program
+    strategy: Strategy
+    batch: int
+    num_microbatches: int
+    world_size: int
+    representative: bool = False
+    annotated: bool = True
+
+
+def stage_mesh(strategy: Strategy) -> ProcessMesh:
+    """Pipeline stage 0's mesh [dp, tp] over ranks 0 .. dp*tp-1 (tensor-parallel innermost:
+    rank = d * tp + t, Megatron-LM's order)."""
+    return ProcessMesh((strategy.dp, strategy.tp), tuple(range(strategy.dp * strategy.tp)), MESH_DIMS)
+
+
+def plan_strategy(plan: Any) -> Strategy:
+    """The strategy of a plan-like object (``meshplan.Plan`` read duck-typed: ``strategy``,
+    ``annotations``): the plan's per-value ``annotations`` become its annotation."""
+    s = plan.strategy
+    if getattr(plan, "annotations", None):
+        s = s.replace(annotation=dict(plan.annotations))
+    return s
+
+
+def resolve_plan(plan: Any) -> tuple[ModelSource, Strategy]:
+    """The model source (``model``, ``seq_len``, ``num_layers``) and the strategy
+    (:func:`plan_strategy`) of a plan-like object. Raises the errors of
+    :func:`completion.models.source.resolve_model`."""
+    source = resolve_model(plan.model, plan.seq_len, num_layers=getattr(plan, "num_layers", None))
+    return source, plan_strategy(plan)
+
+
+def check_plan(source: ModelSource, strategy: Strategy) -> None:
+    """The legality check both the cost model and the executor run (module docstring).
+
+    Raises PlanProgramError naming the strategy field and the model value at fault."""
+    cfg, s = source.config, strategy
+    if cfg is not None and s.tp > 1 and s.annotation == "megatron":
+        for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
+            if n % s.tp:
+                raise PlanProgramError(f"strategy field 'tp' = {s.tp} does not divide model "
+                                       f"{cfg.name!r} {field_} = {n}")
+        if s.sequence_parallel and source.seq_len % s.tp:
+            raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {source.seq_len} "
+                                   f"is not divisible by tp = {s.tp}")
+    if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
+        raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
+                               f"to {sum(s.layers_per_stage)}, but model {source.name!r} has "
+                               f"{source.num_layers} layers")
+
+
+def _needs_annotation(source: ModelSource, s: Strategy, representative: bool) -> bool:
+    """Whether the program is annotated and completed (module docstring: a representative
+    pure data-parallel config model is not)."""
+    if isinstance(s.annotation, dict) or s.tp > 1:
+        return True
+    if representative:
+        return source.is_program and s.dp > 1
+    return s.world_size > 1
+
+
+def _file_annotation(prog: Program, source: ModelSource, s: Strategy) -> bool:
+    """A program text's own dist attrs are its annotation (completed as they are, never
+    replaced by the strategy's). On a one-rank plan they are dropped (the program runs
+    unsharded); otherwise they must cover exactly ranks 0 .. dp*tp-1. Returns True when the program
+    keeps its own annotation; raises PlanProgramError naming both rank sets."""
+    ranks = annotated_ranks(prog) if source.is_program else ()
+    if not ranks:
+        return False
+    if s.world_size == 1:
+        clear_annotations(prog)
+        return False
+    if ranks != tuple(range(s.dp * s.tp)):
+        raise PlanProgramError(f"program {source.name!r} is annotated for ranks {list(ranks)} but "
+                               f"the strategy's mesh dp*tp = {s.dp}*{s.tp} has ranks "
+                               f"0..{s.dp * s.tp - 1}")
+    return True
+
+
+_LAYER0 = re.compile(r"^(.*\blayers\.)0(\..+)$")
+
+
+def expand_layer_annotations(program: Program, annotation: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Per-value placements with those of layer 0 repeated on every decoder layer.
+
+    Decoder layers are identical, so a layout given for a value of layer 0
+    (``decoder.layers.0.mlp.up_proj.weight``) applies to the same value of every layer
+    (``decoder.layers.<i>.mlp.up_proj.weight``) the program has, unless the mapping names
+    that value itself: the tuner writes its templates and full_random draws against a
+    one-layer program, and every layer shares the draw."""
+    names = {v.name for v in program.values() if v.name}
+    out = dict(annotation)
+    for name, pl in annotation.items():
+        m = _LAYER0.match(name)
+        if m is None:
+            continue
+        i = 1
+        while f"{m.group(1)}{i}{m.group(2)}" in names:
+            out.setdefault(f"{m.group(1)}{i}{m.group(2)}", pl)
+            i += 1
+    return out
+
+
+def _annotate(prog: Program, s: Strategy, mesh: ProcessMesh) -> None:
+    if s.annotation == "megatron":
+        shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
+    elif isinstance(s.annotation, dict):
+        for name, pl in expand_layer_annotations(prog, s.annotation).items():
+            annotate(prog, name, mesh, placements=parse_placements(pl))
+    else:
+        for v in prog.parameters():  # replicated everywhere (pipeline stages still split)
+            set_annotation(prog, v, mesh)
+
+
+def program_batch(prog: Program) -> int:
+    """Rows of the batch dim: dim 0 of the first non-persistable data input with dims.
+    Raises PlanProgramError when the program has none."""
+    for op in prog.ops:
+        v = op.results[0] if op.type == "data" and op.results else None
+        if v is not None and not v.persistable and v.ndim and not (v.name or "").startswith("rotary"):
+            return int(v.shape[0])
+    raise PlanProgramError("the program has no batched data input")
+
+
+#: decoder layers of a representative program: the first, a middle one, the last
+REPRESENTATIVE_LAYERS = 3
+
+
+def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool) -> Program:
+    layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if representative else None
+    prog = source.forward_program(batch, s.dtype, layers)
+    if source.is_program and program_batch(prog) != batch and s.world_size > 1:
+        raise PlanProgramError(f"model {source.name!r} has batch {program_batch(prog)} but the "
+                               f"strategy needs micro_batch_size * dp = {batch}")
+    return prog
+
+
+def build_plan_program(source: ModelSource, strategy: Strategy, *, representative: bool = False,
+                       resolve_reshards: bool = True, adam_epsilon: float | None = None) -> PlanProgram:
+    """The completed, partitioned program of ``strategy`` on ``source`` (module docstring).
+
+    Args:
+        source: the resolved model (``completion.models.source.resolve_model``).
+        strategy: the plan's strategy (its ``layers_per_stage`` fixes the pipeline split).
+        representative: the cost model's one-layer, stage-0 program instead of the whole one.
+        resolve_reshards: also run the reshard pass (collectives), as the executor needs.
+        adam_epsilon: Adam's epsilon (the executor's verification uses a larger one).
+
+    Raises PlanProgramError (a CompletionError) for an illegal plan, and completion's errors
+    (naming the op or value) for a layout that does not fit.
+    """
+    s = strategy
+    check_plan(source, s)
+    annotated = _needs_annotation(source, s, representative)
+    batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
+    prog = _forward(source, s, batch, representative)
+    own = _file_annotation(prog, source, s)
+    if not any(op.role == OpRole.BACKWARD for op in prog.ops):
+        append_backward(prog)
+    if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
+        extra = {} if adam_epsilon is None or s.optimizer == "sgd" else {"epsilon": adam_epsilon}
+        apply_optimizer(prog, s.optimizer, learning_rate=LEARNING_RATES[s.optimizer], **extra)
+    if annotated:
+        if not own or isinstance(s.annotation, dict):  # per-value placements win over the text's
+            _annotate(prog, s, stage_mesh(s))
+        pp, vpp, lps = (1, 1, None) if representative else (s.pp, s.vpp, s.layers_per_stage)
+        Completer(prog, zero_stage=s.zero, dp_mesh_dim=0, pp_degree=pp, vpp_degree=vpp,
+                  schedule_mode=s.chunk_schedule, layers_per_stage=lps).complete()
+        apply_partition_pass(prog)
+        if resolve_reshards:
+            apply_reshard_pass(prog)
+    prog.renumber()
+    return PlanProgram(prog, s, batch, s.num_microbatches, s.world_size, representative, annotated)
+
+
+def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:
+    """The strategy of the one-process reference run that ``verify`` compares with: the same
+    model unpartitioned on one rank, with the whole global batch as one micro-batch for a
+    model built from a config (a given program keeps its batch and runs the same
+    micro-batches)."""
+    s = strategy
+    micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
+    return replace(s, dp=1, tp=1, pp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+                   sequence_parallel=False, zero=0, annotation="none", layers_per_stage=None)

@@ -1,0 +1,149 @@
+"""What the step model reads off a plan's (representative) program: per-block costs on one
+rank, the activations saved for backward, the model FLOPs per block, the bytes crossing a
+pipeline stage boundary, and which block stands for each model layer.
+
+Blocks are ``"pre"`` (embeddings), one int per decoder layer and ``"post"`` (final norm,
+head, loss); see :mod:`simulator.blocks`. For a model built from a config the
+(representative) program holds up to three decoder layers (``completion.plan_program``):
+the first stands for the first model layer (it reads the embedding output), the second for
+every middle layer, the last for the last layer (whose backward sums no output gradient).
+A given program is costed layer by layer, or, with ``num_layers``, the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from completion.dtypes import DTYPE_BYTES
+from completion.ir import OpRole, Program
+from simulator.blocks import assign_blocks
+from simulator.errors import SimulatorError
+from simulator.memory import StageActivations, is_attention_core, saved_activations
+from simulator.op_cost import op_cost
+from simulator.op_signature import local_tensor, op_signature
+from simulator.roofline import Roofline
+from simulator.stage_cost import PHASES, BlockCost, StageCoster
+
+
+class ProgramCostError(SimulatorError):
+    """A program the step model cannot place on pipeline stages; names the cause."""
+
+
+@dataclass
+class ProgramCosts:
+    """Costs of one plan program, per micro-batch (seconds, bytes, FLOPs).
+
+    Attributes:
+        layers: one BlockCost per model layer, model order (objects repeat when one layer
+            stands for several). pre / post: the blocks before / after the layers (or None).
+        layer_keys: per model layer, its block key in the program (and in ``activations``).
+        activations: bytes saved for backward per block (all stage meshes merged: the
+            representative program has one).
+        model_flops: per block key ("pre", model layer index, "post") the model FLOPs of
+            F + B + W of one micro-batch over every dp replica; ``("recompute", i)`` the
+            forward FLOPs that recompute re-runs for layer i.
+        boundary_bytes: bytes of the activation a layer hands to the next (the pipeline p2p
+            message per micro-batch, local shard of rank 0).
+    """
+
+    layers: list[BlockCost]
+    pre: BlockCost | None
+    post: BlockCost | None
+    layer_keys: list[Any]
+    activations: StageActivations
+    model_flops: dict[Any, float]
+    boundary_bytes: float
+
+    @classmethod
+    def of(cls, plan_program: Any, cluster: Any, roofline: Roofline,
+           num_layers: int | None = None) -> ProgramCosts:
+        """Costs of a ``completion.plan_program.PlanProgram`` on ``cluster`` for rank 0.
+
+        ``num_layers``: how many model layers the program's layers stand for (module
+        docstring; for a representative program: the model's layer count); None costs
+        every layer of the program separately. Raises ProgramCostError when pp > 1 and the
+        program has no decoder layers."""
+        prog, s = plan_program.program, plan_program.strategy
+        blocks = assign_blocks(prog)
+        costs = StageCoster(prog, cluster, roofline, rank=0).block_costs()
+        layer_ids = sorted(k for k in costs if isinstance(k, int))
+        if num_layers is not None and layer_ids:
+            keys = layer_roles(layer_ids, num_layers)
+        else:
+            keys = layer_ids
+        if not keys and s.pp > 1:
+            raise ProgramCostError(f"pp={s.pp} needs decoder layers (struct names "
+                                   f"'...layers.<i>...'); the program has none")
+        reps = 1 if plan_program.annotated else s.dp
+        flops = block_model_flops(prog, blocks, s.recompute, reps)
+        model_flops = {k: v for k, v in flops.items()
+                       if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}
+        for i, key in enumerate(keys):  # every model layer, even when one stands for all
+            model_flops[i] = flops.get(key, 0.0)
+            if ("recompute", key) in flops:
+                model_flops[("recompute", i)] = flops[("recompute", key)]
+        return cls([costs[k] for k in keys], costs.get("pre"), costs.get("post"), keys,
+                   merged_activations(prog, s.recompute), model_flops,
+                   boundary_bytes(prog, blocks))
+
+
+def layer_roles(layer_ids: list[int], num_layers: int) -> list[int]:
+    """The program layer standing for each of ``num_layers`` model layers: the program's
+    first layer for the first, its last for the last, its second for every middle one
+    (with fewer than three program layers the nearest kind: a two-layer program's first
+    layer stands for the middle ones too)."""
+    first, last = layer_ids[0], layer_ids[-1]
+    middle = layer_ids[1] if len(layer_ids) > 2 else first
+    if num_layers == 1:
+        return [last]
+    return [first] + [middle] * (num_layers - 2) + [last]
+
+
+def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
+                      replicas: int = 1) -> dict[Any, float]:
+    """Model FLOPs per block of one micro-batch from global shapes (F + B + W kernels;
+    ``simulator.op_cost`` conventions), times ``replicas`` (the dp replicas an unannotated
+    program stands for), and under ``("recompute", block)`` the forward FLOPs that
+    recompute re-runs (every forward op of a layer for ``full``; the attention core for
+    ``selective``: Korthikanti et al. 2022, sec. 5)."""
+    names = frozenset(p.name for p in prog.parameters() if p.name)
+    out: dict[Any, float] = {}
+    for op in prog.ops:
+        blk = blocks.get(id(op))
+        if blk is None:
+            continue
+        fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
+                 if k.phase in PHASES) * replicas
+        out[blk] = out.get(blk, 0.0) + fl
+        if op.role == OpRole.FORWARD and isinstance(blk, int) and (
+                recompute == "full" or (recompute == "selective" and is_attention_core(op))):
+            out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
+    return out
+
+
+def merged_activations(prog: Program, recompute: str) -> StageActivations:
+    """Activation bytes saved for backward per block, summed over the program's stage
+    meshes (``simulator.memory.saved_activations``)."""
+    merged = StageActivations()
+    for st in saved_activations(prog, recompute).values():
+        for table in ("by_block", "w_by_block", "dropped_by_block"):
+            for k, v in getattr(st, table).items():
+                merged.add(table, k, v)
+    return merged
+
+
+def boundary_bytes(prog: Program, blocks: dict[int, Any]) -> float:
+    """Bytes of the last layer op's first result on rank 0 (what one pipeline stage sends
+    the next per micro-batch); 0 without decoder layers."""
+    last = None
+    for op in prog.ops:
+        if op.role == OpRole.FORWARD and isinstance(blocks.get(id(op)), int) and op.results:
+            last = op.results[0] or last
+    if last is None:
+        return 0.0
+    t = local_tensor(last, 0)
+    n = 1
+    for d in t.shape:
+        n *= d
+    return float(n * DTYPE_BYTES.get(t.dtype, 4))
