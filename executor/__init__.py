@@ -7,11 +7,11 @@ Pipeline plans take their schedule as an argument (``schedule=``, read duck-type
 ``meshplan.validation`` builds schedules with the simulator and passes them in.
 """
 
-from executor.actions import ScheduleError, StepAction
+from executor.actions import ActionOrderError, StepAction
 from executor.launch import LaunchError, LaunchTimeout, RankFailure, launch
 from executor.run import Measurement, PlanMismatchError, PlanScheduleError, run_plan, run_plans
 from executor.verify import VerifyResult, verify, verify_many
 
 __all__ = ["LaunchError", "LaunchTimeout", "Measurement", "PlanMismatchError", "PlanScheduleError",
-           "RankFailure", "ScheduleError", "StepAction", "VerifyResult", "launch", "run_plan",
+           "RankFailure", "ActionOrderError", "StepAction", "VerifyResult", "launch", "run_plan",
            "run_plans", "verify", "verify_many"]

@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from executor.errors import ExecutorError
+
 KINDS = ("F", "B", "W", "BW")
 
 
-class ScheduleError(ValueError):
+class ActionOrderError(ExecutorError, ValueError):
     """A schedule that does not fit the plan (rows, kinds, micro-batches, chunks)."""
 
 
@@ -49,14 +51,14 @@ def _action(a: Any, stage: int, m: int, chunks: int) -> StepAction:
     try:
         act = StepAction(str(a.kind), int(a.stage), int(a.microbatch), int(getattr(a, "chunk", 0)))
     except (AttributeError, TypeError, ValueError) as e:
-        raise ScheduleError(f"schedule row {stage}: {a!r} is not an action with kind, stage, "
+        raise ActionOrderError(f"schedule row {stage}: {a!r} is not an action with kind, stage, "
                             f"microbatch and chunk ({e})") from None
     if act.kind not in KINDS:
-        raise ScheduleError(f"schedule row {stage}: action kind {act.kind!r} is not one of {list(KINDS)}")
+        raise ActionOrderError(f"schedule row {stage}: action kind {act.kind!r} is not one of {list(KINDS)}")
     if not 0 <= act.microbatch < m:
-        raise ScheduleError(f"schedule row {stage}: micro-batch {act.microbatch} outside 0..{m - 1}")
+        raise ActionOrderError(f"schedule row {stage}: micro-batch {act.microbatch} outside 0..{m - 1}")
     if not 0 <= act.chunk < chunks:
-        raise ScheduleError(f"schedule row {stage}: chunk {act.chunk} outside 0..{chunks - 1}")
+        raise ActionOrderError(f"schedule row {stage}: chunk {act.chunk} outside 0..{chunks - 1}")
     return act
 
 
@@ -65,18 +67,18 @@ def schedule_rows(schedule: Any, num_stages: int, num_microbatches: int,
     """Per-stage action rows of ``schedule`` (module docstring), checked against the plan.
 
     ``schedule=None`` is accepted for one stage only (:func:`single_stage_order`).
-    Raises ScheduleError when the schedule is missing for a pipeline, has a row count other
+    Raises ActionOrderError when the schedule is missing for a pipeline, has a row count other
     than ``num_stages``, or names a kind, micro-batch or chunk the plan does not have."""
     if schedule is None:
         if num_stages != 1:
-            raise ScheduleError(f"a plan with pp={num_stages} needs a pipeline schedule "
+            raise ActionOrderError(f"a plan with pp={num_stages} needs a pipeline schedule "
                                 f"(schedule=...; meshplan.validation builds it)")
         return single_stage_order(num_microbatches)
     rows = getattr(schedule, "actions", schedule)
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-        raise ScheduleError(f"a schedule must have per-stage action rows, got {type(rows).__name__}")
+        raise ActionOrderError(f"a schedule must have per-stage action rows, got {type(rows).__name__}")
     if len(rows) != num_stages:
-        raise ScheduleError(f"the schedule has {len(rows)} rows but the plan has {num_stages} "
+        raise ActionOrderError(f"the schedule has {len(rows)} rows but the plan has {num_stages} "
                             f"pipeline stages")
     return tuple(tuple(_action(a, s, num_microbatches, num_chunks) for a in row)
                  for s, row in enumerate(rows))

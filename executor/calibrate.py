@@ -66,12 +66,13 @@ from executor.calibrate_fit import (
     fit_overhead,
     fit_ratio,
 )
+from executor.errors import ExecutorError
 
 GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
 
-class CalibrationError(ValueError):
+class CalibrationError(ExecutorError, ValueError):
     """Bad calibration arguments or a measurement that produced no usable fit."""
 
 

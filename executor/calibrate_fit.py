@@ -21,8 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from executor.errors import ExecutorError
 
-class FitError(ValueError):
+
+class FitError(ExecutorError, ValueError):
     """Too few or degenerate samples for a fit; names the quantity."""
 
 

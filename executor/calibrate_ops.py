@@ -7,18 +7,21 @@ executor itself on transformer layers (a 2-layer LLaMA-style program, forward, b
 and SGD, 2 micro-batches per step: the working set of a real step, so caches are as
 contended as in a plan's run) at a few sizes, times every executed item, and classifies it the way the
 simulator's op cost model does (``simulator.op_cost``; the conventions are repeated here
-because the executor does not import the simulator):
+because the executor does not import the simulator). The kind is the op's declared kernel
+(``OpTraits.kernel`` in ``completion.ops``, the trait the cost model reads too):
 
-- ``gemm``: ``matmul`` and each computed part of ``matmul_grad`` (dX or dW): 2 * batch *
-  m * n * k FLOPs per part (Megatron-LM 2021 appendix);
-- ``attention``: ``flash_attention`` executed FLOPs 4 b h s_q s_k d times the causal
-  fraction (s_k + 1) / (2 s_k), its grad 2.5 times that (FlashAttention-2 sec. 3.1);
+- ``gemm``: ``"gemm"`` kernels, ``matmul`` and each computed part of ``matmul_grad`` (dX
+  or dW): 2 * batch * m * n * k FLOPs per part (Megatron-LM 2021 appendix);
+- ``attention``: ``"attention"`` kernels, ``flash_attention``: executed FLOPs 4 b h s_q s_k
+  d times the causal fraction (s_k + 1) / (2 s_k), its grad 2.5 times that
+  (FlashAttention-2 sec. 3.1);
 - ``memory``: every other kernel; bytes = its operands read + its (wanted) results
   written, except the gathers, counted as the cost model counts them: ``embedding`` reads
   the ids and the selected rows and writes them (ids + 2 x out), ``embedding_grad``
   writes the table gradient and reads the ids and dout three times (zero, read,
   scatter-add: table grad + ids + 3 x dout);
-- ``view``: reshape / squeeze / unsqueeze and their grads (no kernel in the cost model);
+- ``view``: ops that launch no kernel (``kernel`` None; the cost model gives them none):
+  reshape / squeeze / unsqueeze and their grads, shadow_output;
 - ``action``: per F/B/W unit call (a pipeline action pass), its wall time minus the summed
   time of its ops in the same call -- the interpreter's per-action host work outside any
   op (unit loop, micro-batch environment lookups); median over further steps.
@@ -37,10 +40,7 @@ from typing import Any
 
 import torch
 
-VIEWS = frozenset({"reshape", "squeeze", "unsqueeze", "reshape_grad", "squeeze_grad",
-                   "unsqueeze_grad", "shadow_output"})
-ATTENTION = frozenset({"flash_attention", "flash_attention_grad"})
-GEMM = frozenset({"matmul", "matmul_grad"})
+from completion.ops.registry import op_traits
 
 # (hidden, heads, ffn, seq, batch): a small and a mid-size layer (quick: the small one
 # and a smaller one); every LLaMA-style op at the sizes 2-rank CPU plans use
@@ -93,11 +93,12 @@ def classify(op: Any, ins: list, out_bytes: list[int], want: Any) -> tuple[str, 
     result of the op (parts not in ``want`` are not counted)."""
     nbytes = float(sum(_nbytes(t) for t in ins) + sum(
         b for i, b in enumerate(out_bytes) if want is None or i in want))
-    if op.type in VIEWS:
+    kernel = op_traits(op.type).kernel
+    if kernel is None:
         return "view", 0.0, nbytes
-    if op.type in GEMM:
+    if kernel == "gemm":
         return "gemm", _gemm_flops(op, ins, want), nbytes
-    if op.type in ATTENTION:
+    if kernel == "attention":
         return "attention", _attention_flops(op, ins), nbytes
     if op.type in GATHER_BYTES:
         return "memory", 0.0, GATHER_BYTES[op.type](ins, out_bytes, want)
@@ -166,10 +167,10 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
     times: dict[int, list[float]] = {}
     info: dict[int, tuple[str, str, float, float]] = {}
     phases: dict[int, str] = {}
-    run = ex._exec
+    run = ex.exec_item
 
     def timed(it, mb, env, left, key):
-        ins = [None if v is None else ex._get(v, env, mb) for v in it.op.operands]
+        ins = [None if v is None else ex.value(v, env, mb) for v in it.op.operands]
         _sync(device)
         t0 = time.perf_counter()
         run(it, mb, env, left, key)
@@ -183,7 +184,7 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
             info[id(it)] = (kind, it.op.type, fl, nb)
             phases[id(it)] = key[0] if isinstance(key, tuple) else "O"
 
-    ex._exec = timed
+    ex.exec_item = timed
     order = single_stage_order(MICROBATCHES)[0]
     ex.run_step(order)
     times.clear()
@@ -191,7 +192,7 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
         ex.run_step(order)
     ops = [OpSample(*info[k], statistics.median(v), phases[k]) for k, v in times.items()
            if k in info]
-    ex._exec = run
+    ex.exec_item = run
     resid = _unit_residuals(ex, order, steps, device)
     return ops + [OpSample("action", ph, 0.0, 0.0, r, ph)
                   for r, ph in zip(resid, _unit_phases(order), strict=True)]
@@ -203,10 +204,10 @@ def _unit_phases(order: Any) -> list[str]:
 
 def _unit_residuals(ex: Any, order: Any, steps: int, device: str) -> list[float]:
     """Per F/B/W unit call of a step (in call order), the median over ``steps`` steps of
-    the unit's wall seconds minus the summed seconds of its ops (``ex._exec`` calls), both
+    the unit's wall seconds minus the summed seconds of its ops (``ex.exec_item`` calls), both
     from the same call; the ops are timed by a lean wrapper (two clock reads per op,
     about 0.1 us each, outside the op times but inside the unit)."""
-    run_unit, inner = ex.run_unit, ex._exec
+    run_unit, inner = ex.run_unit, ex.exec_item
     per: list[list[float]] = []
     acc = [0.0]
 
@@ -228,11 +229,11 @@ def _unit_residuals(ex: Any, order: Any, steps: int, device: str) -> list[float]
         per[-1].append(max(time.perf_counter() - t0 - acc[0], 0.0))
         return None
 
-    ex.run_unit, ex._exec = unit, exec_timed
+    ex.run_unit, ex.exec_item = unit, exec_timed
     try:
         for _ in range(steps):
             per.append([])
             ex.run_step(order)
     finally:
-        ex.run_unit, ex._exec = run_unit, inner
+        ex.run_unit, ex.exec_item = run_unit, inner
     return [statistics.median(col) for col in zip(*per, strict=True)]

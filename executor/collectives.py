@@ -32,13 +32,14 @@ import torch
 import torch.distributed as dist
 
 from completion.dist_attr import shard_range
+from executor.errors import ExecutorError
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives; use whichever exists
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-class CollectiveError(ValueError):
+class CollectiveRunError(ExecutorError, ValueError):
     """A collective called with an inconsistent group, dim or reduce type; names it."""
 
 
@@ -46,7 +47,7 @@ def _reduce_op(reduce_type: str):
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
            "avg": dist.ReduceOp.SUM}
     if reduce_type not in ops:
-        raise CollectiveError(f"unknown reduce_type {reduce_type!r}; expected sum, avg, max or min")
+        raise CollectiveRunError(f"unknown reduce_type {reduce_type!r}; expected sum, avg, max or min")
     return ops[reduce_type]
 
 
@@ -67,19 +68,19 @@ class Groups:
             if len(g) < 2:
                 continue
             if any(r >= world for r in g):
-                raise CollectiveError(f"group {list(g)} names a rank outside world size {world}")
+                raise CollectiveRunError(f"group {list(g)} names a rank outside world size {world}")
             if len(g) == world:
                 self._pg[g] = dist.group.WORLD
             else:
                 self._pg[g] = dist.new_group(list(g), timeout=timedelta(seconds=timeout))
 
     def get(self, ranks: Sequence[int]):
-        """The process group of ``ranks``; CollectiveError if it was not created."""
+        """The process group of ``ranks``; CollectiveRunError if it was not created."""
         key = tuple(sorted(int(r) for r in ranks))
         if len(key) < 2:
             return None
         if key not in self._pg:
-            raise CollectiveError(f"no process group was created for ranks {list(key)}")
+            raise CollectiveRunError(f"no process group was created for ranks {list(key)}")
         return self._pg[key]
 
 
@@ -143,7 +144,7 @@ def all_to_all(x: torch.Tensor, src_dim: int, dst_dim: int, index: int, n: int, 
     block j goes to group position j, received blocks concatenate along ``src_dim`` into
     the extent ``total_src``."""
     if src_dim == dst_dim:
-        raise CollectiveError(f"all_to_all: src_dim and dst_dim are both {src_dim}")
+        raise CollectiveRunError(f"all_to_all: src_dim and dst_dim are both {src_dim}")
     size_e = x.shape[dst_dim]
     cd, ce = -(-total_src // n), -(-size_e // n)
     if n == 1:
@@ -167,7 +168,7 @@ def p2p(ops: Sequence[tuple], tag: int = 0) -> list:
     for entry in ops:
         kind, t, peer = entry[:3]
         if kind not in ("send", "recv"):
-            raise CollectiveError(f"p2p op kind must be 'send' or 'recv', got {kind!r}")
+            raise CollectiveRunError(f"p2p op kind must be 'send' or 'recv', got {kind!r}")
         fn = dist.isend if kind == "send" else dist.irecv
         p2p_ops.append(dist.P2POp(fn, t, int(peer), tag=int(entry[3]) if len(entry) > 3 else tag))
     if not p2p_ops:
@@ -178,7 +179,7 @@ def p2p(ops: Sequence[tuple], tag: int = 0) -> list:
 def _dim(attrs, key: str) -> int:
     d = attrs.get(key)
     if d is None or int(d) < 0:
-        raise CollectiveError(f"attribute {key!r} is missing (got {d!r})")
+        raise CollectiveRunError(f"attribute {key!r} is missing (got {d!r})")
     return int(d)
 
 
@@ -191,13 +192,13 @@ def run_collective(op_type: str, x: torch.Tensor, attrs, rank: int, group: Seque
         attrs: the op's attributes (``reduce_type``, ``src_dim``, ``dst_dim``).
         rank, group: this rank and its group, both as global ranks (group in mesh order).
         groups: the created process groups; out_shape: this rank's local result shape.
-    Raises CollectiveError for an unknown op type or a rank outside its group."""
+    Raises CollectiveRunError for an unknown op type or a rank outside its group."""
     group = tuple(int(r) for r in group)
     if rank not in group:
-        raise CollectiveError(f"{op_type}: rank {rank} is not in its group {list(group)}")
+        raise CollectiveRunError(f"{op_type}: rank {rank} is not in its group {list(group)}")
     fn = COLLECTIVES.get(op_type)
     if fn is None:
-        raise CollectiveError(f"{op_type!r} is not a collective op; expected one of {sorted(COLLECTIVES)}")
+        raise CollectiveRunError(f"{op_type!r} is not a collective op; expected one of {sorted(COLLECTIVES)}")
     n, index, pg = len(group), group.index(rank), groups.get(group)
     return fn(x, attrs, index, n, pg, tuple(int(s) for s in out_shape))
 

@@ -31,14 +31,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from executor.errors import ExecutorError
+
 BACKENDS = ("gloo", "nccl")
 
 
-class LaunchError(ValueError):
+class LaunchError(ExecutorError, ValueError):
     """Bad launch arguments (world size, backend) detected before any rank starts."""
 
 
-class RankFailure(RuntimeError):
+class RankFailure(ExecutorError, RuntimeError):
     """A rank raised; ``rank`` and ``message`` name it, ``traceback`` has its trace."""
 
     def __init__(self, rank: int, message: str, tb: str = "") -> None:
@@ -46,7 +48,7 @@ class RankFailure(RuntimeError):
         self.rank, self.message, self.traceback = rank, message, tb
 
 
-class LaunchTimeout(RuntimeError):
+class LaunchTimeout(ExecutorError, RuntimeError):
     """The ranks did not finish within the launch timeout; all were terminated."""
 
 

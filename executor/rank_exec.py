@@ -29,6 +29,7 @@ from completion.ops.registry import TensorType
 from completion.passes.reshard import value_layout
 from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
+from executor.errors import ExecutorError
 from executor.kernels import KernelContext, get_kernel, torch_dtype
 from executor.memory import MemTracker
 from executor.rank_plan import Item, RankPlan, is_persistent
@@ -37,7 +38,7 @@ from executor.writeback import ALIASES, write_back
 MAX_MB = 1024  # p2p tag = program index * MAX_MB + micro-batch
 
 
-class ExecError(RuntimeError):
+class ExecError(ExecutorError, RuntimeError):
     """A value is missing when an op needs it, or an op cannot run; names rank and op."""
 
 
@@ -98,7 +99,10 @@ class RankExecutor:
             glob = glob[mb * self.batch:(mb + 1) * self.batch]
         return local_block(glob, value_layout(v), self.rank)
 
-    def _get(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
+    def value(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
+        """The local tensor of ``v`` in micro-batch ``mb``: from the unit's ``env``, the
+        rank's state (parameters, optimizer states), or its source (a data input). Raises
+        ExecError naming the value when it is not there."""
         k = id(v)
         if env is not None and k in env:
             return env[k]
@@ -219,15 +223,30 @@ class RankExecutor:
             self.losses[mb] = t.detach().float().cpu().clone()
         self._late_losses.clear()
 
-    def _exec(self, it: Item, mb: int, env: dict, left: Counter | None, key: Any) -> None:
+    def _unresolved_reshard(self, it: Item, x: torch.Tensor) -> torch.Tensor:
+        """A ``reshard`` op the reshard pass did not resolve: in an unpartitioned program
+        (no dist attr, e.g. the single-process reference of a program text with a forward
+        reshard) it moves nothing, so it is the identity; with a layout it would need
+        collectives, so it is refused (ExecError naming the op) rather than run as a
+        relabel."""
+        d = it.op.dist_attr
+        if d is None or all(a is None or a.process_mesh.size == 1 for a in (*d.operands, *d.results)):
+            return x
+        raise ExecError(f"rank {self.rank}: {it.op.label()} is an unresolved reshard "
+                        f"({list(d.operands)} -> {list(d.results)}); run apply_reshard_pass first")
+
+    def exec_item(self, it: Item, mb: int, env: dict, left: Counter | None, key: Any) -> None:
+        """Run one op of a unit (the hook calibration wraps to time ops one by one)."""
         op, ro = it.op, it.ro
-        ins = [None if v is None else self._get(v, env, mb) for v in op.operands]
+        ins = [None if v is None else self.value(v, env, mb) for v in op.operands]
         try:
             if op.type in COLLECTIVES and self._logging_only(op):
                 outs = [self._deferred_all_reduce(it, ins[0])]
             elif op.type in COLLECTIVES:
                 outs = [run_collective(op.type, ins[0], op.attrs, self.rank, ro.group or (self.rank,),
                                        self.groups, ro.result_shapes[0] or ())]
+            elif op.type == "reshard":
+                outs = [self._unresolved_reshard(it, ins[0])]
             elif op.type == "shadow_output":
                 if op.operands[0] is self.plan.loss and id(ins[0]) in self._deferred:
                     self._late_losses[mb] = ins[0]
@@ -251,7 +270,7 @@ class RankExecutor:
         for it in items:
             op = it.op
             if op.type == "send":
-                t = self._get(op.operands[0], env, mb).contiguous()
+                t = self.value(op.operands[0], env, mb).contiguous()
                 for a, b in op.attrs["pairs"]:
                     if a == self.rank:
                         ops.append(("send", t, b, it.index * MAX_MB + mb))
@@ -322,7 +341,7 @@ class RankExecutor:
                 self._p2p(items[i:j], mb, env, left, key)
                 i = j
             else:
-                self._exec(items[i], mb, env, left, key)
+                self.exec_item(items[i], mb, env, left, key)
                 i += 1
 
     # -- a step ----------------------------------------------------------------------------

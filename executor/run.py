@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from completion.passes.reshard import value_layout
-from executor.actions import Rows, ScheduleError, schedule_rows, single_stage_order
+from executor.actions import ActionOrderError, Rows, schedule_rows, single_stage_order
 from executor.assemble import assemble
 from executor.launch import LaunchError, launch
 
@@ -78,7 +78,7 @@ def check_plan(plan: Any, nproc: int) -> None:
                                 f"but nproc is {nproc}")
 
 
-class PlanScheduleError(PlanMismatchError, ScheduleError):
+class PlanScheduleError(PlanMismatchError, ActionOrderError):
     """The schedule given for a plan does not fit it (refused before launch)."""
 
 
@@ -90,7 +90,7 @@ def plan_rows(plan: Any, schedule: Any) -> Rows:
     m = s.global_batch_size // batch if batch > 0 else 0
     try:
         return schedule_rows(schedule, s.pp, max(m, 1), max(s.vpp, 1))
-    except ScheduleError as e:
+    except ActionOrderError as e:
         raise PlanScheduleError(str(e)) from None
 
 

@@ -21,6 +21,7 @@ from completion.ops.registry import TensorType
 from completion.passes.reshard import STEP_OPS, value_layout
 from completion.reshard import Layout, plan_reshard
 from executor.collectives import Groups, run_collective
+from executor.errors import ExecutorError
 from executor.kernels import KernelContext, get_kernel
 
 # optimizer op type -> (operand index, result index) pairs that alias
@@ -32,7 +33,7 @@ ALIASES = {
 _PASS_THROUGH = set(STEP_OPS.values())
 
 
-class WriteBackError(RuntimeError):
+class WriteBackError(ExecutorError, RuntimeError):
     """An in-place result cannot be carried back to the value it aliases."""
 
 

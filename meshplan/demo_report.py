@@ -18,6 +18,7 @@ from typing import Any
 
 from clusters import load_cluster
 from meshplan.engine import Engine
+from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from simulator.step import StepResult
 from tuner.result import TuneResult
@@ -44,7 +45,7 @@ FILES = {  # file name -> what it holds (the README lists them in this order)
 }
 
 
-class DemoError(ValueError):
+class DemoError(MeshplanError):
     """A demo request that cannot run (an output directory that is not the demo's)."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import MeshplanError
 from meshplan.strategy import Strategy, StrategyError
 
 PLAN_VERSION = 2
@@ -16,7 +17,7 @@ PLAN_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
-class PlanError(ValueError):
+class PlanError(MeshplanError):
     """A malformed plan document; names the field at fault."""
 
 

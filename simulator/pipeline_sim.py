@@ -21,6 +21,7 @@ from typing import Any
 
 import simpy
 
+from simulator.errors import SimulatorError
 from simulator.result import SimResult, TimelineEvent
 from simulator.schedules.base import Schedule, ScheduleError
 
@@ -31,18 +32,18 @@ def _ns(seconds: Any, what: str) -> int:
     try:
         val = float(seconds)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number of seconds, got {seconds!r}") from None
+        raise SimulatorError(f"{what} must be a number of seconds, got {seconds!r}") from None
     if not val >= 0 or val == float("inf"):
-        raise ValueError(f"{what} must be finite and >= 0 seconds, got {seconds!r}")
+        raise SimulatorError(f"{what} must be finite and >= 0 seconds, got {seconds!r}")
     return round(val * 1e9)
 
 
 def _triple(entry: Any, what: str, split: int) -> tuple[int, int, int]:
     if not isinstance(entry, Mapping):
-        raise ValueError(f"{what} must be a mapping with keys F, B, W (seconds), got {entry!r}")
+        raise SimulatorError(f"{what} must be a mapping with keys F, B, W (seconds), got {entry!r}")
     unknown = set(entry) - {"F", "B", "W"}
     if unknown or "F" not in entry or "B" not in entry:
-        raise ValueError(f"{what} needs keys F and B (and optionally W), got {sorted(entry)}")
+        raise SimulatorError(f"{what} needs keys F and B (and optionally W), got {sorted(entry)}")
     return tuple(_ns(float(entry.get(k, 0.0)) / split, f"{what}[{k}]") for k in "FBW")
 
 
@@ -58,14 +59,14 @@ def normalize_stage_times(schedule: Schedule, stage_times: Any) -> list[list[tup
         t = _triple(stage_times, "stage_times", v)
         return [[t] * v for _ in range(p)]
     if not isinstance(stage_times, Sequence) or isinstance(stage_times, str):
-        raise ValueError(f"stage_times must be a mapping or a list of mappings, got {type(stage_times).__name__}")
+        raise SimulatorError(f"stage_times must be a mapping or a list of mappings, got {type(stage_times).__name__}")
     if len(stage_times) == p:
         return [[_triple(stage_times[r], f"stage_times[{r}]", v)] * v for r in range(p)]
     if len(stage_times) == p * v:
         return [
             [_triple(stage_times[vs], f"stage_times[{vs}]", 1) for vs in schedule.vstage[r]] for r in range(p)
         ]
-    raise ValueError(f"stage_times has {len(stage_times)} entries; expected 1 mapping, {p} (per stage) or {p * v} (per virtual stage)")
+    raise SimulatorError(f"stage_times has {len(stage_times)} entries; expected 1 mapping, {p} (per stage) or {p * v} (per virtual stage)")
 
 
 def _hop_ns(schedule: Schedule, comm_time: float, cluster: Any, p2p_bytes: float | None):
@@ -74,7 +75,7 @@ def _hop_ns(schedule: Schedule, comm_time: float, cluster: Any, p2p_bytes: float
     if cluster is None:
         return lambda a, b: 0 if a == b else base
     if p2p_bytes is None or not hasattr(cluster, "p2p_time"):
-        raise ValueError("cluster needs p2p_bytes and a cluster object with p2p_time(nbytes, src, dst)")
+        raise SimulatorError("cluster needs p2p_bytes and a cluster object with p2p_time(nbytes, src, dst)")
     cache: dict[tuple[int, int], int] = {}
 
     def hop(a: int, b: int) -> int:

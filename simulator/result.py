@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from simulator.errors import SimulatorError
+
 if TYPE_CHECKING:
     from simulator.schedules.base import Schedule
 
@@ -158,10 +160,10 @@ def peak_memory(per_rank: list[list[TimelineEvent]], memory: Mapping[str, float]
     if memory is None:
         return [0.0] * len(per_rank)
     if not isinstance(memory, Mapping) or set(memory) - {"M_B", "M_W", "static"} or "M_B" not in memory:
-        raise ValueError(f"memory must be a mapping with M_B (and optional M_W, static), got {memory!r}")
+        raise SimulatorError(f"memory must be a mapping with M_B (and optional M_W, static), got {memory!r}")
     mb, mw, static = (float(memory.get(k, 0.0)) for k in ("M_B", "M_W", "static"))
     if mb < 0 or mw < 0 or mw > mb:
-        raise ValueError(f"memory needs 0 <= M_W <= M_B, got M_B={mb}, M_W={mw}")
+        raise SimulatorError(f"memory needs 0 <= M_W <= M_B, got M_B={mb}, M_W={mw}")
     delta = {"B": -(mb - mw) / v, "W": -mw / v, "BW": -mb / v}
     peaks = []
     for evs in per_rank:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from executor import PlanScheduleError, run_plan
-from executor.actions import ScheduleError, StepAction, schedule_rows, single_stage_order
+from executor.actions import ActionOrderError, StepAction, schedule_rows, single_stage_order
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from meshplan.validation import plain_schedule
@@ -34,7 +34,7 @@ def test_simulator_schedules_are_read_duck_typed():
     (((), ()), "2 rows but the plan has 1"),
 ])
 def test_bad_rows_are_refused(bad, msg):
-    with pytest.raises(ScheduleError, match=msg):
+    with pytest.raises(ActionOrderError, match=msg):
         schedule_rows(bad, 1, 4, 1)
 
 

@@ -84,3 +84,137 @@ def test_the_checker_sees_relative_and_local_imports(tmp_path, monkeypatch):
 def test_package_imports_follow_the_design(package):
     bad = violations(package)
     assert not bad, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(bad)
+
+
+# -- module boundaries: private names, import cycles, error types --------------------------
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for pkg in OURS:
+        for path in (ROOT / pkg).rglob("*.py"):
+            out[".".join(_module_name(path))] = path
+    return out
+
+
+def _own_module(name: str, mods: dict[str, pathlib.Path]) -> str | None:
+    """The longest prefix of dotted ``name`` that is one of our modules."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in mods:
+            return ".".join(parts[:i])
+    return None
+
+
+def module_imports(path: pathlib.Path, mods: dict[str, pathlib.Path]) -> tuple[set[str], list[str]]:
+    """(our modules ``path`` imports, ``line: what`` for every private name it takes from
+    another of our modules: ``from m import _x`` or ``alias._x`` on an imported module).
+    ``from package import submodule`` depends on the submodule only. Relative imports are
+    not used in this code base (absolute imports only)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    me = ".".join(_module_name(path))
+    deps: set[str] = set()
+    private: list[str] = []
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in OURS:
+                    deps.add(_own_module(a.name, mods) or a.name)
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in OURS:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in mods:  # a submodule
+                    deps.add(full)
+                    aliases[a.asname or a.name] = full
+                    continue
+                deps.add(_own_module(node.module, mods) or node.module)
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    private.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}")
+    deps.discard(me)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            private.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
+    return deps, private
+
+
+def test_no_module_takes_another_modules_private_names():
+    mods = _modules()
+    bad = [p for path in mods.values() for p in module_imports(path, mods)[1]]
+    assert not bad, "private names used outside their module:\n" + "\n".join(bad)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_import_cycles_are_found_and_there_are_none():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    mods = _modules()
+    graph = {name: module_imports(path, mods)[0] for name, path in mods.items()}
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles (function-local imports count too):\n" + "\n".join(map(str, cycles))
+
+
+def _error_classes() -> dict[str, list[type]]:
+    import importlib
+
+    out: dict[str, list[type]] = {}
+    for name in sorted(_modules()):
+        if name.endswith("__main__") or name.split(".")[0] == "experiments" and "command" in name:
+            continue
+        mod = importlib.import_module(name)
+        for obj in vars(mod).values():
+            if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == name:
+                out.setdefault(name.split(".")[0], []).append(obj)
+    return out
+
+
+def test_every_package_has_one_root_error_and_no_name_is_reused():
+    classes = _error_classes()
+    seen: dict[str, str] = {}
+    for pkg, errs in classes.items():
+        roots = [e for e in errs if not any(b.__module__.split(".")[0] == pkg for b in e.__mro__[1:])]
+        assert len(roots) == 1, f"{pkg} has root error types {[r.__name__ for r in roots]}"
+        for e in errs:
+            assert e.__name__ not in seen, f"{e.__name__} is defined in {seen[e.__name__]} and {pkg}"
+            seen[e.__name__] = pkg

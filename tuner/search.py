@@ -16,11 +16,11 @@ from tuner.result import ProgressReporter, TuneResult
 from tuner.study import (
     TuneConfig,
     TuneError,
-    _count,
     open_study,
     optimize,
     resolve_factory,
     run_worker,
+    trial_counts,
 )
 
 MEMORY = "memory"
@@ -67,7 +67,7 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
                                                        str(sdir) if sdir else None))
             p.start()
             procs.append(p)
-    done, _ = _count(study)
+    done, _ = trial_counts(study)
     try:
         with ProgressReporter(n_trials, min(done, n_trials), enabled=progress) as rep:
             optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)

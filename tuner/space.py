@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tuner.errors import TunerError
+
 #: Pipeline schedules the tuner searches (ZB is ZB-2p of Qi et al. 2024).
 SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBVPP", "ZB")
 RECOMPUTE = ("none", "selective", "full")
@@ -38,7 +40,7 @@ _FIX_ALIASES = {"mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequ
                 "schedule_mode": "schedule", "mp": "tp"}
 
 
-class SpaceError(ValueError):
+class SpaceError(TunerError):
     """A bad search problem or space; the message names the field at fault."""
 
 
@@ -141,10 +143,6 @@ class Candidate:
     def template_dict(self) -> dict[str, str]:
         """Pattern kind -> template name (empty unless pattern-based)."""
         return dict(self.templates)
-
-    def mesh_str(self) -> str:
-        """``dp{dp}-mp{tp}-pp{pp}``, e.g. ``dp2-mp4-pp1``."""
-        return f"dp{self.dp}-mp{self.tp}-pp{self.pp}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (JSON-ready; ``templates`` as a dict)."""

@@ -29,12 +29,14 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
+from tuner.errors import TunerError
+
 WORKER_ATTR = "meshplan_worker"
 HEARTBEAT_S = 10
 GRACE_S = 60
 
 
-class StorageError(ValueError):
+class StorageError(TunerError):
     """A storage URL that cannot be used; the message names it."""
 
 
@@ -132,14 +134,6 @@ def rdb_url(url: str) -> str:
                 and importlib.util.find_spec("psycopg2") is not None):
             return "postgresql+psycopg2://" + url.split("://", 1)[1]
     return url
-
-
-def describe_storage(url: str | None, study_dir: Path | None) -> str:
-    """Human-readable location of a study's storage for reports: ``in-memory``, the journal
-    file (``study_dir/journal.log`` by default), or the database URL."""
-    if url is None:
-        return "in-memory" if study_dir is None else str(study_dir / "journal.log")
-    return url if "://" in url else str(url).removeprefix("journal:")
 
 
 def recover_interrupted(study: optuna.Study) -> list[int]:

@@ -35,6 +35,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.errors import TunerError
 from tuner.space import Candidate, SearchSpace
 from tuner.storage import WORKER_ATTR, open_storage, recover_interrupted, worker_id
 from tuner.suggest import PATTERN, RANDOM, SEMI, suggest_candidate
@@ -45,7 +46,7 @@ CONFIG_ATTR = "meshplan_config"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-class TuneError(ValueError):
+class TuneError(TunerError):
     """A bad search request (mode, sampler, a study that belongs to another search)."""
 
 
@@ -169,7 +170,8 @@ def open_study(cfg: TuneConfig | None, study_name: str, storage: str | None,
     return study, cfg
 
 
-def _count(study: optuna.Study) -> tuple[int, int]:
+def trial_counts(study: optuna.Study) -> tuple[int, int]:
+    """(finished, running) trial counts of ``study`` (finished: complete or pruned)."""
     ts = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
     done = sum(t.state in FINISHED for t in ts)
     return done, len(ts) - done
@@ -236,7 +238,7 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
     (running ones of other workers count), ``timeout`` seconds pass, or the sampler has
     exhausted the space (bruteforce). Returns the number of trials this call ran."""
     recover_interrupted(study)
-    done, running = _count(study)
+    done, running = trial_counts(study)
     if done + running >= n_trials:
         return 0
     obj = _Objective(study, cfg, scorer)
@@ -252,7 +254,7 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
         ran += 1
         if on_trial is not None:
             on_trial(st, ft)
-        d, r = _count(st)
+        d, r = trial_counts(st)
         if d + r >= n_trials:
             st.stop()
 

@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 
 from tuner import legality as L
+from tuner.errors import TunerError
 from tuner.space import Candidate, SearchSpace, iter_base_candidates
 
 #: Annotation modes (issue 8 / Paddle auto-parallel's names).
@@ -160,7 +161,7 @@ def enumerate_candidates(space: SearchSpace, mode: str,
     an exhaustive search visits), without Optuna. full_random has a seed per point and is
     not enumerable (raises ValueError)."""
     if mode == RANDOM:
-        raise ValueError("full_random draws an annotation seed per trial; it cannot be enumerated")
+        raise TunerError("full_random draws an annotation seed per trial; it cannot be enumerated")
     allowed_tp, allowed_pp = set(tp_choices(space)), set(pp_choices(space))
     out, seen = [], set()
     for c in iter_base_candidates(space):

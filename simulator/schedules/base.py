@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from simulator.errors import SimulatorError
+
 KINDS = ("F", "B", "W", "BW")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(SimulatorError):
     """Invalid schedule name/arguments, or a schedule whose actions cannot all run."""
 
 

@@ -1,0 +1,7 @@
+"""Errors raised by the executor package. All derive from :class:`ExecutorError`; bad input
+(a plan, a schedule, a group the plan does not fit) is also a ``ValueError``, a failure of
+a run (a rank that died or hung, a kernel that failed) a ``RuntimeError``."""
+
+
+class ExecutorError(Exception):
+    """Base class of every error the executor raises; names the rank, op or field at fault."""

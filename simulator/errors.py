@@ -1,0 +1,6 @@
+"""Errors raised by the simulator package. All derive from :class:`SimulatorError`, a
+``ValueError`` (bad input: times, memory figures, shapes the cost rules cannot take)."""
+
+
+class SimulatorError(ValueError):
+    """Base class of every error the simulator raises on bad input; names the value at fault."""

@@ -1,0 +1,6 @@
+"""Errors raised by the tuner package. All derive from :class:`TunerError`, a ``ValueError``."""
+
+
+class TunerError(ValueError):
+    """Base class of every error the tuner raises on bad input (search space, storage,
+    patterns, study); names the field or option at fault."""
