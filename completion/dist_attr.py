@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from completion.errors import DistAttrError
 from completion.mesh import ProcessMesh, as_int, as_ints
@@ -163,6 +164,10 @@ class TensorDistAttr:
         object.__setattr__(self, "dims_mapping", dm)
         object.__setattr__(self, "partial", tuple(sorted(pmap.items())))
         object.__setattr__(self, "chunk_id", int(chunk_id))
+        object.__setattr__(self, "_hash", hash((process_mesh, dm, self.partial, self.chunk_id)))
+
+    def __hash__(self) -> int:  # computed once: attrs key the cost model's caches
+        return self._hash  # type: ignore[attr-defined]
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -282,14 +287,21 @@ def local_shape(shape: Sequence[int], attr: TensorDistAttr, rank: int) -> tuple[
     change the shape. Raises DistAttrError if the rank is not in the mesh or the ranks differ.
     """
     attr.check_shape(shape)
+    return _local_shape(tuple(int(s) for s in shape), attr, rank)
+
+
+@lru_cache(maxsize=1 << 16)
+def _local_shape(shape: tuple[int, ...], attr: TensorDistAttr, rank: int) -> tuple[int, ...]:
+    """:func:`local_shape` of a checked shape (cached: the cost model asks for the same
+    (shape, layout, rank) for every identical layer and every phase)."""
     mesh = attr.process_mesh
     coord = mesh.coord(rank)
     out = []
     for size, m in zip(shape, attr.dims_mapping, strict=True):
         if m < 0:
-            out.append(int(size))
+            out.append(size)
         else:
-            a, b = shard_range(int(size), mesh.shape[m], coord[m])
+            a, b = shard_range(size, mesh.shape[m], coord[m])
             out.append(b - a)
     return tuple(out)
 

@@ -13,6 +13,8 @@ from completion.errors import DistAttrError
 def as_int(x: object, what: str) -> int:
     """``x`` as an int; DistAttrError naming ``what`` for a bool, a float (even 2.0), NaN,
     a string or None, rather than truncating it silently."""
+    if type(x) is int:  # the common case, without the (slow) ABC check
+        return x
     if isinstance(x, bool) or not isinstance(x, Integral):
         raise DistAttrError(f"{what} must be an integer, got {x!r}")
     return int(x)
@@ -20,6 +22,8 @@ def as_int(x: object, what: str) -> int:
 
 def as_ints(xs: object, what: str) -> tuple[int, ...]:
     """A sequence of ints (see :func:`as_int`); DistAttrError naming ``what`` otherwise."""
+    if type(xs) is tuple and all(type(x) is int for x in xs):
+        return xs
     if isinstance(xs, (str, bytes)) or not isinstance(xs, Iterable):
         raise DistAttrError(f"{what} must be a sequence of integers, got {xs!r}")
     return tuple(as_int(x, f"{what} entry") for x in xs)
@@ -63,6 +67,10 @@ class ProcessMesh:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "process_ids", ids)
         object.__setattr__(self, "dim_names", names)
+        object.__setattr__(self, "_hash", hash((shape, ids)))
+
+    def __hash__(self) -> int:  # computed once: meshes key the cost model's caches
+        return self._hash  # type: ignore[attr-defined]
 
     @classmethod
     def of(cls, *shape: int, start: int = 0, dim_names: tuple[str, ...] = ()) -> ProcessMesh:

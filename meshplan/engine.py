@@ -22,8 +22,12 @@ from completion.models.source import ModelSource, resolve_model
 from completion.plan_program import PlanProgram, build_plan_program, check_plan, plan_strategy
 from completion.strategy import Strategy
 from meshplan.errors import MeshplanError
+from simulator.program_costs import ByIdentity, CostCache, ProgramCosts, costing_strategy
 from simulator.roofline import Roofline
-from simulator.step import StepModel, StepResult
+from simulator.step import StepConfig, StepModel, StepResult
+
+#: block costs of representative programs, shared by every Engine of this process
+COSTS = CostCache()
 
 
 class EngineError(MeshplanError):
@@ -79,6 +83,7 @@ class Engine:
         self.source: ModelSource = resolve_model(model, seq_len, example_inputs, num_layers)
         check_plan(self.source, s)  # the executor's check too: refuse before building anything
         self.roofline = Roofline.from_device(self.cluster.device, gemm_efficiency)
+        self.gemm_efficiency = gemm_efficiency
         self.overlap, self.overlap_dp_sync = overlap, overlap_dp_sync
         self.num_layers = num_layers
         self._costed: PlanProgram | None = None
@@ -120,18 +125,41 @@ class Engine:
         return s
 
     # -- costing ---------------------------------------------------------------------------
+    def program_costs(self) -> ProgramCosts:
+        """The per-block costs of the representative program on rank 0.
+
+        For a model built from a config they come from :data:`COSTS`, keyed by the model,
+        the costing strategy (``simulator.program_costs.costing_strategy``: the pipeline,
+        the schedule and ZeRO do not change rank 0's block costs), the cluster and the GEMM
+        efficiency: a search costs each layer layout once. A given program is costed as it
+        is."""
+        layers = self.num_layers or (None if self.source.is_program else self.source.num_layers)
+        if self.source.is_program:
+            return ProgramCosts.of(self.costed_program(), self.cluster, self.roofline, layers)
+        cs = costing_strategy(self.strategy)
+        ann = cs.annotation
+        if isinstance(ann, dict):  # a mapping annotation: its hashable form
+            ann = tuple(sorted((k, tuple(v)) for k, v in ann.items()))
+        key = (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
+               ByIdentity(self.cluster), self.gemm_efficiency, layers)
+
+        def build() -> ProgramCosts:
+            prog = build_plan_program(self.source, cs, representative=True, resolve_reshards=False)
+            return ProgramCosts.of(prog, self.cluster, self.roofline, layers)
+
+        return COSTS.get(key, build)
+
     def step_model(self, accumulate_grads: bool = False) -> StepModel:
         """The :class:`simulator.step.StepModel` of this plan. ``accumulate_grads``: charge
         gradient accumulation as separate adds (the executor's way; see
         ``StepConfig.accumulate_grads``). Raises EngineError for a split the pipeline
         cannot take."""
-        layers = self.num_layers or (None if self.source.is_program else self.source.num_layers)
-        program = self.costed_program()
+        costs = self.program_costs()
+        cfg = StepConfig.of(self.strategy, self.roofline, boundary_bytes=costs.boundary_bytes,
+                            seq_len=self.source.seq_len, overlap=self.overlap,
+                            overlap_dp_sync=self.overlap_dp_sync, accumulate_grads=accumulate_grads)
         try:
-            return StepModel.from_program(
-                program, self.cluster, self.roofline, seq_len=self.source.seq_len,
-                num_layers=layers, overlap=self.overlap, overlap_dp_sync=self.overlap_dp_sync,
-                accumulate_grads=accumulate_grads)
+            return StepModel(costs, self.cluster, self.roofline, cfg)
         except ValueError as e:
             s = self.strategy
             raise EngineError(f"strategy pp={s.pp} vpp={s.vpp}: {e}") from None

@@ -269,11 +269,12 @@ def _add_layer_inputs(program: Program, roots: dict[int, Value], blocks: dict[in
 
 
 def workspace_bytes(program: Program, ops: Iterable[Operation] | None = None) -> int:
-    """Workspace term: the largest working set of a single op (local operand + result
-    bytes), e.g. the logits and softmax of the loss. Bytes."""
+    """Workspace term: the largest working set of a single op that launches a kernel
+    (local operand + result bytes other than parameters), e.g. the logits and softmax of
+    the loss; input declarations (data) and views hold none. Bytes."""
     best = 0
     for op in ops if ops is not None else program.ops:
-        if op.role == OpRole.OPTIMIZE:
+        if op.role == OpRole.OPTIMIZE or op_traits(op.type).kernel is None:
             continue
         vals = [v for v in (*op.operands, *op.results) if v is not None and not v.is_parameter]
         best = max(best, sum(_nbytes(v) for v in vals))

@@ -12,6 +12,8 @@ A given program is costed layer by layer, or, with ``num_layers``, the same way.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,58 @@ from simulator.stage_cost import PHASES, BlockCost, StageCoster
 
 class ProgramCostError(SimulatorError):
     """A program the step model cannot place on pipeline stages; names the cause."""
+
+
+def costing_strategy(strategy: Any) -> Any:
+    """The strategy whose representative program gives the same rank-0 costs as
+    ``strategy``'s: the same dp x tp layout, micro-batch, recompute, dtype and annotation
+    with pp = vpp = 1, 1F1B, no ZeRO and one micro-batch per step. Rank 0's local shapes,
+    its collectives and its activations do not depend on the pipeline, the schedule or the
+    ZeRO stage (ZeRO changes optimizer ops, costed apart; ZeRO-3's gathers are costed per
+    block by the step model). dp stays: the loss is averaged over the dp group in each
+    micro-batch (an all_reduce of the scalar: Megatron-LM's
+    ``average_losses_across_data_parallel_group``)."""
+    return strategy.replace(pp=1, vpp=1, schedule="1F1B", zero=0, layers_per_stage=None,
+                            global_batch_size=strategy.micro_batch_size * strategy.dp)
+
+
+class ByIdentity:
+    """A key part that compares by object identity and keeps the object alive (for
+    unhashable objects such as a Cluster: while an entry holds it, its id is not reused)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ByIdentity) and other.obj is self.obj
+
+
+class CostCache:
+    """A small LRU cache of :class:`ProgramCosts` by a caller's key (the model, its costing
+    strategy, the cluster and device efficiency): a search costs each distinct layer layout
+    once, whatever its dp, pp, schedule and ZeRO stage."""
+
+    def __init__(self, maxsize: int = 256) -> None:
+        self.maxsize = maxsize
+        self._items: OrderedDict[Any, ProgramCosts] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: Any, build: Callable[[], ProgramCosts]) -> ProgramCosts:
+        """The costs under ``key``, built with ``build()`` on a miss."""
+        if key in self._items:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return self._items[key]
+        self.misses += 1
+        value = self._items[key] = build()
+        if len(self._items) > self.maxsize:
+            self._items.popitem(last=False)
+        return value
 
 
 @dataclass

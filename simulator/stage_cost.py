@@ -24,11 +24,12 @@ from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program
+from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
 from simulator.memory import is_attention_core, is_regather
 from simulator.op_cost import op_cost
-from simulator.op_signature import is_weight_grad, local_tensor, op_signature, param_root
+from simulator.op_signature import OpSig, is_weight_grad, local_tensor, op_signature, param_root
 from simulator.roofline import Roofline
 from simulator.types import BlockKey, Phase
 
@@ -140,8 +141,7 @@ class StageCoster:
         self.names = frozenset(p.name for p in program.parameters() if p.name)
         self._time_cache: dict[Any, dict[Phase, float]] = {}
 
-    def _op_times(self, op: Operation) -> tuple[dict[Phase, float], tuple]:
-        sig = op_signature(op, self.rank, self.names)
+    def _op_times(self, sig: OpSig) -> tuple[dict[Phase, float], tuple]:
         if sig not in self._time_cache:
             self._time_cache[sig] = self.roofline.kernels_time(op_cost(sig))
         return self._time_cache[sig], op_cost(sig)
@@ -183,12 +183,16 @@ class StageCoster:
             bc.comm[phase] += self.cluster.collective_time(kind, nbytes, g)
             bc.comm_count[phase] += 1
 
-    def _params_and_workspace(self, op: Operation, bc: BlockCost) -> None:
+    def _params_and_workspace(self, op: Operation, sig: OpSig, bc: BlockCost) -> None:
+        """Record the parameters a forward op reads (local elements and bytes) and the op's
+        working set (local operand + result bytes other than parameters) when it launches a
+        kernel: an op that only declares an input (data: optimizer states, labels) or a view
+        holds no working set of its own. Local shapes come from the op's signature."""
         work = 0
-        for v in (*op.operands, *op.results):
-            if v is None:
+        kernel = op_traits(op.type).kernel is not None
+        for v, t in zip((*op.operands, *op.results), (*sig.ins, *sig.outs), strict=True):
+            if v is None or t is None:
                 continue
-            t = local_tensor(v, self.rank)
             n = 1
             for d in t.shape:
                 n *= d
@@ -196,7 +200,7 @@ class StageCoster:
             root = param_root(v, alias_only=True)
             if root is not None and op.role in (OpRole.FORWARD, OpRole.LOSS):
                 bc.params.setdefault(root.name or str(id(root)), (n, nb))
-            if root is None:
+            if root is None and kernel:
                 work += nb
         bc.workspace = max(bc.workspace, work)
 
@@ -213,9 +217,10 @@ class StageCoster:
                 continue
             if op.type == "parameter":
                 continue
-            self._params_and_workspace(op, bc)
+            sig = op_signature(op, self.rank, self.names)
+            self._params_and_workspace(op, sig, bc)
             self._kernel_collectives(op, bc)
-            times, kernels = self._op_times(op)
+            times, kernels = self._op_times(sig)
             for k in kernels:
                 if k.phase in PHASES:
                     bc.flops[k.phase] += k.flops

@@ -127,3 +127,25 @@ def test_an_uneven_layer_split_reaches_the_executed_program():
     assert stage_of == {0: {0}, 1: {1}, 2: {1}, 3: {1}}
     with pytest.raises(PlanProgramError, match="sums to 3, but model .* has 4 layers"):
         Engine.from_plan(_plan(PLANS["pp2 tp2 1F1B"].replace(layers_per_stage=(1, 2))))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(dp=4, tp=2, sequence_parallel=True, zero=1, pp=2, schedule="ZBH1"),
+    dict(dp=8, zero=3, recompute="full"),
+    dict(dp=2, tp=2, pp=2, vpp=2, schedule="VPP", recompute="selective"),
+])
+def test_block_costs_do_not_depend_on_pp_schedule_or_zero(kw):
+    """The cost cache's premise (simulator.program_costs.costing_strategy): the
+    representative program of the plan itself and that of its costing strategy (pp = 1,
+    1F1B, no ZeRO) cost the same on rank 0."""
+    from simulator.program_costs import ProgramCosts, costing_strategy
+
+    s = Strategy(micro_batch_size=1, global_batch_size=kw["dp"] * 4, dtype="float32", **kw)
+    eng = Engine(CONFIG, "dgx-a100-80g", s, nodes=2, seq_len=64)
+    direct = ProgramCosts.of(eng.costed_program(), eng.cluster, eng.roofline, 4)
+    from completion.plan_program import build_plan_program
+
+    cheap = ProgramCosts.of(build_plan_program(eng.source, costing_strategy(s), representative=True,
+                                               resolve_reshards=False), eng.cluster, eng.roofline, 4)
+    assert cheap == direct
+    assert eng.program_costs() == direct
