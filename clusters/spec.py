@@ -14,6 +14,7 @@ A spec file looks like::
       peak_flops: {bf16: {value: 3.12e+14, provenance: ...}, ...}
       memory_bytes: {value: 8.0e+10, provenance: ...}
       memory_bandwidth: {value: 2.0e+12, provenance: ...}
+      sm_count: {value: 108, provenance: ...}              # optional: GEMM waves by SM
       efficiency:
         gemm: {value: 0.65, provenance: ...}
         memory_bandwidth: {value: 0.8, provenance: ...}
@@ -45,6 +46,8 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 #: largest GPU clusters built so far; larger numbers are typos, and would make rank tables
 #: (``meshplan clusters show``) run out of memory.
 MAX_WORLD_SIZE = 2**20
+#: Largest cluster YAML file read (bytes); the catalog's are about 3 KiB.
+MAX_SPEC_BYTES = 2**20
 
 
 class _Quantity(BaseModel):
@@ -52,34 +55,76 @@ class _Quantity(BaseModel):
     provenance: str = Field(min_length=1)
 
 
-class Positive(_Quantity):
-    """A strictly positive float (a bandwidth, a FLOP rate, a size) with its provenance."""
+def _yaml_number(v: Any) -> Any:
+    """Refuse what pydantic would coerce to a number: a string (YAML 1.1 reads ``1e9``,
+    without a dot, as the string "1e9"), a boolean (``true`` would count as 1), null."""
+    if isinstance(v, bool):
+        raise ValueError("must be a YAML number, not a boolean")
+    if isinstance(v, str):
+        try:
+            as_float = float(v)
+        except ValueError:
+            raise ValueError("must be a YAML number, not a string") from None
+        hint = (f"YAML 1.1 reads an exponent without a dot as a string: write {as_float:.1e}"
+                if "e" in v.lower() and "." not in v else "write the number without quotes")
+        raise ValueError(f"must be a YAML number, not a string ({hint})")
+    if not isinstance(v, (int, float)):
+        raise ValueError(f"must be a YAML number, not {type(v).__name__}")
+    return v
+
+
+#: Smallest positive rate, size or efficiency a spec may give (a FLOP rate of 1e-6
+#: FLOP/s, an efficiency of 1e-6): anything smaller is a typo, and would make step times
+#: overflow a float (``1e-300`` as an efficiency gives times beyond 1e299 s).
+MIN_POSITIVE = 1e-6
+
+
+class _Number(_Quantity):
+    @field_validator("value", mode="before", check_fields=False)
+    @classmethod
+    def _strict(cls, v: Any) -> Any:
+        return _yaml_number(v)
+
+    @field_validator("value", mode="after", check_fields=False)
+    @classmethod
+    def _not_tiny(cls, v: Any) -> Any:
+        if cls is not NonNegative and 0 < v < MIN_POSITIVE:
+            raise ValueError(f"must be at least {MIN_POSITIVE:g} (clusters.spec.MIN_POSITIVE)")
+        return v
+
+
+class Positive(_Number):
+    """A strictly positive float (a bandwidth, a FLOP rate, a size) with its provenance; a
+    YAML number (int or float), never a string or a boolean; at least
+    :data:`MIN_POSITIVE`."""
 
     value: float = Field(gt=0, allow_inf_nan=False)
 
 
-class NonNegative(_Quantity):
-    """A float >= 0 (a latency, an overhead in seconds) with its provenance."""
+class NonNegative(_Number):
+    """A float >= 0 (a latency, an overhead in seconds) with its provenance; a YAML number."""
 
     value: float = Field(ge=0, allow_inf_nan=False)
 
 
-class Fraction(_Quantity):
-    """An efficiency factor in (0, 1] with its provenance."""
+class Fraction(_Number):
+    """An efficiency factor in [:data:`MIN_POSITIVE`, 1] with its provenance; a YAML number."""
 
-    value: float = Field(gt=0, le=1)
+    value: float = Field(gt=0, le=1, allow_inf_nan=False)
 
 
 class Count(_Quantity):
-    """An integer >= 1 (devices, NICs, nodes) with its provenance."""
+    """An integer >= 1 (devices, NICs, nodes) with its provenance; a YAML integer (not a
+    string, a boolean or a float such as 8.0)."""
 
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, strict=True)
 
     @field_validator("value", mode="before")
     @classmethod
     def _no_bool(cls, v: Any) -> Any:
-        if isinstance(v, bool):  # YAML `true` would otherwise count as 1
-            raise ValueError("must be an integer, not a boolean")
+        v = _yaml_number(v)
+        if isinstance(v, float):
+            raise ValueError("must be a YAML integer, not a float")
         return v
 
 
@@ -96,6 +141,12 @@ class Efficiency(BaseModel):
     gemm_half_flops: Positive | None = None
     """Optional: FLOPs of one GEMM at which it reaches half of ``gemm`` (read by
     ``simulator.roofline``; its documented default applies when absent)."""
+    attention_kernels: dict[str, Fraction] | None = None
+    """Optional: per attention kernel implementation (``flash2``: FlashAttention-2 and
+    PyTorch SDPA's flash backend; ``cudnn``: cuDNN / Transformer Engine fused attention;
+    ``triton``: the Triton FlashAttention of llm-foundry; ``flash3``), the achieved fraction
+    of ``peak_flops`` of its forward + backward on executed FLOPs on this device. A framework
+    profile names its kernel (``kernels.attention_kernel``); absent here: ``attention``."""
     attention: Fraction | None = None
     """Optional: achieved fraction of ``peak_flops`` of the attention kernel on its
     executed FLOPs (``simulator.roofline``); absent: ``gemm`` applies, as before.
@@ -131,6 +182,13 @@ class DeviceSpec(BaseModel):
     memory_bytes: Positive
     memory_bandwidth: Positive
     efficiency: Efficiency
+    sm_count: Count | None = None
+    """Optional: streaming multiprocessors (SMs) of the device (A100: 108, H100 SXM and
+    H200: 132). When present, ``simulator.roofline`` times a GEMM by its output tiles run
+    in waves of ``sm_count`` thread blocks (wave and tile quantization, NVIDIA "Matrix
+    Multiplication Background" user's guide, ch. 3); absent (CPUs, specs written before
+    the field): the smooth size model ``F / (F + gemm_half_flops)``, as before.
+    ``meshplan calibrate --device cuda`` reads it from the GPU."""
 
     @field_validator("peak_flops")
     @classmethod
@@ -201,7 +259,7 @@ def _one_line(err: ValidationError, source: str) -> str:
         return f"{source}: missing field {field!r}"
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown field {field!r}"
-    msg = first["msg"].replace("\n", " ")
+    msg = first["msg"].replace("\n", " ").removeprefix("Value error, ")
     if not first["loc"]:  # a whole-spec check: the input is the whole mapping, not shown
         return f"{source}: {msg.removeprefix('Value error, ')}"
     return f"{source}: field {field!r}: {msg} (got {first.get('input')!r})"
@@ -228,10 +286,21 @@ def load_spec_file(path: str | Path) -> ClusterSpec:
     p = Path(path)
     if not p.is_file():
         raise ClusterSpecError(f"cluster file not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise ClusterSpecError(f"{p}: {size} bytes, larger than a cluster spec can be "
+                               f"({MAX_SPEC_BYTES}, clusters.spec.MAX_SPEC_BYTES)")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""
         raise ClusterSpecError(f"{p}:{line} invalid YAML: {getattr(e, 'problem', e)}") from None
-    return parse_spec(data, str(p))
+    except UnicodeDecodeError as e:
+        raise ClusterSpecError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ClusterSpecError(f"{p}: YAML nested too deeply") from None
+    try:
+        return parse_spec(data, str(p))
+    except RecursionError:  # a self-referencing YAML alias
+        raise ClusterSpecError(f"{p}: YAML nested too deeply (or an alias refers to itself)") from None

@@ -29,6 +29,12 @@ def as_ints(xs: object, what: str) -> tuple[int, ...]:
     return tuple(as_int(x, f"{what} entry") for x in xs)
 
 
+#: Most ranks a process mesh may have: 2**20, a cluster's rank limit
+#: (``clusters.spec.MAX_WORLD_SIZE``); larger meshes are refused before any rank table is
+#: built (``--dp 1000000000`` used to allocate until the kernel killed the process).
+MAX_MESH_SIZE = 2**20
+
+
 @dataclass(frozen=True)
 class ProcessMesh:
     """An N-d array of ranks, stored row-major.
@@ -74,8 +80,12 @@ class ProcessMesh:
 
     @classmethod
     def of(cls, *shape: int, start: int = 0, dim_names: tuple[str, ...] = ()) -> ProcessMesh:
-        """A mesh of consecutive ranks ``start .. start+prod(shape)-1``."""
+        """A mesh of consecutive ranks ``start .. start+prod(shape)-1``. Raises
+        DistAttrError for more than :data:`MAX_MESH_SIZE` ranks (before building them)."""
         n = math.prod(shape)
+        if n > MAX_MESH_SIZE:
+            raise DistAttrError(f"process mesh shape {list(shape)} has {n} ranks, above the limit "
+                                f"of {MAX_MESH_SIZE} (completion.mesh.MAX_MESH_SIZE)")
         return cls(tuple(shape), tuple(range(start, start + n)), dim_names)
 
     @property

@@ -9,13 +9,18 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
 - ``micro_batch_size`` / ``global_batch_size``: sequences per micro-batch / per step;
-- ``recompute``: activation recompute ``none`` | ``selective`` | ``full``;
+- ``recompute``: activation recompute ``none`` | ``selective`` (Megatron: the attention core) |
+  ``selective-op`` (torchtitan's op-level SAC) | ``full`` (``simulator.recompute``);
 - ``zero``: ZeRO stage 0-3 over the dp group (Rajbhandari et al. 2020);
 - ``sequence_parallel``: Megatron sequence parallelism (Korthikanti et al. 2022);
 - ``dtype``, ``optimizer``; ``annotation``: the intra-op layout ("megatron", "none" or a
   mapping value name -> one placement per mesh dim [dp, tp]);
 - ``layers_per_stage``: decoder layers per virtual stage in model order (None: the cost
-  model balances them; the executor runs what the plan states).
+  model balances them; the executor runs what the plan states);
+- ``framework``: the software that runs the plan (:data:`FRAMEWORKS`: which kernels fuse,
+  what overlaps, how gradients accumulate; ``simulator.profiles``);
+- ``attention``: the attention implementation (:data:`ATTENTIONS`; None: the model's, else
+  the framework's default).
 
 It lives in ``completion`` (which knows nothing about hardware or time) so that the cost
 model and the executor read the same object. Old plan files spelled three knobs
@@ -40,13 +45,31 @@ SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 #: schedules that run more than one model chunk per rank
 INTERLEAVED = ("VPP", "ZBVPP")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
 DTYPES = ("bfloat16", "float16", "float32")
+#: software profiles that run a plan (``simulator/profiles/catalog/*.yaml``, one per name)
+FRAMEWORKS = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2", "fsdp2-eager",
+              "llm-foundry", "deepspeed", "eager")
+#: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
+#: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,
+#: else the framework's default
+ATTENTIONS = ("flash", "unfused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ZERO_STAGES = (0, 1, 2, 3)
 #: knob names of earlier plan files -> today's
 LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}
 _INT_FIELDS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size")
+#: Largest value of each integer knob (issue 16 item 8: sizes are bounded where they
+#: enter, so no size makes a command run for minutes). Degrees: at most the ranks a
+#: cluster may have (``clusters.spec.MAX_WORLD_SIZE``, 2**20), also for their product;
+#: vpp: 64 chunks per rank; batch sizes: 2**24 sequences (GPT-3 trained with 1536).
+MAX_DEGREE = 2**20
+MAX_VPP = 64
+MAX_BATCH = 2**24
+#: most decoder layers one virtual stage may hold (a model has at most 2**14)
+MAX_LAYERS = 2**14
+MAX_VALUES = {"dp": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "vpp": MAX_VPP,
+              "micro_batch_size": MAX_BATCH, "global_batch_size": MAX_BATCH}
 
 
 class StrategyError(CompletionError):
@@ -68,7 +91,9 @@ class Strategy:
     """A parallel strategy (frozen; hashable unless ``annotation`` is a mapping).
 
     Attributes: see the module docstring. ``global_batch_size`` must be a multiple of
-    ``dp * micro_batch_size`` (m = global / (dp * micro) micro-batches per pipeline).
+    ``dp * micro_batch_size`` (m = global / (dp * micro) micro-batches per pipeline). Each
+    integer knob is at most :data:`MAX_VALUES` (and dp * tp * pp at most
+    :data:`MAX_DEGREE`).
 
     Raises:
         StrategyError: naming the first invalid field.
@@ -88,12 +113,20 @@ class Strategy:
     optimizer: str = "adamw"
     annotation: Any = field(default="megatron")
     layers_per_stage: tuple[int, ...] | None = None
+    framework: str = "megatron-core"
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise StrategyError(f"strategy field {name!r} must be an integer >= 1, got {v!r}")
+            if v > MAX_VALUES[name]:
+                raise StrategyError(f"strategy field {name!r} is {v}, above the limit of "
+                                    f"{MAX_VALUES[name]} (completion.strategy.MAX_VALUES)")
+        if self.dp * self.tp * self.pp > MAX_DEGREE:
+            raise StrategyError(f"strategy field 'dp' x 'tp' x 'pp' = {self.dp * self.tp * self.pp} "
+                                f"ranks is above the limit of {MAX_DEGREE} (completion.strategy.MAX_DEGREE)")
         object.__setattr__(self, "schedule", canonical_schedule(self.schedule))
         self._check_choices()
         self._check_combinations()
@@ -101,10 +134,14 @@ class Strategy:
         self._check_layers_per_stage()
 
     def _check_choices(self) -> None:
-        for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS)):
+        for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
+                              ("framework", FRAMEWORKS)):
             if getattr(self, name) not in allowed:
                 raise StrategyError(f"strategy field {name!r} must be one of {list(allowed)}, "
                                     f"got {getattr(self, name)!r}")
+        if self.attention is not None and self.attention not in ATTENTIONS:
+            raise StrategyError(f"strategy field 'attention' must be one of {list(ATTENTIONS)} or "
+                                f"null (the model's own), got {self.attention!r}")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sequence_parallel, bool):
@@ -150,8 +187,9 @@ class Strategy:
         if isinstance(lps, (str, bytes)) or not hasattr(lps, "__iter__"):
             raise StrategyError(f"strategy field 'layers_per_stage' must be a list of integers, got {lps!r}")
         vals = tuple(lps)
-        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in vals):
-            raise StrategyError(f"strategy field 'layers_per_stage' must hold integers >= 0, got {list(vals)}")
+        if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_LAYERS for x in vals):
+            raise StrategyError(f"strategy field 'layers_per_stage' must hold integers in 0..{MAX_LAYERS}, "
+                                f"got {list(vals)[:16]}{' ...' if len(vals) > 16 else ''}")
         if len(vals) != self.pp * self.vpp:
             raise StrategyError(f"strategy field 'layers_per_stage' has {len(vals)} entries; pp * vpp "
                                 f"= {self.pp} * {self.vpp} = {self.pp * self.vpp} virtual stages need one each")

@@ -59,10 +59,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Most local ranks one launch starts (one process each on this machine): a plan that
+#: needs more is a cluster's, not a laptop's; the limit keeps a typo from forking
+#: thousands of processes.
+MAX_LOCAL_RANKS = 64
+
+
 def check_launch(nproc: int, backend: str) -> None:
-    """Raise LaunchError for a bad world size or backend (NCCL needs nproc GPUs)."""
+    """Raise LaunchError for a bad world size (not in 1..:data:`MAX_LOCAL_RANKS`) or backend
+    (NCCL needs nproc GPUs)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise LaunchError(f"nproc must be a positive integer, got {nproc!r}")
+    if nproc > MAX_LOCAL_RANKS:
+        raise LaunchError(f"nproc {nproc} is above the limit of {MAX_LOCAL_RANKS} local ranks "
+                          f"(executor.launch.MAX_LOCAL_RANKS)")
     if backend not in BACKENDS:
         raise LaunchError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if backend == "nccl":

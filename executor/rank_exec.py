@@ -9,7 +9,11 @@ reduce type, dtype) and issued once, before the updates — as PyTorch DDP and M
 bucket gradients (Li et al., VLDB 2020, sec. 3.2.3), and as the simulator's gradient sync
 assumes (``simulator.step``: one fused all_reduce per rank). Values die after their last per-micro-batch use; live bytes are
 tracked per storage (:mod:`executor.memory`). Sends are posted asynchronously and waited at
-the end of the step; receives are waited at once. A collective whose result only feeds
+the end of the step; receives are waited at once. With a :attr:`RankExecutor.send_order`
+(:mod:`executor.p2p_order`), a rank sends to each peer in the order that peer receives --
+as NCCL, which matches point-to-point messages by order per pair, requires -- holding a
+tensor back when the peer first consumes a message this rank has not produced yet (ZB-V);
+every issued p2p op is logged in :attr:`RankExecutor.p2p_log` for the step. A collective whose result only feeds
 logging (``shadow_output``, e.g. the data-parallel average of the loss) is issued
 asynchronously and waited at the end of the step, as Megatron-LM reports its averaged loss
 off the critical path: no compute waits for it, so it costs the step nothing but its
@@ -70,6 +74,14 @@ class RankExecutor:
         self._ctx: dict[int, KernelContext] = {}
         self._deferred: dict[int, tuple[Any, torch.Tensor, int, str]] = {}
         self._late_losses: dict[int, torch.Tensor] = {}
+        #: peer rank -> ((send op index, micro-batch), ...) in the order the peer receives
+        #: (executor.p2p_order.send_orders); None: send as soon as produced
+        self.send_order: dict[int, tuple[tuple[int, int], ...]] | None = None
+        self._next_send: dict[int, int] = {}
+        self._held: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
+        #: ("send" | "recv", peer, send op index, micro-batch) of every p2p op of the step,
+        #: in the order this rank issued them
+        self.p2p_log: list[tuple[str, int, int, int]] = []
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -265,16 +277,47 @@ class RankExecutor:
                 if v is not None:
                     self._release(v, env, left)
 
+    def _ordered(self, key: Any, peer: int) -> bool:
+        return (self.send_order is not None and peer in self.send_order
+                and key not in ("pre", "step"))
+
+    def _release_sends(self, peer: int, ops: list) -> None:
+        """Append to ``ops`` the held sends to ``peer`` that are next in its receive order."""
+        order, held = self.send_order[peer], self._held.setdefault(peer, {})
+        i = self._next_send.get(peer, 0)
+        while i < len(order) and order[i] in held:
+            idx, mb = order[i]
+            t = held.pop(order[i])
+            self.mem.remove(t)  # a held tensor counts as live until it goes out
+            ops.append(("send", t, peer, idx * MAX_MB + mb))
+            i += 1
+        self._next_send[peer] = i
+
+    def _check_sends_done(self) -> None:
+        """Raise ExecError when a send the peers expect was never produced or is still held."""
+        for peer, order in (self.send_order or {}).items():
+            i = self._next_send.get(peer, 0)
+            if i < len(order) or self._held.get(peer):
+                left = order[i] if i < len(order) else next(iter(self._held[peer]))
+                raise ExecError(f"rank {self.rank}: send (op {left[0]}, micro-batch {left[1]}) to "
+                                f"rank {peer} was not issued by the end of the step "
+                                f"({i} of {len(order)} sends in rank {peer}'s receive order)")
+
     def _p2p(self, items: list[Item], mb: int, env: dict, left: Counter | None, key: Any) -> None:
-        ops, recvs, sent = [], [], []
+        ops, recvs = [], []
         for it in items:
             op = it.op
             if op.type == "send":
                 t = self.value(op.operands[0], env, mb).contiguous()
                 for a, b in op.attrs["pairs"]:
-                    if a == self.rank:
+                    if a != self.rank:
+                        continue
+                    if self._ordered(key, b):
+                        self._held.setdefault(b, {})[(it.index, mb)] = t
+                        self.mem.add(t)
+                        self._release_sends(b, ops)
+                    else:
                         ops.append(("send", t, b, it.index * MAX_MB + mb))
-                        sent.append(t)
             else:
                 shape = it.ro.result_shapes[0] or ()
                 buf = torch.empty(shape, dtype=torch_dtype(op.attrs.get("dtype")), device=self.device)
@@ -283,6 +326,7 @@ class RankExecutor:
                     raise ExecError(f"rank {self.rank}: {op.label()} has no sender for this rank")
                 ops.append(("recv", buf, src, (it.index - 1) * MAX_MB + mb))
                 recvs.append((it, buf, len(ops) - 1))
+        self.p2p_log.extend((kind, peer, tag // MAX_MB, tag % MAX_MB) for kind, _, peer, tag in ops)
         works = p2p(ops)
         wait_all = bool(works) and torch.distributed.get_backend() == "nccl"
         for i, w in enumerate(works):
@@ -358,6 +402,7 @@ class RankExecutor:
         lefts = {mb: Counter(self.plan.uses) for mb in range(self.m)}
         self.accum, self.losses = {}, {}
         self._step_inputs.clear()
+        self._next_send, self._held, self.p2p_log = {}, {}, []
         t_start = self._now()
         self.run_unit("pre", 0, self.state, None)
         times = []
@@ -366,6 +411,7 @@ class RankExecutor:
             for kind in (("B", "W") if a.kind == "BW" else (a.kind,)):
                 self.run_unit((kind, a.chunk), a.microbatch, envs[a.microbatch], lefts[a.microbatch])
             times.append((a.kind, a.stage, a.microbatch, a.chunk, t0 - t_start, self._now() - t_start))
+        self._check_sends_done()
         t0 = self._now()
         step_env = {}
         for k, t in self.accum.items():  # mean over micro-batches, in place (owned)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from completion import RankOp, rank_program
 from completion.ir import Operation, OpRole, Program, Value
@@ -184,6 +185,18 @@ def _keys(op, ro, wparts, step_ops, produced_in, program, index):
     rest = tuple(i for i, r in enumerate(op.results) if r is not None and i not in w)
     keys = [(("B", c), rest)] if rest else []
     return keys + [(("W", c), w)]
+
+
+def unit_of_op(program: Program, index: int, step: bool = False) -> Any:
+    """The unit key of the recv op at ``index`` of ``program`` on its receiving rank (what
+    :func:`build_rank_plan` assigns it): ``"pre"``, ``"step"`` (``step``: the op is an
+    optimizer-role op), ``("F", chunk)`` or ``("B", chunk)``. Raises ValueError for an op
+    that is not a recv."""
+    op = program.ops[index]
+    if op.type != "recv":
+        raise ValueError(f"op {index} of the program is {op.type!r}, not a recv")
+    keys = _keys(op, None, {}, {id(op)} if step else set(), {}, program, {id(op): index})
+    return keys[0][0]
 
 
 def _liveness(plan: RankPlan, step_ops: set[int]) -> None:

@@ -43,6 +43,8 @@ class Measurement:
         actions: per rank, ``(kind, stage, microbatch, chunk, start_s, end_s)`` of the last
             measured step (kind ``O`` = optimizer phase).
         phase_times: per rank, median seconds of its F, B, W, BW actions (last step).
+        p2p_log: per rank, ``(send | recv, peer, send op index, micro-batch)`` of every
+            p2p op of the last step in the order the rank issued it.
         peak_memory: per rank, peak live tensor bytes (CPU) or CUDA peak allocation (GPU).
         predicted: e.g. ``step_time`` (s), ``max_memory_bytes`` from the simulator.
     """
@@ -58,6 +60,7 @@ class Measurement:
     predicted: dict[str, Any] = field(default_factory=dict)
     params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     replica_drift: float = 0.0
+    p2p_log: list[list[tuple[str, int, int, int]]] = field(default_factory=list, repr=False)
 
     @property
     def max_peak_memory(self) -> int:
@@ -123,6 +126,7 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
                rows: Rows | None = None) -> dict[str, Any]:
     """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage)."""
     from executor.collectives import Groups
+    from executor.p2p_order import send_orders
     from executor.program import build_program
     from executor.rank_exec import RankExecutor
     from executor.rank_plan import build_rank_plan
@@ -135,8 +139,10 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
     stage = rank // (s.dp * s.tp)
     dist_on = torch.distributed.is_initialized()
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
-    ex = RankExecutor(build_rank_plan(pp.program, rank), groups, pp.batch, pp.num_microbatches,
-                      seed, device)
+    rplan = build_rank_plan(pp.program, rank)
+    ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
+    if s.pp > 1:  # send to each peer in its receive order (NCCL matches p2p by order)
+        ex.send_order = send_orders(pp.program, rplan, rows, lambda r: r // (s.dp * s.tp))
     step_times, losses, times = [], [], []
     for i in range(warmup + steps):
         if i == warmup:
@@ -154,7 +160,7 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
     return {"step_times": step_times, "losses": losses, "times": times, "peak": int(peak),
             "loss_layout": value_layout(loss_v) if loss_v is not None else None,
             "loss_shape": tuple(loss_v.shape) if loss_v is not None else (),
-            "params": ex.parameters() if want_params else {}}
+            "params": ex.parameters() if want_params else {}, "p2p_log": list(ex.p2p_log)}
 
 
 def _rank_main_many(rank: int, nproc: int, jobs: list[tuple]) -> list[dict[str, Any]]:
@@ -171,7 +177,8 @@ def _measurement(results: list[dict], nproc: int, backend: str, steps: int, para
         nproc=nproc, backend=backend, step_times=per_step, step_time=statistics.median(per_step),
         losses=_losses(results, steps), actions=[res["times"] for res in results],
         phase_times=[_phase_medians(res["times"]) for res in results],
-        peak_memory=[res["peak"] for res in results], params=prm, replica_drift=drift)
+        peak_memory=[res["peak"] for res in results], params=prm, replica_drift=drift,
+        p2p_log=[res.get("p2p_log", []) for res in results])
 
 
 def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 2,

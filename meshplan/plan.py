@@ -4,17 +4,33 @@ annotations), with a JSON round trip."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from completion.models.config import MAX_MODEL_SIZES
 from meshplan.errors import MeshplanError
 from meshplan.strategy import Strategy, StrategyError
 
 PLAN_VERSION = 2
 #: plan versions this meshplan reads (version 1 spelled mp, schedule_mode, sharding_stage)
 READABLE_VERSIONS = (1, 2)
+#: Deepest nesting a plan document may have (a plan needs 4: plan -> strategy ->
+#: annotation -> placements); deeper JSON is refused before it is walked, so a hostile
+#: file cannot exhaust the recursion limit.
+MAX_JSON_DEPTH = 16
+#: Largest plan file read (bytes): a plan is a few KiB; annotations of a big program a few
+#: hundred.
+MAX_PLAN_BYTES = 16 * 2**20
+#: Bounds of the plan's sizes (issue 16 item 8): tokens per sequence and decoder layers as
+#: a model config may give them (``completion.models.config.MAX_MODEL_SIZES``), nodes as
+#: a cluster may have ranks (``clusters.spec.MAX_WORLD_SIZE``).
+MAX_SEQ_LEN = MAX_MODEL_SIZES["seq_len"]
+MAX_LAYERS = MAX_MODEL_SIZES["num_layers"]
+MAX_NODES = 2**20
+_BOUNDS = {"nodes": MAX_NODES, "seq_len": MAX_SEQ_LEN, "num_layers": MAX_LAYERS}
 
 
 class PlanError(MeshplanError):
@@ -60,10 +76,13 @@ class Plan:
                 raise PlanError(f"plan field {name!r} must be a non-empty string, got {v!r}")
         if not isinstance(self.strategy, Strategy):
             raise PlanError(f"plan field 'strategy' must be a Strategy, got {type(self.strategy).__name__}")
-        for name in ("nodes", "seq_len", "num_layers"):
+        for name, most in _BOUNDS.items():
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise PlanError(f"plan field {name!r} must be an integer >= 1 or null, got {v!r}")
+            if v is not None and v > most:
+                raise PlanError(f"plan field {name!r} is {v}, above the limit of {most} "
+                                f"(meshplan.plan.MAX_{name.upper()})")
         if not isinstance(self.annotations, Mapping):
             raise PlanError("plan field 'annotations' must be a mapping value name -> placements")
         if self.annotations:  # the same placement checks as Strategy.annotation
@@ -115,11 +134,21 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        """Parse plan JSON text. Raises PlanError naming the line/column of bad JSON or the bad field."""
+        """Parse plan JSON text. Raises PlanError naming the line/column of bad JSON, a
+        document nested deeper than :data:`MAX_JSON_DEPTH`, a number JSON cannot hold
+        (an integer of more than 4300 digits), or the bad field."""
+        if not isinstance(text, str):
+            raise PlanError(f"plan JSON must be text, got {type(text).__name__}")
+        depth = _max_depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise PlanError(f"plan JSON is nested {depth} levels deep; a plan has at most "
+                            f"{MAX_JSON_DEPTH} (meshplan.plan.MAX_JSON_DEPTH)")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
+        except (ValueError, RecursionError) as e:  # an over-long integer, nesting
+            raise PlanError(f"plan JSON: {str(e).split(';')[0]}") from None
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
@@ -130,8 +159,37 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Read a plan written by :meth:`save`. Raises FileNotFoundError, or PlanError on bad content."""
+        """Read a plan written by :meth:`save`. Raises FileNotFoundError when the file is
+        absent, PlanError (naming the file) on bad content: not UTF-8, larger than
+        :data:`MAX_PLAN_BYTES`, bad JSON or a bad field."""
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"plan file not found: {p}")
-        return cls.from_json(p.read_text())
+        if p.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"{p}: {p.stat().st_size} bytes, larger than a plan can be "
+                            f"({MAX_PLAN_BYTES}, meshplan.plan.MAX_PLAN_BYTES)")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"{p}: not UTF-8 text (byte {e.start})") from None
+        try:
+            return cls.from_json(text)
+        except PlanError as e:
+            raise PlanError(f"{p}: {e}") from None
+
+
+def _max_depth(text: str) -> int:
+    """Deepest nesting of ``[`` / ``{`` in JSON ``text`` outside strings (no recursion)."""
+    brackets = _NON_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = worst = 0
+    for ch in brackets:
+        if ch in "[{":
+            depth += 1
+            worst = max(worst, depth)
+        else:
+            depth -= 1
+    return worst
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NON_BRACKET = re.compile(r"[^\[\]{}]+")

@@ -9,14 +9,16 @@ Schedules: for a prediction, the very schedule ``simulator.step.StepModel.run`` 
 (``StepResult.schedule``: for the time-aware ``ZB`` and ``ZBVPP`` heuristics the one built
 from the simulated stage times), and the layer split it costed, so the measured step runs
 the order and the stages that were predicted. The
-prediction models the executor's gradient accumulation (``StepConfig.accumulate_grads``:
-an add per parameter gradient per later micro-batch and the 1/m scaling). For
+prediction uses the ``eager`` framework profile, the executor's own way of running a step
+(separate gradient accumulation: an add per parameter gradient per later micro-batch and
+the 1/m scaling; nothing fused or overlapped). For
 verification only the numerics matter, and the plain registered schedule is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from simulator.schedules import Schedule, build_schedule
@@ -46,8 +48,10 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     ``EngineError`` (a ValueError) for a plan the cost model cannot cost."""
     from meshplan.engine import Engine
 
-    # the executor accumulates gradients with separate adds and scales them by 1/m
-    res = Engine.from_plan(plan, cluster).step_model(accumulate_grads=True).run()
+    # the executor runs the plan: its profile is "eager" (separate gradient accumulation
+    # and the 1/m scaling, nothing fused or overlapped), whatever framework the plan names
+    eager = dataclasses.replace(plan, strategy=plan.strategy.replace(framework="eager"))
+    res = Engine.from_plan(eager, cluster).step_model().run()
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
                 for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
@@ -55,6 +59,37 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
             "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage)}
     return pred, sched
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this machine can give the ranks: ``MemAvailable`` of /proc/meminfo, else the
+    physical memory; None when neither is known."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits_host(pred: dict[str, Any], nproc: int, backend: str) -> None:
+    """Refuse (``executor.LaunchError``, before any rank starts) a CPU run whose predicted
+    peak memory, ``nproc`` ranks of ``max_memory_bytes`` each, exceeds what this machine
+    has (:func:`host_memory_bytes`): such a run would be killed by the kernel, or swap for
+    minutes, instead of measuring anything."""
+    from executor import LaunchError
+
+    need, have = pred.get("max_memory_bytes"), host_memory_bytes()
+    if backend != "gloo" or need is None or have is None:
+        return
+    if need * nproc > have:
+        raise LaunchError(f"the plan needs {need / 2**30:.2f} GiB per rank (predicted), "
+                          f"{need * nproc / 2**30:.2f} GiB for {nproc} ranks; this machine has "
+                          f"{have / 2**30:.2f} GiB available")
 
 
 def predicted_plan(plan: Any, pred: dict[str, Any]) -> Any:
@@ -79,6 +114,7 @@ def run_plan(plan: Any, nproc: int, *, cluster: Any = None, with_prediction: boo
     if not with_prediction:
         return _run(plan, nproc, schedule=plain_schedule(plan), **kwargs)
     pred, sched = predict(plan, cluster)
+    check_fits_host(pred, nproc, kwargs.get("backend", "gloo"))
     return _run(predicted_plan(plan, pred), nproc, schedule=sched, predictor=lambda _p: pred, **kwargs)
 
 
@@ -90,6 +126,8 @@ def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_predict
 
     if with_prediction:
         pairs = [predict(p, cluster) for p in plans]
+        for pred, _ in pairs:
+            check_fits_host(pred, nproc, kwargs.get("backend", "gloo"))
         plans = [predicted_plan(p, pred) for p, (pred, _) in zip(plans, pairs, strict=True)]
     else:
         pairs = [({}, plain_schedule(p)) for p in plans]

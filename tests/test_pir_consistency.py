@@ -260,3 +260,18 @@ def test_mutated_seed_programs_are_refused_or_consistent(case):
         apply_reshard_pass(prog)
     except ValueError:
         pass  # e.g. a mutated layout that cannot be reached: a clear, named error
+
+
+@pytest.mark.parametrize("old, new, match", [
+    ("partial(0,SUM)", "partial(0p>,SUM)", r"partial\(0p>,SUM\) mesh dim must be an integer, got '0p>'"),
+    ("result(0):{dims_maping:[-1,-1]}", "result(0):{dims_maping:[-1,-1],chunk_id:[1]}",
+     "chunk_id must be an integer"),
+])
+def test_non_integer_dist_attr_entries_are_parse_errors(old, new, match):
+    """Found by tests/test_fuzz_inputs.py: a partial status or chunk id that is no integer
+    raised a bare ValueError / TypeError; now a PirParseError naming the op and its line."""
+    text = TEXT["mlp_sgd_before_partition.pir"]
+    assert old in text
+    with pytest.raises(PirParseError, match=match) as e:
+        parse_program(text.replace(old, new, 1))
+    assert "at line" in str(e.value)

@@ -95,3 +95,46 @@ def test_partial_score_record_of_a_killed_worker_is_not_read_as_a_score():
     res = TuneResult(study, global_batch_size=8)
     assert res.counts().get("oom", 0) == 0
     assert res.to_dataframe().loc[0, "state"] == "FAIL"  # the row is written, no KeyError
+
+
+TUNE = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "16",
+        "--layers", "4", "--trials", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize("name", ["../../../x", "a/b", ".hidden", "x y"])
+def test_unsafe_study_name_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch, name):
+    """Issue 16 item 9: ``--study ../../../x`` wrote outside the runs folder."""
+    from tests._cli import one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(main([*TUNE, "--study", name]), *capsys.readouterr())
+    assert "is not allowed" in line and repr(name) in line
+    assert list(tmp_path.iterdir()) == []
+    line = one_line_error(main(["worker", "--study", name, "--storage", str(tmp_path / "j.log")]),
+                          *capsys.readouterr())
+    assert "is not allowed" in line and list(tmp_path.iterdir()) == []
+
+
+def test_directories_are_created_only_where_asked_and_said(tmp_path, capsys, monkeypatch):
+    """Issue 16 item 9: --output and --storage create their directory with one line
+    ``created DIR``; nothing else is created."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert main([*TUNE, "--study", "s1", "--output", str(out)]) == 0
+    printed = capsys.readouterr().err.splitlines()  # on stderr: stdout is the report
+    assert printed.count(f"created {out}") == 1 and (out / "journal.log").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    journal = tmp_path / "db" / "j.log"
+    out2 = tmp_path / "o2"
+    assert main([*TUNE, "--study", "s2", "--storage", str(journal), "--output", str(out2)]) == 0
+    printed = capsys.readouterr().err.splitlines()
+    assert f"created {journal.parent}" in printed and f"created {out2}" in printed
+    assert journal.is_file() and (out2 / "plan.json").is_file()
+    assert main([*TUNE, "--study", "s2", "--storage", str(journal), "--output", str(out2)]) == 0
+    assert not [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("created ")]
+
+
+def test_journal_in_a_missing_directory_is_not_created_by_the_library(tmp_path):
+    with pytest.raises(StorageError, match="does not exist"):
+        open_storage(str(tmp_path / "nope" / "j.log"), None)
+    assert not (tmp_path / "nope").exists()

@@ -32,7 +32,7 @@ def test_strategy_errors_name_the_field():
              ({"dp": 2, "global_batch_size": 3}, "global_batch_size"),
              ({"schedule": "ZBVPP", "vpp": 3}, "'vpp'"),
              ({"pp": 2, "layers_per_stage": [4]}, "'layers_per_stage' has 1 entries"),
-             ({"layers_per_stage": [-1]}, "'layers_per_stage' must hold integers >= 0"),
+             ({"layers_per_stage": [-1]}, "'layers_per_stage' must hold integers in 0.."),
              ({"sequence_parallel": True}, "sequence_parallel"),
              ({"annotation": {"w": "Shard(0)"}}, "annotation"), ({"dtype": "int8"}, "dtype")]
     for kw, needle in cases:
@@ -99,3 +99,82 @@ def test_num_layers_overrides_the_configs_layer_count():
     assert flops[4] - flops[2] == pytest.approx(2 * per_layer, rel=1e-9)
     with pytest.raises(ValueError, match="num_layers"):
         Plan("llama2-7b", "dgx-h100", strat, num_layers=0)
+
+
+_PLAN = '{"model": "llama2-7b", "cluster": "dgx-a100-80g", "strategy": {"global_batch_size": 8}}'
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[" * 100000 + "]" * 100000, "nested 100000 levels deep"),
+    ('{"a":' * 5000 + "1" + "}" * 5000, "nested 5000 levels deep"),
+    ('{"model": "m", "cluster": "c", "strategy": {}, "nodes": ' + "9" * 5000 + "}",
+     "Exceeds the limit .4300 digits."),
+    (_PLAN[:-1] + ', "seq_len": 1000000000}', "'seq_len' is 1000000000, above the limit of 16777216"),
+    (_PLAN[:-1] + ', "nodes": 10000000}', "'nodes' is 10000000, above the limit"),
+    (_PLAN.replace('"global_batch_size": 8', '"global_batch_size": 1000000000'),
+     "'global_batch_size' is 1000000000, above the limit"),
+    (_PLAN.replace('"global_batch_size": 8', '"global_batch_size": 8, "dp": 4096, "tp": 4096'),
+     "ranks is above the limit"),
+    (_PLAN[:-1] + ', "seq_len": 1e400}', "'seq_len' must be an integer >= 1 or null, got inf"),
+])
+def test_hostile_plan_json_is_a_plan_error(text, match):
+    """Issue 16 items 7 and 8: deep nesting (RecursionError before), over-long integers
+    (a bare ValueError), unbounded sizes: one PlanError naming the field or the depth."""
+    with pytest.raises(PlanError, match=match):
+        Plan.from_json(text)
+
+
+def test_plan_depth_counts_brackets_outside_strings():
+    text = _PLAN[:-1] + ', "annotations": {"x": ["' + "[" * 50 + '"]}}'
+    with pytest.raises(PlanError, match="annotation"):  # a bad placement, not a depth error
+        Plan.from_json(text)
+
+
+def test_plan_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(PlanError, match=f"{bad}: not UTF-8"):
+        Plan.load(bad)
+    bad.write_text("{nope")
+    with pytest.raises(PlanError, match=f"{bad}: plan JSON line 1"):
+        Plan.load(bad)
+    with pytest.raises(FileNotFoundError, match="plan file not found"):
+        Plan.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["cost", "--model", "missing.json", "--cluster", "dgx-a100-80g", "--global-batch", "8"],
+     "model config not found: missing.json"),
+    (["cost", "--model", "missing.pir", "--cluster", "dgx-a100-80g", "--global-batch", "8"],
+     "program file not found: missing.pir"),
+    (["program", "show", "--model", "missing.json"], "model config not found: missing.json"),
+    (["complete", "--program", "missing.pir", "--mesh", "d0=2"], "program file not found: missing.pir"),
+    (["tune", "--model", "missing.json", "--cluster", "dgx-a100-80g", "--global-batch", "8",
+      "--trials", "1", "--storage", "memory", "--no-progress"], "model config not found: missing.json"),
+])
+def test_missing_model_file_is_one_line(tmp_path, capsys, monkeypatch, argv, match):
+    """Issue 16 item 7: a missing model file is one ``error:`` line naming it."""
+    from meshplan.cli import main
+    from tests._cli import one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    assert match in one_line_error(main(argv), *capsys.readouterr())
+
+
+def test_validate_of_a_plan_whose_model_is_missing_is_one_line(tmp_path, capsys):
+    from meshplan.cli import main
+    from tests._cli import one_line_error
+
+    plan = tmp_path / "p.json"
+    plan.write_text('{"model": "%s", "cluster": "cpu-local", "strategy": {}}' % (tmp_path / "gone.json"))
+    line = one_line_error(main(["validate", str(plan), "--nproc", "1"]), *capsys.readouterr())
+    assert f"model config not found: {tmp_path / 'gone.json'}" in line
+
+
+def test_resolve_model_refuses_unbounded_sizes():
+    from completion.models.source import ModelSourceError, resolve_model
+
+    with pytest.raises(ModelSourceError, match="seq_len is 1000000000, above the limit"):
+        resolve_model("llama2-7b", seq_len=10**9)
+    with pytest.raises(ModelSourceError, match="num_layers is 100000, above the limit"):
+        resolve_model("llama2-7b", num_layers=10**5)

@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from completion.models.config import MAX_MODEL_SIZES
+from completion.strategy import MAX_BATCH
 from tuner.errors import TunerError
 
 #: Pipeline schedules the tuner searches (ZB is ZB-2p of Qi et al. 2024).
@@ -67,6 +69,14 @@ class ModelDims:
                    cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size)
 
 
+#: Largest value of each SearchProblem size (issue 16 item 8): ranks as a cluster may have
+#: (``clusters.spec.MAX_WORLD_SIZE``), sequences per step as a Strategy may take
+#: (``completion.strategy.MAX_BATCH``), tokens per sequence as a model config may give
+#: (``completion.models.config.MAX_MODEL_SIZES``).
+PROBLEM_BOUNDS = {"world_size": 2**20, "devices_per_node": 2**20, "global_batch_size": MAX_BATCH,
+                  "seq_len": MAX_MODEL_SIZES["seq_len"]}
+
+
 @dataclass(frozen=True)
 class SearchProblem:
     """What is searched: a model on a cluster at a batch and sequence length.
@@ -93,6 +103,9 @@ class SearchProblem:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpaceError(f"search problem field {name!r} must be an integer >= 1, got {v!r}")
+            if v > PROBLEM_BOUNDS[name]:
+                raise SpaceError(f"search problem field {name!r} is {v}, above the limit of "
+                                 f"{PROBLEM_BOUNDS[name]} (tuner.space.PROBLEM_BOUNDS)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (JSON-ready; ``model`` as a nested dict)."""

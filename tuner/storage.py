@@ -8,15 +8,22 @@ local processes (file lock), no server, and readable by Optuna's own tools:
 ``postgresql://user@host/db``; the latter needs the ``meshplan[postgres]`` extra,
 psycopg2) selects Optuna's ``RDBStorage`` with heartbeats, for workers on many machines.
 
-Recovery: every trial records the worker that runs it (host, pid, process start time).
-When a worker starts it fails the RUNNING trials whose worker is gone — a dead pid on this
-host, or (RDB storage) a heartbeat older than the grace period — marking them
-``interrupted``, and enqueues each one's parameters once (``retry_of``) so the point is
-evaluated again: no trial is lost, none that finished is repeated.
+Recovery: every trial records the worker that runs it (host, pid, process start time),
+written in the same storage operation that creates the trial (:class:`OwnedTrials`), so
+no moment exists at which a RUNNING trial has no owner -- a worker SIGKILLed between
+creating a trial and naming itself used to leave an ownerless RUNNING trial that no resume
+recovered and that counted as running forever (the flaky 149-of-150 resume). A worker
+that takes an enqueued (WAITING) trial writes a claim first and its name after it wins the
+trial. When a worker starts it fails the RUNNING trials whose owner (or, before it named
+itself, every claimant) is gone -- a dead pid on this host, or (RDB storage) a heartbeat
+older than the grace period -- marking them ``interrupted``, and enqueues each one's
+parameters once (``retry_of``) so the point is evaluated again: no trial is lost, none that
+finished is repeated.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import time
@@ -27,7 +34,7 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import TunerError
 
@@ -55,6 +62,65 @@ def worker_id() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
 
 
+def worker_token(w: dict[str, Any] | None = None) -> str:
+    """A worker's identity as one string ``host:pid:start`` (default: this process)."""
+    w = worker_id() if w is None else w
+    return f"{w.get('host')}:{w.get('pid')}:{w.get('start')}"
+
+
+#: system attr prefix of a worker's claim on an enqueued trial (before it owns it)
+CLAIM_PREFIX = "meshplan_claim:"
+
+
+class OwnedTrials:
+    """Storage mixin: a trial this process creates carries :data:`WORKER_ATTR` from its
+    creation (one storage operation, no window for a kill), and taking a WAITING trial
+    writes a claim before the state change and :data:`WORKER_ATTR` after it.
+
+    Used as ``class X(OwnedTrials, JournalStorage)``; see the module docstring."""
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        """Create a trial; one made for ``study.ask()`` (no template) is RUNNING and owned."""
+        if template_trial is None:
+            template_trial = FrozenTrial(
+                number=-1, state=TrialState.RUNNING, value=None,
+                datetime_start=datetime.datetime.now(), datetime_complete=None, params={},
+                distributions={}, user_attrs={}, system_attrs={WORKER_ATTR: worker_id()},
+                intermediate_values={}, trial_id=-1)
+        return super().create_new_trial(study_id, template_trial)  # type: ignore[misc]
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Any = None) -> bool:
+        """Set a trial's state; taking a WAITING trial (state RUNNING) claims it first and
+        names the owner once the change succeeded."""
+        if state != TrialState.RUNNING:
+            return super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
+        me = worker_id()
+        self.set_trial_system_attr(trial_id, CLAIM_PREFIX + worker_token(me), me)  # type: ignore[attr-defined]
+        ok = super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
+        if ok:
+            self.set_trial_system_attr(trial_id, WORKER_ATTR, me)  # type: ignore[attr-defined]
+        return ok
+
+
+class OwnedJournalStorage(OwnedTrials, JournalStorage):
+    """Optuna's JournalStorage with trial ownership (:class:`OwnedTrials`)."""
+
+
+class OwnedRDBStorage(OwnedTrials, RDBStorage):
+    """Optuna's RDBStorage with trial ownership (:class:`OwnedTrials`)."""
+
+
+def trial_owners(t: FrozenTrial) -> list[dict[str, Any]]:
+    """Who runs RUNNING trial ``t``: its :data:`WORKER_ATTR`, else every claimant of an
+    enqueued trial taken before the owner named itself; empty for a trial created by a
+    client without :class:`OwnedTrials`."""
+    w = t.system_attrs.get(WORKER_ATTR)
+    if w is not None:
+        return [w]
+    return [v for k, v in t.system_attrs.items() if k.startswith(CLAIM_PREFIX)]
+
+
 def worker_alive(w: dict[str, Any]) -> bool | None:
     """True/False for a worker on this host; None when it ran on another host."""
     if w.get("host") != socket.gethostname():
@@ -77,11 +143,13 @@ SCHEMA_RACE_RETRIES = 5
 
 
 def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
-    """Resolve ``--storage``: None -> a journal file in ``study_dir`` (None when study_dir
-    is None too: in-memory); a path or ``journal:PATH`` -> that journal file; a SQLAlchemy
-    URL -> RDBStorage with heartbeats.
+    """Resolve ``--storage``: None -> a journal file in ``study_dir`` (created with its
+    parents: the caller named it; None when study_dir is None too: in-memory); a path or
+    ``journal:PATH`` -> that journal file, in a directory that must exist (nothing is
+    created beside a path the caller gave); a SQLAlchemy URL -> RDBStorage with heartbeats.
 
-    Raises StorageError naming the URL when its driver is missing or it is malformed."""
+    Raises StorageError naming the URL when its directory is missing, its driver is missing
+    or it is malformed."""
     if url is None:
         if study_dir is None:
             return None
@@ -90,15 +158,19 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     if url.startswith("journal:"):
         url = url[len("journal:"):]
     if "://" not in url:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        parent = Path(url).parent
+        if not parent.is_dir():
+            raise StorageError(f"storage {url!r}: directory {str(parent)!r} does not exist")
+        if Path(url).is_dir():
+            raise StorageError(f"storage {url!r} is a directory; give a journal file path")
         return _journal(Path(url))
     url = rdb_url(url)
     for attempt in range(SCHEMA_RACE_RETRIES + 1):
         try:
             with warnings.catch_warnings():  # heartbeats are marked experimental by Optuna
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                  engine_kwargs={"pool_pre_ping": True})
+                return OwnedRDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                       engine_kwargs={"pool_pre_ping": True})
         except ImportError:
             raise StorageError(f"storage {url!r}: its database driver is not installed; "
                                f"install meshplan[postgres] (psycopg2) for PostgreSQL") from None
@@ -119,9 +191,10 @@ LOCK_GRACE_S = 5
 
 
 def _journal(path: Path) -> JournalStorage:
-    """Optuna's journal file storage at ``path`` with a short stale-lock grace period."""
-    return JournalStorage(JournalFileBackend(str(path),
-                                             lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
+    """Optuna's journal file storage at ``path`` with a short stale-lock grace period and
+    trial ownership (:class:`OwnedJournalStorage`)."""
+    return OwnedJournalStorage(JournalFileBackend(
+        str(path), lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
 
 
 def rdb_url(url: str) -> str:
@@ -136,9 +209,15 @@ def rdb_url(url: str) -> str:
     return url
 
 
+#: Seconds after which a RUNNING trial that names no owner (created by a client without
+#: :class:`OwnedTrials`, e.g. a journal of an earlier meshplan) counts as orphaned.
+ORPHAN_GRACE_S = 60.0
+
+
 def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail trials whose worker is gone and enqueue their parameters once; returns the
-    numbers of the trials re-enqueued."""
+    """Fail trials whose worker is gone (or, naming no owner, that started more than
+    :data:`ORPHAN_GRACE_S` ago) and enqueue their parameters once; returns the numbers of
+    the trials re-enqueued."""
     storage = study._storage
     if getattr(storage, "heartbeat_interval", None):
         optuna.storages.fail_stale_trials(study)
@@ -147,8 +226,12 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     out = []
     for t in trials:
         if t.state == TrialState.RUNNING:
-            w = t.system_attrs.get(WORKER_ATTR)
-            if w is None or worker_alive(w) is not False:
+            owners = trial_owners(t)
+            if not owners:  # written by a client without OwnedTrials (an older meshplan)
+                start = t.datetime_start
+                if start is None or (datetime.datetime.now() - start).total_seconds() < ORPHAN_GRACE_S:
+                    continue
+            elif any(worker_alive(w) is not False for w in owners):
                 continue
             try:
                 storage.set_trial_user_attr(t._trial_id, "interrupted", True)

@@ -12,20 +12,32 @@ names the rule); a point the scorer rejects with a ``ValueError`` (an engine lim
 does not model) is pruned with user attr ``error``; every scored point is COMPLETE with its
 step time (and peak memory with ``pareto``), its memory excess recorded as the constraint
 ``memory = peak / capacity - 1`` (feasible when <= 0) via ``trial.set_constraint`` — an
-out-of-memory plan is never a failed trial. Identical plans are scored once (the cache
-includes the study's history, so a resumed search or a second worker reuses it).
+out-of-memory plan is never a failed trial. Identical plans are scored once per study,
+whichever process scores them: the cache includes the study's history (scores and scorer
+errors), so a resumed search or a second worker reuses it, and a worker that draws a plan
+another live worker is scoring right now (a RUNNING trial with the same ``plan_key`` and a
+lower number) waits for that score instead of computing it again (at most
+:data:`PEER_WAIT_S`; a dead peer is not waited for).
 
 Samplers (seeded): ``random`` (RandomSampler; full_random's default), ``tpe``
 (multivariate grouped TPESampler, Watanabe 2023; pattern-based and semi-auto default),
 ``bruteforce`` (BruteForceSampler: the exhaustive optimum of a small space). On resume the
 sampler seed is ``seed + number of trials already in the study``, so a resumed search does
-not replay the points it already has.
+not replay the points it already has. Every process that opens the study registers in it
+(a study system attr per worker); when another live worker is registered, the seed also
+mixes in this worker's identity (:func:`worker_seed`), so two ``tune`` processes, or a
+``tune`` and its ``--workers``, started on one storage at once never draw the same startup
+points. (Of two processes registering together at least one sees the other: each
+registers before it looks.) A search alone on its study keeps the plain, reproducible seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
+import re
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -36,8 +48,17 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
+from tuner.result import scored
 from tuner.space import Candidate, SearchSpace
-from tuner.storage import WORKER_ATTR, open_storage, recover_interrupted, worker_id
+from tuner.storage import (
+    WORKER_ATTR,
+    open_storage,
+    recover_interrupted,
+    trial_owners,
+    worker_alive,
+    worker_id,
+    worker_token,
+)
 from tuner.suggest import PATTERN, RANDOM, SEMI, suggest_candidate
 
 MODES = (PATTERN, RANDOM, SEMI)
@@ -118,9 +139,35 @@ class TuneConfig:
         return cls(**d)
 
 
-def make_sampler(cfg: TuneConfig, n_existing: int = 0) -> optuna.samplers.BaseSampler:
-    """The seeded sampler of ``cfg``; ``n_existing`` shifts the seed on resume."""
-    seed = cfg.seed + n_existing
+#: A study name: letters, digits, ``-``, ``_`` and ``.``, not starting with a dot, at most
+#: 128 characters. The name becomes a directory (``meshplan-runs/NAME``), so a path
+#: separator or ``..`` would write outside the runs folder.
+STUDY_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+
+def check_study_name(name: Any) -> str:
+    """``name`` when it is a safe study name (:data:`STUDY_NAME`); else TuneError naming it."""
+    if not isinstance(name, str) or STUDY_NAME.fullmatch(name) is None:
+        raise TuneError(f"study name {name!r} is not allowed: use letters, digits, '-', '_' and "
+                        f"'.', not starting with a dot, at most 128 characters")
+    return name
+
+
+def worker_seed(seed: int, n_existing: int, worker: str | None) -> int:
+    """The sampler seed of one worker: ``seed + n_existing`` for a worker alone on its study
+    (``worker`` None), else a 32-bit hash of (seed, n_existing, worker identity)."""
+    if worker is None:
+        return seed + n_existing
+    h = hashlib.sha256(f"{seed}:{n_existing}:{worker}".encode()).hexdigest()
+    return int(h[:8], 16)
+
+
+def make_sampler(cfg: TuneConfig, n_existing: int = 0, worker: str | None = None
+                 ) -> optuna.samplers.BaseSampler:
+    """The seeded sampler of ``cfg``; ``n_existing`` shifts the seed on resume, ``worker``
+    (a worker token, when other workers share the study) makes it this worker's own
+    (:func:`worker_seed`)."""
+    seed = worker_seed(cfg.seed, n_existing, worker)
     if cfg.sampler_name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():  # BruteForce and TPE's ``group`` are "experimental"
@@ -145,7 +192,9 @@ def open_study(cfg: TuneConfig | None, study_name: str, storage: str | None,
     """Create or load ``study_name``. With ``cfg`` None (a joining worker) the stored
     config is used; otherwise a stored config must equal ``cfg`` (same search).
 
-    Raises TuneError when the study exists for a different search or is missing."""
+    Raises TuneError when the study name is not safe (:func:`check_study_name`), or the
+    study exists for a different search or is missing."""
+    check_study_name(study_name)
     st = open_storage(storage, study_dir)
     if st is None:
         st = optuna.storages.InMemoryStorage()
@@ -166,8 +215,25 @@ def open_study(cfg: TuneConfig | None, study_name: str, storage: str | None,
         raise TuneError(f"study {study_name!r} already holds a different search "
                         f"(differs in {diff}); pick another --study name")
     n = len(study.get_trials(deepcopy=False))
-    study.sampler = make_sampler(cfg, n)
+    study.sampler = make_sampler(cfg, n, worker_token() if _register(study) else None)
     return study, cfg
+
+
+#: study system attr prefix under which each worker process registers (:func:`_register`)
+REGISTER_PREFIX = "meshplan_registered:"
+
+
+def _register(study: optuna.Study) -> bool:
+    """Register this process in ``study``; True when another registered worker may be alive
+    (on this host: its pid lives; on another host: unknown, counted as alive)."""
+    me = worker_token()
+    storage, sid = study._storage, study._study_id
+    storage.set_study_system_attr(sid, REGISTER_PREFIX + me, worker_id())
+    for k, w in storage.get_study_system_attrs(sid).items():
+        if k.startswith(REGISTER_PREFIX) and k != REGISTER_PREFIX + me and isinstance(w, dict) \
+                and worker_alive(w) is not False:
+            return True
+    return False
 
 
 def trial_counts(study: optuna.Study) -> tuple[int, int]:
@@ -178,12 +244,26 @@ def trial_counts(study: optuna.Study) -> tuple[int, int]:
 
 
 def _history_cache(study: optuna.Study) -> dict[str, dict[str, Any]]:
+    """plan_key -> the record of a plan the study already scored: its score fields (a
+    COMPLETE trial with the whole record) or ``{"error": message}`` (a trial pruned because
+    the scorer refused the plan)."""
     out = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        k = t.user_attrs.get("plan_key")
-        if k is not None and "time_s" in t.user_attrs:
-            out[k] = dict(t.user_attrs)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        ua = t.user_attrs
+        k = ua.get("plan_key")
+        if k is None:
+            continue
+        if t.state == TrialState.COMPLETE and scored(ua):
+            out[k] = dict(ua)
+        elif t.state == TrialState.PRUNED and "error" in ua and k not in out:
+            out[k] = {"error": ua["error"]}
     return out
+
+
+#: Longest wait (s) for a live peer that is scoring the same plan; then score it here.
+PEER_WAIT_S = 600.0
+#: Poll interval (s) while waiting for a peer's score.
+PEER_POLL_S = 0.05
 
 
 class _Objective:
@@ -202,16 +282,26 @@ class _Objective:
             raise optuna.TrialPruned(str(got))
         key = json.dumps(got.to_dict(), sort_keys=True)
         trial.set_user_attr("plan", got.to_dict())
+        # claimed_at before plan_key: a peer that sees the key sees when it was claimed
+        trial.set_user_attr("claimed_at", time.time())
         trial.set_user_attr("plan_key", key)
         rec = self.cache.get(key)
         if rec is None:
             self.cache.update(_history_cache(self.study))
             rec = self.cache.get(key)
         if rec is None:
+            rec = self._wait_for_peer(trial, key)
+        if rec is not None and "error" in rec:
+            trial.set_user_attr("cached", True)
+            trial.set_user_attr("error", rec["error"])
+            raise optuna.TrialPruned(rec["error"])
+        if rec is None:
             try:
                 s = self.scorer(got)
             except ValueError as e:
-                trial.set_user_attr("error", f"{type(e).__name__}: {e}")
+                msg = f"{type(e).__name__}: {e}"
+                trial.set_user_attr("error", msg)
+                self.cache[key] = {"error": msg}
                 raise optuna.TrialPruned(str(e)) from None
             self.simulated += 1
             rec = {"time_s": float(s.time_s), "memory_bytes": int(s.memory_bytes),
@@ -229,6 +319,30 @@ class _Objective:
             return rec["time_s"], float(rec["memory_bytes"])
         return rec["time_s"]
 
+    def _wait_for_peer(self, trial: optuna.Trial, key: str) -> dict[str, Any] | None:
+        """The record of ``key`` once a live peer that claimed it first is done scoring it
+        (a RUNNING trial of another worker with the same plan_key and an earlier
+        ``(claimed_at, number)``); None when there is no such peer, it died or failed, or
+        :data:`PEER_WAIT_S` passed (then this worker scores the plan). Each worker writes
+        its claim before it looks, so of two drawing one plan at once exactly the later
+        claim waits (a total order: no two workers wait for each other)."""
+        me = worker_token()
+        mine = (float(trial.user_attrs.get("claimed_at", 0.0)), trial.number)
+        deadline = time.monotonic() + PEER_WAIT_S
+        while True:
+            peers = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                     if t.number != trial.number and t.user_attrs.get("plan_key") == key
+                     and (float(t.user_attrs.get("claimed_at", 0.0)), t.number) < mine
+                     and (owners := trial_owners(t))
+                     and all(worker_token(w) != me for w in owners)
+                     and any(worker_alive(w) is not False for w in owners)]
+            if not peers:
+                self.cache.update(_history_cache(self.study))
+                return self.cache.get(key)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(PEER_POLL_S)
+
 
 def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int,
              timeout: float | None = None,
@@ -242,11 +356,12 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
     if done + running >= n_trials:
         return 0
     obj = _Objective(study, cfg, scorer)
-    me = worker_id()
     ran = 0
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:
-        study._storage.set_trial_system_attr(trial._trial_id, WORKER_ATTR, me)
+        if WORKER_ATTR not in study._storage.get_trial_system_attrs(trial._trial_id):
+            # a storage without OwnedTrials (in-memory): name the owner now
+            study._storage.set_trial_system_attr(trial._trial_id, WORKER_ATTR, worker_id())
         return obj(trial)
 
     def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:

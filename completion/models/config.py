@@ -19,10 +19,36 @@ from typing import Any
 from completion.errors import CompletionError
 
 FAMILIES = ("gpt", "llama")
+#: attention implementations a model may state (``ModelConfig.attention``): ``flash`` (one
+#: fused kernel, FlashAttention; Hugging Face ``sdpa`` / ``flash_attention_2``) or
+#: ``unfused`` (QK^T, scale, softmax, dropout, x V as separate ops; Hugging Face ``eager``,
+#: Megatron-LM 2021)
+ATTENTIONS = ("flash", "unfused")
+#: Hugging Face ``attn_implementation`` -> ours (transformers' ``ALL_ATTENTION_FUNCTIONS``
+#: and ``modeling_utils``: ``eager`` is the reference matmul-softmax-matmul, ``sdpa`` is
+#: ``torch.nn.functional.scaled_dot_product_attention`` (its flash backend on GPUs),
+#: ``flash_attention_2`` / ``_3`` the flash-attn package, ``flex_attention`` a fused
+#: Triton kernel)
+HF_ATTENTION = {"eager": "unfused", "sdpa": "flash", "flash_attention_2": "flash",
+                "flash_attention_3": "flash", "flex_attention": "flash"}
 
 
 class ModelConfigError(CompletionError):
     """An invalid model configuration, an unknown model name or a bad ``config.json``."""
+
+
+class ModelFileNotFoundError(ModelConfigError, FileNotFoundError):
+    """A ``config.json`` path that does not exist: a ModelConfigError (one-line error of
+    bad input) that is also a FileNotFoundError."""
+
+
+#: Largest size a model config may give each field (issue 16 item 8: sizes are bounded
+#: where they enter). Far above any model built (gpt3-175b: 96 layers, hidden 12288,
+#: vocabulary 51200; 1M-token contexts), small enough that no size alone makes the cost
+#: model or the program builder run for minutes.
+MAX_MODEL_SIZES = {"num_layers": 2**14, "hidden_size": 2**20, "num_heads": 2**14,
+                   "num_kv_heads": 2**14, "ffn_hidden_size": 2**22, "vocab_size": 2**24,
+                   "seq_len": 2**24}
 
 
 @dataclass(frozen=True)
@@ -40,6 +66,14 @@ class ModelConfig:
         vocab_size: V. seq_len: maximum (and default) sequence length s.
         tie_word_embeddings: the LM head reuses the token embedding ``[V, h]``.
         norm_eps: epsilon of layer_norm / rms_norm. rope_theta: rotary base (llama).
+        attention: the model's own attention implementation (:data:`ATTENTIONS`), None when
+            it states none (Hugging Face ``attn_implementation``; the plan's
+            ``Strategy.attention`` overrides it, a framework profile's default fills it).
+        attention_dropout: dropout probability on the attention probabilities (unfused
+            attention: a ``dropout`` op after the softmax; flash: the kernel's ``dropout``).
+        hidden_dropout: dropout probability on the embedding output and on each residual
+            branch before its add (Megatron-LM ``--hidden-dropout``, applied by
+            ``embedding_dropout`` and ``bias_dropout_add``).
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -56,6 +90,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    attention: str | None = None
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -64,6 +101,9 @@ class ModelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ModelConfigError(f"model {self.name!r}: {f} must be a positive int, got {v!r}")
+            if v > MAX_MODEL_SIZES[f]:
+                raise ModelConfigError(f"model {self.name!r}: {f} is {v}, above the limit of "
+                                       f"{MAX_MODEL_SIZES[f]} (completion.models.config.MAX_MODEL_SIZES)")
         if self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
@@ -74,6 +114,13 @@ class ModelConfig:
             )
         if not self.norm_eps > 0:
             raise ModelConfigError(f"model {self.name!r}: norm_eps must be > 0, got {self.norm_eps!r}")
+        if self.attention is not None and self.attention not in ATTENTIONS:
+            raise ModelConfigError(f"model {self.name!r}: attention {self.attention!r} is not one of "
+                                   f"{list(ATTENTIONS)} (or None: not stated)")
+        for f in ("attention_dropout", "hidden_dropout"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ModelConfigError(f"model {self.name!r}: {f} must be a probability in [0, 1), got {v!r}")
 
     @property
     def head_dim(self) -> int:
@@ -95,6 +142,22 @@ def _llama(name: str, l: int, h: int, a: int, kv: int, ffn: int) -> ModelConfig:
 
 def _megatron(size: str, l: int, h: int, a: int) -> ModelConfig:  # noqa: E741
     return _gpt(f"megatron-{size}", l, h, a, 4 * h, 51200, 2048)
+
+
+#: How Megatron-LM ran GPT in 2021 (Narayanan et al. 2021, the SC21 Table 1 runs; commit
+#: 6985e58; shared/reference/fidelity_notes.md): no flash attention (QK^T as a batched
+#: GEMM, the fused scale-mask-softmax, dropout, x V) and ``--attention-dropout 0.1``,
+#: ``--hidden-dropout 0.1`` (Megatron's defaults), as Korthikanti et al. 2022 (fig. 2)
+#: count the activations.
+MEGATRON_2021 = {"attention": "unfused", "attention_dropout": 0.1, "hidden_dropout": 0.1}
+
+
+def megatron_2021(name_or_config: str | pathlib.Path | ModelConfig) -> ModelConfig:
+    """A model (catalog name, ``config.json`` path or config) with the architecture
+    settings Megatron-LM 2021 ran it with (:data:`MEGATRON_2021`), e.g.
+    ``megatron_2021("megatron-1.7b")`` for the SC21 Table 1 rows. Raises ModelConfigError
+    as :func:`get_model_config`."""
+    return get_model_config(name_or_config).replace(**MEGATRON_2021)
 
 
 _CATALOG_LIST = [
@@ -139,17 +202,26 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     ``max_position_embeddings``, optional ``tie_word_embeddings`` (default: true for gpt,
     false for llama), ``rms_norm_eps`` / ``layer_norm_epsilon``, ``rope_theta``. GPT-2's own
     spellings (``n_layer``, ``n_embd``, ``n_head``, ``n_inner``, ``n_positions``) are accepted.
+    ``attn_implementation`` (or ``_attn_implementation``): ``eager`` -> unfused attention,
+    ``sdpa`` / ``flash_attention_2`` / ``flash_attention_3`` / ``flex_attention`` -> flash
+    (:data:`HF_ATTENTION`; absent: the model states none). Dropout probabilities
+    (:data:`ATTENTION_DROPOUT_KEYS`, :data:`HIDDEN_DROPOUT_KEYS`; absent: 0, not
+    transformers' per-class defaults).
 
-    Raises FileNotFoundError when the file is absent and ModelConfigError naming the file
-    and key on bad content.
+    Raises ModelFileNotFoundError (a ModelConfigError and a FileNotFoundError) when the file
+    is absent and ModelConfigError naming the file and key on bad content.
     """
     p = pathlib.Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"model config file not found: {p}")
+        raise ModelFileNotFoundError(f"model config not found: {p}")
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, deep nesting
+        raise ModelConfigError(f"{p}: not a usable JSON document: {str(e).split(';')[0]}") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{p}: expected a JSON object at the top level")
     return config_from_hf_dict(raw, name=str(p))
@@ -181,6 +253,38 @@ def _bool_key(raw: dict[str, Any], name: str, key: str, default: bool) -> bool:
     return v
 
 
+def _prob_key(raw: dict[str, Any], name: str, keys: tuple[str, ...]) -> float:
+    """The first of ``keys`` present as a probability in [0, 1) (absent: 0)."""
+    for k in keys:
+        v = raw.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise ModelConfigError(f"{name}: {k!r} must be a probability in [0, 1), got {v!r}")
+        return float(v)
+    return 0.0
+
+
+def _attention_key(raw: dict[str, Any], name: str) -> str | None:
+    """``attn_implementation`` (or the ``_attn_implementation`` transformers writes) mapped
+    by :data:`HF_ATTENTION`; None when absent."""
+    for k in ("attn_implementation", "_attn_implementation"):
+        v = raw.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, str) or v not in HF_ATTENTION:
+            raise ModelConfigError(f"{name}: {k!r} must be one of {sorted(HF_ATTENTION)}, got {v!r}")
+        return HF_ATTENTION[v]
+    return None
+
+
+#: config.json keys of the two dropout probabilities, first found wins (Hugging Face
+#: LLaMA / Mistral ``attention_dropout``, GPT-2 ``attn_pdrop`` / ``resid_pdrop``, BERT-style
+#: ``*_dropout_prob``, Megatron-style ``hidden_dropout``)
+ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob")
+
+
 def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
     """Build a ModelConfig from the dict of a Hugging Face ``config.json`` (see
     :func:`load_hf_config` for the keys)."""
@@ -210,6 +314,9 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         tie_word_embeddings=_bool_key(raw, name, "tie_word_embeddings", family == "gpt"),
         norm_eps=_float_key(raw, name, eps_keys, 1e-5),
         rope_theta=_float_key(raw, name, ("rope_theta",), 10000.0),
+        attention=_attention_key(raw, name),
+        attention_dropout=_prob_key(raw, name, ATTENTION_DROPOUT_KEYS),
+        hidden_dropout=_prob_key(raw, name, HIDDEN_DROPOUT_KEYS),
     )
 
 

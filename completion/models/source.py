@@ -1,8 +1,9 @@
 """Resolve what a user passes as a model into something the plan pipeline can build.
 
 Accepted: a built-in model name (``llama2-7b``), a path to a Hugging Face style
-``config.json``, a path to a PIR program text file (``*.pir`` or any other text file), a
-:class:`completion.Program`, or a ``torch.nn.Module`` (captured with
+``config.json``, a :class:`completion.models.ModelConfig`, a path to a PIR program text
+file (``*.pir`` or any other text file), a :class:`completion.Program`, or a
+``torch.nn.Module`` (captured with
 ``completion.from_torch``; ``example_inputs`` required).
 
 A model given by configuration is rebuilt for every batch size and layer count it is asked
@@ -20,6 +21,7 @@ from completion.chunks import DEFAULT_SEG_METHOD
 from completion.errors import CompletionError
 from completion.ir import Program
 from completion.models import build_model, get_model_config
+from completion.models.config import MAX_MODEL_SIZES, ModelConfig
 from completion.pir import parse_program
 
 _LAYER_RE = re.compile(DEFAULT_SEG_METHOD)
@@ -50,15 +52,23 @@ class ModelSource:
         """True for a given program (text file, Program or torch capture)."""
         return self.program is not None
 
-    def forward_program(self, batch_size: int, dtype: str, num_layers: int | None = None) -> Program:
+    def forward_program(self, batch_size: int, dtype: str, num_layers: int | None = None,
+                        attention: str | None = None) -> Program:
         """The forward program (with loss): built from the config with ``batch_size``
-        sequences and ``num_layers`` layers (default: the model's), or the given program
-        itself (its batch and layers are its own; it may already hold backward and
-        optimizer ops)."""
+        sequences, ``num_layers`` layers (default: the model's) and ``attention``
+        (``flash`` / ``unfused``; None: the config's, else flash), or the given program
+        itself (its batch, layers and attention are its own; it may already hold backward
+        and optimizer ops)."""
         if self.program is not None:
             return self.program
         return build_model(self.config, batch_size=batch_size, seq_len=self.seq_len, dtype=dtype,
-                           num_layers=num_layers or self.config.num_layers)
+                           num_layers=num_layers or self.config.num_layers, attention=attention)
+
+    @property
+    def attention(self) -> str | None:
+        """The attention implementation the model states (``ModelConfig.attention``), None
+        for a given program or a config that states none."""
+        return getattr(self.config, "attention", None)
 
 
 def _from_program(prog: Program, name: str, seq_len: int | None = None) -> ModelSource:
@@ -70,6 +80,32 @@ def _from_program(prog: Program, name: str, seq_len: int | None = None) -> Model
                and op.results[0] is not None and op.results[0].name == "input_ids"]
         seq_len = ids[0].shape[1] if ids and len(ids[0].shape) == 2 else 0
     return ModelSource(name=name, program=prog, num_layers=len(layers), seq_len=seq_len)
+
+
+#: Largest program text read (bytes): the seed programs are a few KiB, a whole model's
+#: partitioned program a few MiB.
+MAX_PROGRAM_BYTES = 64 * 2**20
+
+
+def read_program_file(path: str | Path) -> Program:
+    """Parse the PIR program text file at ``path``. Raises ModelSourceError (one line,
+    naming the path) when it is missing, not a file, larger than
+    :data:`MAX_PROGRAM_BYTES` or not UTF-8 text, and the parser's PirParseError (line and
+    column) on bad text."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelSourceError(f"program file not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_PROGRAM_BYTES:
+        raise ModelSourceError(f"program file {p} is {size} bytes, above the limit of "
+                               f"{MAX_PROGRAM_BYTES} (completion.models.source.MAX_PROGRAM_BYTES)")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelSourceError(f"program file {p} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ModelSourceError(f"program file {p} cannot be read: {e.strerror or e}") from None
+    return parse_program(text)
 
 
 def is_program_path(model: Any) -> bool:
@@ -90,12 +126,18 @@ def resolve_model(model: Any, seq_len: int | None = None, example_inputs: Any = 
     layers are identical it is the number of layers the model really has, its first layer
     standing for all of them in the cost model.
 
-    Raises ModelSourceError (a CompletionError) for an unsupported object or a missing
-    file (naming the path), and the builders' / parser's errors for bad configs or
+    Raises ModelSourceError (a CompletionError) for an unsupported object, a missing
+    file (naming the path), or a ``seq_len`` / ``num_layers`` that is not an integer in
+    [1, ``MAX_MODEL_SIZES``], and the builders' / parser's errors for bad configs or
     program text."""
-    if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int)
-                                   or num_layers < 1):
-        raise ModelSourceError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+    for what, val in (("num_layers", num_layers), ("seq_len", seq_len)):
+        if val is None:
+            continue
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ModelSourceError(f"{what} must be an integer >= 1, got {val!r}")
+        if val > MAX_MODEL_SIZES[what]:
+            raise ModelSourceError(f"{what} is {val}, above the limit of {MAX_MODEL_SIZES[what]} "
+                                   f"(completion.models.config.MAX_MODEL_SIZES)")
     src = _resolve(model, seq_len, example_inputs)
     if num_layers is not None:
         if src.config is not None:
@@ -107,13 +149,14 @@ def resolve_model(model: Any, seq_len: int | None = None, example_inputs: Any = 
 def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSource:
     if isinstance(model, Program):
         return _from_program(model, "program", seq_len)
+    if isinstance(model, ModelConfig):  # built like a catalog model, from the object itself
+        s = model.seq_len if seq_len is None else seq_len
+        return ModelSource(name=model.name, config=model, num_layers=model.num_layers, seq_len=s)
     if isinstance(model, (str, Path)):
         text = str(model)
         path = Path(text)
         if is_program_path(text):
-            if not path.is_file():
-                raise ModelSourceError(f"program file not found: {path}")
-            return _from_program(parse_program(path.read_text()), path.stem, seq_len)
+            return _from_program(read_program_file(path), path.stem, seq_len)
         if path.suffix == ".json" and not path.is_file():
             raise ModelSourceError(f"model config not found: {path}")
         cfg = get_model_config(text)
@@ -130,5 +173,5 @@ def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSourc
 
         return _from_program(from_torch(model, example_inputs), type(model).__name__, seq_len)
     raise ModelSourceError(
-        f"model must be a built-in name, a config.json path, a PIR program path, a Program "
-        f"or a torch module; got {type(model).__name__}")
+        f"model must be a built-in name, a config.json path, a ModelConfig, a PIR program "
+        f"path, a Program or a torch module; got {type(model).__name__}")

@@ -340,9 +340,10 @@ def _op_dist_attr(cur: Cursor, where: str, at: int, raw: Any, operands: list[Val
                for k, v in enumerate(operands[:n_in])]
         outs = [_tensor_attr(mesh, raw.get(f"result({k})"), pt.type, f"result({k})")
                 for k, pt in enumerate(out_types[:n_out])]
+        chunk = _int_entry(raw.get("chunk_id", 0) or 0, "op_dist_attr chunk_id")
     except DistAttrError as e:
         raise cur.error(f"{where}: op_dist_attr: {e}", at) from None
-    return OperatorDistAttr(mesh, tuple(ins), tuple(outs), int(raw.get("chunk_id", 0) or 0))
+    return OperatorDistAttr(mesh, tuple(ins), tuple(outs), chunk)
 
 
 def _indexed(key: str) -> bool:
@@ -360,6 +361,16 @@ def _entries(cur: Cursor, where: str, at: int, raw: dict[str, Any], kind: str, n
     if ks and max(ks) >= n:
         raise cur.error(f"{where}: op_dist_attr has {kind}({max(ks)}) but the op has {n} {kind}s", at)
     return max(ks) + 1 if ks else 0
+
+
+def _int_entry(x: Any, what: str) -> int:
+    """``x`` as an int (an int, or the text of one); DistAttrError naming ``what`` otherwise."""
+    if isinstance(x, bool) or not isinstance(x, (int, str)):
+        raise DistAttrError(f"{what} must be an integer, got {x!r}")
+    try:
+        return int(x)
+    except ValueError:
+        raise DistAttrError(f"{what} must be an integer, got {x!r}") from None
 
 
 def _tensor_attr(mesh: ProcessMesh, raw: Any, t: TensorType | None, what: str) -> TensorDistAttr | None:
@@ -380,8 +391,8 @@ def _tensor_attr(mesh: ProcessMesh, raw: Any, t: TensorType | None, what: str) -
     for key in raw:
         if key.startswith("partial(") and key.endswith(")"):
             d, _, rt = key[len("partial("):-1].partition(",")
-            partial[int(d)] = rt.strip()
-    attr = TensorDistAttr(mesh, dm, partial, int(raw.get("chunk_id", 0) or 0))
+            partial[_int_entry(d.strip(), f"{what} {key} mesh dim")] = rt.strip()
+    attr = TensorDistAttr(mesh, dm, partial, _int_entry(raw.get("chunk_id", 0) or 0, f"{what} chunk_id"))
     if t is not None and not isinstance(t, OpaqueType):
         attr.check_shape(t.shape, what)
     return attr

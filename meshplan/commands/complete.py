@@ -105,11 +105,11 @@ def build_program(program_file: str | None, model: str | None, mesh: Any, megatr
     from completion.backward import append_backward
     from completion.errors import CompletionError
     from completion.models import build_model
+    from completion.models.source import read_program_file
     from completion.optimizer import apply_optimizer
-    from completion.pir import parse_program
 
     if program_file is not None:
-        program = parse_program(pathlib.Path(program_file).read_text())
+        program = read_program_file(program_file)
         if megatron:
             shard_megatron(program, mesh, "dp", "tp", sequence_parallel)
         elif not annotated and not any(v.dist_attr is not None for v in program.values()):
@@ -131,7 +131,7 @@ def complete_cmd(
     ctx: typer.Context,
     program_file: str | None = typer.Option(None, "--program", "-p", help="PIR program file."),
     model: str | None = opt.MODEL_OR_PROGRAM,
-    layers: int | None = typer.Option(None, "--layers", "-l", help="Override the layer count."),
+    layers: int | None = opt.LAYERS,
     dp: int = opt.DP,
     tp: int = opt.TP,
     pp: int = opt.PP,
@@ -142,7 +142,8 @@ def complete_cmd(
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     zero: int = opt.ZERO,
-    batch_size: int = typer.Option(4, "--batch-size", "-b", help="Sequences per step (--model)."),
+    batch_size: int = typer.Option(4, "--batch-size", "-b", max=opt.MAX_BATCH,
+                                   help="Sequences per step (--model)."),
     seq_len: int | None = opt.SEQ_LEN,
     summary_only: bool = typer.Option(False, "--summary-only", help="Print only the summary."),
     annotations: list[str] | None = typer.Option(

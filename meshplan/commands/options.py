@@ -15,6 +15,7 @@ they agree.
 
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 from typing import Any
@@ -36,7 +37,15 @@ class Recompute(str, Enum):
 
     none = "none"
     selective = "selective"
+    selective_op = "selective-op"
     full = "full"
+
+
+class Attention(str, Enum):
+    """Attention implementation (completion.strategy.ATTENTIONS)."""
+
+    flash = "flash"
+    unfused = "unfused"
 
 
 class Dtype(str, Enum):
@@ -55,6 +64,29 @@ class Mode(str, Enum):
     semi_auto = "semi-auto"
 
 
+#: Upper bounds of the size options (issue 16 item 8), mirrored from the packages that
+#: own them so that ``meshplan --help`` imports nothing heavy (tests/test_cli_options.py
+#: checks that they agree): tokens per sequence and decoder layers
+#: (``completion.models.config.MAX_MODEL_SIZES``), nodes (``clusters.spec.MAX_WORLD_SIZE``),
+#: sequences per step (``completion.strategy.MAX_BATCH``), pipeline passes and times of one
+#: simulated schedule (``simulator.schedules.base.MAX_ACTIONS``, ``MAX_TIME_S``, ``MAX_MEMORY_LIMIT``),
+#: model chunks per rank (``completion.strategy.MAX_VPP``), local ranks
+#: (``executor.launch.MAX_LOCAL_RANKS``).
+MAX_SEQ_LEN = 2**24
+MAX_LAYERS = 2**14
+MAX_NODES = 2**20
+MAX_BATCH = 2**24
+MAX_ACTIONS = 2**19
+MAX_TIME_S = 1e6
+MAX_MEMORY_LIMIT = float(2**20)
+MAX_VPP = 64
+MAX_LOCAL_RANKS = 64
+#: tune: most trials, local worker processes, rows of the top table; sampler seeds are
+#: 32-bit (numpy's)
+MAX_TRIALS = 10**7
+MAX_WORKERS = 256
+MAX_SEED = 2**32 - 1
+
 #: Strategy field -> its CLI flags (the first is the canonical one, the rest aliases)
 FLAGS: dict[str, tuple[str, ...]] = {
     "dp": ("--dp",),
@@ -68,7 +100,14 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "zero": ("--zero", "--zero-stage"),
     "sequence_parallel": ("--sequence-parallel",),
     "dtype": ("--dtype",),
+    "framework": ("--framework",),
+    "attention": ("--attention",),
 }
+
+#: framework profiles (``completion.strategy.FRAMEWORKS``, the catalog of
+#: ``simulator.profiles``; tests/test_cli_options.py checks that they agree)
+FRAMEWORK_NAMES = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2",
+                   "fsdp2-eager", "llm-foundry", "deepspeed", "eager")
 
 MODEL = typer.Option(..., "--model", "-m",
                      help="Built-in model name or config.json path (cost: also a .pir program).")
@@ -87,13 +126,22 @@ SCHEDULE = typer.Option(
          f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
 MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
 GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
-SEQ_LEN = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence (default: the model's).")
+SEQ_LEN = typer.Option(None, "--seq-len", "-s", max=MAX_SEQ_LEN,
+                       help="Tokens per sequence (default: the model's).")
+LAYERS = typer.Option(None, "--layers", "-l", max=MAX_LAYERS,
+                      help="Override the layer count.")
 RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
                          help="Activation recompute.")
 ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
                                  help="Megatron sequence parallelism (needs tp > 1).")
 DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype.")
+Framework = Enum("Framework", {n: n for n in FRAMEWORK_NAMES}, type=str)
+FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_sensitive=False,
+                         help="Framework profile that runs the plan (what fuses, what overlaps).")
+ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
+                         help="Attention implementation (default: the model's, else the "
+                              "framework's).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
 
 _ARGS_KEY = "meshplan.command_args"
@@ -108,6 +156,35 @@ class StrategyCommand(TyperCommand):
         """Record ``args`` in ``ctx.meta``, then parse them as typer does."""
         ctx.meta[_ARGS_KEY] = tuple(args)
         return super().parse_args(ctx, args)
+
+
+def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("inf"),
+           low_open: bool = False) -> float | None:
+    """``x`` (None passes) unless it is NaN, infinite, below ``low`` (or equal, with
+    ``low_open``) or above ``high``: then ValueError naming ``flag``, which
+    ``meshplan.cli.main`` prints as one ``error:`` line."""
+    if x is None:
+        return None
+    bad = not math.isfinite(x) or x < low or (low_open and x == low) or x > high
+    if bad:
+        lo = f"> {low:g}" if low_open else f">= {low:g}"
+        hi = "" if high == float("inf") else f" and at most {high:g}"
+        raise ValueError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
+    return x
+
+
+def ensure_dir(path: Any) -> None:
+    """Create directory ``path`` (and its missing parents) when it does not exist, saying so
+    in one line ``created DIR`` on stderr (stdout stays the command's output, e.g. JSON):
+    commands create directories only where the user asked (an output option) or the
+    documented default, never silently."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return
+    p.mkdir(parents=True, exist_ok=True)
+    typer.echo(f"created {p}", err=True)
 
 
 def typed_flag(ctx: Any, field: str) -> str:

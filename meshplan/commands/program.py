@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import options as opt
+
 
 def summary_lines(program: Any, title: str) -> list[str]:
     """The summary block of a ``completion.ir.Program``: op count by role, ops by type (most
@@ -33,9 +35,10 @@ def summary_lines(program: Any, title: str) -> list[str]:
 
 def show_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Built-in model name or config.json path."),
-    layers: int | None = typer.Option(None, "--layers", "-l", help="Override the layer count."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Sequences per step."),
-    seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence."),
+    layers: int | None = opt.LAYERS,
+    batch_size: int = typer.Option(1, "--batch-size", "-b", max=opt.MAX_BATCH,
+                                   help="Sequences per step."),
+    seq_len: int | None = opt.SEQ_LEN,
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32, bfloat16 or float16."),
     summary_only: bool = typer.Option(False, "--summary-only", help="Print only the summary."),
 ) -> None:

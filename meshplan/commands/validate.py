@@ -16,7 +16,11 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import options as opt
+
 DEFAULT_CSV = "reports/validation.csv"
+#: Most measured steps one ``validate`` runs
+MAX_STEPS = 10_000
 
 
 def _rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
@@ -47,7 +51,7 @@ def _ms(x: float | None) -> float | None:
 
 
 def _append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    opt.ensure_dir(path.parent)
     new = not path.is_file()
     with path.open("a", newline="") as f:
         w = csv.writer(f)
@@ -65,9 +69,10 @@ def _append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
 
 def validate_cmd(
     plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
-    nproc: int = typer.Option(..., "--nproc", help="Ranks to launch (must equal dp*mp*pp)."),
+    nproc: int = typer.Option(..., "--nproc", min=1, max=opt.MAX_LOCAL_RANKS,
+                              help="Ranks to launch (must equal dp*mp*pp)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster YAML or name for the prediction."),
-    steps: int = typer.Option(10, "--steps", min=1, help="Measured steps (after 2 warmup)."),
+    steps: int = typer.Option(10, "--steps", min=1, max=MAX_STEPS, help="Measured steps (after 2 warmup)."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
     csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to append a row to."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

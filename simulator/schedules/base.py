@@ -9,17 +9,35 @@ The model order of chunks is given by ``Schedule.vstage[rank][chunk]`` (virtual 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from simulator.errors import SimulatorError
+from simulator.errors import ScheduleError
+from simulator.schedules.p2p import check_p2p, send_plan
 
 KINDS = ("F", "B", "W", "BW")
 
+#: Most passes (F, B and W; 3 x stages x chunks x micro-batches) a schedule may have: the
+#: complexity guard of ``build_schedule`` and ``Schedule.validate``. Building and simulating
+#: takes 25-110 us per pass (ZB-V's searched order the most), so the largest legal schedule
+#: runs in about a minute; 2**19 covers pp = 64 with 2730 micro-batches, or pp = 8 with
+#: 21845.
+MAX_ACTIONS = 2**19
+#: Longest pass or hop time (seconds) a schedule builder or the engine accepts: about 11.6
+#: days. Times enter the event loop as integer nanoseconds (1e15 at most, exact in a
+#: float), so every time stays representable; infinity, NaN and 1e308 are refused.
+MAX_TIME_S = 1e6
+#: Largest ZB memory limit (units of M_B): above the micro-batch count the limit never
+#: binds, and MAX_ACTIONS keeps m far below this.
+MAX_MEMORY_LIMIT = float(2**20)
 
-class ScheduleError(SimulatorError):
-    """Invalid schedule name/arguments, or a schedule whose actions cannot all run."""
+
+__all__ = ["KINDS", "MAX_ACTIONS", "MAX_MEMORY_LIMIT", "MAX_TIME_S", "SCHEDULES", "Action",
+           "Schedule", "ScheduleError", "build_schedule", "check_common", "check_size",
+           "check_time", "interleaved_vstages", "make_schedule", "register_schedule",
+           "require_single_chunk", "times_ns", "v_shape_vstages"]
 
 
 class Action(NamedTuple):
@@ -61,12 +79,25 @@ class Schedule:
 
     def validate(self) -> None:
         """Check that every (virtual stage, micro-batch) has exactly one F and exactly one
-        backward (a BW, or one B and one W), each on the rank that owns the chunk.
+        backward (a BW, or one B and one W), each on the rank that owns the chunk; that
+        ``vstage`` places every virtual stage on exactly one (rank, chunk); that the
+        schedule stays within :data:`MAX_ACTIONS`; and that its point-to-point messages
+        match per ordered pair of ranks (``simulator.schedules.p2p.check_p2p``: the n-th
+        send of rank a to rank b is the n-th receive b posts from a, as NCCL requires).
 
-        Raises ScheduleError naming the first missing/duplicated/misplaced action."""
+        Raises ScheduleError naming the first missing/duplicated/misplaced action, the bad
+        placement, or the pair of ranks and the first message that do not match. A
+        schedule that passed is not checked again (its fields are immutable tuples)."""
+        if self.__dict__.get("_validated"):
+            return
         p, m, v = self.num_stages, self.num_microbatches, self.num_chunks
         if len(self.actions) != p or len(self.vstage) != p:
             raise ScheduleError(f"{self.name}: expected {p} ranks, got {len(self.actions)}")
+        check_size(self.name, p, m, v)
+        placed = sorted(vs for row in self.vstage for vs in row)
+        if any(len(row) != v for row in self.vstage) or placed != list(range(p * v)):
+            raise ScheduleError(f"{self.name}: vstage must place each virtual stage 0..{p * v - 1} on "
+                                f"exactly one (rank, chunk), {v} per rank; got {self.vstage!r}")
         seen: set[tuple[str, int, int, int]] = set()
         for r, row in enumerate(self.actions):
             for a in row:
@@ -90,6 +121,14 @@ class Schedule:
                             f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
                             f"complete backward (BW, or B and W)"
                         )
+        check_p2p(self)
+        object.__setattr__(self, "_validated", True)
+
+    def send_plan(self) -> tuple:
+        """Per rank, per action: the ``(receiver, Message)`` sends issued right after it
+        (``simulator.schedules.p2p.send_plan``: each peer's messages in the order it
+        consumes them)."""
+        return send_plan(self)
 
 
 Builder = Callable[..., Schedule]
@@ -108,10 +147,37 @@ def register_schedule(name: str) -> Callable[[Builder], Builder]:
 
 
 def check_common(name: str, p: int, m: int, v: int) -> None:
-    """Shared argument checks (integers, p >= 1, m >= 1, v >= 1)."""
+    """Shared argument checks (integers, p >= 1, m >= 1, v >= 1, within :data:`MAX_ACTIONS`)."""
     for label, val in (("num_stages", p), ("num_microbatches", m), ("num_chunks", v)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ScheduleError(f"{name}: {label} must be a positive integer, got {val!r}")
+    check_size(name, p, m, v)
+
+
+def check_size(name: str, p: int, m: int, v: int) -> None:
+    """Refuse a schedule of more than :data:`MAX_ACTIONS` passes (3 p v m: an F, a B and a
+    W per virtual stage and micro-batch), naming the sizes; the complexity guard that keeps
+    building and simulating a schedule within about a minute."""
+    if 3 * p * v * m > MAX_ACTIONS:
+        raise ScheduleError(f"{name}: {p} stages x {v} chunks x {m} micro-batches is "
+                            f"{3 * p * v * m} passes, above the limit of {MAX_ACTIONS} "
+                            f"(simulator.schedules.base.MAX_ACTIONS)")
+
+
+def check_time(name: str, what: str, seconds: Any, positive: bool = False) -> float:
+    """``seconds`` as a float, refused unless finite, >= 0 (> 0 with ``positive``) and at
+    most :data:`MAX_TIME_S`; the message names ``what``."""
+    try:
+        val = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        raise ScheduleError(f"{name}: {what} must be a number of seconds, got {seconds!r}") from None
+    if isinstance(seconds, bool) or not math.isfinite(val) or val < 0 or (positive and val == 0):
+        raise ScheduleError(f"{name}: {what} must be a finite number of seconds "
+                            f"{'> 0' if positive else '>= 0'}, got {seconds!r}")
+    if val > MAX_TIME_S:
+        raise ScheduleError(f"{name}: {what} is {val:g} s, above the limit of {MAX_TIME_S:g} s "
+                            f"(simulator.schedules.base.MAX_TIME_S)")
+    return val
 
 
 def require_single_chunk(name: str, v: int, hint: str = "") -> None:
@@ -130,13 +196,20 @@ def times_ns(name: str, stage_times: Mapping[str, float] | None, comm_time: floa
     if not isinstance(st, Mapping) or not {"F", "B", "W"} <= set(st):
         raise ScheduleError(f"{name}: stage_times must be a mapping with F, B, W seconds, got {st!r}")
     try:
-        vals = tuple(round(float(st[k]) * 1e9) for k in "FBW")
-        comm = round(float(comm_time) * 1e9)
-    except (TypeError, ValueError):
+        secs = tuple(float(st[k]) for k in "FBW")
+        comm_s = float(comm_time)
+    except (TypeError, ValueError, OverflowError):
         raise ScheduleError(f"{name}: stage_times/comm_time must be numbers of seconds") from None
-    if min(vals) <= 0 or comm < 0:
-        raise ScheduleError(f"{name}: stage times must be > 0 and comm_time >= 0, got {st!r}, {comm_time!r}")
-    return vals, comm
+    if not all(math.isfinite(x) for x in (*secs, comm_s)) or min(secs) <= 0 or comm_s < 0:
+        raise ScheduleError(f"{name}: stage times must be finite and > 0 and comm_time >= 0, "
+                            f"got {st!r}, {comm_time!r}")
+    for k, x in zip("FBW", secs, strict=True):
+        check_time(name, f"stage_times[{k}]", x)
+    check_time(name, "comm_time", comm_s)
+    vals = tuple(round(x * 1e9) for x in secs)
+    if min(vals) <= 0:
+        raise ScheduleError(f"{name}: stage times must be at least 1 ns, got {st!r}")
+    return vals, round(comm_s * 1e9)
 
 
 def interleaved_vstages(p: int, v: int) -> tuple[tuple[int, ...], ...]:
@@ -178,7 +251,9 @@ def build_schedule(
             (T_comm seconds, default 0) because their heuristics place passes by time.
 
     Raises:
-        ScheduleError: unknown name, or an illegal (p, m, v, memory_limit) combination.
+        ScheduleError: unknown name, an illegal (p, m, v, memory_limit) combination, more
+            than :data:`MAX_ACTIONS` passes, a time that is not finite or above
+            :data:`MAX_TIME_S`, or a memory limit above :data:`MAX_MEMORY_LIMIT`.
     """
     builder = SCHEDULES.get(name)
     if builder is None:
@@ -186,6 +261,15 @@ def build_schedule(
     check_common(name, num_stages, num_microbatches, num_chunks)
     if memory_limit is not None and name != "ZB":
         raise ScheduleError(f"{name}: memory_limit applies only to the ZB schedule")
+    if memory_limit is not None:
+        try:
+            lim = float(memory_limit)
+        except (TypeError, ValueError, OverflowError):
+            raise ScheduleError(f"ZB: memory_limit must be a number (M_B units), got {memory_limit!r}") from None
+        if isinstance(memory_limit, bool) or not math.isfinite(lim) or lim > MAX_MEMORY_LIMIT:
+            raise ScheduleError(f"ZB: memory_limit must be a finite number of M_B units at most "
+                                f"{MAX_MEMORY_LIMIT:g} (simulator.schedules.base.MAX_MEMORY_LIMIT), "
+                                f"got {memory_limit!r}")
     if options and (name not in TIME_AWARE or set(options) - {"stage_times", "comm_time"}):
         raise ScheduleError(f"{name}: unexpected options {sorted(options)}")
     if name == "ZB":

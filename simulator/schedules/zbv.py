@@ -26,6 +26,16 @@ input; the turn of the V on rank p-1 and the loss on rank 0 stay on one rank):
 Memory: a chunk F holds M_B/2 (2 units), its B frees half of that and its W the rest
 (M_W = M_B/2 per stage); the cap is 2p chunk forwards (4p units) = p*M_B per rank
 (formulas.md).
+
+Point-to-point order (issue 16 item 4): a rank below the top runs the extra chunk-0
+forwards of rule 1 while the rank above already consumes a chunk-1 gradient from it, so
+for p >= 2 and m >= 3 some rank's sends to its upper neighbour, in its own action order,
+differ from the order that neighbour consumes them. No order avoids it at this bubble and
+memory (an exhaustive search at p = 2, m = 4 and p = 3, m = 6 finds no zero-bubble V at
+p*M_B whose sends follow the receiver's order), so the schedule is kept and the sender
+holds the activation back until the gradient before it has gone
+(``simulator.schedules.p2p.send_plan``; at most one message per rank on every p <= 16,
+m <= 64), which costs no time; ``Schedule.validate`` checks that every pair then matches.
 """
 
 from __future__ import annotations
