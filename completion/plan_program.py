@@ -213,9 +213,19 @@ def program_batch(prog: Program) -> int:
 REPRESENTATIVE_LAYERS = 3
 
 
-def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool) -> Program:
+def resolve_attention(strategy: Strategy, source: ModelSource, default: str | None = None) -> str:
+    """The attention implementation a plan builds: ``strategy.attention``, else the model's
+    own (``ModelConfig.attention``, e.g. Hugging Face ``attn_implementation``), else
+    ``default`` (the caller's: the Engine passes its framework profile's
+    ``kernels.attention``; ``completion`` knows no profiles), else ``"flash"``. A given
+    program keeps the attention it has (the answer is then only reported)."""
+    return strategy.attention or source.attention or default or "flash"
+
+
+def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
+             attention: str | None) -> Program:
     layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if representative else None
-    prog = source.forward_program(batch, s.dtype, layers)
+    prog = source.forward_program(batch, s.dtype, layers, attention or resolve_attention(s, source))
     if source.is_program and program_batch(prog) != batch and s.world_size > 1:
         raise PlanProgramError(f"model {source.name!r} has batch {program_batch(prog)} but the "
                                f"strategy needs micro_batch_size * dp = {batch}")
@@ -223,7 +233,8 @@ def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool)
 
 
 def build_plan_program(source: ModelSource, strategy: Strategy, *, representative: bool = False,
-                       resolve_reshards: bool = True, adam_epsilon: float | None = None) -> PlanProgram:
+                       resolve_reshards: bool = True, adam_epsilon: float | None = None,
+                       attention: str | None = None) -> PlanProgram:
     """The completed, partitioned program of ``strategy`` on ``source`` (module docstring).
 
     Args:
@@ -232,6 +243,10 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         representative: the cost model's one-layer, stage-0 program instead of the whole one.
         resolve_reshards: also run the reshard pass (collectives), as the executor needs.
         adam_epsilon: Adam's epsilon (the executor's verification uses a larger one).
+        attention: the attention implementation to build (``flash`` / ``unfused``); None:
+            :func:`resolve_attention` without a default (strategy, model, flash). The
+            Engine passes ``resolve_attention(strategy, source, <its framework profile's
+            kernels.attention>)``.
 
     Raises PlanProgramError (a CompletionError) for an illegal plan, and completion's errors
     (naming the op or value) for a layout that does not fit.
@@ -240,7 +255,7 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     check_plan(source, s)
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
-    prog = _forward(source, s, batch, representative)
+    prog = _forward(source, s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)

@@ -35,6 +35,19 @@ are kept. Fits: :mod:`executor.calibrate_fit`.
   latency-bound -- and, with every per-kind line fit, goes into the provenance.
 - memory size: physical memory / nproc. Inter-node values cannot be measured on one host
   and keep the ``cpu-local`` catalog placeholders (their provenance says so).
+- On a GPU (``device="cuda"``) also the GEMM curve by shape (:func:`fit_gemm_curve`):
+  ``sm_count`` = the GPU's multiprocessor count; bf16 GEMMs of a sweep of shapes
+  (:func:`gemm_sweep_shapes`: large aligned ones, the layer GEMMs of a 7B model, a full
+  wave of tiles and the same plus one row -- wave quantization --, m = 128 and 129 --
+  tile quantization --, and the unfused attention's batched GEMMs) timed back to back
+  with CUDA events (the launch hidden behind the previous kernel, so no per-kernel
+  overhead); ``efficiency.gemm`` = the plateau of ``simulator.roofline``'s wave model
+  fitted to the compute-bound ones (``executor.calibrate_fit.fit_plateau``) against
+  ``peak_flops`` = the catalog's datasheet peaks when the GPU's name and SM count match a
+  catalog device, else the fastest rate of the sweep. The measured curve vs the model's
+  is kept per shape (``Calibration.gemm_curve``; ``meshplan calibrate`` prints it, the
+  spec's provenance summarises it). On CPU (no SMs) none of this: no ``sm_count``, so the
+  smooth size model stays.
 
 Provenance of every measured value: ``measured on <UTC date>, <host>, load <1-min load
 average>``. Measure on an otherwise idle machine: other processes on the cores inflate
@@ -56,7 +69,7 @@ from typing import Any
 import torch
 import yaml
 
-from clusters import load_cluster
+from clusters import catalog_spec, list_catalog, load_cluster
 from clusters.spec import parse_spec
 from executor.calibrate_fit import (
     FitError,
@@ -64,11 +77,15 @@ from executor.calibrate_fit import (
     fit_gemm,
     fit_links,
     fit_overhead,
+    fit_plateau,
     fit_ratio,
+    wave_flops,
 )
 from executor.errors import ExecutorError
 
 GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: dtype of the GPU GEMM sweep (the training dtype the catalog's plateaus describe)
+SWEEP_DTYPE = "bf16"
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv")
 
 
@@ -106,6 +123,26 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
+@dataclass(frozen=True)
+class GemmCurvePoint:
+    """One GEMM of the GPU sweep: its ``(batch, m, n, k)``, the wave model's tile and
+    waves, the measured seconds, the model's ``max(compute, memory)`` seconds (no
+    per-kernel overhead: the sweep hides launches) and the ideal ``max(2 b m n k / (P g),
+    memory)`` without quantization, for comparison."""
+
+    shape: tuple[int, int, int, int]
+    tile: tuple[int, int]
+    waves: int
+    measured_s: float
+    model_s: float
+    ideal_s: float
+
+    @property
+    def error(self) -> float:
+        """(model - measured) / measured."""
+        return (self.model_s - self.measured_s) / self.measured_s
+
+
 @dataclass
 class Calibration:
     """Measured values (seconds, bytes, FLOP/s) and where they come from."""
@@ -129,6 +166,12 @@ class Calibration:
     collective_fits: dict[str, tuple[float, float]] = field(default_factory=dict)
     intra_latency: float = 0.0
     intra_bandwidth: float = 0.0
+    device_name: str = ""
+    sm_count: int | None = None
+    gemm_plateau: float = 1.0
+    gemm_plateau_samples: int = 0
+    peak_source: str = ""
+    gemm_curve: list[GemmCurvePoint] = field(default_factory=list)
 
     @property
     def provenance(self) -> str:
@@ -144,6 +187,129 @@ def measure_gemm(dtype: torch.dtype, sizes: list[int], reps: int,
         b = torch.randn(n, n).to(dtype).to(device)
         out.append((2.0 * n**3, time_fn(lambda a=a, b=b: torch.matmul(a, b), reps)))
     return out
+
+
+def gemm_sweep_shapes(sm_count: int, quick: bool = False) -> list[tuple[int, int, int, int]]:
+    """``(batch, m, n, k)`` GEMMs of the GPU sweep for a device of ``sm_count`` SMs:
+    large aligned ones (the plateau); llama2-7b's layer GEMMs on 8192 tokens (attention
+    out 4096, fused QKV 12288, MLP 11008); ``128 S x 256 x 4096`` -- S tiles of 256x128,
+    one full wave -- and the same with one row more (wave quantization); m = 128 and 129
+    at n = 64 S (tile quantization); the unfused attention's QK^T and scores x V (32
+    heads, s 2048, head_dim 128 and 64: bandwidth-bound)."""
+    big = [(1, 4096, 4096, 4096), (1, 8192, 8192, 8192)]
+    layer = [(1, 8192, 4096, 4096), (1, 8192, 12288, 4096), (1, 8192, 11008, 4096)]
+    wave = [(1, 128 * sm_count, 256, 4096), (1, 128 * sm_count + 1, 256, 4096)]
+    tile = [(1, 128, 64 * sm_count, 4096), (1, 129, 64 * sm_count, 4096)]
+    attn = [(32, 2048, 2048, 128), (32, 2048, 128, 2048), (32, 2048, 2048, 64)]
+    if quick:
+        return big[:1] + layer[1:2] + wave + tile + attn[:1]
+    return big + layer + wave + tile + attn
+
+
+def gemm_bytes(shape: tuple[int, int, int, int], elem: int) -> float:
+    """A + B read + C written of a ``(batch, m, n, k)`` GEMM whose operands both carry
+    the batch (``simulator.op_cost``'s count): ``elem * batch * (m k + k n + m n)``."""
+    b, m, n, k = shape
+    return float(elem * b * (m * k + k * n + m * n))
+
+
+def time_device(fn: Callable[[], Any], reps: int, device: str, warmup: int = 3) -> float:
+    """Mean seconds per call of ``fn`` run ``reps`` times back to back: on CUDA between
+    two events (kernel time, launches overlapped with the previous kernel), elsewhere
+    :func:`time_fn` (median, synchronised)."""
+    if device == "cpu" or not torch.cuda.is_available():
+        return time_fn(fn, reps, warmup)
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def measure_gemm_shapes(shapes: list[tuple[int, int, int, int]], dtype: torch.dtype, reps: int,
+                        device: str = "cpu") -> list[tuple[tuple[int, int, int, int], float]]:
+    """(shape, seconds) of ``x[batch, m, k] @ y[batch, k, n]`` per ``(batch, m, n, k)``
+    (``torch.mm`` for batch 1, ``torch.bmm`` otherwise; :func:`time_device`)."""
+    out = []
+    for shape in shapes:
+        b, m, n, k = shape
+        x = torch.randn(b, m, k, device=device).to(dtype)
+        y = torch.randn(b, k, n, device=device).to(dtype)
+        if b == 1:
+            x, y = x[0], y[0]
+
+        def fn(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            return torch.mm(x, y) if x.ndim == 2 else torch.bmm(x, y)
+
+        out.append((shape, time_device(fn, reps, device)))
+        del x, y, fn
+    return out
+
+
+def catalog_peaks(device_name: str, sm_count: int) -> tuple[str, dict[str, tuple[float, str]]] | None:
+    """(catalog name, dtype -> (peak FLOP/s, its provenance)) of the first catalog device
+    with this ``sm_count`` whose model (its name up to the first ``-``, e.g. ``A100``,
+    ``H100``, ``H200``) appears in ``device_name`` (torch's, e.g. ``NVIDIA H100 80GB
+    HBM3``); None when none matches."""
+    for name in list_catalog():
+        dev = catalog_spec(name).device
+        model = dev.name.split("-")[0].lower()
+        if dev.sm_count is None or dev.sm_count.value != sm_count or not model:
+            continue
+        if model in device_name.lower():
+            return name, {k: (v.value, v.provenance) for k, v in dev.peak_flops.items()}
+    return None
+
+
+def fit_gemm_curve(cal: Calibration, points: list[tuple[tuple[int, int, int, int], float]],
+                   sm_count: int, peak: float, mem_bandwidth: float, elem: int = 2,
+                   o: float = 0.0) -> float:
+    """Fit the plateau of the wave model to the sweep and keep the curve: per shape, the
+    compute seconds at plateau 1, ``C = W / (peak / sm_count)`` (``W`` from
+    :func:`executor.calibrate_fit.wave_flops`), and the memory seconds ``M = bytes /
+    mem_bandwidth``; ``g`` = :func:`executor.calibrate_fit.fit_plateau`. A ``g`` above 1
+    (``peak`` below what the GPU reaches) is folded into the returned peak, ``g`` = 1.
+    Sets ``cal.sm_count``, ``cal.gemm_plateau``, ``cal.gemm_plateau_samples`` and
+    ``cal.gemm_curve``; returns the peak FLOP/s to write. Raises CalibrationError when no
+    sample is compute-bound."""
+    per_sm = peak / sm_count
+    waves = [wave_flops(shape, sm_count) for shape, _ in points]
+    comp = [w / per_sm for w, _, _ in waves]
+    mem = [gemm_bytes(shape, elem) / mem_bandwidth for shape, _ in points]
+    try:
+        g, used = fit_plateau(comp, mem, [t for _, t in points], o)
+    except FitError as e:
+        raise CalibrationError(str(e)) from None
+    if g > 1.0:
+        peak, comp, g = peak * g, [c / g for c in comp], 1.0
+    cal.sm_count, cal.gemm_plateau, cal.gemm_plateau_samples = sm_count, g, used
+    cal.gemm_curve = []
+    for (shape, t), c, mm, (_, tile, nw) in zip(points, comp, mem, waves, strict=True):
+        b, m, n, k = shape
+        ideal = max(2.0 * b * m * n * k / (peak * g), mm)
+        cal.gemm_curve.append(GemmCurvePoint(shape, tile, nw, t, max(c / g, mm), ideal))
+    return peak
+
+
+def format_gemm_curve(cal: Calibration) -> str:
+    """The GPU GEMM sweep of a calibration (``executor.calibrate.Calibration``): per shape
+    the wave model's tile and waves, measured and modelled microseconds (``max(compute,
+    memory)``, launches hidden) and the ideal time without quantization."""
+    head = (f"  GEMM plateau {cal.gemm_plateau:.3f} on {cal.sm_count} SMs "
+            f"(peak from {cal.peak_source}); measured vs wave model:")
+    rows = [f"    {'batch x m x n x k':>26} {'tile':>8} {'waves':>6} {'measured':>10} "
+            f"{'model':>10} {'no-quant':>10} {'error':>7}"]
+    for pt in cal.gemm_curve:
+        shape = " x ".join(str(d) for d in pt.shape)
+        tile = f"{pt.tile[0]}x{pt.tile[1]}"
+        rows.append(f"    {shape:>26} {tile:>8} {pt.waves:>6} {pt.measured_s * 1e6:>8.1f}us "
+                    f"{pt.model_s * 1e6:>8.1f}us {pt.ideal_s * 1e6:>8.1f}us {pt.error:>+7.1%}")
+    return "\n".join([head, *rows])
 
 
 def measure_memory_bandwidth(nbytes: int, reps: int, device: str = "cpu") -> float:
@@ -232,6 +398,27 @@ def _fit_compute(cal: Calibration, ops: list, gemm: dict, copy_bw: float) -> Non
     cal.gemm_rate["fp32"] = rate
 
 
+def fit_gpu_gemm(cal: Calibration, device: str, quick: bool, reps: int) -> None:
+    """The GPU's SM count, the bf16 sweep and the plateau fit (module docstring)."""
+    props = torch.cuda.get_device_properties(torch.device(device))
+    sms = int(props.multi_processor_count)
+    cal.device_name = str(props.name)
+    points = measure_gemm_shapes(gemm_sweep_shapes(sms, quick), GEMM_DTYPES[SWEEP_DTYPE],
+                                 max(reps, 10), device)
+    match = catalog_peaks(cal.device_name, sms)
+    if match is not None:
+        name, peaks = match
+        peak = peaks.get(SWEEP_DTYPE, max(peaks.values()))[0]
+        cal.peak_source = f"catalog {name}"
+    else:
+        peak = max(2.0 * b * m * n * k / t for (b, m, n, k), t in points)
+        cal.peak_source = "fastest GEMM of the sweep"
+    peak = fit_gemm_curve(cal, points, sms, peak, cal.memory_bandwidth)
+    if match is not None:  # the datasheet peaks of every dtype the catalog lists
+        cal.gemm_rate = {k: v for k, (v, _) in match[1].items()}
+    cal.gemm_rate[SWEEP_DTYPE] = peak
+
+
 def _fit_comm(cal: Calibration, points: dict[str, list[tuple[float, float]]]) -> None:
     for key, pts in sorted(points.items()):
         beta, alpha = fit_line([s for s, _ in pts], [t for _, t in pts])
@@ -266,6 +453,8 @@ def calibrate(nproc: int = 2, quick: bool = False, backend: str = "gloo",
         finally:
             torch.set_num_threads(old)
     _fit_compute(cal, res["ops"], res["gemm"], res["copy"])
+    if device != "cpu":
+        fit_gpu_gemm(cal, device, quick, st.reps)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     cal.memory_bytes = float(pages) / nproc
     _fit_comm(cal, res["comm"])
@@ -282,8 +471,17 @@ def _device_spec(cal: Calibration) -> dict[str, Any]:
     ops = ", ".join(f"{v} {k}" for k, v in cal.op_counts.items())
     trace = f"{per}: executor interpreter on 1-layer LLaMA training steps ({ops} op samples)"
     squares = {k: [round((f / 2) ** (1 / 3)) for f, _ in pts] for k, pts in cal.gemm_points.items()}
+    gemm = _q(1.0, f"{p}: 1 because peak_flops is the achieved GEMM asymptote")
+    if cal.sm_count is not None and cal.gemm_curve:
+        errs = sorted(abs(pt.error) for pt in cal.gemm_curve)
+        gemm = _q(cal.gemm_plateau, f"{p}: plateau of the wave model (simulator/roofline.py, "
+                                    f"{cal.sm_count} SMs) fitted to {cal.gemm_plateau_samples} "
+                                    f"compute-bound {SWEEP_DTYPE} GEMMs of a {len(errs)}-shape sweep "
+                                    f"(executor/calibrate.py) against peak_flops from "
+                                    f"{cal.peak_source}; |model - measured| median "
+                                    f"{statistics.median(errs):.1%}, max {errs[-1]:.1%}")
     eff: dict[str, Any] = {
-        "gemm": _q(1.0, f"{p}: 1 because peak_flops is the achieved GEMM asymptote"),
+        "gemm": gemm,
         "memory_bandwidth": _q(1.0, f"{p}: 1 because memory_bandwidth is measured"),
         "kernel_overhead_s": _q(cal.kernel_overhead, f"{trace}: median time of kernel-less ops "
                                                      f"(interpreter loop + one dispatch)"),
@@ -308,14 +506,24 @@ def _device_spec(cal: Calibration) -> dict[str, Any]:
     for k, v in cal.gemm_rate.items():
         how = ("GEMM fit t = o + (F + F_half)/P over the executor's matmul ops" if k == "fp32" else
                f"best square matmul {squares.get(k)} x (executor fp32 fit / best fp32 square matmul)")
+        if cal.sm_count is not None and (cal.peak_source.startswith("catalog") or k == SWEEP_DTYPE):
+            how = (f"datasheet peak from the {cal.peak_source} spec ({cal.device_name} with "
+                   f"{cal.sm_count} SMs matches its device)" if cal.peak_source.startswith("catalog")
+                   else "fastest GEMM of the sweep (no catalog device matches this GPU)")
+            how += ", x plateau fit if it exceeded 1" if k == SWEEP_DTYPE else ""
         flops[k] = _q(v, f"{per}: {how}")
-    return {
-        "name": f"cpu ({cal.host})",
+    out: dict[str, Any] = {
+        "name": cal.device_name or f"cpu ({cal.host})",
         "peak_flops": flops,
         "memory_bytes": _q(cal.memory_bytes, f"{p}: physical memory / {cal.nproc} ranks"),
         "memory_bandwidth": _q(cal.memory_bandwidth, f"{per}: tensor copy, read + write bytes/s"),
         "efficiency": eff,
     }
+    if cal.sm_count is not None:
+        out["sm_count"] = {"value": int(cal.sm_count),
+                           "provenance": f"{p}: torch.cuda.get_device_properties()"
+                                         f".multi_processor_count of {cal.device_name}"}
+    return out
 
 
 def spec_dict(cal: Calibration, name: str) -> dict[str, Any]:

@@ -8,7 +8,12 @@ kernel costs ``o`` (``kernel_overhead_s``) plus
 - attention, executed FLOPs F: ``F / (P a)`` (``a`` = ``efficiency.attention``);
 - memory-bound, bytes M (operands + results): ``M / (B_copy m)`` (``B_copy`` =
   ``memory_bandwidth``, ``m`` = ``efficiency.memory_kernels``);
-- collective of kind k on n ranks, S bytes: ``steps_k(n) a_i + share_k(n) S / B_i``.
+- collective of kind k on n ranks, S bytes: ``steps_k(n) a_i + share_k(n) S / B_i``;
+- on a GPU (``sm_count`` SMs), GEMM ``(batch, m, n, k)``: ``max(W / (P / sm_count * g),
+  M / B_copy)``, ``W`` the wave model's per-SM FLOPs (``waves * 2 tm tn k`` of the best
+  tile, :func:`wave_flops`; ``simulator.roofline``'s model, repeated here because the
+  executor does not import the simulator) and ``g`` = ``efficiency.gemm``, the plateau
+  (:func:`fit_plateau`).
 
 Every fit minimises *relative* squared error (each sample's residual divided by its
 measured time), so a 20 us op weighs as much as a 2 ms one.
@@ -130,3 +135,56 @@ def fit_links(points: dict[str, list[tuple[float, float]]]) -> tuple[float, floa
         inv_b = 1.0 / max(rates)
         a = float(np.median([(t - b * inv_b) / k for k, b, t in zip(lat, byt, ts, strict=True)]))
     return max(float(a), 0.0), 1.0 / float(inv_b)
+
+
+#: Candidate output tiles of the wave model: ``simulator.roofline.GEMM_TILES`` (NVIDIA
+#: "Matrix Multiplication Background" user's guide, ch. 2.3), repeated because the
+#: executor does not import the simulator; tests/test_gemm_model.py checks they agree.
+GEMM_TILES: tuple[tuple[int, int], ...] = (
+    (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64),
+)
+
+
+def wave_flops(shape: tuple[int, int, int, int], sms: int,
+               tiles: Sequence[tuple[int, int]] = GEMM_TILES) -> tuple[float, tuple[int, int], int]:
+    """(W, tile, waves) of a ``(batch, m, n, k)`` GEMM on ``sms`` SMs: for each tile
+    ``waves = ceil(batch * ceil(m/tm) * ceil(n/tn) / sms)`` and ``W = waves * 2 tm tn k``
+    FLOPs on each SM's critical path; the smallest ``W`` wins, ties to the earlier
+    (larger) tile (``simulator.roofline.Roofline.gemm_tiling``: compute time = ``W /
+    (peak / sm_count * gemm)``). Raises FitError for ``sms`` < 1 or a negative dim."""
+    if sms < 1 or min(shape) < 0:
+        raise FitError(f"GEMM waves: need sms >= 1 and dims >= 0, got sms={sms}, shape={shape}")
+    batch, m, n, k = shape
+    best: tuple[float, tuple[int, int], int] | None = None
+    for tm, tn in tiles:
+        waves = -(-(batch * -(-m // tm) * -(-n // tn)) // sms)
+        work = waves * 2.0 * tm * tn * k
+        if best is None or work < best[0]:
+            best = (work, (tm, tn), waves)
+    if best is None:
+        raise FitError("GEMM waves: no candidate tiles")
+    return best
+
+
+def fit_plateau(compute_s: Sequence[float], memory_s: Sequence[float],
+                seconds: Sequence[float], o: float = 0.0) -> tuple[float, int]:
+    """(plateau g, samples used) of GEMM samples whose model time is ``max(C_i / g, M_i)
+    + o``: ``C_i`` the compute seconds at g = 1 (wave model), ``M_i`` the memory seconds.
+    The samples compute-bound at the current g (``C_i / g >= M_i``; g = 1 first) enter a
+    relative least-squares fit of ``t_i - o = C_i x`` (each residual over its time, as
+    every fit here), g = 1 / x, repeated until the compute-bound set stops changing (at
+    most 20 rounds). Raises FitError when no sample is compute-bound."""
+    samples = [(c, mm, max(t - o, 1e-12)) for c, mm, t in zip(compute_s, memory_s, seconds, strict=True)
+               if c > 0 and t > 0]
+    g, used = 1.0, None
+    for _ in range(20):
+        rows = [(c, t) for c, mm, t in samples if c / g >= mm]
+        if not rows:
+            raise FitError("GEMM plateau: no compute-bound GEMM sample")
+        if used is not None and len(rows) == used:
+            break
+        (x,) = relative_lstsq([[c for c, _ in rows]], [t for _, t in rows], "GEMM plateau")
+        if x <= 0:
+            raise FitError("GEMM plateau: the fit gave a non-positive 1/plateau")
+        g, used = 1.0 / float(x), len(rows)
+    return g, len(rows)

@@ -33,6 +33,7 @@ EXPERIMENT_MODULES = [
     "experiments.megatron_table1",
     "experiments.search_quality",
     "experiments.local_validation",
+    "experiments.measured_runs",
 ]
 
 for _name in EXPERIMENT_MODULES:

@@ -1,18 +1,19 @@
-"""``megatron_table1``: predicted TFLOP/s per GPU vs Megatron-LM 2021 Table 1 (the rows
-in shared/reference/published_tables.md), with the calibration used and the error.
+"""``megatron_table1``: predicted TFLOP/s per GPU vs Megatron-LM 2021 Table 1, its ten
+rows as ``shared/data/measured_runs.csv`` holds them (``narayanan2021_table1``).
 
-Setup (Narayanan et al. 2021, Table 1): GPT as Megatron-LM 2021 ran it (unfused
-attention, dropout: ``completion.models.megatron2021``) in the ``megatron-*`` sizes,
-sequence 2048,
-vocabulary 51200, global batch 512, DGX A100 (``selene`` cluster spec), tensor parallel as
-published, no pipeline (PP = 1, so the schedule plays no role), data parallel = GPUs / TP,
-full activation recompute (the table's FLOP count, eq. 3, includes it), fp16. Not
-published, assumed: micro-batch 4 (as issue 7's test assumes).
+Setup per row (``experiments.measured_rows``, the row's own figures): the GPT size, tensor
+/ pipeline / interleaving degrees, micro-batch and global batch as
+``examples/sc21/run_table_1.sh`` at Megatron-LM commit 6985e58 ran them, sequence 2048,
+vocabulary 51200, full recompute, fp16, Selene (DGX A100, ``selene``); the architecture as
+Megatron-LM 2021 ran it (unfused attention, dropout 0.1: ``completion.models.MEGATRON_2021``)
+under the ``megatron-2021`` framework profile (``megatron-2021-torch-ddp`` for the rows
+without pipeline parallelism, which ran with ``--DDP-impl torch``).
 
-Calibration: one constant, the GEMM efficiency of the device (``device.efficiency.gemm``
-of the cluster YAML), fitted by bisection on the 1.7B row only (TFLOP/s per GPU grows
-with it); the other rows are predictions. The prediction with the YAML value is
-shown too (it may itself be a fit, on another model architecture: see its provenance).
+Calibration: none of its own. The device constants are the catalog's A100 values, two of
+them fitted once for all A100 rows of the file (``experiments.fit_constants``; recorded in
+``experiments.measured_runs.FITS``); the rows they were fitted on are marked ``fitted``,
+the others ``held out``. Predicted TFLOP/s = published TFLOP/s x measured step time /
+predicted step time (the same eq. 3 FLOPs on both sides).
 """
 
 from __future__ import annotations
@@ -24,89 +25,64 @@ import pandas as pd
 from experiments.base import ExperimentError, ExperimentResult, register_experiment, require
 
 NAME = "megatron_table1"
-CLUSTER = "selene"
-MICRO_BATCH = 4
-# published_tables.md, Megatron 2021 Table 1: model, TP, GPUs, batch, TFLOP/s per GPU
-TABLE1 = [
-    ("megatron-1.7b", 1, 32, 512, 137.0),
-    ("megatron-3.6b", 2, 64, 512, 138.0),
-    ("megatron-7.5b", 4, 128, 512, 142.0),
-]
-SEQ = 2048
-FIT_ROW = "megatron-1.7b"
+SOURCE = "narayanan2021_table1"
+#: quick mode: the rows without pipeline parallelism (cheap to cost)
+QUICK_ROWS = (15, 16, 17)
 
 
-def tflops_per_gpu(row: tuple, gemm_efficiency: float | None) -> float:
-    """Predicted TFLOP/s per GPU of one Table 1 row (None: the cluster YAML's efficiency).
-    Raises ExperimentError when the Engine is missing or rejects the setup."""
-    engine_cls = require(NAME, "meshplan.engine", "Engine", issue="issue 7")
-    strategy_cls = require(NAME, "meshplan.strategy", "Strategy", issue="issue 7")
-    build = require(NAME, "completion.models.megatron2021", "megatron_gpt", issue="issue 7")
-    get_config = require(NAME, "completion.models", "get_model_config", issue="issue 3")
-    model, tp, gpus, batch, _ = row
-    cfg = get_config(model)
-    dp = gpus // tp
-    strat = strategy_cls(dp=dp, tp=tp, pp=1, micro_batch_size=MICRO_BATCH,
-                         global_batch_size=batch, recompute="full", dtype="float16")
-    try:
-        # one layer is built; the Engine repeats its cost num_layers times (identical layers)
-        program = build(MICRO_BATCH * dp, SEQ, cfg.hidden_size, cfg.num_heads)
-        eng = engine_cls(program, CLUSTER, strat, nodes=gpus // 8, num_layers=cfg.num_layers,
-                         gemm_efficiency=gemm_efficiency)
-        return float(eng.simulate().tflops_per_gpu)
-    except (TypeError, ValueError) as e:
-        raise ExperimentError(f"experiment {NAME!r}: Engine failed on {model}: {e}") from e
+def table1_specs(quick: bool) -> list:
+    """The ``RunSpec`` of every Table 1 row (quick: :data:`QUICK_ROWS`)."""
+    parse_all = require(NAME, "experiments.measured_rows", "parse_all")
+    run_spec = require(NAME, "experiments.measured_rows", "RunSpec")
+    specs = [s for s in parse_all() if isinstance(s, run_spec) and s.source_id == SOURCE]
+    if not specs:
+        raise ExperimentError(f"experiment {NAME!r}: no {SOURCE} rows in measured_runs.csv")
+    return [s for s in specs if s.row_id in QUICK_ROWS] if quick else specs
 
 
-def fit_gemm_efficiency(steps: int) -> float:
-    """Bisection on [0.05, 1] for the efficiency that reproduces the 1.7B row."""
-    row = next(r for r in TABLE1 if r[0] == FIT_ROW)
-    lo, hi = 0.05, 1.0
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tflops_per_gpu(row, mid) < row[4] else (lo, mid)
-    return (lo + hi) / 2
-
-
-def yaml_efficiency() -> tuple[float, str]:
-    """The cluster YAML's GEMM efficiency and its provenance text."""
-    load_cluster = require(NAME, "clusters", "load_cluster", issue="issue 2")
-    eff = load_cluster(CLUSTER).device.efficiency.gemm
-    return float(getattr(eff, "value", eff)), str(getattr(eff, "provenance", ""))
+def published_tflops(row_id: int) -> float:
+    """The row's published TFLOP/s per GPU (``tflops_per_gpu`` of measured_runs.csv)."""
+    load_rows = require(NAME, "experiments.measured_rows", "load_rows")
+    for r in load_rows():
+        if int(r["row_id"]) == row_id:
+            return float(r["tflops_per_gpu"])
+    raise ExperimentError(f"experiment {NAME!r}: row {row_id} not in measured_runs.csv")
 
 
 @register_experiment(NAME, "Megatron-LM 2021 Table 1: TFLOP/s per GPU")
 def run(quick: bool, out_dir: Path) -> ExperimentResult:
-    """Predict every row with the YAML efficiency and with the one refitted on the 1.7B row
-    (quick: a coarser bisection)."""
-    base_eff, provenance = yaml_efficiency()
-    fitted = fit_gemm_efficiency(10 if quick else 25)
+    """Predict every Table 1 row with the catalog constants (quick: three rows)."""
+    predict = require(NAME, "experiments.measured_runs", "predict")
+    fitted = require(NAME, "experiments.measured_runs", "fitted_rows")()
     records = []
-    for row in TABLE1:
-        raw, cal = tflops_per_gpu(row, None), tflops_per_gpu(row, fitted)
+    for s in table1_specs(quick):
+        got = predict(s)
+        if got["status"] != "ok":
+            raise ExperimentError(f"experiment {NAME!r}: row {s.row_id}: {got['status']}")
+        st = s.strategy
+        paper = published_tflops(s.row_id)
+        pred = paper * s.step_time_s / got["predicted_s"]
         records.append({
-            "model": row[0], "TP": row[1], "GPUs": row[2], "batch": row[3],
-            "micro_batch": MICRO_BATCH, "tflops_paper": row[4],
-            "tflops_yaml_eff": raw, "rel_error_yaml_eff": raw / row[4] - 1,
-            "tflops_refit": cal, "rel_error_refit": cal / row[4] - 1,
-            "role": "fitted" if row[0] == FIT_ROW else "predicted",
+            "row_id": s.row_id, "model": s.model_name, "TP": st.tp, "PP": st.pp, "VPP": st.vpp,
+            "GPUs": s.num_gpus, "micro_batch": st.micro_batch_size, "batch": st.global_batch_size,
+            "framework": st.framework, "tflops_paper": paper, "tflops_pred": pred,
+            "rel_error": pred / paper - 1,
+            "role": "fitted" if s.row_id in fitted else "held out",
         })
     df = pd.DataFrame.from_records(records)
-    pred = df[df["role"] == "predicted"]
-    notes = [
-        f"Calibration used: GEMM efficiency refitted here on the 1.7B row = {fitted:.4f} "
-        f"(tflops_refit); the cluster YAML's value {base_eff:g} (tflops_yaml_eff) has the "
-        f"provenance: {provenance}",
-        f"Largest |relative error| on the held-out rows: {pred['rel_error_refit'].abs().max():.1%} "
-        f"with the refit, {pred['rel_error_yaml_eff'].abs().max():.1%} with the YAML value.",
-    ]
+    held = df[df["role"] == "held out"]
+    mape = 100 * df["rel_error"].abs().mean()
+    notes = [f"MAPE over the {len(df)} rows: {mape:.1f}% (mean signed "
+             f"{100 * df['rel_error'].mean():+.1f}%); held out ({len(held)} rows): "
+             f"{100 * held['rel_error'].abs().mean():.1f}%; worst "
+             f"{100 * df['rel_error'].abs().max():.1f}%."]
     desc = (
         "Narayanan et al. 2021, Table 1 (TFLOP/s per GPU, eq. 3 FLOPs with recompute, peak "
-        f"312). Ours: `Engine(model, {CLUSTER!r}, Strategy(dp=GPUs/TP, tp=TP, pp=1, "
-        f"micro_batch_size={MICRO_BATCH}, global_batch_size=512, recompute='full', "
-        "dtype='float16'))`, `simulate().tflops_per_gpu` (executed FLOPs incl. recompute). "
-        "Micro-batch size is not published (assumed). Layers as Megatron 2021 ran them "
-        "(unfused attention, dropout), from `completion.models.megatron2021`."
+        "312), each row from `shared/data/measured_runs.csv` with its micro-batch and "
+        "interleaving as `examples/sc21/run_table_1.sh` ran them "
+        "(`experiments.measured_rows`). Ours: `Engine(model, 'selene', strategy)."
+        "simulate()` under the `megatron-2021` profile; the A100 constants are the catalog's "
+        "(fitted rows marked)."
     )
     return ExperimentResult(NAME, "Megatron-LM 2021 Table 1: TFLOP/s per GPU", df, desc, notes,
                             float_format=".3f")

@@ -110,25 +110,50 @@ def _click_exceptions():
     return exceptions
 
 
+def _is_run_failure(e: BaseException) -> bool:
+    """True for an ``executor`` error of a run (a rank that died or hung): the executor is
+    loaded only when a command ran it, so its module is looked up, not imported."""
+    errors = sys.modules.get("executor.errors")
+    return errors is not None and isinstance(e, errors.ExecutorError)
+
+
+#: Longest error message printed (characters); a message quoting a huge input is cut.
+MAX_ERROR_CHARS = 2000
+
+
+def _one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line (a KeyError's key without quotes), cut at
+    :data:`MAX_ERROR_CHARS`."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+    text = " ".join(str(msg).split()) or type(e).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ..."
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments after the program name,
     default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
     ``ValueError``, ``FileNotFoundError`` or ``KeyError`` raised by meshplan, or an option
     value outside its choices or range) prints ``error: <message>`` and exits with 2; other
-    usage errors print click's usage message, also with 2."""
+    usage errors print click's usage message, also with 2. A local run that failed (a rank
+    died, was killed or hung: ``executor``'s RankFailure / LaunchTimeout) prints
+    ``error: <message>`` and exits with 1. Messages are always one line."""
     try:
         app(args=argv, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except SystemExit as e:  # click usage errors already printed
-        return int(e.code or 0)
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
     except (ValueError, FileNotFoundError, KeyError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        typer.echo(f"error: {msg}", err=True)
+        typer.echo(f"error: {_one_line(e)}", err=True)
         return 2
+    except RuntimeError as e:
+        if not _is_run_failure(e):
+            raise
+        typer.echo(f"error: {_one_line(e)}", err=True)
+        return 1
     except OSError as e:  # an output path that is a directory, unwritable, a full disk, ...
         where = f": {e.filename}" if e.filename else ""
-        typer.echo(f"error: {e.strerror or e}{where}", err=True)
+        typer.echo(f"error: {' '.join(str(e.strerror or e).split())}{where}", err=True)
         return 2
     except Exception as e:  # click usage errors (bad option, missing argument, range)
         click_exc = _click_exceptions()

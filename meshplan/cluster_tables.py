@@ -74,7 +74,10 @@ def render_topology(console: Console, c: Cluster) -> None:
     for key, q in d.efficiency:
         if q is None:
             continue
-        t.add_row(f"efficiency {key}", f"{q.value:g}", q.provenance)
+        entries = sorted(q.items()) if isinstance(q, dict) else [("", q)]
+        for sub, v in entries:
+            label = f"efficiency {key}" + (f" {sub}" if sub else "")
+            t.add_row(label, f"{v.value:g}", v.provenance)
     t.add_row(
         "intra-node bandwidth",
         f"{n.intra_bandwidth.value / 1e9:g} GB/s",

@@ -19,9 +19,16 @@ from typing import Any
 from clusters import Cluster, load_cluster
 from completion import Program
 from completion.models.source import ModelSource, resolve_model
-from completion.plan_program import PlanProgram, build_plan_program, check_plan, plan_strategy
+from completion.plan_program import (
+    PlanProgram,
+    build_plan_program,
+    check_plan,
+    plan_strategy,
+    resolve_attention,
+)
 from completion.strategy import Strategy
 from meshplan.errors import MeshplanError
+from simulator.profiles import load_profile
 from simulator.program_costs import ByIdentity, CostCache, ProgramCosts, costing_strategy
 from simulator.roofline import Roofline
 from simulator.step import StepConfig, StepModel, StepResult
@@ -82,7 +89,12 @@ class Engine:
             raise EngineError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         self.source: ModelSource = resolve_model(model, seq_len, example_inputs, num_layers)
         check_plan(self.source, s)  # the executor's check too: refuse before building anything
-        self.roofline = Roofline.from_device(self.cluster.device, gemm_efficiency)
+        self.profile = load_profile(s.framework)
+        if s.attention is None:  # the model's own implementation, else the framework's default
+            s = self.strategy = s.replace(
+                attention=resolve_attention(s, self.source, self.profile.kernels.attention.value))
+        self.roofline = Roofline.from_device(self.cluster.device, gemm_efficiency,
+                                             self.profile.kernels.attention_kernel.value)
         self.gemm_efficiency = gemm_efficiency
         self.overlap, self.overlap_dp_sync = overlap, overlap_dp_sync
         self.num_layers = num_layers
@@ -135,29 +147,31 @@ class Engine:
         is."""
         layers = self.num_layers or (None if self.source.is_program else self.source.num_layers)
         if self.source.is_program:
-            return ProgramCosts.of(self.costed_program(), self.cluster, self.roofline, layers)
+            return ProgramCosts.of(self.costed_program(), self.cluster, self.roofline, layers,
+                                   self.profile)
         cs = costing_strategy(self.strategy)
         ann = cs.annotation
         if isinstance(ann, dict):  # a mapping annotation: its hashable form
             ann = tuple(sorted((k, tuple(v)) for k, v in ann.items()))
         key = (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
-               ByIdentity(self.cluster), self.gemm_efficiency, layers)
+               ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
 
         def build() -> ProgramCosts:
             prog = build_plan_program(self.source, cs, representative=True, resolve_reshards=False)
-            return ProgramCosts.of(prog, self.cluster, self.roofline, layers)
+            return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile)
 
         return COSTS.get(key, build)
 
-    def step_model(self, accumulate_grads: bool = False) -> StepModel:
-        """The :class:`simulator.step.StepModel` of this plan. ``accumulate_grads``: charge
-        gradient accumulation as separate adds (the executor's way; see
+    def step_model(self, accumulate_grads: bool | None = None) -> StepModel:
+        """The :class:`simulator.step.StepModel` of this plan under its framework profile.
+        ``accumulate_grads`` overrides the profile's gradient accumulation (see
         ``StepConfig.accumulate_grads``). Raises EngineError for a split the pipeline
         cannot take."""
         costs = self.program_costs()
         cfg = StepConfig.of(self.strategy, self.roofline, boundary_bytes=costs.boundary_bytes,
-                            seq_len=self.source.seq_len, overlap=self.overlap,
-                            overlap_dp_sync=self.overlap_dp_sync, accumulate_grads=accumulate_grads)
+                            seq_len=self.source.seq_len, profile=self.profile,
+                            overlap=self.overlap, overlap_dp_sync=self.overlap_dp_sync,
+                            accumulate_grads=accumulate_grads)
         try:
             return StepModel(costs, self.cluster, self.roofline, cfg)
         except ValueError as e:

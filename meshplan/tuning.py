@@ -79,19 +79,30 @@ def annotation_of(c: Candidate, model: str, seq_len: int,
 
 
 def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
-                dtype: str = "bfloat16", user_annotation: Any = "megatron") -> Strategy:
-    """The meshplan Strategy of a candidate."""
+                dtype: str = "bfloat16", user_annotation: Any = "megatron",
+                framework: str = "megatron-core", attention: str | None = None) -> Strategy:
+    """The meshplan Strategy of a candidate, run by ``framework`` (a profile of
+    ``simulator.profiles``) with ``attention`` (None: the model's own)."""
     return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule,
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
                     recompute=c.recompute, zero=c.zero,
                     sequence_parallel=c.sequence_parallel, dtype=dtype,
-                    annotation=annotation_of(c, model, seq_len, user_annotation))
+                    annotation=annotation_of(c, model, seq_len, user_annotation),
+                    framework=framework, attention=attention)
+
+
+def _software(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The framework and attention of a scorer config (defaults: megatron-core, the
+    model's own attention)."""
+    return {"framework": config.get("framework") or "megatron-core",
+            "attention": config.get("attention")}
 
 
 def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
     """The reproducible Plan (plan.json) of a candidate under a scorer config."""
     s = to_strategy(c, config["global_batch_size"], config["model"], config["seq_len"],
-                    config.get("dtype", "bfloat16"), config.get("annotation", "megatron"))
+                    config.get("dtype", "bfloat16"), config.get("annotation", "megatron"),
+                    **_software(config))
     ann = s.annotation if isinstance(s.annotation, dict) else {}
     if ann:
         s = s.replace(annotation="none")
@@ -104,7 +115,8 @@ def make_scorer(config: Mapping[str, Any]):
     """A scorer ``candidate -> Score`` running ``Engine.simulate()``.
 
     ``config``: model, cluster, nodes, global_batch_size, seq_len, dtype, annotation (the
-    user's, semi-auto), num_layers (optional override, small test spaces)."""
+    user's, semi-auto), num_layers (optional override, small test spaces), framework and
+    attention (optional; the Strategy fields)."""
     cl = load_cluster(config["cluster"], config.get("nodes"))
     model, num_layers = config["model"], config.get("num_layers")
     name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
@@ -112,7 +124,8 @@ def make_scorer(config: Mapping[str, Any]):
     dtype = config.get("dtype", "bfloat16")
 
     def score(c: Candidate) -> Score:
-        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"))
+        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
+                        **_software(config))
         r = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).simulate()
         return Score(r.step_time, r.max_memory_bytes, cap,
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,

@@ -4,3 +4,8 @@
 
 class SimulatorError(ValueError):
     """Base class of every error the simulator raises on bad input; names the value at fault."""
+
+
+class ScheduleError(SimulatorError):
+    """Invalid schedule name/arguments, or a schedule whose actions cannot all run
+    (re-exported by ``simulator.schedules``)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
-from simulator.stage_timing import stream_time
+from simulator.stage_timing import reduce_bytes, stream_time
 
 
 def dp_group(cfg: Any, stage: int) -> list[int]:
@@ -49,15 +49,147 @@ def sync_time(cfg: Any, cluster: Any, stage: int, params: int, layers: Iterable[
     return max(0.0, t - last_b) if cfg.overlap_dp_sync else t
 
 
-def optimizer_time(cfg: Any, rf: Roofline, params: int) -> float:
+def fsdp_style(cfg: Any) -> bool:
+    """ZeRO-3 run the FSDP way: the profile prefetches per-block gathers and reduce_scatters
+    each block's gradients in its backward (``simulator.stage_timing``), so no end-of-step
+    gradient or parameter collective remains."""
+    prof = cfg.profile
+    return cfg.zero >= 3 and prof is not None and prof.overlap.fsdp_prefetch.value >= 1
+
+
+def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int]
+                 ) -> dict[int, list[tuple[float, float]]]:
+    """Chunk -> [(fraction of the chunk's last backward at which the bucket is ready,
+    seconds of its collective)] of pipeline rank ``stage`` (``simulator.dp_stream``).
+
+    Buckets hold ``gradients.bucket_params`` parameters of one chunk (the profile's; a
+    chunk's parameters fill buckets last layer first, as Megatron-Core and DDP order them),
+    reduced over the dp group in the profile's reduce dtype: an all_reduce without ZeRO, a
+    reduce_scatter with ZeRO 1-2 (the distributed optimizer) or non-FSDP ZeRO-3. Empty
+    for dp = 1 and for FSDP-style ZeRO-3 (:func:`fsdp_style`)."""
+    if cfg.dp == 1 or fsdp_style(cfg):
+        return {}
+    kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
+    per = int(cfg.profile.gradients.bucket_params.value) if cfg.profile is not None else 0
+    group = dp_group(cfg, stage)
+    nbytes = reduce_bytes(cfg)
+    out: dict[int, list[tuple[float, float]]] = {}
+    for chunk, n in sorted(chunk_params.items()):
+        if n <= 0:
+            continue
+        size = per if 0 < per < n else n
+        items, done = [], 0
+        while done < n:
+            k = min(size, n - done)
+            done += k
+            items.append((done / n, cluster.collective_time(kind, k * nbytes, group)))
+        out[chunk] = items
+    return out
+
+
+def tail_collectives(cfg: Any, cluster: Any, stage: int, layers: Iterable[BlockCost]) -> float:
+    """Seconds of the per-step collectives the program itself puts on weight gradients of
+    the rank's layers (``BlockCost.grad_sync``, e.g. the tensor-parallel all_reduce of
+    sequence-parallel norm weights), on groups shifted to the stage's ranks, run after the
+    backward."""
+    off = stage * cfg.dp * cfg.tp
+    return sum(cluster.collective_time(kind, nb, [r + off for r in g])
+               for blk in layers for kind, nb, g in blk.grad_sync)
+
+
+def param_gather_time(cfg: Any, cluster: Any, stage: int, params: int, first_forward: float) -> float:
+    """Exposed seconds of the all_gather of the updated parameters over the dp group after
+    the optimizer (ZeRO 1-2 with a distributed optimizer, non-FSDP ZeRO-3). With the
+    profile's ``overlap.dp_param_gather`` it overlaps the next step's first forward
+    (Megatron-Core ``--overlap-param-gather``): only what that forward cannot hide is
+    exposed, and at least the first bucket. 0 without ZeRO, with dp = 1 or FSDP-style."""
+    if cfg.zero < 1 or cfg.dp == 1 or fsdp_style(cfg):
+        return 0.0
+    group = dp_group(cfg, stage)
+    total = cluster.collective_time("all_gather", params * cfg.param_bytes, group)
+    prof = cfg.profile
+    if prof is None or not prof.overlap.dp_param_gather.value:
+        return total
+    per = int(prof.gradients.bucket_params.value)
+    first = cluster.collective_time("all_gather", min(per, params) * cfg.param_bytes, group)
+    return max(first, total - first_forward)
+
+
+def main_grad_bytes(cfg: Any) -> int:
+    """Bytes of a gradient the optimizer reads: 4 for fp32 main grads (the profile's
+    ``gradients.main_grad``), else the gradient bytes."""
+    prof = cfg.profile
+    if prof is not None and prof.gradients.main_grad.value == "float32":
+        return 4
+    return cfg.grad_bytes
+
+
+def optimizer_grad_bytes(cfg: Any) -> int:
+    """Bytes of a gradient the optimizer step works on: 4 when it keeps fp32 master
+    weights (the profile's ``optimizer.master_weights``: a 16-bit gradient is first copied
+    into an fp32 main gradient, :func:`grad_copy_bytes`), else :func:`main_grad_bytes`."""
+    prof = cfg.profile
+    if prof is not None and prof.optimizer.master_weights.value:
+        return 4
+    return main_grad_bytes(cfg)
+
+
+def grad_copy_bytes(cfg: Any) -> int:
+    """Bytes per parameter of copying 16-bit model gradients into fp32 main gradients
+    before the step (read + write; Megatron-LM 6985e58 ``megatron/optimizer/optimizer.py``
+    ``Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads``): when the
+    optimizer keeps fp32 master weights but gradients accumulate in 16 bits; else 0."""
+    if optimizer_grad_bytes(cfg) == 4 and main_grad_bytes(cfg) != 4:
+        return main_grad_bytes(cfg) + 4
+    return 0
+
+
+def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> float:
     """Seconds of the memory-bound update of the rank's (ZeRO-sharded) parameters: read and
-    write parameter and optimizer state, read the gradient, one kernel launch; with m > 1
-    micro-batches and ``cfg.accumulate_grads`` also the mean over micro-batches, one
-    in-place scaling of every accumulated gradient by 1/m (read + write; Paddle's gradient
-    merge with ``avg``)."""
+    write the parameter and optimizer states (fp32 master weights and Adam moments:
+    ``cfg.optimizer_bytes``), read the gradient (:func:`main_grad_bytes`), first copied to
+    fp32 where the gradients are 16-bit and the weights' master copy fp32
+    (:func:`grad_copy_bytes`); one kernel
+    launch for a fused multi-tensor optimizer (the profile's ``optimizer.fused``), one per
+    parameter tensor otherwise (``tensors``); with m > 1 micro-batches and
+    ``cfg.accumulate_grads`` also the mean over micro-batches, one in-place scaling of
+    every accumulated gradient by 1/m (read + write; Paddle's gradient merge with ``avg``)."""
     shard = -(-params // cfg.dp) if cfg.zero >= 1 else params
-    nbytes = shard * (2 * (cfg.param_bytes + cfg.optimizer_bytes) + cfg.grad_bytes)
+    nbytes = shard * (2 * (cfg.param_bytes + cfg.optimizer_bytes) + main_grad_bytes(cfg)
+                      + grad_copy_bytes(cfg))
+    fused = cfg.profile is None or cfg.profile.optimizer.fused.value
     scale = 0.0
     if cfg.num_microbatches > 1 and cfg.accumulate_grads:
         scale = stream_time(rf, 2 * params * cfg.grad_bytes)
-    return rf.memory_time(nbytes) + rf.kernel_overhead + scale
+    return rf.memory_time(nbytes) + rf.kernel_overhead * (1 if fused else max(1, tensors)) + scale
+
+
+def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
+               tied_elems: int = 0) -> float:
+    """Per-iteration work outside the layers under the profile's ``fixed`` section:
+
+    - gradient norm and clip: one read of the rank's (sharded) gradients as the optimizer
+      holds them (:func:`optimizer_grad_bytes`: fp32 with master weights) and an all_reduce
+      of the squared norm (one fp32) over the dp group;
+    - loss-scale check (fp16 only): unscale and an inf/nan test, a read and a write of
+      every gradient;
+    - embedding gradient sync (pp > 1, tied input/output embeddings of ``tied_elems``
+      local elements on the first and last stage): an all_reduce of that gradient between
+      the two stages' ranks (Megatron ``finalize_model_grads``).
+
+    0 without a profile."""
+    prof = cfg.profile
+    if prof is None:
+        return 0.0
+    grads = (-(-params // cfg.dp) if cfg.zero >= 1 else params) * optimizer_grad_bytes(cfg)
+    t = 0.0
+    if prof.fixed.grad_norm_clip.value:
+        t += stream_time(rf, grads) + rf.kernel_overhead
+        if cfg.dp > 1:
+            t += cluster.collective_time("all_reduce", 4, dp_group(cfg, stage))
+    if prof.fixed.loss_scale_check.value and cfg.dtype == "float16":
+        t += stream_time(rf, 2 * grads) + rf.kernel_overhead
+    if prof.fixed.embedding_grad_sync.value and cfg.pp > 1 and tied_elems and stage in (0, cfg.pp - 1):
+        pair = [0, (cfg.pp - 1) * cfg.dp * cfg.tp]
+        t += cluster.collective_time("all_reduce", tied_elems * reduce_bytes(cfg), pair)
+    return t

@@ -14,9 +14,12 @@ the shape of (Paddle ``backward.yaml`` ``no_need_buffer``, the grad op's
 reshape, squeeze, unsqueeze) share their input's storage and are counted once; the result
 of a forward all_gather (sequence parallelism) is kept as its sharded input
 (:func:`is_regather`).
-Recompute (Korthikanti et al. 2022, "Reducing Activation Recomputation"): ``full`` keeps
-only each layer's input; ``selective`` drops what only the attention core (QK^T, softmax,
-dropout, attention over V, or a flash_attention kernel: :func:`is_attention_core`) needs.
+Recompute (``simulator.recompute`` policies): ``full`` keeps only each layer's input
+(Korthikanti et al. 2022, "Reducing Activation Recomputation"); ``selective`` drops what
+only the attention core (QK^T, softmax, dropout, attention over V, or a flash_attention
+kernel: ``simulator.recompute.is_attention_core``) needs; ``selective-op`` (torchtitan's op
+policy) keeps each layer's input and the results of the ops it saves (every other linear
+mm, flash attention) and drops the rest.
 The transient of recomputing one layer (its dropped bytes) is added once to the peak.
 """
 
@@ -28,13 +31,18 @@ from dataclasses import dataclass, field
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program, Value
 from completion.ops.registry import op_traits
-from completion.roles import is_grad_type
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
 from simulator.op_signature import local_tensor, op_signature
+from simulator.recompute import (
+    RECOMPUTE_POLICIES,
+    is_attention_core,
+    recompute_policy,
+    recomputed_ops,
+)
 from simulator.types import BlockKey
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = tuple(RECOMPUTE_POLICIES)
 StageKey = tuple[tuple[int, ...], int]
 
 
@@ -127,21 +135,6 @@ def _nbytes(v: Value) -> int:
     return n * DTYPE_BYTES.get(t.dtype, 4)
 
 
-def is_attention_core(op: Operation) -> bool:
-    """True when ``op`` is part of an attention core, the part selective recompute drops
-    (Korthikanti et al. 2022, section 5): its type has the ``attention_core`` trait
-    (softmax, dropout, scale, matmul, flash_attention; ``completion.ops.op_traits``), it is a
-    grad op exactly when it runs in backward, its struct name ends in ``self_attn``, and no
-    operand is a parameter (so a matmul is QK^T or PV, not a projection)."""
-    if not op_traits(op.type).attention_core:
-        return False
-    if (op.role == OpRole.BACKWARD) != is_grad_type(op.type):
-        return False
-    if not (op.struct_name or "").endswith("self_attn"):
-        return False
-    return not any(v is not None and v.is_parameter for v in op.operands)
-
-
 
 
 @dataclass
@@ -223,21 +216,24 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
     w_ops = _w_ops(program, names)
     w_ids = {id(_root(v)) for op in w_ops for v in op.operands if v is not None and not v.is_parameter}
     out: dict[StageKey, StageActivations] = {}
+    policy = recompute_policy(recompute)
+    rec = recomputed_ops(program.ops, blocks, recompute)
     for rid, r in roots.items():
         st = out.setdefault(stage_key(r.op), StageActivations())
         nb, blk = _nbytes(r), blocks.get(id(r.op), "pre")
-        drop = False
-        if recompute == "full":
-            drop = isinstance(blk, int)
-        elif recompute == "selective" and is_attention_core(r.op):
-            drop = all(is_attention_core(u) for u in users[rid])
+        # a partial policy that keeps no layer inputs (selective) drops a value only when
+        # every backward reader is inside the recomputed region too
+        drop = id(r.op) in rec and (policy.keeps_layer_inputs
+                                    or all(is_attention_core(u) for u in users[rid]))
         if drop:
             st.add("dropped_by_block", blk, nb)
             continue
         st.add("by_block", blk, nb)
         if rid in w_ids:
             st.add("w_by_block", blk, nb)
-    if recompute == "full":
+    if policy.saves_outputs:
+        _add_saved_outputs(program, roots, blocks, rec, out)
+    if policy.keeps_layer_inputs:
         _add_layer_inputs(program, roots, blocks, out)
     for op in w_ops:  # output gradients that W kernels read
         st = out.setdefault(stage_key(op), StageActivations())
@@ -247,9 +243,27 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
     return out
 
 
+def _add_saved_outputs(program: Program, roots: dict[int, Value], blocks: dict[int, BlockKey],
+                       rec: set[int], out: dict[StageKey, StageActivations]) -> None:
+    """A policy that saves what it does not recompute (torch selective checkpoint
+    ``MUST_SAVE``): each layer keeps the results of its forward ops that are not
+    recomputed (and launch a kernel), even those no backward op reads."""
+    for op in program.ops:
+        blk = blocks.get(id(op))
+        if op.role != OpRole.FORWARD or not isinstance(blk, int) or id(op) in rec:
+            continue
+        if op_traits(op.type).kernel is None:
+            continue
+        for v in op.results:
+            if v is None or id(_root(v)) in roots:
+                continue
+            out.setdefault(stage_key(op), StageActivations()).add("by_block", blk, _nbytes(v))
+
+
 def _add_layer_inputs(program: Program, roots: dict[int, Value], blocks: dict[int, BlockKey],
                       out: dict[StageKey, StageActivations]) -> None:
-    """Full recompute: each layer keeps the values it reads from outside itself."""
+    """Full (and op-level selective) recompute: each layer keeps the values it reads from
+    outside itself."""
     kept: set[int] = set()
     for op in program.ops:
         blk = blocks.get(id(op))

@@ -56,6 +56,10 @@ class KernelCost:
         dtype: compute dtype (selects the peak FLOP/s).
         gemm_flops: FLOPs of the single GEMM (size-dependent efficiency); 0 otherwise.
         op: the op type it belongs to (per-op efficiencies, ``Roofline.by_op``).
+        gemm_shape: ``(batch, m, n, k)`` of a GEMM kernel -- output ``[batch, m, n]``,
+            inner dimension ``k`` (``2 * batch * m * n * k`` FLOPs) -- that
+            ``simulator.roofline`` tiles into waves on devices with ``sm_count``; None
+            (other kernels, or a GEMM whose shape is unknown): the smooth size model.
     """
 
     phase: Phase
@@ -66,6 +70,7 @@ class KernelCost:
     dtype: str
     gemm_flops: float = 0.0
     op: str = ""
+    gemm_shape: tuple[int, int, int, int] | None = None
 
 
 CostFn = Callable[[OpSig], list[KernelCost]]
@@ -122,6 +127,13 @@ def _first_dtype(sig: OpSig) -> str:
 # -- matmul ---------------------------------------------------------------------------------
 def _matmul_dims(sig: OpSig) -> tuple[int, int, int, int]:
     """(batch, m, n, k) of ``out = x @ y`` with Paddle's transpose_x / transpose_y."""
+    b, m, n, k, _, _ = _matmul_dims_batches(sig)
+    return b, m, n, k
+
+
+def _matmul_dims_batches(sig: OpSig) -> tuple[int, int, int, int, int, int]:
+    """(batch, m, n, k, x_batch, y_batch): :func:`_matmul_dims` and the product of each
+    operand's own batch dims (1 for a matrix, e.g. a weight broadcast over the batch)."""
     x, y = sig.ins[0], sig.ins[1]
     if x is None or y is None:
         raise SimulatorError(f"{sig.type}: matmul needs two operands")
@@ -140,29 +152,58 @@ def _matmul_dims(sig: OpSig) -> tuple[int, int, int, int]:
     nb = max(len(bx), len(by))
     bx, by = [1] * (nb - len(bx)) + bx, [1] * (nb - len(by)) + by
     batch = _numel(tuple(max(a, b) for a, b in zip(bx, by, strict=True)))
-    return batch, m, n, k
+    return batch, m, n, k, _numel(tuple(bx)), _numel(tuple(by))
 
 
-def _gemm(phase: Phase, flops: float, nbytes: float, dtype: str) -> KernelCost:
-    return KernelCost(phase, flops, flops, nbytes, "gemm", dtype, flops)
+def gemm_shapes(batch: int, m: int, n: int, k: int, x_batch: int, y_batch: int
+                ) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int],
+                           tuple[int, int, int, int]]:
+    """``(batch, m, n, k)`` GEMM shapes (output ``[batch, m, n]``, inner ``k``) of the
+    forward ``out = x @ y``, of ``dx = dout @ y^T`` and of ``dy = x^T @ dout``.
+
+    For ``x[m, k] @ y[k, n]``: forward ``(1, m, n, k)``, dx ``(1, m, k, n)``, dy
+    ``(1, k, n, m)``. Batch dims multiply into ``batch`` when both operands carry them (the
+    attention's QK^T and scores x V: one GEMM per head). When only ``x`` has batch dims
+    (activations ``[b, s, k]`` times a weight ``[k, n]``) the batch folds into the rows,
+    as torch's ``at::matmul`` (``should_fold``) and Paddle's matmul kernel reshape to one
+    2-D GEMM: forward ``(1, batch*m, n, k)``, dx ``(1, batch*m, k, n)``, and dy sums over
+    the batch, so its inner dim is ``batch*m``: ``(1, k, n, batch*m)``. Symmetrically,
+    when only ``y`` is batched, dx sums over the batch: ``(1, m, k, batch*n)``.
+    Transposes do not change the shapes: cuBLAS reads transposed operands in place, and
+    the output's orientation does not matter to the tile model (its candidate tiles are
+    closed under transposition, ``simulator.roofline.GEMM_TILES``)."""
+    if batch > 1 and y_batch == 1:  # a weight broadcast over the batch: rows fold
+        return (1, batch * m, n, k), (1, batch * m, k, n), (1, k, n, batch * m)
+    if batch > 1 and x_batch == 1:  # x broadcast: dx reduces over the batch
+        return (batch, m, n, k), (1, m, k, batch * n), (batch, k, n, m)
+    return (batch, m, n, k), (batch, m, k, n), (batch, k, n, m)
+
+
+def _gemm(phase: Phase, flops: float, nbytes: float, dtype: str,
+          shape: tuple[int, int, int, int] | None = None) -> KernelCost:
+    return KernelCost(phase, flops, flops, nbytes, "gemm", dtype, flops, gemm_shape=shape)
 
 
 @register_cost("matmul", "matmul_family")
 def matmul_cost(sig: OpSig) -> list[KernelCost]:
-    """out[batch, m, n] = x[.., m, k] @ y[.., k, n]: 2 * batch * m * n * k FLOPs."""
-    b, m, n, k = _matmul_dims(sig)
+    """out[batch, m, n] = x[.., m, k] @ y[.., k, n]: 2 * batch * m * n * k FLOPs; bytes =
+    x + y read + out written; ``gemm_shape`` from :func:`gemm_shapes` (forward)."""
+    b, m, n, k, bx, by = _matmul_dims_batches(sig)
     nbytes = _bytes(sig.ins[0]) + _bytes(sig.ins[1]) + _bytes(sig.outs[0])
-    return [_gemm("F", 2.0 * b * m * n * k, nbytes, _first_dtype(sig))]
+    shape = gemm_shapes(b, m, n, k, bx, by)[0]
+    return [_gemm("F", 2.0 * b * m * n * k, nbytes, _first_dtype(sig), shape)]
 
 
 @register_cost("matmul_grad")
 def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
     """Operands (x, y, dout) -> (dx, dy): each non-null gradient is one 2*b*m*n*k GEMM;
     dx reads (dout, y), dy reads (x, dout). The phase of each is W when that forward
-    operand is a weight (``sig.weight``), else B."""
+    operand is a weight (``sig.weight``), else B. ``gemm_shape``: dx ``(b, m, k, n)``, dy
+    ``(b, k, n, m)`` (batch folding as in :func:`gemm_shapes`)."""
     fwd = OpSig("matmul", sig.ins[:2], (sig.ins[2],), sig.attrs)
-    b, m, n, k = _matmul_dims(fwd)
+    b, m, n, k, bx, by = _matmul_dims_batches(fwd)
     fl, dt = 2.0 * b * m * n * k, _first_dtype(sig)
+    shapes = gemm_shapes(b, m, n, k, bx, by)[1:]
     x, y, dout = sig.ins[0], sig.ins[1], sig.ins[2]
     out = []
     for j, reads in ((0, (dout, y)), (1, (x, dout))):
@@ -170,7 +211,7 @@ def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
         if g is None:
             continue
         nbytes = sum(_bytes(t) for t in reads) + _bytes(g)
-        out.append(_gemm(sig.phase_of(j), fl, nbytes, dt))
+        out.append(_gemm(sig.phase_of(j), fl, nbytes, dt, shapes[j]))
     return out
 
 
@@ -235,22 +276,35 @@ def elementwise_cost(sig: OpSig) -> list[KernelCost]:
     return [_mem(phase, fl, nbytes, _first_dtype(sig))]
 
 
+def read_operands(sig: OpSig) -> list[TensorSig]:
+    """The operands whose buffers the op's kernel reads: every non-null operand except
+    those the op's traits mark ``no_need_buffer`` (Paddle ``backward.yaml``; e.g.
+    ``add_grad`` reads only ``out@GRAD``, ``layer_norm_grad`` not the bias, ``cast_grad``
+    not ``x``: their shapes suffice)."""
+    skip = op_traits(sig.type).no_need_buffer
+    return [t for i, t in enumerate(sig.ins) if t is not None and i not in skip]
+
+
 def elementwise_grad_cost(sig: OpSig) -> list[KernelCost]:
     """Generic grad of a memory-bound op, split by result: the input gradients (B) are
-    one kernel reading every operand and writing them; the weight gradients (W, e.g. a
-    norm's scale or an add's bias) are one reduction kernel reading the incoming gradient
-    and the saved input and writing them. FLOPs: 2x the forward per-element count."""
+    one kernel reading the operands it needs (:func:`read_operands`: e.g. ``relu_grad``
+    reads out and out@GRAD, ``add_grad`` only out@GRAD) and writing them; the weight
+    gradients (W, e.g. a norm's scale or an add's bias) are one reduction kernel reading
+    the two largest operands it needs (the incoming gradient and, for a norm, the saved
+    input; a bias gradient reads out@GRAD alone) and writing them. FLOPs: 2x the forward
+    per-element count on the largest operand."""
     n = max([_elems(t) for t in sig.ins] or [0])
     per = 2.0 * ELEMENT_FLOPS.get(_base_type(sig.type), 1)
     dt = _first_dtype(sig)
     b_outs = [t for j, t in enumerate(sig.outs) if t is not None and sig.phase_of(j) == "B"]
     w_outs = [t for j, t in enumerate(sig.outs) if t is not None and sig.phase_of(j) == "W"]
     out = []
-    reads = sum(_bytes(t) for t in sig.ins)
+    needed = read_operands(sig)
+    reads = sum(_bytes(t) for t in needed)
     if b_outs or not w_outs:
         out.append(_mem("B", per * n, reads + sum(_bytes(t) for t in b_outs), dt))
     if w_outs:
-        big = sorted((_bytes(t) for t in sig.ins), reverse=True)[:2]
+        big = sorted((_bytes(t) for t in needed), reverse=True)[:2]
         out.append(_mem("W", float(n), sum(big) + sum(_bytes(t) for t in w_outs), dt))
     return out
 

@@ -38,22 +38,27 @@ def _ns(seconds: Any, what: str) -> int:
     return round(val * 1e9)
 
 
-def _triple(entry: Any, what: str, split: int) -> tuple[int, int, int]:
+def _triple(entry: Any, what: str, split: int) -> tuple[int, int, int, int]:
+    """(F, B, W, BW) ns of one stage entry divided over ``split`` chunks; BW (a fused
+    backward action) defaults to B + W, and may be less when its B and W overlap."""
     if not isinstance(entry, Mapping):
         raise SimulatorError(f"{what} must be a mapping with keys F, B, W (seconds), got {entry!r}")
-    unknown = set(entry) - {"F", "B", "W"}
+    unknown = set(entry) - {"F", "B", "W", "BW"}
     if unknown or "F" not in entry or "B" not in entry:
-        raise SimulatorError(f"{what} needs keys F and B (and optionally W), got {sorted(entry)}")
-    return tuple(_ns(float(entry.get(k, 0.0)) / split, f"{what}[{k}]") for k in "FBW")
+        raise SimulatorError(f"{what} needs keys F and B (and optionally W, BW), got {sorted(entry)}")
+    f, b, w = (_ns(float(entry.get(k, 0.0)) / split, f"{what}[{k}]") for k in "FBW")
+    bw = _ns(float(entry["BW"]) / split, f"{what}[BW]") if "BW" in entry else b + w
+    return f, b, w, bw
 
 
-def normalize_stage_times(schedule: Schedule, stage_times: Any) -> list[list[tuple[int, int, int]]]:
-    """Per (rank, chunk) durations (F, B, W) in integer ns.
+def normalize_stage_times(schedule: Schedule, stage_times: Any) -> list[list[tuple[int, int, int, int]]]:
+    """Per (rank, chunk) durations (F, B, W, BW) in integer ns.
 
     ``stage_times`` is a mapping ``{"F": s, "B": s, "W": s}`` for every stage, a list of p
     such mappings (one per stage), or a list of p*v (one per virtual stage, model order).
     A per-stage time is the whole stage; each of its v chunks takes 1/v of it. ``W`` may
-    be omitted (0) for schedules with fused BW. Raises ValueError on bad shapes/values."""
+    be omitted (0) for schedules with fused BW; ``BW`` (a fused backward action's time,
+    default B + W) may be given where B and W overlap. Raises ValueError on bad shapes/values."""
     p, v = schedule.num_stages, schedule.num_chunks
     if isinstance(stage_times, Mapping):
         t = _triple(stage_times, "stage_times", v)
@@ -88,8 +93,9 @@ def _hop_ns(schedule: Schedule, comm_time: float, cluster: Any, p2p_bytes: float
     return hop
 
 
-def _plan(schedule: Schedule, times, hop) -> list[list[tuple]]:
-    """Precompute per action: (kind, mb, chunk, vs, key, done_keys, duration, deps)."""
+def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[tuple]]:
+    """Precompute per action: (action, vs, done_keys, duration, deps, post) -- ``post``:
+    ns the rank stays busy after the action with its synchronous sends (``p2p_sync``)."""
     m, nvs = schedule.num_microbatches, schedule.num_vstages
     where = schedule.rank_of_vstage()
 
@@ -101,10 +107,13 @@ def _plan(schedule: Schedule, times, hop) -> list[list[tuple]]:
         out = []
         for a in row:
             vs = schedule.vstage[r][a.chunk]
-            tf, tb, tw = times[r][a.chunk]
+            tf, tb, tw, tbw = times[r][a.chunk]
+            post = 0
             if a.kind == "F":
                 deps = [] if vs == 0 else [(key(0, vs - 1, a.microbatch), hop(where[vs - 1][0], r))]
                 dur, done = tf, (key(0, vs, a.microbatch),)
+                if p2p_sync and vs < nvs - 1:
+                    post = hop(r, where[vs + 1][0])
             elif a.kind == "W":
                 deps = [(key(1, vs, a.microbatch), 0)]
                 dur, done = tw, (key(2, vs, a.microbatch),)
@@ -112,9 +121,11 @@ def _plan(schedule: Schedule, times, hop) -> list[list[tuple]]:
                 deps = [(key(0, vs, a.microbatch), 0)]
                 if vs < nvs - 1:
                     deps.append((key(1, vs + 1, a.microbatch), hop(where[vs + 1][0], r)))
-                dur = tb + tw if a.kind == "BW" else tb
+                dur = tbw if a.kind == "BW" else tb
                 done = (key(1, vs, a.microbatch),) + ((key(2, vs, a.microbatch),) if a.kind == "BW" else ())
-            out.append((a, vs, done, dur, deps))
+                if p2p_sync and vs > 0:
+                    post = hop(r, where[vs - 1][0])
+            out.append((a, vs, done, dur, deps, post))
         plan.append(out)
     return plan
 
@@ -126,6 +137,7 @@ def simulate_pipeline(
     memory: Mapping[str, float] | None = None,
     cluster: Any = None,
     p2p_bytes: float | None = None,
+    p2p_sync: bool = False,
 ) -> SimResult:
     """Simulate one training step of ``schedule`` and return a SimResult.
 
@@ -140,6 +152,11 @@ def simulate_pipeline(
         cluster: optional object with ``p2p_time(nbytes, src, dst)`` (seconds), e.g.
             ``clusters.Cluster``; with ``p2p_bytes`` it replaces ``comm_time`` per hop
             (rank = pipeline stage index).
+        p2p_sync: synchronous sends (Megatron-LM 2021: ``batch_isend_irecv`` then
+            ``cuda.synchronize``): the sender stays busy for the hop after each action
+            whose result goes to another rank; asynchronous (default): a send is only a
+            delay on the receiver's dependency. Either way the receiver's input arrives
+            one hop after the producer's end.
 
     Raises:
         ValueError: bad times/memory; ScheduleError: an invalid schedule or a deadlock
@@ -147,7 +164,7 @@ def simulate_pipeline(
     """
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
-    plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes))
+    plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes), p2p_sync)
     return SimResult.from_timeline(schedule, _play(schedule, plan), memory)
 
 
@@ -162,7 +179,7 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> list[TimelineEvent]:
     stuck: dict[int, tuple] = {}
 
     def run_rank(r: int, actions: list[tuple]):
-        for a, vs, done, dur, deps in actions:
+        for a, vs, done, dur, deps, post in actions:
             ready = env.now
             for dkey, delay in deps:
                 fin = finish.get(dkey)
@@ -183,8 +200,8 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> list[TimelineEvent]:
                 ev = waiters.pop(k, None)
                 if ev is not None:
                     ev.succeed()
-            timeline.append(TimelineEvent(r, a.kind, a.microbatch, a.chunk, vs, start, end))
-            yield env.timeout(end - env.now)
+            timeline.append(TimelineEvent(r, a.kind, a.microbatch, a.chunk, vs, start, end + post))
+            yield env.timeout(end + post - env.now)
 
     for r, actions in enumerate(plan):
         env.process(run_rank(r, actions))

@@ -21,9 +21,10 @@ from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole, Program
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
-from simulator.memory import StageActivations, is_attention_core, saved_activations
+from simulator.memory import StageActivations, saved_activations
 from simulator.op_cost import op_cost
 from simulator.op_signature import local_tensor, op_signature
+from simulator.recompute import recomputed_ops
 from simulator.roofline import Roofline
 from simulator.stage_cost import PHASES, BlockCost, StageCoster
 
@@ -111,16 +112,17 @@ class ProgramCosts:
 
     @classmethod
     def of(cls, plan_program: Any, cluster: Any, roofline: Roofline,
-           num_layers: int | None = None) -> ProgramCosts:
+           num_layers: int | None = None, profile: Any = None) -> ProgramCosts:
         """Costs of a ``completion.plan_program.PlanProgram`` on ``cluster`` for rank 0.
 
         ``num_layers``: how many model layers the program's layers stand for (module
         docstring; for a representative program: the model's layer count); None costs
-        every layer of the program separately. Raises ProgramCostError when pp > 1 and the
-        program has no decoder layers."""
+        every layer of the program separately. ``profile``: the framework profile the
+        kernels run under (fusion: ``simulator.profiles``). Raises ProgramCostError when
+        pp > 1 and the program has no decoder layers."""
         prog, s = plan_program.program, plan_program.strategy
         blocks = assign_blocks(prog)
-        costs = StageCoster(prog, cluster, roofline, rank=0).block_costs()
+        costs = StageCoster(prog, cluster, roofline, rank=0, profile=profile).block_costs()
         layer_ids = sorted(k for k in costs if isinstance(k, int))
         if num_layers is not None and layer_ids:
             keys = layer_roles(layer_ids, num_layers)
@@ -159,9 +161,10 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
     """Model FLOPs per block of one micro-batch from global shapes (F + B + W kernels;
     ``simulator.op_cost`` conventions), times ``replicas`` (the dp replicas an unannotated
     program stands for), and under ``("recompute", block)`` the forward FLOPs that
-    recompute re-runs (every forward op of a layer for ``full``; the attention core for
-    ``selective``: Korthikanti et al. 2022, sec. 5)."""
+    recompute re-runs (the forward ops of a layer its ``simulator.recompute`` policy
+    selects: all for ``full``, the attention core for ``selective``)."""
     names = frozenset(p.name for p in prog.parameters() if p.name)
+    rec = recomputed_ops(prog.ops, blocks, recompute)
     out: dict[Any, float] = {}
     for op in prog.ops:
         blk = blocks.get(id(op))
@@ -170,8 +173,7 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
         fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
                  if k.phase in PHASES) * replicas
         out[blk] = out.get(blk, 0.0) + fl
-        if op.role == OpRole.FORWARD and isinstance(blk, int) and (
-                recompute == "full" or (recompute == "selective" and is_attention_core(op))):
+        if id(op) in rec:
             out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
     return out
 

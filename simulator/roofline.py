@@ -4,7 +4,8 @@
 
 with ``eff`` the GEMM efficiency of the cluster spec (``device.efficiency.gemm``) scaled by
 a size factor ``F / (F + F_half)`` (F the FLOPs of the single GEMM, so tiny GEMMs run far
-below peak and large ones approach ``gemm``), ``mem_eff`` =
+below peak and large ones approach ``gemm``) -- on devices whose spec gives ``sm_count``,
+GEMMs are instead timed by their shape (tiles in waves of SMs, below) --, ``mem_eff`` =
 ``device.efficiency.memory_bandwidth`` and ``overhead`` = ``device.efficiency.
 kernel_overhead_s`` (launch + tail, per kernel). This is the roofline model of Williams,
 Waterman and Patterson (CACM 2009) with achieved rather than peak ceilings, as in Calculon
@@ -26,11 +27,36 @@ Every constant comes from the cluster spec. ``gemm_half_flops`` (F_half) is read
 ``device.efficiency.gemm_half_flops`` when the spec has that field; otherwise the
 documented default :data:`DEFAULT_GEMM_HALF_FLOPS` is used and reported in
 :attr:`Roofline.defaults_used`.
+
+GEMM time by shape (devices with ``device.sm_count``; :meth:`Roofline.gemm_tiling`).
+cuBLAS splits a GEMM's output ``[batch, m, n]`` into tiles of ``tm x tn``, one thread
+block each, and runs the blocks in waves of one block per SM; a wave takes as long as one
+tile, whatever the number of useful rows in it. So a dimension that is not a multiple of
+the tile pays for the whole edge tile (tile quantization) and a tile count just above a
+multiple of the SM count pays a nearly empty last wave (wave quantization): NVIDIA,
+"Matrix Multiplication Background" user's guide (DU-09799-001), ch. 2.1 (tiled outer
+product) and ch. 3 (dimension quantization effects); shared/reference/fidelity_notes.md,
+"GEMM efficiency". For a ``(batch, m, n, k)`` GEMM on ``S`` SMs and each candidate tile
+of :data:`GEMM_TILES`::
+
+    tiles   = batch * ceil(m / tm) * ceil(n / tn)
+    waves   = ceil(tiles / S)
+    compute = waves * 2 * tm * tn * k / (peak[dtype] / sm_count * gemm)
+
+(each SM runs at ``1 / sm_count`` of the device's achieved plateau ``gemm *
+peak``); the tile with the smallest compute time is taken (cuBLAS's heuristic picks a
+good tile; ties go to the larger tile, listed first). The kernel time is
+``max(compute, bytes / (mem_bandwidth * mem_eff)) + overhead``, bytes = A + B read + C
+written as ``simulator.op_cost`` counts them. ``S`` is ``sm_count``, or fewer SMs when a
+collective running beside the GEMM holds some (``sms_available``). A GEMM whose shape is
+aligned to the tiles and whose tile count is a multiple of ``S`` runs at exactly ``gemm``
+(no size factor); a spec without ``sm_count`` keeps the smooth size factor above.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Literal
 
 from simulator.errors import SimulatorError
@@ -41,11 +67,47 @@ from simulator.types import Phase
 # 1e8 FLOPs (about a 370^3 GEMM) puts a 1024^3 GEMM at 95% and a 256^3 one at 25% of the
 # plateau, the shape of cuBLAS's published A100 GEMM sweeps (approx.; calibration replaces).
 DEFAULT_GEMM_HALF_FLOPS = 1.0e8
+#: Candidate output tiles (tm, tn) of the tensor-core GEMM kernels, largest first: the
+#: tile sizes the NVIDIA "Matrix Multiplication Background" user's guide (ch. 2.3,
+#: "Typical Tile Dimensions in cuBLAS and Performance") lists for cuBLAS -- 256x128 and
+#: 128x256 (most efficient), 128x128, 256x64 and 64x256, 128x64 and 64x128, 64x64 (least
+#: efficient) -- which are also CUTLASS's SM80 tensor-core threadblock shapes. Closed
+#: under transposition, so a GEMM and its transpose cost the same. With one per-SM rate
+#: for every tile (the model above), 64x64, which divides every other tile, never takes
+#: longer than any of them: the pick always has 64x64's time, and the list's order only
+#: breaks ties toward the larger tile. (Real smaller tiles run below the plateau -- less
+#: operand reuse, the guide's ch. 2.3 -- which this one-rate model does not charge.)
+GEMM_TILES: tuple[tuple[int, int], ...] = (
+    (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64),
+)
 _DTYPE_ALIASES = {
     "bfloat16": ("bf16", "bfloat16"), "float16": ("fp16", "float16", "f16"),
     "float32": ("fp32", "float32", "tf32", "f32"), "float8_e4m3fn": ("fp8", "float8"),
     "float8_e5m2": ("fp8", "float8"),
 }
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    """How the wave model runs one GEMM (:meth:`Roofline.gemm_tiling`).
+
+    Attributes:
+        tile: the chosen output tile ``(tm, tn)``.
+        tiles: thread blocks, ``batch * ceil(m / tm) * ceil(n / tn)``.
+        waves: ``ceil(tiles / sms)``.
+        sms: SMs the blocks ran on.
+        compute_s: ``waves * 2 * tm * tn * k / (peak / sm_count * gemm)`` seconds.
+    """
+
+    tile: tuple[int, int]
+    tiles: int
+    waves: int
+    sms: int
+    compute_s: float
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -66,6 +128,10 @@ class Roofline:
             that op's attention or memory-bound kernels in that phase (empty: none).
         action_overhead: seconds of host work per pipeline action pass (F, B or W)
             outside its kernels (``device.efficiency.action_overhead_s``; absent: 0).
+        sm_count: SMs of the device (``device.sm_count``); set, GEMM kernels that carry
+            a ``gemm_shape`` are timed by the wave model (module docstring); None: the
+            smooth size model.
+        gemm_tiles: candidate output tiles of the wave model (:data:`GEMM_TILES`).
     """
 
     peak_flops: dict[str, float]
@@ -79,17 +145,32 @@ class Roofline:
     memory_kernel_efficiency: float | None = None
     by_op: dict[str, float] = field(default_factory=dict)
     action_overhead: float = 0.0
+    sm_count: int | None = None
+    gemm_tiles: tuple[tuple[int, int], ...] = GEMM_TILES
+
+    def __post_init__(self) -> None:
+        if self.sm_count is not None and (isinstance(self.sm_count, bool) or self.sm_count < 1):
+            raise SimulatorError(f"roofline: sm_count must be an integer >= 1, got {self.sm_count!r}")
+        if not self.gemm_tiles or any(tm < 1 or tn < 1 for tm, tn in self.gemm_tiles):
+            raise SimulatorError(f"roofline: gemm_tiles must be positive (tm, tn) pairs, got {self.gemm_tiles!r}")
 
     @classmethod
-    def from_device(cls, device: Any, gemm_efficiency: float | None = None) -> Roofline:
+    def from_device(cls, device: Any, gemm_efficiency: float | None = None,
+                    attention_kernel: str | None = None) -> Roofline:
         """From a ``clusters.DeviceSpec``; ``gemm_efficiency`` overrides the spec (used
-        by calibration fits)."""
+        by calibration fits). ``attention_kernel`` (a framework profile's
+        ``kernels.attention_kernel``) selects the device's efficiency for that attention
+        implementation (``device.efficiency.attention_kernels``) when it lists one."""
         eff = device.efficiency
         half = getattr(eff, "gemm_half_flops", None)
         defaults = () if half is not None else ("gemm_half_flops",)
         attn, memk = getattr(eff, "attention", None), getattr(eff, "memory_kernels", None)
+        kernels = getattr(eff, "attention_kernels", None) or {}
+        if attention_kernel is not None and attention_kernel in kernels:
+            attn = kernels[attention_kernel]
         by_op = {k: float(v.value) for k, v in (getattr(eff, "by_op", None) or {}).items()}
         action = getattr(eff, "action_overhead_s", None)
+        sms = getattr(device, "sm_count", None)
         return cls(
             peak_flops={k: float(v.value) for k, v in device.peak_flops.items()},
             gemm_efficiency=float(eff.gemm.value if gemm_efficiency is None else gemm_efficiency),
@@ -102,6 +183,7 @@ class Roofline:
             memory_kernel_efficiency=None if memk is None else float(memk.value),
             by_op=by_op,
             action_overhead=0.0 if action is None else float(action.value),
+            sm_count=None if sms is None else int(sms.value),
         )
 
     def peak(self, dtype: str) -> float:
@@ -123,12 +205,73 @@ class Roofline:
             return self.gemm_efficiency
         return self.gemm_efficiency * gemm_flops / (gemm_flops + self.gemm_half_flops)
 
-    def kernel_time(self, k: KernelCost) -> float:
-        """Seconds of one kernel (roofline + overhead)."""
-        peak = self.peak(k.dtype)
-        if k.kind == "gemm":
+    def _check_sms(self, sms: int | None) -> int:
+        if self.sm_count is None:
+            raise SimulatorError("roofline: sms_available needs the device's sm_count "
+                                 "(device.sm_count in the cluster spec)")
+        if sms is None:
+            return self.sm_count
+        if isinstance(sms, bool) or not isinstance(sms, Integral) or not 1 <= sms <= self.sm_count:
+            raise SimulatorError(f"roofline: sms_available must be an integer in "
+                                 f"[1, {self.sm_count}] (the device's sm_count), got {sms!r}")
+        return sms
+
+    def gemm_tiling(self, shape: tuple[int, int, int, int], dtype: str,
+                    sms_available: int | None = None) -> GemmTiling:
+        """The wave model's best tile for a ``(batch, m, n, k)`` GEMM (module docstring):
+        for each tile of :attr:`gemm_tiles`, ``waves = ceil(batch * ceil(m/tm) *
+        ceil(n/tn) / S)`` and ``compute = waves * 2 tm tn k / (peak / sm_count * gemm)``
+        with ``S`` = ``sms_available`` (default ``sm_count``); the smallest compute time
+        wins, ties to the earlier (larger) tile. A GEMM with a zero dimension has no
+        tiles and no compute. Raises SimulatorError when the device has no
+        ``sm_count``, for ``sms_available`` outside ``[1, sm_count]`` or a negative dim."""
+        sms = self._check_sms(sms_available)
+        batch, m, n, k = shape
+        if min(shape) < 0:
+            raise SimulatorError(f"roofline: GEMM shape (batch, m, n, k) must be >= 0, got {shape}")
+        assert self.sm_count is not None  # _check_sms
+        per_sm = self.peak(dtype) / self.sm_count * self.gemm_efficiency
+        best: GemmTiling | None = None
+        for tm, tn in self.gemm_tiles:
+            tiles = batch * _ceil_div(m, tm) * _ceil_div(n, tn)
+            waves = _ceil_div(tiles, sms)
+            t = waves * 2.0 * tm * tn * k / per_sm
+            if best is None or t < best.compute_s:
+                best = GemmTiling((tm, tn), tiles, waves, sms, t)
+        assert best is not None  # gemm_tiles is not empty (__post_init__)
+        return best
+
+    def gemm_time(self, k: KernelCost, sms_available: int | None = None) -> float:
+        """Seconds of one GEMM kernel: ``max(compute, bytes / (mem_bandwidth * mem_eff)) +
+        overhead``. ``compute`` is the wave model's (:meth:`gemm_tiling`) when the device
+        has ``sm_count`` and the kernel a ``gemm_shape``, on ``sms_available`` SMs (fewer
+        than ``sm_count`` when a collective beside it holds some; default all); otherwise
+        the smooth ``exec_flops / (peak * gemm_eff(gemm_flops))``. Raises SimulatorError
+        for ``sms_available`` on a device without ``sm_count`` or out of range."""
+        if k.kind != "gemm":
+            raise SimulatorError(f"roofline: gemm_time takes a GEMM kernel, got kind {k.kind!r} ({k.op or 'no op'})")
+        if self.sm_count is not None and k.gemm_shape is not None:
+            compute = self.gemm_tiling(k.gemm_shape, k.dtype, sms_available).compute_s
+        else:
+            if sms_available is not None:
+                self._check_sms(sms_available)  # raises without sm_count; else validates
+            peak = self.peak(k.dtype)
             compute = k.exec_flops / (peak * self.gemm_eff(k.gemm_flops)) if k.exec_flops else 0.0
-        elif k.kind == "attention":
+        memory = k.bytes / (self.mem_bandwidth * self.mem_efficiency)
+        return max(compute, memory) + self.kernel_overhead
+
+    def kernel_time(self, k: KernelCost, sms_available: int | None = None) -> float:
+        """Seconds of one kernel (roofline + overhead). ``sms_available``: SMs left to the
+        kernel by a collective running beside it (None: all). GEMMs: :meth:`gemm_time`
+        (fewer SMs, more waves). Attention and memory-bound kernels: unchanged for now
+        (the hook where an SM-limited model of them would go; the value is still
+        validated)."""
+        if k.kind == "gemm":
+            return self.gemm_time(k, sms_available)
+        if sms_available is not None:
+            self._check_sms(sms_available)
+        peak = self.peak(k.dtype)
+        if k.kind == "attention":
             eff = self.gemm_efficiency if self.attention_efficiency is None else self.attention_efficiency
             compute = k.exec_flops / (peak * self.op_efficiency(k, eff))
         else:
@@ -152,9 +295,11 @@ class Roofline:
             eff = self.by_op.get(f"{op}:{phase}", self.by_op.get(op, eff))
         return nbytes / (self.mem_bandwidth * eff)
 
-    def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost]) -> dict[Phase, float]:
-        """Seconds per phase (``F``, ``B``, ``W``, ``O``) of a list of kernels."""
+    def kernels_time(self, kernels: tuple[KernelCost, ...] | list[KernelCost],
+                     sms_available: int | None = None) -> dict[Phase, float]:
+        """Seconds per phase (``F``, ``B``, ``W``, ``O``) of a list of kernels, each on
+        ``sms_available`` SMs (:meth:`kernel_time`; None: all)."""
         out: dict[Phase, float] = {}
         for k in kernels:
-            out[k.phase] = out.get(k.phase, 0.0) + self.kernel_time(k)
+            out[k.phase] = out.get(k.phase, 0.0) + self.kernel_time(k, sms_available)
         return out

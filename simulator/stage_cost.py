@@ -13,6 +13,11 @@ a weight gradient is the per-step gradient synchronisation (DP, or the TP all_re
 sequence-parallel norm weights) and is kept apart in ``grad_sync`` rather than charged per
 micro-batch. ``overlap`` (default 0) is the fraction of in-stage collective time hidden
 behind compute: T = compute + (1 - overlap) * comm.
+
+Kernel fusion: the framework profile's fused groups and torch.compile chains
+(``simulator.fusion``) run as one kernel each, charged once to the block and phase of
+their members; a member's other kernels (a backward op's weight-gradient kernel) keep
+their own cost. FLOPs are the members' own.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from completion.ir import Operation, OpRole, Program
 from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
-from simulator.memory import is_attention_core, is_regather
-from simulator.op_cost import op_cost
+from simulator.eager_ops import eager_kernels, eager_settings, impl_for
+from simulator.fusion import FusionPlan
+from simulator.memory import is_regather
+from simulator.op_cost import KernelCost, op_cost
 from simulator.op_signature import OpSig, is_weight_grad, local_tensor, op_signature, param_root
+from simulator.recompute import PARTIAL_RECOMPUTE, recomputed_ops
 from simulator.roofline import Roofline
+from simulator.streams import Kernel, overlapped_time
 from simulator.types import BlockKey, Phase
 
 #: the phases a block's costs are split into (the optimizer's "O" is costed apart)
@@ -88,7 +97,8 @@ class BlockCost:
     Attributes:
         compute / comm: seconds per phase F, B, W (kernels / in-stage collectives).
         flops / exec_flops: model and executed FLOPs per phase.
-        attn_core_f: seconds of the attention core's forward (selective recompute reruns it).
+        recompute_f: per partial recompute policy (``simulator.recompute``: every policy but
+            ``none`` and ``full``), seconds of the forward kernels it reruns in backward.
         grad_sync: (kind, nbytes, group) of per-step collectives on weight gradients.
         params: parameter name -> (local elements, local bytes) of the parameters the
             block's forward reads (a tied embedding appears in both "pre" and "post").
@@ -100,15 +110,94 @@ class BlockCost:
     comm: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     flops: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     exec_flops: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    attn_core_f: float = 0.0
+    recompute_f: dict[str, float] = field(default_factory=dict)
     grad_sync: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
     params: dict[str, tuple[int, int]] = field(default_factory=dict)
     workspace: int = 0
     comm_count: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    overlaps: list[OverlapCandidate] = field(default_factory=list)
+
+    @property
+    def attn_core_f(self) -> float:
+        """Seconds of the attention core's forward (what ``selective`` recompute reruns)."""
+        return self.recompute_f.get("selective", 0.0)
+
+    def recompute_time(self, mode: str, overlap: float = 0.0) -> float:
+        """Seconds the backward spends recomputing this block's forward under ``mode``
+        (``full``: the whole forward, collectives included; a partial policy: its share,
+        :attr:`recompute_f`; ``none``: 0)."""
+        if mode == "full":
+            return self.time("F", overlap)
+        return self.recompute_f.get(mode, 0.0)
 
     def time(self, phase: Phase, overlap: float = 0.0) -> float:
         """Seconds of ``phase``: compute + (1 - overlap) * in-stage collectives."""
         return self.compute[phase] + (1.0 - overlap) * self.comm[phase]
+
+    def times(self, profile: Any = None, overlap: float = 0.0) -> dict[str, float]:
+        """Seconds of F, B, W and of a fused backward BW (B then W in one action) under the
+        profile's ``overlap`` flags: a collective that the profile runs beside its partner
+        kernels (:class:`OverlapCandidate`) takes ``simulator.streams.overlapped_time``
+        with them instead of their sum; a B collective whose partners are W kernels (the
+        input-gradient all_reduce beside the weight-gradient GEMM) overlaps only inside a
+        BW action. Without a profile (or with every flag off): :meth:`time`."""
+        out = {ph: self.time(ph, overlap) for ph in PHASES}
+        out["BW"] = out["B"] + out["W"]
+        if profile is None or not self.overlaps:
+            return out
+        flags = profile.overlap
+        used: set[int] = set()
+        for cand in self.overlaps:
+            if not getattr(flags, cand.rule).value:
+                continue
+            window = [k for k in cand.partners if k[0] not in used]
+            if not window:
+                continue
+            used.update(k[0] for k in window)
+            kernels = [Kernel(s, c) for _, s, c in window]
+            comm = (1.0 - overlap) * cand.seconds
+            saving = comm + sum(k.seconds for k in kernels) - overlapped_time(comm, kernels)
+            if cand.partner_phase == cand.phase:
+                out[cand.phase] -= saving
+            out["BW"] -= saving if cand.phase in ("B", "W") or cand.partner_phase in ("B", "W") else 0.0
+        return out
+
+
+@dataclass(frozen=True)
+class OverlapCandidate:
+    """A collective a framework may run on its own stream beside some kernels.
+
+    Attributes:
+        phase: the phase the collective belongs to; seconds: its time alone.
+        rule: the profile flag that allows it (``tp_backward``: the input-gradient
+            all_reduce / reduce_scatter beside the weight-gradient GEMM of the same linear,
+            and the sequence-parallel all_gather beside the input-gradient GEMM in
+            backward; ``tp_forward``: the sequence-parallel all_gather / reduce_scatter
+            beside the GEMM that consumes / produces it, TE userbuffers).
+        partner_phase: the phase of the partner kernels.
+        partners: (key, seconds alone, seconds beside a collective) per partner kernel;
+            a kernel partners one collective at most (``key`` identifies it).
+    """
+
+    phase: Phase
+    seconds: float
+    rule: str
+    partner_phase: Phase
+    partners: tuple[tuple[int, float, float], ...]
+
+
+def _producing_matmuls(v: Any, grad: bool = True, depth: int = 3) -> list[Operation]:
+    """The matmul ops (``matmul_grad`` when ``grad``) whose results flow into ``v`` through at
+    most ``depth`` sums or casts (the q/k/v input gradients summed before one reduction)."""
+    op = getattr(v, "op", None)
+    if op is None or depth < 0:
+        return []
+    want = "matmul_grad" if grad else "matmul"
+    if op.type == want:
+        return [op]
+    if op.type in ("add_n", "add", "cast"):
+        return [m for x in op.operands if x is not None for m in _producing_matmuls(x, grad, depth - 1)]
+    return []
 
 
 @lru_cache(maxsize=65536)
@@ -131,20 +220,38 @@ class StageCoster:
         cluster: ``clusters.Cluster``; roofline: the device's :class:`Roofline`.
         rank: the representative rank (its local shapes; its collective groups).
         rank_offset: added to every group rank (the same layout on another pipeline
-            stage, ranks shifted by stage * dp * mp).
+            stage, ranks shifted by stage * dp * tp).
+        profile: the framework profile (``simulator.profiles.ProfileSpec``; None: every op
+            one unfused kernel): its ``kernels.fused`` groups and ``kernels.compile``
+            chains run as one kernel each (``simulator.fusion``).
     """
 
     def __init__(self, program: Program, cluster: Any, roofline: Roofline, rank: int = 0,
-                 rank_offset: int = 0) -> None:
+                 rank_offset: int = 0, profile: Any = None) -> None:
         self.program, self.cluster, self.roofline = program, cluster, roofline
+        self.profile = profile
         self.rank, self.offset = rank, rank_offset
         self.names = frozenset(p.name for p in program.parameters() if p.name)
-        self._time_cache: dict[Any, dict[Phase, float]] = {}
+        self._index = {id(op): i for i, op in enumerate(program.ops)}  # kernel keys by position
+        self._time_cache: dict[Any, tuple[dict[Phase, float], tuple[KernelCost, ...]]] = {}
+        self._eager = eager_settings(profile)
 
-    def _op_times(self, sig: OpSig) -> tuple[dict[Phase, float], tuple]:
-        if sig not in self._time_cache:
-            self._time_cache[sig] = self.roofline.kernels_time(op_cost(sig))
-        return self._time_cache[sig], op_cost(sig)
+    def _op_times(self, sig: OpSig, skip: Phase | None = None) -> tuple[dict[Phase, float], tuple]:
+        """Seconds per phase and the kernels of one op; ``skip``: leave out the kernels of
+        that phase from the times (they run inside a fused kernel)."""
+        key = (sig, skip)
+        if key not in self._time_cache:
+            kernels = self._kernels(sig)
+            self._time_cache[key] = (self.roofline.kernels_time(
+                [k for k in kernels if k.phase != skip]), kernels)
+        return self._time_cache[key]
+
+    def _kernels(self, sig: OpSig) -> tuple[KernelCost, ...]:
+        """The kernels of one op: its eager implementation's under the profile
+        (``kernels.eager``, ``simulator.eager_ops``), else ``simulator.op_cost``'s."""
+        fused = op_cost(sig)
+        impl = impl_for(sig.type, self._eager)
+        return tuple(eager_kernels(sig, impl, fused) if impl is not None else fused)
 
     def _collectives(self, op: Operation, bc: BlockCost) -> None:
         x, y = op.operands[0], op.results[0]
@@ -168,9 +275,45 @@ class StageCoster:
             t = self.cluster.collective_time(st.kind, st.nbytes, group)
             bc.comm[phase] += t
             bc.comm_count[phase] += 1
+            self._candidate(op, st.kind, phase, t, bc)
             if regather:  # the gathered activation is not kept: B gathers it again
                 bc.comm["B"] += t
                 bc.comm_count["B"] += 1
+                users = [u for u, _ in y.uses if u.role == OpRole.BACKWARD]
+                self._add_candidate(bc, "B", t, "tp_backward", "B", users)
+
+    def _candidate(self, op: Operation, kind: str, phase: Phase, seconds: float, bc: BlockCost) -> None:
+        """Record the collective of reshard ``op`` as an overlap candidate where a framework
+        overlaps that kind (:class:`OverlapCandidate`): in backward, a reduction of a
+        Partial input gradient beside the weight-gradient GEMMs that produced it; in
+        forward, a sequence-parallel all_gather beside the GEMMs that consume its result
+        and a reduce_scatter beside the GEMM that produced its input."""
+        x, y = op.operands[0], op.results[0]
+        if phase == "B" and kind in ("all_reduce", "reduce_scatter"):
+            self._add_candidate(bc, "B", seconds, "tp_backward", "W", _producing_matmuls(x))
+        elif phase == "F" and kind == "all_gather":
+            users = [u for u, _ in y.uses if u.type == "matmul" and u.role == OpRole.FORWARD]
+            self._add_candidate(bc, "F", seconds, "tp_forward", "F", users)
+        elif phase == "F" and kind == "reduce_scatter":
+            self._add_candidate(bc, "F", seconds, "tp_forward", "F", _producing_matmuls(x, grad=False))
+
+    def _add_candidate(self, bc: BlockCost, phase: Phase, seconds: float, rule: str,
+                       partner_phase: Phase, ops: list[Operation]) -> None:
+        partners = []
+        for o in ops:
+            sig = op_signature(o, self.rank, self.names)
+            for i, k in enumerate(op_cost(sig)):
+                if k.phase != partner_phase or k.kind != "gemm":
+                    continue
+                alone = self.roofline.kernel_time(k)
+                beside = alone
+                sms = getattr(self.roofline, "sm_count", None)
+                if sms and self.profile is not None:
+                    left = max(1, sms - self.profile.overlap.comm_sms.value)
+                    beside = max(alone, self.roofline.kernel_time(k, sms_available=left))
+                partners.append((self._index[id(o)] * 16 + i, alone, beside))
+        if partners:
+            bc.overlaps.append(OverlapCandidate(phase, seconds, rule, partner_phase, tuple(partners)))
 
     def _kernel_collectives(self, op: Operation, bc: BlockCost) -> None:
         """In-stage collectives a kernel issues itself (``KERNEL_COLLECTIVES``), timed with
@@ -204,9 +347,34 @@ class StageCoster:
                 work += nb
         bc.workspace = max(bc.workspace, work)
 
+    def _fused(self, plan: FusionPlan, op: Operation, bc: BlockCost,
+               recomputed: dict[str, set[int]]) -> Phase | None:
+        """The phase of ``op``'s kernels that run inside its fused group (None: in none);
+        charges the group's one kernel to ``bc`` at its first member, and to each partial
+        recompute policy the share of it that its recomputed members stand for (by their
+        unfused times)."""
+        g = plan.group(op)
+        if g is None:
+            return None
+        if op is g.ops[0]:
+            t = self.roofline.kernel_time(plan.kernel(g, self.rank))
+            bc.compute[g.phase] += t
+            if g.phase == "F":
+                own = {id(o): sum(self._op_times(op_signature(o, self.rank, self.names))[0].values())
+                       for o in g.ops}
+                total = sum(own.values())
+                for mode, ids in recomputed.items():
+                    share = sum(v for k, v in own.items() if k in ids)
+                    if share and total:
+                        bc.recompute_f[mode] = bc.recompute_f.get(mode, 0.0) + t * share / total
+        return g.phase
+
     def block_costs(self) -> dict[BlockKey, BlockCost]:
         """Per-block costs (per micro-batch) of every block in the program."""
         blocks = assign_blocks(self.program)
+        plan = FusionPlan.of(self.program, self.profile, blocks)
+        recomputed = {mode: recomputed_ops(self.program.ops, blocks, mode)
+                      for mode in PARTIAL_RECOMPUTE}
         out: dict[BlockKey, BlockCost] = {}
         for op in self.program.ops:
             if id(op) not in blocks:
@@ -220,7 +388,8 @@ class StageCoster:
             sig = op_signature(op, self.rank, self.names)
             self._params_and_workspace(op, sig, bc)
             self._kernel_collectives(op, bc)
-            times, kernels = self._op_times(sig)
+            fused = self._fused(plan, op, bc, recomputed)
+            times, kernels = self._op_times(sig, fused)
             for k in kernels:
                 if k.phase in PHASES:
                     bc.flops[k.phase] += k.flops
@@ -228,7 +397,8 @@ class StageCoster:
             for ph, t in times.items():
                 if ph in PHASES:
                     bc.compute[ph] += t
-            if op.role == OpRole.FORWARD and is_attention_core(op):
-                bc.attn_core_f += times.get("F", 0.0)
+            for mode, ids in recomputed.items():
+                if id(op) in ids and times.get("F"):
+                    bc.recompute_f[mode] = bc.recompute_f.get(mode, 0.0) + times["F"]
         return out
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from simulator.roofline import Roofline
 from simulator.stage_cost import PHASES, BlockCost
+from simulator.streams import Kernel, prefetched_chain
 
 
 def stream_time(rf: Roofline, nbytes: float) -> float:
@@ -23,16 +24,33 @@ def stream_time(rf: Roofline, nbytes: float) -> float:
     return nbytes / (rf.mem_bandwidth * rf.mem_efficiency)
 
 
+def reduce_bytes(cfg: Any) -> int:
+    """Bytes per gradient element on the wire of a data-parallel reduction: 4 when the
+    profile reduces in fp32 (Megatron's fp32 main grads, FSDP reduce_dtype float32), else
+    the gradient bytes."""
+    prof = cfg.profile
+    if prof is not None and prof.gradients.reduce_dtype.value == "float32":
+        return 4
+    return cfg.grad_bytes
+
+
+def vstage_ranks(schedule: str, pp: int, vpp: int) -> list[int]:
+    """The pipeline rank of each virtual stage (model order): round robin (vs mod pp) for
+    every schedule but ZB-V, whose two chunks per rank run in a V (rank i holds vs i and
+    2p - 1 - i; formulas.md, Qi et al. 2024)."""
+    if schedule == "ZBVPP":
+        return [vs if vs < pp else 2 * pp - 1 - vs for vs in range(pp * vpp)]
+    return [vs % pp for vs in range(pp * vpp)]
+
+
 def block_time(blk: BlockCost | None, cfg: Any, is_layer: bool) -> float:
     """F + B + W seconds of a block per micro-batch, with recompute for layers (full: the
     forward again; selective: the attention core's forward again)."""
     if blk is None:
         return 0.0
     t = sum(blk.time(ph, cfg.overlap) for ph in PHASES)
-    if is_layer and cfg.recompute == "full":
-        t += blk.time("F", cfg.overlap)
-    elif is_layer and cfg.recompute == "selective":
-        t += blk.attn_core_f
+    if is_layer:
+        t += blk.recompute_time(cfg.recompute, cfg.overlap)
     return t
 
 
@@ -53,63 +71,148 @@ class StageTimer:
         self.nvs = len(vs_layers)
 
     def blocks(self, vs: int) -> list[BlockCost]:
-        """The blocks of virtual stage ``vs``: its layers, then "pre" on the first and
-        "post" on the last."""
+        """The blocks of virtual stage ``vs`` in execution order: "pre" on the first, its
+        layers, "post" on the last."""
         out = [self.layers[i] for i in self.vs_layers[vs]]
         if vs == 0 and self.pre is not None:
-            out.append(self.pre)
+            out.insert(0, self.pre)
         if vs == self.nvs - 1 and self.post is not None:
             out.append(self.post)
         return out
 
+    def _block_phases(self, vs: int) -> tuple[list[BlockCost], list[dict[str, float]]]:
+        """The blocks of ``vs`` and, per block, its F, B, W seconds per micro-batch (layers
+        with their recompute in B: full reruns the forward, selective the attention core)."""
+        ov, cfg = self.cfg.overlap, self.cfg
+        blocks = self.blocks(vs)
+        recomputed = self._recomputed(vs)
+        out = []
+        for blk in blocks:
+            t = blk.times(cfg.profile, ov)
+            extra = 0.0
+            if id(blk) in recomputed and cfg.recompute == "full":
+                extra = t["F"]  # the forward again, overlapped as the forward is
+            elif id(blk) in recomputed:
+                extra = blk.recompute_time(cfg.recompute)
+            t["B"] += extra
+            t["BW"] += extra
+            out.append(t)
+        return blocks, out
+
+    def _recomputed(self, vs: int) -> set[int]:
+        """ids of the BlockCosts of ``vs`` that recompute applies to (its layers, not the
+        embeddings or the head)."""
+        return {id(self.layers[i]) for i in self.vs_layers[vs]} - {id(self.pre), id(self.post)}
+
     def stage_time(self, vs: int) -> tuple[dict[str, float], dict[str, float]]:
-        """({F, B, W} seconds, {compute, comm} seconds) of virtual stage ``vs`` per
-        micro-batch.
+        """({F, B, W, BW} seconds, {compute, comm} seconds) of virtual stage ``vs`` per
+        micro-batch; BW is a fused backward action (B then W).
+
+        ZeRO-3 gathers each block's parameters before its forward and backward: under a
+        profile that prefetches (``overlap.fsdp_prefetch`` >= 1: FSDP, DeepSpeed stage 3)
+        the gathers run on a communication stream ahead of the blocks and each block's
+        gradients are reduce_scattered after its backward
+        (:func:`simulator.streams.prefetched_chain`); otherwise every gather is exposed
+        (:meth:`zero3_gather_time`). With the profile's pipeline scatter-gather (Megatron-
+        LM 2021) a stage that receives a boundary tensor from another rank all_gathers it
+        over its tensor-parallel group first (:meth:`scatter_gather_time`).
 
         Each of T_F, T_B, T_W also carries the device's per-pass host overhead
         (``Roofline.action_overhead``, ``device.efficiency.action_overhead_s``): the
         framework's dispatch work per pipeline action outside its kernels (a BW action,
         B + W, pays it twice -- the executor runs its B and W units one after the other)."""
-        ov, cfg = self.cfg.overlap, self.cfg
-        t = dict.fromkeys(PHASES, 0.0)
+        ov = self.cfg.overlap
+        blocks, per = self._block_phases(vs)
         parts = {"compute": 0.0, "comm": 0.0}
-        for i, blk in enumerate(self.blocks(vs)):
-            is_layer = i < len(self.vs_layers[vs])
-            gather = self.zero3_gather_time(blk)
-            for ph in PHASES:
-                t[ph] += blk.time(ph, ov)
-                parts["compute"] += blk.compute[ph]
-                parts["comm"] += (1 - ov) * blk.comm[ph]
-            t["F"] += gather
-            t["B"] += gather
-            parts["comm"] += 2 * gather
-            if is_layer and cfg.recompute == "full":
-                t["B"] += blk.time("F", ov)
+        recomputed = self._recomputed(vs)
+        for blk in blocks:
+            parts["compute"] += sum(blk.compute[ph] for ph in PHASES)
+            parts["comm"] += (1 - ov) * sum(blk.comm[ph] for ph in PHASES)
+            if id(blk) in recomputed and self.cfg.recompute == "full":
                 parts["compute"] += blk.compute["F"]
                 parts["comm"] += (1 - ov) * blk.comm["F"]
-            elif is_layer and cfg.recompute == "selective":
-                t["B"] += blk.attn_core_f
-                parts["compute"] += blk.attn_core_f
+            elif id(blk) in recomputed:
+                parts["compute"] += blk.recompute_time(self.cfg.recompute)
+        times, gathered = self._zero3_times(blocks, per)
+        parts["comm"] += gathered
+        recv_f, recv_b = self.scatter_gather_time(vs)
+        times["F"] += recv_f
+        times["B"] += recv_b
+        times["BW"] += recv_b
+        parts["comm"] += recv_f + recv_b
         acc = self.accumulation_time(vs)
-        t["W"] += acc
+        times["W"] += acc
+        times["BW"] += acc
         parts["compute"] += acc
         host = self.rf.action_overhead  # per pass, outside kernels: serial host work
         for ph in PHASES:
-            t[ph] += host
+            times[ph] += host
+        times["BW"] += 2 * host
         parts["compute"] += len(PHASES) * host
-        return t, parts
+        return times, parts
+
+    def _zero3_times(self, blocks: list[BlockCost], per: list[dict[str, float]]) -> tuple[dict[str, float], float]:
+        """(F, B, W, BW seconds of the chain of ``blocks``, seconds of collectives added)."""
+        c = self.cfg
+        f, b, w, bw = (sum(t[ph] for t in per) for ph in ("F", "B", "W", "BW"))
+        if c.zero < 3 or c.dp == 1:
+            return {"F": f, "B": b, "W": w, "BW": bw}, 0.0
+        gathers = [self.zero3_gather_time(blk) for blk in blocks]
+        prof = c.profile
+        depth = prof.overlap.fsdp_prefetch.value if prof is not None else 0
+        if depth < 1:  # every gather exposed, before the forward and again the backward
+            g = sum(gathers)
+            return {"F": f + g, "B": b + g, "W": w, "BW": bw + g}, 2 * g
+        again = prof.overlap.fsdp_reshard_after_forward.value
+        reduces = [self.zero3_reduce_time(blk) for blk in blocks]
+        bg = gathers[::-1] if again else [0.0] * len(blocks)
+
+        def kernels(ph: str, order: int) -> list[Kernel]:
+            return [Kernel(t[ph], t[ph]) for t in per][::order]
+
+        times = {"F": prefetched_chain(kernels("F", 1), gathers, depth),
+                 "B": prefetched_chain(kernels("B", -1), bg, depth),
+                 "W": prefetched_chain(kernels("W", -1), [0.0] * len(blocks), depth, reduces[::-1]),
+                 "BW": prefetched_chain(kernels("BW", -1), bg, depth, reduces[::-1])}
+        return times, sum(gathers) * (2 if again else 1) + sum(reduces)
 
     def zero3_gather_time(self, blk: BlockCost) -> float:
-        """ZeRO-3: seconds of the all_gather of a block's parameters over the dp group,
-        paid before its forward and again before its backward (Rajbhandari et al. 2020,
-        sec. 5.3; one bucket per block, as DeepSpeed and FSDP gather a layer's flat
-        parameters). 0 below stage 3 or with dp = 1. The group is stage 0's (stages are
-        the same layout shifted; catalog topologies are uniform)."""
+        """ZeRO-3: seconds of the all_gather of a block's parameters over the dp group
+        (one bucket per block, as DeepSpeed and FSDP gather a layer's flat parameters;
+        Rajbhandari et al. 2020, sec. 5.3). 0 below stage 3 or with dp = 1. The group is
+        stage 0's (stages are the same layout shifted; catalog topologies are uniform)."""
         c = self.cfg
         if c.zero < 3 or c.dp == 1:
             return 0.0
         nbytes = sum(b for _, b in blk.params.values())
         return self.cluster.collective_time("all_gather", nbytes, [d * c.tp for d in range(c.dp)])
+
+    def zero3_reduce_time(self, blk: BlockCost) -> float:
+        """ZeRO-3 / FSDP: seconds of the reduce_scatter of a block's gradients over the dp
+        group after its backward, in the profile's reduce dtype (fp32: 4 bytes per
+        element; else the gradient bytes)."""
+        c = self.cfg
+        if c.zero < 3 or c.dp == 1:
+            return 0.0
+        elems = sum(n for n, _ in blk.params.values())
+        return self.cluster.collective_time("reduce_scatter", elems * reduce_bytes(c),
+                                            [d * c.tp for d in range(c.dp)])
+
+    def scatter_gather_time(self, vs: int) -> tuple[float, float]:
+        """(F, B) seconds a virtual stage spends all_gathering the boundary tensor it
+        receives from another rank over its tensor-parallel group, when the profile splits
+        pipeline messages over the tp ranks (Megatron-LM 2021 scatter-gather; FN): the
+        activation (F, from vs-1) and its gradient (B, from vs+1)."""
+        c = self.cfg
+        prof = c.profile
+        if prof is None or not prof.pipeline.scatter_gather.value or c.tp == 1 or c.pp == 1:
+            return 0.0, 0.0
+        group = list(range(c.tp))
+        t = self.cluster.collective_time("all_gather", c.boundary_bytes, group)
+        where = vstage_ranks(c.schedule, c.pp, c.vpp)
+        f = t if vs > 0 and where[vs - 1] != where[vs] else 0.0
+        b = t if vs < self.nvs - 1 and where[vs + 1] != where[vs] else 0.0
+        return f, b
 
     def accumulation_time(self, vs: int) -> float:
         """Gradient accumulation per micro-batch of virtual stage ``vs`` (seconds, in W).
@@ -145,4 +248,7 @@ class StageTimer:
         hops = [(k * width, (k + 1) * width) for k in range(p - 1)]
         if c.vpp > 1:
             hops.append(((p - 1) * width, 0))
-        return max(self.cluster.p2p_time(c.boundary_bytes, a, b) for a, b in hops)
+        nbytes = c.boundary_bytes
+        if c.profile is not None and c.profile.pipeline.scatter_gather.value and c.tp > 1:
+            nbytes /= c.tp  # each tp rank sends its slice (scatter-gather, Megatron-LM 2021)
+        return max(self.cluster.p2p_time(nbytes, a, b) for a, b in hops)

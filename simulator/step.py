@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
-from simulator.grad_sync import optimizer_time, sync_time
+from simulator.dp_stream import grad_reduce_end
+from simulator.grad_sync import (
+    fixed_time,
+    grad_buckets,
+    optimizer_time,
+    param_gather_time,
+    sync_time,
+    tail_collectives,
+)
 from simulator.layer_split import split_layers
 from simulator.memory import optimizer_bytes_per_param, timeline_activation_peaks
 from simulator.pipeline_sim import simulate_pipeline
@@ -60,6 +68,10 @@ class StepConfig:
     overlap: float = 0.0
     overlap_dp_sync: bool = False
     layers_per_stage: tuple[int, ...] | None = None
+    dtype: str = "bfloat16"
+    profile: Any = None
+    """The framework profile (``simulator.profiles.ProfileSpec``) the plan runs under
+    (None: no profile-specific behaviour)."""
     accumulate_grads: bool = False
     """True: the framework adds each later micro-batch's parameter gradients into an
     accumulator with a separate kernel and scales by 1/m before the update (Paddle's
@@ -69,13 +81,17 @@ class StepConfig:
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
-           overlap: float = 0.0, overlap_dp_sync: bool = False,
-           accumulate_grads: bool = False) -> StepConfig:
-        """The config of a ``completion.strategy.Strategy``: 16-bit (or the strategy's
-        dtype) parameters and gradients, the optimizer's state bytes per parameter
-        (``simulator.memory.optimizer_bytes_per_param``), tokens per step = global batch x
-        ``seq_len``, the device's peak for the dtype."""
+           profile: Any = None, overlap: float = 0.0, overlap_dp_sync: bool = False,
+           accumulate_grads: bool | None = None) -> StepConfig:
+        """The config of a ``completion.strategy.Strategy`` under framework ``profile``:
+        16-bit (or the strategy's dtype) parameters and gradients, the optimizer's state
+        bytes per parameter (``simulator.memory.optimizer_bytes_per_param``), tokens per
+        step = global batch x ``seq_len``, the device's peak for the dtype. Gradient
+        accumulation is the profile's (``gradients.accumulation == "separate"``) unless
+        ``accumulate_grads`` says."""
         s = strategy
+        if accumulate_grads is None:
+            accumulate_grads = profile is not None and profile.gradients.accumulation.value == "separate"
         sched, limit = s.registered_schedule()
         dbytes = DTYPE_BYTES[s.dtype]
         return cls(dp=s.dp, tp=s.tp, pp=s.pp, vpp=s.vpp, num_microbatches=s.num_microbatches,
@@ -85,7 +101,7 @@ class StepConfig:
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
                    peak_flops=roofline.peak(s.dtype), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
-                   accumulate_grads=accumulate_grads)
+                   dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads)
 
 
 @dataclass
@@ -152,23 +168,24 @@ class StepModel:
 
     @classmethod
     def from_program(cls, plan_program: Any, cluster: Any, roofline: Roofline, *, seq_len: int,
-                     num_layers: int | None = None, overlap: float = 0.0,
-                     overlap_dp_sync: bool = False, accumulate_grads: bool = False) -> StepModel:
+                     profile: Any = None, num_layers: int | None = None, overlap: float = 0.0,
+                     overlap_dp_sync: bool = False, accumulate_grads: bool | None = None) -> StepModel:
         """The step of a ``completion.plan_program.PlanProgram`` (normally the
         representative one) on ``cluster``.
 
         Args:
             seq_len: tokens per sequence (for tokens per step).
+            profile: the framework profile (``simulator.profiles``).
             num_layers: model layers the program's first layer stands for (None: every
                 layer of the program costed on its own).
             overlap: fraction of in-stage collective time hidden behind compute.
             overlap_dp_sync: hide the gradient sync behind the last backward where possible.
             accumulate_grads: see :attr:`StepConfig.accumulate_grads`.
         Raises ValueError (``ProgramCostError``) for a split that does not fit."""
-        costs = ProgramCosts.of(plan_program, cluster, roofline, num_layers)
+        costs = ProgramCosts.of(plan_program, cluster, roofline, num_layers, profile)
         cfg = StepConfig.of(plan_program.strategy, roofline, boundary_bytes=costs.boundary_bytes,
-                            seq_len=seq_len, overlap=overlap, overlap_dp_sync=overlap_dp_sync,
-                            accumulate_grads=accumulate_grads)
+                            seq_len=seq_len, profile=profile, overlap=overlap,
+                            overlap_dp_sync=overlap_dp_sync, accumulate_grads=accumulate_grads)
         return cls(costs, cluster, roofline, cfg)
 
     # -- per virtual stage ---------------------------------------------------------------
@@ -215,7 +232,10 @@ class StepModel:
         times, parts = [t for t, _ in timed], [p for _, p in timed]
         sched = self.schedule(times)
         where = sched.rank_of_vstage()
-        sim = simulate_pipeline(sched, times, t_comm)
+        prof = c.profile
+        sync_p2p = prof is not None and prof.pipeline.p2p.value == "sync"
+        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
+        dp_ends = self._dp_stream(sched, sim) if prof is not None else [0.0] * c.pp
         per_chunk = {}
         for vs in range(self.nvs):
             args = (self.costs.layer_keys, self.vs_layers[vs], vs == 0, vs == self.nvs - 1)
@@ -226,7 +246,8 @@ class StepModel:
         ends = [0.0] * c.pp
         for e in sim.timeline:
             ends[e.rank] = max(ends[e.rank], e.end * 1e-9)
-        ranks = [self._rank(r, sched, peaks[r], ends[r], times, parts, t_comm) for r in range(c.pp)]
+        ranks = [self._rank(r, sched, peaks[r], ends[r], times, parts, t_comm, dp_ends[r])
+                 for r in range(c.pp)]
         crit = max(ranks, key=lambda x: x["finish"])
         heavy = max(ranks, key=lambda x: x["memory"]["total"])
         step = crit["finish"]
@@ -244,20 +265,65 @@ class StepModel:
             layers_per_vstage=self.split, model_flops=mflops, executed_flops=mflops + rec,
             sim=sim, schedule=sched)
 
+    def _chunk_params(self, vstages: list[int]) -> dict[int, int]:
+        """Local parameter elements per chunk of a pipeline rank holding ``vstages`` (a
+        tied parameter counted once, in the first chunk that reads it)."""
+        seen: set[str] = set()
+        out = {}
+        for chunk, vs in enumerate(vstages):
+            n = 0
+            for blk in self.timer.blocks(vs):
+                for name, (elems, _) in blk.params.items():
+                    if blk is self.costs.pre or blk is self.costs.post:
+                        if name in seen:
+                            continue
+                        seen.add(name)
+                    n += elems
+            out[chunk] = n
+        return out
+
+    def _dp_stream(self, sched: Schedule, sim: SimResult) -> list[float]:
+        """Per pipeline rank, the second its gradient buckets are reduced on its dp stream
+        (``simulator.dp_stream``; 0 with nothing to reduce)."""
+        c = self.cfg
+        buckets = {}
+        for r in range(c.pp):
+            for chunk, items in grad_buckets(c, self.cluster, r, self._chunk_params(list(sched.vstage[r]))).items():
+                buckets[(r, chunk)] = items
+        return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
+
+    def _tied_elems(self) -> int:
+        """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
+        pre, post = self.costs.pre, self.costs.post
+        if pre is None or post is None:
+            return 0
+        return sum(n for name, (n, _) in pre.params.items() if name in post.params)
+
     def _rank(self, r: int, sched: Schedule, act_peak: float, end: float, times: list,
-              parts: list, t_comm: float) -> dict[str, Any]:
-        """Finish time, memory and time breakdown of pipeline rank ``r``."""
+              parts: list, t_comm: float, dp_end: float = 0.0) -> dict[str, Any]:
+        """Finish time, memory and time breakdown of pipeline rank ``r``: its last action's
+        end, then (under a profile) what its dp stream still has to reduce, the per-step
+        collectives on weight gradients, the fixed per-iteration work, the optimizer and
+        the exposed parameter gather; without a profile the legacy sum
+        (:func:`simulator.grad_sync.sync_time`)."""
         c = self.cfg
         vstages = list(sched.vstage[r])
         rank_layers = sorted({i for vs in vstages for i in self.vs_layers[vs]})
         params = self.rank_params(vstages)
         layer_blocks: list[BlockCost] = [self.costs.layers[i] for i in rank_layers]
-        sync = sync_time(c, self.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
-        opt = optimizer_time(c, self.rf, params)
+        blocks = [b for vs in vstages for b in self.timer.blocks(vs)]
+        tensors = len({name for b in blocks for name in b.params})
+        if c.profile is None:
+            sync = sync_time(c, self.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
+            fixed = 0.0
+        else:
+            sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
+            sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
+            fixed = fixed_time(c, self.cluster, self.rf, r, params, self._tied_elems())
+        opt = optimizer_time(c, self.rf, params, tensors) + fixed
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
-        blocks = [b for vs in vstages for b in self.timer.blocks(vs)]
         memory = rank_memory(c, params, act_peak, self.costs.activations, self.costs.layer_keys,
                              rank_layers, blocks)
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm

@@ -172,10 +172,29 @@ def test_choice_lists_mirror_their_packages():
     assert tuple(s.value for s in opt.Schedule) == cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES)
     assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE
     assert tuple(d.value for d in opt.Dtype) == cs.DTYPES
+    assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
+    assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
     assert tuple(m.value for m in opt.Mode) == MODES
     assert CLI_KINDS == KINDS
     fields = {f for f in cs.Strategy.__dataclass_fields__}
     assert set(opt.FLAGS) <= fields
+
+
+def test_size_bounds_mirror_their_packages():
+    """Issue 16 item 8: the CLI's bounds are the packages' documented constants."""
+    from clusters.spec import MAX_WORLD_SIZE
+    from completion.models.config import MAX_MODEL_SIZES
+    from executor.launch import MAX_LOCAL_RANKS
+    from meshplan.commands.clusters import MAX_RANKS
+    from simulator.schedules import base
+
+    assert opt.MAX_SEQ_LEN == MAX_MODEL_SIZES["seq_len"]
+    assert opt.MAX_LAYERS == MAX_MODEL_SIZES["num_layers"] == cs.MAX_LAYERS
+    assert opt.MAX_NODES == MAX_WORLD_SIZE == cs.MAX_DEGREE == MAX_RANKS
+    assert opt.MAX_BATCH == cs.MAX_BATCH and opt.MAX_VPP == cs.MAX_VPP
+    assert opt.MAX_ACTIONS == base.MAX_ACTIONS and opt.MAX_TIME_S == base.MAX_TIME_S
+    assert opt.MAX_MEMORY_LIMIT == base.MAX_MEMORY_LIMIT
+    assert opt.MAX_LOCAL_RANKS == MAX_LOCAL_RANKS
 
 
 def test_the_three_commands_share_one_definition():

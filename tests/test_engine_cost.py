@@ -146,51 +146,27 @@ def test_bad_strategies_name_the_field():
                global_batch_size=8), nodes=4).simulate()
 
 
-TABLE1 = {  # published_tables.md, Megatron 2021 Table 1: layers, h, heads, TP, GPUs, TFLOP/s
-    "1.7B": (24, 2304, 24, 1, 32, 137.0),
-    "3.6B": (30, 3072, 32, 2, 64, 138.0),
-    "7.5B": (36, 4096, 32, 4, 128, 142.0),
-}
+TABLE1 = {15: 137.0, 16: 138.0, 17: 142.0}  # published_tables.md: 1.7B, 3.6B, 7.5B TFLOP/s
 
 
-def _table1_engine(row: str) -> Engine:
-    """Assumed: micro-batch 4 (not published), PP = 1 so no pipeline schedule (1F1B with
-    one stage), full recompute, fp16, global batch 512, the Megatron 2021 GPT architecture
-    (unfused attention, dropout; completion/models/megatron2021.py); dp = GPUs / TP."""
-    from completion.models.megatron2021 import megatron_gpt
+def test_megatron_table1_rows_with_the_catalog_constants():
+    """Megatron 2021 Table 1 rows without pipeline parallelism (measured_runs.csv rows
+    15-17: mbs 16, torch DDP, full recompute, fp16 on Selene) predicted with the catalog's
+    A100 constants, fitted once on named rows of several sources (row 15 among them,
+    experiments.measured_runs.FITS): within 12% of the published TFLOP/s per GPU (a
+    regression bound: the model is 7-10% fast on these rows, issue 14's target is 3%); the
+    3.6B and 7.5B rows were not fitted on. TFLOP/s = eq. 3 FLOPs / (step x GPUs), so the
+    published figure times measured / predicted step time."""
+    from experiments.measured_rows import RunSpec, load_rows, parse_row
+    from experiments.measured_runs import fitted_rows
 
-    layers, h, a, tp, gpus, _ = TABLE1[row]
-    dp, mbs = gpus // tp, 4
-    strat = Strategy(dp=dp, tp=tp, micro_batch_size=mbs, global_batch_size=512,
-                     recompute="full", dtype="float16")
-    return Engine(megatron_gpt(mbs * dp, 2048, h, a), "selene", strat, nodes=gpus // 8,
-                  num_layers=layers)
-
-
-def test_megatron_table1_one_constant_fitted_on_the_smallest_row():
-    """Fit device.efficiency.gemm of `selene` on the 1.7B row only (bisection: TFLOP/s
-    per GPU grows with it), then predict the 3.6B and 7.5B rows within 10%."""
-    from simulator.roofline import Roofline
-
-    engines = {row: _table1_engine(row) for row in TABLE1}
-
-    def tflops(row: str, eff: float) -> float:
-        eng = engines[row]
-        eng.roofline = Roofline.from_device(eng.cluster.device, eff)
-        return eng.simulate().tflops_per_gpu
-
-    lo, hi = 0.05, 1.0
-    for _ in range(25):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tflops("1.7B", mid) < TABLE1["1.7B"][5] else (lo, mid)
-    eff = (lo + hi) / 2
-    assert tflops("1.7B", eff) == pytest.approx(137.0, rel=1e-3)
-    # the catalog's selene entry carries this fitted constant (documented in its YAML)
-    from clusters import load_cluster
-
-    assert load_cluster("selene").device.efficiency.gemm.value == pytest.approx(eff, abs=2e-3)
-    for row in ("3.6B", "7.5B"):
-        assert tflops(row, eff) == pytest.approx(TABLE1[row][5], rel=0.10)
+    rows = {int(r["row_id"]): r for r in load_rows()}
+    assert fitted_rows() & set(TABLE1) == {15}
+    for rid, paper in TABLE1.items():
+        s = parse_row(rows[rid])
+        assert isinstance(s, RunSpec) and float(rows[rid]["tflops_per_gpu"]) == paper
+        res = Engine(s.model, s.cluster, s.strategy, nodes=s.nodes, seq_len=s.seq_len).simulate()
+        assert paper * s.step_time_s / res.step_time == pytest.approx(paper, rel=0.12)
 
 
 def test_engine_takes_a_program_text_path():

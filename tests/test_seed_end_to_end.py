@@ -12,6 +12,7 @@ the executor's default learning rate 0.1) on the executor's seeded data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -145,6 +146,10 @@ def test_validate_cli_on_the_seed_plan(tmp_path, capsys):
     assert rc == 0
     got = json.loads(capsys.readouterr().out)
     np.testing.assert_allclose(got["losses"], numpy_losses(4)[2:], rtol=1e-5)  # after 2 warmup
-    t_ms, peak = Engine.from_plan(_plan()).cost()
+    # validate predicts the executor's own way of running a step: the eager profile
+    plan = _plan()
+    eager = dataclasses.replace(plan, strategy=plan.strategy.replace(framework="eager"))
+    t_ms, peak = Engine.from_plan(eager).cost()
     assert got["predicted_step_time_ms"] == pytest.approx(t_ms)
+    assert Engine.from_plan(plan).cost()[0] != pytest.approx(t_ms)  # the profile matters
     assert got["measured_step_time_ms"] > 0

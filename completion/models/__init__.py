@@ -4,15 +4,19 @@ programs of GPT- and LLaMA-family decoders (and the seed's small MLP).
 Struct-name scheme (every op carries one; chunk segmentation matches it with a regex such as
 ``r"^decoder\\.layers\\.(\\d+)\\."``):
 
-- ``embed_tokens``: input_ids data, token embedding parameter and lookup;
-- ``embed_positions``: position_ids data, learned position table, the add (GPT only);
+- ``embed_tokens``: input_ids data, token embedding parameter and lookup (LLaMA: also the
+  embedding dropout);
+- ``embed_positions``: position_ids data, learned position table, the add and the
+  embedding dropout (GPT only);
 - ``rotary_emb``: the sin/cos tables (LLaMA only);
 - ``decoder.layers.{i}.input_layernorm`` / ``.post_attention_layernorm``: the norms;
 - ``decoder.layers.{i}.self_attn.{q,k,v,o}_proj``: projections (weight, GPT also bias);
-- ``decoder.layers.{i}.self_attn``: reshapes, rotary embedding, flash_attention;
+- ``decoder.layers.{i}.self_attn``: reshapes, rotary embedding, flash_attention -- or,
+  unfused, the transposes, the two batched matmuls (QK^T, x V), scale, softmax and the
+  attention dropout (the attention core selective recompute drops);
 - ``decoder.layers.{i}.mlp.{up,down}_proj`` (GPT) or ``.mlp.{gate,up,down}_proj``
   (LLaMA), ``decoder.layers.{i}.mlp.act`` (gelu / swiglu);
-- ``decoder.layers.{i}``: the two residual adds;
+- ``decoder.layers.{i}``: the two residual adds and the hidden dropout before each;
 - ``decoder.norm``: the final norm; ``lm_head``: the output projection (a tied head reads
   ``embed_tokens.weight``); ``loss``: labels data, cross_entropy_with_softmax, mean and
   shadow_output (role LOSS).
@@ -27,21 +31,29 @@ import pathlib
 
 from completion.ir import Program
 from completion.models.config import (
+    ATTENTIONS,
+    MAX_MODEL_SIZES,
+    MEGATRON_2021,
     MODEL_CATALOG,
     ModelConfig,
     ModelConfigError,
     config_from_hf_dict,
     get_model_config,
     load_hf_config,
+    megatron_2021,
     model_names,
 )
 from completion.models.mlp import build_mlp
 from completion.models.transformer import FAMILIES, build_decoder
 
+#: Most sequences per built program (the batch dim of its inputs): 2**24, the
+#: strategy's batch limit (``completion.strategy.MAX_BATCH``).
+MAX_BATCH_SIZE = 2**24
+
 
 def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: int,
                 seq_len: int | None = None, dtype: str = "bfloat16",
-                num_layers: int | None = None) -> Program:
+                num_layers: int | None = None, attention: str | None = None) -> Program:
     """The forward program (with loss) of a catalog model, a ``config.json`` path or a config.
 
     Args:
@@ -52,6 +64,8 @@ def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: in
             ``seq_len <= `` the position table size.
         dtype: parameter and activation dtype (float32, bfloat16, float16).
         num_layers: override the layer count (small test programs).
+        attention: ``"flash"`` or ``"unfused"`` (:data:`ATTENTIONS`); None: the model's own
+            (``ModelConfig.attention``), else flash.
 
     Raises ModelConfigError (a ValueError) naming the model or argument at fault.
     """
@@ -62,15 +76,20 @@ def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: in
     for nm, v in (("batch_size", batch_size), ("seq_len", s)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ModelConfigError(f"model {cfg.name!r}: {nm} must be a positive int, got {v!r}")
+        most = MAX_BATCH_SIZE if nm == "batch_size" else MAX_MODEL_SIZES["seq_len"]
+        if v > most:
+            raise ModelConfigError(f"model {cfg.name!r}: {nm} is {v}, above the limit of {most}")
     if cfg.family == "gpt" and s > cfg.seq_len:
         raise ModelConfigError(
             f"model {cfg.name!r}: seq_len {s} exceeds the {cfg.seq_len} learned positions"
         )
-    return build_decoder(cfg, batch_size, s, dtype)
+    return build_decoder(cfg, batch_size, s, dtype, attention)
 
 
 __all__ = [
+    "ATTENTIONS",
     "FAMILIES",
+    "MEGATRON_2021",
     "MODEL_CATALOG",
     "ModelConfig",
     "ModelConfigError",
@@ -79,5 +98,6 @@ __all__ = [
     "config_from_hf_dict",
     "get_model_config",
     "load_hf_config",
+    "megatron_2021",
     "model_names",
 ]

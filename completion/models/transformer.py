@@ -14,16 +14,36 @@ and grouped-query attention (``num_kv_heads`` key/value heads), rotary position 
 
 Both end with ``cross_entropy_with_softmax`` over the vocabulary, a ``mean`` over tokens and
 a ``shadow_output`` of the loss (role LOSS).
+
+Attention (``attention`` of :func:`build_decoder`, :data:`ATTENTIONS`):
+
+- ``flash``: one ``flash_attention`` op on q, k, v ``[b, s, heads, d]`` (causal; its
+  ``dropout`` attribute is ``ModelConfig.attention_dropout``);
+- ``unfused``: the reference composition as Megatron-LM 2021 and Hugging Face ``eager`` run
+  it: q, k, v transposed to ``[b, heads, s, d]``, ``matmul(q, k, transpose_y)`` (a batched
+  GEMM, inner dim d, writing the ``[b, heads, s, s]`` scores), ``scale`` by 1/sqrt(d),
+  ``softmax``, ``dropout`` (when ``attention_dropout`` > 0), ``matmul`` with v, transposed
+  back. Grouped-query attention groups the query heads as ``[b, kv_heads, group, s, d]``
+  against k, v ``[b, kv_heads, 1, s, d]`` (batch dims broadcast; Hugging Face's
+  ``repeat_kv`` without the copy). The causal mask is part of the softmax kernel
+  (Megatron's ``scaled_upper_triang_masked_softmax`` generates it in the kernel and reads
+  no mask tensor); the IR's ``softmax`` has no mask operand, so the executor runs this
+  composition unmasked (costs and shapes are the causal kernel's).
+
+Dropout (``ModelConfig.hidden_dropout`` > 0): a ``dropout`` on the embedding output
+(Megatron's ``embedding_dropout``) and on each residual branch before its add (Megatron's
+``bias_dropout_add``), under the struct name of the add.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from completion.ir import OpRole, Program, Value
 from completion.models.builder import ProgramBuilder
-from completion.models.config import ModelConfig
+from completion.models.config import ATTENTIONS, ModelConfig, ModelConfigError
 
 
 def layer_struct(i: int) -> str:
@@ -31,9 +51,45 @@ def layer_struct(i: int) -> str:
     return f"decoder.layers.{i}"
 
 
+def _dropout(pb: ProgramBuilder, x: Value, p: float, struct: str) -> Value:
+    """``dropout(x)`` with probability ``p`` (Paddle's ``upscale_in_train``); ``x`` itself
+    when ``p`` is 0."""
+    if not p:
+        return x
+    attrs = {"p": float(p), "mode": "upscale_in_train", "is_test": False, "fix_seed": False, "seed": 0}
+    return pb.op1("dropout", [x, None], attrs, struct)
+
+
+def _heads_first(pb: ProgramBuilder, x: Value, struct: str) -> Value:
+    """``[b, s, heads, d]`` -> ``[b, heads, s, d]``."""
+    return pb.op1("transpose", [x], {"perm": [0, 2, 1, 3]}, struct)
+
+
+def _unfused_core(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: Value,
+                  b: int, s: int, pre: str) -> Value:
+    """QK^T, scale, softmax, dropout, x V on ``[b, s, heads, d]`` inputs (module docstring);
+    returns ``[b, s, hq, d]``."""
+    d, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    qt, kt, vt = (_heads_first(pb, t, pre) for t in (q, k, v))
+    if hkv != hq:  # GQA: query heads grouped per key/value head, batch dims broadcast
+        g = hq // hkv
+        qt = pb.reshape(qt, [b, hkv, g, s, d], pre)
+        kt = pb.reshape(kt, [b, hkv, 1, s, d], pre)
+        vt = pb.reshape(vt, [b, hkv, 1, s, d], pre)
+    sc = pb.op1("matmul", [qt, kt], {"transpose_x": False, "transpose_y": True}, pre)
+    sc = pb.op1("scale", [sc, None], {"scale": 1.0 / math.sqrt(d), "bias": 0.0,
+                                      "bias_after_scale": True}, pre)
+    probs = _dropout(pb, pb.op1("softmax", [sc], {"axis": -1}, pre), cfg.attention_dropout, pre)
+    ctx = pb.op1("matmul", [probs, vt], {"transpose_x": False, "transpose_y": False}, pre)
+    if hkv != hq:
+        ctx = pb.reshape(ctx, [b, hq, s, d], pre)
+    return _heads_first(pb, ctx, pre)
+
+
 def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-               rope: tuple[Value, Value] | None) -> Value:
-    """q/k/v projections, optional rotary embedding, causal flash attention, o_proj."""
+               rope: tuple[Value, Value] | None, attention: str) -> Value:
+    """q/k/v projections, optional rotary embedding, causal attention (flash or unfused),
+    o_proj."""
     h, d = cfg.hidden_size, cfg.head_dim
     hq, hkv = cfg.num_heads, cfg.num_kv_heads
     pre = f"{layer_struct(i)}.self_attn"
@@ -49,8 +105,12 @@ def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s
         attrs = {"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": cfg.rope_theta}
         res = pb.op("fused_rotary_position_embedding", [q, k, None, sin, cos, None], attrs, pre)
         q, k = res[0], res[1]  # type: ignore[assignment]
-    out = pb.op1("flash_attention", [q, k, v],
-                 {"dropout": 0.0, "causal": True, "return_softmax": False, "is_test": False}, pre)
+    if attention == "unfused":
+        out = _unfused_core(pb, cfg, q, k, v, b, s, pre)
+    else:
+        out = pb.op1("flash_attention", [q, k, v],
+                     {"dropout": float(cfg.attention_dropout), "causal": True,
+                      "return_softmax": False, "is_test": False}, pre)
     out = pb.reshape(out, [b, s, hq * d], pre)
     return pb.linear(out, hq * d, h, f"{pre}.o_proj", bias)
 
@@ -89,12 +149,12 @@ def _swiglu_mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value
 
 
 def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-           rope: tuple[Value, Value] | None) -> Value:
+           rope: tuple[Value, Value] | None, attention: str) -> Value:
     pre, fam = layer_struct(i), FAMILIES[cfg.family]
-    a = _attention(pb, cfg, fam.norm(pb, cfg, x, f"{pre}.input_layernorm"), i, b, s, rope)
-    x = pb.add(x, a, pre)
+    a = _attention(pb, cfg, fam.norm(pb, cfg, x, f"{pre}.input_layernorm"), i, b, s, rope, attention)
+    x = pb.add(x, _dropout(pb, a, cfg.hidden_dropout, pre), pre)
     m = fam.mlp(pb, cfg, fam.norm(pb, cfg, x, f"{pre}.post_attention_layernorm"), i)
-    return pb.add(x, m, pre)
+    return pb.add(x, _dropout(pb, m, cfg.hidden_dropout, pre), pre)
 
 
 def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value) -> Value:
@@ -148,14 +208,20 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str) -> Program:
+def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
+                  attention: str | None = None) -> Program:
     """The forward program of ``cfg`` for ``batch_size`` sequences of ``seq_len`` tokens.
 
     Inputs (data ops): ``input_ids`` [b, s] int64, ``labels`` [b, s, 1] int64, and
     ``position_ids`` [b, s] int64 (GPT) or ``rotary_emb.sin`` / ``rotary_emb.cos``
-    [1, s, 1, head_dim] (LLaMA). Returns the program; its loss is the scalar result of the
-    ``mean`` op with role LOSS, also exported by ``shadow_output`` as ``loss_0``.
+    [1, s, 1, head_dim] (LLaMA). ``attention``: ``flash`` or ``unfused`` (module
+    docstring); None: ``cfg.attention``, else flash. Returns the program; its loss is the
+    scalar result of the ``mean`` op with role LOSS, also exported by ``shadow_output`` as
+    ``loss_0``. Raises ModelConfigError for an unknown ``attention``.
     """
+    attention = attention or cfg.attention or "flash"
+    if attention not in ATTENTIONS:
+        raise ModelConfigError(f"model {cfg.name!r}: attention {attention!r} is not one of {list(ATTENTIONS)}")
     pb = ProgramBuilder(dtype=dtype)
     b, s = batch_size, seq_len
     ids = pb.data("input_ids", [b, s], "int64", "embed_tokens")
@@ -164,8 +230,9 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str) -
     wte = pb.param("embed_tokens", "weight", [cfg.vocab_size, h])
     x = pb.op1("embedding", [ids, wte], {"padding_idx": -1, "sparse": False}, "embed_tokens")
     x, rope = FAMILIES[cfg.family].positions(pb, cfg, x, b, s)
+    x = _dropout(pb, x, cfg.hidden_dropout, "embed_positions" if rope is None else "embed_tokens")
     for i in range(cfg.num_layers):
-        x = _layer(pb, cfg, x, i, b, s, rope)
+        x = _layer(pb, cfg, x, i, b, s, rope, attention)
     _head_and_loss(pb, cfg, x, wte, labels)
     pb.program.renumber()
     return pb.program

@@ -36,34 +36,53 @@ _UNITS = {
 }
 
 
+#: Largest --nbytes (1 PiB): far above any collective buffer; larger sizes (and inf, NaN)
+#: are refused instead of printing times of 1e290 s.
+MAX_NBYTES = float(2**50)
+#: Most ranks a --ranks list may name (the cluster spec's world-size limit,
+#: clusters.spec.MAX_WORLD_SIZE).
+MAX_RANKS = 2**20
+
+
 def parse_nbytes(text: str) -> float:
     """``"1GiB"``, ``"64MiB"``, ``"4096"``, ``"1e6"`` -> bytes (may be negative; the cost
-    model rejects that with a message naming the value)."""
+    model rejects that with a message naming the value). Raises ClusterError naming
+    ``--nbytes`` for text that is no size, or a size that is not finite or above
+    :data:`MAX_NBYTES`."""
+    from clusters import ClusterError
+
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     unit = t[len(num) :]
     try:
-        return float(num) * _UNITS[unit]
-    except (ValueError, KeyError):
-        from clusters import ClusterError
-
+        val = float(num) * _UNITS[unit]
+    except (ValueError, KeyError, OverflowError):
         raise ClusterError(
             f"invalid --nbytes {text!r}: expected bytes like 4096, 64MiB, 1GiB"
         ) from None
+    if not abs(val) <= MAX_NBYTES:
+        raise ClusterError(f"--nbytes {text!r} must be a finite size of at most 1 PiB "
+                           f"({MAX_NBYTES:.0f} bytes)")
+    return val
 
 
 def parse_ranks(text: str) -> list[int]:
-    """``"0-7"``, ``"0,1,8,9"``, ``"0-3,8-11"`` -> list of ranks (validated later)."""
-    ranks: list[int] = []
+    """``"0-7"``, ``"0,1,8,9"``, ``"0-3,8-11"`` -> list of ranks (checked against the
+    cluster later). Raises ClusterError naming ``--ranks`` for bad text or more than
+    :data:`MAX_RANKS` ranks (counted before any range is expanded)."""
+    from clusters import ClusterError
+
+    parts: list[tuple[int, int]] = []
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
             lo, sep, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
-            ranks.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+            parts.append((int(lo), int(hi) if sep else int(lo)))
     except ValueError:
-        from clusters import ClusterError
-
         raise ClusterError(f"invalid --ranks {text!r}: expected e.g. 0-7 or 0,1,8,9") from None
-    return ranks
+    count = sum(max(0, hi - lo + 1) for lo, hi in parts)
+    if count > MAX_RANKS:
+        raise ClusterError(f"--ranks names {count} ranks, above the limit of {MAX_RANKS}")
+    return [r for lo, hi in parts for r in range(lo, hi + 1)]
 
 
 def _echo_json(data: object) -> None:

@@ -1,8 +1,10 @@
 """``meshplan cost``: predicted step time, throughput, MFU and memory of one strategy.
 
-Prints the time breakdown of the critical rank (compute, TP comm, PP comm, bubble, DP
+Prints the framework profile, attention implementation and sequence length it costed
+with, the time breakdown of the critical rank (compute, TP comm, PP comm, bubble, DP
 sync, optimizer) and the memory breakdown of the heaviest rank; ``--json`` prints
-step_time_ms, tokens_per_s, tflops_per_gpu, mfu, max_memory_bytes and the breakdowns."""
+step_time_ms, tokens_per_s, tflops_per_gpu, mfu, max_memory_bytes, the breakdowns and
+``framework``, ``attention``, ``attention_kernel``, ``seq_len``."""
 
 from __future__ import annotations
 
@@ -24,12 +26,26 @@ def _memory_fit(res: object, capacity: int) -> dict[str, object]:
     return {"device_memory_bytes": capacity, "fits_in_memory": peak <= capacity}
 
 
-def _render(model: str, cluster: str, res: object, capacity: int) -> str:
+def software(engine: object) -> dict[str, object]:
+    """What the Engine costed with besides the layout: ``framework`` (profile name),
+    ``attention`` (flash / unfused, resolved), ``attention_kernel`` (the profile's flash
+    kernel, None for unfused attention) and ``seq_len`` (tokens per sequence)."""
+    s = engine.strategy  # type: ignore[attr-defined]
+    kernel = engine.profile.kernels.attention_kernel.value  # type: ignore[attr-defined]
+    return {"framework": s.framework, "attention": s.attention,
+            "attention_kernel": kernel if s.attention == "flash" else None,
+            "seq_len": engine.source.seq_len}  # type: ignore[attr-defined]
+
+
+def _render(model: str, cluster: str, res: object, capacity: int, sw: dict[str, object]) -> str:
     d = res.to_dict()  # type: ignore[attr-defined]
+    kernel = f" ({sw['attention_kernel']})" if sw["attention_kernel"] else ""
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%, "
         f"bubble ratio {d['bubble_ratio']:.4f}",
+        f"framework {sw['framework']}, attention {sw['attention']}{kernel}, "
+        f"seq len {sw['seq_len']}",
         f"layers per stage: {d['layers_per_vstage']}",
         "time breakdown (critical rank):",
     ]
@@ -59,6 +75,8 @@ def cost_cmd(
     zero: int = opt.ZERO,
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
     dtype: opt.Dtype = opt.DTYPE,
+    framework: opt.Framework = opt.FRAMEWORK,
+    attention: opt.Attention | None = opt.ATTENTION,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
 ) -> None:
@@ -68,16 +86,18 @@ def cost_cmd(
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   recompute=recompute, zero=zero,
-                                  sequence_parallel=sequence_parallel, dtype=dtype)
+                                  sequence_parallel=sequence_parallel, dtype=dtype,
+                                  framework=framework, attention=attention)
     engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
     res = engine.simulate()
     capacity = int(engine.cluster.device.memory_bytes.value)
     if trace is not None:
         res.sim.to_chrome_trace(trace)
     if as_json:
-        typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity)}, sort_keys=True))
+        typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity), **software(engine)},
+                              sort_keys=True))
     else:
-        typer.echo(_render(model, cluster, res, capacity))
+        typer.echo(_render(model, cluster, res, capacity, software(engine)))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,41 +6,62 @@ import json
 
 import typer
 
+from meshplan.commands import options as opt
+
+#: Longest time option (ms): ``simulator.schedules.base.MAX_TIME_S`` in milliseconds.
+MAX_TIME_MS = opt.MAX_TIME_S * 1e3
+
 
 def simulate_cmd(
     schedule: str = typer.Option(..., "--schedule", help="FThenB, 1F1B, VPP, ZBH1, ZBH2, ZBVPP or ZB."),
-    stages: int = typer.Option(..., "--stages", help="Pipeline stages p."),
-    microbatches: int = typer.Option(..., "--microbatches", help="Micro-batches m per step."),
+    stages: int = typer.Option(..., "--stages", min=1, max=opt.MAX_ACTIONS // 3, help="Pipeline stages p."),
+    microbatches: int = typer.Option(..., "--microbatches", min=1, max=opt.MAX_ACTIONS // 3,
+                                     help="Micro-batches m per step."),
     tf: float = typer.Option(..., "--tf", help="Forward time per stage and micro-batch (ms)."),
     tb: float = typer.Option(..., "--tb", help="Input-gradient backward time (ms)."),
     tw: float = typer.Option(0.0, "--tw", help="Weight-gradient backward time (ms)."),
     tcomm: float = typer.Option(0.0, "--tcomm", help="One p2p hop between stages (ms)."),
-    chunks: int | None = typer.Option(None, "--chunks", help="Chunks per rank (VPP; ZBVPP needs 2)."),
+    chunks: int | None = typer.Option(None, "--chunks", min=1, max=opt.MAX_VPP,
+                                      help="Chunks per rank (VPP; ZBVPP needs 2)."),
     memory_limit: float | None = typer.Option(None, "--memory-limit", help="ZB only: limit in M_B units."),
     trace: str | None = typer.Option(None, "--trace", help="Write a Chrome trace JSON here."),
     plot: str | None = typer.Option(None, "--plot", help="Write a Gantt PNG here."),
+    framework: opt.Framework = opt.FRAMEWORK,
     as_json: bool = typer.Option(False, "--json", help="Print step_time_ms, bubble_ratio, peak_memory as JSON."),
 ) -> None:
-    """Simulate one step; peak memory is in M_B units (M_W = M_B / 2)."""
+    """Simulate one step; peak memory is in M_B units (M_W = M_B / 2). Times are finite
+    milliseconds of at most ``MAX_TIME_MS``; at most ``MAX_ACTIONS`` passes are simulated.
+    The framework profile sets the pipeline send mode: ``sync`` (Megatron-LM 2021) keeps
+    both stages of a hop busy for ``--tcomm``, ``async`` only delays the receiver."""
     from simulator.pipeline_sim import simulate_pipeline
     from simulator.schedules import build_schedule
 
+    for flag, x in (("--tf", tf), ("--tb", tb)):
+        opt.finite(flag, x, 0.0, MAX_TIME_MS, low_open=True)
+    for flag, x in (("--tw", tw), ("--tcomm", tcomm)):
+        opt.finite(flag, x, 0.0, MAX_TIME_MS)
+    opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
     sched = build_schedule(schedule, stages, microbatches, v, memory_limit, **opts)
-    res = simulate_pipeline(sched, st, tcomm * 1e-3, memory={"M_B": 1.0, "M_W": 0.5})
+    from simulator.profiles import load_profile
+
+    p2p = load_profile(opt.value(framework)).pipeline.p2p.value
+    res = simulate_pipeline(sched, st, tcomm * 1e-3, memory={"M_B": 1.0, "M_W": 0.5},
+                            p2p_sync=p2p == "sync")
     if trace is not None:
         res.to_chrome_trace(trace)
     if plot is not None:
         res.plot_timeline(plot)
     if as_json:
         out = {"step_time_ms": res.step_time * 1e3, "bubble_ratio": res.bubble_ratio,
-               "peak_memory": res.peak_memory}
+               "peak_memory": res.peak_memory, "framework": opt.value(framework), "p2p": p2p}
         typer.echo(json.dumps(out))
     else:
         typer.echo(f"{schedule} p={stages} m={microbatches} v={v}: step {res.step_time * 1e3:.3f} ms, "
-                   f"bubble ratio {res.bubble_ratio:.4f}, max peak memory {res.max_peak_memory:g} M_B")
+                   f"bubble ratio {res.bubble_ratio:.4f}, max peak memory {res.max_peak_memory:g} M_B "
+                   f"(framework {opt.value(framework)}: {p2p} p2p)")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from meshplan.errors import MeshplanError
 
 
 def _default_study(cfg_dict: dict, model: str, mode: str) -> str:
+    """``MODEL-MODE-HASH`` in the safe study-name characters (tuner.study.STUDY_NAME)."""
     h = hashlib.sha1(json.dumps(cfg_dict, sort_keys=True).encode()).hexdigest()[:8]
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(model).name)
+    safe = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-_." else "_"
+                   for ch in Path(model).name).lstrip(".")[:80] or "model"
     return f"{safe}-{mode}-{h}"
 
 
@@ -49,7 +52,7 @@ def _report(result, study: str, storage: str, k: int) -> str:
 def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     from meshplan.tuning import to_plan
 
-    out.mkdir(parents=True, exist_ok=True)
+    opt.ensure_dir(out)
     result.write_history_csv(out / "history.csv")
     text = _report(result, study, storage, top)
     typer.echo(text)
@@ -68,7 +71,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     s = plan.strategy
     line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
-            f"sp={s.sequence_parallel} annotation={_ann(cand)}: "
+            f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"(feasible)")
     (out / "report.txt").write_text(text + "\n" + line + "\n")
@@ -79,7 +82,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
 def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
                  sampler: str | None, layers: int | None, cross_node_tp: bool,
-                 dtype: str = "bfloat16") -> Any:
+                 dtype: str = "bfloat16", framework: str = "megatron-core",
+                 attention: str | None = None) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
@@ -89,7 +93,8 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
 
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
-          "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers}
+          "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
+          "framework": framework, "attention": attention}
     return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
@@ -102,40 +107,51 @@ def tune_cmd(
     global_batch: int = opt.GLOBAL_BATCH,
     seq_len: int | None = opt.SEQ_LEN,
     dtype: opt.Dtype = opt.DTYPE,
+    framework: opt.Framework = opt.FRAMEWORK,
+    attention: opt.Attention | None = opt.ATTENTION,
     mode: opt.Mode = opt.MODE,
-    trials: int = typer.Option(100, "--trials", help="Finished trials the study should hold."),
+    trials: int = typer.Option(100, "--trials", min=1, max=opt.MAX_TRIALS,
+                               help="Finished trials the study should hold."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
-    seed: int = typer.Option(0, "--seed", help="Sampler seed."),
+    seed: int = typer.Option(0, "--seed", min=0, max=opt.MAX_SEED, help="Sampler seed."),
     storage: str | None = typer.Option(None, "--storage",
                                        help="'memory', a journal file or a database URL."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
-    workers: int = typer.Option(1, "--workers", help="Local worker processes."),
+    workers: int = typer.Option(1, "--workers", min=1, max=opt.MAX_WORKERS,
+                                help="Local worker processes."),
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
     fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
     sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
-    layers: int | None = typer.Option(None, "--layers", help="Override the layer count."),
+    layers: int | None = typer.Option(None, "--layers", max=opt.MAX_LAYERS,
+                                      help="Override the layer count."),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
                                        help="Let tensor parallelism span nodes."),
-    top: int = typer.Option(10, "--top", help="Rows of the top-plans table."),
+    top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory."""
     import optuna
 
     from tuner.search import MEMORY, search
+    from tuner.study import check_study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if top < 1:
         raise MeshplanError(f"--top must be >= 1, got {top}")
-    if timeout is not None and not timeout > 0:
-        raise MeshplanError(f"--timeout must be > 0 seconds, got {timeout}")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise MeshplanError(f"--timeout must be > 0 seconds (and finite), got {timeout}")
     mode_name = opt.value(mode)
     cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto, fix,
-                       sampler, layers, cross_node_tp, opt.value(dtype))
-    name = study or _default_study(cfg.to_dict(), model, mode_name)
+                       sampler, layers, cross_node_tp, opt.value(dtype), opt.value(framework),
+                       opt.value(attention))
+    name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out
+    if storage is None:
+        opt.ensure_dir(out)  # the journal lives there
+    elif storage != MEMORY and "://" not in storage:
+        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
     res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
                  timeout=timeout, workers=workers, progress=not no_progress)
     where = storage or str(out / "journal.log")
@@ -145,15 +161,17 @@ def tune_cmd(
 def worker_cmd(
     study: str = typer.Option(..., "--study", help="Study name to join."),
     storage: str = typer.Option(..., "--storage", help="Journal file or database URL."),
-    trials: int | None = typer.Option(None, "--trials", help="Target (default: the study's)."),
+    trials: int | None = typer.Option(None, "--trials", min=1, max=opt.MAX_TRIALS,
+                                      help="Target (default: the study's)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
 ) -> None:
     """Join a search started by ``meshplan tune`` and run its trials."""
     import optuna
 
-    from tuner.study import run_worker
+    from tuner.study import check_study_name, run_worker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_study_name(study)
     n = run_worker(study, storage, trials, timeout)
     typer.echo(f"worker ran {n} trials on study {study}")
 

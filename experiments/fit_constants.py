@@ -1,0 +1,188 @@
+"""Fit the cost model's per-device constants on named rows of measured_runs.csv.
+
+At most two constants per device type are fitted (issue 14): the GEMM plateau efficiency
+(``device.efficiency.gemm``) and the efficiency of llm-foundry's Triton FlashAttention
+kernel (``device.efficiency.attention_kernels.triton``), each on rows named in
+:data:`FIT_PLAN` drawn from more than one source where the device has them. Everything else
+is physical (datasheets, published kernel benchmarks, framework code). A constant is fitted
+by golden-section search of the mean absolute percentage error over its rows, the device's
+other constant held; the two are iterated. The result is printed with the error on the
+fitted rows and on every other row of the device (held out); the values are then written,
+with that provenance, into the cluster YAMLs of the device (``clusters/catalog``) and into
+``experiments.measured_runs.FITS`` by hand.
+
+Run: ``python -m experiments.fit_constants`` (a few minutes); ``--unfitted`` prints the
+error over every row with the physical defaults the fit replaces (:data:`UNFITTED`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.base import require
+from experiments.measured_rows import RunSpec, parse_all
+
+#: device type -> the catalog clusters built on it
+DEVICES: dict[str, tuple[str, ...]] = {
+    "A100": ("selene", "dgx-a100-80g", "dgx-a100-40g", "zb-paper-a100"),
+    "H100": ("dgx-h100", "grand-teton-h100-96g", "hgx-h200"),
+}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """One fitted constant: a field of ``device.efficiency`` (dotted below it) and the rows
+    it is fitted on."""
+
+    device: str
+    field: str
+    rows: tuple[int, ...]
+    lo: float = 0.05
+    hi: float = 1.0
+
+
+#: what is fitted on which rows (GEMM-bound rows of two sources for the plateau; the
+#: attention-bound long-sequence rows for the Triton kernel)
+FIT_PLAN: tuple[Constant, ...] = (
+    Constant("A100", "gemm", (15, 18, 250, 188)),
+    Constant("A100", "attention_kernels.triton", (182, 190)),
+    Constant("H100", "gemm", (368, 130, 92)),
+    Constant("H100", "attention_kernels.triton", (142, 126)),
+)
+
+
+#: the physical defaults the fit replaces (the "no fitted constant" check of issue 14):
+#: GEMM plateau 0.65 (shared/reference: Paddle's cost model, FLOPs / (0.65 x peak)); the
+#: Triton FlashAttention kernel at the device's published FlashAttention-2 efficiency
+#: (the algorithm it implements; the catalog's ``attention_kernels.flash2``)
+UNFITTED: dict[str, dict[str, float]] = {
+    "A100": {"gemm": 0.65, "attention_kernels.triton": 0.55},
+    "H100": {"gemm": 0.65, "attention_kernels.triton": 0.33},
+}
+
+
+def device_of(cluster: str) -> str | None:
+    """The device type of a catalog cluster name (None: none of :data:`DEVICES`)."""
+    return next((d for d, names in DEVICES.items() if cluster in names), None)
+
+
+def with_efficiency(cluster: Any, values: dict[str, float]) -> Any:
+    """A copy of ``cluster`` (``clusters.Cluster``) whose ``device.efficiency`` fields
+    (dotted paths) take ``values``, provenance "fit candidate"."""
+    from clusters.cluster import Cluster
+    from clusters.spec import ClusterSpec
+
+    data = cluster.spec.model_dump()
+    for path, v in values.items():
+        node = data["device"]["efficiency"]
+        *parents, leaf = path.split(".")
+        for p in parents:
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+        node[leaf] = {"value": float(v), "provenance": "fit candidate"}
+    return Cluster(ClusterSpec.model_validate(data), cluster.num_nodes)
+
+
+def row_error(spec: RunSpec, values: dict[str, float]) -> float:
+    """Signed relative error of the prediction of ``spec`` with the device's constants
+    ``values`` (NaN when the Engine refuses it)."""
+    engine_cls = require("fit_constants", "meshplan.engine", "Engine")
+    load = require("fit_constants", "clusters", "load_cluster")
+    try:
+        cl = with_efficiency(load(spec.cluster, spec.nodes), values)
+        res = engine_cls(spec.model, cl, spec.strategy, seq_len=spec.seq_len).simulate()
+    except Exception:  # a row the model cannot cost does not steer the fit
+        return math.nan
+    return res.step_time / spec.step_time_s - 1.0
+
+
+def mape(errors: Sequence[float]) -> float:
+    """Mean absolute percentage error (percent) of the finite errors."""
+    ok = [abs(e) for e in errors if math.isfinite(e)]
+    return 100.0 * sum(ok) / len(ok) if ok else math.nan
+
+
+def golden(f: Callable[[float], float], lo: float, hi: float, steps: int = 18) -> float:
+    """Minimiser of a unimodal ``f`` on [lo, hi] by golden-section search."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(steps):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit(plan: Sequence[Constant] = FIT_PLAN, rounds: int = 2,
+        start: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
+    """Fitted values per device type: ``{device: {field: value}}`` (see module docstring)."""
+    specs = {s.row_id: s for s in parse_all() if isinstance(s, RunSpec)}
+    values: dict[str, dict[str, float]] = {d: dict(v) for d, v in (start or {}).items()}
+    for _ in range(rounds):
+        for c in plan:
+            cur = values.setdefault(c.device, {})
+            rows = [specs[r] for r in c.rows]
+
+            def loss(x: float, c: Constant = c, cur: dict = cur, rows: list = rows) -> float:
+                trial = {**cur, c.field: x}
+                return mape([row_error(s, trial) for s in rows])
+
+            cur[c.field] = round(golden(loss, c.lo, c.hi), 4)
+    return values
+
+
+def report(values: dict[str, dict[str, float]], plan: Sequence[Constant] = FIT_PLAN) -> str:
+    """The fitted values and, per device, the MAPE on the fitted and the held-out rows."""
+    specs = [s for s in parse_all() if isinstance(s, RunSpec)]
+    fitted = {r for c in plan for r in c.rows}
+    lines = []
+    for dev, vals in values.items():
+        lines.append(f"{dev}: " + ", ".join(f"{k} = {v}" for k, v in vals.items()))
+        mine = [s for s in specs if device_of(s.cluster) == dev]
+        fe = [row_error(s, vals) for s in mine if s.row_id in fitted]
+        he = [row_error(s, vals) for s in mine if s.row_id not in fitted]
+        lines.append(f"  fitted rows: n={len(fe)} MAPE {mape(fe):.1f}%; held out: n={len(he)} "
+                     f"MAPE {mape(he):.1f}%")
+    return "\n".join(lines)
+
+
+def report_all(values: dict[str, dict[str, float]]) -> str:
+    """MAPE, worst row and count over every expressible row with the per-device
+    ``values`` (e.g. :data:`UNFITTED`)."""
+    errs = [(s.row_id, row_error(s, values.get(device_of(s.cluster) or "", {})))
+            for s in parse_all() if isinstance(s, RunSpec)]
+    ok = [(r, e) for r, e in errs if math.isfinite(e)]
+    worst = max(ok, key=lambda x: abs(x[1]))
+    return (f"all rows: n={len(ok)} MAPE {mape([e for _, e in ok]):.1f}%; worst row {worst[0]} "
+            f"({100 * worst[1]:+.1f}%); {sum(1 for _, e in ok if abs(e) > 0.15)} rows beyond 15%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fit and print (see module docstring); ``--unfitted``: only the error over every row
+    with the physical defaults (:data:`UNFITTED`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--unfitted" in args:
+        print("physical defaults only (" + "; ".join(
+            f"{d}: " + ", ".join(f"{k} = {v}" for k, v in vals.items())
+            for d, vals in UNFITTED.items()) + ")")
+        print(report_all(UNFITTED))
+        return 0
+    values = fit()
+    print(report(values))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

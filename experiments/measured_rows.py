@@ -1,0 +1,563 @@
+"""One row of ``shared/data/measured_runs.csv`` -> what meshplan needs to predict it.
+
+``shared/reference/measured_runs.md`` documents the file: 171 published, measured training
+runs of dense decoder-only transformers (MosaicML llm-foundry MPT tables, NVIDIA DGX Cloud
+NeMo recipes, torchtitan's December 2024 H100 tables, Megatron-LM 2021 Table 1), one row
+each, every cell as the source states it (numbers, sometimes with words: ``"8192 (config
+default, not stated in table)"``, ``"GPT2BPE 50257 padded to 50688 (128*TP4)"``).
+
+:func:`parse_row` turns one row (a mapping column -> cell text) into either
+
+- a :class:`RunSpec`: the model as a :class:`completion.models.ModelConfig`, the cluster
+  (a ``clusters/catalog`` name and a node count), the :class:`completion.strategy.Strategy`
+  (layout, schedule, micro/global batch, recompute, ZeRO stage, sequence parallelism,
+  dtype, framework profile, attention kernel), the sequence length, the measured step
+  time (s) and peak memory (bytes) where given, and the lists of ``approximations`` (what
+  meshplan models differently from the row, e.g. ALiBi as learned positions) and
+  ``assumptions`` (what the row did not state and we filled in); or
+- a :class:`Refused` (``expressible=False``) whose one-line ``why`` names the field that
+  meshplan cannot express today (FP8, context parallelism, squared-ReLU MLPs, ...).
+
+What meshplan cannot express is decided by one table, :data:`UNSUPPORTED`, so that later
+work that adds a feature (FP8 GEMMs, context parallelism, another MLP) deletes one entry.
+No row raises: a cell that cannot be read is a refusal naming the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from completion.models.config import MEGATRON_2021, ModelConfig, ModelConfigError
+from completion.strategy import Strategy, StrategyError
+from experiments.base import ExperimentError
+
+#: the development set, beside the repository (``../shared/data/measured_runs.csv``)
+DATA_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured_runs.csv"
+
+#: catalog cluster for the torchtitan rows (``clusters/catalog/grand-teton-h100-96g.yaml``)
+GRAND_TETON = "grand-teton-h100-96g"
+
+Row = Mapping[str, str]
+
+
+class RowError(ExperimentError):
+    """A cell that cannot be read; ``field`` names the column (caught by :func:`parse_row`,
+    which turns it into a :class:`Refused`)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        """``message`` about column ``field_name``."""
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+# -- what cannot be expressed today (one table; later work lifts entries) -------------------
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """One feature meshplan cannot express yet.
+
+    Attributes:
+        key: short name used to group refusals in reports ("FP8", "cp > 1", ...).
+        field: the CSV column that carries it.
+        applies: predicate on the row (cell texts).
+        why: one-line reason; ``{value}`` is replaced by the cell text.
+    """
+
+    key: str
+    field: str
+    applies: Callable[[Row], bool]
+    why: str
+
+    def reason(self, row: Row) -> str:
+        """The one-line reason for ``row``, naming the field and its value."""
+        return f"{self.field}={_cell(row, self.field)!r}: {self.why}"
+
+
+def _cp(row: Row) -> int:
+    """The context-parallel degree of a row (1 when the cell is empty or unreadable)."""
+    try:
+        return _leading_int(_cell(row, "cp") or "1", "cp")
+    except RowError:
+        return 1  # an unreadable cp is caught by the parser itself
+
+
+#: Features of the measured runs that Strategy / the model builders cannot take (yet).
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported("FP8", "precision", lambda r: "fp8" in _cell(r, "precision").lower(),
+                "FP8 precision: Strategy.dtype has no float8 (completion.strategy.DTYPES) and "
+                "the cost model has no FP8 GEMM rate"),
+    Unsupported("cp > 1", "cp", lambda r: _cp(r) > 1,
+                "context parallelism (cp > 1): Strategy has no cp degree"),
+    Unsupported("squared-ReLU MLP", "ffn_type",
+                lambda r: "squared-relu" in _cell(r, "ffn_type").lower().replace(" ", "-"),
+                "squared-ReLU MLP: the builders have a GeLU MLP (gpt) and SwiGLU (llama) only"),
+)
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A measured run meshplan can predict.
+
+    Attributes:
+        row_id, source_id, model_name: the row's identity.
+        model: the model (``name`` is the row's model name).
+        cluster: ``clusters/catalog`` name; nodes: node count (num_gpus / gpus_per_node).
+        strategy: the layout and software (framework profile, attention kernel).
+        seq_len: tokens per sequence.
+        num_gpus: GPUs of the run (dp * tp * pp).
+        step_time_s: measured seconds per optimizer step; step_time_origin: the column it
+            came from (``step_time_s``, ``derived_step_time_s`` or ``global_batch_tokens /
+            (tokens_per_s_per_gpu * num_gpus)``).
+        peak_mem_bytes: measured peak memory per GPU in bytes (None: not given);
+            peak_mem_convention: how the source measured it (unit, reserved or allocated,
+            max over GPUs), from ``peak_mem_notes``.
+        approximations: what meshplan models differently from the row (one line each).
+        assumptions: what the row did not state and was filled in (one line each).
+    """
+
+    row_id: int
+    source_id: str
+    model_name: str
+    model: ModelConfig
+    cluster: str
+    nodes: int
+    strategy: Strategy
+    seq_len: int
+    num_gpus: int
+    step_time_s: float
+    step_time_origin: str
+    peak_mem_bytes: float | None = None
+    peak_mem_convention: str = ""
+    approximations: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = ()
+
+    @property
+    def expressible(self) -> bool:
+        """Always True (see :class:`Refused`)."""
+        return True
+
+    @property
+    def layout(self) -> str:
+        """One-line layout summary, e.g. ``dp32 tp1 pp1 mbs16 gbs512 zero0 rc=full fp16``."""
+        s = self.strategy
+        parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
+        if s.vpp > 1:
+            parts.append(f"vpp{s.vpp}")
+        parts += [f"mbs{s.micro_batch_size}", f"gbs{s.global_batch_size}", f"zero{s.zero}"]
+        if s.sequence_parallel:
+            parts.append("sp")
+        dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[s.dtype]
+        parts += [f"rc={s.recompute}", dtype, f"s{self.seq_len}"]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A measured run meshplan cannot express today.
+
+    Attributes:
+        row_id, source_id, model_name: the row's identity.
+        why: one line naming the field(s) and the reason(s).
+        reasons: the :data:`UNSUPPORTED` keys that apply (or ``"unreadable <column>"`` /
+            ``"invalid <what>"`` for a cell the parser could not use), in table order.
+        expressible: always False.
+    """
+
+    row_id: int
+    source_id: str
+    model_name: str
+    why: str
+    reasons: tuple[str, ...] = ()
+    expressible: bool = field(default=False, init=False)
+
+    @property
+    def reason_key(self) -> str:
+        """The reasons joined with ``" + "`` (groups rows refused for the same reasons)."""
+        return " + ".join(self.reasons)
+
+
+# -- cell readers ----------------------------------------------------------------------------
+
+
+def _cell(row: Row, name: str) -> str:
+    """The stripped text of column ``name`` ("" when absent or NaN)."""
+    v = row.get(name)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v).strip()
+
+
+def _leading_int(text: str, name: str) -> int:
+    """The integer a cell starts with (``"8192 (config default)"`` -> 8192); RowError
+    naming column ``name`` when it starts with none."""
+    m = re.match(r"\s*(\d+)(?:\.0+)?\b", text)
+    if not m:
+        raise RowError(name, f"no number in {text!r}")
+    return int(m.group(1))
+
+
+def _int(row: Row, name: str) -> int:
+    """:func:`_leading_int` of column ``name``."""
+    return _leading_int(_cell(row, name), name)
+
+
+def _float(row: Row, name: str) -> float | None:
+    """Column ``name`` as a float (None when empty); RowError when it is not a number."""
+    text = _cell(row, name)
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise RowError(name, f"not a number: {text!r}") from None
+
+
+def _not_stated(text: str) -> bool:
+    """True when a cell says its value was not given by the source (measured_runs.md:
+    "assumed", "not stated", a config "default")."""
+    t = text.lower()
+    return "not stated" in t or "assumed" in t or "default" in t
+
+
+def read_vocab(text: str) -> tuple[int, str | None]:
+    """The vocabulary size of a ``vocab_size`` cell: the padded size when the cell gives one
+    (``"GPT2BPE 50257 padded to 50688 (128*TP4)"`` -> 50688), else its first number.
+    Returns (size, a note when the cell was more than a number). Raises RowError."""
+    m = re.search(r"padded to\s+(\d+)", text)
+    if m:
+        return int(m.group(1)), f"vocab_size {m.group(1)}: the padded size of {text!r}"
+    m = re.search(r"\d+", text)
+    if not m:
+        raise RowError("vocab_size", f"no number in {text!r}")
+    return int(m.group(0)), None
+
+
+# -- the parts -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Notes:
+    """The approximations and assumptions collected while parsing one row."""
+
+    approximations: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
+    """(ModelConfig, seq_len) of a row; family from ffn_type (GeLU -> gpt, SwiGLU -> llama)."""
+    ffn_type = _cell(row, "ffn_type").lower()
+    if "swiglu" in ffn_type:
+        family = "llama"
+    elif "gelu" in ffn_type:
+        family = "gpt"
+    else:
+        raise RowError("ffn_type", f"{_cell(row, 'ffn_type')!r} is neither GeLU nor SwiGLU")
+    pos = _cell(row, "pos_embedding")
+    pos_l = pos.lower()
+    own = "learned absolute positions" if family == "gpt" else "RoPE"
+    kind = ("rope" if "rope" in pos_l or "rotary" in pos_l else "alibi" if "alibi" in pos_l
+            else "learned" if "learned" in pos_l or "absolute" in pos_l else "?")
+    if (family, kind) not in (("gpt", "learned"), ("llama", "rope")):
+        notes.approximations.append(
+            f"pos_embedding {pos!r} modelled as {own} (the {family} builder's; cost difference "
+            "negligible)")
+    norm = _cell(row, "norm_bias_notes")
+    norm_l = norm.lower()
+    if family == "gpt" and ("rmsnorm" in norm_l or "no bias" in norm_l or "layernorm1p" in norm_l):
+        notes.approximations.append(f"norm/bias {norm!r} modelled as layer_norm with biases (gpt)")
+    if family == "llama" and norm and "rmsnorm" not in norm_l:
+        notes.approximations.append(f"norm {norm!r} modelled as rms_norm without biases (llama)")
+    if "low_precision_layernorm" in norm_l:
+        notes.approximations.append("low_precision_layernorm modelled as layer_norm")
+
+    vocab, vnote = read_vocab(_cell(row, "vocab_size"))
+    if vnote:
+        notes.assumptions.append(vnote)
+    seq_text = _cell(row, "seq_len")
+    seq = _leading_int(seq_text, "seq_len")
+    if _not_stated(seq_text):
+        notes.assumptions.append(f"seq_len {seq} assumed ({seq_text!r})")
+    kv_text = _cell(row, "n_kv_heads")
+    kv = _leading_int(kv_text, "n_kv_heads") if kv_text else _int(row, "n_heads")
+    if kv_text and not re.fullmatch(r"\d+", kv_text):
+        notes.assumptions.append(f"n_kv_heads {kv} from {kv_text!r}")
+    tied_text = _cell(row, "tied_embeddings").lower()
+    if not tied_text.startswith(("yes", "no")):
+        raise RowError("tied_embeddings", f"neither yes nor no: {tied_text!r}")
+    tied = tied_text.startswith("yes")
+    try:
+        cfg = ModelConfig(name=_cell(row, "model_name"), family=family,
+                          num_layers=_int(row, "n_layers"), hidden_size=_int(row, "hidden_size"),
+                          num_heads=_int(row, "n_heads"), num_kv_heads=kv,
+                          ffn_hidden_size=_int(row, "ffn_hidden_size"), vocab_size=vocab,
+                          seq_len=seq, tie_word_embeddings=tied)
+    except ModelConfigError as e:
+        raise RowError("model", str(e)) from None
+    return cfg, seq
+
+
+def _cluster(row: Row, notes: _Notes) -> tuple[str, int]:
+    """(catalog name, nodes) from gpu_type / gpu_mem_gb / num_gpus / gpus_per_node."""
+    gpu = _cell(row, "gpu_type")
+    gpu_l = gpu.lower()
+    mem = _int(row, "gpu_mem_gb")
+    inter = _cell(row, "inter_node_link")
+    if "a100" in gpu_l:
+        if mem == 40:
+            name = "dgx-a100-40g"
+        elif mem == 80:
+            name = "selene" if "selene" in inter.lower() else "dgx-a100-80g"
+        else:
+            raise RowError("gpu_mem_gb", f"no A100 catalog entry with {mem} GB")
+        if "roce" in inter.lower():
+            notes.approximations.append(
+                f"inter-node {inter!r} modelled as the catalog's 8 x 200 Gb/s InfiniBand "
+                "(same 1600 Gb/s per node)")
+    elif "h100" in gpu_l:
+        if mem == 96 or "grand teton" in gpu_l:
+            name = GRAND_TETON
+            notes.approximations.append(
+                f"{GRAND_TETON}: peak bf16 of the 500 W HBM2e H100 not published; SXM's "
+                "989 TFLOP/s used (approx.)")
+        elif mem == 80:
+            name = "dgx-h100"
+        else:
+            raise RowError("gpu_mem_gb", f"no H100 catalog entry with {mem} GB")
+    else:
+        raise RowError("gpu_type", f"no catalog entry for {gpu!r}")
+    if "assumed" in gpu_l:
+        notes.assumptions.append(f"gpu_type {gpu!r}")
+    if inter.lower().startswith("not stated"):
+        notes.assumptions.append(f"inter-node network not stated: {name}'s used")
+    gpn_text = _cell(row, "gpus_per_node")
+    gpn = _leading_int(gpn_text, "gpus_per_node")
+    if _not_stated(gpn_text):
+        notes.assumptions.append(f"gpus_per_node {gpn} assumed")
+    if gpn != 8:
+        raise RowError("gpus_per_node", f"{gpn}: every catalog entry has 8 GPUs per node")
+    gpus = _int(row, "num_gpus")
+    return name, max(1, math.ceil(gpus / gpn))
+
+
+def _zero(text: str) -> int:
+    """ZeRO stage of a ``zero_fsdp`` cell: FSDP FULL_SHARD / FSDP2 -> 3, SHARD_GRAD_OP -> 2,
+    Megatron distributed optimizer -> 1, plain DP -> 0."""
+    t = text.lower()
+    if "shard_grad_op" in t:
+        return 2
+    if "full_shard" in t or "fsdp2" in t or "zero-3" in t:
+        return 3
+    if "distributed optimizer" in t or "distributed_fused_adam" in t:
+        return 1
+    if t.startswith("none") or "plain dp" in t:
+        return 0
+    raise RowError("zero_fsdp", f"unknown sharding {text!r}")
+
+
+def _recompute(text: str) -> str:
+    """none / selective / selective-op / full from an ``activation_recompute`` cell
+    (torchtitan's "op-level SAC" is ``selective-op``)."""
+    t = text.lower()
+    if t.startswith("selective") and ("op-level" in t or "sac" in t):
+        return "selective-op"
+    for name in ("none", "selective", "full"):
+        if t.startswith(name):
+            return name
+    raise RowError("activation_recompute", f"unknown recompute {text!r}")
+
+
+def _dtype(text: str) -> str:
+    """bfloat16 / float16 from a ``precision`` cell (FP8 rows are refused before)."""
+    t = text.lower()
+    if "bf16" in t or "bfloat16" in t:
+        return "bfloat16"
+    if "fp16" in t or "float16" in t:
+        return "float16"
+    raise RowError("precision", f"unknown precision {text!r}")
+
+
+def _framework(text: str) -> str:
+    """The framework profile (``completion.strategy.FRAMEWORKS``) of a ``framework`` cell."""
+    t = text.lower()
+    if "megatron" in t and "2021" in t:
+        return "megatron-2021"
+    if t.startswith("nemo") or "megatron-core" in t or "mcore" in t:
+        return "megatron-core"
+    if t.startswith("torchtitan"):
+        return "fsdp2"
+    if "llm-foundry" in t or "composer" in t:
+        return "llm-foundry"
+    raise RowError("framework", f"no framework profile for {text!r}")
+
+
+def _attention(text: str) -> str:
+    """flash / unfused from an ``attention_impl`` cell."""
+    t = text.lower()
+    if "unfused" in t or "no flash" in t:
+        return "unfused"
+    if "flash" in t or "sdpa" in t:
+        return "flash"
+    raise RowError("attention_impl", f"unknown attention {text!r}")
+
+
+def _strategy(row: Row, notes: _Notes) -> Strategy:
+    """The Strategy of a row: layout, schedule (VPP when vpp > 1), batches, recompute,
+    ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
+    dp, tp, pp = _int(row, "dp"), _int(row, "tp"), _int(row, "pp")
+    vpp_text = _cell(row, "vpp") or "1"
+    if _not_stated(vpp_text):
+        raise RowError("vpp", f"interleaving degree {vpp_text!r}")
+    vpp = _leading_int(vpp_text, "vpp")
+    mbs_text = _cell(row, "micro_batch_size")
+    if _not_stated(mbs_text):
+        raise RowError("micro_batch_size", f"{mbs_text!r}")
+    mbs = _leading_int(mbs_text, "micro_batch_size")
+    gbs = _int(row, "global_batch_seqs")
+    ga = _float(row, "grad_accum") if _cell(row, "grad_accum") not in ("", "n/a") else None
+    if gbs % (dp * mbs) == 0 and ga is not None and gbs // (dp * mbs) != ga:
+        notes.assumptions.append(f"grad_accum {ga:g} differs from global/(dp*mbs) = "
+                                 f"{gbs // (dp * mbs)}; the latter used")
+    sp_text = _cell(row, "sequence_parallel").lower()
+    sp = sp_text.startswith("yes")
+    if sp and tp == 1:
+        notes.approximations.append("sequence_parallel with tp = 1 has no effect; dropped")
+        sp = False
+    zero_text = _cell(row, "zero_fsdp")
+    zero = _zero(zero_text)
+    group = re.search(r"\((\d+)\)", zero_text)
+    if zero == 3 and group and int(group.group(1)) != dp:
+        notes.approximations.append(
+            f"FSDP shard group {group.group(1)} != dp {dp} (HSDP) modelled as ZeRO-3 over dp")
+    other = _cell(row, "other_opts").lower()
+    if "torch.compile" in other and "torch.compile=no" not in other:
+        notes.approximations.append("torch.compile: fused as the fsdp2 profile says (elementwise "
+                                    "chains of a block one kernel)")
+    precision = _cell(row, "precision")
+    if "mixed_precision=default" in precision.lower():
+        notes.approximations.append(
+            "amp_bf16 (fp32 parameters, bf16 autocast) modelled as bf16 mixed precision")
+    notes.assumptions.append("optimizer not in the row: AdamW assumed")
+    framework = _framework(_cell(row, "framework"))
+    if framework == "fsdp2" and "torch.compile=no" in other:
+        framework = "fsdp2-eager"
+    if framework == "megatron-2021" and pp == 1:
+        framework = "megatron-2021-torch-ddp"
+        notes.assumptions.append("--DDP-impl torch, as Megatron-LM 6985e58 examples/sc21/"
+                                 "run_table_1.sh runs the rows without pipeline parallelism "
+                                 "(1.7B-18B; local DDP for 39B and larger)")
+    if _cell(row, "assumptions"):
+        notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
+    try:
+        return Strategy(dp=dp, tp=tp, pp=pp, vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
+                        micro_batch_size=mbs, global_batch_size=gbs,
+                        recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
+                        sequence_parallel=sp, dtype=_dtype(precision), optimizer="adamw",
+                        framework=framework, attention=_attention(_cell(row, "attention_impl")))
+    except StrategyError as e:
+        raise RowError("strategy", str(e)) from None
+
+
+def _step_time(row: Row, gpus: int) -> tuple[float, str]:
+    """(measured seconds per step, the column it came from): ``step_time_s``, else
+    ``derived_step_time_s``, else global tokens / (tokens/s/GPU x GPUs)."""
+    for name in ("step_time_s", "derived_step_time_s"):
+        v = _float(row, name)
+        if v is not None and v > 0:
+            return v, name
+    tps = _float(row, "tokens_per_s_per_gpu")
+    tokens = _float(row, "global_batch_tokens")
+    if tps and tokens:
+        return tokens / (tps * gpus), "global_batch_tokens / (tokens_per_s_per_gpu * num_gpus)"
+    raise RowError("step_time_s", "no step time, derived step time or tokens/s per GPU")
+
+
+def read_peak_memory(row: Row) -> tuple[float | None, str]:
+    """(peak memory in bytes or None, convention) from ``peak_mem_gb`` and ``peak_mem_notes``:
+    GiB (2**30) when the notes say GiB, else GB (1e9); the convention names the unit and
+    whether the source logged reserved or allocated memory."""
+    v = _float(row, "peak_mem_gb")
+    notes = _cell(row, "peak_mem_notes")
+    if v is None:
+        return None, ""
+    nl = notes.lower()
+    gib = "gib" in nl
+    kind = "reserved" if "reserved" in nl else "allocated" if "allocated" in nl else "not stated"
+    where = "max over GPUs" if "max" in nl else "per GPU"
+    conv = f"{'GiB' if gib else 'GB'}, {kind}, {where}"
+    return v * (2**30 if gib else 1e9), conv
+
+
+# -- the entry points ---------------------------------------------------------------------------
+
+
+def _identity(row: Row) -> tuple[int, str, str]:
+    """(row_id, source_id, model_name) of a row; row_id -1 when unreadable."""
+    try:
+        rid = _int(row, "row_id")
+    except RowError:
+        rid = -1
+    return rid, _cell(row, "source_id"), _cell(row, "model_name")
+
+
+def parse_row(row: Row) -> RunSpec | Refused:
+    """A :class:`RunSpec` for one CSV row (column -> cell text), or a :class:`Refused`
+    naming why meshplan cannot express it. Never raises for bad cells (they are refusals
+    naming the column)."""
+    rid, source, name = _identity(row)
+    hits = [u for u in UNSUPPORTED if u.applies(row)]
+    if hits:
+        return Refused(rid, source, name, "; ".join(u.reason(row) for u in hits),
+                       tuple(u.key for u in hits))
+    notes = _Notes()
+    try:
+        model, seq = _model(row, notes)
+        cluster, nodes = _cluster(row, notes)
+        strategy = _strategy(row, notes)
+        gpus = _int(row, "num_gpus")
+        if strategy.world_size != gpus:
+            raise RowError("num_gpus", f"{gpus} != dp*tp*pp = {strategy.world_size}")
+        if strategy.framework.startswith("megatron-2021"):
+            model = model.replace(attention_dropout=MEGATRON_2021["attention_dropout"],
+                                  hidden_dropout=MEGATRON_2021["hidden_dropout"])
+            notes.assumptions.append(
+                "dropout as Megatron-LM 6985e58 megatron/arguments.py defaults "
+                "(--attention-dropout 0.1, --hidden-dropout 0.1; examples/sc21 leaves them)")
+        step, origin = _step_time(row, gpus)
+        mem, conv = read_peak_memory(row)
+    except RowError as e:
+        kind = "invalid" if e.field in ("model", "strategy") else "unreadable"
+        return Refused(rid, source, name, str(e), (f"{kind} {e.field}",))
+    return RunSpec(row_id=rid, source_id=source, model_name=name, model=model, cluster=cluster,
+                   nodes=nodes, strategy=strategy, seq_len=seq, num_gpus=gpus,
+                   step_time_s=step, step_time_origin=origin, peak_mem_bytes=mem,
+                   peak_mem_convention=conv, approximations=tuple(notes.approximations),
+                   assumptions=tuple(notes.assumptions))
+
+
+def load_rows(path: str | Path | None = None) -> list[dict[str, str]]:
+    """The rows of the measured-runs CSV (default :data:`DATA_CSV`) as dicts of cell text.
+    Raises FileNotFoundError naming the path when it is absent."""
+    p = Path(path) if path is not None else DATA_CSV
+    if not p.is_file():
+        raise FileNotFoundError(f"measured runs file not found: {p}")
+    with p.open(newline="", encoding="utf-8") as f:
+        return [dict(r) for r in csv.DictReader(f)]
+
+
+def parse_all(path: str | Path | None = None) -> list[RunSpec | Refused]:
+    """:func:`parse_row` of every row of the CSV, in file order."""
+    return [parse_row(r) for r in load_rows(path)]
+
+
+__all__ = ["DATA_CSV", "GRAND_TETON", "UNSUPPORTED", "Refused", "RowError", "RunSpec",
+           "Unsupported", "load_rows", "parse_all", "parse_row", "read_peak_memory",
+           "read_vocab"]

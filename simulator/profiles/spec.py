@@ -1,0 +1,278 @@
+"""Pydantic models of a framework profile: how a software stack runs one training step.
+
+A profile is an input like the cluster: the same plan runs at different speeds under
+Megatron-LM 2021, Megatron-Core with Transformer Engine, PyTorch FSDP2, DeepSpeed or this
+project's executor. Every value is a ``{value, provenance}`` pair naming its source (a
+framework's code at a named commit, a paper, shared/reference/fidelity_notes.md); the
+catalog is ``simulator/profiles/catalog/*.yaml``. Units: bytes, seconds.
+
+Sections:
+
+- ``kernels``: which memory-bound ops run fused (:data:`FUSION_GROUPS`), whether
+  torch.compile fuses every elementwise chain, the default attention implementation;
+- ``overlap``: which collectives run on their own stream beside which compute
+  (tensor-parallel backward / forward, data-parallel gradient reduce and parameter
+  gather, FSDP prefetch depth), and the SMs a collective kernel holds while it runs
+  (compute beside it runs on the others);
+- ``pipeline``: asynchronous or synchronous p2p, scatter-gather of the boundary activation
+  over the tensor-parallel group;
+- ``gradients``: fused (into the weight-gradient GEMM) or separate accumulation, the main
+  gradient dtype, the reduce dtype, the bucket size;
+- ``optimizer``: master weights, fused multi-tensor update;
+- ``fixed``: per-iteration work (gradient norm and clip, loss-scale check, embedding
+  gradient sync between the first and last pipeline stages);
+- ``memory``: how model states are held (:data:`STATE_MODELS`), allocator fragmentation,
+  CUDA context and library workspaces, NCCL buffers per communicator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from clusters.spec import Count, Fraction, NonNegative, Positive
+from simulator.errors import SimulatorError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+#: memory-bound op groups a framework may run as one kernel (``simulator.fusion``)
+FUSION_GROUPS = ("bias_gelu", "bias_dropout_add", "scale_mask_softmax", "norm", "rope",
+                 "swiglu", "cross_entropy", "residual_add")
+#: how model states are counted (``simulator.model_states``)
+STATE_MODELS = ("megatron", "deepspeed", "fsdp", "plain")
+
+
+class ProfileError(SimulatorError):
+    """A malformed or unknown framework profile; names the file and field at fault."""
+
+
+class _Quantity(BaseModel):
+    model_config = _STRICT
+    provenance: str = Field(min_length=1)
+
+
+class Flag(_Quantity):
+    """A yes/no fact with its provenance (a YAML boolean, never a string)."""
+
+    value: bool = Field(strict=True)
+
+
+class Depth(_Quantity):
+    """An integer >= 0 (a prefetch depth) with its provenance."""
+
+    value: int = Field(ge=0, strict=True)
+
+
+class Groups(_Quantity):
+    """A list of fusion group names (:data:`FUSION_GROUPS`) with its provenance."""
+
+    value: tuple[str, ...]
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [g for g in v if g not in FUSION_GROUPS]
+        if bad:
+            raise ValueError(f"unknown fusion group(s) {bad}; known: {list(FUSION_GROUPS)}")
+        return v
+
+
+class AttentionKernel(_Quantity):
+    """The flash attention kernel a framework runs (its efficiency is the device's:
+    ``device.efficiency.attention_kernels``): ``flash2``, ``cudnn``, ``triton``, ``flash3``."""
+
+    value: Literal["flash2", "cudnn", "triton", "flash3"]
+
+
+class AttentionChoice(_Quantity):
+    """An attention implementation: ``flash`` or ``unfused``."""
+
+    value: Literal["flash", "unfused"]
+
+
+class P2PMode(_Quantity):
+    """Pipeline send mode: ``async`` (a delay on the dependency) or ``sync`` (the exchange
+    occupies both stages)."""
+
+    value: Literal["async", "sync"]
+
+
+class Accumulation(_Quantity):
+    """Gradient accumulation: ``fused`` into the weight-gradient GEMM or ``separate`` adds."""
+
+    value: Literal["fused", "separate"]
+
+
+class GradDtype(_Quantity):
+    """A gradient dtype: ``float32`` or ``same`` (the compute dtype)."""
+
+    value: Literal["float32", "same"]
+
+
+class StateModel(_Quantity):
+    """How model states are held (:data:`STATE_MODELS`)."""
+
+    value: Literal["megatron", "deepspeed", "fsdp", "plain"]
+
+
+class EagerMap(_Quantity):
+    """Fusion group -> the eager implementation the framework runs it as when the group
+    is not fused (``simulator.eager_ops.EAGER_IMPLS``), with its provenance."""
+
+    value: tuple[tuple[str, str], ...] = ()
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        """A YAML mapping becomes sorted (group, implementation) pairs (hashable)."""
+        return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        from simulator.eager_ops import EAGER_IMPLS
+
+        for group, name in v:
+            impl = EAGER_IMPLS.get(name)
+            if impl is None:
+                raise ValueError(f"unknown eager implementation {name!r} for {group!r}; "
+                                 f"known: {sorted(EAGER_IMPLS)}")
+            if impl.group != group:
+                raise ValueError(f"eager implementation {name!r} is of group {impl.group!r}, "
+                                 f"not {group!r}")
+        return v
+
+
+_NO_EAGER = EagerMap(value=(), provenance="no eager decomposition: each op one kernel")
+
+
+class Kernels(BaseModel):
+    """Kernel-level facts: fusion, eager implementations and attention."""
+
+    model_config = _STRICT
+    fused: Groups
+    compile: Flag
+    attention: AttentionChoice
+    attention_kernel: AttentionKernel
+    eager: EagerMap = _NO_EAGER
+
+    @field_validator("eager")
+    @classmethod
+    def _not_fused(cls, v: EagerMap, info: Any) -> EagerMap:
+        fused = info.data.get("fused")
+        both = sorted({g for g, _ in v.value} & set(fused.value if fused is not None else ()))
+        if both:
+            raise ValueError(f"group(s) {both} both fused and run eager")
+        return v
+
+
+class Overlap(BaseModel):
+    """What runs on a communication stream beside compute."""
+
+    model_config = _STRICT
+    tp_backward: Flag
+    tp_forward: Flag
+    dp_grad_reduce: Flag
+    dp_param_gather: Flag
+    fsdp_prefetch: Depth
+    fsdp_reshard_after_forward: Flag
+    comm_sms: Count
+
+
+class Pipeline(BaseModel):
+    """Pipeline point-to-point facts."""
+
+    model_config = _STRICT
+    p2p: P2PMode
+    scatter_gather: Flag
+
+
+class Gradients(BaseModel):
+    """Gradient accumulation and reduction facts."""
+
+    model_config = _STRICT
+    accumulation: Accumulation
+    main_grad: GradDtype
+    reduce_dtype: GradDtype
+    bucket_params: Positive
+
+
+class Optimizer(BaseModel):
+    """Optimizer implementation facts."""
+
+    model_config = _STRICT
+    master_weights: Flag
+    fused: Flag
+
+
+class Fixed(BaseModel):
+    """Per-iteration work outside the layers."""
+
+    model_config = _STRICT
+    grad_norm_clip: Flag
+    loss_scale_check: Flag
+    embedding_grad_sync: Flag
+
+
+class Memory(BaseModel):
+    """What a process holds besides the plan's tensors."""
+
+    model_config = _STRICT
+    model_states: StateModel
+    fragmentation: Fraction
+    cuda_context_bytes: NonNegative
+    workspace_bytes: NonNegative
+    nccl_buffer_bytes: NonNegative
+
+
+class ProfileSpec(BaseModel):
+    """A whole framework profile as read from YAML."""
+
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+    description: str = ""
+    kernels: Kernels
+    overlap: Overlap
+    pipeline: Pipeline
+    gradients: Gradients
+    optimizer: Optimizer
+    fixed: Fixed
+    memory: Memory
+
+
+def _one_line(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "missing":
+        return f"{source}: missing field {field!r}"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown field {field!r}"
+    msg = first["msg"].replace("\n", " ").removeprefix("Value error, ")
+    return f"{source}: field {field!r}: {msg} (got {first.get('input')!r})"
+
+
+def parse_profile(data: Any, source: str = "<profile>") -> ProfileSpec:
+    """Validate a mapping as a :class:`ProfileSpec`. Raises ProfileError naming ``source``
+    and the first bad field."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile must be a mapping, got {type(data).__name__}")
+    try:
+        return ProfileSpec.model_validate(data)
+    except ValidationError as e:
+        raise ProfileError(_one_line(e, source)) from None
+
+
+def load_profile_file(path: str | Path) -> ProfileSpec:
+    """Read and validate one profile YAML. Raises ProfileError for a missing file, bad
+    YAML or a bad field (naming the file)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"framework profile file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{p}: not valid YAML: {e}") from None
+    return parse_profile(data, str(p))
