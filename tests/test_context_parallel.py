@@ -1,0 +1,196 @@
+"""Context parallelism (issue 17 item 2): the cp knob, load balancing, the folded plan
+program, attention FLOPs over all keys, and the ring's bytes and exposed time against
+values derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusters import load_cluster
+from completion.context_parallel import (
+    ContextParallelError,
+    cp_group,
+    rank_positions,
+    zigzag_order,
+)
+from completion.models.config import ModelConfig
+from completion.models.source import resolve_model
+from completion.plan_program import build_plan_program, single_process_strategy
+from completion.strategy import MAX_DEGREE, Strategy, StrategyError
+from meshplan.engine import Engine
+from simulator.context_parallel import (
+    all_gather_time,
+    cp_workspace_bytes,
+    kv_block_bytes,
+    ring_exposed_time,
+    ring_volume,
+)
+from simulator.op_cost import op_cost
+from simulator.op_signature import op_signature
+
+#: a small Llama: 4 query heads of 16, 2 kv heads (GQA), 2 layers, 64-token sequences
+TINY = ModelConfig(name="tiny-llama", family="llama", num_layers=2, hidden_size=64, num_heads=4,
+                   num_kv_heads=2, ffn_hidden_size=128, vocab_size=256, seq_len=64)
+
+
+def _attention_ops(pp, kind="flash_attention"):
+    return [op for op in pp.program.ops if op.type == kind]
+
+
+# -- the knob ------------------------------------------------------------------------------
+
+
+def test_strategy_cp_fields():
+    s = Strategy(dp=2, cp=4, tp=2, pp=2, micro_batch_size=1, global_batch_size=2)
+    assert s.world_size == 2 * 4 * 2 * 2 and s.cp_comm == "p2p"
+    assert s.num_microbatches == 1  # the cp ranks of a replica share its sequences
+    assert Strategy.from_dict(s.to_dict()) == s
+    with pytest.raises(StrategyError, match="'cp'"):
+        Strategy(cp=0)
+    with pytest.raises(StrategyError, match="'cp_comm'"):
+        Strategy(cp=2, cp_comm="a2a")
+    with pytest.raises(StrategyError, match="'cp' = 2 needs the fused"):
+        Strategy(cp=2, attention="unfused")
+    with pytest.raises(StrategyError, match="MAX_VALUES"):
+        Strategy(cp=MAX_DEGREE + 1)
+    with pytest.raises(StrategyError, match="'dp' x 'cp' x 'tp' x 'pp'"):
+        Strategy(cp=2**10, dp=2**11)
+
+
+# -- load balancing ------------------------------------------------------------------------
+
+
+def test_rank_positions_by_hand():
+    # 16 tokens, cp 2: 4 chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2
+    assert rank_positions(16, 2, 0) == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert rank_positions(16, 2, 1) == [4, 5, 6, 7, 8, 9, 10, 11]
+    with pytest.raises(ContextParallelError, match="multiple of 2 \\* cp = 8"):
+        rank_positions(12, 4, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cp=st.integers(1, 8), chunk=st.integers(1, 16))
+def test_zigzag_is_a_balanced_permutation(cp, chunk):
+    """Every position once, and every rank the same number of causal (query, key) pairs:
+    sum over its positions p of (p + 1) = S(S+1)/(2cp)."""
+    seq = 2 * cp * chunk
+    assert sorted(zigzag_order(seq, cp)) == list(range(seq))
+    pairs = [sum(p + 1 for p in rank_positions(seq, cp, c)) for c in range(cp)]
+    assert pairs == [seq * (seq + 1) // (2 * cp)] * cp
+
+
+def test_cp_group_megatron_order():
+    # tp 2, cp 2, dp 2: rank = (d * cp + c) * tp + t
+    assert cp_group(0, 2, 2) == (0, 2) and cp_group(3, 2, 2) == (1, 3)
+    assert cp_group(5, 2, 2) == (5, 7) and cp_group(6, 2, 2) == (4, 6)
+
+
+# -- the plan program --------------------------------------------------------------------
+
+
+def test_folded_plan_program():
+    """cp 2 x dp 2 x tp 2: the program of 4 data-parallel replicas of 32-token sequences
+    (mesh [dp*cp, tp], ranks (d*cp + c)*tp + t), attention marked with the ring."""
+    s = Strategy(dp=2, cp=2, tp=2, micro_batch_size=1, global_batch_size=2, attention="flash")
+    pp = build_plan_program(resolve_model(TINY), s)
+    assert pp.context_parallel == 2 and pp.world_size == 8
+    assert (pp.strategy.dp, pp.strategy.cp, pp.strategy.global_batch_size) == (4, 1, 4)
+    assert pp.num_microbatches == s.num_microbatches == 1
+    ops = _attention_ops(pp) + _attention_ops(pp, "flash_attention_grad")
+    assert len(ops) == 4
+    for op in ops:
+        assert (op.attrs["context_parallel"], op.attrs["cp_comm"], op.attrs["cp_stride"]) == (2, "p2p", 2)
+        q = op.operands[0]
+        assert tuple(q.shape) == (4, 32, 4, 16)
+        assert q.dist_attr.process_mesh.shape == (4, 2)
+    ref = single_process_strategy(s, resolve_model(TINY))
+    assert (ref.cp, ref.dp, ref.micro_batch_size) == (1, 1, 2)
+
+
+def test_cp_plan_refusals():
+    with pytest.raises(ContextParallelError, match="seq_len 64 must be a multiple of 2 \\* cp = 128"):
+        build_plan_program(resolve_model(TINY), Strategy(cp=64, attention="flash"))
+
+
+# -- cost --------------------------------------------------------------------------------
+
+
+def test_attention_flops_over_all_keys():
+    """The rank's 32 queries attend to all 64 keys: model FLOPs 4 * b * hq * 32 * 64 * d,
+    half of the whole sequence's; executed ones the load-balanced causal share
+    (S+1)/(2S) = 65/128."""
+    s = Strategy(cp=2, micro_batch_size=1, global_batch_size=1, attention="flash")
+    pp = build_plan_program(resolve_model(TINY), s, representative=True, resolve_reshards=False)
+    op = _attention_ops(pp)[0]
+    (k,) = op_cost(op_signature(op, 0))
+    assert k.flops == 4 * 1 * 4 * 32 * 64 * 16
+    assert k.exec_flops == pytest.approx(k.flops * 65 / 128)
+    (g,) = op_cost(op_signature(_attention_ops(pp, "flash_attention_grad")[0], 0))
+    assert g.flops == 2 * k.flops and g.exec_flops == pytest.approx(2.5 * k.exec_flops)
+
+
+def _llama8b_attention(cp: int, comm: str = "p2p", tp: int = 1):
+    cfg = ModelConfig(name="l8b", family="llama", num_layers=3, hidden_size=4096, num_heads=32,
+                      num_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256, seq_len=8192)
+    s = Strategy(dp=1, cp=cp, tp=tp, micro_batch_size=1, global_batch_size=1, cp_comm=comm,
+                 attention="flash")
+    pp = build_plan_program(resolve_model(cfg), s, representative=True, resolve_reshards=False)
+    return [op_signature(op, 0) for op in _attention_ops(pp) + _attention_ops(pp, "flash_attention_grad")][::3]
+
+
+def test_ring_volume_by_hand():
+    """Llama-3.1-8B, s 8192, cp 2, bf16: one K/V block is 2 * b * (s/cp) * kv_heads *
+    head_dim * 2 bytes = 2 * 1 * 4096 * 8 * 128 * 2 = 16 MiB; forward sends (cp - 1) blocks,
+    backward twice that; cp 4: 3 blocks of 8 MiB forward."""
+    fwd, bwd = _llama8b_attention(2)
+    assert kv_block_bytes(fwd) == 2 * 1 * 4096 * 8 * 128 * 2 == 16 * 2**20
+    assert ring_volume(fwd) == 16 * 2**20 and ring_volume(bwd) == 32 * 2**20
+    fwd4, bwd4 = _llama8b_attention(4)
+    assert ring_volume(fwd4) == 3 * 8 * 2**20 and ring_volume(bwd4) == 6 * 8 * 2**20
+
+
+def test_ring_exposed_time_by_hand():
+    """Exposed = (cp - 1) * max(0, t_send - t_attention / cp): with a slow attention the
+    sends hide; with a fast one the difference shows. Across nodes (tp 8, cp 2 on two DGX
+    H100) the slower NIC edge bounds the ring."""
+    cl = load_cluster("dgx-h100", 2)
+    fwd, bwd = _llama8b_attention(2)
+    t_send = cl.p2p_time(16 * 2**20, 0, 1)  # = alpha_intra + 16 MiB / NVLink
+    assert ring_exposed_time(fwd, 1.0, cl, 0) == (0.0, t_send)
+    assert ring_exposed_time(fwd, 0.0, cl, 0) == (pytest.approx(t_send), pytest.approx(t_send))
+    t_attn = t_send  # half of it per step: half of the send stays exposed
+    assert ring_exposed_time(fwd, t_attn, cl, 0)[0] == pytest.approx(t_send / 2)
+    t_b = cl.p2p_time(32 * 2**20, 0, 1)
+    assert ring_exposed_time(bwd, 0.0, cl, 0)[0] == pytest.approx(t_b)
+    f8, _ = _llama8b_attention(2, tp=8)
+    assert ring_exposed_time(f8, 0.0, cl, 0)[0] == pytest.approx(cl.p2p_time(kv_block_bytes(f8), 0, 8))
+
+
+def test_all_gather_variant_by_hand():
+    cl = load_cluster("dgx-h100", 1)
+    fwd, bwd = _llama8b_attention(4, "all_gather")
+    full = 4 * kv_block_bytes(fwd)
+    group = [0, 1, 2, 3]
+    assert all_gather_time(fwd, 1.0, cl, 0) == (pytest.approx(cl.collective_time("all_gather", full, group)),) * 2
+    want = cl.collective_time("all_gather", full, group) + cl.collective_time("reduce_scatter", full, group)
+    assert all_gather_time(bwd, 1.0, cl, 0)[0] == pytest.approx(want)
+    assert cp_workspace_bytes(fwd) == 3 * kv_block_bytes(fwd)
+    f2, b2 = _llama8b_attention(2)
+    assert (cp_workspace_bytes(f2), cp_workspace_bytes(b2)) == (2 * 16 * 2**20, 4 * 16 * 2**20)
+
+
+def test_engine_cp_keeps_flops_and_splits_activations():
+    """cp 2 on 2 GPUs vs cp 1 on 1 GPU, same global batch: the same model FLOPs per step (the
+    attention's blocks summed over the ring equal the whole attention), and the per-rank
+    activations of the layers about halve."""
+    cfg = ModelConfig(name="m", family="llama", num_layers=4, hidden_size=1024, num_heads=16,
+                      num_kv_heads=8, ffn_hidden_size=2816, vocab_size=32000, seq_len=4096)
+    base = Strategy(micro_batch_size=1, global_batch_size=2, attention="flash")
+    one = Engine(cfg, "dgx-h100", base, nodes=1).simulate()
+    two = Engine(cfg, "dgx-h100", base.replace(cp=2), nodes=1).simulate()
+    assert two.model_flops == pytest.approx(one.model_flops, rel=1e-9)
+    a1, a2 = one.memory_breakdown["activations"], two.memory_breakdown["activations"]
+    assert a2 == pytest.approx(a1 / 2, rel=0.02)
+    assert two.step_time < one.step_time
