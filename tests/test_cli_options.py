@@ -45,6 +45,8 @@ def _strategy(capsys, strategies, *args):
     [["--pp", "2"], ["--pipeline-model-parallel-size", "2"]],
     [["--zero", "2"], ["--zero-stage", "2"]],
     [["--global-batch", "16"], ["--global-batch-size", "16"]],
+    [["--cp", "2"], ["--context-parallel-size", "2"], ["--cp=2"]],
+    [["--cp", "2", "--cp-comm", "all_gather"], ["--cp", "2", "--cp-comm-type", "all_gather"]],
 ])
 def test_aliases_give_the_same_strategy(capsys, strategies, variants):
     gb = [] if variants[0][0] == "--global-batch" else ["--global-batch", "8"]
@@ -110,6 +112,8 @@ def test_bad_tune_mode_is_an_error(capsys):
     (["--global-batch", "8", "--sequence-parallel"], "error: --sequence-parallel: strategy field"),
     (["--global-batch", "8", "--vpp", "2"], "error: --vpp: strategy field 'vpp'"),
     (["--global-batch", "8", "--mp", "0"], "error: --mp: strategy field 'tp'"),
+    (["--global-batch", "8", "--context-parallel-size", "0"],
+     "error: --context-parallel-size: strategy field 'cp'"),
 ])
 def test_strategy_errors_name_the_flag_typed(capsys, args, start):
     line = one_line_error(*run_main(capsys, *BASE, *args))
@@ -174,6 +178,7 @@ def test_choice_lists_mirror_their_packages():
     assert tuple(d.value for d in opt.Dtype) == cs.DTYPES
     assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
     assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
+    assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS
     assert tuple(m.value for m in opt.Mode) == MODES
     assert CLI_KINDS == KINDS
     fields = {f for f in cs.Strategy.__dataclass_fields__}

@@ -66,6 +66,8 @@ def cost_cmd(
     dp: int = opt.DP,
     tp: int = opt.TP,
     pp: int = opt.PP,
+    cp: int = opt.CP,
+    cp_comm: opt.CpComm = opt.CP_COMM,
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
@@ -83,7 +85,7 @@ def cost_cmd(
     """Cost one training step of MODEL on CLUSTER under a strategy."""
     from meshplan.engine import Engine
 
-    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
+    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, vpp=vpp, schedule=schedule,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   recompute=recompute, zero=zero,
                                   sequence_parallel=sequence_parallel, dtype=dtype,

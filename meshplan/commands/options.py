@@ -1,14 +1,14 @@
 """The strategy options that ``meshplan cost``, ``tune`` and ``complete`` share, defined once.
 
 One spelling per knob, the Strategy field's (``completion.strategy``): ``--dp``, ``--tp``,
-``--pp``, ``--vpp``, ``--schedule``, ``--micro-batch-size``, ``--global-batch``, ``--seq-len``,
+``--pp``, ``--cp``, ``--cp-comm``, ``--vpp``, ``--schedule``, ``--micro-batch-size``, ``--global-batch``, ``--seq-len``,
 ``--recompute``, ``--zero``, ``--sequence-parallel``, ``--dtype``; earlier and Megatron-LM
 spellings are aliases (:data:`FLAGS`). Closed value sets are typer Enum choices;
 schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
 The choice lists mirror ``completion.strategy`` (SCHEDULES, SCHEDULE_ALIASES, RECOMPUTE,
-DTYPES) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
+DTYPES, CP_COMMS) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
 pydantic, and ``meshplan --help`` must stay fast. ``tests/test_cli_options.py`` checks that
 they agree.
 """
@@ -46,6 +46,13 @@ class Attention(str, Enum):
 
     flash = "flash"
     unfused = "unfused"
+
+
+class CpComm(str, Enum):
+    """How context-parallel attention gets K/V (completion.strategy.CP_COMMS)."""
+
+    p2p = "p2p"
+    all_gather = "all_gather"
 
 
 class Dtype(str, Enum):
@@ -92,6 +99,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "dp": ("--dp",),
     "tp": ("--tp", "--mp", "--tensor-model-parallel-size"),
     "pp": ("--pp", "--pipeline-model-parallel-size"),
+    "cp": ("--cp", "--context-parallel-size"),
+    "cp_comm": ("--cp-comm", "--cp-comm-type"),
     "vpp": ("--vpp",),
     "schedule": ("--schedule",),
     "micro_batch_size": ("--micro-batch-size",),
@@ -119,6 +128,10 @@ NODES = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's
 DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
 TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
 PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
+CP = typer.Option(1, *FLAGS["cp"],
+                  help="Context-parallel degree: each sequence split over CP ranks (ring attention).")
+CP_COMM = typer.Option(CpComm.p2p, *FLAGS["cp_comm"], case_sensitive=False,
+                       help="Context-parallel K/V exchange: p2p (ring) or all_gather.")
 VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")
 SCHEDULE = typer.Option(
     Schedule["1F1B"], *FLAGS["schedule"], case_sensitive=False, show_choices=False,
