@@ -83,7 +83,7 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
                 framework: str = "megatron-core", attention: str | None = None) -> Strategy:
     """The meshplan Strategy of a candidate, run by ``framework`` (a profile of
     ``simulator.profiles``) with ``attention`` (None: the model's own)."""
-    return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, vpp=c.vpp, schedule=c.schedule,
+    return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, vpp=c.vpp, schedule=c.schedule,
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
                     recompute=c.recompute, zero=c.zero,
                     sequence_parallel=c.sequence_parallel, dtype=dtype,

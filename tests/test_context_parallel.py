@@ -194,3 +194,53 @@ def test_engine_cp_keeps_flops_and_splits_activations():
     a1, a2 = one.memory_breakdown["activations"], two.memory_breakdown["activations"]
     assert a2 == pytest.approx(a1 / 2, rel=0.02)
     assert two.step_time < one.step_time
+
+
+# -- the tuner dimension ----------------------------------------------------------------------
+
+
+def _problem(seq_len: int = 4096):
+    from tuner.space import ModelDims, SearchProblem
+
+    return SearchProblem(ModelDims.of(TINY), world_size=8, devices_per_node=8,
+                         global_batch_size=8, seq_len=seq_len)
+
+
+def test_tuner_cp_dimension():
+    """cp_degrees (1, 2) doubles the meshes: every cp = 2 point has dp = 8 / (tp*pp*2);
+    the default space has cp = 1 only; --fix cp=2 pins it; the Strategy carries it."""
+    from meshplan.tuning import to_strategy
+    from tuner.space import SearchSpace, iter_base_candidates, parse_fix
+
+    small = {"schedules": ("1F1B",), "micro_batch_sizes": (1,), "recompute": ("none",),
+             "zero_stages": (0,), "sequence_parallel": (False,)}
+    base = list(iter_base_candidates(SearchSpace(_problem(), **small)))
+    both = list(iter_base_candidates(SearchSpace(_problem(), cp_degrees=(1, 2), **small)))
+    assert {c.cp for c in base} == {1}
+    two = [c for c in both if c.cp == 2]
+    assert len(two) == len([c for c in base if c.dp % 2 == 0]) > 0
+    assert all(c.dp * c.tp * c.pp * 2 == 8 == c.world_size for c in two)
+    fixed = SearchSpace(_problem(), fix=parse_fix("cp=2,tp=2"), **small)
+    assert {(c.cp, c.tp) for c in iter_base_candidates(fixed)} == {(2, 2)}
+    assert {c.dp * c.pp for c in iter_base_candidates(fixed)} == {2}
+    assert parse_fix("context_parallel_size=4") == {"cp": 4}
+    s = to_strategy(two[0], 8, "llama2-7b", 4096)
+    assert s.cp == 2 and s.world_size == 8
+
+
+def test_tuner_cp_legality():
+    from tuner.legality import first_violation, is_legal, sequence_parallel_seq_divisible
+    from tuner.space import Candidate
+
+    c = Candidate(dp=2, tp=2, pp=1, cp=2)
+    assert is_legal(c, _problem(4096))
+    v = first_violation(c, _problem(4094))
+    assert v.rule == "cp_load_balance" and "2*cp = 4" in v.reason
+    v = first_violation(Candidate(dp=1, tp=2, pp=1, cp=2), _problem())
+    assert v.rule == "mesh_matches_world" and "dp*tp*pp*cp = 1*2*1*2 = 4" in v.reason
+    sp = Candidate(dp=2, tp=2, pp=1, cp=2, sequence_parallel=True)
+    assert is_legal(sp, _problem(4096))
+    # sequence parallelism splits the cp rank's seq_len / cp tokens over tp
+    sp3 = Candidate(dp=1, tp=3, pp=1, cp=2, sequence_parallel=True)
+    assert sequence_parallel_seq_divisible(sp3, _problem(12)) is None
+    assert "seq_len 20 / cp=2 is not divisible by tp=3" in sequence_parallel_seq_divisible(sp3, _problem(20))

@@ -8,7 +8,8 @@ The rules follow Megatron-LM's argument checks (``megatron/training/arguments.py
 heads, kv heads and vocab divisible by the tensor-parallel size, layers divisible by the
 pipeline size and by pp * vpp for the interleaved schedule, micro-batches a multiple of pp
 for interleaving, sequence parallelism only with tensor parallelism) and the Zero Bubble
-repo's ZB-V (two chunks per rank). Two more rules only remove duplicate points:
+repo's ZB-V (two chunks per rank), and context parallelism's load balancing (2cp divides the
+sequence, Megatron ``get_batch_on_this_cp_rank``). Two more rules only remove duplicate points:
 ``schedule_needs_pipeline`` (with pp = 1 every schedule is the same step, kept as 1F1B) and
 ``zero_needs_dp`` (a ZeRO stage over a data-parallel group of one rank is stage 0).
 """
@@ -38,9 +39,11 @@ class Violation:
 
 
 def mesh_matches_world(c: Candidate, p: SearchProblem) -> str | None:
-    """dp * tp * pp must equal the world size."""
-    if c.dp * c.tp * c.pp != p.world_size:
-        return f"dp*tp*pp = {c.dp}*{c.tp}*{c.pp} = {c.world_size} != world size {p.world_size}"
+    """dp * cp * tp * pp must equal the world size."""
+    if c.world_size != p.world_size:
+        names = "dp*tp*pp" + ("*cp" if c.cp > 1 else "")
+        values = f"{c.dp}*{c.tp}*{c.pp}" + (f"*{c.cp}" if c.cp > 1 else "")
+        return f"{names} = {values} = {c.world_size} != world size {p.world_size}"
     return None
 
 
@@ -139,9 +142,18 @@ def sequence_parallel_needs_tp(c: Candidate, p: SearchProblem) -> str | None:
 
 
 def sequence_parallel_seq_divisible(c: Candidate, p: SearchProblem) -> str | None:
-    """Sequence parallelism shards the sequence over tp: tp | seq_len."""
-    if c.sequence_parallel and p.seq_len % c.tp:
-        return f"sequence parallel: seq_len {p.seq_len} is not divisible by tp={c.tp}"
+    """Sequence parallelism shards the sequence over tp: tp | seq_len (the cp rank's
+    seq_len / cp under context parallelism)."""
+    if c.sequence_parallel and (p.seq_len // c.cp) % c.tp:
+        return f"sequence parallel: seq_len {p.seq_len} / cp={c.cp} is not divisible by tp={c.tp}"
+    return None
+
+
+def cp_load_balance(c: Candidate, p: SearchProblem) -> str | None:
+    """Context parallelism's causal load balancing cuts the sequence into 2cp chunks
+    (``completion.context_parallel``): 2cp | seq_len."""
+    if c.cp > 1 and p.seq_len % (2 * c.cp):
+        return f"cp={c.cp}: seq_len {p.seq_len} is not divisible by 2*cp = {2 * c.cp}"
     return None
 
 
@@ -163,14 +175,14 @@ def zero_needs_dp(c: Candidate, p: SearchProblem) -> str | None:
 RULES: tuple[Rule, ...] = (
     mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
     tp_divides_ffn_hidden, tp_divides_vocab, tp_within_node, pp_divides_layers,
-    layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
+    cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
     zero_needs_dp,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).
-MESH_RULES: tuple[Rule, ...] = RULES[:8]
+MESH_RULES: tuple[Rule, ...] = RULES[:9]
 
 
 def check_legality(c: Candidate, p: SearchProblem, rules: tuple[Rule, ...] = RULES

@@ -1,7 +1,8 @@
 """The strategy search space: what a candidate plan is and which values each knob may take.
 
-A :class:`Candidate` is one point: the process mesh ``dp x tp x pp`` (dp * tp * pp = world
-size), the virtual pipeline degree ``vpp``, the pipeline schedule, the micro-batch size (the
+A :class:`Candidate` is one point: the process mesh ``dp x cp x tp x pp`` (their product =
+world size; cp, context parallelism, is searched only over ``SearchSpace.cp_degrees``, by
+default just 1, or pinned with ``--fix cp=N``), the virtual pipeline degree ``vpp``, the pipeline schedule, the micro-batch size (the
 number of micro-batches follows from the global batch: m = B / (dp * mbs)), activation
 recompute, the ZeRO stage over the data-parallel group, Megatron sequence parallelism and
 the intra-op annotation (pattern templates, a full_random seed, or the user's annotation).
@@ -36,10 +37,10 @@ MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
 FIXABLE: dict[str, type] = {
     "dp": int, "tp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
-    "recompute": str, "zero": int, "sequence_parallel": bool,
+    "recompute": str, "zero": int, "sequence_parallel": bool, "cp": int,
 }
 _FIX_ALIASES = {"mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
-                "schedule_mode": "schedule", "mp": "tp"}
+                "schedule_mode": "schedule", "mp": "tp", "context_parallel_size": "cp"}
 
 
 class SpaceError(TunerError):
@@ -139,11 +140,12 @@ class Candidate:
     templates: tuple[tuple[str, str], ...] = ()
     annotation_seed: int | None = None
     annotation: str = "megatron"
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        """Ranks the plan uses: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """Ranks the plan uses: dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
 
     def num_microbatches(self, global_batch_size: int) -> int:
         """m = B / (dp * mbs) (integer division; legality checks divisibility)."""
@@ -179,7 +181,7 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     """The fields of ``c`` as a tuple, in declaration order (what ``dataclasses.astuple``
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
-            c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation)
+            c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp)
 
 
 def divisors(n: int) -> list[int]:
@@ -226,7 +228,7 @@ _FIX_CHOICES: dict[str, tuple[Any, ...]] = {
 
 def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
     """Each pinned value is one the knob can take: a known schedule / recompute / ZeRO
-    stage, an integer >= 1 for degrees and sizes, and dp, tp, pp (and their product)
+    stage, an integer >= 1 for degrees and sizes, and dp, tp, pp, cp (and their product)
     dividing the world size. Raises SpaceError naming the knob and value."""
     for k, v in fix.items():
         if k in _FIX_CHOICES:
@@ -234,16 +236,18 @@ def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
                 raise SpaceError(f"--fix: {k}={v!r} is not one of {list(_FIX_CHOICES[k])}")
         elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpaceError(f"--fix: {k}={v!r} must be an integer >= 1")
-    mesh = {k: fix[k] for k in ("dp", "tp", "pp") if k in fix}
+    mesh = {k: fix[k] for k in ("dp", "tp", "pp", "cp") if k in fix}
     prod = 1
     for v in mesh.values():
         prod *= v
     if world_size % prod:
         pinned = ",".join(f"{k}={v}" for k, v in mesh.items())
         raise SpaceError(f"--fix: {pinned} does not divide the world size {world_size} "
-                         f"(dp * tp * pp must equal it)")
-    if len(mesh) == 3 and prod != world_size:
+                         f"(dp * tp * pp * cp must equal it)")
+    if all(k in mesh for k in ("dp", "tp", "pp")) and "cp" not in fix and prod != world_size:
         raise SpaceError(f"--fix: dp*tp*pp = {prod} but the world size is {world_size}")
+    if len(mesh) == 4 and prod != world_size:
+        raise SpaceError(f"--fix: dp*tp*pp*cp = {prod} but the world size is {world_size}")
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,8 @@ class SearchSpace:
     Attributes:
         problem: the :class:`SearchProblem`.
         schedules, vpp_degrees (> 1, used with VPP / ZBVPP), micro_batch_sizes, recompute,
-        zero_stages, sequence_parallel: allowed values.
+        zero_stages, sequence_parallel, cp_degrees (context parallelism; default (1,): the
+        search adds cp only when asked): allowed values.
         fix: knob -> pinned value (overrides the lists).
     """
 
@@ -265,6 +270,7 @@ class SearchSpace:
     zero_stages: tuple[int, ...] = ZERO_STAGES
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
+    cp_degrees: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         bad = [s for s in self.schedules if s not in SCHEDULES]
@@ -273,6 +279,9 @@ class SearchSpace:
         bad_r = [r for r in self.recompute if r not in RECOMPUTE]
         if bad_r:
             raise SpaceError(f"search space: unknown recompute {bad_r}; known: {list(RECOMPUTE)}")
+        if not self.cp_degrees or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                      for c in self.cp_degrees):
+            raise SpaceError(f"search space: cp_degrees must be integers >= 1, got {list(self.cp_degrees)}")
         for k in self.fix:
             if k not in FIXABLE:
                 raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
@@ -314,6 +323,10 @@ class SearchSpace:
         """ZeRO stages to try: the fixed value, else ``zero_stages``."""
         return self._pick("zero", self.zero_stages)
 
+    def cp_choices(self) -> list[int]:
+        """Context-parallel degrees to try: the fixed value, else ``cp_degrees``."""
+        return self._pick("cp", self.cp_degrees)
+
     def sp_choices(self) -> list[bool]:
         """Sequence-parallel flags to try: the fixed value, else ``sequence_parallel``."""
         return self._pick("sequence_parallel", self.sequence_parallel)
@@ -336,13 +349,13 @@ class SearchSpace:
 def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
     """Every combination of the non-annotation knobs (legal or not), in a fixed order.
 
-    vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp) (combinations
+    vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp * cp) (combinations
     where that is not an integer, or contradicts a fixed dp, are skipped)."""
     w = space.problem.world_size
-    for tp, pp in itertools.product(space.tp_choices(), space.pp_choices()):
-        if w % (tp * pp):
+    for tp, pp, cp in itertools.product(space.tp_choices(), space.pp_choices(), space.cp_choices()):
+        if w % (tp * pp * cp):
             continue
-        dp = w // (tp * pp)
+        dp = w // (tp * pp * cp)
         if "dp" in space.fix and space.fix["dp"] != dp:
             continue
         for sched in space.schedule_choices():
@@ -350,4 +363,4 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
                     space.sp_choices()):
-                yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp)
+                yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp)

@@ -59,7 +59,7 @@ def _cat(trial: optuna.Trial, name: str, choices: Sequence[Any]) -> Any:
 
 
 def _templates(trial: optuna.Trial, space: SearchSpace, kinds: Mapping[str, Sequence[str]],
-               tp: int) -> tuple[tuple[tuple[str, str], ...], bool]:
+               tp: int, cp: int = 1) -> tuple[tuple[tuple[str, str], ...], bool]:
     """One template per pattern kind (only when tp > 1); returns (templates, sequence
     parallel). The norm's ``sequence_parallel`` template is offered only on the Megatron
     base layout and when sequence parallelism is allowed and legal."""
@@ -74,7 +74,7 @@ def _templates(trial: optuna.Trial, space: SearchSpace, kinds: Mapping[str, Sequ
             base = all(chosen.get(k, MEGATRON_BASE[k]) == MEGATRON_BASE[k] or
                        chosen.get(k) == "tied" for k in MEGATRON_BASE)
             sp_ok = (True in space.sp_choices() and base
-                     and space.problem.seq_len % tp == 0)
+                     and (space.problem.seq_len // cp) % tp == 0)
             if not sp_ok:
                 opts = [o for o in opts if o != "sequence_parallel"]
             if False not in space.sp_choices() and sp_ok:
@@ -94,13 +94,15 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     p = space.problem
     tp = _cat(trial, "tp", tp_choices(space))
     pp = _cat(trial, "pp", pp_choices(space))
-    if p.world_size % (tp * pp):
+    cps = space.cp_choices()  # suggested only when there is a choice (trials stay as before)
+    cp = _cat(trial, "cp", cps) if len(cps) > 1 else cps[0]
+    if p.world_size % (tp * pp * cp):
         return L.Violation("mesh_matches_world",
-                           f"tp*pp = {tp}*{pp} does not divide world size {p.world_size}")
-    dp = p.world_size // (tp * pp)
+                           f"tp*pp*cp = {tp}*{pp}*{cp} does not divide world size {p.world_size}")
+    dp = p.world_size // (tp * pp * cp)
     if "dp" in space.fix and space.fix["dp"] != dp:
         return L.Violation("fixed_dp", f"dp={dp} but --fix dp={space.fix['dp']}")
-    v = L.first_violation(Candidate(dp, tp, pp), p, L.MESH_RULES)
+    v = L.first_violation(Candidate(dp, tp, pp, cp=cp), p, L.MESH_RULES)
     if v is not None:
         return v
     sched = _cat(trial, "schedule", space.schedule_choices()) if pp > 1 else "1F1B"
@@ -116,14 +118,15 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
-        templates, sp = _templates(trial, space, template_kinds or {}, tp)
+        templates, sp = _templates(trial, space, template_kinds or {}, tp, cp)
     else:
         sp = _cat(trial, "sequence_parallel", [s for s in space.sp_choices()
-                                               if not s or p.seq_len % tp == 0]) if tp > 1 else False
+                                               if not s or (p.seq_len // cp) % tp == 0]) if tp > 1 else False
         if mode == RANDOM and tp > 1:
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
-                     "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation))
+                     "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
+                     cp)
     return L.first_violation(cand, p) or cand
 
 
