@@ -32,6 +32,7 @@ from completion.ir import Value
 from completion.ops.registry import TensorType
 from completion.passes.reshard import value_layout
 from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
+from executor.cp_data import cp_input
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
 from executor.errors import ExecutorError
 from executor.kernels import KernelContext, get_kernel, torch_dtype
@@ -82,6 +83,9 @@ class RankExecutor:
         #: ("send" | "recv", peer, send op index, micro-batch) of every p2p op of the step,
         #: in the order this rank issued them
         self.p2p_log: list[tuple[str, int, int, int]] = []
+        #: (cp, micro-batch size, tp) of a context-parallel program (its inputs are folded,
+        #: executor.cp_data); None otherwise
+        self.context_parallel: tuple[int, int, int] | None = None
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -105,7 +109,11 @@ class RankExecutor:
         batched = is_batch_input(v, self.batch)
         if id(v) not in self._step_inputs:
             shape = (v.shape[0] * self.m, *v.shape[1:]) if batched else v.shape
-            self._step_inputs[id(v)] = input_value(self.seed, v, shape)
+            if self.context_parallel is None:
+                self._step_inputs[id(v)] = input_value(self.seed, v, shape)
+            else:
+                cp, mbs, tp = self.context_parallel
+                self._step_inputs[id(v)] = cp_input(self.seed, v, shape, batched, self.rank, cp, mbs, tp)
         glob = self._step_inputs[id(v)]
         if batched:
             glob = glob[mb * self.batch:(mb + 1) * self.batch]
@@ -151,7 +159,7 @@ class RankExecutor:
                                 group=ro.group, rank=self.rank, want=it.want,
                                 in_global=tuple(None if v is None else tuple(v.shape)
                                                 for v in ro.op.operands),
-                                comm=self._comm_fn(it))
+                                comm=self._comm_fn(it), extra={"groups": self.groups})
             self._ctx[id(it)] = ctx
         return ctx
 

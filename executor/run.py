@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from completion.context_parallel import CP_OP_TYPES, cp_group
 from completion.passes.reshard import value_layout
 from executor.actions import ActionOrderError, Rows, schedule_rows, single_stage_order
 from executor.assemble import assemble
@@ -75,10 +76,10 @@ class Measurement:
 def check_plan(plan: Any, nproc: int) -> None:
     """Refuse a plan whose dp * mp * pp differs from ``nproc`` (before launch)."""
     s = plan.strategy
-    need = s.dp * s.tp * s.pp
+    need = s.world_size
     if need != nproc:
-        raise PlanMismatchError(f"plan needs dp*mp*pp = {s.dp}*{s.tp}*{s.pp} = {need} ranks "
-                                f"but nproc is {nproc}")
+        cp = f"*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp}" if s.cp > 1 else f" = {s.dp}*{s.tp}*{s.pp}"
+        raise PlanMismatchError(f"plan needs dp*mp*pp{cp} = {need} ranks but nproc is {nproc}")
 
 
 class PlanScheduleError(PlanMismatchError, ActionOrderError):
@@ -111,6 +112,11 @@ def program_groups(program: Any) -> list[tuple[int, ...]]:
     for mesh in meshes:
         for m in range(mesh.ndim):
             out.update(tuple(g) for g in mesh.groups(m))
+    for op in program.ops:  # context-parallel attention: every rank's cp group
+        cp = int(op.attrs.get("context_parallel", 1) or 1) if op.type in CP_OP_TYPES else 1
+        if cp > 1 and op.dist_attr is not None:
+            stride = int(op.attrs.get("cp_stride", 1))
+            out.update(cp_group(r, cp, stride) for r in op.dist_attr.process_mesh.process_ids)
     return sorted(out)
 
 
@@ -141,6 +147,8 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
     rplan = build_rank_plan(pp.program, rank)
     ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
+    if pp.context_parallel > 1:
+        ex.context_parallel = (pp.context_parallel, s.micro_batch_size, s.tp)
     if s.pp > 1:  # send to each peer in its receive order (NCCL matches p2p by order)
         ex.send_order = send_orders(pp.program, rplan, rows, lambda r: r // (s.dp * s.tp))
     step_times, losses, times = [], [], []

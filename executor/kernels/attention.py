@@ -9,6 +9,12 @@ The grad follows FlashAttention-2's backward (Dao 2023, Algorithm 2): P = exp(S 
 dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P (dP - D), dQ = dS K / sqrt(d),
 dK = dS^T Q / sqrt(d); kv-head gradients sum over their query-head group.
 
+Context parallelism (``context_parallel`` attribute > 1, ``completion.context_parallel``):
+q/k/v hold this rank's load-balanced tokens and the kernel runs the cp group's attention,
+ring attention (``cp_comm = "p2p"``) or all-gathered K/V, with ``executor.ring_attention``;
+the group is the rank's cp peers (``cp_stride`` apart), its process group from
+``KernelContext.extra["groups"]``.
+
 Rotary embedding (Su et al. 2021, RoFormer eq. 34): out = x cos + rot(x) sin, applied to q,
 k and v when given (Paddle rotates every given input). ``use_neox_rotary_style=True`` pairs
 adjacent elements (rot(x)[2i] = -x[2i+1], rot(x)[2i+1] = x[2i]), False pairs the two halves
@@ -25,8 +31,10 @@ from typing import Any
 
 import torch
 
+from completion.context_parallel import cp_group
 from executor.kernels.base import Ins, KernelContext, KernelError, need, register_kernel
 from executor.kernels.nn import stat_dtype
+from executor.ring_attention import CP_ATTENTION
 
 
 def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -57,10 +65,35 @@ def _check_dropout(attrs: Mapping[str, Any]) -> None:
         raise KernelError("flash_attention: attention dropout is not supported by the executor")
 
 
+def _context_parallel(attrs: Mapping[str, Any], ctx: KernelContext, op: str):
+    """(forward, backward, group, process group) of a context-parallel attention op, or
+    None when the op runs on one rank's whole sequence."""
+    cp = int(attrs.get("context_parallel", 1) or 1)
+    if cp == 1:
+        return None
+    comm = str(attrs.get("cp_comm", "p2p"))
+    if comm not in CP_ATTENTION:
+        raise KernelError(f"{op}: cp_comm {comm!r} is none of {sorted(CP_ATTENTION)}")
+    if ctx.rank is None:
+        raise KernelError(f"{op}: context parallelism needs the rank")
+    group = cp_group(ctx.rank, cp, int(attrs.get("cp_stride", 1) or 1))
+    groups = ctx.extra.get("groups")
+    pg = groups.get(group) if groups is not None else None
+    fwd, bwd = CP_ATTENTION[comm]
+    return fwd, bwd, group, pg
+
+
 @register_kernel("flash_attention")
 def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     q, k, v = (need(ins, i, "flash_attention", w) for i, w in enumerate("qkv"))
     _check_dropout(attrs)
+    cpa = _context_parallel(attrs, ctx, "flash_attention")
+    if cpa is not None:
+        if attrs.get("return_softmax"):
+            raise KernelError("flash_attention: return_softmax is not available with context parallelism")
+        out, lse = cpa[0](q, k, v, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3])
+        return [out, None, lse.float() if lse.dtype != torch.float64 else lse,
+                torch.zeros(2, dtype=torch.int64, device=q.device)]
     qt, kt, vt, _ = _heads(q, k, v)
     s = _scores(qt, kt, bool(attrs.get("causal", True)))
     lse = torch.logsumexp(s, dim=-1)
@@ -76,6 +109,9 @@ def _flash_attention_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext
     out, lse = need(ins, 3, "flash_attention_grad", "out"), need(ins, 4, "flash_attention_grad", "softmax_lse")
     g = need(ins, 6, "flash_attention_grad", "out@GRAD")
     _check_dropout(attrs)
+    cpa = _context_parallel(attrs, ctx, "flash_attention_grad")
+    if cpa is not None:
+        return list(cpa[1](q, k, v, out, lse, g, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3]))
     qt, kt, vt, rep = _heads(q, k, v)
     s = _scores(qt, kt, bool(attrs.get("causal", True)))
     dt = s.dtype
