@@ -88,7 +88,7 @@ class PlanProgram:
         strategy: the strategy it was built for.
         batch: rows of the program's batch dim (one micro-batch; every dp replica when the
             program is annotated).
-        num_microbatches: m per step. world_size: ranks the plan runs on (dp * tp * pp).
+        num_microbatches: m per step. world_size: ranks the plan runs on (dp * cp * tp * pp).
         representative: True for the cost model's one-layer, stage-0 program.
         annotated: False when nothing inside a rank is sharded (no dist attrs at all).
         context_parallel: the plan's cp degree; with cp > 1 ``strategy`` is the folded one

@@ -64,7 +64,7 @@ class Engine:
             fitting that constant, e.g. on Megatron 2021 Table 1).
 
     Raises:
-        EngineError: dp * tp * pp exceeds the cluster, or an option is out of range;
+        EngineError: dp * cp * tp * pp exceeds the cluster, or an option is out of range;
         ``completion.plan_program.PlanProgramError`` for a plan the model cannot take.
     """
 

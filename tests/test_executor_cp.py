@@ -2,7 +2,7 @@
 all-gathered K/V) on gloo ranks and computes what one process computes -- the loss of every
 step and every parameter after the updates within 1e-5 relative (fp32) -- for a LLaMA-style
 model (GQA, rotary tables at each rank's load-balanced positions) and a GPT-2 one (learned
-positions: folded position ids), alone and with dp, tp (sequence parallel) and ZeRO-1."""
+positions: folded position ids), alone and with dp, tp (sequence parallel), pp and ZeRO-1."""
 
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def test_verify_cp_on_four_ranks(models):
                                          global_batch_size=4, optimizer="adamw", zero=1),
         "llama cp=2 x tp=2 sp": _plan(models["llama"], cp=2, tp=2, micro_batch_size=1,
                                       global_batch_size=2, sequence_parallel=True),
+        "llama pp=2 x cp=2 1F1B": _plan(models["llama"], pp=2, cp=2, micro_batch_size=1,
+                                        global_batch_size=4),
     }
     _check(cases, 4)
 

@@ -28,7 +28,7 @@ def _rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
     rows: list[tuple[str, float | None, float]] = [
         ("step time (ms)", _ms(meas.predicted.get("step_time")), meas.step_time * 1e3)]
     s = plan.strategy
-    per_stage = s.dp * s.tp
+    per_stage = s.dp * s.cp * s.tp  # ranks of one pipeline stage
     pred_stages = meas.predicted.get("rank_stage_times") or meas.predicted.get("stage_times") or []
     for st in range(s.pp):
         got = meas.phase_times[st * per_stage] if st * per_stage < len(meas.phase_times) else {}
