@@ -244,3 +244,36 @@ def test_tuner_cp_legality():
     sp3 = Candidate(dp=1, tp=3, pp=1, cp=2, sequence_parallel=True)
     assert sequence_parallel_seq_divisible(sp3, _problem(12)) is None
     assert "seq_len 20 / cp=2 is not divisible by tp=3" in sequence_parallel_seq_divisible(sp3, _problem(20))
+
+
+def test_sequence_sharded_program_needs_no_attention_reshard():
+    """A program annotated with its sequence on a cp mesh dim (mesh [cp=2, tp=2], token ids
+    and labels split on the sequence, Megatron tp layout) completes with q, k, v, out and
+    their gradients sequence-sharded on the cp dim and heads on tp: the context-parallel
+    attention rule takes them as they are, so no reshard feeds or follows an attention op."""
+    from completion import build_model
+    from completion.annotate import annotate, shard_megatron
+    from completion.backward import append_backward
+    from completion.completer import Completer
+    from completion.context_parallel import mark_attention
+    from completion.mesh import ProcessMesh
+    from completion.passes import apply_partition_pass
+
+    prog = build_model(TINY, batch_size=2, seq_len=64, dtype="float32", num_layers=2, attention="flash")
+    append_backward(prog)
+    mark_attention(prog, Strategy(cp=2, tp=2, attention="flash"))
+    mesh = ProcessMesh((2, 2), (0, 1, 2, 3), ("cp", "tp"))
+    shard_megatron(prog, mesh, 0, 1)
+    for name in ("input_ids", "labels"):
+        v = prog.value(name)
+        annotate(prog, name, mesh, [-1, 0] + [-1] * (v.ndim - 2))
+    Completer(prog, zero_stage=0, dp_mesh_dim=0).complete()
+    apply_partition_pass(prog)
+    att = [op for op in prog.ops if op.type in ("flash_attention", "flash_attention_grad")]
+    assert len(att) == 4
+    for op in att:
+        assert all(x.dist_attr.dims_mapping == (-1, 0, 1, -1) for x in op.operands[:3])
+        assert all(x.op.type != "reshard" for x in op.operands[:3])
+        assert all(u.type != "reshard" for r in op.results[:1] if r is not None for u, _ in r.uses)
+    fwd = [op for op in att if op.type == "flash_attention"]
+    assert all(op.results[2].dist_attr.dims_mapping == (-1, 1, 0) for op in fwd)

@@ -228,6 +228,29 @@ def test_flash_attention_shards_batch_and_heads_not_sequence():
     assert r.results[3].partial_dims == {}  # seed_offset is never partial
 
 
+def test_context_parallel_attention_keeps_the_sequence_sharded():
+    """With context_parallel > 1 the kernel exchanges K/V itself: q, k, v sharded on the
+    sequence (mesh dim 0, the cp ranks) stay so, heads on mesh dim 1; out and softmax_lse
+    come out sequence-sharded, nothing Partial. Without the attribute the same inputs are
+    gathered on the sequence. The grad keeps dq, dk, dv sequence-sharded too."""
+    q = T((2, 16, 8, 4), M22, [-1, 0, 1, -1])
+    kv = T((2, 16, 4, 4), M22, [-1, 0, 1, -1])
+    cp = {"causal": True, "context_parallel": 2, "cp_comm": "p2p", "cp_stride": 2}
+    r = fwd("flash_attention", [q, kv, kv], cp)
+    assert [dims(a) for a in r.operands] == [([-1, 0, 1, -1], {})] * 3
+    assert dims(r.results[0]) == ([-1, 0, 1, -1], {})
+    assert dims(r.results[2]) == ([-1, 1, 0], {})  # softmax_lse [b, h, s]
+    plain = fwd("flash_attention", [q, kv, kv], {"causal": True})
+    assert dims(plain.operands[0]) == ([-1, -1, 1, -1], {})
+    g = fwd("flash_attention_grad", [q, kv, kv, q, T((2, 8, 16), M22, [-1, 1, 0]),
+                                     T((2,), M22, [-1], dtype="int64"), q], cp)
+    assert [dims(a) for a in g.results] == [([-1, 0, 1, -1], {})] * 3
+    # an odd split of the sequence is not taken (2cp chunks must be equal)
+    odd, odd_kv = T((2, 15, 8, 4), M22, [-1, 0, 1, -1]), T((2, 15, 4, 4), M22, [-1, 0, 1, -1])
+    r = fwd("flash_attention", [odd, odd_kv, odd_kv], cp)
+    assert dims(r.results[0]) == ([-1, -1, 1, -1], {})
+
+
 def test_flash_attention_gqa_heads_must_divide():
     # 4 query heads, 2 kv heads on a mesh dim of 4: the kv heads cannot split -> replicated
     q, kv = T((2, 16, 4, 8), M4, [-1, -1, 0, -1]), T((2, 16, 2, 8), M4, [-1, -1, -1, -1])

@@ -76,14 +76,25 @@ def flash_attention(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -
     """``q[b,s,h,d], k[b,t,h,d], v[b,t,h,d] -> out[b,s,h,d], softmax[b,h,s,t],
     softmax_lse[b,h,s], seed_offset[2]``: batch and heads may be sharded (heads only when
     the mesh dim divides the head counts; a single k/v head (MQA) is simply replicated);
-    the sequence and head_dim letters are replicated."""
+    the sequence and head_dim letters are replicated.
+
+    Context-parallel attention (attribute ``context_parallel`` > 1,
+    ``completion.context_parallel``): the kernel exchanges K/V over the ranks that split the
+    sequence (ring attention or all-gathered K/V), so q, k, v, out and softmax_lse may all be
+    sharded on the sequence, with one letter for the query and key sequence (a sequence
+    sharded on a mesh dim stays sharded there, no reshard before or after; it must split
+    evenly). The softmax's key dim stays replicated."""
     pool = LetterPool()
     b, s, h, d, t = pool.take(5)
-    rep = {s, t, d}
-    q, kv = (b, s, h, d), (b, t, h, d)
+    cp = int(attrs.get("context_parallel", 1) or 1)
+    if cp > 1:
+        rep, kv_seq, div = {t, d}, s, frozenset({h, s})
+    else:
+        rep, kv_seq, div = {s, t, d}, t, frozenset({h})
+    q, kv = (b, s, h, d), (b, kv_seq, h, d)
     seed = replicated_letters(outs[3] if len(outs) > 3 else (2,), pool, rep)
     outputs: list[Letters | None] = [q, (b, h, s, t), (b, h, s), seed]
-    return Notation([q, kv, kv], outputs, rep, divisible=frozenset({h}), aux_outputs=frozenset({3}))
+    return Notation([q, kv, kv], outputs, rep, divisible=div, aux_outputs=frozenset({3}))
 
 
 def rotary_embedding(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
