@@ -277,3 +277,25 @@ def test_sequence_sharded_program_needs_no_attention_reshard():
         assert all(u.type != "reshard" for r in op.results[:1] if r is not None for u, _ in r.uses)
     fwd = [op for op in att if op.type == "flash_attention"]
     assert all(op.results[2].dist_attr.dims_mapping == (-1, 1, 0) for op in fwd)
+
+
+@settings(max_examples=12, deadline=None)
+@given(cp=st.sampled_from([1, 2, 4]), mbs=st.integers(1, 2), chunks=st.integers(1, 3))
+def test_ring_volume_property(cp, mbs, chunks):
+    """For any cp, micro-batch and sequence: a K/V block is 2 * b * (s/cp) * kv_heads *
+    head_dim * 2 bytes (bf16), forward sends (cp-1) of them, backward 2(cp-1); the rank's
+    attention model FLOPs are 4 * b * hq * (s/cp) * s * d; exposed <= alone."""
+    seq = 8 * chunks * 2 * max(cp, 1)
+    cfg = TINY.replace(seq_len=seq)
+    s = Strategy(cp=cp, micro_batch_size=mbs, global_batch_size=mbs, attention="flash")
+    pp = build_plan_program(resolve_model(cfg), s, representative=True, resolve_reshards=False)
+    f = op_signature(_attention_ops(pp)[0], 0)
+    b = op_signature(_attention_ops(pp, "flash_attention_grad")[0], 0)
+    block = 2 * mbs * (seq // cp) * 2 * 16 * 2
+    assert kv_block_bytes(f) == block
+    assert (ring_volume(f), ring_volume(b)) == ((cp - 1) * block, 2 * (cp - 1) * block)
+    assert op_cost(f)[0].flops == 4 * mbs * 4 * (seq // cp) * seq * 16
+    cl = load_cluster("dgx-h100", 1)
+    for sig in (f, b):
+        exposed, alone = ring_exposed_time(sig, 1e-6, cl, 0)
+        assert 0.0 <= exposed <= alone
