@@ -299,3 +299,18 @@ def test_ring_volume_property(cp, mbs, chunks):
     for sig in (f, b):
         exposed, alone = ring_exposed_time(sig, 1e-6, cl, 0)
         assert 0.0 <= exposed <= alone
+
+
+def test_gradients_reduce_over_dp_times_cp():
+    """Megatron reduces weight gradients over the dp x cp group and shards the distributed
+    optimizer over it: dp 1 x cp 2 syncs exactly as dp 2 x cp 1 (same 2 ranks, same
+    gradient bytes) and ZeRO-1 halves its optimizer states."""
+    cfg = ModelConfig(name="m", family="llama", num_layers=4, hidden_size=1024, num_heads=16,
+                      num_kv_heads=8, ffn_hidden_size=2816, vocab_size=32000, seq_len=4096)
+    base = Strategy(micro_batch_size=1, global_batch_size=2, attention="flash")
+    cp = Engine(cfg, "dgx-h100", base.replace(cp=2), nodes=1).simulate()
+    dp = Engine(cfg, "dgx-h100", base.replace(dp=2), nodes=1).simulate()
+    assert cp.time_breakdown["dp_sync"] > 0
+    assert cp.time_breakdown["dp_sync"] == pytest.approx(dp.time_breakdown["dp_sync"])
+    z1 = Engine(cfg, "dgx-h100", base.replace(cp=2, zero=1), nodes=1).simulate()
+    assert z1.memory_breakdown["optimizer"] * 2 == cp.memory_breakdown["optimizer"]
