@@ -143,8 +143,9 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
                 raise PlanProgramError(f"strategy field 'tp' = {s.tp} does not divide model "
                                        f"{cfg.name!r} {field_} = {n}")
         if s.sequence_parallel and (source.seq_len // s.cp) % s.tp:
-            raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {source.seq_len} "
-                                   f"/ cp = {s.cp} is not divisible by tp = {s.tp}")
+            per_rank = f" / cp = {s.cp}" if s.cp > 1 else ""
+            raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {source.seq_len}"
+                                   f"{per_rank} is not divisible by tp = {s.tp}")
     if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
         raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
                                f"to {sum(s.layers_per_stage)}, but model {source.name!r} has "
