@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from completion.ir import Value
-from completion.ops.registry import TensorType
+from completion.ops.registry import TensorType, get_opdef
 from completion.passes.reshard import value_layout
 from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
@@ -55,6 +55,11 @@ def _unaliased(t: torch.Tensor, ins: list | None) -> bool:
     return all(x is None or not isinstance(x, torch.Tensor) or x.untyped_storage().data_ptr() != ptr
                for x in ins)
 
+
+
+def _is_p2p(op: Any) -> bool:
+    """A pipeline send or recv (op family ``p2p`` in the op registry)."""
+    return getattr(get_opdef(op.type), "family", None) == "p2p"
 
 class RankExecutor:
     """Runs one rank's units. ``batch``: rows of one micro-batch in the program;
@@ -378,9 +383,9 @@ class RankExecutor:
         while i < len(items):
             if id(items[i]) in done:
                 i += 1
-            elif items[i].op.type in ("send", "recv"):
+            elif _is_p2p(items[i].op):
                 j = i
-                while j < len(items) and items[j].op.type in ("send", "recv"):
+                while j < len(items) and _is_p2p(items[j].op):
                     j += 1
                 self._p2p(items[i:j], mb, env, left, key)
                 i = j

@@ -195,7 +195,7 @@ def _producing_matmuls(v: Any, grad: bool = True, depth: int = 3) -> list[Operat
     want = "matmul_grad" if grad else "matmul"
     if op.type == want:
         return [op]
-    if op.type in ("add_n", "add", "cast"):
+    if op_traits(op.type).gradient_sum:
         return [m for x in op.operands if x is not None for m in _producing_matmuls(x, grad, depth - 1)]
     return []
 
