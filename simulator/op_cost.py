@@ -226,6 +226,19 @@ def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int]:
 
 
 def _causal_fraction(sig: OpSig, sq: int, sk: int) -> float:
+    """Fraction of the ``sq x sk`` score matrix a causal (and, with the
+    ``sliding_window`` attribute w, windowed) kernel computes: query i sees keys
+    ``(i + sk - sq) - w < j <= i + sk - sq`` (FlashAttention-2 ``window_size = (w - 1, 0)``,
+    whose kernel skips the key blocks outside the band)."""
+    w = int(sig.attr("sliding_window", 0) or 0)
+    if w > 0 and sk > 0:
+        off = sk - sq
+        if sq <= 4096:
+            seen = sum(max(0, min(sk, i + 1 + off) - max(0, i + 1 + off - w)) for i in range(sq))
+        else:  # closed form for sq = sk: rows below w see i + 1 keys, the rest w
+            r = min(w, sq)
+            seen = r * (r + 1) / 2 + (sq - r) * w if off == 0 else sq * min(w, sk)
+        return seen / (sq * sk)
     if not sig.attr("causal") or sk == 0:
         return 1.0
     # bottom-right aligned causal mask: query i sees keys up to i + (sk - sq)

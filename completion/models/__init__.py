@@ -32,11 +32,13 @@ import pathlib
 from completion.ir import Program
 from completion.models.config import (
     ATTENTIONS,
+    FAMILIES,
     MAX_MODEL_SIZES,
     MEGATRON_2021,
     MODEL_CATALOG,
     ModelConfig,
     ModelConfigError,
+    ModelConfigWarning,
     config_from_hf_dict,
     get_model_config,
     load_hf_config,
@@ -44,7 +46,7 @@ from completion.models.config import (
     model_names,
 )
 from completion.models.mlp import build_mlp
-from completion.models.transformer import FAMILIES, build_decoder
+from completion.models.transformer import build_decoder
 
 #: Most sequences per built program (the batch dim of its inputs): 2**24, the
 #: strategy's batch limit (``completion.strategy.MAX_BATCH``).
@@ -79,7 +81,7 @@ def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: in
         most = MAX_BATCH_SIZE if nm == "batch_size" else MAX_MODEL_SIZES["seq_len"]
         if v > most:
             raise ModelConfigError(f"model {cfg.name!r}: {nm} is {v}, above the limit of {most}")
-    if cfg.family == "gpt" and s > cfg.seq_len:
+    if cfg.resolved_positions == "learned" and s > cfg.seq_len:
         raise ModelConfigError(
             f"model {cfg.name!r}: seq_len {s} exceeds the {cfg.seq_len} learned positions"
         )
@@ -93,6 +95,7 @@ __all__ = [
     "MODEL_CATALOG",
     "ModelConfig",
     "ModelConfigError",
+    "ModelConfigWarning",
     "build_mlp",
     "build_model",
     "config_from_hf_dict",
