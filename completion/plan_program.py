@@ -7,7 +7,9 @@ is predicted is what is executed. The steps:
 1. :func:`check_plan` -- the one legality check (Megatron-LM's tensor-parallel rules: tp
    divides the attention heads and the key/value heads, with sequence parallelism the
    sequence length; the layers fill pp * vpp virtual stages; a program text's own
-   annotations cover exactly ranks 0 .. dp*tp-1).
+   annotations cover exactly ranks 0 .. dp*tp-1; context parallelism's 2cp divides the
+   sequence). A plan with cp > 1 is built as ``completion.context_parallel`` folds it: dp * cp
+   data-parallel replicas of ``seq_len / cp``-token sequences, its attention ops marked.
 2. The forward program with ``micro_batch_size * dp`` sequences (one micro-batch, every dp
    replica), ``append_backward`` and ``apply_optimizer`` (unless the program has them).
 3. The annotation on the stage mesh [dp, tp] (ranks 0 .. dp*tp-1, tensor-parallel
@@ -51,6 +53,12 @@ from completion.annotate import (
 )
 from completion.backward import append_backward
 from completion.completer import Completer
+from completion.context_parallel import (
+    check_context_parallel,
+    fold_source,
+    fold_strategy,
+    mark_attention,
+)
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
 from completion.ir import OpRole, Program
@@ -83,6 +91,10 @@ class PlanProgram:
         num_microbatches: m per step. world_size: ranks the plan runs on (dp * tp * pp).
         representative: True for the cost model's one-layer, stage-0 program.
         annotated: False when nothing inside a rank is sharded (no dist attrs at all).
+        context_parallel: the plan's cp degree; with cp > 1 ``strategy`` is the folded one
+            the program was built for (``completion.context_parallel.fold_strategy``: dp * cp
+            replicas of ``seq_len / cp``-token sequences) and the attention ops carry the
+            ring (``completion.context_parallel.CP_ATTRS``).
     """
 
     program: Program
@@ -92,6 +104,7 @@ class PlanProgram:
     world_size: int
     representative: bool = False
     annotated: bool = True
+    context_parallel: int = 1
 
 
 def stage_mesh(strategy: Strategy) -> ProcessMesh:
@@ -120,16 +133,18 @@ def resolve_plan(plan: Any) -> tuple[ModelSource, Strategy]:
 def check_plan(source: ModelSource, strategy: Strategy) -> None:
     """The legality check both the cost model and the executor run (module docstring).
 
-    Raises PlanProgramError naming the strategy field and the model value at fault."""
+    Raises PlanProgramError naming the strategy field and the model value at fault (a
+    ContextParallelError for a cp the model cannot take)."""
     cfg, s = source.config, strategy
+    check_context_parallel(source, s)
     if cfg is not None and s.tp > 1 and s.annotation == "megatron":
         for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
             if n % s.tp:
                 raise PlanProgramError(f"strategy field 'tp' = {s.tp} does not divide model "
                                        f"{cfg.name!r} {field_} = {n}")
-        if s.sequence_parallel and source.seq_len % s.tp:
+        if s.sequence_parallel and (source.seq_len // s.cp) % s.tp:
             raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {source.seq_len} "
-                                   f"is not divisible by tp = {s.tp}")
+                                   f"/ cp = {s.cp} is not divisible by tp = {s.tp}")
     if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
         raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
                                f"to {sum(s.layers_per_stage)}, but model {source.name!r} has "
@@ -251,14 +266,17 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     Raises PlanProgramError (a CompletionError) for an illegal plan, and completion's errors
     (naming the op or value) for a layout that does not fit.
     """
-    s = strategy
-    check_plan(source, s)
+    check_plan(source, strategy)
+    cp = strategy.cp
+    s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
     prog = _forward(source, s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
+    if cp > 1:
+        mark_attention(prog, strategy)
     if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
         extra = {} if adam_epsilon is None or s.optimizer == "sgd" else {"epsilon": adam_epsilon}
         apply_optimizer(prog, s.optimizer, learning_rate=LEARNING_RATES[s.optimizer], **extra)
@@ -272,7 +290,8 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         if resolve_reshards:
             apply_reshard_pass(prog)
     prog.renumber()
-    return PlanProgram(prog, s, batch, s.num_microbatches, s.world_size, representative, annotated)
+    return PlanProgram(prog, s, batch, s.num_microbatches, s.world_size, representative, annotated,
+                       cp)
 
 
 def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:
@@ -282,5 +301,5 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     micro-batches)."""
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
-    return replace(s, dp=1, tp=1, pp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+    return replace(s, dp=1, tp=1, pp=1, cp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
                    sequence_parallel=False, zero=0, annotation="none", layers_per_stage=None)

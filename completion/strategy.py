@@ -3,8 +3,16 @@
 One name per knob, used alike by the Strategy, the tuner's candidates, the step model's
 config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 2021):
 
-- ``dp`` x ``tp`` x ``pp`` ranks: data, tensor and pipeline parallel degrees (ranks are laid
-  out tensor-parallel innermost, then data, then pipeline: rank = stage * dp * tp + d * tp + t);
+- ``dp`` x ``cp`` x ``tp`` x ``pp`` ranks: data, context, tensor and pipeline parallel
+  degrees (ranks are laid out tensor-parallel innermost, then context, then data, then
+  pipeline -- Megatron-LM's ``tp-cp-ep-dp-pp`` order, ``megatron/core/parallel_state.py``:
+  rank = stage * dp * cp * tp + (d * cp + c) * tp + t);
+- ``cp``: context parallelism (Megatron's ``--context-parallel-size``): the sequence of every
+  micro-batch split over ``cp`` ranks, causal load balancing by chunk reordering (rank c
+  holds chunks c and 2cp-1-c of 2cp), attention over the whole sequence by ``cp_comm``:
+  ``p2p`` (ring attention, K/V blocks passed peer to peer beside the blockwise attention;
+  Liu et al. 2023, Megatron ``--cp-comm-type p2p``) or ``all_gather`` (K/V all-gathered
+  before the attention, ``--cp-comm-type all_gather``); ``completion.context_parallel``;
 - ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
@@ -55,10 +63,13 @@ FRAMEWORKS = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp
 #: else the framework's default
 ATTENTIONS = ("flash", "unfused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
+#: how a context-parallel attention gets the other ranks' keys and values (Megatron-LM
+#: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
+CP_COMMS = ("p2p", "all_gather")
 ZERO_STAGES = (0, 1, 2, 3)
 #: knob names of earlier plan files -> today's
 LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}
-_INT_FIELDS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size")
+_INT_FIELDS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size")
 #: Largest value of each integer knob (issue 16 item 8: sizes are bounded where they
 #: enter, so no size makes a command run for minutes). Degrees: at most the ranks a
 #: cluster may have (``clusters.spec.MAX_WORLD_SIZE``, 2**20), also for their product;
@@ -68,7 +79,7 @@ MAX_VPP = 64
 MAX_BATCH = 2**24
 #: most decoder layers one virtual stage may hold (a model has at most 2**14)
 MAX_LAYERS = 2**14
-MAX_VALUES = {"dp": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "vpp": MAX_VPP,
+MAX_VALUES = {"dp": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "cp": MAX_DEGREE, "vpp": MAX_VPP,
               "micro_batch_size": MAX_BATCH, "global_batch_size": MAX_BATCH}
 
 
@@ -91,9 +102,9 @@ class Strategy:
     """A parallel strategy (frozen; hashable unless ``annotation`` is a mapping).
 
     Attributes: see the module docstring. ``global_batch_size`` must be a multiple of
-    ``dp * micro_batch_size`` (m = global / (dp * micro) micro-batches per pipeline). Each
-    integer knob is at most :data:`MAX_VALUES` (and dp * tp * pp at most
-    :data:`MAX_DEGREE`).
+    ``dp * micro_batch_size`` (m = global / (dp * micro) micro-batches per pipeline; the cp
+    ranks of a data-parallel replica share its sequences). Each integer knob is at most
+    :data:`MAX_VALUES` (and dp * cp * tp * pp at most :data:`MAX_DEGREE`).
 
     Raises:
         StrategyError: naming the first invalid field.
@@ -115,6 +126,8 @@ class Strategy:
     layers_per_stage: tuple[int, ...] | None = None
     framework: str = "megatron-core"
     attention: str | None = None
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -124,8 +137,8 @@ class Strategy:
             if v > MAX_VALUES[name]:
                 raise StrategyError(f"strategy field {name!r} is {v}, above the limit of "
                                     f"{MAX_VALUES[name]} (completion.strategy.MAX_VALUES)")
-        if self.dp * self.tp * self.pp > MAX_DEGREE:
-            raise StrategyError(f"strategy field 'dp' x 'tp' x 'pp' = {self.dp * self.tp * self.pp} "
+        if self.world_size > MAX_DEGREE:
+            raise StrategyError(f"strategy field 'dp' x 'cp' x 'tp' x 'pp' = {self.world_size} "
                                 f"ranks is above the limit of {MAX_DEGREE} (completion.strategy.MAX_DEGREE)")
         object.__setattr__(self, "schedule", canonical_schedule(self.schedule))
         self._check_choices()
@@ -135,7 +148,7 @@ class Strategy:
 
     def _check_choices(self) -> None:
         for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
-                              ("framework", FRAMEWORKS)):
+                              ("framework", FRAMEWORKS), ("cp_comm", CP_COMMS)):
             if getattr(self, name) not in allowed:
                 raise StrategyError(f"strategy field {name!r} must be one of {list(allowed)}, "
                                     f"got {getattr(self, name)!r}")
@@ -162,6 +175,10 @@ class Strategy:
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
+        if self.cp > 1 and self.attention == "unfused":
+            raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
+                                "context parallelism splits the attention into blockwise kernels "
+                                "(Megatron-LM runs it with Transformer Engine's fused attention)")
 
     def _check_annotation(self) -> None:
         ann = self.annotation
@@ -198,8 +215,8 @@ class Strategy:
     # -- derived ---------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        """Ranks the strategy uses: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """Ranks the strategy uses: dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def num_microbatches(self) -> int:

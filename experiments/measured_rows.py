@@ -79,21 +79,11 @@ class Unsupported:
         return f"{self.field}={_cell(row, self.field)!r}: {self.why}"
 
 
-def _cp(row: Row) -> int:
-    """The context-parallel degree of a row (1 when the cell is empty or unreadable)."""
-    try:
-        return _leading_int(_cell(row, "cp") or "1", "cp")
-    except RowError:
-        return 1  # an unreadable cp is caught by the parser itself
-
-
 #: Features of the measured runs that Strategy / the model builders cannot take (yet).
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("FP8", "precision", lambda r: "fp8" in _cell(r, "precision").lower(),
                 "FP8 precision: Strategy.dtype has no float8 (completion.strategy.DTYPES) and "
                 "the cost model has no FP8 GEMM rate"),
-    Unsupported("cp > 1", "cp", lambda r: _cp(r) > 1,
-                "context parallelism (cp > 1): Strategy has no cp degree"),
     Unsupported("squared-ReLU MLP", "ffn_type",
                 lambda r: "squared-relu" in _cell(r, "ffn_type").lower().replace(" ", "-"),
                 "squared-ReLU MLP: the builders have a GeLU MLP (gpt) and SwiGLU (llama) only"),
@@ -113,7 +103,7 @@ class RunSpec:
         cluster: ``clusters/catalog`` name; nodes: node count (num_gpus / gpus_per_node).
         strategy: the layout and software (framework profile, attention kernel).
         seq_len: tokens per sequence.
-        num_gpus: GPUs of the run (dp * tp * pp).
+        num_gpus: GPUs of the run (dp * cp * tp * pp).
         step_time_s: measured seconds per optimizer step; step_time_origin: the column it
             came from (``step_time_s``, ``derived_step_time_s`` or ``global_batch_tokens /
             (tokens_per_s_per_gpu * num_gpus)``).
@@ -149,7 +139,7 @@ class RunSpec:
     def layout(self) -> str:
         """One-line layout summary, e.g. ``dp32 tp1 pp1 mbs16 gbs512 zero0 rc=full fp16``."""
         s = self.strategy
-        parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"]
+        parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"] + ([f"cp{s.cp}"] if s.cp > 1 else [])
         if s.vpp > 1:
             parts.append(f"vpp{s.vpp}")
         parts += [f"mbs{s.micro_batch_size}", f"gbs{s.global_batch_size}", f"zero{s.zero}"]
@@ -413,6 +403,7 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
     """The Strategy of a row: layout, schedule (VPP when vpp > 1), batches, recompute,
     ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
     dp, tp, pp = _int(row, "dp"), _int(row, "tp"), _int(row, "pp")
+    cp = _int(row, "cp") if _cell(row, "cp") else 1
     vpp_text = _cell(row, "vpp") or "1"
     if _not_stated(vpp_text):
         raise RowError("vpp", f"interleaving degree {vpp_text!r}")
@@ -457,7 +448,7 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
     if _cell(row, "assumptions"):
         notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
     try:
-        return Strategy(dp=dp, tp=tp, pp=pp, vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
+        return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
                         sequence_parallel=sp, dtype=_dtype(precision), optimizer="adamw",
@@ -524,7 +515,7 @@ def parse_row(row: Row) -> RunSpec | Refused:
         strategy = _strategy(row, notes)
         gpus = _int(row, "num_gpus")
         if strategy.world_size != gpus:
-            raise RowError("num_gpus", f"{gpus} != dp*tp*pp = {strategy.world_size}")
+            raise RowError("num_gpus", f"{gpus} != dp*cp*tp*pp = {strategy.world_size}")
         if strategy.framework.startswith("megatron-2021"):
             model = model.replace(attention_dropout=MEGATRON_2021["attention_dropout"],
                                   hidden_dropout=MEGATRON_2021["hidden_dropout"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from clusters import Cluster, load_cluster
 from completion import Program
+from completion.context_parallel import fold_strategy
 from completion.models.source import ModelSource, resolve_model
 from completion.plan_program import (
     PlanProgram,
@@ -78,7 +79,7 @@ class Engine:
         self.strategy = s
         self.cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
         if s.world_size > self.cluster.world_size:
-            raise EngineError(f"strategy dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.world_size} ranks "
+            raise EngineError(f"strategy dp*cp*tp*pp = {s.dp}*{s.cp}*{s.tp}*{s.pp} = {s.world_size} ranks "
                               f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
         if not 0.0 <= overlap <= 1.0:
             raise EngineError(f"overlap must be in [0, 1], got {overlap}")
@@ -168,8 +169,11 @@ class Engine:
         ``StepConfig.accumulate_grads``). Raises EngineError for a split the pipeline
         cannot take."""
         costs = self.program_costs()
-        cfg = StepConfig.of(self.strategy, self.roofline, boundary_bytes=costs.boundary_bytes,
-                            seq_len=self.source.seq_len, profile=self.profile,
+        # a cp plan steps as its folded strategy: dp * cp replicas of seq_len / cp tokens
+        # (completion.context_parallel); the identity for cp = 1
+        cfg = StepConfig.of(fold_strategy(self.strategy), self.roofline,
+                            boundary_bytes=costs.boundary_bytes,
+                            seq_len=self.source.seq_len // self.strategy.cp, profile=self.profile,
                             overlap=self.overlap, overlap_dp_sync=self.overlap_dp_sync,
                             accumulate_grads=accumulate_grads)
         try:

@@ -248,25 +248,50 @@ def _causal_fraction(sig: OpSig, sq: int, sk: int) -> float:
     return seen / (sq * sk)
 
 
+def _cp_degree(sig: OpSig) -> int:
+    """The context-parallel degree an attention op runs over (``context_parallel`` attribute,
+    ``completion.context_parallel``; 1 without)."""
+    return max(1, int(sig.attr("context_parallel", 1) or 1))
+
+
+def _cp_fraction(sig: OpSig, sq: int, sk: int, cp: int) -> float:
+    """Causal fraction of a rank's queries against all keys. cp = 1: :func:`_causal_fraction`.
+    cp > 1 with load balancing (rank c holds chunks c and 2cp-1-c of the S = cp * s_k keys):
+    every rank sees the same share of the S(S+1)/2 causal pairs, S(S+1)/(2cp) of its
+    s_q * S = S^2/cp pairs: (S+1)/(2S), the whole sequence's fraction."""
+    if cp == 1:
+        return _causal_fraction(sig, sq, sk)
+    return _causal_fraction(sig, sk * cp, sk * cp)
+
+
 @register_cost("flash_attention", "attention")
 def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
     """Model FLOPs 4*b*h_q*s_q*s_k*d; executed FLOPs times the causal fraction. Bytes: read
-    q, k, v (GQA: k, v have fewer heads), write out and the softmax log-sum-exp."""
+    q, k, v (GQA: k, v have fewer heads), write out and the softmax log-sum-exp.
+
+    Context parallelism (``context_parallel`` = cp > 1): the rank's s_q queries attend to
+    all cp * s_k keys (cp blocks of the ring, or the all-gathered K/V), so s_k counts cp
+    times and every K/V block is read once; the causal fraction is the load-balanced one
+    (:func:`_cp_fraction`)."""
     b, hq, sq, sk, d = _attn_dims(sig)
-    fl = 4.0 * b * hq * sq * sk * d
-    ex = fl * _causal_fraction(sig, sq, sk)
-    nbytes = sum(_bytes(t) for t in sig.ins[:3]) + sum(_bytes(t) for t in sig.outs)
+    cp = _cp_degree(sig)
+    fl = 4.0 * b * hq * sq * sk * cp * d
+    ex = fl * _cp_fraction(sig, sq, sk, cp)
+    nbytes = _bytes(sig.ins[0]) + cp * sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs)
     return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig))]
 
 
 @register_cost("flash_attention_grad", "attention_grad")
 def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
     """Model FLOPs 2x forward (dQ, dK, dV, dP); executed 2.5x forward (QK^T recomputed,
-    FlashAttention-2 section 3.1). All B: attention has no weights."""
+    FlashAttention-2 section 3.1). All B: attention has no weights. Context parallelism as
+    in :func:`flash_attention_cost` (every K/V block and its dK/dV read and written once)."""
     b, hq, sq, sk, d = _attn_dims(sig)
-    fwd = 4.0 * b * hq * sq * sk * d
-    ex = 2.5 * fwd * _causal_fraction(sig, sq, sk)
-    nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs)
+    cp = _cp_degree(sig)
+    fwd = 4.0 * b * hq * sq * sk * cp * d
+    ex = 2.5 * fwd * _cp_fraction(sig, sq, sk, cp)
+    kv = sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs[1:3])
+    nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs) + (cp - 1) * kv
     return [KernelCost("B", 2.0 * fwd, ex, nbytes, "attention", _first_dtype(sig))]
 
 

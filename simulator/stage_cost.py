@@ -32,6 +32,7 @@ from completion.ir import Operation, OpRole, Program
 from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
+from simulator.context_parallel import CP_PHASE, cp_comm_time, cp_settings, cp_workspace_bytes
 from simulator.eager_ops import eager_kernels, eager_settings, impl_for
 from simulator.fusion import FusionPlan
 from simulator.memory import is_regather
@@ -326,6 +327,26 @@ class StageCoster:
             bc.comm[phase] += self.cluster.collective_time(kind, nbytes, g)
             bc.comm_count[phase] += 1
 
+    def _context_parallel(self, sig: OpSig, times: dict[Phase, float], bc: BlockCost) -> None:
+        """Context-parallel attention (``simulator.context_parallel``): the exposed part of
+        its ring sends (or its K/V all_gather) charged to the op's phase, and its K/V
+        buffers added to its working set."""
+        cp, _, _ = cp_settings(sig)
+        if cp == 1:
+            return
+        phase = CP_PHASE[sig.type]
+        exposed, _ = cp_comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank, self.offset)
+        bc.comm[phase] += exposed
+        bc.comm_count[phase] += cp - 1
+        own = 0
+        for t in (*sig.ins, *sig.outs):
+            if t is not None:
+                n = 1
+                for d in t.shape:
+                    n *= d
+                own += n * DTYPE_BYTES.get(t.dtype, 4)
+        bc.workspace = max(bc.workspace, own + cp_workspace_bytes(sig))
+
     def _params_and_workspace(self, op: Operation, sig: OpSig, bc: BlockCost) -> None:
         """Record the parameters a forward op reads (local elements and bytes) and the op's
         working set (local operand + result bytes other than parameters) when it launches a
@@ -390,6 +411,8 @@ class StageCoster:
             self._kernel_collectives(op, bc)
             fused = self._fused(plan, op, bc, recomputed)
             times, kernels = self._op_times(sig, fused)
+            if op.type in CP_PHASE:
+                self._context_parallel(sig, times, bc)
             for k in kernels:
                 if k.phase in PHASES:
                     bc.flops[k.phase] += k.flops

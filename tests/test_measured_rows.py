@@ -136,18 +136,30 @@ def test_torchtitan_fsdp2_row(rows):
 
 @pytest.mark.parametrize("rid, keys, field", [
     (62, ("FP8",), "precision"),               # torchtitan Float8
-    (314, ("FP8", "cp > 1"), "precision"),     # NeMo FP8 hybrid with cp 2
-    (308, ("cp > 1",), "cp"),
+    (314, ("FP8",), "precision"),              # NeMo FP8 hybrid with cp 2
     (342, ("squared-ReLU MLP",), "ffn_type"),  # Nemotron-4 15B
 ])
 def test_refusals_name_the_field(rows, rid, keys, field):
-    """FP8, cp > 1 and squared-ReLU rows are refused, the reason naming the column."""
+    """FP8 and squared-ReLU rows are refused, the reason naming the column."""
     got = parse_row(rows[rid])
     assert isinstance(got, Refused) and not got.expressible
     assert got.reasons == keys and got.row_id == rid
     assert got.why.startswith(f"{field}=") and "\n" not in got.why
     if "FP8" in keys:
         assert "FP8" in got.why
+
+
+def test_context_parallel_rows(rows):
+    """NeMo 24.09 rows with cp 2 (issue 17): Llama 3.1 8B dp 4 x cp 2 on 8 GPUs, and
+    Llama 3.1 70B tp 4 pp 4 vpp 5 cp 2 with sequence parallelism on 64 GPUs (dp 2): the cp
+    degree is the row's, and the GPUs are dp * cp * tp * pp."""
+    s = spec(rows, 308)
+    assert (s.strategy.dp, s.strategy.cp, s.strategy.tp, s.strategy.pp) == (4, 2, 1, 1)
+    assert s.num_gpus == 8 and s.strategy.world_size == 8 and "cp2" in s.layout
+    s = spec(rows, 318)
+    st = s.strategy
+    assert (st.dp, st.cp, st.tp, st.pp, st.vpp, st.sequence_parallel) == (2, 2, 4, 4, 5, True)
+    assert s.num_gpus == 64 == st.world_size and s.seq_len == 8192
 
 
 def test_every_row_parses_or_is_refused():
