@@ -53,7 +53,7 @@ def _run_program(program: Program, rank: int, inputs: dict[int, np.ndarray], gro
                              f"the reshard pass)")
         ins = [None if v is None else env[id(v)] for v in op.operands]
         if op.type == "data":
-            outs = [torch.from_numpy(inputs[i].copy())]
+            outs = [torch.from_numpy(np.array(inputs[i]))]  # a copy; 0-d inputs too
         elif op.type in COLLECTIVES:
             outs = [run_collective(op.type, ins[0], op.attrs, rank, ro.group or (rank,), groups,
                                    ro.result_shapes[0] or ())]
@@ -92,7 +92,7 @@ def _rank_main(rank: int, nproc: int, programs: list[Program],
 
 
 def run_gloo(programs: Sequence[Program], inputs: Sequence[dict[int, dict[int, np.ndarray]]],
-             nproc: int, timeout: float = 90.0, collective_timeout: float = 30.0
+             nproc: int, timeout: float = 120.0, collective_timeout: float = 60.0
              ) -> list[dict[int, dict[int, np.ndarray]]]:
     """Run every partitioned program of ``programs`` on ``nproc`` gloo ranks in one launch.
 

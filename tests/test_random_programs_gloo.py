@@ -9,21 +9,24 @@ also equals the numpy virtual mesh's block (:func:`tests._numpy_mesh.run_mesh`).
 
 The sample is deterministic: hypothesis draws ``DRAWS`` programs with ``derandomize=True``
 and the sample keeps, greedily, the programs that add op types not yet covered (both meshes
-[2] and [2, 2]), at most ``SAMPLE``. One launch runs them all (mesh [2] programs on ranks 0
-and 1; ranks 2 and 3 skip them). Negative controls in the same launch: a reduce type
-flipped on one collective, and a value's dims_mapping flipped after partition, must each
-fail the check.
+[2] and [2, 2]), then the largest per mesh, at most ``SAMPLE``. Longer runs: env
+``MESHPLAN_GLOO_PROGRAMS`` (programs run, default 6) and ``MESHPLAN_GLOO_SEED`` (draw
+another sample). One launch of 4 ranks runs them all (mesh [2] programs on ranks 0 and 1;
+ranks 2 and 3 skip them), with a launch timeout and a per-collective timeout. Negative
+controls: a sum collective run as max (in the same launch), and a value's dims_mapping
+flipped after partition, must each fail the check.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from completion import Completer, TensorDistAttr, apply_partition_pass, apply_reshard_pass
 from completion.ir import Program
@@ -37,23 +40,26 @@ from tests._numpy_mesh import (
 )
 from tests.test_completion_facts import annotated_program
 
-DRAWS = 40
-SAMPLE = 6
+#: programs run on gloo (``MESHPLAN_GLOO_PROGRAMS``, default 6) out of ``DRAWS`` drawn
+SAMPLE = int(os.environ.get("MESHPLAN_GLOO_PROGRAMS", "6"))
+DRAWS = max(40, SAMPLE)
 NPROC = 4
 COLLECTIVE_TYPES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 def _draw(n: int) -> list[Program]:
-    """``n`` programs from ``annotated_program()``, the same on every run."""
+    """``n`` programs from ``annotated_program()``: the same on every run, or drawn from
+    ``MESHPLAN_GLOO_SEED`` when that is set (longer searches)."""
     out: list[Program] = []
+    env_seed = os.environ.get("MESHPLAN_GLOO_SEED")
 
-    @settings(max_examples=n, derandomize=True, database=None, phases=[Phase.generate],
-              deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=n, derandomize=env_seed is None, database=None,
+              phases=[Phase.generate], deadline=None, suppress_health_check=list(HealthCheck))
     @given(p=annotated_program())
     def collect(p):
         out.append(p)
 
-    collect()
+    (collect if env_seed is None else seed(int(env_seed))(collect))()
     return out
 
 
@@ -125,7 +131,8 @@ def _launch_sample():
     # the control is a deep copy: its inputs are keyed by its own data values
     blocks = [distribute_inputs(p, x, seed=100 + i)
               for i, (p, x) in enumerate(zip(runs, inputs, strict=True))]
-    dist = run_gloo(runs, blocks, NPROC, timeout=120, collective_timeout=30)
+    dist = run_gloo(runs, blocks, NPROC, timeout=120 + 0.5 * len(runs),
+                    collective_timeout=60)
     return progs, control, inputs, blocks, dist
 
 
