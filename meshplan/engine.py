@@ -80,6 +80,11 @@ class Engine:
         if s.world_size > self.cluster.world_size:
             raise EngineError(f"strategy dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.world_size} ranks "
                               f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
+        if s.fp8 is not None and "fp8" not in self.cluster.device.peak_flops:
+            dev = self.cluster.device.name
+            raise EngineError(f"FP8 training (fp8 {s.fp8!r}) needs FP8 tensor cores: device {dev!r} "
+                              f"of cluster {self.cluster.name!r} lists no fp8 peak_flops (A100 has "
+                              f"none; H100 / H200: 1979 TFLOP/s dense)")
         if not 0.0 <= overlap <= 1.0:
             raise EngineError(f"overlap must be in [0, 1], got {overlap}")
         if gemm_efficiency is not None and not 0.0 < gemm_efficiency <= 1.0:
