@@ -328,9 +328,10 @@ class StepModel:
         memory = rank_memory(c, params, act_peak, self.costs.activations, self.costs.layer_keys,
                              rank_layers, blocks)
         fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
-        if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8)
+        if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8), before total
+            total = memory.pop("total") + fp8_state
             memory["fp8_weights"] = fp8_state
-            memory["total"] += fp8_state
+            memory["total"] = total
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
         busy = compute + comm
         time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,
