@@ -258,3 +258,23 @@ def test_model_config_field_errors():
             ModelConfig(**base, **bad)
     # an explicit head dim lifts the h % a check
     assert ModelConfig(**{**base, "num_heads": 6, "num_kv_heads": 2}, kv_channels=16).head_dim == 16
+
+
+def test_relu2_mlp_kernels_by_hand():
+    """Squared ReLU: relu then square on the [b, s, f] up projection, each one memory-bound
+    kernel reading and writing b*s*f bf16 elements (1 FLOP per element); the backward has
+    square_grad (reads x) and relu_grad (reads out)."""
+    from completion import append_backward
+    from simulator.op_signature import op_signature
+
+    cfg = config_from_hf_dict(_tiny("nemotron", num_hidden_layers=1))
+    prog = build_model(cfg, 1, seq_len=8)
+    append_backward(prog)
+    n = 1 * 8 * 128
+    for t in ("relu", "square"):
+        (k,) = op_cost(op_signature(next(op for op in prog.ops if op.type == t)))
+        assert (k.kind, k.flops, k.bytes) == ("memory", n, 2 * n * 2)
+    grads = Counter(op.type for op in prog.ops if op.type.endswith("_grad"))
+    assert grads["square_grad"] == grads["relu_grad"] == 1
+    (kg,) = op_cost(op_signature(next(op for op in prog.ops if op.type == "square_grad")))
+    assert kg.bytes == 3 * n * 2  # x and out@GRAD read, x@GRAD written
