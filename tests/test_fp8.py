@@ -182,3 +182,37 @@ def test_torchao_tp_all_gathers_in_fp8():
     rw = _run("rowwise", "fsdp2", tp=2, sp=True)
     assert tw.time_breakdown["tp_comm"] < bf.time_breakdown["tp_comm"]
     assert rw.time_breakdown["tp_comm"] == pytest.approx(bf.time_breakdown["tp_comm"])
+
+
+def test_cli_dtype_fp8(capsys, tmp_path):
+    from tests._cli import one_line_error, run_main
+
+    base = ["cost", "--model", "llama2-7b", "--dp", "8", "--micro-batch-size", "1",
+            "--global-batch", "8", "--seq-len", "1024"]
+    rc, out, err = run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-delayed")
+    assert rc == 0 and "fp8 te-delayed (decoder linears)" in out and "fp8_weights" in out
+    line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-a100-80g", "--dtype", "fp8-delayed"))
+    assert "device 'A100-SXM-80GB'" in line
+    line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-tensorwise"))
+    assert "runs under framework fsdp2 or fsdp2-eager, not 'megatron-core'" in line
+
+
+def test_cli_warns_one_line_per_unmodelled_key(tmp_path):
+    """In a real process (pytest captures warnings in-process): one ``warning:`` line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    f = tmp_path / "neox.json"
+    f.write_text(json.dumps({"model_type": "gpt_neox", "num_hidden_layers": 1, "hidden_size": 64,
+                             "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                             "max_position_embeddings": 64, "rotary_pct": 0.25}))
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "meshplan.cli", "cost", "--model", str(f), "--cluster",
+                        "dgx-h100", "--global-batch", "1", "--seq-len", "32"], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == [
+        f"warning: {f}: rotary_pct=0.25 (model_type 'gpt_neox') is not modelled: rotary on every head "
+        "dim (cost difference negligible)"]
