@@ -278,3 +278,17 @@ def test_relu2_mlp_kernels_by_hand():
     assert grads["square_grad"] == grads["relu_grad"] == 1
     (kg,) = op_cost(op_signature(next(op for op in prog.ops if op.type == "square_grad")))
     assert kg.bytes == 3 * n * 2  # x and out@GRAD read, x@GRAD written
+
+
+def test_alternating_windows_warn_where_the_representative_program_cannot_show_them():
+    from meshplan import Engine, Strategy
+
+    cfg = config_from_hf_dict(_tiny("gemma2", num_hidden_layers=6))  # window 16, every 2nd layer
+    strat = Strategy(micro_batch_size=1, global_batch_size=1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        Engine(cfg, "dgx-h100", strat, seq_len=64)
+        Engine(cfg, "dgx-h100", strat, seq_len=16)  # w >= s: no window anywhere
+        Engine(config_from_hf_dict(_tiny("mistral", num_hidden_layers=6)), "dgx-h100", strat, seq_len=64)
+    msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
+    assert len(msgs) == 1 and "sliding window 16 on every 2nd layer" in msgs[0]
