@@ -4,8 +4,9 @@ training runs in ``shared/data/measured_runs.csv`` -- the feedback loop of the c
 Every row is parsed by :func:`experiments.measured_rows.parse_row` into a model
 (``ModelConfig``), a catalog cluster and node count, and a ``Strategy`` that carries the
 row's own layout, framework profile (``megatron-2021``, ``megatron-core``, ``fsdp2``,
-``llm-foundry``) and attention kernel; rows meshplan cannot express today (FP8, context
-parallelism, squared-ReLU MLPs: ``experiments.measured_rows.UNSUPPORTED``) are listed with
+``llm-foundry``) and attention kernel; rows meshplan cannot express today (context
+parallelism: ``experiments.measured_rows.UNSUPPORTED``; rows whose cells leave a figure
+unstated) are listed with
 the reason. Each expressible row is predicted with
 ``meshplan.engine.Engine(model, cluster, strategy, nodes=..., seq_len=...).simulate()``; an
 exception from the Engine is that row's error, not the experiment's.

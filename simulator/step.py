@@ -320,12 +320,18 @@ class StepModel:
             sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
             sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
             fixed = fixed_time(c, self.cluster, self.rf, r, params, self._tied_elems())
-        opt = optimizer_time(c, self.rf, params, tensors) + fixed
+        # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
+        opt = optimizer_time(c, self.rf, params, tensors) + fixed + sum(b.per_step for b in layer_blocks)
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
         memory = rank_memory(c, params, act_peak, self.costs.activations, self.costs.layer_keys,
                              rank_layers, blocks)
+        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
+        if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8), before total
+            total = memory.pop("total") + fp8_state
+            memory["fp8_weights"] = fp8_state
+            memory["total"] = total
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
         busy = compute + comm
         time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,

@@ -171,7 +171,7 @@ def test_choice_lists_mirror_their_packages():
     assert opt.SCHEDULE_ALIAS_NAMES == tuple(cs.SCHEDULE_ALIASES)
     assert tuple(s.value for s in opt.Schedule) == cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES)
     assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE
-    assert tuple(d.value for d in opt.Dtype) == cs.DTYPES
+    assert tuple(d.value for d in opt.Dtype) == cs.DTYPES + tuple(cs.FP8_DTYPES)
     assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
     assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
     assert tuple(m.value for m in opt.Mode) == MODES

@@ -183,7 +183,8 @@ def test_bad_num_nodes_and_dtype():
     with pytest.raises(ClusterError, match="num_nodes must be an int >= 1, got 0"):
         load_cluster("dgx-h100", num_nodes=0)
     with pytest.raises(ClusterSpecError, match="no peak_flops for dtype 'fp8'"):
-        load_cluster("dgx-h100").device.peak("fp8")
+        load_cluster("dgx-a100-80g").device.peak("fp8")  # A100: no FP8 tensor cores
+    assert load_cluster("dgx-h100").device.peak("fp8") == 1.979e15  # H100 SXM dense FP8
 
 
 def test_errors_are_value_errors():

@@ -415,8 +415,9 @@ ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dr
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob")
 
 
-class ModelConfigWarning(UserWarning):
-    """A config.json key meshplan knows but does not model (one line naming the key)."""
+class ModelConfigWarning(ModelConfigError, UserWarning):
+    """A config.json key meshplan knows but does not model (one line naming the key),
+    issued with ``warnings.warn`` (a UserWarning in the package's error family)."""
 
 
 def _warn_unmodelled(raw: dict[str, Any], name: str, mt: str, spec: HFModelType) -> None:

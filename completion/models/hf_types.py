@@ -2,7 +2,7 @@
 :class:`completion.models.config.ModelConfig`.
 
 Each entry states, from the architecture's ``modeling_<type>.py`` / ``configuration_<type>.py``
-in Hugging Face transformers (v4.46, the release that has all of them): the family whose
+in Hugging Face transformers (v4.51 or later, which has all of them): the family whose
 defaults apply, where the MLP activation is read and whether the MLP is gated, the norm and
 its placement, the positions, which linears carry biases (and the keys that switch them),
 query/key normalisation, the epsilon keys, and the keys this project knows but does not

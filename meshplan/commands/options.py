@@ -8,7 +8,7 @@ schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
 The choice lists mirror ``completion.strategy`` (SCHEDULES, SCHEDULE_ALIASES, RECOMPUTE,
-DTYPES) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
+DTYPES + FP8_DTYPES) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
 pydantic, and ``meshplan --help`` must stay fast. ``tests/test_cli_options.py`` checks that
 they agree.
 """
@@ -49,11 +49,16 @@ class Attention(str, Enum):
 
 
 class Dtype(str, Enum):
-    """Training dtype (completion.strategy.DTYPES)."""
+    """Training dtype (completion.strategy.DTYPES, then the FP8 recipes' spellings
+    completion.strategy.FP8_DTYPES: BF16 with the decoder linears' GEMMs in FP8)."""
 
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
+    fp8_delayed = "fp8-delayed"
+    fp8_te = "fp8-te"
+    fp8_tensorwise = "fp8-tensorwise"
+    fp8_rowwise = "fp8-rowwise"
 
 
 class Mode(str, Enum):
@@ -135,7 +140,7 @@ RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=Fal
 ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
                                  help="Megatron sequence parallelism (needs tp > 1).")
-DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype.")
+DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.")
 Framework = Enum("Framework", {n: n for n in FRAMEWORK_NAMES}, type=str)
 FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_sensitive=False,
                          help="Framework profile that runs the plan (what fuses, what overlaps).")
