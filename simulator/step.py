@@ -40,7 +40,7 @@ from simulator.schedules import Schedule, build_schedule
 from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import PHASES, BlockCost
 from simulator.stage_timing import StageTimer, block_time
-from simulator.step_memory import rank_memory, vstage_activation_bytes
+from simulator.step_memory import RankParams, rank_memory, vstage_activation_bytes
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,20 @@ class StepModel:
                 buckets[(r, chunk)] = items
         return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
 
+    def _rank_params(self, vstages: list[int], total: int, layer_blocks: list[BlockCost],
+                     blocks: list[BlockCost]) -> RankParams:
+        """Parameter facts of a pipeline rank for its model states
+        (``simulator.step_memory.RankParams``): its largest tensor and layer, the elements
+        of its "pre" / "post" blocks (tied weights once), whether it runs the loss."""
+        root: dict[str, int] = {}
+        for blk in (self.costs.pre, self.costs.post):
+            if blk is not None and any(b is blk for b in blocks):
+                root.update({k: n for k, (n, _) in blk.params.items()})
+        largest = max((n for b in blocks for n, _ in b.params.values()), default=0)
+        block = max((sum(n for n, _ in b.params.values()) for b in layer_blocks), default=0)
+        return RankParams(total=total, largest_param=largest, largest_block=block,
+                          root=sum(root.values()), holds_loss=self.nvs - 1 in vstages)
+
     def _tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
         pre, post = self.costs.pre, self.costs.post
@@ -324,8 +338,10 @@ class StepModel:
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
-        memory = rank_memory(c, params, act_peak, self.costs.activations, self.costs.layer_keys,
-                             rank_layers, blocks)
+        memory = rank_memory(c, self._rank_params(vstages, params, layer_blocks, blocks), act_peak,
+                             self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
+                             loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
+                             tied=self._tied_elems() > 0)
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
         busy = compute + comm
         time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,
