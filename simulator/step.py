@@ -125,6 +125,10 @@ class StepResult:
     executed_flops: float
     sim: SimResult = field(repr=False)
     schedule: Schedule | None = field(default=None, repr=False)
+    activation_per_chunk: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict,
+                                                                           repr=False)
+    """(rank, chunk) -> (M_B, M_W) bytes per micro-batch: what the memory timeline plays
+    (``simulator.memory_timeline``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (times in ms for the headline, seconds in breakdowns)."""
@@ -263,7 +267,7 @@ class StepModel:
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,
             layers_per_vstage=self.split, model_flops=mflops, executed_flops=mflops + rec,
-            sim=sim, schedule=sched)
+            sim=sim, schedule=sched, activation_per_chunk=per_chunk)
 
     def _chunk_params(self, vstages: list[int]) -> dict[int, int]:
         """Local parameter elements per chunk of a pipeline rank holding ``vstages`` (a

@@ -170,3 +170,34 @@ def test_reserve_must_be_below_capacity():
     data["device"]["memory_reserved_bytes"] = {"value": 9e10, "provenance": "x"}
     with pytest.raises(ClusterSpecError, match="memory_reserved_bytes"):
         parse_spec(data)
+
+
+def test_memory_timeline_counter_track_and_png(tmp_path):
+    """pp = 2, 1F1B, m = 4: each rank's counter track peaks at its breakdown's activations
+    (rank 0 holds pp = 2 micro-batches of its layers at once), starts and ends at 0
+    activations, and carries the bytes held all step; the PNG is written."""
+    import json
+
+    from meshplan.cli import main
+    from simulator.memory import timeline_activation_peaks
+    from simulator.memory_timeline import activation_curves, static_bytes
+
+    s = Strategy(dp=1, pp=2, global_batch_size=4)
+    res = Engine("megatron-1.7b", "dgx-a100-80g", s, nodes=1, seq_len=512).simulate()
+    curves = activation_curves(res.sim.timeline, 2, res.activation_per_chunk)
+    peaks = timeline_activation_peaks(res.sim.timeline, 2, res.activation_per_chunk)
+    for r in range(2):
+        assert max(b for _, b in curves[r]) == peaks[r] == res.memory_per_stage[r]["activations"]
+        assert curves[r][0] == (0, 0.0) and curves[r][-1][1] == pytest.approx(0.0, abs=1e-3)
+    mb0 = res.activation_per_chunk[(0, 0)][0]
+    assert peaks[0] == pytest.approx(2 * mb0, rel=1e-12)
+    trace, png = tmp_path / "t.json", tmp_path / "m.png"
+    args = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--pp", "2",
+            "--global-batch", "4", "--seq-len", "512", "--trace", str(trace), "--memory-png", str(png)]
+    assert main(args) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C" and e["name"] == "memory rank 0 (GiB)"]
+    assert max(e["args"]["activations"] for e in counters) == pytest.approx(peaks[0] / 2**30)
+    assert {e["args"]["held"] for e in counters} == {static_bytes(res.memory_per_stage[0]) / 2**30}
+    assert any(e["ph"] == "X" for e in events)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -98,7 +98,10 @@ def cost_cmd(
     attention: opt.Attention | None = opt.ATTENTION,
     memory_headroom: float = opt.MEMORY_HEADROOM,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
+    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome "
+                                     "trace JSON, with each rank's memory as a counter track."),
+    memory_png: str | None = typer.Option(None, "--memory-png",
+                                          help="Write each rank's memory over the step as a PNG."),
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy."""
     from meshplan.engine import Engine
@@ -111,8 +114,13 @@ def cost_cmd(
     engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
     res = engine.simulate()
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
-    if trace is not None:
-        res.sim.to_chrome_trace(trace)
+    if trace is not None or memory_png is not None:
+        from simulator import memory_timeline
+
+        if trace is not None:
+            memory_timeline.write_trace(res, trace)
+        if memory_png is not None:
+            memory_timeline.plot(res, memory_png)
     if as_json:
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine)}, sort_keys=True))
     else:
