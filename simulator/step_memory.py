@@ -153,3 +153,10 @@ def allocator_bytes(memory: dict[str, int]) -> int:
     """The lines of a breakdown held through the caching allocator (what
     ``torch.cuda.max_memory_reserved`` reports), bytes."""
     return sum(memory.get(k, 0) for k in ALLOCATOR_LINES)
+
+
+def allocated_bytes(memory: dict[str, int]) -> int:
+    """The tensors of a breakdown (what ``torch.cuda.max_memory_allocated`` or the
+    executor's live-tensor count reports): the allocator lines less the fragmentation,
+    bytes."""
+    return allocator_bytes(memory) - memory.get("fragmentation", 0)
