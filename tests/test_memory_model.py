@@ -201,3 +201,23 @@ def test_memory_timeline_counter_track_and_png(tmp_path):
     assert {e["args"]["held"] for e in counters} == {static_bytes(res.memory_per_stage[0]) / 2**30}
     assert any(e["ph"] == "X" for e in events)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_issue_70b_plan_is_refused_by_the_scorer():
+    """The plan the issue's 70B search recommended at 74.45 of 74.51 GiB (dp64 mp1 pp2 vpp2
+    ZBVPP, full recompute, ZeRO-2 on 16 DGX H100) needs more than the usable memory less
+    5 % headroom: ZeRO-2 keeps the 16-bit weights of half the model (34.5e9 x 2 bytes)
+    unsharded, and the fp32 main gradients and the non-tensor lines come on top. The
+    tuner's scorer uses the same limit, so it scores the plan infeasible."""
+    from meshplan.tuning import make_scorer
+    from tuner.space import Candidate
+
+    cfg = {"model": "llama2-70b", "cluster": "dgx-h100", "nodes": 16, "global_batch_size": 1024,
+           "seq_len": 4096}
+    cand = Candidate(dp=64, tp=1, pp=2, vpp=2, schedule="ZBVPP", recompute="full", zero=2)
+    score = make_scorer(cfg)(cand)
+    limit = load_cluster("dgx-h100").device.memory_limit(0.05)
+    assert score.memory_limit_bytes == int(limit)
+    assert score.memory_bytes > limit and not score.feasible
+    assert make_scorer({**cfg, "memory_headroom": 0.2})(cand).memory_limit_bytes == int(
+        load_cluster("dgx-h100").device.memory_limit(0.2))
