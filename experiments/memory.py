@@ -126,14 +126,15 @@ def row_table() -> pd.DataFrame:
 def plot(df: pd.DataFrame, path: Path) -> Path:
     """Per row: the measured peak (black tick) beside the stacked predicted lines."""
     plt = agg_pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     x = range(len(df))
     bottom = [0.0] * len(df)
-    for k in LINES:
+    colors = plt.get_cmap("tab20").colors
+    for i, k in enumerate(LINES):
         vals = df[f"{k}_GiB"].fillna(0).tolist()
         if not any(vals):
             continue
-        ax.bar(x, vals, bottom=bottom, label=k, width=0.6)
+        ax.bar(x, vals, bottom=bottom, label=k, width=0.6, color=colors[i % len(colors)])
         bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
     ax.scatter(list(x), df["measured_GiB"], marker="_", s=900, color="black", zorder=5,
                label="measured")
@@ -141,7 +142,8 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
                   fontsize=8)
     ax.set_ylabel("GiB per GPU (heaviest rank)")
     ax.set_title("peak memory: predicted lines vs measured")
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
