@@ -24,8 +24,10 @@ GIB = 2**30
 
 def activation_curves(timeline: Iterable[Any], num_ranks: int,
                       per_chunk: dict[tuple[int, int], tuple[float, float]]) -> list[list[tuple[int, float]]]:
-    """Per rank, the activation bytes it holds after each change: [(time ns, bytes)],
-    starting at (0, 0). ``per_chunk[(rank, chunk)] = (M_B, M_W)`` bytes per micro-batch."""
+    """Per rank, the activation bytes it holds after each instant with a change:
+    [(time ns, bytes)], starting at time 0 (0 bytes, or the first forward's); its maximum
+    is the rank's ``timeline_activation_peaks``. ``per_chunk[(rank, chunk)] = (M_B, M_W)`` bytes per
+    micro-batch."""
     changes: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
     for e in timeline:
         mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
@@ -43,7 +45,10 @@ def activation_curves(timeline: Iterable[Any], num_ranks: int,
         cur, pts = 0.0, [(0, 0.0)]
         for t, _, d in ch:
             cur += d
-            pts.append((int(t), cur))
+            if pts[-1][0] == int(t):  # changes at one instant: keep where they end (frees
+                pts[-1] = (int(t), cur)  # come first, so that is the instant's maximum)
+            else:
+                pts.append((int(t), cur))
         curves.append(pts)
     return curves
 
@@ -83,8 +88,8 @@ def write_trace(result: Any, path: str | Path) -> Path:
 
 def plot(result: Any, path: str | Path) -> Path:
     """A PNG of each rank's memory over the step: the bytes held throughout plus its
-    activations (step curve), with its peak (the breakdown total, dashed) and the
-    device's capacity when ``result`` carries none (ms on the x axis, GiB on the y)."""
+    activations (step curve), with its peak (the breakdown total with the one-op
+    transients, dashed); ms on the x axis, GiB on the y."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -188,7 +188,7 @@ def test_memory_timeline_counter_track_and_png(tmp_path):
     peaks = timeline_activation_peaks(res.sim.timeline, 2, res.activation_per_chunk)
     for r in range(2):
         assert max(b for _, b in curves[r]) == peaks[r] == res.memory_per_stage[r]["activations"]
-        assert curves[r][0] == (0, 0.0) and curves[r][-1][1] == pytest.approx(0.0, abs=1e-3)
+        assert curves[r][0][0] == 0 and curves[r][-1][1] == pytest.approx(0.0, abs=1e-3)
     mb0 = res.activation_per_chunk[(0, 0)][0]
     assert peaks[0] == pytest.approx(2 * mb0, rel=1e-12)
     trace, png = tmp_path / "t.json", tmp_path / "m.png"
