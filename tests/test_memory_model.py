@@ -221,3 +221,23 @@ def test_issue_70b_plan_is_refused_by_the_scorer():
     assert score.memory_bytes > limit and not score.feasible
     assert make_scorer({**cfg, "memory_headroom": 0.2})(cand).memory_limit_bytes == int(
         load_cluster("dgx-h100").device.memory_limit(0.2))
+
+
+def test_tune_takes_the_memory_headroom(tmp_path):
+    """``meshplan tune --memory-headroom 0.5``: every scored plan is held to half the
+    usable memory (history.csv's memory_limit_bytes), and the best plan fits it."""
+    import pandas as pd
+
+    from meshplan.cli import main
+
+    out = tmp_path / "run"
+    args = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
+            "--global-batch", "32", "--seq-len", "4096", "--layers", "4", "--no-progress",
+            "--trials", "6", "--seed", "1", "--storage", "memory", "--output", str(out),
+            "--memory-headroom", "0.5"]
+    assert main(args) == 0
+    hist = pd.read_csv(out / "history.csv")
+    limit = int(load_cluster("dgx-a100-80g").device.memory_limit(0.5))
+    scored = hist[hist["memory_limit_bytes"].notna()]
+    assert len(scored) and (scored["memory_limit_bytes"] == limit).all()
+    assert main(args[:-1] + ["1.5"]) != 0  # a headroom outside [0, 0.99] is refused
