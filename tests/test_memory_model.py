@@ -241,3 +241,26 @@ def test_tune_takes_the_memory_headroom(tmp_path):
     scored = hist[hist["memory_limit_bytes"].notna()]
     assert len(scored) and (scored["memory_limit_bytes"] == limit).all()
     assert main(args[:-1] + ["1.5"]) != 0  # a headroom outside [0, 0.99] is refused
+
+
+def test_fsdp_buffers_of_llama3_8b_by_hand():
+    """torchtitan FSDP2 (profile fsdp2-eager, prefetch 1) of Llama 3.1 8B on 8 GPUs
+    (measured_runs row 60): the root unit (embedding and head 128256 x 4096 each, final
+    norm 4096) gathered in bf16 for the whole backward, two blocks of 218,112,000
+    parameters (q, o 4096^2; k, v 4096 x 1024; SwiGLU 3 x 4096 x 14336; two norms) in
+    flight, the head's unsharded bf16 gradient, one block's bf16 gradient with its fp32
+    reduce copy; the fp32 states 16 bytes x P / 8."""
+    from experiments.measured_rows import parse_all
+
+    (spec,) = [p for p in parse_all() if p.expressible and p.row_id == 60]
+    m = Engine(spec.model, spec.cluster, spec.strategy, nodes=spec.nodes,
+               seq_len=spec.seq_len).simulate().memory_breakdown
+    head, root = 128256 * 4096, 2 * 128256 * 4096 + 4096
+    block = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert block == 218_112_000
+    assert m["param_buffers"] == 2 * (root + 2 * block) + 2 * head + (2 + 4) * block
+    p = root + 32 * block
+    assert p == 8_030_261_248
+    assert (m["params"], m["grads"], m["optimizer"]) == (4 * p // 8, 4 * p // 8, 8 * p // 8)
+    # the loss: 2 x 8192 tokens x 128256 logits, fp32 log-softmax gradients 8 bytes each
+    assert m["loss_temporaries"] == 8 * 2 * 8192 * 128256
