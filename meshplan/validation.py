@@ -42,8 +42,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     """The simulator's prediction for ``plan`` on ``cluster`` (default: the plan's own)
     and the schedule it played (``StepResult.schedule``).
 
-    Returns ``({"step_time": s, "max_memory_bytes": B, "stage_times": [{F, B, W} s per
-    virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
+    Returns ``({"step_time": s, "max_memory_bytes": B (the heaviest rank's tensors, as
+    the executor measures them), "stage_times": [{F, B, W} s per virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
     chunks], "time_breakdown": {...}, "layers_per_vstage": [...]}, schedule)``. Raises
     ``EngineError`` (a ValueError) for a plan the cost model cannot cost."""
     from meshplan.engine import Engine
@@ -55,7 +55,12 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
                 for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
-    pred = {"step_time": res.step_time, "max_memory_bytes": res.max_memory_bytes,
+    # the executor measures live tensor bytes (CPU) or torch.cuda.max_memory_allocated
+    # (GPU): the allocator's lines without its fragmentation (simulator.step_memory)
+    from simulator.step_memory import allocated_bytes
+
+    pred = {"step_time": res.step_time,
+            "max_memory_bytes": max(allocated_bytes(m) for m in res.memory_per_stage),
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
             "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage)}
     return pred, sched

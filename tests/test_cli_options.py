@@ -195,6 +195,9 @@ def test_size_bounds_mirror_their_packages():
     assert opt.MAX_ACTIONS == base.MAX_ACTIONS and opt.MAX_TIME_S == base.MAX_TIME_S
     assert opt.MAX_MEMORY_LIMIT == base.MAX_MEMORY_LIMIT
     assert opt.MAX_LOCAL_RANKS == MAX_LOCAL_RANKS
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
+
+    assert opt.DEFAULT_MEMORY_HEADROOM == DEFAULT_MEMORY_HEADROOM
 
 
 def test_the_three_commands_share_one_definition():

@@ -148,6 +148,12 @@ ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+#: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/test_cli_options.py checks it)
+DEFAULT_MEMORY_HEADROOM = 0.05
+MEMORY_HEADROOM = typer.Option(
+    DEFAULT_MEMORY_HEADROOM, "--memory-headroom", min=0.0, max=0.99,
+    help="Fraction of the device's usable memory (capacity minus the driver's reserve) a "
+         "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.")
 
 _ARGS_KEY = "meshplan.command_args"
 _FIELD = re.compile(r"strategy field '(\w+)'")
