@@ -179,3 +179,17 @@ def test_validate_prints_the_torchrun_command(tmp_path, capsys):
     assert "--nnodes 3 must divide the plan's 4 ranks" in line
     line = one_line_error(main(["validate", str(plan), "--launcher", "slurm"]), *capsys.readouterr())
     assert "--launcher must be one of ['local', 'torchrun']" in line
+
+
+@pytest.mark.distributed
+def test_a_bad_plan_under_torchrun_is_one_error_and_exit_2(tmp_path):
+    """Rank 0 reads the plan; a world size that does not match WORLD_SIZE is refused on
+    every rank before any step, printed once by rank 0."""
+    plan = _plan(tmp_path, "dp2", dp=2)
+    proc = subprocess.run([*TORCHRUN, "--nnodes", "1", "--nproc-per-node", "1",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                           "-m", "meshplan.executor.run", str(plan)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode != 0
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
+    assert errors == ["error: plan needs dp*mp*pp = 2*1*1 = 2 ranks but WORLD_SIZE is 1"], errors
