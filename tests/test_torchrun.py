@@ -193,3 +193,25 @@ def test_a_bad_plan_under_torchrun_is_one_error_and_exit_2(tmp_path):
     assert proc.returncode != 0
     errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
     assert errors == ["error: plan needs dp*mp*pp = 2*1*1 = 2 ranks but WORLD_SIZE is 1"], errors
+
+
+@pytest.mark.distributed
+def test_a_hung_rank_is_named_as_the_one_that_hangs(tmp_path):
+    """Rank 1 sleeps before its second step (tests/_torchrun_hang.py) while rank 0 waits for
+    it; after --hang-after 6 s rank 0 names rank 1 as hanging in that sleep, not itself."""
+    plan = _plan(tmp_path, "dp2", dp=2)
+    env = {**os.environ, "HANG_RANK": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.monotonic()
+    proc = subprocess.run([*TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                           "-m", "tests._torchrun_hang", str(plan), "--steps", "5", "--warmup", "0",
+                           "--heartbeat", "0.5", "--hang-after", "6", "--dead-after", "30",
+                           "--csv", str(tmp_path / "v.csv")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+    assert proc.returncode != 0
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error: rank")]
+    assert errors, (proc.stdout + proc.stderr)[-3000:]
+    assert any(" rank 1 hangs at step 0 " in ln and "stuck_forever" in ln and
+               "ranks [0] wait for it" in ln for ln in errors), errors
+    assert time.monotonic() - t0 < RUN_TIMEOUT
