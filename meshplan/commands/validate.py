@@ -20,71 +20,26 @@ The run plays the schedule the simulator played for the prediction
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import statistics
-import time
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.validation_report import (
+    DEFAULT_CSV,
+    append_csv,
+    print_table,
+    report_rows,
+)
 
-DEFAULT_CSV = "reports/validation.csv"
 #: Most measured steps one ``validate`` runs
 MAX_STEPS = 10_000
 #: Most repeats of the measurement
 MAX_REPEATS = 100
 LAUNCHERS = ("local", "torchrun")
-
-
-def report_rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
-    """(quantity, predicted, measured) rows of one :class:`executor.Measurement`: step time
-    (ms), per-stage T_F/T_B/T_W (ms), peak memory (MiB)."""
-    rows: list[tuple[str, float | None, float]] = [
-        ("step time (ms)", _ms(meas.predicted.get("step_time")), meas.step_time * 1e3)]
-    s = plan.strategy
-    per_stage = s.dp * s.tp
-    pred_stages = meas.predicted.get("rank_stage_times") or meas.predicted.get("stage_times") or []
-    for st in range(s.pp):
-        got = meas.phase_times[st * per_stage] if st * per_stage < len(meas.phase_times) else {}
-        pred = pred_stages[st] if st < len(pred_stages) else {}
-        for k in ("F", "B", "W"):
-            m = got.get(k)
-            if m is None and k in ("B", "W"):
-                continue
-            rows.append((f"stage {st} T_{k} (ms)", _ms(pred.get(k)), (m or 0.0) * 1e3))
-        if "BW" in got:
-            p = (pred.get("B") or 0.0) + (pred.get("W") or 0.0) if pred else None
-            rows.append((f"stage {st} T_B+T_W (ms)", _ms(p), got["BW"] * 1e3))
-    mem = meas.predicted.get("max_memory_bytes")
-    rows.append(("peak memory (MiB)", None if mem is None else mem / 2**20, meas.max_peak_memory / 2**20))
-    return rows
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else float(x) * 1e3
-
-
-def append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
-    """Append one row (prediction, measurement, relative error, peaks) to CSV ``path``,
-    writing the header when the file is new; creates its directory (announced)."""
-    opt.ensure_dir(path.parent)
-    new = not path.is_file()
-    with path.open("a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["time", "plan", "model", "dp", "tp", "pp", "vpp", "schedule", "nproc",
-                        "predicted_step_time_ms", "measured_step_time_ms", "relative_error",
-                        "measured_peak_bytes", "predicted_peak_bytes"])
-        s = plan.strategy
-        err = meas.relative_error()
-        w.writerow([time.strftime("%Y-%m-%dT%H:%M:%S"), plan_path, plan.model, s.dp, s.tp, s.pp,
-                    s.vpp, s.schedule, meas.nproc, _ms(meas.predicted.get("step_time")),
-                    meas.step_time * 1e3, err, meas.max_peak_memory,
-                    meas.predicted.get("max_memory_bytes")])
 
 
 def host_load() -> float | None:
@@ -131,15 +86,6 @@ def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
     return (f"torchrun --nnodes {nnodes} --nproc-per-node {world // nnodes} --rdzv-backend c10d "
             f"--rdzv-endpoint {endpoint} --rdzv-id meshplan -m meshplan.executor.run "
             f"{plan_file} --steps {steps}")
-
-
-def print_table(rows: list[tuple[str, float | None, float]]) -> None:
-    """The predicted vs measured table of :func:`report_rows`."""
-    typer.echo(f"{'quantity':<26}{'predicted':>12}{'measured':>12}{'rel. error':>12}")
-    for q, p, m in rows:
-        err = "" if p is None or m == 0 else f"{(p - m) / m:+.1%}"
-        ps = "-" if p is None else f"{p:.3f}"
-        typer.echo(f"{q:<26}{ps:>12}{m:>12.3f}{err:>12}")
 
 
 def validate_cmd(

@@ -33,7 +33,7 @@ VERDICT_GRACE = 2.0
 
 def parser() -> argparse.ArgumentParser:
     """The command line of the entry point."""
-    from meshplan.commands.validate import DEFAULT_CSV
+    from meshplan.validation_report import DEFAULT_CSV
 
     p = argparse.ArgumentParser(prog="torchrun ... -m meshplan.executor.run",
                                 description="Run a meshplan plan under torchrun.")
@@ -100,7 +100,7 @@ def _die(rank: int, message: str, code: int = 1) -> None:
 def _report(a: argparse.Namespace, plan: Any, meas: Any) -> int:
     import json
 
-    from meshplan.commands.validate import append_csv, print_table, report_rows
+    from meshplan.validation_report import append_csv, print_table, report_rows
 
     append_csv(Path(a.csv), a.plan, plan, meas)
     rows = report_rows(plan, meas)
