@@ -215,3 +215,17 @@ def test_a_hung_rank_is_named_as_the_one_that_hangs(tmp_path):
     assert any(" rank 1 hangs at step 0 " in ln and "stuck_forever" in ln and
                "ranks [0] wait for it" in ln for ln in errors), errors
     assert time.monotonic() - t0 < RUN_TIMEOUT
+
+
+def test_which_errors_wait_for_the_watchdogs_verdict():
+    """A broken collective (gloo's plain RuntimeError, DistError) may be a peer's death,
+    named by the watchdog; the executor's own errors are reported at once."""
+    import torch.distributed as dist
+
+    from executor.rank_exec import ExecError
+    from meshplan.executor.run import broken_collective
+
+    assert broken_collective(RuntimeError("Connection reset by peer"))
+    assert broken_collective(dist.DistBackendError("nccl"))
+    assert not broken_collective(ExecError("op 3 failed"))
+    assert not broken_collective(ValueError("bad"))

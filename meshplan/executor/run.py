@@ -91,6 +91,15 @@ def prepare(a: argparse.Namespace, world: int) -> tuple:
         return "error", " ".join(str(msg).split()).replace("nproc is", "WORLD_SIZE is")
 
 
+def broken_collective(e: BaseException) -> bool:
+    """True for the error a collective raises when a peer went away: torch.distributed's
+    DistError, or gloo's plain RuntimeError ("Connection reset by peer", ...); not the
+    executor's own errors (subclasses of RuntimeError with a message of their own)."""
+    import torch.distributed as dist
+
+    return isinstance(e, getattr(dist, "DistError", ())) or type(e) is RuntimeError
+
+
 def _die(rank: int, message: str, code: int = 1) -> None:
     sys.stdout.flush()
     print(f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - named to every rank, then the process ends
         message = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         deadline = time.monotonic() + a.dead_after + VERDICT_GRACE
-        if isinstance(e, RuntimeError):  # a broken collective: let the watchdog name the cause
+        if broken_collective(e):  # a peer's death seen from here: let the watchdog name it
             while dog.verdict is None and time.monotonic() < deadline:
                 time.sleep(a.heartbeat / 4)
         try:
