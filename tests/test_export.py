@@ -347,6 +347,13 @@ def test_deepspeed_json_of_a_known_plan():
     assert any(n.knob == "pp" and "num_stages=4" in n.text for n in pp_out.notes)
 
 
+def test_a_custom_intra_op_layout_is_noted_by_every_target():
+    plan = _plan(annotation={"embedding.weight": ["Replicate()", "Shard(0)"]})
+    for target in TARGETS:
+        assert "annotation" in {n.knob for n in export_plan(plan, target).notes}, target
+        assert "annotation" not in {n.knob for n in export_plan(_plan(), target).notes}, target
+
+
 def test_unknown_target_is_refused():
     with pytest.raises(ExportError, match="unknown export target 'nemo'"):
         export_plan(_plan(), "nemo")

@@ -119,7 +119,21 @@ def export_plan(plan: Any, target: str) -> Export:
     if target not in TARGETS:
         raise ExportError(f"unknown export target {target!r}; known: {sorted(TARGETS)}")
     module = importlib.import_module(TARGETS[target][0])
-    return module.export(plan)
+    out = module.export(plan)
+    out.notes += annotation_notes(plan, target)
+    return out
+
+
+def annotation_notes(plan: Any, target: str) -> list[Note]:
+    """A note when the plan's intra-op layout is not Megatron's column/row split (a custom
+    ``annotation`` mapping, ``none``, or plan-level ``annotations``): every target shards
+    tensors its own (Megatron) way."""
+    ann = plan.strategy.annotation
+    if ann == "megatron" and not plan.annotations:
+        return []
+    what = "custom placements" if isinstance(ann, dict) or plan.annotations else f"annotation {ann!r}"
+    return [Note("annotation", f"the plan's intra-op layout ({what}) is not expressible: "
+                               f"{target} shards tensors its own (Megatron-style) way")]
 
 
 def framework_note(plan: Any, families: tuple[str, ...], target: str) -> list[Note]:
