@@ -31,7 +31,15 @@ import torch
 from completion.ir import Value
 from completion.ops.registry import TensorType, get_opdef
 from completion.passes.reshard import value_layout
-from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
+from executor.collectives import (
+    COLLECTIVES,
+    Groups,
+    all_gather,
+    all_reduce,
+    p2p,
+    run_collective,
+    wait_work,
+)
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
 from executor.errors import ExecutorError
 from executor.kernels import KernelContext, get_kernel, torch_dtype
@@ -87,6 +95,9 @@ class RankExecutor:
         #: ("send" | "recv", peer, send op index, micro-batch) of every p2p op of the step,
         #: in the order this rank issued them
         self.p2p_log: list[tuple[str, int, int, int]] = []
+        #: called with the action's index in the row before each action (progress for
+        #: ``executor.watchdog``); None: nothing is reported
+        self.on_action: Any = None
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -232,7 +243,7 @@ class RankExecutor:
     def _finish_deferred(self) -> None:
         """Wait for the logging collectives of the step and record the late losses."""
         for work, out, n, rtype in self._deferred.values():
-            work.wait()
+            wait_work(work)
             if rtype == "avg":
                 out /= n
         self._deferred.clear()
@@ -336,7 +347,7 @@ class RankExecutor:
         wait_all = bool(works) and torch.distributed.get_backend() == "nccl"
         for i, w in enumerate(works):
             if wait_all or ops[i][0] == "recv":
-                w.wait()
+                wait_work(w)
             else:
                 self.pending.append((w, ops[i][1]))
         for it, buf, _ in recvs:
@@ -411,7 +422,9 @@ class RankExecutor:
         t_start = self._now()
         self.run_unit("pre", 0, self.state, None)
         times = []
-        for a in actions:
+        for i, a in enumerate(actions):
+            if self.on_action is not None:
+                self.on_action(i)
             t0 = self._now()
             for kind in (("B", "W") if a.kind == "BW" else (a.kind,)):
                 self.run_unit((kind, a.chunk), a.microbatch, envs[a.microbatch], lefts[a.microbatch])
@@ -423,7 +436,7 @@ class RankExecutor:
             step_env[k] = t.div_(self.m) if self.m > 1 else t
         self.run_unit("step", 0, step_env, None)
         for w, _ in self.pending:
-            w.wait()
+            wait_work(w)
         self.pending.clear()
         self._finish_deferred()
         times.append(("O", -1, -1, -1, t0 - t_start, self._now() - t_start))

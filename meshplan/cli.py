@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",
     "meshplan.commands.validate",
+    "meshplan.commands.export",
     "meshplan.commands.demo",
 ]
 # Commands of packages above meshplan in DESIGN.md's dependency order (``experiments``

@@ -155,3 +155,23 @@ def verify_many(plans: list[Any], nproc: int, **kwargs: Any) -> list[Any]:
     from executor import verify_many as _verify_many
 
     return _verify_many(plans, nproc, schedules=[plain_schedule(p) for p in plans], **kwargs)
+
+
+def run_repeated(plan: Any, nproc: int, repeats: int, *, cluster: Any = None,
+                 **kwargs: Any) -> list[Any]:
+    """``repeats`` independent measurements of ``plan`` in one launch (``executor.run_plans``:
+    each repeat starts from the same parameters and data, so each is the same run), all
+    with the one simulated schedule and prediction of :func:`predict`; ``kwargs`` go to
+    ``executor.run_plans`` (backend, steps, warmup, seed, timeout). Raises ValueError for
+    ``repeats`` < 1, and what :func:`run_plan` raises."""
+    from executor import run_plans as _run
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    pred, sched = predict(plan, cluster)
+    check_fits_host(pred, nproc, kwargs.get("backend", "gloo"))
+    run = predicted_plan(plan, pred)
+    out = _run([run] * repeats, nproc, schedules=[sched] * repeats, **kwargs)
+    for meas in out:
+        meas.predicted = dict(pred)
+    return out
