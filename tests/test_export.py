@@ -108,7 +108,7 @@ def parse_megatron(text: str, world: int) -> dict:
     else:
         zero = 1 if a.use_distributed_optimizer else 0
     assert not (a.bf16 and a.fp16)
-    return {"dp": world // (tp * pp * cp), "tp": tp, "pp": pp, "vpp": vpp,
+    return {"dp": world // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
             "schedule": "VPP" if vpp > 1 else "1F1B", "layers_per_stage": lps,
             "micro_batch_size": a.micro_batch_size, "global_batch_size": a.global_batch_size,
             "recompute": recompute, "zero": zero, "sequence_parallel": a.sequence_parallel,
@@ -150,8 +150,9 @@ def parse_torchtitan(text: str, world: int) -> dict:
     tr, par, ac = doc["training"], doc["parallelism"], doc["activation_checkpoint"]
     rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
     tp, pp = par["tensor_parallel_degree"], par.get("pipeline_parallel_degree", 1)
+    cp = par.get("context_parallel_degree", 1)
     dp = rep * shard
-    assert dp * tp * pp == world
+    assert dp * tp * pp * cp == world
     sched = par.get("pipeline_parallel_schedule", "1F1B")
     fqns, lps = par.get("module_fqns_per_model_part"), None
     if fqns is not None:
@@ -169,7 +170,7 @@ def parse_torchtitan(text: str, world: int) -> dict:
     zero = 0 if shard == 1 else 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
     recompute = {("none", None): "none", ("full", None): "full",
                  ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]
-    out = {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "micro_batch_size": micro,
+    out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch_size": micro,
            "global_batch_size": tr["global_batch_size"], "schedule": TORCH_SCHEDULES[sched],
            "zero": zero, "sequence_parallel": tp > 1, "recompute": recompute,
            "dtype": tr["mixed_precision_param"],
@@ -199,7 +200,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
     tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
     assert world % (dp * tp) == 0
     assert not (cfg["bf16"]["enabled"] and cfg["fp16"]["enabled"])
-    out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "vpp": 1, "schedule": "1F1B",
+    out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "cp": 1, "vpp": 1, "schedule": "1F1B",
            "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"],
            "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
            "recompute": "full" if "activation_checkpointing" in cfg else "none",
@@ -212,7 +213,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
 
 PARSERS = {"megatron": parse_megatron, "torchtitan": parse_torchtitan, "deepspeed": parse_deepspeed}
 #: knobs each parser must recover from the file alone
-CORE = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size", "schedule", "zero",
+CORE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule", "zero",
         "recompute", "sequence_parallel", "dtype")
 
 
@@ -222,6 +223,7 @@ CORE = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size", "sched
 def plans(draw) -> Plan:
     """A valid plan of a built-in model (32 or 96 layers) or with a stated layer count."""
     dp, tp, pp = (draw(st.sampled_from([1, 2, 4])) for _ in range(3))
+    cp = draw(st.sampled_from([1, 1, 2, 4]))
     schedule = draw(st.sampled_from(["1F1B", "FThenB", "VPP", "ZBH1", "ZBVPP", "ZB-1p"]))
     vpp = {"VPP": draw(st.sampled_from([2, 3, 4])), "ZBVPP": 2}.get(schedule, 1)
     micro = draw(st.sampled_from([1, 2]))
@@ -234,7 +236,7 @@ def plans(draw) -> Plan:
         if sum(lps) == 0:
             lps = (1,) + lps[1:]
         num_layers = sum(lps)
-    s = Strategy(dp=dp, tp=tp, pp=pp, vpp=vpp, schedule=schedule, micro_batch_size=micro,
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule=schedule, micro_batch_size=micro,
                  global_batch_size=dp * micro * m,
                  recompute=draw(st.sampled_from(["none", "selective", "selective-op", "full"])),
                  zero=draw(st.sampled_from([0, 1, 2, 3])),
@@ -250,7 +252,9 @@ def plans(draw) -> Plan:
 
 def _check_round_trip(plan: Plan, target: str) -> dict:
     out = export_plan(plan, target)
-    parsed = PARSERS[target](out.text, plan.strategy.world_size)
+    # the ranks the exported job is launched on (a target that drops cp runs without it)
+    world = plan.strategy.world_size // plan.strategy.cp * out.effective["cp"]
+    parsed = PARSERS[target](out.text, world)
     assert set(CORE) <= set(parsed), set(CORE) - set(parsed)
     assert parsed == {k: out.effective[k] for k in parsed}, (out.text, out.effective)
     want = layout(plan)
@@ -298,7 +302,7 @@ def test_megatron_arguments_of_a_known_plan():
                     "--recompute-num-layers", "1", "--use-distributed-optimizer", "--bf16",
                     "--optimizer", "adam", "--micro-batch-size", "1", "--global-batch-size", "16",
                     "--num-layers", "32", "--seq-length", "4096"]
-    assert "dp 2 = 16 / (tp 2 x pp 4)" in text
+    assert "dp 2 = 16 / (tp 2 x pp 4 x cp 1)" in text
 
 
 def test_megatron_layout_string_of_an_uneven_split():
@@ -375,3 +379,17 @@ def test_export_command_writes_the_file_and_prints_notes(tmp_path, capsys):
     assert code == 2 and "nemo" in stderr
     line = one_line_error(*run_main(capsys, "export", str(tmp_path / "missing.json"), "--to", "megatron"))
     assert "plan file not found" in line
+
+
+def test_context_parallel_plan_exports():
+    """cp 2: Megatron's --context-parallel-size and torchtitan's context_parallel_degree; the
+    launch covers dp x tp x pp x cp ranks; DeepSpeed (no ring attention) says so in a note."""
+    s = Strategy(dp=2, tp=2, cp=2, global_batch_size=8)
+    plan = Plan(model="llama2-7b", cluster="dgx-a100", strategy=s, seq_len=4096)
+    meg = export_plan(plan, "megatron")
+    assert "--context-parallel-size 2" in meg.text and "dp 2 = 8 / (tp 2 x pp 1 x cp 2)" in meg.text
+    assert parse_megatron(meg.text, 8)["cp"] == 2
+    tt = export_plan(plan, "torchtitan")
+    assert tomllib.loads(tt.text)["parallelism"]["context_parallel_degree"] == 2
+    ds = export_plan(plan, "deepspeed")
+    assert ds.effective["cp"] == 1 and [n.knob for n in ds.notes if n.knob == "cp"] == ["cp"]

@@ -33,6 +33,12 @@ SCHEDULE = "1F1B"
 
 
 def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
+    if eff["cp"] > 1:
+        notes.append(Note("cp", f"DeepSpeed has no ring-attention context parallelism (its "
+                                f"Ulysses sequence parallelism is an all-to-all over heads, set "
+                                f"up in the script); cp {eff['cp']} is not written: launch "
+                                f"dp x tp x pp ranks"))
+        eff["cp"] = 1
     if eff["pp"] > 1:
         notes.append(Note("pp", f"set deepspeed.pipe.PipelineModule(num_stages={eff['pp']}) in the "
                                 f"training script (no config key); launch dp x tp x pp = "

@@ -22,7 +22,8 @@ Mapping (Megatron's meanings):
 
 - dp is not an argument: Megatron takes it as world size / (tp * pp * cp), so the launcher's
   ``--nnodes x --nproc-per-node`` must equal the plan's dp * tp * pp (the header says so);
-  context parallelism: a plan has none, so ``--context-parallel-size`` is left at its 1.
+  context parallelism: ``--context-parallel-size`` (written when cp > 1; Megatron's default
+  ``--cp-comm-type p2p`` is the plan's ring attention).
 - vpp > 1: the plan's ``layers_per_stage`` as ``--pipeline-model-parallel-layout`` (one
   ``|``-separated stage per virtual stage in model order, ``E`` the embedding before the
   first, ``L`` the loss after the last; Megatron lays stage i on pipeline rank i mod pp);
@@ -115,6 +116,8 @@ def export(plan: Any) -> Export:
     _schedule(eff, notes)
     if eff["sequence_parallel"]:
         args.append("--sequence-parallel")
+    if eff["cp"] > 1:
+        args += ["--context-parallel-size", str(eff["cp"])]
     if eff["recompute"] == "selective-op":
         notes.append(Note("recompute", "torchtitan's op-level selective recompute has no "
                                        "Megatron-LM equivalent; selective recompute (the core "
@@ -137,12 +140,12 @@ def export(plan: Any) -> Export:
         args += ["--num-layers", str(eff["num_layers"])]
     if eff["seq_len"] is not None:
         args += ["--seq-length", str(eff["seq_len"])]
-    world = eff["dp"] * eff["tp"] * eff["pp"]
+    world = eff["dp"] * eff["tp"] * eff["pp"] * eff["cp"]
     head = [f"# Megatron-LM arguments for {plan.model} (meshplan export; names of "
             f"megatron/training/arguments.py at NVIDIA/Megatron-LM {MEGATRON_COMMIT[:12]})",
             f"# launch: torchrun --nnodes NODES --nproc-per-node GPUS pretrain_gpt.py "
             f"<these arguments> <model and data arguments>, NODES x GPUS = {world} ranks "
-            f"(dp {eff['dp']} = {world} / (tp {eff['tp']} x pp {eff['pp']}))"]
+            f"(dp {eff['dp']} = {world} / (tp {eff['tp']} x pp {eff['pp']} x cp {eff['cp']}))"]
     head += [f"# note: {n}" for n in notes]
     pairs = _lines(args)
     text = "\n".join(head + [p + " \\" for p in pairs[:-1]] + pairs[-1:]) + "\n"

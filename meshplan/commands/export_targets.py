@@ -34,7 +34,7 @@ TARGETS: dict[str, tuple[str, str]] = {
 }
 
 #: every knob of a layout, in print order
-LAYOUT_KNOBS = ("dp", "tp", "pp", "vpp", "micro_batch_size", "global_batch_size", "schedule",
+LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule",
                 "recompute", "zero", "sequence_parallel", "dtype", "optimizer", "attention",
                 "layers_per_stage", "seq_len", "num_layers")
 
@@ -79,7 +79,7 @@ def layout(plan: Any) -> dict[str, Any]:
     if s.pp * s.vpp == 1:
         lps = None
     layers, seq = model_sizes(plan)
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "vpp": s.vpp,
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "global_batch_size": s.global_batch_size,
             "schedule": s.schedule, "recompute": s.recompute, "zero": s.zero if s.dp > 1 else 0,
             "sequence_parallel": s.sequence_parallel, "dtype": s.dtype, "optimizer": s.optimizer,

@@ -121,6 +121,8 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
     if zero == 2:
         par["fsdp_reshard_after_forward"] = "never"
     par["tensor_parallel_degree"] = eff["tp"]
+    if eff["cp"] > 1:  # torchtitan's context parallelism: ring attention over the cp mesh dim
+        par["context_parallel_degree"] = eff["cp"]
     if eff["sequence_parallel"] != (eff["tp"] > 1):
         notes.append(Note("sequence_parallel", "torchtitan's tensor parallelism always shards the "
                                                "norms along the sequence (sequence parallel on "
