@@ -173,6 +173,12 @@ class Efficiency(BaseModel):
     with gloo) it is serial and ``meshplan calibrate`` measures it."""
 
 
+#: fraction of a device's usable memory a plan leaves free by default (``--memory-headroom``):
+#: the predicted peak is a model; 5% covers the spread of the measured rows'
+#: peak-memory errors (experiments.measured_runs, memory table: mean |error| under 5%)
+DEFAULT_MEMORY_HEADROOM = 0.05
+
+
 class DeviceSpec(BaseModel):
     """One accelerator: peak FLOP/s per dtype, memory size (bytes) and HBM bandwidth (B/s)."""
 
@@ -180,8 +186,14 @@ class DeviceSpec(BaseModel):
     name: str = Field(min_length=1)
     peak_flops: dict[str, Positive]
     memory_bytes: Positive
+    """The device's memory capacity in bytes: the HBM it carries (an "80 GB" A100 or H100
+    has 80 GiB = 85,899,345,920 bytes of HBM)."""
     memory_bandwidth: Positive
     efficiency: Efficiency
+    memory_reserved_bytes: NonNegative | None = None
+    """Optional: bytes of ``memory_bytes`` a process can never allocate (what the driver and
+    firmware keep: capacity minus the total ``cudaGetDeviceProperties`` /
+    ``nvidia-smi`` report). Absent: 0 (a spec written before the field)."""
     sm_count: Count | None = None
     """Optional: streaming multiprocessors (SMs) of the device (A100: 108, H100 SXM and
     H200: 132). When present, ``simulator.roofline`` times a GEMM by its output tiles run
@@ -196,6 +208,39 @@ class DeviceSpec(BaseModel):
         if not v:
             raise ValueError("needs at least one dtype")
         return v
+
+    @model_validator(mode="after")
+    def _reserve_below_capacity(self) -> DeviceSpec:
+        r = self.memory_reserved_bytes
+        if r is not None and r.value >= self.memory_bytes.value:
+            raise ValueError(f"memory_reserved_bytes ({r.value:g}) must be below "
+                             f"memory_bytes ({self.memory_bytes.value:g})")
+        return self
+
+    @property
+    def reserved_bytes(self) -> float:
+        """Bytes the driver reserves (``memory_reserved_bytes``; 0 when absent)."""
+        r = self.memory_reserved_bytes
+        return float(r.value) if r is not None else 0.0
+
+    @property
+    def usable_bytes(self) -> float:
+        """Memory a training process can allocate: ``memory_bytes - memory_reserved_bytes``
+        (bytes). Raises ValueError when the reserve is not below the capacity."""
+        usable = float(self.memory_bytes.value) - self.reserved_bytes
+        if usable <= 0:
+            raise ValueError(f"device {self.name!r}: memory_reserved_bytes "
+                             f"({self.reserved_bytes:g}) must be below memory_bytes "
+                             f"({float(self.memory_bytes.value):g})")
+        return usable
+
+    def memory_limit(self, headroom: float = DEFAULT_MEMORY_HEADROOM) -> float:
+        """The most a plan's predicted peak may reach (bytes): the usable memory less a
+        ``headroom`` fraction of it, ``usable_bytes * (1 - headroom)`` (peak + headroom
+        <= usable). Raises ValueError for a headroom outside [0, 1)."""
+        if not (isinstance(headroom, int | float) and 0 <= headroom < 1):
+            raise ValueError(f"memory headroom must be a fraction in [0, 1), got {headroom!r}")
+        return self.usable_bytes * (1.0 - float(headroom))
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; raises ``ClusterSpecError`` naming an unknown dtype."""

@@ -29,7 +29,9 @@ def _norm_reduce(rt: str) -> str:
 
 @dataclass(frozen=True)
 class Shard:
-    """Placement: this mesh dim splits tensor dim ``dim`` (ceil-sized chunks)."""
+    """Placement: this mesh dim splits tensor dim ``dim`` (ceil-sized chunks). Prints as
+    DTensor does: ``repr`` ``Shard(dim=1)``, ``str`` ``S(1)``; :mod:`completion.dtensor`
+    converts to and from ``torch.distributed.tensor`` placements."""
 
     dim: int
 
@@ -37,20 +39,47 @@ class Shard:
         object.__setattr__(self, "dim", as_int(self.dim, "Shard dim"))
 
     def __repr__(self) -> str:
-        return f"Shard({self.dim})"
+        return f"Shard(dim={self.dim})"
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        """True (for ``dim`` None or this placement's dim), as DTensor's ``is_shard``."""
+        return dim is None or dim == self.dim
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
 
 
 @dataclass(frozen=True)
 class Replicate:
-    """Placement: every rank along this mesh dim holds the whole tensor."""
+    """Placement: every rank along this mesh dim holds the whole tensor (``Replicate()``,
+    ``R``)."""
 
     def __repr__(self) -> str:
         return "Replicate()"
 
+    def __str__(self) -> str:
+        return "R"
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
+
 
 @dataclass(frozen=True)
 class Partial:
-    """Placement: ranks along this mesh dim hold partial values combined by ``reduce_type``."""
+    """Placement: ranks along this mesh dim hold partial values combined by ``reduce_type``
+    (DTensor's ``reduce_op``; ``Partial(sum)``, ``P(sum)``)."""
 
     reduce_type: str = "sum"
 
@@ -59,6 +88,24 @@ class Partial:
 
     def __repr__(self) -> str:
         return f"Partial({self.reduce_type})"
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_type})"
+
+    @property
+    def reduce_op(self) -> str:
+        """DTensor's name of :attr:`reduce_type`."""
+        return self.reduce_type
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        """True (for ``reduce_op`` None or this placement's reduce type, ``mean`` = ``avg``)."""
+        return reduce_op is None or _norm_reduce(reduce_op) == self.reduce_type
 
 
 Placement = Shard | Replicate | Partial

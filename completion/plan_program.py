@@ -61,6 +61,7 @@ from completion.context_parallel import (
 )
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
+from completion.fp8 import mark_fp8_linears
 from completion.ir import OpRole, Program
 from completion.mesh import ProcessMesh
 from completion.models.source import ModelSource, resolve_model
@@ -278,6 +279,8 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         append_backward(prog)
     if cp > 1:
         mark_attention(prog, strategy)
+    if s.fp8 is not None:  # the decoder linears' GEMMs in FP8 (completion.fp8)
+        mark_fp8_linears(prog, s.fp8, s.framework, s.tp)
     if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
         extra = {} if adam_epsilon is None or s.optimizer == "sgd" else {"epsilon": adam_epsilon}
         apply_optimizer(prog, s.optimizer, learning_rate=LEARNING_RATES[s.optimizer], **extra)

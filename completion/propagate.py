@@ -42,6 +42,7 @@ from completion.dist_attr import OperatorDistAttr, TensorDistAttr
 from completion.errors import CompletionError
 from completion.ir import Operation, Value
 from completion.mesh import ProcessMesh
+from completion.ops.registry import get_opdef, op_traits
 from completion.spmd import DistTensor, SpmdResult, get_spmd_rule
 
 MAX_SWEEPS = 500
@@ -249,16 +250,16 @@ class Propagator:
         )
 
 
-#: source ops whose data is given in its annotated layout (inputs, parameters, received
-#: values); any other op's results are what its kernel computes
-GIVEN_SOURCES = frozenset({"data", "parameter", "recv"})
 
 
 def gives_annotation(op: Operation) -> bool:
     """Whether ``op``'s annotated results are facts about its data (a source op whose
     values are supplied in their annotated layout: ``data``, ``parameter``, ``recv``) rather
     than layouts its kernel must be made to produce (every other op, ``full`` included)."""
-    return not op.operands and op.type in GIVEN_SOURCES
+    if op.operands:
+        return False
+    d = get_opdef(op.type)
+    return op_traits(op.type).input or (d is not None and d.family == "p2p")
 
 
 def _chunk(a: TensorDistAttr | None, chunk: int) -> TensorDistAttr | None:

@@ -29,6 +29,10 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   what overlaps, how gradients accumulate; ``simulator.profiles``);
 - ``attention``: the attention implementation (:data:`ATTENTIONS`; None: the model's, else
   the framework's default).
+- ``fp8``: an FP8 training recipe (:data:`FP8_RECIPES`; None: none): the decoder layers'
+  linear GEMMs run in FP8, everything else in ``dtype`` (BF16). ``dtype`` also takes the
+  recipes' spellings (:data:`FP8_DTYPES`, e.g. ``fp8-delayed``), which set ``dtype`` to
+  bfloat16 and ``fp8`` to the recipe.
 
 It lives in ``completion`` (which knows nothing about hardware or time) so that the cost
 model and the executor read the same object. Old plan files spelled three knobs
@@ -66,6 +70,19 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 #: how a context-parallel attention gets the other ranks' keys and values (Megatron-LM
 #: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
 CP_COMMS = ("p2p", "all_gather")
+#: FP8 training recipes -> the framework profiles that run them: ``te-delayed``
+#: (Transformer Engine ``DelayedScaling``: per-tensor scales from an amax history; NVIDIA
+#: Megatron-Core / NeMo ``--fp8-format hybrid``, Composer/llm-foundry ``amp_fp8``),
+#: ``tensorwise`` and ``rowwise`` (torchao ``Float8Linear`` dynamic scaling per tensor or
+#: per row, as torchtitan's ``--float8`` runs it under FSDP2)
+FP8_RECIPES: dict[str, tuple[str, ...]] = {
+    "te-delayed": ("megatron-core", "llm-foundry"),
+    "tensorwise": ("fsdp2", "fsdp2-eager"),
+    "rowwise": ("fsdp2", "fsdp2-eager"),
+}
+#: ``dtype`` spellings of the FP8 recipes (``--dtype fp8-delayed``): dtype bfloat16 + ``fp8``
+FP8_DTYPES = {"fp8-delayed": "te-delayed", "fp8-te": "te-delayed", "fp8-tensorwise": "tensorwise",
+              "fp8-rowwise": "rowwise"}
 ZERO_STAGES = (0, 1, 2, 3)
 #: knob names of earlier plan files -> today's
 LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}
@@ -128,8 +145,16 @@ class Strategy:
     attention: str | None = None
     cp: int = 1
     cp_comm: str = "p2p"
+    fp8: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
+            recipe = FP8_DTYPES[self.dtype]
+            if self.fp8 is not None and self.fp8 != recipe:
+                raise StrategyError(f"strategy field 'dtype' {self.dtype!r} means fp8 {recipe!r} "
+                                    f"but field 'fp8' is {self.fp8!r}")
+            object.__setattr__(self, "dtype", "bfloat16")
+            object.__setattr__(self, "fp8", recipe)
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -155,6 +180,16 @@ class Strategy:
         if self.attention is not None and self.attention not in ATTENTIONS:
             raise StrategyError(f"strategy field 'attention' must be one of {list(ATTENTIONS)} or "
                                 f"null (the model's own), got {self.attention!r}")
+        if self.fp8 is not None:
+            if self.fp8 not in FP8_RECIPES:
+                raise StrategyError(f"strategy field 'fp8' must be one of {list(FP8_RECIPES)} or "
+                                    f"null (no FP8), got {self.fp8!r}")
+            if self.framework not in FP8_RECIPES[self.fp8]:
+                raise StrategyError(f"strategy field 'fp8' {self.fp8!r} runs under framework "
+                                    f"{' or '.join(FP8_RECIPES[self.fp8])}, not {self.framework!r}")
+            if self.dtype != "bfloat16":
+                raise StrategyError(f"strategy field 'fp8' {self.fp8!r} keeps BF16 outside the "
+                                    f"FP8 GEMMs; 'dtype' must be bfloat16, got {self.dtype!r}")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sequence_parallel, bool):

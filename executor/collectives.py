@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -216,3 +217,10 @@ COLLECTIVES = {
     "all_to_all": lambda x, a, i, n, pg, out: all_to_all(
         x, _dim(a, "src_dim"), _dim(a, "dst_dim"), i, n, pg, out[_dim(a, "src_dim")]),
 }
+
+
+def wait_work(work: Any) -> Any:
+    """``work.wait()`` of an asynchronous collective or p2p op. Every wait of the executor
+    goes through this function, so ``executor.watchdog`` can tell from a rank's stack that
+    it waits for its peers (its frame is named here) rather than computes."""
+    return work.wait()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: calibration (GEMM rate and memory bandwidth timed on the GPU, collectives on
-# 2 gloo ranks) and one validation of a 1-rank plan with NCCL on a single GPU, printing
-# predicted vs measured. Usage: executor/gpu_check.sh [OUTDIR]   (needs one CUDA GPU)
+# 2 gloo ranks), one validation of a 1-rank plan with NCCL on a single GPU, printing
+# predicted vs measured, and the same plan under torchrun (meshplan.executor.run). Usage: executor/gpu_check.sh [OUTDIR]   (needs one CUDA GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -27,4 +27,8 @@ PYEOF
     --cluster "$OUT/gpu-local.yaml" --csv "$OUT/validation.csv"
 "$PY" -m meshplan validate "$OUT/plan.json" --nproc 1 --backend nccl --steps 5 \
     --cluster "$OUT/gpu-local.yaml" --csv "$OUT/validation.csv" --json > "$OUT/validate.json"
+# the same plan under torchrun (one node, one process; NCCL), rank 0 appends the same CSV row
+"$PY" -m torch.distributed.run --nnodes 1 --nproc-per-node 1 -m meshplan.executor.run \
+    "$OUT/plan.json" --steps 5 --cluster "$OUT/gpu-local.yaml" --csv "$OUT/validation.csv" \
+    --json > "$OUT/torchrun.json"
 echo "gpu check done: $OUT"

@@ -29,9 +29,17 @@ from typing import Any
 import torch
 
 from completion.ir import Value
-from completion.ops.registry import TensorType
+from completion.ops.registry import TensorType, get_opdef
 from completion.passes.reshard import value_layout
-from executor.collectives import COLLECTIVES, Groups, all_gather, all_reduce, p2p, run_collective
+from executor.collectives import (
+    COLLECTIVES,
+    Groups,
+    all_gather,
+    all_reduce,
+    p2p,
+    run_collective,
+    wait_work,
+)
 from executor.cp_data import cp_input
 from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, parameter_value
 from executor.errors import ExecutorError
@@ -56,6 +64,11 @@ def _unaliased(t: torch.Tensor, ins: list | None) -> bool:
     return all(x is None or not isinstance(x, torch.Tensor) or x.untyped_storage().data_ptr() != ptr
                for x in ins)
 
+
+
+def _is_p2p(op: Any) -> bool:
+    """A pipeline send or recv (op family ``p2p`` in the op registry)."""
+    return getattr(get_opdef(op.type), "family", None) == "p2p"
 
 class RankExecutor:
     """Runs one rank's units. ``batch``: rows of one micro-batch in the program;
@@ -86,6 +99,9 @@ class RankExecutor:
         #: (cp, micro-batch size, tp) of a context-parallel program (its inputs are folded,
         #: executor.cp_data); None otherwise
         self.context_parallel: tuple[int, int, int] | None = None
+        #: called with the action's index in the row before each action (progress for
+        #: ``executor.watchdog``); None: nothing is reported
+        self.on_action: Any = None
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -235,7 +251,7 @@ class RankExecutor:
     def _finish_deferred(self) -> None:
         """Wait for the logging collectives of the step and record the late losses."""
         for work, out, n, rtype in self._deferred.values():
-            work.wait()
+            wait_work(work)
             if rtype == "avg":
                 out /= n
         self._deferred.clear()
@@ -339,7 +355,7 @@ class RankExecutor:
         wait_all = bool(works) and torch.distributed.get_backend() == "nccl"
         for i, w in enumerate(works):
             if wait_all or ops[i][0] == "recv":
-                w.wait()
+                wait_work(w)
             else:
                 self.pending.append((w, ops[i][1]))
         for it, buf, _ in recvs:
@@ -386,9 +402,9 @@ class RankExecutor:
         while i < len(items):
             if id(items[i]) in done:
                 i += 1
-            elif items[i].op.type in ("send", "recv"):
+            elif _is_p2p(items[i].op):
                 j = i
-                while j < len(items) and items[j].op.type in ("send", "recv"):
+                while j < len(items) and _is_p2p(items[j].op):
                     j += 1
                 self._p2p(items[i:j], mb, env, left, key)
                 i = j
@@ -414,7 +430,9 @@ class RankExecutor:
         t_start = self._now()
         self.run_unit("pre", 0, self.state, None)
         times = []
-        for a in actions:
+        for i, a in enumerate(actions):
+            if self.on_action is not None:
+                self.on_action(i)
             t0 = self._now()
             for kind in (("B", "W") if a.kind == "BW" else (a.kind,)):
                 self.run_unit((kind, a.chunk), a.microbatch, envs[a.microbatch], lefts[a.microbatch])
@@ -426,7 +444,7 @@ class RankExecutor:
             step_env[k] = t.div_(self.m) if self.m > 1 else t
         self.run_unit("step", 0, step_env, None)
         for w, _ in self.pending:
-            w.wait()
+            wait_work(w)
         self.pending.clear()
         self._finish_deferred()
         times.append(("O", -1, -1, -1, t0 - t_start, self._now() - t_start))

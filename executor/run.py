@@ -127,10 +127,11 @@ def _phase_medians(times: list[tuple]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: int,
-               single: bool, want_params: bool, adam_epsilon: float | None = None,
-               rows: Rows | None = None) -> dict[str, Any]:
-    """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage)."""
+def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: int,
+              single: bool, want_params: bool, adam_epsilon: float | None = None,
+              rows: Rows | None = None, progress: Any = None) -> dict[str, Any]:
+    """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage);
+    ``progress``: optional ``(step, action index) -> None`` called before each action."""
     from executor.collectives import Groups
     from executor.p2p_order import send_orders
     from executor.program import build_program
@@ -143,7 +144,7 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
     if rows is None:
         rows = single_stage_order(pp.num_microbatches)
     stage = rank // (s.dp * s.tp)
-    dist_on = torch.distributed.is_initialized()
+    dist_on = not single and torch.distributed.is_initialized()
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
     rplan = build_rank_plan(pp.program, rank)
     ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
@@ -159,6 +160,8 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
                 torch.cuda.reset_peak_memory_stats(device)
         if dist_on:
             torch.distributed.barrier()
+        if progress is not None:
+            ex.on_action = lambda a, step=i: progress(step, a)
         times = ex.run_step(rows[stage])
         if i >= warmup:
             step_times.append(times[-1][-1])
@@ -173,12 +176,14 @@ def _rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: 
 
 def _rank_main_many(rank: int, nproc: int, jobs: list[tuple]) -> list[dict[str, Any]]:
     """Several plans in one launch (one spawn for many runs): ``jobs`` are argument tuples
-    of :func:`_rank_main` after ``nproc``."""
-    return [_rank_main(rank, nproc, *job) for job in jobs]
+    of :func:`rank_main` after ``nproc``."""
+    return [rank_main(rank, nproc, *job) for job in jobs]
 
 
-def _measurement(results: list[dict], nproc: int, backend: str, steps: int, params: bool
-                 ) -> Measurement:
+def gathered_measurement(results: list[dict], nproc: int, backend: str, steps: int, params: bool
+                         ) -> Measurement:
+    """The :class:`Measurement` of every rank's :func:`rank_main` result (in rank order):
+    per step the slowest rank's time, losses and (``params``) parameters reassembled."""
     per_step = [max(res["step_times"][i] for res in results) for i in range(steps)]
     prm, drift = _collect_params(results) if params else ({}, 0.0)
     return Measurement(
@@ -207,7 +212,7 @@ def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 
             for p, r in zip(plans, rows, strict=True)]
     per_rank = launch(_rank_main_many, nproc, args=(jobs,), backend=backend, timeout=timeout,
                       collective_timeout=STEP_TIMEOUT)
-    return [_measurement([per_rank[r][i] for r in range(nproc)], nproc, backend, steps, params)
+    return [gathered_measurement([per_rank[r][i] for r in range(nproc)], nproc, backend, steps, params)
             for i in range(len(plans))]
 
 
@@ -272,11 +277,11 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         raise LaunchError(f"steps must be >= 1 and warmup >= 0, got steps={steps} warmup={warmup}")
     args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon, rows)
     if _single:  # one rank, no process group: run in this process
-        results = [_rank_main(0, 1, *args)]
+        results = [rank_main(0, 1, *args)]
     else:
-        results = launch(_rank_main, nproc, args=args, backend=backend, timeout=timeout,
+        results = launch(rank_main, nproc, args=args, backend=backend, timeout=timeout,
                          collective_timeout=STEP_TIMEOUT)
-    meas = _measurement(results, nproc, backend, steps, _params)
+    meas = gathered_measurement(results, nproc, backend, steps, _params)
     if predictor is not None:
         meas.predicted = dict(predictor(plan))
     return meas

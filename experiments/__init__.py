@@ -34,6 +34,7 @@ EXPERIMENT_MODULES = [
     "experiments.search_quality",
     "experiments.local_validation",
     "experiments.measured_runs",
+    "experiments.memory",
 ]
 
 for _name in EXPERIMENT_MODULES:

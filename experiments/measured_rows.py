@@ -16,10 +16,11 @@ default, not stated in table)"``, ``"GPT2BPE 50257 padded to 50688 (128*TP4)"``)
   meshplan models differently from the row, e.g. ALiBi as learned positions) and
   ``assumptions`` (what the row did not state and we filled in); or
 - a :class:`Refused` (``expressible=False``) whose one-line ``why`` names the field that
-  meshplan cannot express today (FP8, context parallelism, squared-ReLU MLPs, ...).
+  meshplan cannot express today (context parallelism, ...).
 
 What meshplan cannot express is decided by one table, :data:`UNSUPPORTED`, so that later
-work that adds a feature (FP8 GEMMs, context parallelism, another MLP) deletes one entry.
+work that adds a feature deletes one entry (FP8 GEMMs and squared-ReLU MLPs were lifted by
+issue 17: :data:`FP8_PRECISIONS`, :data:`FFN_TYPES`).
 No row raises: a cell that cannot be read is a refusal naming the column.
 """
 
@@ -81,12 +82,6 @@ class Unsupported:
 
 #: Features of the measured runs that Strategy / the model builders cannot take (yet).
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("FP8", "precision", lambda r: "fp8" in _cell(r, "precision").lower(),
-                "FP8 precision: Strategy.dtype has no float8 (completion.strategy.DTYPES) and "
-                "the cost model has no FP8 GEMM rate"),
-    Unsupported("squared-ReLU MLP", "ffn_type",
-                lambda r: "squared-relu" in _cell(r, "ffn_type").lower().replace(" ", "-"),
-                "squared-ReLU MLP: the builders have a GeLU MLP (gpt) and SwiGLU (llama) only"),
 )
 
 
@@ -146,6 +141,8 @@ class RunSpec:
         if s.sequence_parallel:
             parts.append("sp")
         dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[s.dtype]
+        if s.fp8:
+            dtype = f"fp8-{s.fp8}"
         parts += [f"rc={s.recompute}", dtype, f"s{self.seq_len}"]
         return " ".join(parts)
 
@@ -242,15 +239,38 @@ class _Notes:
     assumptions: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class FfnType:
+    """How an ``ffn_type`` cell maps onto a model: the family (positions, biases), the MLP
+    activation (``completion.models.config.ACTIVATIONS``) and the norm (None: the
+    family's)."""
+
+    match: str
+    family: str
+    activation: str
+    norm: str | None = None
+
+
+#: ``ffn_type`` cells (lower case, spaces as dashes; first match wins): GeLU -> gpt,
+#: SwiGLU -> llama, squared ReLU (Nemotron-4: non-gated ``relu(x)^2``, RoPE, GQA, no
+#: linear biases, layernorm1p; Nemotron-4 15B tech report, Parmar et al. 2024, sec. 2) ->
+#: llama positions and biases with a layer_norm
+FFN_TYPES: tuple[FfnType, ...] = (
+    FfnType("squared-relu", "llama", "relu2", "layer_norm"),
+    FfnType("swiglu", "llama", "swiglu"),
+    FfnType("gelu", "gpt", "gelu"),
+)
+
+
 def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
-    """(ModelConfig, seq_len) of a row; family from ffn_type (GeLU -> gpt, SwiGLU -> llama)."""
-    ffn_type = _cell(row, "ffn_type").lower()
-    if "swiglu" in ffn_type:
-        family = "llama"
-    elif "gelu" in ffn_type:
-        family = "gpt"
-    else:
-        raise RowError("ffn_type", f"{_cell(row, 'ffn_type')!r} is neither GeLU nor SwiGLU")
+    """(ModelConfig, seq_len) of a row; family, activation and norm from ffn_type
+    (:data:`FFN_TYPES`)."""
+    ffn_type = _cell(row, "ffn_type").lower().replace(" ", "-")
+    ffn = next((f for f in FFN_TYPES if f.match in ffn_type), None)
+    if ffn is None:
+        raise RowError("ffn_type", f"{_cell(row, 'ffn_type')!r} is none of "
+                       f"{[f.match for f in FFN_TYPES]}")
+    family = ffn.family
     pos = _cell(row, "pos_embedding")
     pos_l = pos.lower()
     own = "learned absolute positions" if family == "gpt" else "RoPE"
@@ -264,7 +284,10 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
     norm_l = norm.lower()
     if family == "gpt" and ("rmsnorm" in norm_l or "no bias" in norm_l or "layernorm1p" in norm_l):
         notes.approximations.append(f"norm/bias {norm!r} modelled as layer_norm with biases (gpt)")
-    if family == "llama" and norm and "rmsnorm" not in norm_l:
+    if ffn.norm == "layer_norm" and "no bias" in norm_l:
+        notes.approximations.append(f"norm {norm!r} modelled as layer_norm with weight and bias "
+                                    "(2h parameters per norm; linears without biases)")
+    elif family == "llama" and norm and "rmsnorm" not in norm_l and ffn.norm is None:
         notes.approximations.append(f"norm {norm!r} modelled as rms_norm without biases (llama)")
     if "low_precision_layernorm" in norm_l:
         notes.approximations.append("low_precision_layernorm modelled as layer_norm")
@@ -289,7 +312,8 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
                           num_layers=_int(row, "n_layers"), hidden_size=_int(row, "hidden_size"),
                           num_heads=_int(row, "n_heads"), num_kv_heads=kv,
                           ffn_hidden_size=_int(row, "ffn_hidden_size"), vocab_size=vocab,
-                          seq_len=seq, tie_word_embeddings=tied)
+                          seq_len=seq, tie_word_embeddings=tied,
+                          activation=ffn.activation, norm=ffn.norm)
     except ModelConfigError as e:
         raise RowError("model", str(e)) from None
     return cfg, seq
@@ -365,13 +389,38 @@ def _recompute(text: str) -> str:
     raise RowError("activation_recompute", f"unknown recompute {text!r}")
 
 
-def _dtype(text: str) -> str:
-    """bfloat16 / float16 from a ``precision`` cell (FP8 rows are refused before)."""
+#: FP8 ``precision`` cells (lower case; first match wins) -> (the FP8 recipe of
+#: ``completion.strategy.FP8_RECIPES``, a note when the cell leaves the recipe implicit):
+#: NeMo's "FP8 hybrid (Transformer Engine, delayed scaling)"; Composer's ``amp_fp8``
+#: (composer 0.2x ``core/precision.py``: ``te.fp8_autocast`` with a ``DelayedScaling``
+#: recipe, hybrid format); torchtitan's torchao Float8 (dynamic tensorwise scaling, the
+#: default ``Float8LinearConfig`` of torchao in December 2024, and the only recipe
+#: torchtitan 9dec370 ``float8.py`` configured)
+FP8_PRECISIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("transformer engine", "te-delayed", None),
+    ("amp_fp8", "te-delayed", "amp_fp8: Composer runs Transformer Engine fp8_autocast with "
+     "DelayedScaling (te-delayed)"),
+    ("tensorwise", "tensorwise", None),
+    ("torchao", "tensorwise", "torchao Float8 recipe not stated: dynamic tensorwise (torchao's "
+     "default in torchtitan 9dec370)"),
+)
+
+
+def _precision(text: str, notes: _Notes) -> tuple[str, str | None]:
+    """(dtype, FP8 recipe or None) of a ``precision`` cell: bfloat16 / float16, and for FP8
+    rows bfloat16 with the recipe of :data:`FP8_PRECISIONS`."""
     t = text.lower()
+    if "fp8" in t:
+        for needle, recipe, note in FP8_PRECISIONS:
+            if needle in t:
+                if note:
+                    notes.assumptions.append(note)
+                return "bfloat16", recipe
+        raise RowError("precision", f"FP8 recipe not recognised in {text!r}")
     if "bf16" in t or "bfloat16" in t:
-        return "bfloat16"
+        return "bfloat16", None
     if "fp16" in t or "float16" in t:
-        return "float16"
+        return "float16", None
     raise RowError("precision", f"unknown precision {text!r}")
 
 
@@ -447,12 +496,13 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
                                  "(1.7B-18B; local DDP for 39B and larger)")
     if _cell(row, "assumptions"):
         notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
+    dtype, fp8 = _precision(precision, notes)
     try:
         return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
-                        sequence_parallel=sp, dtype=_dtype(precision), optimizer="adamw",
-                        framework=framework, attention=_attention(_cell(row, "attention_impl")))
+                        sequence_parallel=sp, dtype=dtype, optimizer="adamw", framework=framework,
+                        attention=_attention(_cell(row, "attention_impl")), fp8=fp8)
     except StrategyError as e:
         raise RowError("strategy", str(e)) from None
 
@@ -549,6 +599,6 @@ def parse_all(path: str | Path | None = None) -> list[RunSpec | Refused]:
     return [parse_row(r) for r in load_rows(path)]
 
 
-__all__ = ["DATA_CSV", "GRAND_TETON", "UNSUPPORTED", "Refused", "RowError", "RunSpec",
-           "Unsupported", "load_rows", "parse_all", "parse_row", "read_peak_memory",
+__all__ = ["DATA_CSV", "FFN_TYPES", "FP8_PRECISIONS", "GRAND_TETON", "UNSUPPORTED", "FfnType", "Refused", "RowError",
+           "RunSpec", "Unsupported", "load_rows", "parse_all", "parse_row", "read_peak_memory",
            "read_vocab"]

@@ -4,8 +4,9 @@ training runs in ``shared/data/measured_runs.csv`` -- the feedback loop of the c
 Every row is parsed by :func:`experiments.measured_rows.parse_row` into a model
 (``ModelConfig``), a catalog cluster and node count, and a ``Strategy`` that carries the
 row's own layout, framework profile (``megatron-2021``, ``megatron-core``, ``fsdp2``,
-``llm-foundry``) and attention kernel; rows meshplan cannot express today (FP8, context
-parallelism, squared-ReLU MLPs: ``experiments.measured_rows.UNSUPPORTED``) are listed with
+``llm-foundry``) and attention kernel; rows meshplan cannot express today (context
+parallelism: ``experiments.measured_rows.UNSUPPORTED``; rows whose cells leave a figure
+unstated) are listed with
 the reason. Each expressible row is predicted with
 ``meshplan.engine.Engine(model, cluster, strategy, nodes=..., seq_len=...).simulate()``; an
 exception from the Engine is that row's error, not the experiment's.
@@ -111,19 +112,39 @@ def predict(spec: Any) -> dict[str, Any]:
         res = engine_cls(spec.model, spec.cluster, spec.strategy, nodes=spec.nodes,
                          seq_len=spec.seq_len).simulate()
         return {"predicted_s": float(res.step_time),
-                "predicted_mem_bytes": float(res.max_memory_bytes), "status": "ok"}
+                "predicted_mem_bytes": float(res.max_memory_bytes),
+                "memory_breakdown": dict(res.memory_breakdown), "status": "ok"}
     except Exception as e:  # one row's failure is that row's error, never the experiment's
         msg = " ".join(str(e).split())[:300]
         return {"predicted_s": math.nan, "predicted_mem_bytes": math.nan,
-                "status": f"error: {type(e).__name__}: {msg}"}
+                "memory_breakdown": {}, "status": f"error: {type(e).__name__}: {msg}"}
+
+
+def compared_memory(pred: dict[str, Any], convention: str) -> float:
+    """The predicted bytes that match how a row measured its peak (``convention`` from
+    ``experiments.measured_rows.read_peak_memory``): PyTorch's max *reserved* memory holds
+    the caching allocator's lines (``simulator.step_memory.ALLOCATOR_LINES``: tensors,
+    cuBLAS workspace, fragmentation) but not the CUDA context or NCCL's buffers; max
+    *allocated* memory also leaves out the fragmentation; otherwise (nvidia-smi, not
+    stated) the whole total. NaN without a prediction."""
+    b = pred.get("memory_breakdown") or {}
+    if not b:
+        return math.nan
+    lines = require(NAME, "simulator.step_memory", "ALLOCATOR_LINES")
+    if "reserved" in convention:
+        return float(sum(b.get(k, 0) for k in lines))
+    if "allocated" in convention:
+        return float(sum(b.get(k, 0) for k in lines if k != "fragmentation"))
+    return float(b.get("total", pred["predicted_mem_bytes"]))
 
 
 def row_record(spec: Any, pred: dict[str, Any], fitted: set[int]) -> dict[str, Any]:
     """One line of the per-row table: identity, layout, measured and predicted step time
-    (s), signed error (%), peak memory measured / predicted (GiB) where measured."""
+    (s), signed error (%), peak memory measured / predicted (GiB) where measured (the
+    predicted lines the row's convention measures: :func:`compared_memory`)."""
     meas, got = spec.step_time_s, pred["predicted_s"]
     mem_meas = spec.peak_mem_bytes
-    mem_pred = pred["predicted_mem_bytes"]
+    mem_pred = compared_memory(pred, spec.peak_mem_convention) if mem_meas is not None else math.nan
     has_mem = mem_meas is not None and not math.isnan(mem_pred)
     return {
         "row_id": spec.row_id, "source": spec.source_id, "model": spec.model_name,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import Any
 
 import typer
@@ -27,6 +28,7 @@ COMMAND_MODULES = [
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",
     "meshplan.commands.validate",
+    "meshplan.commands.export",
     "meshplan.commands.demo",
 ]
 # Commands of packages above meshplan in DESIGN.md's dependency order (``experiments``
@@ -129,6 +131,12 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ..."
 
 
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  line: str | None = None) -> str:
+    """A warning as one line, ``warning: <message>`` (no source location)."""
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments after the program name,
     default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
@@ -136,7 +144,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     value outside its choices or range) prints ``error: <message>`` and exits with 2; other
     usage errors print click's usage message, also with 2. A local run that failed (a rank
     died, was killed or hung: ``executor``'s RankFailure / LaunchTimeout) prints
-    ``error: <message>`` and exits with 1. Messages are always one line."""
+    ``error: <message>`` and exits with 1. Messages are always one line; so are warnings
+    (``warning: <message>``, e.g. a config.json key known but not modelled)."""
+    warnings.formatwarning = _warning_line
     try:
         app(args=argv, prog_name=prog_name, standalone_mode=False)
     except typer.Exit as e:

@@ -65,7 +65,11 @@ def render_topology(console: Console, c: Cluster) -> None:
     d, n = c.spec.device, c.spec.node
     for dtype, q in sorted(d.peak_flops.items()):
         t.add_row(f"peak {dtype}", f"{q.value / 1e12:g} TFLOP/s", q.provenance)
-    t.add_row("memory", f"{d.memory_bytes.value / 1e9:g} GB", d.memory_bytes.provenance)
+    t.add_row("memory", f"{d.memory_bytes.value / 2**30:.2f} GiB", d.memory_bytes.provenance)
+    r = d.memory_reserved_bytes
+    t.add_row("driver reserve", f"{d.reserved_bytes / 2**20:.0f} MiB",
+              r.provenance if r is not None else "not stated: 0")
+    t.add_row("usable memory", f"{d.usable_bytes / 2**30:.2f} GiB", "memory - driver reserve")
     t.add_row(
         "memory bandwidth",
         f"{d.memory_bandwidth.value / 1e9:g} GB/s",

@@ -134,7 +134,7 @@ def setup_lines(outcome: SearchOutcome) -> list[str]:
         f"{model_parameters(s.model, s.seq_len, s.num_layers) / 1e9:.2f} B parameters), "
         f"bf16 with AdamW.",
         f"- Cluster: {s.nodes} x {s.cluster} = {cl.world_size} x {cl.device.name} "
-        f"({cl.device.memory_bytes.value / 1e9:g} GB each; {cl.devices_per_node} per node at "
+        f"({cl.device.memory_bytes.value / 2**30:g} GiB each; {cl.devices_per_node} per node at "
         f"{n.intra_bandwidth.value / 1e9:g} GB/s all-reduce bus bandwidth, "
         f"{n.nic_count.value} x {n.nic_bandwidth.value / 1e9:g} GB/s NICs per node).",
         f"- Step: {s.global_batch} sequences x {s.seq_len} tokens = "
@@ -176,7 +176,7 @@ def readme_text(outcome: SearchOutcome, best: BestPlan | None, files: Sequence[s
              f"How should {s.model} be split over {cl.world_size} GPUs ({s.nodes} x {s.cluster}) "
              f"so that one training step of {s.global_batch} sequences of {s.seq_len} tokens is "
              f"as fast as possible while every GPU stays within its "
-             f"{cl.device.memory_bytes.value / 1e9:g} GB of memory?", "", "## Setup", ""]
+             f"{cl.device.memory_bytes.value / 2**30:g} GiB of memory?", "", "## Setup", ""]
     lines += setup_lines(outcome)
     lines += ["", "## Best plan", ""]
     if best is None:

@@ -14,11 +14,13 @@ the executor runs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from clusters import Cluster, load_cluster
 from completion import Program
 from completion.context_parallel import fold_strategy
+from completion.models.config import ModelConfigWarning
 from completion.models.source import ModelSource, resolve_model
 from completion.plan_program import (
     PlanProgram,
@@ -36,6 +38,23 @@ from simulator.step import StepConfig, StepModel, StepResult
 
 #: block costs of representative programs, shared by every Engine of this process
 COSTS = CostCache()
+
+
+def _warn_alternating_windows(source: ModelSource) -> None:
+    """One warning line when the representative program (first, middle, last layer) cannot
+    stand for the model's layers: a sliding window on every other layer (Gemma 2) that
+    masks keys at this sequence length -- every middle layer is costed as the
+    representative middle layer (layer 1, full attention), so the windowed middle layers'
+    attention is over-counted (about a quarter of their attention FLOPs at s = 2w)."""
+    cfg = source.config
+    if cfg is None or cfg.sliding_window is None or cfg.sliding_window_every == 1:
+        return
+    if cfg.sliding_window >= source.seq_len or source.num_layers <= 3:
+        return
+    warnings.warn(f"model {cfg.name!r}: sliding window {cfg.sliding_window} on every "
+                  f"{cfg.sliding_window_every}nd layer is costed on the first and last layers only; "
+                  "middle layers are costed with full causal attention (over-counts their attention)",
+                  ModelConfigWarning, stacklevel=3)
 
 
 class EngineError(MeshplanError):
@@ -81,6 +100,11 @@ class Engine:
         if s.world_size > self.cluster.world_size:
             raise EngineError(f"strategy dp*cp*tp*pp = {s.dp}*{s.cp}*{s.tp}*{s.pp} = {s.world_size} ranks "
                               f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
+        if s.fp8 is not None and "fp8" not in self.cluster.device.peak_flops:
+            dev = self.cluster.device.name
+            raise EngineError(f"FP8 training (fp8 {s.fp8!r}) needs FP8 tensor cores: device {dev!r} "
+                              f"of cluster {self.cluster.name!r} lists no fp8 peak_flops (A100 has "
+                              f"none; H100 / H200: 1979 TFLOP/s dense)")
         if not 0.0 <= overlap <= 1.0:
             raise EngineError(f"overlap must be in [0, 1], got {overlap}")
         if gemm_efficiency is not None and not 0.0 < gemm_efficiency <= 1.0:
@@ -89,6 +113,7 @@ class Engine:
                                        or num_layers < 1):
             raise EngineError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         self.source: ModelSource = resolve_model(model, seq_len, example_inputs, num_layers)
+        _warn_alternating_windows(self.source)
         check_plan(self.source, s)  # the executor's check too: refuse before building anything
         self.profile = load_profile(s.framework)
         if s.attention is None:  # the model's own implementation, else the framework's default

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clusters import load_cluster
+from clusters.spec import DEFAULT_MEMORY_HEADROOM
 from completion.ir import Program
 from completion.models import build_model, get_model_config
 from meshplan.engine import Engine
@@ -116,11 +117,15 @@ def make_scorer(config: Mapping[str, Any]):
 
     ``config``: model, cluster, nodes, global_batch_size, seq_len, dtype, annotation (the
     user's, semi-auto), num_layers (optional override, small test spaces), framework and
-    attention (optional; the Strategy fields)."""
+    attention (optional; the Strategy fields), memory_headroom (optional fraction of usable
+    memory a plan leaves free, default ``clusters.spec.DEFAULT_MEMORY_HEADROOM``): the
+    score's memory limit is ``device.memory_limit(memory_headroom)``."""
     cl = load_cluster(config["cluster"], config.get("nodes"))
     model, num_layers = config["model"], config.get("num_layers")
     name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
-    cap = int(cl.device.memory_bytes.value)
+    # a plan fits when its peak + headroom is within the usable memory (capacity less the
+    # driver's reserve): clusters.spec.DeviceSpec.memory_limit
+    cap = int(cl.device.memory_limit(config.get("memory_headroom", DEFAULT_MEMORY_HEADROOM)))
     dtype = config.get("dtype", "bfloat16")
 
     def score(c: Candidate) -> Score:

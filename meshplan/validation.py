@@ -42,8 +42,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     """The simulator's prediction for ``plan`` on ``cluster`` (default: the plan's own)
     and the schedule it played (``StepResult.schedule``).
 
-    Returns ``({"step_time": s, "max_memory_bytes": B, "stage_times": [{F, B, W} s per
-    virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
+    Returns ``({"step_time": s, "max_memory_bytes": B (the heaviest rank's tensors, as
+    the executor measures them), "stage_times": [{F, B, W} s per virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
     chunks], "time_breakdown": {...}, "layers_per_vstage": [...]}, schedule)``. Raises
     ``EngineError`` (a ValueError) for a plan the cost model cannot cost."""
     from meshplan.engine import Engine
@@ -55,7 +55,12 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
                 for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
-    pred = {"step_time": res.step_time, "max_memory_bytes": res.max_memory_bytes,
+    # the executor measures live tensor bytes (CPU) or torch.cuda.max_memory_allocated
+    # (GPU): the allocator's lines without its fragmentation (simulator.step_memory)
+    from simulator.step_memory import allocated_bytes
+
+    pred = {"step_time": res.step_time,
+            "max_memory_bytes": max(allocated_bytes(m) for m in res.memory_per_stage),
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
             "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage)}
     return pred, sched
@@ -150,3 +155,23 @@ def verify_many(plans: list[Any], nproc: int, **kwargs: Any) -> list[Any]:
     from executor import verify_many as _verify_many
 
     return _verify_many(plans, nproc, schedules=[plain_schedule(p) for p in plans], **kwargs)
+
+
+def run_repeated(plan: Any, nproc: int, repeats: int, *, cluster: Any = None,
+                 **kwargs: Any) -> list[Any]:
+    """``repeats`` independent measurements of ``plan`` in one launch (``executor.run_plans``:
+    each repeat starts from the same parameters and data, so each is the same run), all
+    with the one simulated schedule and prediction of :func:`predict`; ``kwargs`` go to
+    ``executor.run_plans`` (backend, steps, warmup, seed, timeout). Raises ValueError for
+    ``repeats`` < 1, and what :func:`run_plan` raises."""
+    from executor import run_plans as _run
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    pred, sched = predict(plan, cluster)
+    check_fits_host(pred, nproc, kwargs.get("backend", "gloo"))
+    run = predicted_plan(plan, pred)
+    out = _run([run] * repeats, nproc, schedules=[sched] * repeats, **kwargs)
+    for meas in out:
+        meas.predicted = dict(pred)
+    return out

@@ -65,7 +65,7 @@ from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program, Value
-from completion.ops.registry import op_traits
+from completion.ops.registry import get_opdef, op_traits
 from simulator.blocks import assign_blocks
 from simulator.op_cost import KernelCost, op_cost
 from simulator.op_signature import is_weight, local_tensor, op_signature
@@ -76,12 +76,8 @@ from simulator.types import BlockKey, Phase
 PATTERN_ORDER = ("scale_mask_softmax", "bias_gelu", "bias_dropout_add", "swiglu")
 #: group name of torch.compile's chains
 COMPILE = "compile"
-#: memory-bound op types never fused (gathers / scatter-adds)
-_NOT_FUSED = frozenset({"embedding", "embedding_grad"})
 
 _FWD_ROLES = (OpRole.FORWARD, OpRole.LOSS)
-#: ops whose results depend on random numbers: never recomputed in a backward kernel
-_RANDOM = frozenset({"dropout"})
 
 
 @dataclass(eq=False)
@@ -172,12 +168,19 @@ def _nbytes(v: Value, rank: int | None) -> int:
     return n * DTYPE_BYTES.get(t.dtype, 4)
 
 
+def _forward_type(op: Operation) -> str:
+    """The forward op type a grad op differentiates (``add_grad`` -> ``add``), else the op's
+    own type."""
+    d = get_opdef(op.type)
+    return d.forward if d is not None and d.forward else op.type
+
+
 def _fusable(op: Operation) -> bool:
     """A memory-bound compute kernel: op traits ``kernel == "memory"``, not an optimizer
-    update, a gather (:data:`_NOT_FUSED`), a collective or local reshard step
+    update, a gather (``OpTraits.fusable`` False), a collective or local reshard step
     (``dist_op`` dialect) or an opaque frontend op."""
     t = op_traits(op.type)
-    return (t.kernel == "memory" and not t.optimizer and op.type not in _NOT_FUSED
+    return (t.kernel == "memory" and not t.optimizer and t.fusable
             and op.dialect != "dist_op" and op.type != "opaque")
 
 
@@ -331,7 +334,7 @@ class _Matcher:
         grad op that alone reads the branch's gradient (backward)."""
         for op in self.program.ops:
             ph = self.phase(op)
-            if ph is None or op.type not in ("add", "add_grad") or not _two_activations(op):
+            if ph is None or _forward_type(op) != "add" or not _two_activations(op):
                 continue
             partners: list[Operation] = []
             for j, v in enumerate(op.operands[:2]):
@@ -372,7 +375,8 @@ class _Matcher:
                     continue
                 p = v.op
                 t = op_traits(p.type)
-                barrier = not (_fusable(p) or _is_view(p) or t.input or p.type in ("full", "shadow_output"))
+                # kernel-free ops (inputs, views, constants, sinks) never end a chain
+                barrier = not (_fusable(p) or _is_view(p) or (t.kernel is None and p.dialect != "dist_op"))
                 d = max(d, depth[id(p)] + (1 if barrier else 0))
             depth[id(op)] = d
         return depth
@@ -479,7 +483,7 @@ class FusionPlan:
         while stack:
             x = storage_root(stack.pop())
             if x.op is not None and id(x.op) in mem:
-                if x.op.type in _RANDOM:
+                if op_traits(x.op.type).random:
                     return None
                 stack.extend(reads(x.op))
             else:

@@ -48,16 +48,19 @@ StageKey = tuple[tuple[int, ...], int]
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes of weights, gradients and optimizer states on one rank."""
+    """Bytes of weights, gradients and optimizer states on one rank; ``buffers``: the
+    unsharded copies a sharded framework gathers (FSDP blocks in flight, ZeRO-3's largest
+    layer; ``simulator.model_states``)."""
 
     params: int
     grads: int
     optimizer: int
+    buffers: int = 0
 
     @property
     def total(self) -> int:
-        """params + grads + optimizer bytes on the rank."""
-        return self.params + self.grads + self.optimizer
+        """params + grads + optimizer + buffers bytes on the rank."""
+        return self.params + self.grads + self.optimizer + self.buffers
 
 
 def zero_model_states(num_params: int, sharding_degree: int, stage: int, param_bytes: int = 2,
@@ -321,3 +324,30 @@ def timeline_activation_peaks(timeline: Iterable, num_ranks: int,
             best = max(best, cur)
         peaks.append(best)
     return peaks
+
+
+@dataclass(frozen=True)
+class LossLogits:
+    """The loss's logits on the rank: ``elements`` (local, per micro-batch) and the bytes
+    per element of the softmax the program saves for backward (``saved_bytes``)."""
+
+    elements: int = 0
+    saved_bytes: int = 0
+
+
+def loss_logits(program: Program) -> LossLogits:
+    """The local logits of the program's ``cross_entropy_with_softmax`` (largest shard on
+    its mesh) and the bytes per element of the softmax result it saves; an empty
+    LossLogits when the program has no such op. With a profile's ``loss_saved_bytes`` the
+    step model replaces the saved softmax by the framework's own (``simulator.step_memory``)."""
+    for op in program.ops:
+        if op.type != "cross_entropy_with_softmax" or not op.operands or op.operands[0] is None:
+            continue
+        t = local_tensor(op.operands[0], None)
+        n = 1
+        for s in t.shape:
+            n *= s
+        soft = op.results[0] if op.results else None
+        saved = DTYPE_BYTES.get(local_tensor(soft, None).dtype, 4) if soft is not None else 0
+        return LossLogits(n, saved)
+    return LossLogits()

@@ -184,25 +184,43 @@ def _gemm(phase: Phase, flops: float, nbytes: float, dtype: str,
     return KernelCost(phase, flops, flops, nbytes, "gemm", dtype, flops, gemm_shape=shape)
 
 
+#: dtype of FP8 GEMM kernels (``Roofline.peak`` finds the device's ``peak_flops.fp8``)
+FP8_DTYPE = "float8_e4m3fn"
+
+
+def _operand_bytes(sig: OpSig, ts: TensorSig | None) -> float:
+    """Bytes a GEMM reads of operand ``ts``: 1 per element when the op is an FP8 linear
+    (its ``fp8`` attribute, ``completion.fp8``: the operand was cast to FP8), else its own."""
+    return float(_elems(ts)) if sig.attr("fp8") else _bytes(ts)
+
+
+def _gemm_dtype(sig: OpSig) -> str:
+    """:data:`FP8_DTYPE` for an FP8 linear's GEMMs, else the op's dtype."""
+    return FP8_DTYPE if sig.attr("fp8") else _first_dtype(sig)
+
+
 @register_cost("matmul", "matmul_family")
 def matmul_cost(sig: OpSig) -> list[KernelCost]:
     """out[batch, m, n] = x[.., m, k] @ y[.., k, n]: 2 * batch * m * n * k FLOPs; bytes =
-    x + y read + out written; ``gemm_shape`` from :func:`gemm_shapes` (forward)."""
+    x + y read + out written; ``gemm_shape`` from :func:`gemm_shapes` (forward). An FP8
+    linear (``fp8`` attribute) reads x and y at 1 byte per element and runs at the FP8 peak
+    (dtype :data:`FP8_DTYPE`); its casts are ``simulator.fp8``'s."""
     b, m, n, k, bx, by = _matmul_dims_batches(sig)
-    nbytes = _bytes(sig.ins[0]) + _bytes(sig.ins[1]) + _bytes(sig.outs[0])
+    nbytes = _operand_bytes(sig, sig.ins[0]) + _operand_bytes(sig, sig.ins[1]) + _bytes(sig.outs[0])
     shape = gemm_shapes(b, m, n, k, bx, by)[0]
-    return [_gemm("F", 2.0 * b * m * n * k, nbytes, _first_dtype(sig), shape)]
+    return [_gemm("F", 2.0 * b * m * n * k, nbytes, _gemm_dtype(sig), shape)]
 
 
 @register_cost("matmul_grad")
 def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
     """Operands (x, y, dout) -> (dx, dy): each non-null gradient is one 2*b*m*n*k GEMM;
-    dx reads (dout, y), dy reads (x, dout). The phase of each is W when that forward
+    dx reads (dout, y), dy reads (x, dout) (FP8 linears: 1 byte per element read, the FP8
+    peak, as :func:`matmul_cost`). The phase of each is W when that forward
     operand is a weight (``sig.weight``), else B. ``gemm_shape``: dx ``(b, m, k, n)``, dy
     ``(b, k, n, m)`` (batch folding as in :func:`gemm_shapes`)."""
     fwd = OpSig("matmul", sig.ins[:2], (sig.ins[2],), sig.attrs)
     b, m, n, k, bx, by = _matmul_dims_batches(fwd)
-    fl, dt = 2.0 * b * m * n * k, _first_dtype(sig)
+    fl, dt = 2.0 * b * m * n * k, _gemm_dtype(sig)
     shapes = gemm_shapes(b, m, n, k, bx, by)[1:]
     x, y, dout = sig.ins[0], sig.ins[1], sig.ins[2]
     out = []
@@ -210,7 +228,7 @@ def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
         g = sig.outs[j] if j < len(sig.outs) else None
         if g is None:
             continue
-        nbytes = sum(_bytes(t) for t in reads) + _bytes(g)
+        nbytes = sum(_operand_bytes(sig, t) for t in reads) + _bytes(g)
         out.append(_gemm(sig.phase_of(j), fl, nbytes, dt, shapes[j]))
     return out
 
@@ -226,6 +244,19 @@ def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int]:
 
 
 def _causal_fraction(sig: OpSig, sq: int, sk: int) -> float:
+    """Fraction of the ``sq x sk`` score matrix a causal (and, with the
+    ``sliding_window`` attribute w, windowed) kernel computes: query i sees keys
+    ``(i + sk - sq) - w < j <= i + sk - sq`` (FlashAttention-2 ``window_size = (w - 1, 0)``,
+    whose kernel skips the key blocks outside the band)."""
+    w = int(sig.attr("sliding_window", 0) or 0)
+    if w > 0 and sk > 0:
+        off = sk - sq
+        if sq <= 4096:
+            seen = sum(max(0, min(sk, i + 1 + off) - max(0, i + 1 + off - w)) for i in range(sq))
+        else:  # closed form for sq = sk: rows below w see i + 1 keys, the rest w
+            r = min(w, sq)
+            seen = r * (r + 1) / 2 + (sq - r) * w if off == 0 else sq * min(w, sk)
+        return seen / (sq * sk)
     if not sig.attr("causal") or sk == 0:
         return 1.0
     # bottom-right aligned causal mask: query i sees keys up to i + (sk - sq)

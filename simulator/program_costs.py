@@ -21,7 +21,7 @@ from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole, Program
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
-from simulator.memory import StageActivations, saved_activations
+from simulator.memory import LossLogits, StageActivations, loss_logits, saved_activations
 from simulator.op_cost import op_cost
 from simulator.op_signature import local_tensor, op_signature
 from simulator.recompute import recomputed_ops
@@ -100,6 +100,10 @@ class ProgramCosts:
             forward FLOPs that recompute re-runs for layer i.
         boundary_bytes: bytes of the activation a layer hands to the next (the pipeline p2p
             message per micro-batch, local shard of rank 0).
+        loss: the loss's local logits and the bytes per element the program saves for them
+            (``simulator.memory.loss_logits``). Under a profile that states
+            ``memory.loss_saved_bytes`` the "post" activations hold the framework's saved
+            bytes per logit instead of the program's (:func:`framework_activations`).
     """
 
     layers: list[BlockCost]
@@ -109,6 +113,7 @@ class ProgramCosts:
     activations: StageActivations
     model_flops: dict[Any, float]
     boundary_bytes: float
+    loss: LossLogits = LossLogits()
 
     @classmethod
     def of(cls, plan_program: Any, cluster: Any, roofline: Roofline,
@@ -139,9 +144,10 @@ class ProgramCosts:
             model_flops[i] = flops.get(key, 0.0)
             if ("recompute", key) in flops:
                 model_flops[("recompute", i)] = flops[("recompute", key)]
+        loss = loss_logits(prog)
+        acts = framework_activations(merged_activations(prog, s.recompute), loss, profile)
         return cls([costs[k] for k in keys], costs.get("pre"), costs.get("post"), keys,
-                   merged_activations(prog, s.recompute), model_flops,
-                   boundary_bytes(prog, blocks))
+                   acts, model_flops, boundary_bytes(prog, blocks), loss)
 
 
 def layer_roles(layer_ids: list[int], num_layers: int) -> list[int]:
@@ -175,6 +181,25 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
         out[blk] = out.get(blk, 0.0) + fl
         if id(op) in rec:
             out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
+    return out
+
+
+def framework_activations(acts: StageActivations, loss: LossLogits, profile: Any) -> StageActivations:
+    """``acts`` with the loss's saved bytes per logit replaced by the framework's
+    (profile ``memory.loss_saved_bytes``: Megatron and torchtitan keep the fp32 softmax /
+    log-softmax, 4 bytes, where the program saves its softmax in the logits' dtype): the
+    "post" block gains ``(framework - program) x logits`` bytes held from F to B (M_B;
+    the loss backward frees them, so M_W is unchanged). ``acts`` unchanged without a
+    profile, a stated value or a loss."""
+    mem = getattr(profile, "memory", None)
+    saved = getattr(mem, "loss_saved_bytes", None)
+    if saved is None or loss.elements == 0:
+        return acts
+    extra = int(round((saved.value - loss.saved_bytes) * loss.elements))
+    if extra == 0:
+        return acts
+    out = StageActivations(dict(acts.by_block), dict(acts.w_by_block), dict(acts.dropped_by_block))
+    out.by_block["post"] = max(0, out.by_block.get("post", 0) + extra)
     return out
 
 

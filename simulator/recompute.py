@@ -98,9 +98,11 @@ def is_linear_mm(op: Operation) -> bool:
         param_root(v) is not None for v in op.operands if v is not None)
 
 
-#: op types whose results torchtitan's op policy saves besides every other mm
-#: (``_save_list`` at 9dec370: SDPA flash / efficient attention, reduce_scatter_tensor)
-OP_SAC_SAVED = frozenset({"flash_attention", "reduce_scatter"})
+def op_sac_saves(op: Operation) -> bool:
+    """True for the ops whose results torchtitan's op policy saves besides every other mm
+    (``_save_list`` at 9dec370: SDPA's flash / efficient attention, reduce_scatter_tensor):
+    a fused attention kernel (op traits ``kernel == "attention"``) or a reduce_scatter."""
+    return op_traits(op.type).kernel == "attention" or op.type == "reduce_scatter"
 
 
 def _op_sac(ops: Sequence[Operation]) -> set[int]:
@@ -113,7 +115,7 @@ def _op_sac(ops: Sequence[Operation]) -> set[int]:
             mm += 1
             if mm % 2 == 1:
                 continue
-        elif op.type in OP_SAC_SAVED:
+        elif op_sac_saves(op):
             continue
         out.add(id(op))
     return out

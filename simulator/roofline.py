@@ -187,11 +187,15 @@ class Roofline:
         )
 
     def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``). Integer and unknown
-        dtypes use the largest listed 16-bit rate. Raises ValueError if none is listed."""
+        """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``, ``float8_e4m3fn`` finds
+        ``fp8``). Integer and unknown dtypes use the largest listed 16-bit rate; FP8 never
+        does. Raises SimulatorError if none is listed or FP8 has no peak."""
         for alias in _DTYPE_ALIASES.get(dtype, (dtype,)):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]
+        if dtype.startswith("float8"):  # FP8 GEMMs never fall back to a 16-bit rate
+            raise SimulatorError(f"roofline: {dtype} GEMMs need the device's fp8 peak_flops; it "
+                                 f"lists {', '.join(sorted(self.peak_flops))}")
         for alias in ("bf16", "fp16", "bfloat16", "float16"):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]

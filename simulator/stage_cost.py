@@ -28,12 +28,14 @@ from functools import lru_cache
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
+from completion.fp8 import TP_FLOAT8_GATHER
 from completion.ir import Operation, OpRole, Program
 from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
 from simulator.context_parallel import CP_PHASE, cp_comm_time, cp_settings, cp_workspace_bytes
 from simulator.eager_ops import eager_kernels, eager_settings, impl_for
+from simulator.fp8 import cast_kernels, fp8_state_bytes
 from simulator.fusion import FusionPlan
 from simulator.memory import is_regather
 from simulator.op_cost import KernelCost, op_cost
@@ -105,6 +107,11 @@ class BlockCost:
             block's forward reads (a tied embedding appears in both "pre" and "post").
         workspace: bytes of the largest single op's working set in the block.
         comm_count: number of in-stage collective steps per phase.
+        per_step: seconds of kernels the block's ops run once per step, not per
+            micro-batch (``simulator.fp8``: Transformer Engine's weight casts and amax
+            history update).
+        fp8_state_bytes: persistent bytes of FP8 weight copies and amax histories
+            (``simulator.fp8.fp8_state_bytes``).
     """
 
     compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -117,6 +124,8 @@ class BlockCost:
     workspace: int = 0
     comm_count: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
     overlaps: list[OverlapCandidate] = field(default_factory=list)
+    per_step: float = 0.0
+    fp8_state_bytes: float = 0.0
 
     @property
     def attn_core_f(self) -> float:
@@ -196,9 +205,23 @@ def _producing_matmuls(v: Any, grad: bool = True, depth: int = 3) -> list[Operat
     want = "matmul_grad" if grad else "matmul"
     if op.type == want:
         return [op]
-    if op.type in ("add_n", "add", "cast"):
+    if op_traits(op.type).gradient_sum:
         return [m for x in op.operands if x is not None for m in _producing_matmuls(x, grad, depth - 1)]
     return []
+
+
+def _feeds_fp8_gather(y: Any) -> bool:
+    """True when every user of reshard result ``y`` is an FP8 linear whose recipe
+    all-gathers in FP8 (``completion.fp8.TP_FLOAT8_GATHER``: torchao's float8 tensor
+    parallel styles cast the sequence-parallel input, and in backward the output gradient,
+    to FP8 before the all-gather) and reads it as a GEMM input: a forward ``matmul``'s x,
+    a ``matmul_grad``'s x (the FP8 input saved for the weight gradient) or output
+    gradient."""
+    uses = list(getattr(y, "uses", ()) or ())
+    return bool(uses) and all(
+        u.attrs.get("fp8") in TP_FLOAT8_GATHER
+        and ((u.type == "matmul" and i == 0) or (u.type == "matmul_grad" and i in (0, 2)))
+        for u, i in uses)
 
 
 @lru_cache(maxsize=65536)
@@ -252,7 +275,11 @@ class StageCoster:
         (``kernels.eager``, ``simulator.eager_ops``), else ``simulator.op_cost``'s."""
         fused = op_cost(sig)
         impl = impl_for(sig.type, self._eager)
-        return tuple(eager_kernels(sig, impl, fused) if impl is not None else fused)
+        kernels = tuple(eager_kernels(sig, impl, fused) if impl is not None else fused)
+        if sig.attr("fp8"):  # an FP8 linear: its cast kernels (simulator.fp8)
+            compiled = self.profile is not None and bool(self.profile.kernels.compile.value)
+            kernels += tuple(cast_kernels(sig, compiled))
+        return kernels
 
     def _collectives(self, op: Operation, bc: BlockCost) -> None:
         x, y = op.operands[0], op.results[0]
@@ -263,6 +290,7 @@ class StageCoster:
             op.role == OpRole.BACKWARD and any(u.role == OpRole.OPTIMIZE for u, _ in y.uses))
         phase: Phase = "F" if op.role in (OpRole.FORWARD, OpRole.LOSS) else "B"
         regather = is_regather(op) and any(u.role == OpRole.BACKWARD for u, _ in y.uses)
+        fp8_gather = _feeds_fp8_gather(y)
         for st in steps:
             if st.kind == "send_recv":
                 continue  # stage boundaries are the pipeline's p2p, costed by the engine
@@ -273,7 +301,10 @@ class StageCoster:
             if grad:
                 bc.grad_sync.append((st.kind, int(st.nbytes), group))
                 continue
-            t = self.cluster.collective_time(st.kind, st.nbytes, group)
+            nbytes = st.nbytes
+            if fp8_gather and st.kind == "all_gather":  # gathered after the FP8 cast
+                nbytes = st.nbytes / DTYPE_BYTES.get(x.dtype, 2)
+            t = self.cluster.collective_time(st.kind, nbytes, group)
             bc.comm[phase] += t
             bc.comm_count[phase] += 1
             self._candidate(op, st.kind, phase, t, bc)
@@ -420,6 +451,10 @@ class StageCoster:
             for ph, t in times.items():
                 if ph in PHASES:
                     bc.compute[ph] += t
+            if sig.attr("fp8"):
+                bc.per_step += sum(self.roofline.kernel_time(k) for k in kernels
+                                   if k.phase == "O" and k.op == "fp8_cast")
+                bc.fp8_state_bytes += fp8_state_bytes(sig)
             for mode, ids in recomputed.items():
                 if id(op) in ids and times.get("F"):
                     bc.recompute_f[mode] = bc.recompute_f.get(mode, 0.0) + times["F"]

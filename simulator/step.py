@@ -40,7 +40,7 @@ from simulator.schedules import Schedule, build_schedule
 from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import PHASES, BlockCost
 from simulator.stage_timing import StageTimer, block_time
-from simulator.step_memory import rank_memory, vstage_activation_bytes
+from simulator.step_memory import RankParams, rank_memory, vstage_activation_bytes
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,10 @@ class StepResult:
     executed_flops: float
     sim: SimResult = field(repr=False)
     schedule: Schedule | None = field(default=None, repr=False)
+    activation_per_chunk: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict,
+                                                                           repr=False)
+    """(rank, chunk) -> (M_B, M_W) bytes per micro-batch: what the memory timeline plays
+    (``simulator.memory_timeline``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (times in ms for the headline, seconds in breakdowns)."""
@@ -263,7 +267,7 @@ class StepModel:
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,
             layers_per_vstage=self.split, model_flops=mflops, executed_flops=mflops + rec,
-            sim=sim, schedule=sched)
+            sim=sim, schedule=sched, activation_per_chunk=per_chunk)
 
     def _chunk_params(self, vstages: list[int]) -> dict[int, int]:
         """Local parameter elements per chunk of a pipeline rank holding ``vstages`` (a
@@ -291,6 +295,20 @@ class StepModel:
             for chunk, items in grad_buckets(c, self.cluster, r, self._chunk_params(list(sched.vstage[r]))).items():
                 buckets[(r, chunk)] = items
         return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
+
+    def _rank_params(self, vstages: list[int], total: int, layer_blocks: list[BlockCost],
+                     blocks: list[BlockCost]) -> RankParams:
+        """Parameter facts of a pipeline rank for its model states
+        (``simulator.step_memory.RankParams``): its largest tensor and layer, the elements
+        of its "pre" / "post" blocks (tied weights once), whether it runs the loss."""
+        root: dict[str, int] = {}
+        for blk in (self.costs.pre, self.costs.post):
+            if blk is not None and any(b is blk for b in blocks):
+                root.update({k: n for k, (n, _) in blk.params.items()})
+        largest = max((n for b in blocks for n, _ in b.params.values()), default=0)
+        block = max((sum(n for n, _ in b.params.values()) for b in layer_blocks), default=0)
+        return RankParams(total=total, largest_param=largest, largest_block=block,
+                          root=sum(root.values()), holds_loss=self.nvs - 1 in vstages)
 
     def _tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
@@ -320,12 +338,20 @@ class StepModel:
             sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
             sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
             fixed = fixed_time(c, self.cluster, self.rf, r, params, self._tied_elems())
-        opt = optimizer_time(c, self.rf, params, tensors) + fixed
+        # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
+        opt = optimizer_time(c, self.rf, params, tensors) + fixed + sum(b.per_step for b in layer_blocks)
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
-        memory = rank_memory(c, params, act_peak, self.costs.activations, self.costs.layer_keys,
-                             rank_layers, blocks)
+        memory = rank_memory(c, self._rank_params(vstages, params, layer_blocks, blocks), act_peak,
+                             self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
+                             loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
+                             tied=self._tied_elems() > 0)
+        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
+        if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8), before total
+            total = memory.pop("total") + fp8_state
+            memory["fp8_weights"] = fp8_state
+            memory["total"] = total
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
         busy = compute + comm
         time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,

@@ -119,10 +119,21 @@ def run_global(program: Program, inputs: dict[int, np.ndarray]) -> dict[int, np.
     return env
 
 
+def distribute_inputs(program: Program, inputs: dict[int, np.ndarray], seed: int = 1
+                      ) -> dict[int, dict[int, np.ndarray]]:
+    """id(data value) -> {rank: local block}: each ``data`` op's global input laid out in
+    its layout (:meth:`VirtualMesh.from_global`, Partial mesh dims as random splits from
+    ``seed``), in program order, so every backend starts from the same blocks."""
+    rng = np.random.default_rng(seed)
+    return {id(op.results[0]): VirtualMesh.from_global(inputs[id(op.results[0])],
+                                                       value_layout(op.results[0]), rng).arrays
+            for op in program.ops if op.type == "data"}
+
+
 def run_mesh(program: Program, inputs: dict[int, np.ndarray], seed: int = 1
              ) -> dict[int, dict[int, np.ndarray]]:
     """id(value) -> {rank: local array} after the reshard pass (module docstring)."""
-    rng = np.random.default_rng(seed)
+    blocks = distribute_inputs(program, inputs, seed)
     ranks = sorted({r for op in program.ops if op.dist_attr is not None
                     for r in op.dist_attr.process_mesh.process_ids})
     local = {r: {id(ro.op): ro for ro in rank_program(program, r)} for r in ranks}
@@ -130,8 +141,7 @@ def run_mesh(program: Program, inputs: dict[int, np.ndarray], seed: int = 1
     sent: dict[int, dict[int, np.ndarray]] = {}
     for i, op in enumerate(program.ops):
         if op.type == "data":
-            v = op.results[0]
-            env[id(v)] = VirtualMesh.from_global(inputs[id(v)], value_layout(v), rng).arrays
+            env[id(op.results[0])] = blocks[id(op.results[0])]
             continue
         if op.type == "reshard":
             raise ValueError(f"run_mesh needs a program after the reshard pass, got {op.label()}")

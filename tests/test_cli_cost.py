@@ -62,7 +62,11 @@ def test_out_of_memory_is_reported(capsys):
             "--seq-len", "512"]
     assert main(args + ["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["device_memory_bytes"] == 80_000_000_000
+    # issue 15: the capacity is the 80 GiB of HBM, usable = capacity - the driver's 871 MiB,
+    # the default 5% headroom of usable memory stays free
+    usable = 80 * 2**30 - 871 * 2**20
+    assert d["device_memory_bytes"] == 80 * 2**30 and d["usable_memory_bytes"] == usable
+    assert d["memory_headroom"] == 0.05 and d["memory_limit_bytes"] == int(usable * 0.95)
     assert d["max_memory_bytes"] >= 16 * 6.738e9 and d["fits_in_memory"] is False
     assert main(args) == 0
     assert "OUT OF MEMORY" in capsys.readouterr().out

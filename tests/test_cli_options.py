@@ -175,7 +175,7 @@ def test_choice_lists_mirror_their_packages():
     assert opt.SCHEDULE_ALIAS_NAMES == tuple(cs.SCHEDULE_ALIASES)
     assert tuple(s.value for s in opt.Schedule) == cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES)
     assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE
-    assert tuple(d.value for d in opt.Dtype) == cs.DTYPES
+    assert tuple(d.value for d in opt.Dtype) == cs.DTYPES + tuple(cs.FP8_DTYPES)
     assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
     assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
     assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS
@@ -200,6 +200,9 @@ def test_size_bounds_mirror_their_packages():
     assert opt.MAX_ACTIONS == base.MAX_ACTIONS and opt.MAX_TIME_S == base.MAX_TIME_S
     assert opt.MAX_MEMORY_LIMIT == base.MAX_MEMORY_LIMIT
     assert opt.MAX_LOCAL_RANKS == MAX_LOCAL_RANKS
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
+
+    assert opt.DEFAULT_MEMORY_HEADROOM == DEFAULT_MEMORY_HEADROOM
 
 
 def test_the_three_commands_share_one_definition():

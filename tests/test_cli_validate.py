@@ -40,3 +40,24 @@ def test_validate_json_and_csv_row(tmp_path, capsys):
     assert len(got["losses"]) == 2 and got["losses"][1] < got["losses"][0]  # SGD descends
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == 1 and rows[0]["dp"] == "2"
+    # issue 19 item 5: 3 repeats, their median and spread, host load, numerics verified
+    times = got["repeat_step_times_ms"]
+    assert got["repeats"] == 3 and len(times) == 3
+    assert got["measured_step_time_ms"] == pytest.approx(sorted(times)[1])
+    assert got["step_time_spread"] == pytest.approx((max(times) - min(times)) / sorted(times)[1])
+    load = got["host_load"]
+    assert load["cores"] >= 1 and load["before"] >= 0 and load["after"] >= 0
+    assert (got["load_warning"] is not None) == (max(load["before"], load["after"]) > load["cores"])
+    assert got["numerics"]["checked"] and got["numerics"]["ok"], got["numerics"]
+    assert got["numerics"]["summary"].startswith("OK: loss rel err")
+
+
+def test_load_warning_and_spread():
+    from meshplan.commands.validate import load_warning, spread
+
+    assert load_warning(1.5, 2.0, 2) is None  # at most the cores: no warning
+    msg = load_warning(1.0, 4.5, 2)
+    assert msg.startswith("host load 4.50 exceeds its 2 cores (before 1.00, after 4.50)")
+    assert load_warning(None, None, 2) is None
+    assert spread([10.0, 12.0, 11.0]) == pytest.approx(2.0 / 11.0)
+    assert spread([5.0]) == 0.0

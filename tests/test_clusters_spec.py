@@ -74,7 +74,9 @@ def test_dgx_a100_numbers_match_reference():
     # datasheet's 2,039 GB/s HBM2e; the GEMM plateau is the fit of experiments.measured_runs.FITS.
     c = load_cluster("dgx-a100-80g")
     d, n = c.device, c.node
-    assert d.peak("bf16") == 312e12 and d.memory_bytes.value == 80e9
+    # issue 15: an "80 GB" A100 carries 80 GiB of HBM; the driver keeps 871 MiB of it
+    assert d.peak("bf16") == 312e12 and d.memory_bytes.value == 80 * 2**30
+    assert d.usable_bytes == 80 * 2**30 - 871 * 2**20
     assert d.memory_bandwidth.value == 2.039e12
     (fit,) = [f for f in FITS if f.device == "A100" and f.constant == "device.efficiency.gemm"]
     assert d.efficiency.gemm.value == fit.value
@@ -93,7 +95,9 @@ def test_h100_h200_and_paper_clusters():
     # NVLink4 450 GB/s each way x (230/300) achieved ratio of the DGX A100
     assert h100.node.intra_bandwidth.value == pytest.approx(450e9 * 230 / 300)
     assert load_cluster("zb-paper-a100").num_nodes == 4
-    assert load_cluster("dgx-a100-40g").device.memory_bytes.value == 40e9
+    assert load_cluster("dgx-a100-40g").device.memory_bytes.value == 40 * 2**30
+    assert load_cluster("dgx-a100-40g").device.usable_bytes == 42298834944  # deviceQuery total
+    assert h100.device.usable_bytes == 81559 * 2**20  # nvidia-smi total of an H100 80GB
 
 
 def test_load_by_path_and_num_nodes_override(tmp_path):
@@ -183,7 +187,8 @@ def test_bad_num_nodes_and_dtype():
     with pytest.raises(ClusterError, match="num_nodes must be an int >= 1, got 0"):
         load_cluster("dgx-h100", num_nodes=0)
     with pytest.raises(ClusterSpecError, match="no peak_flops for dtype 'fp8'"):
-        load_cluster("dgx-h100").device.peak("fp8")
+        load_cluster("dgx-a100-80g").device.peak("fp8")  # A100: no FP8 tensor cores
+    assert load_cluster("dgx-h100").device.peak("fp8") == 1.979e15  # H100 SXM dense FP8
 
 
 def test_errors_are_value_errors():

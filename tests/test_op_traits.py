@@ -258,3 +258,30 @@ def test_no_need_buffer_keeps_layer_norm_bias_input_out_of_saved_activations():
     assert ln_grad.operands[2] is b  # the grad op does get the bias value ...
     assert id(h) in saved  # ... x of layer_norm_grad is read
     assert id(b) not in saved  # ... but not the bias: backward.yaml no_need_buffer
+
+
+def test_fusion_and_gradient_flow_traits():
+    # Inductor leaves gathers / scatter-adds as their own kernels; the grad inherits it
+    assert not op_traits("embedding").fusable and not op_traits("embedding_grad").fusable
+    assert op_traits("rms_norm").fusable and op_traits("rms_norm_grad").fusable
+    # dropout's mask is random: a fused backward cannot recompute it; its grad is deterministic
+    assert op_traits("dropout").random and not op_traits("dropout_grad").random
+    assert not op_traits("scale").random
+    # sums and casts pass gradients through; subtract and multiply do not just sum
+    assert [t for t in ("add", "add_n", "cast", "subtract", "multiply", "add_grad")
+            if op_traits(t).gradient_sum] == ["add", "add_n", "cast"]
+
+
+def test_shape_only_grad_operands_come_from_no_need_buffer():
+    from completion.spmd.rule import get_spmd_rule
+
+    def shape_only(grad_type, shapes):
+        rule = get_spmd_rule(grad_type)
+        return sorted(rule.make_notation(shapes, [None] * 2, {}).shape_only)
+
+    # add_grad(x, y, dout): x and y are read for their shapes only
+    assert shape_only("add_grad", [(4, 8), (4, 8), (4, 8)]) == [0, 1]
+    # cast_grad(x, dout): x only for its shape (the gradient is dout re-typed)
+    assert shape_only("cast_grad", [(4, 8), (4, 8)]) == [0]
+    # matmul_grad reads x and y: nothing is shape-only
+    assert shape_only("matmul_grad", [(4, 8), (8, 16), (4, 16)]) == []

@@ -72,7 +72,7 @@ def test_a_version_1_plan_file_still_loads():
 def test_placements_in_every_spelling_are_one_annotation():
     a = Strategy(tp=2, annotation={"w": ["R", "Shard(dim=1)"]})
     b = Strategy(tp=2, annotation={"w": ["Replicate()", "S(1)"]})
-    assert a == b and a.annotation == {"w": ["Replicate()", "Shard(1)"]}
+    assert a == b and a.annotation == {"w": ["Replicate()", "Shard(dim=1)"]}
     with pytest.raises(StrategyError, match="'X' is not Shard"):
         Strategy(annotation={"w": ["X"]})
 

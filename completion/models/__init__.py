@@ -9,13 +9,18 @@ Struct-name scheme (every op carries one; chunk segmentation matches it with a r
 - ``embed_positions``: position_ids data, learned position table, the add and the
   embedding dropout (GPT only);
 - ``rotary_emb``: the sin/cos tables (LLaMA only);
-- ``decoder.layers.{i}.input_layernorm`` / ``.post_attention_layernorm``: the norms;
+- ``decoder.layers.{i}.input_layernorm`` / ``.post_attention_layernorm``: the norms of a
+  pre-norm layer (post-norm, OLMo 2: ``.post_attention_layernorm`` /
+  ``.post_feedforward_layernorm``; sandwich, Gemma 2: all four with
+  ``.pre_feedforward_layernorm``);
+- ``decoder.layers.{i}.self_attn.{q,k}_norm``: the q/k rms_norms of qk-norm models;
 - ``decoder.layers.{i}.self_attn.{q,k,v,o}_proj``: projections (weight, GPT also bias);
 - ``decoder.layers.{i}.self_attn``: reshapes, rotary embedding, flash_attention -- or,
   unfused, the transposes, the two batched matmuls (QK^T, x V), scale, softmax and the
   attention dropout (the attention core selective recompute drops);
 - ``decoder.layers.{i}.mlp.{up,down}_proj`` (GPT) or ``.mlp.{gate,up,down}_proj``
-  (LLaMA), ``decoder.layers.{i}.mlp.act`` (gelu / swiglu);
+  (LLaMA, every gated MLP), ``decoder.layers.{i}.mlp.act`` (the activation's ops: gelu,
+  relu, relu + square, silu, swiglu, or a GLU's activation and multiply);
 - ``decoder.layers.{i}``: the two residual adds and the hidden dropout before each;
 - ``decoder.norm``: the final norm; ``lm_head``: the output projection (a tied head reads
   ``embed_tokens.weight``); ``loss``: labels data, cross_entropy_with_softmax, mean and
@@ -32,11 +37,13 @@ import pathlib
 from completion.ir import Program
 from completion.models.config import (
     ATTENTIONS,
+    FAMILIES,
     MAX_MODEL_SIZES,
     MEGATRON_2021,
     MODEL_CATALOG,
     ModelConfig,
     ModelConfigError,
+    ModelConfigWarning,
     config_from_hf_dict,
     get_model_config,
     load_hf_config,
@@ -44,7 +51,7 @@ from completion.models.config import (
     model_names,
 )
 from completion.models.mlp import build_mlp
-from completion.models.transformer import FAMILIES, build_decoder
+from completion.models.transformer import build_decoder
 
 #: Most sequences per built program (the batch dim of its inputs): 2**24, the
 #: strategy's batch limit (``completion.strategy.MAX_BATCH``).
@@ -79,7 +86,7 @@ def build_model(name_or_config: str | pathlib.Path | ModelConfig, batch_size: in
         most = MAX_BATCH_SIZE if nm == "batch_size" else MAX_MODEL_SIZES["seq_len"]
         if v > most:
             raise ModelConfigError(f"model {cfg.name!r}: {nm} is {v}, above the limit of {most}")
-    if cfg.family == "gpt" and s > cfg.seq_len:
+    if cfg.resolved_positions == "learned" and s > cfg.seq_len:
         raise ModelConfigError(
             f"model {cfg.name!r}: seq_len {s} exceeds the {cfg.seq_len} learned positions"
         )
@@ -93,6 +100,7 @@ __all__ = [
     "MODEL_CATALOG",
     "ModelConfig",
     "ModelConfigError",
+    "ModelConfigWarning",
     "build_mlp",
     "build_model",
     "config_from_hf_dict",

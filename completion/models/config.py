@@ -13,12 +13,52 @@ import dataclasses
 import json
 import math
 import pathlib
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from completion.errors import CompletionError
+from completion.models.hf_types import GATED, HF_ACTIVATIONS, MODEL_TYPES, HFModelType
 
-FAMILIES = ("gpt", "llama")
+
+@dataclass(frozen=True)
+class Family:
+    """A family's defaults: what ``ModelConfig`` fields left None resolve to (norm, MLP
+    activation, biases on every linear, positions)."""
+
+    norm: str
+    activation: str
+    bias: bool
+    positions: str
+
+
+#: family name -> its defaults: gpt (GPT-2 / Megatron GPT: layer_norm, GeLU, biases,
+#: learned positions), llama (rms_norm, SwiGLU, no biases, rotary)
+FAMILIES: dict[str, Family] = {
+    "gpt": Family("layer_norm", "gelu", True, "learned"),
+    "llama": Family("rms_norm", "swiglu", False, "rope"),
+}
+#: MLP activations (``ModelConfig.activation``) -> (the unary op applied to the up (or
+#: gate) projection, gated). A gated MLP (GLU, Shazeer 2020 "GLU Variants Improve
+#: Transformer", eq. 5-6) has a gate and an up projection, ``act(x W_gate) * (x W_up)``;
+#: a plain one ``act(x W_up)``. ``swiglu`` is Swish/SiLU-gated (LLaMA, Mistral, Qwen),
+#: ``geglu`` / ``geglu_tanh`` GeLU-gated (Gemma: ``gelu_pytorch_tanh``), ``relu2`` the
+#: squared ReLU of So et al. 2021 ("Primer", sec. 3: ``relu(x)^2``; Nemotron-4),
+#: ``gelu_tanh`` the tanh approximation (Hugging Face ``gelu_new``, GPT-2).
+ACTIVATIONS: dict[str, tuple[str, bool]] = {
+    "gelu": ("gelu", False), "gelu_tanh": ("gelu_tanh", False), "relu": ("relu", False),
+    "relu2": ("relu2", False), "silu": ("silu", False), "swiglu": ("silu", True),
+    "geglu": ("gelu", True), "geglu_tanh": ("gelu_tanh", True), "reglu": ("relu", True),
+}
+#: where a layer's norms sit: ``pre`` (GPT-2, LLaMA: ``x + f(norm(x))``), ``post``
+#: (OLMo 2: ``x + norm(f(x))``), ``sandwich`` (Gemma 2: ``x + norm(f(norm(x)))``, four
+#: norms per layer)
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+NORMS = ("layer_norm", "rms_norm")
+POSITIONS = ("learned", "rope")
+#: query/key normalisation: ``head`` (Qwen3: rms_norm over each head's d, weight [d]) or
+#: ``full`` (OLMo 2: rms_norm over all q (k) channels, weight [heads * d])
+QK_NORMS = ("head", "full")
 #: attention implementations a model may state (``ModelConfig.attention``): ``flash`` (one
 #: fused kernel, FlashAttention; Hugging Face ``sdpa`` / ``flash_attention_2``) or
 #: ``unfused`` (QK^T, scale, softmax, dropout, x V as separate ops; Hugging Face ``eager``,
@@ -74,6 +114,22 @@ class ModelConfig:
         hidden_dropout: dropout probability on the embedding output and on each residual
             branch before its add (Megatron-LM ``--hidden-dropout``, applied by
             ``embedding_dropout`` and ``bias_dropout_add``).
+        activation: the MLP activation (:data:`ACTIVATIONS`); None: the family's
+            (gpt ``gelu``, llama ``swiglu``).
+        kv_channels: per-head size d when it is not ``hidden_size / num_heads``
+            (Megatron-LM ``--kv-channels``, Hugging Face ``head_dim``: Gemma 256, Qwen3 128);
+            None: h / a.
+        qkv_bias, o_bias, mlp_bias: biases on the q/k/v projections, the output projection
+            and the MLP linears; None: the family's (gpt all, llama none). Qwen2: qkv only.
+        norm: ``layer_norm`` (weight and bias) or ``rms_norm`` (:data:`NORMS`); None: the
+            family's. norm_placement: :data:`NORM_PLACEMENTS`.
+        positions: ``learned`` (a position table of seq_len rows) or ``rope``
+            (:data:`POSITIONS`); None: the family's.
+        qk_norm: None, or how q and k are normalised before attention (:data:`QK_NORMS`).
+        sliding_window: each query attends to at most this many most recent keys (itself
+            included; Mistral / Gemma 2 local layers, FlashAttention-2 ``window_size``);
+            None: full causal attention. ``sliding_window_every``: 1 every layer, 2 every
+            other layer (Gemma 2 alternates local and global, layer 0 local).
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -93,6 +149,17 @@ class ModelConfig:
     attention: str | None = None
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    activation: str | None = None
+    kv_channels: int | None = None
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
+    norm: str | None = None
+    norm_placement: str = "pre"
+    positions: str | None = None
+    qk_norm: str | None = None
+    sliding_window: int | None = None
+    sliding_window_every: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -104,7 +171,7 @@ class ModelConfig:
             if v > MAX_MODEL_SIZES[f]:
                 raise ModelConfigError(f"model {self.name!r}: {f} is {v}, above the limit of "
                                        f"{MAX_MODEL_SIZES[f]} (completion.models.config.MAX_MODEL_SIZES)")
-        if self.hidden_size % self.num_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
             )
@@ -121,11 +188,68 @@ class ModelConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
                 raise ModelConfigError(f"model {self.name!r}: {f} must be a probability in [0, 1), got {v!r}")
+        self._check_choices()
+        for f, most in (("kv_channels", 2**14), ("sliding_window", MAX_MODEL_SIZES["seq_len"]),
+                        ("sliding_window_every", 2)):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
+                raise ModelConfigError(f"model {self.name!r}: {f} must be an int in [1, {most}], got {v!r}")
+        if self.resolved_positions == "rope" and self.head_dim % 2:
+            raise ModelConfigError(f"model {self.name!r}: head_dim {self.head_dim} must be even for "
+                                   "rotary positions")
+
+    def _check_choices(self) -> None:
+        """Each choice field is one of its catalog's names (or None where allowed)."""
+        for f, allowed, none_ok in (("activation", tuple(ACTIVATIONS), True), ("norm", NORMS, True),
+                                    ("norm_placement", NORM_PLACEMENTS, False),
+                                    ("positions", POSITIONS, True), ("qk_norm", QK_NORMS, True)):
+            v = getattr(self, f)
+            if (v is None and not none_ok) or (v is not None and v not in allowed):
+                raise ModelConfigError(f"model {self.name!r}: {f} {v!r} is not one of {list(allowed)}"
+                                       + (" (or None: the family's)" if none_ok else ""))
+        for f in ("qkv_bias", "o_bias", "mlp_bias"):
+            v = getattr(self, f)
+            if v is not None and not isinstance(v, bool):
+                raise ModelConfigError(f"model {self.name!r}: {f} must be true, false or None, got {v!r}")
 
     @property
     def head_dim(self) -> int:
-        """Per-head size d = h / a (integer division; validated to divide evenly)."""
-        return self.hidden_size // self.num_heads
+        """Per-head size d: ``kv_channels`` when given, else h / a (validated to divide)."""
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_heads
+
+    @property
+    def mlp_activation(self) -> str:
+        """The MLP activation: ``activation``, else the family's (gpt gelu, llama swiglu)."""
+        return self.activation or FAMILIES[self.family].activation
+
+    @property
+    def gated_mlp(self) -> bool:
+        """True for a GLU MLP (gate and up projections, :data:`ACTIVATIONS`)."""
+        return ACTIVATIONS[self.mlp_activation][1]
+
+    @property
+    def resolved_norm(self) -> str:
+        """``norm``, else the family's (gpt layer_norm, llama rms_norm)."""
+        return self.norm or FAMILIES[self.family].norm
+
+    @property
+    def resolved_positions(self) -> str:
+        """``positions``, else the family's (gpt learned, llama rope)."""
+        return self.positions or FAMILIES[self.family].positions
+
+    def bias(self, which: str) -> bool:
+        """Whether the ``qkv``, ``o`` or ``mlp`` linears carry a bias (the field, else the
+        family's: gpt yes, llama no)."""
+        v = getattr(self, f"{which}_bias")
+        return FAMILIES[self.family].bias if v is None else v
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (None: full causal attention)."""
+        if self.sliding_window is None or layer % self.sliding_window_every:
+            return None
+        return self.sliding_window
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -184,7 +308,6 @@ _CATALOG_LIST = [
 #: Built-in models by name.
 MODEL_CATALOG: dict[str, ModelConfig] = {c.name: c for c in _CATALOG_LIST}
 
-_HF_FAMILY = {"llama": "llama", "mistral": "llama", "gpt2": "gpt", "gpt": "gpt", "megatron-gpt": "gpt"}
 
 
 def model_names() -> list[str]:
@@ -195,8 +318,11 @@ def model_names() -> list[str]:
 def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     """Read a Hugging Face style ``config.json`` (local file; nothing is downloaded).
 
-    Keys: ``model_type`` (``llama``/``mistral`` -> llama family; ``gpt2``/``gpt``/
-    ``megatron-gpt`` -> gpt family), ``num_hidden_layers``, ``hidden_size``,
+    Keys: ``model_type`` (one of :data:`completion.models.hf_types.MODEL_TYPES`: llama
+    (3.x included), mistral, qwen2, qwen3, gemma, gemma2, phi3, olmo2, nemotron -> llama
+    family defaults; gpt2, gpt, megatron-gpt, gpt_neox -> gpt family defaults; each entry
+    says how its activation, norms, biases, positions, qk-norm and sliding window are
+    read), ``num_hidden_layers``, ``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads`` (default: heads),
     ``intermediate_size`` (default 4 x hidden for gpt), ``vocab_size``,
     ``max_position_embeddings``, optional ``tie_word_embeddings`` (default: true for gpt,
@@ -206,7 +332,11 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     ``sdpa`` / ``flash_attention_2`` / ``flash_attention_3`` / ``flex_attention`` -> flash
     (:data:`HF_ATTENTION`; absent: the model states none). Dropout probabilities
     (:data:`ATTENTION_DROPOUT_KEYS`, :data:`HIDDEN_DROPOUT_KEYS`; absent: 0, not
-    transformers' per-class defaults).
+    transformers' per-class defaults). ``hidden_act`` / ``activation_function`` /
+    ``hidden_activation`` -> ``activation`` (gated architectures take the GLU form),
+    ``head_dim`` -> ``kv_channels``, ``attention_bias`` / ``mlp_bias`` -> biases,
+    ``sliding_window`` (with ``use_sliding_window``) -> ``sliding_window``;
+    ``rope_scaling`` is accepted and has no cost effect.
 
     Raises ModelFileNotFoundError (a ModelConfigError and a FileNotFoundError) when the file
     is absent and ModelConfigError naming the file and key on bad content.
@@ -285,22 +415,86 @@ ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dr
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob")
 
 
+class ModelConfigWarning(ModelConfigError, UserWarning):
+    """A config.json key meshplan knows but does not model (one line naming the key),
+    issued with ``warnings.warn`` (a UserWarning in the package's error family)."""
+
+
+def _warn_unmodelled(raw: dict[str, Any], name: str, mt: str, spec: HFModelType) -> None:
+    """One warning line per key of ``spec.unmodelled`` present with an effect."""
+    for u in spec.unmodelled:
+        v = raw.get(u.key)
+        if v in u.inert or (u.needs is not None and raw.get(u.needs) is not True):
+            continue
+        warnings.warn(f"{name}: {u.key}={v!r} (model_type {mt!r}) is not modelled: {u.why}",
+                      ModelConfigWarning, stacklevel=3)
+
+
+def _activation(raw: dict[str, Any], name: str, spec: HFModelType) -> str:
+    """The ModelConfig activation from the first of ``spec.act_keys`` present
+    (:data:`HF_ACTIVATIONS`; gated architectures take its GLU form, :data:`GATED`)."""
+    key, v = next(((k, raw[k]) for k in spec.act_keys if raw.get(k) is not None),
+                  (spec.act_keys[0], spec.act_default))
+    if not isinstance(v, str) or v not in HF_ACTIVATIONS:
+        raise ModelConfigError(f"{name}: {key!r} must be one of {sorted(HF_ACTIVATIONS)}, got {v!r}")
+    act = HF_ACTIVATIONS[v]
+    if spec.gated:
+        if act not in GATED:
+            raise ModelConfigError(f"{name}: {key!r} {v!r} has no gated (GLU) form; gated "
+                                   f"activations: {sorted(GATED)}")
+        act = GATED[act]
+    return act
+
+
+def _sliding_window(raw: dict[str, Any], name: str, spec: HFModelType) -> int | None:
+    """``sliding_window`` when the architecture reads it and ``use_sliding_window`` (when
+    present) is true; None otherwise."""
+    if not spec.sliding or not _bool_key(raw, name, "use_sliding_window", True):
+        return None
+    v = raw.get("sliding_window")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ModelConfigError(f"{name}: 'sliding_window' must be a positive int or null, got {v!r}")
+    return v
+
+
+def _biases(raw: dict[str, Any], name: str, spec: HFModelType) -> tuple[bool | None, bool | None, bool | None]:
+    """(qkv_bias, o_bias, mlp_bias): the architecture's, or its switch keys' values."""
+    qkv, o, mlp = spec.qkv_bias, spec.o_bias, spec.mlp_bias
+    if spec.bias_key and raw.get(spec.bias_key) is not None:
+        qkv = o = _bool_key(raw, name, spec.bias_key, False)
+    if spec.mlp_bias_key and raw.get(spec.mlp_bias_key) is not None:
+        mlp = _bool_key(raw, name, spec.mlp_bias_key, False)
+    return qkv, o, mlp
+
+
 def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
     """Build a ModelConfig from the dict of a Hugging Face ``config.json`` (see
-    :func:`load_hf_config` for the keys)."""
+    :func:`load_hf_config` for the keys and :data:`MODEL_TYPES` for the architectures).
+
+    Raises ModelConfigError naming the file and key (an unknown ``model_type`` lists the
+    known ones); warns (:class:`ModelConfigWarning`, one line per key) for keys known but
+    not modelled."""
     mt = raw.get("model_type")
-    if mt not in _HF_FAMILY:
-        raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(_HF_FAMILY)}")
-    family = _HF_FAMILY[mt]
-    layers = _key(raw, name, "num_hidden_layers", "n_layer")
-    hidden = _key(raw, name, "hidden_size", "n_embd")
-    heads = _key(raw, name, "num_attention_heads", "n_head")
+    if not isinstance(mt, str) or mt not in MODEL_TYPES:
+        raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(MODEL_TYPES)}")
+    spec = MODEL_TYPES[mt]
+    family = spec.family
+    layers = _key(raw, name, *spec.layer_keys)
+    hidden = _key(raw, name, *spec.hidden_keys)
+    heads = _key(raw, name, *spec.heads_keys)
     kv = _key(raw, name, "num_key_value_heads", default=heads)
-    if family == "gpt":
-        ffn = _key(raw, name, "intermediate_size", "n_inner", default=4 * hidden)
+    if family == "gpt" and not isinstance(hidden, bool) and isinstance(hidden, int):
+        ffn = _key(raw, name, *spec.ffn_keys, default=4 * hidden)
     else:
-        ffn = _key(raw, name, "intermediate_size")
-    eps_keys = ("rms_norm_eps",) if family == "llama" else ("layer_norm_epsilon", "layer_norm_eps")
+        ffn = _key(raw, name, *spec.ffn_keys)
+    head_dim = raw.get(spec.head_dim_key) if spec.head_dim_key else None
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and head_dim == hidden // heads \
+            and hidden % heads == 0:
+        head_dim = None  # the default, stated
+    qkv_bias, o_bias, mlp_bias = _biases(raw, name, spec)
+    _warn_unmodelled(raw, name, mt, spec)
     return ModelConfig(
         name=name,
         family=family,
@@ -310,13 +504,20 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         num_kv_heads=kv,
         ffn_hidden_size=ffn,
         vocab_size=_key(raw, name, "vocab_size"),
-        seq_len=_key(raw, name, "max_position_embeddings", "n_positions"),
-        tie_word_embeddings=_bool_key(raw, name, "tie_word_embeddings", family == "gpt"),
-        norm_eps=_float_key(raw, name, eps_keys, 1e-5),
+        seq_len=_key(raw, name, *spec.positions_keys),
+        tie_word_embeddings=_bool_key(raw, name, "tie_word_embeddings", spec.tie_default),
+        norm_eps=_float_key(raw, name, spec.eps_keys, 1e-5),
         rope_theta=_float_key(raw, name, ("rope_theta",), 10000.0),
         attention=_attention_key(raw, name),
         attention_dropout=_prob_key(raw, name, ATTENTION_DROPOUT_KEYS),
         hidden_dropout=_prob_key(raw, name, HIDDEN_DROPOUT_KEYS),
+        activation=_activation(raw, name, spec),
+        kv_channels=head_dim,
+        qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
+        norm=spec.norm, norm_placement=spec.norm_placement, positions=spec.positions,
+        qk_norm=spec.qk_norm,
+        sliding_window=_sliding_window(raw, name, spec),
+        sliding_window_every=spec.sliding_every,
     )
 
 

@@ -12,6 +12,17 @@ and grouped-query attention (``num_kv_heads`` key/value heads), rotary position 
 (``gate_proj``, ``up_proj``, ``swiglu``, ``down_proj``), a final rms_norm, an untied
 ``lm_head``.
 
+Every piece is a field of :class:`ModelConfig` with the family's default
+(``completion.models.config.FAMILIES``), so the Hugging Face architectures of
+``completion.models.hf_types`` build from the same code: the norm (``NORM_BUILDERS``) and
+its placement (pre, post as OLMo 2, sandwich as Gemma 2), the positions
+(``POSITION_BUILDERS``), the MLP activation (``UNARY_ACTIVATIONS``; gated MLPs multiply
+the activated gate by the up projection, SwiGLU stays the one ``swiglu`` op; squared ReLU
+is ``relu`` then ``square``), biases per linear group, an explicit head dim
+(``kv_channels``), q/k rms_norm (per head or over all channels) and a per-layer sliding
+window (the ``sliding_window`` attribute of ``flash_attention``; the unfused composition
+keeps its dense scores, as a masked eager softmax computes them).
+
 Both end with ``cross_entropy_with_softmax`` over the vocabulary, a ``mean`` over tokens and
 a ``shadow_output`` of the loss (role LOSS).
 
@@ -39,11 +50,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from completion.ir import OpRole, Program, Value
 from completion.models.builder import ProgramBuilder
-from completion.models.config import ATTENTIONS, ModelConfig, ModelConfigError
+from completion.models.config import (
+    ACTIVATIONS,
+    ATTENTIONS,
+    ModelConfig,
+    ModelConfigError,
+)
 
 
 def layer_struct(i: int) -> str:
@@ -86,33 +101,50 @@ def _unfused_core(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: V
     return _heads_first(pb, ctx, pre)
 
 
+def _qk_norm(pb: ProgramBuilder, cfg: ModelConfig, t: Value, width: int, struct: str) -> Value:
+    """rms_norm of q or k over its last dim (``width``: d per head, or heads * d)."""
+    w = pb.param(struct, "weight", [width])
+    return pb.op1("rms_norm", [t, w], {"epsilon": cfg.norm_eps, "begin_norm_axis": t.ndim - 1}, struct)
+
+
 def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
                rope: tuple[Value, Value] | None, attention: str) -> Value:
-    """q/k/v projections, optional rotary embedding, causal attention (flash or unfused),
-    o_proj."""
+    """q/k/v projections (biases per ``cfg.bias("qkv")``), optional q/k norm
+    (``cfg.qk_norm``: ``full`` on the projections, ``head`` per head), optional rotary
+    embedding, causal attention (flash or unfused; flash carries the layer's
+    ``sliding_window``), o_proj."""
     h, d = cfg.hidden_size, cfg.head_dim
     hq, hkv = cfg.num_heads, cfg.num_kv_heads
     pre = f"{layer_struct(i)}.self_attn"
-    bias = FAMILIES[cfg.family].bias
+    bias = cfg.bias("qkv")
     q = pb.linear(x, h, hq * d, f"{pre}.q_proj", bias)
     k = pb.linear(x, h, hkv * d, f"{pre}.k_proj", bias)
     v = pb.linear(x, h, hkv * d, f"{pre}.v_proj", bias)
+    if cfg.qk_norm == "full":  # OLMo 2: over every q (k) channel
+        q = _qk_norm(pb, cfg, q, hq * d, f"{pre}.q_norm")
+        k = _qk_norm(pb, cfg, k, hkv * d, f"{pre}.k_norm")
     q = pb.reshape(q, [b, s, hq, d], pre)
     k = pb.reshape(k, [b, s, hkv, d], pre)
     v = pb.reshape(v, [b, s, hkv, d], pre)
+    if cfg.qk_norm == "head":  # Qwen3: per head over d
+        q = _qk_norm(pb, cfg, q, d, f"{pre}.q_norm")
+        k = _qk_norm(pb, cfg, k, d, f"{pre}.k_norm")
     if rope is not None:
         sin, cos = rope
         attrs = {"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": cfg.rope_theta}
         res = pb.op("fused_rotary_position_embedding", [q, k, None, sin, cos, None], attrs, pre)
         q, k = res[0], res[1]  # type: ignore[assignment]
+    window = cfg.window_of(i)
     if attention == "unfused":
         out = _unfused_core(pb, cfg, q, k, v, b, s, pre)
     else:
-        out = pb.op1("flash_attention", [q, k, v],
-                     {"dropout": float(cfg.attention_dropout), "causal": True,
-                      "return_softmax": False, "is_test": False}, pre)
+        fa = {"dropout": float(cfg.attention_dropout), "causal": True, "return_softmax": False,
+              "is_test": False}
+        if window is not None and window < s:
+            fa["sliding_window"] = window
+        out = pb.op1("flash_attention", [q, k, v], fa, pre)
     out = pb.reshape(out, [b, s, hq * d], pre)
-    return pb.linear(out, hq * d, h, f"{pre}.o_proj", bias)
+    return pb.linear(out, hq * d, h, f"{pre}.o_proj", cfg.bias("o"))
 
 
 def _layer_norm(pb: ProgramBuilder, cfg: ModelConfig, x: Value, struct: str) -> Value:
@@ -129,36 +161,80 @@ def _rms_norm(pb: ProgramBuilder, cfg: ModelConfig, x: Value, struct: str) -> Va
     return pb.op1("rms_norm", [x, w], {"epsilon": cfg.norm_eps, "begin_norm_axis": x.ndim - 1}, struct)
 
 
-def _gelu_mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
-    """up_proj (+bias), gelu, down_proj (+bias) (GPT)."""
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    pre = f"{layer_struct(i)}.mlp"
-    y = pb.linear(x, h, f, f"{pre}.up_proj", True)
-    y = pb.op1("gelu", [y], {"approximate": False}, f"{pre}.act")
-    return pb.linear(y, f, h, f"{pre}.down_proj", True)
+#: ``ModelConfig.resolved_norm`` -> its builder
+NORM_BUILDERS: dict[str, Callable[[ProgramBuilder, ModelConfig, Value, str], Value]] = {
+    "layer_norm": _layer_norm, "rms_norm": _rms_norm,
+}
 
 
-def _swiglu_mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
-    """gate_proj, up_proj, swiglu, down_proj, no biases (LLaMA)."""
+def _norm(pb: ProgramBuilder, cfg: ModelConfig, x: Value, struct: str) -> Value:
+    return NORM_BUILDERS[cfg.resolved_norm](pb, cfg, x, struct)
+
+
+def _relu2(pb: ProgramBuilder, x: Value, struct: str) -> Value:
+    """Squared ReLU (So et al. 2021, "Primer", sec. 3): ``square(relu(x))``, two
+    elementwise ops (Megatron-LM ``squared_relu``: ``pow(relu(x), 2)``)."""
+    return pb.op1("square", [pb.op1("relu", [x], None, struct)], None, struct)
+
+
+#: plain activation (:data:`completion.models.config.ACTIVATIONS`) -> the ops applying it
+UNARY_ACTIVATIONS: dict[str, Callable[[ProgramBuilder, Value, str], Value]] = {
+    "gelu": lambda pb, x, st: pb.op1("gelu", [x], {"approximate": False}, st),
+    "gelu_tanh": lambda pb, x, st: pb.op1("gelu", [x], {"approximate": True}, st),
+    "relu": lambda pb, x, st: pb.op1("relu", [x], None, st),
+    "relu2": _relu2,
+    "silu": lambda pb, x, st: pb.op1("silu", [x], None, st),
+}
+
+
+def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
+    """The MLP of ``cfg.mlp_activation``: plain ``down(act(up(x)))`` or gated
+    ``down(act(gate(x)) * up(x))`` (SwiGLU as the one ``swiglu`` op, other GLUs as the
+    activation then ``multiply``), biases per ``cfg.bias("mlp")``."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     pre = f"{layer_struct(i)}.mlp"
-    gate = pb.linear(x, h, f, f"{pre}.gate_proj", False)
-    up = pb.linear(x, h, f, f"{pre}.up_proj", False)
-    y = pb.op1("swiglu", [gate, up], None, f"{pre}.act")
-    return pb.linear(y, f, h, f"{pre}.down_proj", False)
+    bias = cfg.bias("mlp")
+    act, gated = ACTIVATIONS[cfg.mlp_activation]
+    if not gated:
+        y = UNARY_ACTIVATIONS[act](pb, pb.linear(x, h, f, f"{pre}.up_proj", bias), f"{pre}.act")
+        return pb.linear(y, f, h, f"{pre}.down_proj", bias)
+    gate = pb.linear(x, h, f, f"{pre}.gate_proj", bias)
+    up = pb.linear(x, h, f, f"{pre}.up_proj", bias)
+    if cfg.mlp_activation == "swiglu":
+        y = pb.op1("swiglu", [gate, up], None, f"{pre}.act")
+    else:
+        y = pb.op1("multiply", [UNARY_ACTIVATIONS[act](pb, gate, f"{pre}.act"), up], None, f"{pre}.act")
+    return pb.linear(y, f, h, f"{pre}.down_proj", bias)
+
+
+def _sublayer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, fn: Callable[[Value], Value],
+              pre_name: str, post_name: str, i: int) -> Value:
+    """``x + dropout(f(x))`` with the norms of ``cfg.norm_placement``: pre ``f(norm(x))``,
+    post ``norm(f(x))``, sandwich ``norm(f(norm(x)))``."""
+    place, st = cfg.norm_placement, layer_struct(i)
+    y = fn(_norm(pb, cfg, x, f"{st}.{pre_name}") if place in ("pre", "sandwich") else x)
+    if place in ("post", "sandwich"):
+        y = _norm(pb, cfg, y, f"{st}.{post_name}")
+    return pb.add(x, _dropout(pb, y, cfg.hidden_dropout, st), st)
 
 
 def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
            rope: tuple[Value, Value] | None, attention: str) -> Value:
-    pre, fam = layer_struct(i), FAMILIES[cfg.family]
-    a = _attention(pb, cfg, fam.norm(pb, cfg, x, f"{pre}.input_layernorm"), i, b, s, rope, attention)
-    x = pb.add(x, _dropout(pb, a, cfg.hidden_dropout, pre), pre)
-    m = fam.mlp(pb, cfg, fam.norm(pb, cfg, x, f"{pre}.post_attention_layernorm"), i)
-    return pb.add(x, _dropout(pb, m, cfg.hidden_dropout, pre), pre)
+    # struct names follow Hugging Face: pre-norm input_layernorm / post_attention_layernorm;
+    # post-norm (OLMo 2) post_attention_layernorm / post_feedforward_layernorm; Gemma 2
+    # all four
+    place = cfg.norm_placement
+    names = {"pre": (("input_layernorm", ""), ("post_attention_layernorm", "")),
+             "post": (("", "post_attention_layernorm"), ("", "post_feedforward_layernorm")),
+             "sandwich": (("input_layernorm", "post_attention_layernorm"),
+                          ("pre_feedforward_layernorm", "post_feedforward_layernorm"))}[place]
+    x = _sublayer(pb, cfg, x, lambda y: _attention(pb, cfg, y, i, b, s, rope, attention),
+                  names[0][0], names[0][1], i)
+    return _sublayer(pb, cfg, x, lambda y: _mlp(pb, cfg, y, i), names[1][0], names[1][1], i)
 
 
 def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value) -> Value:
-    x = FAMILIES[cfg.family].norm(pb, cfg, x, "decoder.norm")
+    x = _norm(pb, cfg, x, "decoder.norm")
     h, vocab = cfg.hidden_size, cfg.vocab_size
     if cfg.tie_word_embeddings:
         logits = pb.op1("matmul", [x, wte], {"transpose_x": False, "transpose_y": True}, "lm_head")
@@ -190,21 +266,11 @@ def _rope_tables(pb: ProgramBuilder, cfg: ModelConfig, x: Value, b: int, s: int
     return x, (sin, cos)
 
 
-@dataclass(frozen=True)
-class Family:
-    """What differs between the families: norm, MLP, linear biases, position encoding."""
-
-    norm: Callable[[ProgramBuilder, ModelConfig, Value, str], Value]
-    mlp: Callable[[ProgramBuilder, ModelConfig, Value, int], Value]
-    bias: bool
-    positions: Callable[[ProgramBuilder, ModelConfig, Value, int, int],
-                        tuple[Value, tuple[Value, Value] | None]]
-
-
-#: family name -> its layer pieces
-FAMILIES: dict[str, Family] = {
-    "gpt": Family(_layer_norm, _gelu_mlp, True, _learned_positions),
-    "llama": Family(_rms_norm, _swiglu_mlp, False, _rope_tables),
+#: ``ModelConfig.resolved_positions`` -> its builder (returns the embedded x and the rotary
+#: tables, None for learned positions)
+POSITION_BUILDERS: dict[str, Callable[[ProgramBuilder, ModelConfig, Value, int, int],
+                                      tuple[Value, tuple[Value, Value] | None]]] = {
+    "learned": _learned_positions, "rope": _rope_tables,
 }
 
 
@@ -229,7 +295,7 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
     h = cfg.hidden_size
     wte = pb.param("embed_tokens", "weight", [cfg.vocab_size, h])
     x = pb.op1("embedding", [ids, wte], {"padding_idx": -1, "sparse": False}, "embed_tokens")
-    x, rope = FAMILIES[cfg.family].positions(pb, cfg, x, b, s)
+    x, rope = POSITION_BUILDERS[cfg.resolved_positions](pb, cfg, x, b, s)
     x = _dropout(pb, x, cfg.hidden_dropout, "embed_positions" if rope is None else "embed_tokens")
     for i in range(cfg.num_layers):
         x = _layer(pb, cfg, x, i, b, s, rope, attention)

@@ -82,7 +82,7 @@ defop("shadow_output", ("x",), (), _sink, dialect="builtin", family="sink",
 defop("cast", ("x",), ("out",), _cast, family="elementwise_unary",
       attrs={"dtype": "float32"}, attr_tags={"dtype": DT},
       weight_passthrough=True, weight_alias=True, pattern_role="passthrough",
-      grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))
+      grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",), gradient_sum=True)
 defop("scale", ("x", "scale?"), ("out",), _same_as_x, family="elementwise_unary",
       attrs={"bias": 0.0, "bias_after_scale": True, "scale": 1.0},
       attr_tags={"bias": "Float", "scale": "Float"},
@@ -91,8 +91,9 @@ defop("dropout", ("x", "seed_tensor?"), ("out", "mask"), _dropout, family="eleme
       attrs={"fix_seed": False, "is_test": False, "mode": "upscale_in_train", "p": 0.5,
              "seed": 0},
       attr_tags={"p": "Float", "seed": "Int32"},
-      attention_core=True, pattern_role="passthrough", grad_inputs=("mask", "out@GRAD"))
-defop("add_n", ("x",), ("out",), _add_n, family="add_n", variadic=True)
+      attention_core=True, pattern_role="passthrough", grad_inputs=("mask", "out@GRAD"),
+      random=True)
+defop("add_n", ("x",), ("out",), _add_n, family="add_n", variadic=True, gradient_sum=True)
 # reshard: a placeholder the reshard pass resolves into collectives (costed from its plan)
 defop("reshard", ("x",), ("out",), _same_as_x, dialect="dist_op", family="reshard",
       grad="reshard", grad_inputs=("out@GRAD",), kernel=None, weight_passthrough=True,

@@ -25,8 +25,9 @@ for all of its values.
 Traits (:class:`~completion.ops.registry.OpTraits`) are keyword arguments of the forward
 declaration: ``kernel`` (default ``"memory"``; None for an op that launches nothing),
 ``view``, ``optimizer``, ``input``, ``weight_passthrough``, ``weight_alias``,
-``attention_core``, ``pattern_role``. The grad op derives its traits from the forward op:
-the same ``kernel`` and ``attention_core``, every other flag off, no pattern role, and
+``attention_core``, ``pattern_role``, ``fusable``, ``random``, ``gradient_sum``. The grad
+op derives its traits from the forward op: the same ``kernel``, ``attention_core`` and
+``fusable``, every other flag off, no pattern role, and
 ``no_need_buffer``: the names of the ``grad_inputs`` whose buffers the grad kernel does not
 read (Paddle's ``backward.yaml`` ``no_need_buffer``), stored as operand indices::
 
@@ -106,6 +107,9 @@ def defop(
     attention_core: bool = False,
     pattern_role: PatternRole | None = None,
     no_need_buffer: Sequence[str] = (),
+    fusable: bool = True,
+    random: bool = False,
+    gradient_sum: bool = False,
 ) -> OpDef:
     """Register op ``name`` and, when ``grad_inputs`` is given, its grad op.
 
@@ -141,6 +145,9 @@ def defop(
         weight_alias=weight_alias,
         attention_core=attention_core,
         pattern_role=pattern_role,
+        fusable=fusable,
+        random=random,
+        gradient_sum=gradient_sum,
     )
     gdef = _grad_opdef(od, grad_infer, grad_attrs, grad_attr_tags, no_need_buffer) if derive else None
     register_op(od)
@@ -179,8 +186,8 @@ def _grad_opdef(
     and tags the forward ones updated by ``grad_attrs`` / ``grad_attr_tags``; family
     ``<family>_grad``; variadic where a grad input names the forward op's variadic operand or
     result. Inference is ``grad_infer`` or :func:`default_grad_infer`. Traits: the forward
-    op's ``kernel`` and ``attention_core``, ``no_need_buffer`` as operand indices, nothing
-    else. Not registered here; ``fwd`` must declare ``grad`` and ``grad_inputs``."""
+    op's ``kernel``, ``attention_core`` and ``fusable``, ``no_need_buffer`` as operand
+    indices, nothing else. Not registered here; ``fwd`` must declare ``grad`` and ``grad_inputs``."""
     ops, res = fwd.operands, fwd.results
     fwd_vars = {base_name(o) for o in ops if fwd.variadic and o == ops[-1]}
     fwd_vars |= {base_name(r) for r in res if fwd.variadic_results and r == res[-1]}
@@ -199,5 +206,6 @@ def _grad_opdef(
         variadic_results=fwd.variadic,
         kernel=fwd.kernel,
         attention_core=fwd.attention_core,
+        fusable=fwd.fusable,
         no_need_buffer=_buffer_indices(fwd, no_need_buffer),
     )

@@ -36,7 +36,7 @@ _AXIS_TAG = {"axis": "Int32"}
 for _name in ("add", "subtract"):
     defop(_name, ("x", "y"), ("out",), _binary, family="elementwise_binary",
           grad_inputs=("x", "y", "out@GRAD"), grad_attrs=_AXIS, grad_attr_tags=_AXIS_TAG,
-          no_need_buffer=("x", "y"))
+          no_need_buffer=("x", "y"), gradient_sum=_name == "add")
 defop("multiply", ("x", "y"), ("out",), _binary, family="elementwise_binary",
       pattern_role="activation", grad_inputs=("x", "y", "out@GRAD"), grad_attrs=_AXIS,
       grad_attr_tags=_AXIS_TAG)

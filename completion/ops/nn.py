@@ -297,7 +297,7 @@ defop("rms_norm", ("x", "norm_weight"), ("out", "inv_var"), _infer_rms_norm,
 defop("embedding", ("x", "weight"), ("out",), _infer_embedding,
       attrs={"padding_idx": -1, "sparse": False}, attr_tags={"padding_idx": _I64},
       family="embedding", pattern_role="embedding", grad_inputs=("x", "weight", "out@GRAD"),
-      grad_infer=_infer_embedding_grad, no_need_buffer=("weight",))
+      grad_infer=_infer_embedding_grad, no_need_buffer=("weight",), fusable=False)
 # Paddle's flash_attn also takes fixed_seed_offset and attn_mask operands (both optional);
 # causal masking is the only mask the models here need.
 defop("flash_attention", ("q", "k", "v"), ("out", "softmax", "softmax_lse", "seed_offset"),

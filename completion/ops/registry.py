@@ -115,6 +115,15 @@ class OpTraits:
             Declared by operand name on the forward op (``defop(..., no_need_buffer=...)``).
         pattern_role: the op's part in the tuner's pattern matcher (:data:`PatternRole`), or
             None. Grad ops have none.
+        fusable: a memory-bound op that a fusion compiler (torch.compile / Inductor, a
+            framework's fused kernels) may merge with its memory-bound neighbours; False for
+            gathers and scatter-adds (``embedding`` and its grad), which Inductor leaves as
+            their own kernels. A grad op has its forward op's value.
+        random: the op's results depend on random numbers (``dropout``): a fused backward
+            kernel cannot recompute them, they must be read from memory. Grad ops: False.
+        gradient_sum: the op only sums or re-types its operands (``add``, ``add_n``,
+            ``cast``): a gradient that flows through it is the sum of its operands'
+            gradients, so the producers of its operands produce that gradient. Grad ops: False.
     """
 
     kernel: KernelKind | None = "memory"
@@ -126,6 +135,9 @@ class OpTraits:
     attention_core: bool = False
     no_need_buffer: frozenset[int] = frozenset()
     pattern_role: PatternRole | None = None
+    fusable: bool = True
+    random: bool = False
+    gradient_sum: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "no_need_buffer", frozenset(int(i) for i in self.no_need_buffer))
@@ -164,7 +176,7 @@ class OpDef(OpTraits):
         forward: for a ``*_grad`` op, the forward op type it differentiates.
         variadic_results: the last result repeats (``split``).
         kernel, view, optimizer, input, weight_passthrough, weight_alias, attention_core,
-            no_need_buffer, pattern_role: the op's traits, see :class:`OpTraits`.
+            no_need_buffer, pattern_role, fusable, random, gradient_sum: the op's traits, see :class:`OpTraits`.
     """
 
     name: str

@@ -26,6 +26,7 @@ from completion.dist_attr import (
 from completion.errors import CompletionError, DistAttrError
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
+from completion.ops.registry import get_opdef
 from completion.reshard import Layout, ReshardStep, StepCost, plan_reshard
 
 STEP_OPS = {
@@ -160,7 +161,7 @@ def rank_program(program: Program, rank: int) -> list[RankOp]:
         if op.dist_attr is not None and rank not in op.dist_attr.process_mesh.process_ids:
             continue
         group = _group(op, rank)
-        if op.type in ("send", "recv"):
+        if getattr(get_opdef(op.type), "family", None) == "p2p":  # send / recv
             pos = 0 if op.type == "send" else 1
             if not any(p[pos] == rank for p in op.attrs["pairs"]):
                 continue

@@ -195,14 +195,16 @@ class GradRule(EinsumRule):
         return [None if t is None else t.shape for t in types]
 
     def _shape_only_operands(self, slots: list[tuple[str, int]]) -> list[int]:
-        """Forward operands the grad kernel reads for their shape only."""
-        if self.fdef.name in SHAPE_ONLY_GRAD_INPUTS:
-            return [i for i, (kind, _) in enumerate(slots) if kind == "in"]
+        """Forward operands the grad kernel reads for their shape only: the grad op's
+        ``no_need_buffer`` operands (Paddle's backward.yaml), when every forward operand it
+        reads is one (add, subtract, sum, mean, cast: the gradient is the output gradient,
+        reduced or broadcast to the operand's shape). A grad kernel that reads some
+        operands' values (layer_norm's x, embedding's ids) keeps the forward rule's layouts
+        for all of them."""
+        ins = [i for i, (kind, _) in enumerate(slots) if kind == "in"]
+        if ins and all(i in self.gdef.no_need_buffer for i in ins):
+            return ins
         return []
-
-
-#: forward ops whose grad reads the forward operands only for their shapes
-SHAPE_ONLY_GRAD_INPUTS = frozenset({"add", "subtract", "sum", "mean"})
 
 
 _RULES: dict[str, Callable[[str], SpmdRule]] = {}

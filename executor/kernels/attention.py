@@ -49,14 +49,18 @@ def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return qt, kt, vt, rep
 
 
-def _scores(qt: torch.Tensor, kt: torch.Tensor, causal: bool) -> torch.Tensor:
+def _scores(qt: torch.Tensor, kt: torch.Tensor, causal: bool, window: int = 0) -> torch.Tensor:
+    """Scaled scores, masked causally (bottom-right aligned) and, for ``window`` w > 0, to
+    the w most recent keys of each query (FlashAttention-2 ``window_size = (w - 1, 0)``)."""
     dt = stat_dtype(qt)
     s = torch.matmul(qt.to(dt), kt.to(dt).transpose(-1, -2)) / math.sqrt(qt.shape[-1])
-    if causal:
+    if causal or window > 0:
         sq, sk = s.shape[-2], s.shape[-1]
         i = torch.arange(sq, device=s.device)[:, None]
         j = torch.arange(sk, device=s.device)[None, :]
         s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+        if window > 0:
+            s = s.masked_fill(j <= i + (sk - sq) - window, float("-inf"))
     return s
 
 
@@ -95,7 +99,7 @@ def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
         return [out, None, lse.float() if lse.dtype != torch.float64 else lse,
                 torch.zeros(2, dtype=torch.int64, device=q.device)]
     qt, kt, vt, _ = _heads(q, k, v)
-    s = _scores(qt, kt, bool(attrs.get("causal", True)))
+    s = _scores(qt, kt, bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     out = torch.matmul(p, vt.to(p.dtype)).transpose(1, 2).to(q.dtype).contiguous()
@@ -113,7 +117,7 @@ def _flash_attention_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext
     if cpa is not None:
         return list(cpa[1](q, k, v, out, lse, g, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3]))
     qt, kt, vt, rep = _heads(q, k, v)
-    s = _scores(qt, kt, bool(attrs.get("causal", True)))
+    s = _scores(qt, kt, bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0))
     dt = s.dtype
     p = torch.exp(s - lse.to(dt)[..., None])
     do, o = g.transpose(1, 2).to(dt), out.transpose(1, 2).to(dt)

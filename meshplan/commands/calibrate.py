@@ -5,7 +5,13 @@ memory bandwidth, collective alpha/beta on gloo ranks; on a GPU also its SM coun
 the GEMM plateau of the wave model, printing the measured GEMM curve against the model's
 at a sweep of shapes) and write a cluster YAML that
 ``--cluster FILE.yaml`` accepts everywhere. See ``executor.calibrate`` for the method;
-measure on an otherwise idle machine (the load is recorded in the provenance)."""
+measure on an otherwise idle machine (the load is recorded in the provenance).
+
+``meshplan calibrate --from-trace TRACE.json --plan PLAN.json --output FILE.yaml`` instead
+fits the GEMM rate and half-size, the memory-bound bandwidth and the link latency and
+bandwidth to a PyTorch profiler (Kineto) Chrome trace of a real run
+(``executor.trace_calibrate``), writes the plan's cluster (or ``--cluster``) with them,
+and prints each kernel class's measured time against the prediction before and after."""
 
 from __future__ import annotations
 
@@ -19,8 +25,15 @@ def calibrate_cmd(
     quick: bool = typer.Option(False, "--quick", help="Fewer sizes and repeats (seconds)."),
     name: str = typer.Option("", "--name", help="Cluster name (default: the file stem)."),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda to time GEMMs on the GPU."),
+    from_trace: str = typer.Option("", "--from-trace",
+                                   help="Fit to a PyTorch profiler Chrome trace instead of measuring."),
+    plan: str = typer.Option("", "--plan", help="With --from-trace: the plan whose cluster is calibrated."),
+    cluster: str = typer.Option("", "--cluster", help="With --from-trace: the cluster calibrated (name or YAML)."),
 ) -> None:
-    """Measure this machine and write a cluster YAML with provenance."""
+    """Measure this machine (or fit a profiler trace) and write a cluster YAML with provenance."""
+    if from_trace:
+        _from_trace(from_trace, plan, cluster, output, name)
+        return
     from clusters import load_cluster
     from executor.calibrate import calibrate, format_gemm_curve, write_cluster_yaml
 
@@ -43,6 +56,46 @@ def calibrate_cmd(
                f"bandwidth {n.intra_bandwidth.value / 1e9:.2f} GB/s")
     if cal.gemm_curve:
         typer.echo(format_gemm_curve(cal))
+
+
+def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> None:
+    """``--from-trace``: fit, write the YAML, print measured vs predicted per kernel class."""
+    from pathlib import Path
+
+    import yaml
+
+    from clusters import load_cluster
+    from clusters.spec import parse_spec
+    from executor.trace_calibrate import (
+        apply_fit,
+        class_times,
+        fit_trace,
+        load_trace,
+        measured_times,
+        trace_samples,
+    )
+
+    if bool(plan) == bool(cluster):
+        raise ValueError("--from-trace needs exactly one of --plan PLAN.json or --cluster NAME")
+    if plan:
+        from meshplan.plan import Plan
+
+        cluster = Plan.load(plan).cluster
+    base = load_cluster(cluster).spec.model_dump(exclude_none=True)
+    samples = trace_samples(load_trace(trace))
+    fit = fit_trace(samples)
+    out = Path(output)
+    spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
+    spec["name"] = name or out.stem
+    parse_spec(spec, str(out))
+    out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "
+                   f"see executor/trace_calibrate.py.\n" + yaml.safe_dump(spec, sort_keys=False, width=200))
+    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {trace}; {samples.counts})")
+    measured, before, after = measured_times(samples), class_times(samples, base), class_times(samples, spec)
+    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
+    for cls, t in measured.items():
+        if t > 0:
+            typer.echo(f"{cls:<14}{t * 1e3:>13.3f}{before[cls] * 1e3:>13.3f}{after[cls] * 1e3:>13.3f}")
 
 
 def register(app: typer.Typer) -> None:

@@ -24,8 +24,7 @@ def summary_lines(program: Any, completer: Any) -> list[str]:
 def _fmt(a: Any) -> str:
     if a is None:
         return "null"
-    return "(" + ",".join(repr(p).replace("Replicate()", "R").replace("Shard", "S")
-                          .replace("Partial", "P") for p in a.placements) + ")"
+    return "(" + ",".join(str(p) for p in a.placements) + ")"  # DTensor's short form
 
 
 def _differs(a: Any, b: Any) -> bool:

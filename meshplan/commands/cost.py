@@ -2,9 +2,14 @@
 
 Prints the framework profile, attention implementation and sequence length it costed
 with, the time breakdown of the critical rank (compute, TP comm, PP comm, bubble, DP
-sync, optimizer) and the memory breakdown of the heaviest rank; ``--json`` prints
-step_time_ms, tokens_per_s, tflops_per_gpu, mfu, max_memory_bytes, the breakdowns and
-``framework``, ``attention``, ``attention_kernel``, ``seq_len``."""
+sync, optimizer), the memory breakdown of the heaviest rank (one line per mechanism,
+``simulator.step_memory``) and the device's memory: capacity, the driver's reserve, usable
+memory, the headroom (``--memory-headroom``, a fraction of usable memory) and whether
+peak + headroom fits in usable memory; ``--json`` prints step_time_ms, tokens_per_s,
+tflops_per_gpu, mfu, max_memory_bytes, the breakdowns, ``device_memory_bytes``,
+``reserved_memory_bytes``, ``usable_memory_bytes``, ``memory_headroom``,
+``memory_headroom_bytes``, ``memory_limit_bytes``, ``fits_in_memory`` and ``framework``,
+``attention``, ``attention_kernel``, ``seq_len``."""
 
 from __future__ import annotations
 
@@ -19,25 +24,35 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _memory_fit(res: object, capacity: int) -> dict[str, object]:
-    """``device_memory_bytes`` and ``fits_in_memory`` (peak of the heaviest rank against
-    the device's memory) for the report."""
+def memory_fit(res: object, device: object, headroom: float) -> dict[str, object]:
+    """The device's memory against the plan's peak (heaviest rank), bytes:
+    ``device_memory_bytes`` (capacity), ``reserved_memory_bytes`` (driver), ``usable_memory_bytes``
+    (capacity - reserve), ``memory_headroom`` (fraction) and ``memory_headroom_bytes``,
+    ``memory_limit_bytes`` = usable - headroom bytes, ``fits_in_memory`` = peak <= limit
+    (``clusters.spec.DeviceSpec.memory_limit``)."""
     peak = int(res.max_memory_bytes)  # type: ignore[attr-defined]
-    return {"device_memory_bytes": capacity, "fits_in_memory": peak <= capacity}
+    usable = float(device.usable_bytes)  # type: ignore[attr-defined]
+    limit = float(device.memory_limit(headroom))  # type: ignore[attr-defined]
+    return {"device_memory_bytes": int(device.memory_bytes.value),  # type: ignore[attr-defined]
+            "reserved_memory_bytes": int(device.reserved_bytes),  # type: ignore[attr-defined]
+            "usable_memory_bytes": int(usable), "memory_headroom": float(headroom),
+            "memory_headroom_bytes": int(usable - limit), "memory_limit_bytes": int(limit),
+            "fits_in_memory": peak <= limit}
 
 
 def software(engine: object) -> dict[str, object]:
     """What the Engine costed with besides the layout: ``framework`` (profile name),
     ``attention`` (flash / unfused, resolved), ``attention_kernel`` (the profile's flash
-    kernel, None for unfused attention) and ``seq_len`` (tokens per sequence)."""
+    kernel, None for unfused attention) and ``seq_len`` (tokens per sequence) and ``fp8``
+    (the FP8 recipe, None for none)."""
     s = engine.strategy  # type: ignore[attr-defined]
     kernel = engine.profile.kernels.attention_kernel.value  # type: ignore[attr-defined]
     return {"framework": s.framework, "attention": s.attention,
             "attention_kernel": kernel if s.attention == "flash" else None,
-            "seq_len": engine.source.seq_len}  # type: ignore[attr-defined]
+            "seq_len": engine.source.seq_len, "fp8": s.fp8}  # type: ignore[attr-defined]
 
 
-def _render(model: str, cluster: str, res: object, capacity: int, sw: dict[str, object]) -> str:
+def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object]) -> str:
     d = res.to_dict()  # type: ignore[attr-defined]
     kernel = f" ({sw['attention_kernel']})" if sw["attention_kernel"] else ""
     lines = [
@@ -45,16 +60,21 @@ def _render(model: str, cluster: str, res: object, capacity: int, sw: dict[str, 
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%, "
         f"bubble ratio {d['bubble_ratio']:.4f}",
         f"framework {sw['framework']}, attention {sw['attention']}{kernel}, "
-        f"seq len {sw['seq_len']}",
+        f"seq len {sw['seq_len']}" + (f", fp8 {sw['fp8']} (decoder linears)" if sw.get("fp8") else ""),
         f"layers per stage: {d['layers_per_vstage']}",
         "time breakdown (critical rank):",
     ]
     lines += [f"  {k:<10} {v * 1e3:10.2f} ms" for k, v in d["time_breakdown_s"].items()]
     lines.append(f"memory breakdown (heaviest rank), max {_fmt_bytes(d['max_memory_bytes'])}:")
-    lines += [f"  {k:<12} {_fmt_bytes(v):>12}" for k, v in d["memory_breakdown_bytes"].items()]
-    if d["max_memory_bytes"] > capacity:
+    lines += [f"  {k:<18} {_fmt_bytes(v):>12}" for k, v in d["memory_breakdown_bytes"].items()]
+    lines.append(f"device memory {_fmt_bytes(fit['device_memory_bytes'])} - driver reserve "
+                 f"{_fmt_bytes(fit['reserved_memory_bytes'])} = usable "
+                 f"{_fmt_bytes(fit['usable_memory_bytes'])}; headroom "
+                 f"{fit['memory_headroom']:.0%} ({_fmt_bytes(fit['memory_headroom_bytes'])}): "
+                 f"limit {_fmt_bytes(fit['memory_limit_bytes'])}")
+    if not fit["fits_in_memory"]:
         lines.append(f"OUT OF MEMORY: the heaviest rank needs {_fmt_bytes(d['max_memory_bytes'])}, "
-                     f"the device has {_fmt_bytes(capacity)}")
+                     f"usable memory less headroom is {_fmt_bytes(fit['memory_limit_bytes'])}")
     return "\n".join(lines)
 
 
@@ -79,8 +99,12 @@ def cost_cmd(
     dtype: opt.Dtype = opt.DTYPE,
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
+    memory_headroom: float = opt.MEMORY_HEADROOM,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome trace JSON."),
+    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome "
+                                     "trace JSON, with each rank's memory as a counter track."),
+    memory_png: str | None = typer.Option(None, "--memory-png",
+                                          help="Write each rank's memory over the step as a PNG."),
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy."""
     from meshplan.engine import Engine
@@ -92,14 +116,18 @@ def cost_cmd(
                                   framework=framework, attention=attention)
     engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
     res = engine.simulate()
-    capacity = int(engine.cluster.device.memory_bytes.value)
-    if trace is not None:
-        res.sim.to_chrome_trace(trace)
+    fit = memory_fit(res, engine.cluster.device, memory_headroom)
+    if trace is not None or memory_png is not None:
+        from simulator import memory_timeline
+
+        if trace is not None:
+            memory_timeline.write_trace(res, trace)
+        if memory_png is not None:
+            memory_timeline.plot(res, memory_png)
     if as_json:
-        typer.echo(json.dumps({**res.to_dict(), **_memory_fit(res, capacity), **software(engine)},
-                              sort_keys=True))
+        typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine)}, sort_keys=True))
     else:
-        typer.echo(_render(model, cluster, res, capacity, software(engine)))
+        typer.echo(_render(model, cluster, res, fit, software(engine)))
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
 The choice lists mirror ``completion.strategy`` (SCHEDULES, SCHEDULE_ALIASES, RECOMPUTE,
-DTYPES, CP_COMMS) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
+DTYPES + FP8_DTYPES, CP_COMMS) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
 pydantic, and ``meshplan --help`` must stay fast. ``tests/test_cli_options.py`` checks that
 they agree.
 """
@@ -56,11 +56,16 @@ class CpComm(str, Enum):
 
 
 class Dtype(str, Enum):
-    """Training dtype (completion.strategy.DTYPES)."""
+    """Training dtype (completion.strategy.DTYPES, then the FP8 recipes' spellings
+    completion.strategy.FP8_DTYPES: BF16 with the decoder linears' GEMMs in FP8)."""
 
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
+    fp8_delayed = "fp8-delayed"
+    fp8_te = "fp8-te"
+    fp8_tensorwise = "fp8-tensorwise"
+    fp8_rowwise = "fp8-rowwise"
 
 
 class Mode(str, Enum):
@@ -148,7 +153,7 @@ RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=Fal
 ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
                                  help="Megatron sequence parallelism (needs tp > 1).")
-DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype.")
+DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.")
 Framework = Enum("Framework", {n: n for n in FRAMEWORK_NAMES}, type=str)
 FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_sensitive=False,
                          help="Framework profile that runs the plan (what fuses, what overlaps).")
@@ -156,6 +161,12 @@ ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+#: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/test_cli_options.py checks it)
+DEFAULT_MEMORY_HEADROOM = 0.05
+MEMORY_HEADROOM = typer.Option(
+    DEFAULT_MEMORY_HEADROOM, "--memory-headroom", min=0.0, max=0.99,
+    help="Fraction of the device's usable memory (capacity minus the driver's reserve) a "
+         "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.")
 
 _ARGS_KEY = "meshplan.command_args"
 _FIELD = re.compile(r"strategy field '(\w+)'")

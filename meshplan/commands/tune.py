@@ -60,7 +60,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
     if best is None:
         (out / "report.txt").write_text(text + "\nno feasible plan found\n")
         c = result.counts()
-        why = ("every scored plan exceeds device memory" if c.get("complete") else
+        why = ("every scored plan exceeds usable device memory less the headroom"
+               if c.get("complete") else
                f"no plan was scored: {c.get('illegal', 0)} illegal, {c.get('error', 0)} "
                f"failed; widen --fix or raise --trials")
         typer.echo(f"no feasible plan found ({why})")
@@ -73,7 +74,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
-            f"(feasible)")
+            f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
+            f"{cfg.scorer_config.get('memory_headroom', opt.DEFAULT_MEMORY_HEADROOM):.0%} headroom)")
     (out / "report.txt").write_text(text + "\n" + line + "\n")
     typer.echo(line)
     typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
@@ -83,7 +85,8 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
                  sampler: str | None, layers: int | None, cross_node_tp: bool,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
-                 attention: str | None = None) -> Any:
+                 attention: str | None = None,
+                 memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
@@ -94,7 +97,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
-          "framework": framework, "attention": attention}
+          "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
@@ -110,6 +113,7 @@ def tune_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
     mode: opt.Mode = opt.MODE,
+    memory_headroom: float = opt.MEMORY_HEADROOM,
     trials: int = typer.Option(100, "--trials", min=1, max=opt.MAX_TRIALS,
                                help="Finished trials the study should hold."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
@@ -144,7 +148,7 @@ def tune_cmd(
     mode_name = opt.value(mode)
     cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto, fix,
                        sampler, layers, cross_node_tp, opt.value(dtype), opt.value(framework),
-                       opt.value(attention))
+                       opt.value(attention), memory_headroom)
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out

@@ -1,104 +1,160 @@
-"""``meshplan validate PLAN.json --nproc N [--cluster FILE.yaml] [--steps S] [--json]
-[--csv FILE]``: run a plan on N local ranks (gloo; ``--backend nccl`` on GPUs) and print the
-simulator's prediction next to the measurement (step time, T_F / T_B / T_W per stage, peak
-memory) with the relative error; append one row to a CSV for the experiment reports.
+"""``meshplan validate PLAN.json --nproc N [--cluster FILE.yaml] [--steps S] [--repeats R]
+[--no-verify] [--json] [--csv FILE] [--launcher local|torchrun]``: run a plan on N local
+ranks (gloo; ``--backend nccl`` on GPUs) and print the simulator's prediction next to the
+measurement (step time, T_F / T_B / T_W per stage, peak memory) with the relative error;
+append one row to a CSV for the experiment reports.
+
+A measurement on a shared host is noisy, so the run is repeated R times (one launch, each
+repeat the same run from the same parameters) and the step time reported is the median of
+the repeats' medians, with their spread ((max - min) / median); the host's 1-minute load
+average before and after is recorded and a warning printed when it exceeds the cores;
+and an fp32 plan is verified (``executor.verify``: losses and parameters against one
+process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
+reported as not checked: rounding differences exceed that tolerance).
+
+``--launcher torchrun`` runs nothing: it prints the torchrun command that runs the plan on
+a cluster (``meshplan.executor.run``, one process per rank, any number of nodes).
 
 The run plays the schedule the simulator played for the prediction
-(``meshplan.validation.run_plan``), so both describe the same order of work."""
+(``meshplan.validation.run_repeated``), so both describe the same order of work."""
 
 from __future__ import annotations
 
-import csv
 import json
-import time
+import os
+import statistics
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.validation_report import (
+    DEFAULT_CSV,
+    append_csv,
+    print_table,
+    report_rows,
+)
 
-DEFAULT_CSV = "reports/validation.csv"
 #: Most measured steps one ``validate`` runs
 MAX_STEPS = 10_000
+#: Most repeats of the measurement
+MAX_REPEATS = 100
+LAUNCHERS = ("local", "torchrun")
 
 
-def _rows(plan: Any, meas: Any) -> list[tuple[str, float | None, float]]:
-    """(quantity, predicted, measured) rows: step time, per-stage T_F/T_B/T_W, memory."""
-    rows: list[tuple[str, float | None, float]] = [
-        ("step time (ms)", _ms(meas.predicted.get("step_time")), meas.step_time * 1e3)]
-    s = plan.strategy
-    per_stage = s.dp * s.cp * s.tp  # ranks of one pipeline stage
-    pred_stages = meas.predicted.get("rank_stage_times") or meas.predicted.get("stage_times") or []
-    for st in range(s.pp):
-        got = meas.phase_times[st * per_stage] if st * per_stage < len(meas.phase_times) else {}
-        pred = pred_stages[st] if st < len(pred_stages) else {}
-        for k in ("F", "B", "W"):
-            m = got.get(k)
-            if m is None and k in ("B", "W"):
-                continue
-            rows.append((f"stage {st} T_{k} (ms)", _ms(pred.get(k)), (m or 0.0) * 1e3))
-        if "BW" in got:
-            p = (pred.get("B") or 0.0) + (pred.get("W") or 0.0) if pred else None
-            rows.append((f"stage {st} T_B+T_W (ms)", _ms(p), got["BW"] * 1e3))
-    mem = meas.predicted.get("max_memory_bytes")
-    rows.append(("peak memory (MiB)", None if mem is None else mem / 2**20, meas.max_peak_memory / 2**20))
-    return rows
+def host_load() -> float | None:
+    """The host's 1-minute load average (None where the OS has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
 
 
-def _ms(x: float | None) -> float | None:
-    return None if x is None else float(x) * 1e3
+def host_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
-def _append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
-    opt.ensure_dir(path.parent)
-    new = not path.is_file()
-    with path.open("a", newline="") as f:
-        w = csv.writer(f)
-        if new:
-            w.writerow(["time", "plan", "model", "dp", "tp", "pp", "vpp", "schedule", "nproc",
-                        "predicted_step_time_ms", "measured_step_time_ms", "relative_error",
-                        "measured_peak_bytes", "predicted_peak_bytes"])
-        s = plan.strategy
-        err = meas.relative_error()
-        w.writerow([time.strftime("%Y-%m-%dT%H:%M:%S"), plan_path, plan.model, s.dp, s.tp, s.pp,
-                    s.vpp, s.schedule, meas.nproc, _ms(meas.predicted.get("step_time")),
-                    meas.step_time * 1e3, err, meas.max_peak_memory,
-                    meas.predicted.get("max_memory_bytes")])
+def load_warning(before: float | None, after: float | None, cores: int) -> str | None:
+    """A warning when the load before or after the run exceeds ``cores`` (the ranks then
+    shared the cores with other work and the timings are slow and noisy), else None."""
+    worst = max((x for x in (before, after) if x is not None), default=None)
+    if worst is None or worst <= cores:
+        return None
+    return (f"host load {worst:.2f} exceeds its {cores} cores (before {before:.2f}, after "
+            f"{after:.2f}): other work shared the cores, the measured times are inflated and noisy")
+
+
+def spread(times: list[float]) -> float:
+    """(max - min) / median of ``times`` (0 for one value)."""
+    med = statistics.median(times)
+    return (max(times) - min(times)) / med if med > 0 else 0.0
+
+
+def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
+                     endpoint: str = "") -> str:
+    """The torchrun command that runs the plan on ``nnodes`` nodes of ``world / nnodes``
+    processes each (c10d rendezvous at ``endpoint``, default ``127.0.0.1:29500`` on one
+    node, ``HEAD_NODE:29500`` otherwise). Raises ValueError when ``nnodes`` does not divide
+    ``world``."""
+    if nnodes < 1 or world % nnodes:
+        raise ValueError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
+    endpoint = endpoint or ("127.0.0.1:29500" if nnodes == 1 else "HEAD_NODE:29500")
+    return (f"torchrun --nnodes {nnodes} --nproc-per-node {world // nnodes} --rdzv-backend c10d "
+            f"--rdzv-endpoint {endpoint} --rdzv-id meshplan -m meshplan.executor.run "
+            f"{plan_file} --steps {steps}")
 
 
 def validate_cmd(
     plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
-    nproc: int = typer.Option(..., "--nproc", min=1, max=opt.MAX_LOCAL_RANKS,
-                              help="Ranks to launch (must equal dp*mp*pp)."),
+    nproc: int = typer.Option(0, "--nproc", min=0, max=opt.MAX_LOCAL_RANKS,
+                              help="Ranks to launch (must equal dp*tp*pp; 0: the plan's)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster YAML or name for the prediction."),
     steps: int = typer.Option(10, "--steps", min=1, max=MAX_STEPS, help="Measured steps (after 2 warmup)."),
+    repeats: int = typer.Option(3, "--repeats", min=1, max=MAX_REPEATS,
+                                help="Times the measurement is repeated (median and spread)."),
+    check: bool = typer.Option(True, "--verify/--no-verify",
+                               help="Also check the numerics against one process."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
     csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to append a row to."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    launcher: str = typer.Option("local", "--launcher",
+                                 help="local (run here) or torchrun (print the cluster command)."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, max=2**20, help="Nodes (with --launcher torchrun)."),
+    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint",
+                                      help="HOST:PORT of the rendezvous (with --launcher torchrun)."),
 ) -> None:
-    """Run a plan, print predicted vs measured with relative errors."""
+    """Run a plan, print predicted vs measured (median of repeats) with relative errors."""
     from meshplan.plan import Plan
-    from meshplan.validation import run_plan
 
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
     plan = Plan.load(plan_file)
-    meas = run_plan(plan, nproc, cluster=cluster or None, backend=backend, steps=steps,
-                    warmup=2)
-    _append_csv(Path(csv_path), plan_file, plan, meas)
-    rows = _rows(plan, meas)
+    world = plan.strategy.world_size
+    if launcher == "torchrun":
+        typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
+        return
+    nproc = nproc or world
+    from meshplan.validation import run_repeated, verify
+
+    cores, before = host_cores(), host_load()
+    runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
+                        steps=steps, warmup=2)
+    fp32 = plan.strategy.dtype == "float32"
+    numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
+    after = host_load()
+    meas = runs[0]
+    times = [m.step_time for m in runs]
+    meas.step_time = statistics.median(times)
+    warning = load_warning(before, after, cores)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    append_csv(Path(csv_path), plan_file, plan, meas)
+    rows = report_rows(plan, meas)
+    num = {"checked": numerics is not None, "ok": None if numerics is None else bool(numerics.ok),
+           "summary": numerics.summary() if numerics is not None else
+           "not checked (--no-verify)" if not check else
+           f"not checked (verify compares fp32 runs at 1e-5; the plan trains in {plan.strategy.dtype})"}
     if as_json:
         typer.echo(json.dumps({
             "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
             "relative_error": meas.relative_error(), "losses": meas.losses,
-            "peak_memory_bytes": meas.peak_memory,
+            "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
+            "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": spread(times),
+            "host_load": {"before": before, "after": after, "cores": cores},
+            "load_warning": warning, "numerics": num,
             "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
         return
-    typer.echo(f"{'quantity':<26}{'predicted':>12}{'measured':>12}{'rel. error':>12}")
-    for q, p, m in rows:
-        err = "" if p is None or m == 0 else f"{(p - m) / m:+.1%}"
-        ps = "-" if p is None else f"{p:.3f}"
-        typer.echo(f"{q:<26}{ps:>12}{m:>12.3f}{err:>12}")
+    print_table(rows)
+    typer.echo(f"step time over {repeats} repeat(s): median {meas.step_time * 1e3:.3f} ms, spread "
+               f"{spread(times):.1%} ({min(times) * 1e3:.3f} .. {max(times) * 1e3:.3f} ms)")
+    load = " / ".join("-" if x is None else f"{x:.2f}" for x in (before, after))
+    typer.echo(f"host load before / after: {load} on {cores} cores")
     typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
+    typer.echo(f"numerics: {num['summary']}")
 
 
 def register(app: typer.Typer) -> None:

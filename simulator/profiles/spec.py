@@ -218,7 +218,22 @@ class Fixed(BaseModel):
 
 
 class Memory(BaseModel):
-    """What a process holds besides the plan's tensors."""
+    """What a process holds besides the plan's tensors (``simulator.step_memory``).
+
+    Attributes:
+        model_states: how weights, gradients and optimizer states are held
+            (``simulator.model_states``).
+        fragmentation: the caching allocator's reserved-but-unallocated bytes as a fraction
+            of the allocated peak (PyTorch ``memory_reserved / memory_allocated - 1``).
+        cuda_context_bytes: the CUDA context and library handles (outside the allocator).
+        workspace_bytes: library workspaces allocated through the allocator (cuBLAS).
+        nccl_buffer_bytes: NCCL's buffers per communicator (outside the allocator).
+        loss_saved_bytes / loss_temp_bytes: bytes per local logit element the loss keeps
+            from its forward to its backward, and the most it holds on top of that while
+            it runs (the fp32 upcast and cross-entropy temporaries). Absent: the program's
+            own cross_entropy_with_softmax (its softmax saved in the logits' dtype, its
+            operands and results as the working set).
+    """
 
     model_config = _STRICT
     model_states: StateModel
@@ -226,6 +241,8 @@ class Memory(BaseModel):
     cuda_context_bytes: NonNegative
     workspace_bytes: NonNegative
     nccl_buffer_bytes: NonNegative
+    loss_saved_bytes: NonNegative | None = None
+    loss_temp_bytes: NonNegative | None = None
 
 
 class ProfileSpec(BaseModel):

@@ -1,0 +1,91 @@
+"""Which GEMMs of a program run in FP8 under an FP8 training recipe
+(``completion.strategy.FP8_RECIPES``).
+
+Transformer Engine (``te.Linear`` / ``LayerNormLinear`` inside ``fp8_autocast``, as
+Megatron-Core builds its ``TransformerLayer`` with the TE spec) and torchao
+(``convert_to_float8_training``, which torchtitan applies to every ``nn.Linear`` but the
+``output`` head: torchtitan 9dec370 ``float8.py`` ``filter_fqns``) both put the decoder
+layers' linears in FP8: their three GEMMs (forward ``y = x W``, input gradient ``dx = dy
+W^T``, weight gradient ``dW = x^T dy``). Everything else stays in the compute dtype: the
+attention core (no weights), the embedding, and the LM head (Megatron's ``output_layer`` is
+a plain ``ColumnParallelLinear``, torchtitan filters ``output``).
+
+:func:`mark_fp8_linears` records the choice on the program as op attributes, so that the
+cost model (``simulator.fp8``) and any printer see it:
+
+- ``fp8``: the recipe name, on each such ``matmul`` and ``matmul_grad``;
+- ``fp8_weight_cache``: on a forward ``matmul``, whether the framework keeps the FP8
+  weight across the micro-batches of a step (Megatron-Core passes ``is_first_microbatch``
+  to Transformer Engine modules, which then cast the weight on the first micro-batch only:
+  :data:`WEIGHT_CACHE_FRAMEWORKS`) or casts it in every forward (Composer's ``amp_fp8``
+  calls TE modules without it; torchao's dynamic scaling always does);
+- ``fp8_cast_x``: on a forward ``matmul``, whether it casts its input itself (True) or
+  reads the cast another FP8 linear of the same input made (False). Transformer Engine
+  runs q/k/v as one fused ``linear_qkv`` GEMM (and the MLP's gate and up as one ``fc1``)
+  on one cast of the shared input; torchao's separate ``Float8Linear`` modules each cast
+  it (torchtitan's ``wq``, ``wk``, ``wv`` and ``w1``, ``w3``) -- except under tensor
+  parallelism, where torchtitan 9dec370 ``parallelize_llama.py`` wraps the attention and
+  MLP inputs in torchao's ``PrepareFloat8ModuleInput``, which casts the shared input once,
+  before its sequence-parallel all-gather, for every FP8 user
+  (``torchao/float8/float8_tensor_parallel.py``: "if there are multiple float8 users of the
+  input activation, we perform fp8 allgather only once").
+
+The executor runs these ops in the compute dtype (FP8 numerics are not emulated).
+"""
+
+from __future__ import annotations
+
+import re
+
+from completion.chunks import DEFAULT_SEG_METHOD
+from completion.errors import CompletionError
+from completion.ir import OpRole, Program
+from completion.strategy import FP8_RECIPES
+
+_LAYER = re.compile(DEFAULT_SEG_METHOD)
+#: recipes whose framework casts a shared input once for the GEMMs reading it
+SHARED_INPUT_CAST = ("te-delayed",)
+#: recipes whose tensor-parallel wrappers cast before the sequence-parallel all-gather
+#: (torchao ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` /
+#: ``PrepareFloat8ModuleInput``, tensorwise dynamic scaling only: "This currently assumes
+#: tensorwise scaling"), so those all-gathers move FP8 (``simulator.fp8``)
+TP_FLOAT8_GATHER = ("tensorwise",)
+#: frameworks that cast each FP8 weight once per step (module docstring)
+WEIGHT_CACHE_FRAMEWORKS = ("megatron-core",)
+
+
+def is_fp8_linear(op) -> bool:
+    """True for a ``matmul`` / ``matmul_grad`` of a decoder layer (struct name
+    ``...layers.<i>...``) whose second operand is a parameter: a linear layer's GEMM."""
+    if op.type not in ("matmul", "matmul_grad") or len(op.operands) < 2:
+        return False
+    w = op.operands[1]
+    return bool(w is not None and w.is_parameter and op.struct_name and _LAYER.search(op.struct_name))
+
+
+def shares_input_cast(recipe: str, tp: int) -> bool:
+    """True when the GEMMs reading one input share one FP8 cast of it (module docstring):
+    Transformer Engine always, torchao under tensor parallelism (tp > 1)."""
+    return recipe in SHARED_INPUT_CAST or (recipe in TP_FLOAT8_GATHER and tp > 1)
+
+
+def mark_fp8_linears(program: Program, recipe: str, framework: str = "", tp: int = 1) -> int:
+    """Set the ``fp8`` (and ``fp8_cast_x``, ``fp8_weight_cache``) attributes (module
+    docstring) on the FP8 linears of ``program`` (forward and, when present, backward) as
+    ``framework`` runs ``recipe`` with ``tp`` tensor-parallel ranks; returns how many forward
+    GEMMs were marked. Raises CompletionError for an unknown recipe."""
+    if recipe not in FP8_RECIPES:
+        raise CompletionError(f"fp8 recipe {recipe!r} is not one of {list(FP8_RECIPES)}")
+    cast: set[int] = set()
+    n = 0
+    for op in program.ops:
+        if not is_fp8_linear(op):
+            continue
+        op.attrs["fp8"] = recipe
+        if op.type == "matmul" and op.role == OpRole.FORWARD:
+            x = op.operands[0]
+            op.attrs["fp8_cast_x"] = not shares_input_cast(recipe, tp) or id(x) not in cast
+            op.attrs["fp8_weight_cache"] = framework in WEIGHT_CACHE_FRAMEWORKS
+            cast.add(id(x))
+            n += 1
+    return n

@@ -1,0 +1,154 @@
+"""Hugging Face ``model_type`` catalog: how each architecture's ``config.json`` maps onto a
+:class:`completion.models.config.ModelConfig`.
+
+Each entry states, from the architecture's ``modeling_<type>.py`` / ``configuration_<type>.py``
+in Hugging Face transformers (v4.51 or later, which has all of them): the family whose
+defaults apply, where the MLP activation is read and whether the MLP is gated, the norm and
+its placement, the positions, which linears carry biases (and the keys that switch them),
+query/key normalisation, the epsilon keys, and the keys this project knows but does not
+model (each produces one warning line naming it when present with an effect,
+:func:`completion.models.config.config_from_hf_dict`). Keys with no cost effect
+(``rope_scaling``, ``rope_theta`` beyond the op attribute, token ids, ``torch_dtype``,
+``initializer_range``, ``use_cache``, ...) are accepted silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Hugging Face activation names (``transformers.activations.ACT2FN``) -> the plain
+#: activation of :data:`completion.models.config.ACTIVATIONS`; a gated MLP turns
+#: ``silu`` into ``swiglu``, ``gelu`` into ``geglu``, ``gelu_tanh`` into ``geglu_tanh``,
+#: ``relu`` into ``reglu`` (:data:`GATED`).
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu",
+                  "relu2": "relu2"}
+#: plain activation -> its gated (GLU) form
+GATED = {"silu": "swiglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh", "relu": "reglu"}
+
+
+@dataclass(frozen=True)
+class Unmodelled:
+    """A config key this project knows but does not model.
+
+    Attributes:
+        key: the config.json key. inert: values that have no effect (absent counts as
+            inert), e.g. ``False`` for a flag, ``None`` for a cap.
+        why: what meshplan does instead (one clause).
+        needs: a key that must be true for this one to have an effect (Qwen2's
+            ``max_window_layers`` matters only with ``use_sliding_window``); None: none.
+    """
+
+    key: str
+    why: str
+    inert: tuple[object, ...] = (None,)
+    needs: str | None = None
+
+
+@dataclass(frozen=True)
+class HFModelType:
+    """How one ``model_type`` maps onto a ModelConfig (module docstring).
+
+    Attributes:
+        family: ``gpt`` or ``llama`` (the defaults of fields not stated here).
+        act_keys: keys holding the activation, first present wins; act_default: the HF
+            activation when none is present. gated: the MLP has gate and up projections.
+        norm, norm_placement, positions: as ModelConfig (None: the family's).
+        qkv_bias, o_bias, mlp_bias: the architecture's fixed biases (None: the family's,
+            unless ``bias_key`` / ``mlp_bias_key`` give them).
+        bias_key: key switching the q/k/v and output projection biases (``attention_bias``;
+            Hugging Face LLaMA also applies it to o_proj). mlp_bias_key: the MLP's.
+        qk_norm: ModelConfig.qk_norm of the architecture.
+        eps_keys: keys of the norm epsilon. tie_default: ``tie_word_embeddings`` absent.
+        head_dim_key: key of an explicit per-head size (None: h / a).
+        sliding: reads ``sliding_window`` (``use_sliding_window`` gates it when present).
+        sliding_every: 2 when only every other layer is local (Gemma 2).
+        unmodelled: keys known but not modelled (:class:`Unmodelled`).
+        layer_keys / hidden_keys / heads_keys / ffn_keys / positions_keys: the size keys.
+    """
+
+    family: str
+    act_keys: tuple[str, ...] = ("hidden_act",)
+    act_default: str = "silu"
+    gated: bool = True
+    norm: str | None = None
+    norm_placement: str = "pre"
+    positions: str | None = None
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
+    bias_key: str | None = None
+    mlp_bias_key: str | None = None
+    qk_norm: str | None = None
+    eps_keys: tuple[str, ...] = ("rms_norm_eps",)
+    tie_default: bool = False
+    head_dim_key: str | None = None
+    sliding: bool = False
+    sliding_every: int = 1
+    unmodelled: tuple[Unmodelled, ...] = field(default=())
+    layer_keys: tuple[str, ...] = ("num_hidden_layers",)
+    hidden_keys: tuple[str, ...] = ("hidden_size",)
+    heads_keys: tuple[str, ...] = ("num_attention_heads",)
+    ffn_keys: tuple[str, ...] = ("intermediate_size",)
+    positions_keys: tuple[str, ...] = ("max_position_embeddings",)
+
+
+_PRETRAINING_TP = Unmodelled("pretraining_tp", "the sliced linears of pretraining_tp > 1 cost as one",
+                             (None, 1))
+_LLAMA = HFModelType("llama", bias_key="attention_bias", mlp_bias_key="mlp_bias",
+                     head_dim_key="head_dim", unmodelled=(_PRETRAINING_TP,))
+_GPT2_KEYS = dict(layer_keys=("num_hidden_layers", "n_layer"), hidden_keys=("hidden_size", "n_embd"),
+                  heads_keys=("num_attention_heads", "n_head"), ffn_keys=("intermediate_size", "n_inner"),
+                  positions_keys=("max_position_embeddings", "n_positions"))
+_GPT = HFModelType("gpt", act_keys=("activation_function", "hidden_act"), act_default="gelu_new",
+                   gated=False, eps_keys=("layer_norm_epsilon", "layer_norm_eps"), tie_default=True,
+                   unmodelled=(Unmodelled("scale_attn_by_inverse_layer_idx", "attention scaled by "
+                                          "1/sqrt(d) only (no cost effect)", (None, False)),
+                               Unmodelled("reorder_and_upcast_attn", "attention in the compute dtype",
+                                          (None, False))),
+                   **_GPT2_KEYS)  # type: ignore[arg-type]
+
+#: model_type -> how its config.json maps (module docstring)
+MODEL_TYPES: dict[str, HFModelType] = {
+    "llama": _LLAMA,
+    "mistral": HFModelType("llama", head_dim_key="head_dim", sliding=True),
+    "qwen2": HFModelType("llama", qkv_bias=True, o_bias=False, sliding=True,
+                         unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
+                                                "use_sliding_window) applies to every layer",
+                                                needs="use_sliding_window"),)),
+    "qwen3": HFModelType("llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim",
+                         sliding=True,
+                         unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
+                                                "use_sliding_window) applies to every layer",
+                                                needs="use_sliding_window"),)),
+    "gemma": HFModelType("llama", act_keys=("hidden_activation", "hidden_act"),
+                         act_default="gelu_pytorch_tanh", bias_key="attention_bias",
+                         head_dim_key="head_dim", tie_default=True),
+    "gemma2": HFModelType(
+        "llama", act_keys=("hidden_activation", "hidden_act"), act_default="gelu_pytorch_tanh",
+        norm_placement="sandwich", bias_key="attention_bias", head_dim_key="head_dim",
+        tie_default=True, sliding=True, sliding_every=2,
+        unmodelled=(Unmodelled("attn_logit_softcapping", "attention logits not soft-capped "
+                               "(flash kernels cost the same; an elementwise tanh omitted)"),
+                    Unmodelled("final_logit_softcapping", "LM-head logits not soft-capped "
+                               "(an elementwise tanh over [b, s, V] omitted)"))),
+    "phi3": HFModelType("llama", sliding=True,
+                        unmodelled=(Unmodelled("partial_rotary_factor", "rotary on every head "
+                                               "dim (cost difference negligible)", (None, 1, 1.0)),)),
+    "olmo2": HFModelType("llama", norm_placement="post", qk_norm="full", bias_key="attention_bias"),
+    "gpt2": _GPT,
+    "gpt": _GPT,
+    "megatron-gpt": _GPT,
+    "gpt_neox": HFModelType(
+        "gpt", act_default="gelu", gated=False, norm="layer_norm", positions="rope",
+        eps_keys=("layer_norm_eps",), tie_default=False, bias_key="attention_bias",
+        unmodelled=(Unmodelled("rotary_pct", "rotary on every head dim (cost difference "
+                               "negligible)", (None, 1, 1.0)),
+                    Unmodelled("use_parallel_residual", "attention and MLP in sequence (same "
+                               "ops and costs; the residual order differs)", (None, False)))),
+    "nemotron": HFModelType(
+        "llama", act_default="relu2", gated=False, norm="layer_norm", eps_keys=("norm_eps",),
+        bias_key="attention_bias", mlp_bias_key="mlp_bias", head_dim_key="head_dim",
+        unmodelled=(Unmodelled("partial_rotary_factor", "rotary on every head dim (cost "
+                               "difference negligible)", (None, 1, 1.0)),)),
+}

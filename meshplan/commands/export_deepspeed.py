@@ -1,0 +1,105 @@
+"""Export a plan as a DeepSpeed JSON config (the ``ds_config`` of ``deepspeed.initialize``).
+
+Keys are those of DeepSpeed's configuration reference (https://www.deepspeed.ai/docs/
+config-json/) and its AutoTP training tutorial (https://www.deepspeed.ai/tutorials/
+autotp-training/, DeepSpeed >= 0.16.4). Mapping:
+
+- batch: ``train_batch_size`` = global, ``train_micro_batch_size_per_gpu`` = micro,
+  ``gradient_accumulation_steps`` = m; DeepSpeed requires train_batch_size = micro x
+  m x dp and takes dp from the world size over its model-parallel groups, so dp = global /
+  (micro x m) is stated by the batch keys.
+- ``zero_optimization.stage`` = ZeRO stage; ``tensor_parallel.autotp_size`` = tp (AutoTP
+  combines with ZeRO stages 0-2 only: ZeRO 3 with tp > 1 is noted).
+- pp: DeepSpeed's pipeline stages are not a config key (``deepspeed.pipe.PipelineModule
+  (num_stages=pp)`` in the training script), so pp is noted and the world size must be dp x
+  tp x pp; its pipeline engine runs 1F1B only, one chunk per rank.
+- ``bf16.enabled`` / ``fp16.enabled``; ``optimizer.type`` Adam / AdamW; recompute full ->
+  ``activation_checkpointing`` (applies to the layers the script wraps in
+  ``deepspeed.checkpointing.checkpoint``); selective recompute and sequence parallelism
+  have no config key (noted).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from meshplan.commands.export_targets import Export, Note, framework_note, layout
+
+FAMILIES = ("deepspeed",)
+OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
+#: the one pipeline schedule DeepSpeed's pipeline engine runs
+SCHEDULE = "1F1B"
+
+
+def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
+    if eff["cp"] > 1:
+        notes.append(Note("cp", f"DeepSpeed has no ring-attention context parallelism (its "
+                                f"Ulysses sequence parallelism is an all-to-all over heads, set "
+                                f"up in the script); cp {eff['cp']} is not written: launch "
+                                f"dp x tp x pp ranks"))
+        eff["cp"] = 1
+    if eff["pp"] > 1:
+        notes.append(Note("pp", f"set deepspeed.pipe.PipelineModule(num_stages={eff['pp']}) in the "
+                                f"training script (no config key); launch dp x tp x pp = "
+                                f"{eff['dp'] * eff['tp'] * eff['pp']} ranks"))
+    if eff["vpp"] > 1:
+        notes.append(Note("vpp", f"DeepSpeed's pipeline engine runs one model chunk per rank, "
+                                 f"not {eff['vpp']}"))
+        eff["vpp"] = 1
+    if eff["schedule"] != SCHEDULE:
+        notes.append(Note("schedule", f"DeepSpeed's pipeline engine runs 1F1B, not {eff['schedule']}"))
+        eff["schedule"] = SCHEDULE
+    if eff["layers_per_stage"] is not None:
+        notes.append(Note("layers_per_stage", f"pass the split {list(eff['layers_per_stage'])} "
+                                              f"to PipelineModule (partition_method) in the script"))
+    if eff["zero"] == 3 and eff["tp"] > 1:
+        notes.append(Note("zero", "DeepSpeed AutoTP combines with ZeRO stages 0-2 only"))
+    if eff["recompute"] in ("selective", "selective-op"):
+        notes.append(Note("recompute", "DeepSpeed checkpoints whole wrapped layers; selective "
+                                       "recompute is not a config option (none written)"))
+        eff["recompute"] = "none"
+    if eff["sequence_parallel"]:
+        notes.append(Note("sequence_parallel", "AutoTP has no Megatron sequence parallelism"))
+        eff["sequence_parallel"] = False
+    if eff["attention"] is not None:
+        notes.append(Note("attention", f"the model code chooses the attention kernel "
+                                       f"({eff['attention']}); not a config key"))
+
+
+def _size_notes(plan: Any, notes: list[Note]) -> None:
+    for knob in ("seq_len", "num_layers"):
+        if getattr(plan, knob) is not None:
+            notes.append(Note(knob, f"{getattr(plan, knob)}: set by the model and data code "
+                                    f"(not a config key)"))
+
+
+def export(plan: Any) -> Export:
+    """A DeepSpeed JSON config for ``plan`` (see the module docstring). JSON has no
+    comments, so the notes are only in :attr:`Export.notes` (``meshplan export`` prints
+    them on stderr)."""
+    eff = layout(plan)
+    notes: list[Note] = framework_note(plan, FAMILIES, "DeepSpeed")
+    _notes(eff, notes)
+    _size_notes(plan, notes)
+    m = eff["global_batch_size"] // (eff["dp"] * eff["micro_batch_size"])
+    cfg: dict[str, Any] = {
+        "train_batch_size": eff["global_batch_size"],
+        "train_micro_batch_size_per_gpu": eff["micro_batch_size"],
+        "gradient_accumulation_steps": m,
+        "zero_optimization": {"stage": eff["zero"]},
+        "bf16": {"enabled": eff["dtype"] == "bfloat16"},
+        "fp16": {"enabled": eff["dtype"] == "float16"},
+    }
+    if eff["tp"] > 1:
+        cfg["tensor_parallel"] = {"autotp_size": eff["tp"]}
+    if eff["optimizer"] in OPTIMIZERS:
+        cfg["optimizer"] = {"type": OPTIMIZERS[eff["optimizer"]], "params": {}}
+    else:
+        notes.append(Note("optimizer", f"DeepSpeed has no built-in {eff['optimizer']}; pass a "
+                                       f"torch.optim optimizer to deepspeed.initialize"))
+    if eff["recompute"] == "full":
+        cfg["activation_checkpointing"] = {"partition_activations": False,
+                                           "contiguous_memory_optimization": False}
+    text = json.dumps(cfg, indent=2) + "\n"
+    return Export("deepspeed", text, notes, eff)

@@ -1,0 +1,163 @@
+"""Export a plan as Megatron-LM command-line arguments (``pretrain_gpt.py``).
+
+Argument names and meanings are those of ``megatron/training/arguments.py`` at NVIDIA/
+Megatron-LM commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (Aug 2026), where many are
+generated from config dataclass fields (``megatron/training/argument_utils.py``:
+``--`` + the field name with ``_`` -> ``-``; a bool defaulting to False is ``store_true``):
+
+- ``ModelParallelConfig`` (``megatron/core/model_parallel_config.py``):
+  ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+  ``--sequence-parallel``, ``--context-parallel-size``, ``--bf16``, ``--fp16``;
+- ``TransformerConfig``: ``--num-layers``, ``--recompute-granularity {full, selective}``,
+  ``--recompute-method {uniform, block}``, ``--recompute-num-layers``,
+  ``--attention-backend {flash, fused, unfused, local, auto}``;
+- ``TrainingConfig``: ``--micro-batch-size``, ``--global-batch-size``;
+- ``DistributedInitConfig``: ``--use-megatron-fsdp``;
+- hand-written: ``--num-layers-per-virtual-pipeline-stage``,
+  ``--num-virtual-stages-per-pipeline-rank``, ``--pipeline-model-parallel-layout``,
+  ``--use-distributed-optimizer``, ``--data-parallel-sharding-strategy {no_shard, optim,
+  optim_grads, optim_grads_params}``, ``--optimizer {adam, sgd, ...}``, ``--seq-length``.
+
+Mapping (Megatron's meanings):
+
+- dp is not an argument: Megatron takes it as world size / (tp * pp * cp), so the launcher's
+  ``--nnodes x --nproc-per-node`` must equal the plan's dp * tp * pp (the header says so);
+  context parallelism: ``--context-parallel-size`` (written when cp > 1; Megatron's default
+  ``--cp-comm-type p2p`` is the plan's ring attention).
+- vpp > 1: the plan's ``layers_per_stage`` as ``--pipeline-model-parallel-layout`` (one
+  ``|``-separated stage per virtual stage in model order, ``E`` the embedding before the
+  first, ``L`` the loss after the last; Megatron lays stage i on pipeline rank i mod pp);
+  else ``--num-layers-per-virtual-pipeline-stage`` (layers / (pp * vpp)) when the layer
+  count is known and divides, else ``--num-virtual-stages-per-pipeline-rank``. Megatron
+  runs interleaved 1F1B for vpp > 1 and 1F1B otherwise: GPipe (FThenB) and the zero-bubble
+  schedules are noted.
+- ZeRO 1: ``--use-distributed-optimizer`` (optimizer states sharded over dp; weights and
+  gradients full: 6 + 12/dp bytes per parameter, reference/fidelity_notes.md); 2 and 3:
+  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
+  ``optim_grads_params``, docs/user-guide/features/megatron_fsdp.md).
+- recompute full: ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1`` (every layer's input kept, the layer recomputed); selective:
+  ``--recompute-granularity selective`` (the core attention, Korthikanti et al. 2022);
+  torchtitan's op-level ``selective-op`` has no Megatron equivalent (noted; selective).
+- optimizer: Megatron's ``adam`` is Adam with decoupled weight decay (AdamW), so ``adamw``
+  -> ``adam``; the plan's L2-coupled ``adam`` is noted.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from meshplan.commands.export_targets import Export, Note, framework_note, layout
+
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+FAMILIES = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp")
+#: plan recompute -> (granularity, method, layers per recompute unit) arguments
+RECOMPUTE_ARGS = {"none": (), "selective": ("--recompute-granularity", "selective"),
+                  "selective-op": ("--recompute-granularity", "selective"),
+                  "full": ("--recompute-granularity", "full", "--recompute-method", "uniform",
+                           "--recompute-num-layers", "1")}
+#: plan ZeRO stage -> arguments (Megatron-FSDP's sharding strategy names)
+ZERO_ARGS = {0: (), 1: ("--use-distributed-optimizer",),
+             2: ("--use-distributed-optimizer", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy", "optim_grads"),
+             3: ("--use-distributed-optimizer", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy", "optim_grads_params")}
+DTYPE_ARGS = {"bfloat16": ("--bf16",), "float16": ("--fp16",), "float32": ()}
+#: plan optimizer -> (Megatron --optimizer, what Megatron runs as a plan optimizer name)
+OPTIMIZER_ARGS = {"adamw": ("adam", "adamw"), "adam": ("adam", "adamw"), "sgd": ("sgd", "sgd")}
+
+
+def pipeline_layout(layers_per_stage: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout`` for decoder layers per virtual stage in model
+    order: ``E`` + the first stage's layers, ``|`` between stages, ``L`` after the last;
+    ``t*n`` for n decoder layers (Megatron's ``PipelineParallelLayerLayout`` grammar)."""
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in layers_per_stage]
+    stages[0] = "E" + ("," if stages[0] else "") + stages[0]
+    stages[-1] = stages[-1] + ("," if stages[-1] else "") + "L"
+    return "|".join(stages)
+
+
+def _pipeline_args(eff: dict[str, Any], notes: list[Note]) -> list[str]:
+    pp, vpp, lps, layers = eff["pp"], eff["vpp"], eff["layers_per_stage"], eff["num_layers"]
+    if vpp > 1 and pp == 1:
+        notes.append(Note("vpp", f"Megatron interleaves model chunks only with pipeline "
+                                 f"parallelism (pp > 1); {vpp} chunks on one stage run as one"))
+        if lps is not None:
+            notes.append(Note("layers_per_stage", f"one stage holds all {sum(lps)} layers"))
+        eff["vpp"], eff["layers_per_stage"] = 1, None
+        return []
+    if lps is not None:
+        return ["--pipeline-model-parallel-layout", pipeline_layout(lps)]
+    if vpp == 1:
+        return []
+    if layers is not None and layers % (pp * vpp) == 0:
+        return ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * vpp))]
+    return ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
+
+
+def _schedule(eff: dict[str, Any], notes: list[Note]) -> None:
+    runs = "VPP" if eff["vpp"] > 1 else "1F1B"
+    if eff["schedule"] != runs:
+        notes.append(Note("schedule", f"Megatron-LM has no {eff['schedule']} schedule; it runs "
+                                      f"{'interleaved 1F1B' if runs == 'VPP' else '1F1B'}"))
+        eff["schedule"] = runs
+
+
+def export(plan: Any) -> Export:
+    """Megatron-LM arguments for ``plan`` (see the module docstring for the mapping). The
+    text is one argument per line ending in `` \\`` (shell continuation) after ``#``
+    comment lines: the source, the launch line and one per :class:`Note`."""
+    eff = layout(plan)
+    notes: list[Note] = framework_note(plan, FAMILIES, "Megatron-LM")
+    args = ["--tensor-model-parallel-size", str(eff["tp"]),
+            "--pipeline-model-parallel-size", str(eff["pp"])]
+    args += _pipeline_args(eff, notes)
+    _schedule(eff, notes)
+    if eff["sequence_parallel"]:
+        args.append("--sequence-parallel")
+    if eff["cp"] > 1:
+        args += ["--context-parallel-size", str(eff["cp"])]
+    if eff["recompute"] == "selective-op":
+        notes.append(Note("recompute", "torchtitan's op-level selective recompute has no "
+                                       "Megatron-LM equivalent; selective recompute (the core "
+                                       "attention) is used"))
+        eff["recompute"] = "selective"
+    args += RECOMPUTE_ARGS[eff["recompute"]]
+    args += ZERO_ARGS[eff["zero"]]
+    args += DTYPE_ARGS[eff["dtype"]]
+    name, runs = OPTIMIZER_ARGS[eff["optimizer"]]
+    if runs != eff["optimizer"]:
+        notes.append(Note("optimizer", "Megatron-LM's adam decouples weight decay (AdamW); "
+                                       "L2-coupled Adam is not offered"))
+        eff["optimizer"] = runs
+    args += ["--optimizer", name]
+    if eff["attention"] is not None:
+        args += ["--attention-backend", eff["attention"]]
+    args += ["--micro-batch-size", str(eff["micro_batch_size"]),
+             "--global-batch-size", str(eff["global_batch_size"])]
+    if eff["num_layers"] is not None:
+        args += ["--num-layers", str(eff["num_layers"])]
+    if eff["seq_len"] is not None:
+        args += ["--seq-length", str(eff["seq_len"])]
+    world = eff["dp"] * eff["tp"] * eff["pp"] * eff["cp"]
+    head = [f"# Megatron-LM arguments for {plan.model} (meshplan export; names of "
+            f"megatron/training/arguments.py at NVIDIA/Megatron-LM {MEGATRON_COMMIT[:12]})",
+            f"# launch: torchrun --nnodes NODES --nproc-per-node GPUS pretrain_gpt.py "
+            f"<these arguments> <model and data arguments>, NODES x GPUS = {world} ranks "
+            f"(dp {eff['dp']} = {world} / (tp {eff['tp']} x pp {eff['pp']} x cp {eff['cp']}))"]
+    head += [f"# note: {n}" for n in notes]
+    pairs = _lines(args)
+    text = "\n".join(head + [p + " \\" for p in pairs[:-1]] + pairs[-1:]) + "\n"
+    return Export("megatron", text, notes, eff)
+
+
+def _lines(args: list[str]) -> list[str]:
+    """One line per option: a flag with its value, or a flag alone."""
+    out: list[str] = []
+    for a in args:
+        if a.startswith("--") or not out:
+            out.append(a)
+        else:
+            out[-1] += f" {shlex.quote(a)}"
+    return out

@@ -1,0 +1,153 @@
+"""Model states per rank by framework: how weights, gradients and optimizer states are held.
+
+A framework profile names its model (``memory.model_states``, :data:`STATE_MODELS`); each is
+a function of :class:`StateInputs` returning :class:`simulator.memory.ModelStates` (bytes).
+P is the rank's local parameter elements, N the sharding degree (dp), L the largest
+parameter tensor on the rank. Sources (FN = shared/reference/fidelity_notes.md):
+
+- ``plain`` -- the ZeRO paper, section 5 (formulas.md): 16-bit weights and gradients,
+  12 bytes of fp32 master + Adam m, v; ZeRO-1/2/3 shard optimizer / + gradients / +
+  weights: (2+2+12/N)P, (2+14/N)P, 16P/N (``simulator.memory.zero_model_states``).
+- ``megatron`` -- FN "Memory by precision" (Megatron-LM ``report_theoretical_memory``):
+  fp32 main gradients, 18 bytes per parameter = 2 (16-bit weight) + 4 (fp32 gradient) + 4
+  (fp32 main weight) + 8 (Adam); the distributed optimizer (ZeRO-1 here) 6 + 12/N. ZeRO-2
+  and -3 shard the fp32 gradients and then the weights the same way (2 + 16/N, 18/N).
+- ``deepspeed`` -- FN "DeepSpeed's ZeRO estimators" (``estimate_zero2_model_states_mem_needs``,
+  ``estimate_zero3_model_states_mem_needs``, no offload): ZeRO-2 keeps the full 2P
+  half-precision weights plus 18P/N (the 16-bit and fp32 gradient partitions, 2 + 4, and
+  the 12 bytes of fp32 master + Adam); ZeRO-3 4L (the gathered 16-bit weights and gradient
+  of the largest layer) + 18P/N, split as 2 weights + 4 gradients + 12 optimizer. ZeRO-1
+  keeps the full 16-bit gradients (2P + 2P + 16P/N) and no ZeRO the unsharded 2P + 18P
+  (the estimator's formula at N = 1).
+- ``fsdp`` -- FN "FSDP" (torchtitan 9dec370 ``parallelize_llama.apply_fsdp``: one
+  ``fully_shard`` per transformer block, the root holding the embedding, final norm and
+  head): FULL_SHARD (ZeRO-3) keeps fp32 sharded weights, fp32 sharded gradients and Adam
+  states, (4 + 4 + 8)P/N, plus the unsharded 16-bit buffers at the backward's start: the
+  root's weights (gathered for the whole backward, resharded after it), the head's
+  unsharded gradient (reduced with the root's at the end), ``prefetch + 1`` blocks'
+  weights (the one running and those prefetched) and one block's unsharded gradient with
+  its reduce-dtype copy for the reduce_scatter. Below ZeRO-3 the weights stay unsharded
+  in 16 bits and the fp32 states follow the ``megatron`` split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simulator.errors import SimulatorError
+from simulator.memory import ModelStates, zero_model_states
+
+#: bytes of an fp32 value (main gradients, FSDP's sharded weights and reduce buffers)
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class StateInputs:
+    """What a state model reads about one rank (elements and bytes per element).
+
+    Attributes:
+        params: local parameter elements of the rank (P).
+        dp: the sharding degree (N >= 1).
+        zero: ZeRO stage 0-3.
+        param_bytes / grad_bytes: bytes of a weight / gradient element in the compute dtype.
+        optimizer_bytes: optimizer bytes per parameter (fp32 master + Adam: 12 for 16-bit).
+        largest_param: elements of the largest parameter tensor on the rank (L; DeepSpeed's
+            "largest layer", e.g. the 32000 x 4096 embedding of llama2-7b).
+        largest_block: parameter elements of the rank's largest decoder layer (an FSDP unit).
+        root_params: elements of the rank's parameters outside the decoder layers (FSDP's
+            root unit: embeddings, final norm, head).
+        prefetch: FSDP blocks gathered ahead of the running one (profile
+            ``overlap.fsdp_prefetch``).
+        reduce_bytes: bytes of a gradient element as it is reduced (4 for fp32).
+    """
+
+    params: int
+    dp: int
+    zero: int
+    param_bytes: int = 2
+    grad_bytes: int = 2
+    optimizer_bytes: int = 12
+    largest_param: int = 0
+    largest_block: int = 0
+    root_params: int = 0
+    prefetch: int = 0
+    reduce_bytes: int = FP32
+
+
+def _shard(n: int, dp: int) -> int:
+    return -(-n // dp)
+
+
+def plain_states(x: StateInputs) -> ModelStates:
+    """ZeRO paper section 5: :func:`simulator.memory.zero_model_states`."""
+    return zero_model_states(x.params, x.dp, x.zero, x.param_bytes, x.grad_bytes, x.optimizer_bytes)
+
+
+def _main_grad_bytes(x: StateInputs) -> int:
+    """fp32 main gradients for 16-bit weights, the weight's own bytes otherwise."""
+    return FP32 if x.param_bytes < FP32 else x.grad_bytes
+
+
+def megatron_states(x: StateInputs) -> ModelStates:
+    """Megatron mixed precision: 2 + 4 + 12 bytes per parameter (18), the distributed
+    optimizer (zero >= 1) 2 + 4 + 12/N; zero 2 / 3 also shard the fp32 gradients / the
+    weights."""
+    return zero_model_states(x.params, x.dp, x.zero, x.param_bytes, _main_grad_bytes(x),
+                             x.optimizer_bytes)
+
+
+def deepspeed_states(x: StateInputs) -> ModelStates:
+    """DeepSpeed's estimators: ZeRO-2 2P + 18P/N, ZeRO-3 4L + 18P/N (module docstring)."""
+    p, n = x.params, x.dp
+    fp32_grad = FP32 if x.param_bytes < FP32 else 0
+    if x.zero == 3:
+        # 18P/N = 2 (16-bit weight partition) + 4 (fp32 gradient partition) + 12
+        return ModelStates(params=_shard(p, n) * x.param_bytes,
+                           grads=_shard(p, n) * (fp32_grad or x.grad_bytes),
+                           optimizer=_shard(p, n) * x.optimizer_bytes,
+                           buffers=(x.param_bytes + x.grad_bytes) * x.largest_param)
+    part = p if x.zero == 0 else _shard(p, n)
+    half_grads = p * x.grad_bytes if x.zero <= 1 else part * x.grad_bytes
+    return ModelStates(params=p * x.param_bytes, grads=half_grads + part * fp32_grad,
+                       optimizer=part * x.optimizer_bytes)
+
+
+def fsdp_states(x: StateInputs) -> ModelStates:
+    """FSDP FULL_SHARD (zero 3): 16P/N + the unsharded buffers (module docstring); below
+    ZeRO-3 the ``megatron`` split."""
+    if x.zero < 3:
+        return megatron_states(x)
+    p, n = x.params, x.dp
+    master = FP32 if x.param_bytes < FP32 else 0  # the sharded weight is the fp32 master
+    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
+    head_grad = x.param_bytes * x.largest_param if x.root_params else 0
+    block_grad = (x.param_bytes + x.reduce_bytes) * x.largest_block
+    return ModelStates(params=_shard(p, n) * (master or x.param_bytes),
+                       grads=_shard(p, n) * _main_grad_bytes(x),
+                       optimizer=_shard(p, n) * (x.optimizer_bytes - master),
+                       buffers=gathered + head_grad + block_grad)
+
+
+#: state model name (profile ``memory.model_states``) -> function
+STATE_MODELS: dict[str, Callable[[StateInputs], ModelStates]] = {
+    "plain": plain_states,
+    "megatron": megatron_states,
+    "deepspeed": deepspeed_states,
+    "fsdp": fsdp_states,
+}
+
+
+def model_states(kind: str, x: StateInputs) -> ModelStates:
+    """Model states of one rank under state model ``kind`` (:data:`STATE_MODELS`).
+
+    Raises SimulatorError for an unknown kind, a ZeRO stage outside 0..3 or dp < 1."""
+    fn = STATE_MODELS.get(kind)
+    if fn is None:
+        raise SimulatorError(f"unknown model-state model {kind!r}; expected one of "
+                             f"{sorted(STATE_MODELS)}")
+    if x.zero not in (0, 1, 2, 3):
+        raise SimulatorError(f"ZeRO stage (zero) must be 0, 1, 2 or 3, got {x.zero!r}")
+    if x.dp < 1 or x.params < 0:
+        raise SimulatorError(f"dp must be >= 1 and params >= 0, got {x.dp}, {x.params}")
+    return fn(x)

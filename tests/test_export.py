@@ -1,0 +1,395 @@
+"""``meshplan export``: each target's output parsed by a parser written from that framework's
+documented names, and the parsed layout compared with the plan's.
+
+Parsers (written here, not imported: none of the frameworks is installed):
+
+- Megatron-LM: an argparse definition of the arguments the exporter may write, with the
+  names, types, actions and choices of ``megatron/training/arguments.py`` at NVIDIA/
+  Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 (dataclass-generated ones per
+  ``megatron/training/argument_utils.py``: ``--`` + field name with ``-``, bool False ->
+  store_true; fields of ``ModelParallelConfig``, ``TransformerConfig``,
+  ``TrainingConfig``, ``DistributedInitConfig``; hand-written ones at lines 3095-3190 and
+  2913 of that file), and the ``--pipeline-model-parallel-layout`` grammar of
+  ``PipelineParallelLayerLayout.parse_str_to_list`` (``megatron/core/transformer/
+  pipeline_parallel_layer_layout.py``).
+- torchtitan: ``tomllib``, keys checked against the fields of ``Training``,
+  ``Parallelism``, ``ActivationCheckpoint`` and ``Optimizer`` in
+  ``torchtitan/config/job_config.py`` at pytorch/torchtitan 238fa9953e4a.
+- DeepSpeed: ``json``, keys checked against DeepSpeed's config reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+
+import pytest
+import tomllib
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan.commands import export as export_cmd_module
+from meshplan.commands.export_megatron import pipeline_layout
+from meshplan.commands.export_targets import LAYOUT_KNOBS, TARGETS, ExportError, export_plan, layout
+from meshplan.commands.export_torchtitan import even_split, module_fqns
+from meshplan.plan import Plan
+from meshplan.strategy import Strategy
+from tests._cli import one_line_error, run_main
+
+# -- Megatron-LM --------------------------------------------------------------------------
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """The arguments the exporter may write, as Megatron-LM d98e8a64 defines them."""
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False)
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
+    p.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    p.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    p.add_argument("--recompute-num-layers", type=int, default=None)
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--use-megatron-fsdp", action="store_true")
+    p.add_argument("--data-parallel-sharding-strategy", default="optim_grads_params",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--optimizer", default="adam",
+                   choices=["adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"])
+    p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"],
+                   default="auto")
+    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument("--seq-length", type=int, default=None)
+    return p
+
+
+def parse_layout_string(text: str) -> list[list[str]]:
+    """Megatron's layout grammar: commas are cosmetic, ``(..)*n`` and ``x*n`` repeat,
+    ``|`` separates stages; E embedding, t decoder layer, L loss."""
+    s = text.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    return [list(stage) for stage in s.split("|")]
+
+
+def parse_megatron(text: str, world: int) -> dict:
+    """The layout Megatron-LM runs for the exported arguments on ``world`` ranks."""
+    body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    argv = shlex.split(" ".join(ln.rstrip("\\") for ln in body))
+    a = megatron_parser().parse_args(argv)
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    assert world % (tp * pp * cp) == 0
+    lps = None
+    if a.pipeline_model_parallel_layout is not None:
+        stages = parse_layout_string(a.pipeline_model_parallel_layout)
+        assert stages[0][0] == "E" and stages[-1][-1] == "L"
+        assert set("".join("".join(s) for s in stages)) <= set("EtL")
+        assert len(stages) % pp == 0
+        vpp, lps = len(stages) // pp, tuple(s.count("t") for s in stages)
+        assert a.num_layers == sum(lps)
+    elif a.num_layers_per_virtual_pipeline_stage is not None:
+        vpp = a.num_layers // (pp * a.num_layers_per_virtual_pipeline_stage)
+        assert vpp * pp * a.num_layers_per_virtual_pipeline_stage == a.num_layers
+    else:
+        vpp = a.num_virtual_stages_per_pipeline_rank or 1
+    recompute = {None: "none", "selective": "selective", "full": "full"}[a.recompute_granularity]
+    if recompute == "full":  # every layer: uniform chunks of one layer
+        assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
+    if a.use_megatron_fsdp:
+        zero = {"optim_grads": 2, "optim_grads_params": 3}[a.data_parallel_sharding_strategy]
+    else:
+        zero = 1 if a.use_distributed_optimizer else 0
+    assert not (a.bf16 and a.fp16)
+    return {"dp": world // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+            "schedule": "VPP" if vpp > 1 else "1F1B", "layers_per_stage": lps,
+            "micro_batch_size": a.micro_batch_size, "global_batch_size": a.global_batch_size,
+            "recompute": recompute, "zero": zero, "sequence_parallel": a.sequence_parallel,
+            "dtype": "bfloat16" if a.bf16 else "float16" if a.fp16 else "float32",
+            "optimizer": {"adam": "adamw", "sgd": "sgd"}[a.optimizer],
+            "attention": None if a.attention_backend == "auto" else a.attention_backend,
+            "num_layers": a.num_layers, "seq_len": a.seq_length}
+
+
+# -- torchtitan ---------------------------------------------------------------------------
+
+#: field names of the job_config.py dataclasses at torchtitan 238fa9953e4a that a section may hold
+TORCHTITAN_FIELDS = {
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
+                 "max_norm", "steps", "enable_cpu_offload", "dtype", "mixed_precision_param",
+                 "mixed_precision_reduce", "gc_freq", "gc_debug"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward", "tensor_parallel_degree",
+                    "disable_loss_parallel", "enable_async_tensor_parallel",
+                    "pipeline_parallel_degree", "module_fqns_per_model_part",
+                    "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                    "context_parallel_degree", "expert_parallel_degree"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "early_stop", "memory_budget"},
+    "optimizer": {"name", "lr", "eps"},
+}
+#: torch.distributed.pipelining.schedules.get_schedule_class names -> plan schedule
+TORCH_SCHEDULES = {"GPipe": "FThenB", "1F1B": "1F1B", "Interleaved1F1B": "VPP",
+                   "ZBVZeroBubble": "ZBVPP"}
+
+
+def parse_torchtitan(text: str, world: int) -> dict:
+    """The layout torchtitan runs for the exported TOML on ``world`` ranks."""
+    doc = tomllib.loads(text)
+    for section, values in doc.items():
+        assert set(values) <= TORCHTITAN_FIELDS[section], (section, set(values))
+    tr, par, ac = doc["training"], doc["parallelism"], doc["activation_checkpoint"]
+    rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
+    tp, pp = par["tensor_parallel_degree"], par.get("pipeline_parallel_degree", 1)
+    cp = par.get("context_parallel_degree", 1)
+    dp = rep * shard
+    assert dp * tp * pp * cp == world
+    sched = par.get("pipeline_parallel_schedule", "1F1B")
+    fqns, lps = par.get("module_fqns_per_model_part"), None
+    if fqns is not None:
+        vpp = len(fqns) // pp
+        lps = tuple(sum(m.startswith("layers.") for m in part) for part in fqns)
+        flat = [m for part in fqns for m in part]
+        assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(sum(lps))), "norm", "output"]
+    else:
+        vpp = 1 if sched in ("GPipe", "1F1B") or pp == 1 else 2
+    if pp > 1:
+        micro = par["pipeline_parallel_microbatch_size"]
+        assert tr["local_batch_size"] * dp == tr["global_batch_size"]
+    else:
+        micro = tr["local_batch_size"]
+    zero = 0 if shard == 1 else 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
+    recompute = {("none", None): "none", ("full", None): "full",
+                 ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]
+    out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch_size": micro,
+           "global_batch_size": tr["global_batch_size"], "schedule": TORCH_SCHEDULES[sched],
+           "zero": zero, "sequence_parallel": tp > 1, "recompute": recompute,
+           "dtype": tr["mixed_precision_param"],
+           "optimizer": {"AdamW": "adamw", "Adam": "adam"}[doc["optimizer"]["name"]]}
+    if fqns is not None:
+        out["layers_per_stage"] = lps
+    if "seq_len" in tr:
+        out["seq_len"] = tr["seq_len"]
+    return out
+
+
+# -- DeepSpeed ----------------------------------------------------------------------------
+
+DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                  "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16",
+                  "tensor_parallel", "optimizer", "activation_checkpointing"}
+
+
+def parse_deepspeed(text: str, world: int) -> dict:
+    """The layout DeepSpeed runs for the exported JSON on ``world`` ranks (pp: the world
+    over dp x tp, as PipelineModule(num_stages) must then be set)."""
+    cfg = json.loads(text)
+    assert set(cfg) <= DEEPSPEED_KEYS
+    micro, gas = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
+    dp, rem = divmod(cfg["train_batch_size"], micro * gas)
+    assert rem == 0
+    tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+    assert world % (dp * tp) == 0
+    assert not (cfg["bf16"]["enabled"] and cfg["fp16"]["enabled"])
+    out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "cp": 1, "vpp": 1, "schedule": "1F1B",
+           "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"],
+           "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
+           "recompute": "full" if "activation_checkpointing" in cfg else "none",
+           "dtype": "bfloat16" if cfg["bf16"]["enabled"] else
+                    "float16" if cfg["fp16"]["enabled"] else "float32"}
+    if "optimizer" in cfg:
+        out["optimizer"] = {"AdamW": "adamw", "Adam": "adam"}[cfg["optimizer"]["type"]]
+    return out
+
+
+PARSERS = {"megatron": parse_megatron, "torchtitan": parse_torchtitan, "deepspeed": parse_deepspeed}
+#: knobs each parser must recover from the file alone
+CORE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule", "zero",
+        "recompute", "sequence_parallel", "dtype")
+
+
+# -- random plans -------------------------------------------------------------------------
+
+@st.composite
+def plans(draw) -> Plan:
+    """A valid plan of a built-in model (32 or 96 layers) or with a stated layer count."""
+    dp, tp, pp = (draw(st.sampled_from([1, 2, 4])) for _ in range(3))
+    cp = draw(st.sampled_from([1, 1, 2, 4]))
+    schedule = draw(st.sampled_from(["1F1B", "FThenB", "VPP", "ZBH1", "ZBVPP", "ZB-1p"]))
+    vpp = {"VPP": draw(st.sampled_from([2, 3, 4])), "ZBVPP": 2}.get(schedule, 1)
+    micro = draw(st.sampled_from([1, 2]))
+    m = draw(st.integers(1, 8))
+    model = draw(st.sampled_from(["llama2-7b", "gpt3-175b"]))
+    num_layers = draw(st.one_of(st.none(), st.integers(pp * vpp, 48)))
+    lps = None
+    if pp * vpp > 1 and draw(st.booleans()):
+        lps = tuple(draw(st.lists(st.integers(0, 5), min_size=pp * vpp, max_size=pp * vpp)))
+        if sum(lps) == 0:
+            lps = (1,) + lps[1:]
+        num_layers = sum(lps)
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule=schedule, micro_batch_size=micro,
+                 global_batch_size=dp * micro * m,
+                 recompute=draw(st.sampled_from(["none", "selective", "selective-op", "full"])),
+                 zero=draw(st.sampled_from([0, 1, 2, 3])),
+                 sequence_parallel=tp > 1 and draw(st.booleans()),
+                 dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+                 optimizer=draw(st.sampled_from(["adamw", "adam", "sgd"])),
+                 attention=draw(st.sampled_from([None, "flash", "unfused"])),
+                 layers_per_stage=lps,
+                 framework=draw(st.sampled_from(["megatron-core", "fsdp2", "deepspeed"])))
+    return Plan(model=model, cluster="dgx-a100", strategy=s, num_layers=num_layers,
+                seq_len=draw(st.one_of(st.none(), st.sampled_from([1024, 2048]))))
+
+
+def _check_round_trip(plan: Plan, target: str) -> dict:
+    out = export_plan(plan, target)
+    # the ranks the exported job is launched on (a target that drops cp runs without it)
+    world = plan.strategy.world_size // plan.strategy.cp * out.effective["cp"]
+    parsed = PARSERS[target](out.text, world)
+    assert set(CORE) <= set(parsed), set(CORE) - set(parsed)
+    assert parsed == {k: out.effective[k] for k in parsed}, (out.text, out.effective)
+    want = layout(plan)
+    noted = {n.knob for n in out.notes}
+    for k in LAYOUT_KNOBS:  # every knob the target runs otherwise is named by a note
+        if out.effective[k] != want[k]:
+            assert k in noted, (k, want[k], out.effective[k], out.notes)
+    return parsed
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(plan=plans())
+def test_export_round_trip_of_random_plans_equals_the_plans_layout(plan):
+    """export -> parse with the framework-style parser -> the layout the target runs; it
+    equals the plan's wherever no note says otherwise, and Megatron-LM (whose knobs are
+    meshplan's) reproduces the plan's parallel layout, batch, ZeRO and dtype exactly."""
+    for target in TARGETS:
+        _check_round_trip(plan, target)
+    want = layout(plan)
+    parsed = parse_megatron(export_plan(plan, "megatron").text, plan.strategy.world_size)
+    for k in ("dp", "tp", "micro_batch_size", "global_batch_size", "zero", "sequence_parallel",
+              "dtype", "num_layers", "pp"):
+        assert parsed[k] == want[k], k
+    if plan.strategy.pp > 1:
+        assert (parsed["vpp"], parsed["layers_per_stage"]) == (want["vpp"], want["layers_per_stage"])
+
+
+# -- hand-derived outputs -------------------------------------------------------------------
+
+def _plan(**kw) -> Plan:
+    base = dict(dp=2, tp=2, pp=4, vpp=2, schedule="VPP", micro_batch_size=1, global_batch_size=16,
+                recompute="full", zero=1, sequence_parallel=True)
+    base.update(kw)
+    return Plan(model="llama2-7b", cluster="dgx-a100", strategy=Strategy(**base))
+
+
+def test_megatron_arguments_of_a_known_plan():
+    """llama2-7b (32 layers), tp2 pp4 vpp2 dp2: 32 / (4 x 2) = 4 layers per virtual stage;
+    m = 16 / (2 x 1) = 8 micro-batches is Megatron's to derive from the batch sizes."""
+    text = export_plan(_plan(), "megatron").text
+    argv = shlex.split(" ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.startswith("#")))
+    assert argv == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+                    "--num-layers-per-virtual-pipeline-stage", "4", "--sequence-parallel",
+                    "--recompute-granularity", "full", "--recompute-method", "uniform",
+                    "--recompute-num-layers", "1", "--use-distributed-optimizer", "--bf16",
+                    "--optimizer", "adam", "--micro-batch-size", "1", "--global-batch-size", "16",
+                    "--num-layers", "32", "--seq-length", "4096"]
+    assert "dp 2 = 16 / (tp 2 x pp 4 x cp 1)" in text
+
+
+def test_megatron_layout_string_of_an_uneven_split():
+    assert pipeline_layout((3, 0, 2)) == "E,t*3||t*2,L"
+    assert pipeline_layout((0, 1)) == "E|t,L"
+    assert parse_layout_string("E,t*3||t*2,L") == [["E", "t", "t", "t"], [], ["t", "t", "L"]]
+    out = export_plan(_plan(pp=2, vpp=1, schedule="1F1B", layers_per_stage=(5, 3)), "megatron")
+    assert "--pipeline-model-parallel-layout 'E,t*5|t*3,L'" in out.text
+
+
+def test_megatron_notes_what_it_cannot_run():
+    out = export_plan(_plan(pp=2, vpp=1, schedule="ZBH1", recompute="selective-op",
+                            optimizer="adam"), "megatron")
+    assert {n.knob for n in out.notes} == {"schedule", "recompute", "optimizer"}
+    assert out.effective["schedule"] == "1F1B" and out.effective["recompute"] == "selective"
+
+
+def test_torchtitan_toml_of_a_known_plan():
+    """ZeRO 3 dp2 -> data_parallel_shard_degree 2; pp4: local batch 16 / 2 = 8 split into
+    micro-batches of 1; vpp 3 with 32 layers: an even split 3,3,3,3,3,3,3,3,2,2,2,2 of
+    12 stages, listed as modules."""
+    out = export_plan(_plan(vpp=3, zero=3, recompute="selective-op"), "torchtitan")
+    doc = tomllib.loads(out.text)
+    assert doc["training"] == {"local_batch_size": 8, "global_batch_size": 16, "seq_len": 4096,
+                               "mixed_precision_param": "bfloat16"}
+    par = doc["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert [len([m for m in p if m.startswith("layers.")]) for p in par["module_fqns_per_model_part"]] \
+        == [3] * 8 + [2] * 4
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "layers_per_stage" in {n.knob for n in out.notes}
+    assert even_split(32, 12) == (3,) * 8 + (2,) * 4
+    assert module_fqns((1, 0, 1)) == [["tok_embeddings", "layers.0"], [], ["layers.1", "norm", "output"]]
+
+
+def test_deepspeed_json_of_a_known_plan():
+    """global 16 = micro 1 x 8 accumulation steps x dp 2; pp is a script setting (noted)."""
+    out = export_plan(_plan(pp=1, vpp=1, schedule="1F1B", zero=2), "deepspeed")
+    cfg = json.loads(out.text)
+    assert cfg["train_batch_size"] == 16 and cfg["gradient_accumulation_steps"] == 8
+    assert cfg["zero_optimization"] == {"stage": 2} and cfg["tensor_parallel"] == {"autotp_size": 2}
+    assert cfg["bf16"] == {"enabled": True} and "activation_checkpointing" in cfg
+    assert "sequence_parallel" in {n.knob for n in out.notes}
+    pp_out = export_plan(_plan(), "deepspeed")
+    assert any(n.knob == "pp" and "num_stages=4" in n.text for n in pp_out.notes)
+
+
+def test_a_custom_intra_op_layout_is_noted_by_every_target():
+    plan = _plan(annotation={"embedding.weight": ["Replicate()", "Shard(0)"]})
+    for target in TARGETS:
+        assert "annotation" in {n.knob for n in export_plan(plan, target).notes}, target
+        assert "annotation" not in {n.knob for n in export_plan(_plan(), target).notes}, target
+
+
+def test_unknown_target_is_refused():
+    with pytest.raises(ExportError, match="unknown export target 'nemo'"):
+        export_plan(_plan(), "nemo")
+
+
+def test_cli_targets_agree_with_the_registry():
+    assert [t.value for t in export_cmd_module.Target] == list(TARGETS)
+
+
+def test_export_command_writes_the_file_and_prints_notes(tmp_path, capsys):
+    plan_path = _plan(recompute="selective-op").save(tmp_path / "plan.json")
+    out = tmp_path / "out" / "args.txt"
+    code, stdout, stderr = run_main(capsys, "export", str(plan_path), "--to", "megatron", "-o", str(out))
+    assert code == 0, stderr
+    assert "note: recompute:" in stderr and out.read_text().startswith("# Megatron-LM arguments")
+    code, stdout, stderr = run_main(capsys, "export", str(plan_path), "--to", "deepspeed")
+    assert code == 0 and json.loads(stdout)["train_micro_batch_size_per_gpu"] == 1
+    code, _, stderr = run_main(capsys, "export", str(plan_path), "--to", "nemo")
+    assert code == 2 and "nemo" in stderr
+    line = one_line_error(*run_main(capsys, "export", str(tmp_path / "missing.json"), "--to", "megatron"))
+    assert "plan file not found" in line
+
+
+def test_context_parallel_plan_exports():
+    """cp 2: Megatron's --context-parallel-size and torchtitan's context_parallel_degree; the
+    launch covers dp x tp x pp x cp ranks; DeepSpeed (no ring attention) says so in a note."""
+    s = Strategy(dp=2, tp=2, cp=2, global_batch_size=8)
+    plan = Plan(model="llama2-7b", cluster="dgx-a100", strategy=s, seq_len=4096)
+    meg = export_plan(plan, "megatron")
+    assert "--context-parallel-size 2" in meg.text and "dp 2 = 8 / (tp 2 x pp 1 x cp 2)" in meg.text
+    assert parse_megatron(meg.text, 8)["cp"] == 2
+    tt = export_plan(plan, "torchtitan")
+    assert tomllib.loads(tt.text)["parallelism"]["context_parallel_degree"] == 2
+    ds = export_plan(plan, "deepspeed")
+    assert ds.effective["cp"] == 1 and [n.knob for n in ds.notes if n.knob == "cp"] == ["cp"]

@@ -1,0 +1,294 @@
+"""Hugging Face model types and fields (issue 17 item 4): published parameter counts,
+activations, head_dim, biases, qk-norm, sliding windows, warnings and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from completion.models import (
+    ModelConfig,
+    ModelConfigError,
+    ModelConfigWarning,
+    build_model,
+    config_from_hf_dict,
+    load_hf_config,
+)
+from completion.models.hf_types import MODEL_TYPES
+from simulator.op_cost import op_cost
+from simulator.op_signature import OpSig, TensorSig
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+
+def _count(path: str) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ModelConfigWarning)
+        cfg = load_hf_config(CONFIGS / path)
+    return build_model(cfg, 1, seq_len=8).num_parameters()
+
+
+# Derivations (h hidden, a heads, g kv heads, d head dim, f ffn, V vocab, l layers):
+# layer = h*a*d (+a*d bias) + 2*h*g*d (+2*g*d) + a*d*h + 3*h*f + norms*h;
+# total = l*layer + (1 or 2)*V*h + h (final norm).
+# Mistral-7B v0.1: 32 * (16,777,216 + 8,388,608 + 16,777,216 + 176,160,768 + 8,192)
+#   + 2 * 131,072,000 + 4,096 = 7,241,732,096
+# Qwen2-7B (q/k/v biases): 28 * (12,848,640 + 3,671,040 + 12,845,056 + 203,685,888 + 7,168)
+#   + 2 * 544,997,376 + 3,584 = 7,615,616,512
+# Llama-3.1-8B: 32 * 218,112,000 + 2 * 525,336,576 + 4,096 = 8,030,261,248
+# Gemma-2-9B (d = 256, tied, 4 norms per layer): 42 * (14,680,064 * 3 + 154,140,672 +
+#   14,336) + 917,504,000 + 3,584 = 9,241,705,984
+@pytest.mark.parametrize("path,want", [
+    ("mistral-7b-v0.1.json", 7_241_732_096),
+    ("qwen2-7b.json", 7_615_616_512),
+    ("llama-3.1-8b.json", 8_030_261_248),
+    ("gemma-2-9b.json", 9_241_705_984),
+])
+def test_published_parameter_counts(path, want):
+    assert _count(path) == want
+
+
+def test_published_configs_read_their_fields():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g = load_hf_config(CONFIGS / "gemma-2-9b.json")
+    assert (g.head_dim, g.mlp_activation, g.norm_placement, g.tie_word_embeddings) == (256, "geglu_tanh", "sandwich", True)
+    assert (g.window_of(0), g.window_of(1)) == (4096, None)  # local layers alternate
+    msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
+    assert len(msgs) == 2 and "attn_logit_softcapping=50.0" in msgs[0] and "final_logit_softcapping" in msgs[1]
+    assert all("\n" not in m for m in msgs)
+    q = load_hf_config(CONFIGS / "qwen2-7b.json")  # use_sliding_window false: no window, no warning
+    assert (q.qkv_bias, q.o_bias, q.sliding_window) == (True, False, None)
+    m = load_hf_config(CONFIGS / "mistral-7b-v0.1.json")
+    assert m.sliding_window == 4096 and m.window_of(31) == 4096
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ModelConfigWarning)  # rope_scaling: accepted, silent
+        lam = load_hf_config(CONFIGS / "llama-3.1-8b.json")
+    assert lam.rope_theta == 500000.0 and lam.mlp_activation == "swiglu"
+
+
+#: a tiny config.json per model type: 2 layers, h 64, 4 heads (2 kv), ffn 128, V 256
+_TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
+_EXTRA = {
+    "llama": {}, "mistral": {"sliding_window": 16}, "qwen2": {}, "qwen3": {"head_dim": 32},
+    "gemma": {"head_dim": 32}, "gemma2": {"head_dim": 32, "sliding_window": 16},
+    "phi3": {}, "olmo2": {}, "gpt2": {"n_inner": None}, "gpt": {}, "megatron-gpt": {},
+    "gpt_neox": {}, "nemotron": {},
+}
+
+
+def _tiny(mt: str, **kw) -> dict:
+    return {"model_type": mt, **_TINY, **_EXTRA[mt], **kw}
+
+
+def test_every_model_type_has_a_tiny_config():
+    assert set(_EXTRA) == set(MODEL_TYPES)
+
+
+@pytest.mark.parametrize("mt", sorted(MODEL_TYPES))
+def test_each_type_builds_from_config_json_and_costs_fast(tmp_path, mt):
+    from meshplan import Engine, Strategy
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(_tiny(mt)))
+    strat = Strategy(dp=2, tp=2, micro_batch_size=1, global_batch_size=4)
+    best = math.inf
+    for seq in (32, 48):  # two distinct builds (no cost cache hit); the faster on a shared CPU
+        t0 = time.perf_counter()
+        ms, mem = Engine(str(f), "dgx-h100", strat, seq_len=seq).cost()
+        best = min(best, time.perf_counter() - t0)
+        assert ms > 0 and mem > 0
+    assert best < 1.0
+
+
+def _types(cfg: ModelConfig) -> Counter:
+    return Counter(op.type for op in build_model(cfg, 1, seq_len=8).ops)
+
+
+@pytest.mark.parametrize("act,ops,params_per_layer", [
+    # h=64, f=128: plain MLPs 2 * 64 * 128 weights (+ 128 + 64 biases in gpt), gated 3 * ...
+    ("gelu_new", {"gelu": 1, "square": 0, "multiply": 0}, 2 * 64 * 128),
+    ("relu", {"relu": 1, "square": 0}, 2 * 64 * 128),
+    ("relu2", {"relu": 1, "square": 1}, 2 * 64 * 128),
+    ("silu", {"silu": 1, "swiglu": 0}, 2 * 64 * 128),
+])
+def test_plain_activations_of_gpt_neox(act, ops, params_per_layer):
+    # gpt_neox: non-gated, biases on every linear, layer_norm, rotary
+    cfg = config_from_hf_dict(_tiny("gpt_neox", hidden_act=act, num_hidden_layers=1))
+    t = _types(cfg)
+    for op, n in ops.items():
+        assert t[op] == n, op
+    assert t["embedding"] == 1 and t["fused_rotary_position_embedding"] == 1  # rope, no table
+    mlp = build_model(cfg, 1, seq_len=8)
+    names = {p.name: math.prod(p.shape) for p in mlp.parameters()}
+    got = sum(v for k, v in names.items() if ".mlp." in k and k.endswith("weight"))
+    assert got == params_per_layer
+    assert names["decoder.layers.0.mlp.up_proj.bias"] == 128
+
+
+@pytest.mark.parametrize("mt,act,want", [
+    ("llama", "silu", "swiglu"), ("gemma", "gelu", "geglu"), ("gemma", "gelu_pytorch_tanh", "geglu_tanh"),
+    ("phi3", "relu", "reglu"), ("nemotron", "relu2", "relu2"), ("gpt2", "gelu_new", "gelu_tanh"),
+])
+def test_activation_names_map(mt, act, want):
+    key = "activation_function" if mt == "gpt2" else "hidden_act"
+    cfg = config_from_hf_dict(_tiny(mt, **{key: act}))
+    assert cfg.mlp_activation == want
+    t = _types(cfg)
+    gated = want in ("swiglu", "geglu", "geglu_tanh", "reglu")
+    assert t["multiply"] == (2 if gated and want != "swiglu" else 0)
+    n_gate = sum(1 for p in build_model(cfg, 1, seq_len=8).parameters() if "gate_proj" in (p.name or ""))
+    assert n_gate == (2 if gated else 0)
+
+
+def test_gated_relu2_is_refused_and_unknown_activation_named():
+    with pytest.raises(ModelConfigError, match="'hidden_act' 'relu2' has no gated"):
+        config_from_hf_dict(_tiny("llama", hidden_act="relu2"))
+    with pytest.raises(ModelConfigError, match="'hidden_act' must be one of"):
+        config_from_hf_dict(_tiny("llama", hidden_act="mish"))
+
+
+def test_unknown_model_type_is_a_clear_error():
+    with pytest.raises(ModelConfigError, match=r"model_type 'mamba' is not one of \[.*'qwen3'"):
+        config_from_hf_dict({"model_type": "mamba"}, "c.json")
+
+
+def test_qk_norm_and_head_dim_shapes():
+    q3 = config_from_hf_dict(_tiny("qwen3"))  # head_dim 32 != 64 / 4
+    prog = build_model(q3, 1, seq_len=8)
+    ps = {p.name: list(p.shape) for p in prog.parameters()}
+    assert ps["decoder.layers.0.self_attn.q_proj.weight"] == [64, 4 * 32]
+    assert ps["decoder.layers.0.self_attn.k_proj.weight"] == [64, 2 * 32]
+    assert ps["decoder.layers.0.self_attn.q_norm.weight"] == [32]
+    fa = next(op for op in prog.ops if op.type == "flash_attention")
+    assert list(fa.operands[0].shape) == [1, 8, 4, 32]
+    o2 = build_model(config_from_hf_dict(_tiny("olmo2")), 1, seq_len=8)
+    ps = {p.name: list(p.shape) for p in o2.parameters()}
+    assert ps["decoder.layers.0.self_attn.q_norm.weight"] == [4 * 16]
+    assert ps["decoder.layers.0.self_attn.k_norm.weight"] == [2 * 16]
+    assert "decoder.layers.0.post_feedforward_layernorm.weight" in ps
+    assert "decoder.layers.0.input_layernorm.weight" not in ps  # post-norm
+
+
+def test_attention_bias_switches_o_proj_too():
+    cfg = config_from_hf_dict(_tiny("llama", attention_bias=True))
+    names = {p.name for p in build_model(cfg, 1, seq_len=8).parameters()}
+    assert {"decoder.layers.0.self_attn.q_proj.bias", "decoder.layers.0.self_attn.o_proj.bias"} <= names
+    assert not any(".mlp." in n and n.endswith("bias") for n in names)
+
+
+def test_unmodelled_key_warns_once_per_key():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        config_from_hf_dict(_tiny("gpt_neox", rotary_pct=0.25, use_parallel_residual=True), "neox.json")
+        config_from_hf_dict(_tiny("gpt_neox", rotary_pct=1.0, use_parallel_residual=False), "neox.json")
+    msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
+    assert msgs == [m for m in msgs if m.startswith("neox.json: ")] and len(msgs) == 2
+    assert "rotary_pct=0.25" in msgs[0] and "use_parallel_residual=True" in msgs[1]
+
+
+def _fa_sig(s: int, window: int | None) -> OpSig:
+    q = TensorSig((1, s, 2, 8), "bfloat16")
+    attrs = [("causal", True)] + ([("sliding_window", window)] if window else [])
+    return OpSig("flash_attention", (q, q, q), (q,), tuple(sorted(attrs)), family="flash_attention")
+
+
+def test_sliding_window_executed_flops_hand_derived():
+    # s = 8, w = 3: rows 0..7 see 1, 2, 3, 3, 3, 3, 3, 3 keys = 21 of 64 scores
+    k = op_cost(_fa_sig(8, 3))[0]
+    assert k.flops == 4.0 * 1 * 2 * 8 * 8 * 8
+    assert k.exec_flops == pytest.approx(k.flops * 21 / 64)
+    # long sequences use the closed form: w (w + 1) / 2 + (s - w) w
+    s, w = 8192, 4096
+    big = op_cost(_fa_sig(s, w))[0]
+    assert big.exec_flops == pytest.approx(big.flops * (w * (w + 1) / 2 + (s - w) * w) / s**2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 50))
+def test_window_fraction_matches_a_mask_count(s, w):
+    import numpy as np
+
+    i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+    seen = ((j <= i) & (j > i - w)).sum()
+    k = op_cost(_fa_sig(s, w))[0]
+    assert k.exec_flops == pytest.approx(k.flops * seen / (s * s))
+
+
+def test_window_only_set_where_it_masks_something():
+    cfg = config_from_hf_dict(_tiny("mistral"))  # window 16
+    fa = [op for op in build_model(cfg, 1, seq_len=32).ops if op.type == "flash_attention"]
+    assert [op.attrs.get("sliding_window") for op in fa] == [16, 16]
+    fa = [op for op in build_model(cfg, 1, seq_len=16).ops if op.type == "flash_attention"]
+    assert [op.attrs.get("sliding_window") for op in fa] == [None, None]  # w >= s: plain causal
+
+
+def test_executor_window_mask_equals_numpy_reference():
+    import numpy as np
+    import torch
+
+    from executor.kernels.attention import _scores
+
+    rng = np.random.default_rng(0)
+    q, k = (torch.tensor(rng.standard_normal((1, 2, 6, 4))) for _ in range(2))
+    got = _scores(q, k, True, window=2).numpy()
+    ref = (q.numpy() @ k.numpy().transpose(0, 1, 3, 2)) / 2.0
+    i, j = np.arange(6)[:, None], np.arange(6)[None, :]
+    ref = np.where((j <= i) & (j > i - 2), ref, -np.inf)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+def test_model_config_field_errors():
+    base = dict(name="m", family="llama", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=2,
+                ffn_hidden_size=128, vocab_size=10, seq_len=8)
+    for bad, needle in (({"activation": "mish"}, "activation 'mish'"), ({"kv_channels": 0}, "kv_channels"),
+                        ({"norm_placement": "middle"}, "norm_placement"), ({"qk_norm": "x"}, "qk_norm"),
+                        ({"sliding_window": -1}, "sliding_window"), ({"qkv_bias": "yes"}, "qkv_bias"),
+                        ({"kv_channels": 31}, "even for rotary")):
+        with pytest.raises(ModelConfigError, match=needle):
+            ModelConfig(**base, **bad)
+    # an explicit head dim lifts the h % a check
+    assert ModelConfig(**{**base, "num_heads": 6, "num_kv_heads": 2}, kv_channels=16).head_dim == 16
+
+
+def test_relu2_mlp_kernels_by_hand():
+    """Squared ReLU: relu then square on the [b, s, f] up projection, each one memory-bound
+    kernel reading and writing b*s*f bf16 elements (1 FLOP per element); the backward has
+    square_grad (reads x) and relu_grad (reads out)."""
+    from completion import append_backward
+    from simulator.op_signature import op_signature
+
+    cfg = config_from_hf_dict(_tiny("nemotron", num_hidden_layers=1))
+    prog = build_model(cfg, 1, seq_len=8)
+    append_backward(prog)
+    n = 1 * 8 * 128
+    for t in ("relu", "square"):
+        (k,) = op_cost(op_signature(next(op for op in prog.ops if op.type == t)))
+        assert (k.kind, k.flops, k.bytes) == ("memory", n, 2 * n * 2)
+    grads = Counter(op.type for op in prog.ops if op.type.endswith("_grad"))
+    assert grads["square_grad"] == grads["relu_grad"] == 1
+    (kg,) = op_cost(op_signature(next(op for op in prog.ops if op.type == "square_grad")))
+    assert kg.bytes == 3 * n * 2  # x and out@GRAD read, x@GRAD written
+
+
+def test_alternating_windows_warn_where_the_representative_program_cannot_show_them():
+    from meshplan import Engine, Strategy
+
+    cfg = config_from_hf_dict(_tiny("gemma2", num_hidden_layers=6))  # window 16, every 2nd layer
+    strat = Strategy(micro_batch_size=1, global_batch_size=1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        Engine(cfg, "dgx-h100", strat, seq_len=64)
+        Engine(cfg, "dgx-h100", strat, seq_len=16)  # w >= s: no window anywhere
+        Engine(config_from_hf_dict(_tiny("mistral", num_hidden_layers=6)), "dgx-h100", strat, seq_len=64)
+    msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
+    assert len(msgs) == 1 and "sliding window 16 on every 2nd layer" in msgs[0]
