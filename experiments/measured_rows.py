@@ -448,6 +448,20 @@ def _attention(text: str) -> str:
     raise RowError("attention_impl", f"unknown attention {text!r}")
 
 
+def _cp_comm(cp: int, framework: str, notes: _Notes) -> str:
+    """How a row's context-parallel attention exchanges K/V: torchtitan (the fsdp2 profiles)
+    all-gathers them (``--experimental.context_parallel_rotate_method`` defaults to
+    ``allgather`` in torchtitan 9dec370 ``torchtitan/config_manager.py``; the rows state no
+    other), Megatron / NeMo pass them around the ring (``--cp-comm-type`` defaults to p2p)."""
+    if cp == 1:
+        return "p2p"
+    if framework.startswith("fsdp2"):
+        notes.assumptions.append("cp K/V all-gathered: torchtitan 9dec370 "
+                                 "--experimental.context_parallel_rotate_method default 'allgather'")
+        return "all_gather"
+    return "p2p"
+
+
 def _strategy(row: Row, notes: _Notes) -> Strategy:
     """The Strategy of a row: layout, schedule (VPP when vpp > 1), batches, recompute,
     ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
@@ -498,7 +512,8 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
     dtype, fp8 = _precision(precision, notes)
     try:
-        return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
+        return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=_cp_comm(cp, framework, notes),
+                        vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
                         sequence_parallel=sp, dtype=dtype, optimizer="adamw", framework=framework,

@@ -190,7 +190,11 @@ def test_context_parallel_rows(rows):
     s = spec(rows, 318)
     st = s.strategy
     assert (st.dp, st.cp, st.tp, st.pp, st.vpp, st.sequence_parallel) == (2, 2, 4, 4, 5, True)
-    assert s.num_gpus == 64 == st.world_size and s.seq_len == 8192
+    assert s.num_gpus == 64 == st.world_size and s.seq_len == 8192 and st.cp_comm == "p2p"
+    # torchtitan all-gathers K/V (its rotate method's default at 9dec370)
+    t = spec(rows, 64)
+    assert (t.strategy.cp, t.strategy.cp_comm) == (2, "all_gather")
+    assert any("rotate_method" in a for a in t.assumptions)
 
 
 def test_every_row_parses_or_is_refused():
