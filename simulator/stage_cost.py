@@ -358,13 +358,14 @@ class StageCoster:
             bc.comm[phase] += self.cluster.collective_time(kind, nbytes, g)
             bc.comm_count[phase] += 1
 
-    def _context_parallel(self, sig: OpSig, times: dict[Phase, float], bc: BlockCost) -> None:
+    def _context_parallel(self, sig: OpSig, times: dict[Phase, float], bc: BlockCost) -> float:
         """Context-parallel attention (``simulator.context_parallel``): the exposed part of
         its ring sends (or its K/V all_gather) charged to the op's phase, and its K/V
-        buffers added to its working set."""
+        buffers added to its working set. Returns the exposed seconds (0 without cp): a
+        recompute policy that reruns a forward attention reruns its exchange too."""
         cp, _, _ = cp_settings(sig)
         if cp == 1:
-            return
+            return 0.0
         phase = CP_PHASE[sig.type]
         exposed, _ = cp_comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank, self.offset)
         bc.comm[phase] += exposed
@@ -377,6 +378,7 @@ class StageCoster:
                     n *= d
                 own += n * DTYPE_BYTES.get(t.dtype, 4)
         bc.workspace = max(bc.workspace, own + cp_workspace_bytes(sig))
+        return exposed
 
     def _params_and_workspace(self, op: Operation, sig: OpSig, bc: BlockCost) -> None:
         """Record the parameters a forward op reads (local elements and bytes) and the op's
@@ -442,8 +444,7 @@ class StageCoster:
             self._kernel_collectives(op, bc)
             fused = self._fused(plan, op, bc, recomputed)
             times, kernels = self._op_times(sig, fused)
-            if op.type in CP_PHASE:
-                self._context_parallel(sig, times, bc)
+            cp_exposed = self._context_parallel(sig, times, bc) if op.type in CP_PHASE else 0.0
             for k in kernels:
                 if k.phase in PHASES:
                     bc.flops[k.phase] += k.flops
@@ -457,6 +458,6 @@ class StageCoster:
                 bc.fp8_state_bytes += fp8_state_bytes(sig)
             for mode, ids in recomputed.items():
                 if id(op) in ids and times.get("F"):
-                    bc.recompute_f[mode] = bc.recompute_f.get(mode, 0.0) + times["F"]
+                    bc.recompute_f[mode] = bc.recompute_f.get(mode, 0.0) + times["F"] + cp_exposed
         return out
 

@@ -314,3 +314,25 @@ def test_gradients_reduce_over_dp_times_cp():
     assert cp.time_breakdown["dp_sync"] == pytest.approx(dp.time_breakdown["dp_sync"])
     z1 = Engine(cfg, "dgx-h100", base.replace(cp=2, zero=1), nodes=1).simulate()
     assert z1.memory_breakdown["optimizer"] * 2 == cp.memory_breakdown["optimizer"]
+
+
+def test_selective_recompute_reruns_the_exchange():
+    """Selective recompute reruns the attention core in backward, the cp exchange with it:
+    a short sequence with its cp peers on two nodes (tp 8, cp 2 on 2 DGX H100) leaves the
+    ring exposed, and the layer's selective recompute time is the attention kernel's plus
+    that exposed time."""
+    from simulator.roofline import Roofline
+    from simulator.stage_cost import StageCoster
+
+    cfg = ModelConfig(name="m8", family="llama", num_layers=3, hidden_size=512, num_heads=8,
+                      num_kv_heads=8, ffn_hidden_size=1024, vocab_size=1000, seq_len=256)
+    cl = load_cluster("dgx-h100", 2)
+    s = Strategy(tp=8, cp=2, micro_batch_size=1, global_batch_size=1, attention="flash")
+    pp = build_plan_program(resolve_model(cfg), s, representative=True, resolve_reshards=False)
+    rf = Roofline.from_device(cl.device)
+    layer = StageCoster(pp.program, cl, rf, rank=0).block_costs()[0]
+    sig = op_signature(_attention_ops(pp)[0], 0)
+    t_attn = rf.kernels_time(op_cost(sig))["F"]
+    exposed, alone = ring_exposed_time(sig, t_attn, cl, 0)
+    assert alone == cl.p2p_time(kv_block_bytes(sig), 0, 8) and 0 < exposed == pytest.approx(alone - t_attn / 2)
+    assert layer.recompute_f["selective"] == pytest.approx(t_attn + exposed)
