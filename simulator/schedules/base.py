@@ -14,10 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from simulator.errors import ScheduleError
 from simulator.schedules.p2p import check_p2p, send_plan
 
 KINDS = ("F", "B", "W", "BW")
+_KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
 
 #: Most passes (F, B and W; 3 x stages x chunks x micro-batches) a schedule may have: the
 #: complexity guard of ``build_schedule`` and ``Schedule.validate``. Building and simulating
@@ -98,29 +101,34 @@ class Schedule:
         if any(len(row) != v for row in self.vstage) or placed != list(range(p * v)):
             raise ScheduleError(f"{self.name}: vstage must place each virtual stage 0..{p * v - 1} on "
                                 f"exactly one (rank, chunk), {v} per rank; got {self.vstage!r}")
-        seen: set[tuple[str, int, int, int]] = set()
+        code_of = _KIND_CODE
+        bad = None
         for r, row in enumerate(self.actions):
+            seen = bytearray(4 * v * m)  # [kind code][chunk][micro-batch] of rank r
             for a in row:
-                if a.kind not in KINDS:
-                    raise ScheduleError(f"{self.name}: unknown action kind {a.kind!r} in {a}")
-                if a.stage != r or not 0 <= a.chunk < v or not 0 <= a.microbatch < m:
+                kind, stage, mb, c = a
+                code = code_of.get(kind) if isinstance(kind, str) else None
+                if code is None:
+                    raise ScheduleError(f"{self.name}: unknown action kind {kind!r} in {a}")
+                if stage != r or not 0 <= c < v or not 0 <= mb < m:
                     raise ScheduleError(f"{self.name}: action {a} misplaced on rank {r}")
-                key = (a.kind, r, a.microbatch, a.chunk)
-                if key in seen:
+                key = (code * v + c) * m + mb
+                if seen[key]:
                     raise ScheduleError(f"{self.name}: duplicated action {a}")
-                seen.add(key)
-        for r in range(p):
-            for c in range(v):
-                for mb in range(m):
-                    has_f = ("F", r, mb, c) in seen
-                    fused = ("BW", r, mb, c) in seen
-                    split = ("B", r, mb, c) in seen, ("W", r, mb, c) in seen
-                    ok_bw = fused != any(split) and (fused or all(split))
-                    if not has_f or not ok_bw:
-                        raise ScheduleError(
-                            f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
-                            f"complete backward (BW, or B and W)"
-                        )
+                seen[key] = 1
+            if bad is None:
+                has = np.frombuffer(bytes(seen), dtype=np.uint8).reshape(4, v * m).astype(bool)
+                f, b, w, bw = has
+                ok = f & np.where(bw, ~b & ~w, b & w)
+                if not ok.all():
+                    c, mb = divmod(int(np.argmin(ok)), m)
+                    bad = (r, c, mb)
+        if bad is not None:
+            r, c, mb = bad
+            raise ScheduleError(
+                f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
+                f"complete backward (BW, or B and W)"
+            )
         check_p2p(self)
         object.__setattr__(self, "_validated", True)
 
