@@ -292,7 +292,7 @@ class StepModel:
                 buckets[(r, chunk)] = items
         return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
 
-    def _tied_elems(self) -> int:
+    def tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
         pre, post = self.costs.pre, self.costs.post
         if pre is None or post is None:
@@ -319,7 +319,7 @@ class StepModel:
         else:
             sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
             sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
-            fixed = fixed_time(c, self.cluster, self.rf, r, params, self._tied_elems())
+            fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems())
         opt = optimizer_time(c, self.rf, params, tensors) + fixed
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)

@@ -38,7 +38,7 @@ MAX_MEMORY_LIMIT = float(2**20)
 
 
 __all__ = ["KINDS", "MAX_ACTIONS", "MAX_MEMORY_LIMIT", "MAX_TIME_S", "SCHEDULES", "Action",
-           "Schedule", "ScheduleError", "build_schedule", "check_common", "check_size",
+           "Schedule", "ScheduleError", "build_schedule", "check_common", "clear_schedule_cache", "check_size",
            "check_time", "interleaved_vstages", "make_schedule", "register_schedule",
            "require_single_chunk", "times_ns", "v_shape_vstages"]
 
@@ -131,6 +131,15 @@ class Schedule:
             )
         check_p2p(self)
         object.__setattr__(self, "_validated", True)
+
+    def with_meta(self, **meta: Any) -> Schedule:
+        """A copy with ``meta`` replaced by ``meta`` (same actions and placement), validated
+        already when this one is."""
+        out = Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
+                       self.actions, self.vstage, dict(meta))
+        if self.__dict__.get("_validated"):
+            object.__setattr__(out, "_validated", True)
+        return out
 
     def send_plan(self) -> tuple:
         """Per rank, per action: the ``(receiver, Message)`` sends issued right after it
@@ -282,4 +291,32 @@ def build_schedule(
         raise ScheduleError(f"{name}: unexpected options {sorted(options)}")
     if name == "ZB":
         options["memory_limit"] = memory_limit
-    return builder(num_stages, num_microbatches, num_chunks, **options)
+    key = _build_key(name, num_stages, num_microbatches, num_chunks, options)
+    sched = _BUILT.get(key)
+    if sched is None:
+        sched = builder(num_stages, num_microbatches, num_chunks, **options)
+        _BUILT[key] = sched
+        if len(_BUILT) > _BUILT_MAX:
+            _BUILT.pop(next(iter(_BUILT)))
+    return sched
+
+
+#: Schedules built by :func:`build_schedule`, by their arguments (name, p, m, v, memory
+#: limit and, for the time-aware builders, the stage times and T_comm): a search builds and
+#: validates each schedule once. Bounded (oldest dropped first).
+_BUILT: dict[tuple, Schedule] = {}
+_BUILT_MAX = 256
+
+
+def _build_key(name: str, p: int, m: int, v: int, options: Mapping[str, Any]) -> tuple | None:
+    def norm(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return tuple(sorted((k, norm(val)) for k, val in x.items()))
+        return x if isinstance(x, (int, float, str, type(None))) else repr(x)
+
+    return (name, p, m, v, norm(dict(options)))
+
+
+def clear_schedule_cache() -> None:
+    """Forget every schedule :func:`build_schedule` built (benchmarks time cold builds)."""
+    _BUILT.clear()

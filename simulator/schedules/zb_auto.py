@@ -54,10 +54,6 @@ _F, _B, _W = 0, 1, 2  # pass kinds (index of the counters); "FBW"[kind] is the n
 _MEM = (2, -1, -1)  # memory units per pass (F, B, W); M_B = 2 units
 
 
-class _Abandoned(Exception):  # noqa: N818  (control flow, never leaves this module)
-    """A run that can no longer beat the best cost found (see ``zb_heuristic``)."""
-
-
 class _Plan:
     """Per-stage state of the schedule being built; times in integer ns. Passes are
     recorded as ``kind * m + micro-batch`` ints; :meth:`actions` turns them into Actions."""
@@ -181,7 +177,8 @@ def _round(s: _Plan, prio_b: bool, greedy: bool) -> None:
 
 
 def _run(p: int, m: int, times: tuple[int, int, int], comm: int, budget: int, gap_ok: bool,
-         prio_b: bool, greedy: bool, beat: int | None = None) -> _Plan:
+         prio_b: bool, greedy: bool, beat: int | None = None) -> _Plan | None:
+    """One run; None as soon as its final cost can no longer get below ``beat``."""
     if budget < _MEM[_F]:
         raise ScheduleError(f"ZB: memory limit {budget / 2} M_B is below one micro-batch")
     s = _Plan(p, m, times, comm, budget)
@@ -189,7 +186,7 @@ def _run(p: int, m: int, times: tuple[int, int, int], comm: int, budget: int, ga
     for _ in range(1, m):
         _round(s, prio_b, greedy)
         if beat is not None and s.final_cost_bound() >= beat:
-            raise _Abandoned
+            return None
     for r in range(p):
         while s.pending_w(r):
             s.put(r, _W)
@@ -203,6 +200,7 @@ def zb_heuristic(p: int, m: int, times: tuple[int, int, int], comm: int, budget:
     (T_F, T_B, T_W) ns, ``comm`` T_comm ns, ``budget`` the limit in units (M_B = 2 units).
     Raises ScheduleError if ``budget`` < 2 (no room for one micro-batch)."""
     s = _run(p, m, times, comm, budget, gap_ok, prio_b, greedy)
+    assert s is not None  # never abandoned without ``beat``
     return s.actions(), s.cost()
 
 
@@ -214,9 +212,8 @@ def _best(p: int, m: int, times: tuple[int, int, int], comm: int, budget: int
     the choice is exactly that of running all eight to the end."""
     best: tuple[_Plan, int, tuple[bool, bool, bool]] | None = None
     for switches in itertools.product((True, False), repeat=3):
-        try:
-            s = _run(p, m, times, comm, budget, *switches, beat=None if best is None else best[1])
-        except _Abandoned:
+        s = _run(p, m, times, comm, budget, *switches, beat=None if best is None else best[1])
+        if s is None:
             continue
         cost = s.cost()
         if best is None or cost < best[1]:

@@ -40,6 +40,7 @@ m <= 64), which costs no time; ``Schedule.validate`` checks that every pair then
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Mapping
 
@@ -242,12 +243,19 @@ def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VP
     return best
 
 
-def _cost_s(p: int, m: int, rows: list[list[Action]], stage_times: Mapping[str, float], comm_time: float) -> float:
-    """Largest per-rank span (s) of ``rows`` played by the SimPy engine."""
+def _cost_s(sched: Schedule, stage_times: Mapping[str, float], comm_time: float) -> float:
+    """Largest per-rank span (s) of ``sched`` played by the SimPy engine."""
     from simulator.pipeline_sim import simulate_pipeline
 
-    sched = make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p))
     return max(simulate_pipeline(sched, stage_times, comm_time).span)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain(p: int, m: int) -> tuple[Schedule, tuple[bool, bool]]:
+    """The order tuned for equal times and no T_comm (it depends on p and m only), as a
+    validated schedule, and its switches: built once per (p, m)."""
+    plan, switches = _search(p, m, (1, 1, 1), 0)
+    return make_schedule("ZBVPP", p, m, 2, plan.rows, v_shape_vstages(p)), switches
 
 
 @register_schedule("ZBVPP")
@@ -268,12 +276,11 @@ def zb_v(p: int, m: int, v: int = 2, stage_times: Mapping[str, float] | None = N
     plan, switches = _search(p, m, times, 2 * comm)
     cost = max(plan.free[r] - (plan.end[plan._key(_F, 0, r, 0)] - times[_F]) for r in range(p)) * 0.5e-9
     tuned = stage_times is not None and (comm > 0 or len(set(times)) > 1)
-    rows = plan.rows
+    sched = make_schedule("ZBVPP", p, m, 2, plan.rows, v_shape_vstages(p))
     if tuned:
-        cost = _cost_s(p, m, rows, stage_times, comm_time)
-        plain, plain_switches = _search(p, m, (1, 1, 1), 0)
-        plain_cost = _cost_s(p, m, plain.rows, stage_times, comm_time)
+        cost = _cost_s(sched, stage_times, comm_time)
+        plain, plain_switches = _plain(p, m)
+        plain_cost = _cost_s(plain, stage_times, comm_time)
         if plain_cost < cost:
-            rows, switches, cost, tuned = plain.rows, plain_switches, plain_cost, False
-    return make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p), cost_s=cost, tuned=tuned,
-                         fill_b=switches[0], fill_f=switches[1])
+            sched, switches, cost, tuned = plain, plain_switches, plain_cost, False
+    return sched.with_meta(cost_s=cost, tuned=tuned, fill_b=switches[0], fill_f=switches[1])
