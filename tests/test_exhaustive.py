@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshplan.tuning import SCORER_FACTORY, make_scorer, search_problem, template_kinds
-from tuner.exhaustive import Bound, plan_key, prove_best, run_exhaustive
+from tuner.exhaustive import plan_key, prove_best, run_exhaustive
 from tuner.result import TuneResult
 from tuner.search import search
 from tuner.space import SearchSpace
