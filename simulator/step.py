@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
+from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_end
 from simulator.grad_sync import (
     fixed_time,
@@ -157,7 +158,8 @@ class StepModel:
     """
 
     def __init__(self, costs: ProgramCosts, cluster: Any, roofline: Roofline, cfg: StepConfig) -> None:
-        self.costs, self.cluster, self.rf, self.cfg = costs, cluster, roofline, cfg
+        # the cluster's collective and p2p times, memoised per cluster (pure functions)
+        self.costs, self.cluster, self.rf, self.cfg = costs, memoised(cluster), roofline, cfg
         self.nvs = cfg.pp * cfg.vpp
         weight = [block_time(b, cfg, True) for b in costs.layers]
         self.split = split_layers(len(costs.layers), self.nvs, cfg.layers_per_stage, weight,
