@@ -166,7 +166,7 @@ class StepModel:
                                   block_time(costs.pre, cfg, False), block_time(costs.post, cfg, False))
         starts = [sum(self.split[:i]) for i in range(self.nvs)]
         self.vs_layers = [list(range(starts[i], starts[i] + self.split[i])) for i in range(self.nvs)]
-        self.timer = StageTimer(costs.layers, costs.pre, costs.post, self.vs_layers, cfg, cluster, roofline)
+        self.timer = StageTimer(costs.layers, costs.pre, costs.post, self.vs_layers, cfg, self.cluster, roofline)
 
     @classmethod
     def from_program(cls, plan_program: Any, cluster: Any, roofline: Roofline, *, seq_len: int,
