@@ -246,3 +246,11 @@ def test_exhaustive_needs_a_bound(tiny):
     with pytest.raises(TunerError, match="lower bound"):
         run_exhaustive(study, cands, lambda c: Score(1.0, 1, 2), {})
 
+
+
+def test_timeout_stops_unproven_and_says_so(piped):
+    space, kinds, cands = piped
+    study, _ = open_study(_cfg(space, kinds), "late", None, None)
+    rep = run_exhaustive(study, cands, make_scorer(SC), {}, timeout=0.0)
+    assert not rep.proven and rep.simulated == 0 and rep.best_time_s is None
+    assert "NOT proven" in rep.summary()

@@ -75,9 +75,12 @@ class ExhaustiveReport:
     def summary(self) -> str:
         """One line for the tune report."""
         best = "no feasible plan" if self.best_time_s is None else f"best {self.best_time_s * 1e3:.1f} ms"
-        state = ("proven optimum of the model over the space" if self.proven else
-                 f"NOT proven (stopped; smallest open bound {self.open_bound_s * 1e3:.1f} ms)"
-                 if self.open_bound_s is not None else "NOT proven (stopped)")
+        if self.proven:
+            state = "proven optimum of the model over the space"
+        elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
+            state = "NOT proven (stopped before every candidate was bounded)"
+        else:
+            state = f"NOT proven (stopped; smallest open bound {self.open_bound_s * 1e3:.1f} ms)"
         rate = self.decided / self.seconds if self.seconds > 0 else float("inf")
         return (f"exhaustive: {self.space_size} candidates = {self.simulated} simulated "
                 f"({self.resumed} resumed from the study, {self.refused} refused by the engine) "
@@ -162,7 +165,8 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    on_scored: Callable[[int], None] | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
     reusing the records in ``history`` (plan_key -> record, ``tuner.study.history_cache``)
-    and writing every new score to ``study`` as one trial.
+    and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
+    search unproven, also while it is still bounding.
 
     Raises TunerError when the scorer has no ``bound``; a ValueError of the bound marks the
     candidate unbounded (it is simulated, and the scorer refuses it the same way)."""
@@ -170,9 +174,12 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     if bound is None:
         raise TunerError("--sampler exhaustive needs a scorer with a lower bound (a 'bound' attribute)")
     t0 = time.monotonic()
+    deadline = None if timeout is None else t0 + timeout
     n = len(candidates)
-    t_lb, m_lb, cap = np.empty(n), np.empty(n), np.empty(n)
+    t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
     for i, c in enumerate(candidates):
+        if deadline is not None and time.monotonic() > deadline:
+            break  # the rest stay unbounded (-inf): prove_best stops before simulating them
         try:
             b = bound(c)
             t_lb[i], m_lb[i], cap[i] = b.time_s, b.memory_bytes, b.memory_limit_bytes
@@ -203,7 +210,6 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
             return None
         return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
-    deadline = None if timeout is None else t0 + timeout
     rep = prove_best(t_lb, m_lb, cap, evaluate, deadline)
     rep.resumed = resumed
     rep.seconds = time.monotonic() - t0
