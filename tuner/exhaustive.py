@@ -66,6 +66,8 @@ class ExhaustiveReport:
     proven: bool = False
     open_bound_s: float | None = None
     seconds: float = 0.0
+    bounded: int | None = None
+    """Candidates bounded before a timeout (None: all were)."""
 
     @property
     def decided(self) -> int:
@@ -78,7 +80,8 @@ class ExhaustiveReport:
         if self.proven:
             state = "proven optimum of the model over the space"
         elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
-            state = "NOT proven (stopped before every candidate was bounded)"
+            done = "" if self.bounded is None else f"; {self.bounded} bounded"
+            state = f"NOT proven (stopped before every candidate was bounded{done})"
         else:
             state = f"NOT proven (stopped; smallest open bound {self.open_bound_s * 1e3:.1f} ms)"
         rate = self.decided / self.seconds if self.seconds > 0 else float("inf")
@@ -177,9 +180,11 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     deadline = None if timeout is None else t0 + timeout
     n = len(candidates)
     t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
+    bounded = None
     for i, c in enumerate(candidates):
         if deadline is not None and time.monotonic() > deadline:
-            break  # the rest stay unbounded (-inf): prove_best stops before simulating them
+            bounded = i  # the rest stay unbounded (-inf): prove_best stops before simulating them
+            break
         try:
             b = bound(c)
             t_lb[i], m_lb[i], cap[i] = b.time_s, b.memory_bytes, b.memory_limit_bytes
@@ -212,6 +217,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
 
     rep = prove_best(t_lb, m_lb, cap, evaluate, deadline)
     rep.resumed = resumed
+    rep.bounded = bounded
     rep.seconds = time.monotonic() - t0
     return rep
 
