@@ -53,4 +53,34 @@ def run() -> list[BenchResult]:
     ref = time.perf_counter() - t0
     sec, n_rs, n_ops = time_passes()
     extra = f"{n_rs} reshards -> {n_ops} ops"
-    return [BenchResult("partition+reshard llama2-7b megatron dp2 x mp4", sec, ref, 0.5, extra)]
+    return [BenchResult("partition+reshard llama2-7b megatron dp2 x mp4", sec, ref, 0.5, extra),
+            *run_scaling(ref)]
+
+
+def time_pipeline(layers: int, name: str = "zb-gpt-6.2b") -> tuple[float, int]:
+    """Seconds of complete + partition + reshard of ``name`` with ``layers`` layers (batch
+    4, forward + backward + AdamW, Megatron dp2 x mp4; the planner's cache cleared), and
+    the op count after the reshard pass."""
+    p = build_model(name, 4, num_layers=layers)
+    append_backward(p)
+    apply_optimizer(p, "adamw")
+    shard_megatron(p, ProcessMesh.of(2, 4, dim_names=("dp", "mp")), "dp", "mp")
+    _plan.cache_clear()
+    t0 = time.perf_counter()
+    Completer(p).complete()
+    apply_partition_pass(p)
+    apply_reshard_pass(p)
+    return time.perf_counter() - t0, len(p)
+
+
+def run_scaling(ref: float) -> list[BenchResult]:
+    """Issue 18: complete + partition + reshard of zb-gpt-6.2b (32 layers) <= 0.3 s, and
+    linear in layers up to 128 (the exponent of the time from 32 to 128 layers)."""
+    import math
+
+    t32, n32 = min(time_pipeline(32) for _ in range(2))
+    t128, n128 = min(time_pipeline(128) for _ in range(2))
+    k = math.log(t128 / t32) / math.log(4)
+    return [BenchResult("complete+partition+reshard zb-gpt-6.2b 32 layers dp2 x mp4", t32, ref, 0.3,
+                        f"{n32} ops; 128 layers: {t128:.3f} s ({n128} ops), exponent {k:.2f} "
+                        f"(1 = linear)")]

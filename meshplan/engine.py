@@ -212,6 +212,14 @@ class Engine:
         memory breakdowns, the schedule it played (see ``simulator.step.StepResult``)."""
         return self.step_model().run()
 
+    def lower_bound(self) -> tuple[float, int]:
+        """``(seconds, bytes)`` no greater than :meth:`simulate`'s step time and peak memory,
+        from the stage times alone (``simulator.step_bound.step_lower_bound``: no schedule
+        is built or played). Raises EngineError as :meth:`step_model` does."""
+        from simulator.step_bound import step_lower_bound
+
+        return step_lower_bound(self.step_model())
+
     def cost(self, mode: str = "train") -> tuple[float, int]:
         """``(step time in ms, max memory over ranks in bytes)`` of one training step,
         equal to ``simulate()``'s ``step_time * 1e3`` and ``max_memory_bytes``.

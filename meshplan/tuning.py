@@ -26,6 +26,7 @@ from completion.models import build_model, get_model_config
 from meshplan.engine import Engine
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
+from tuner.exhaustive import Bound
 from tuner.patterns import apply_templates, find_patterns, random_annotation, template_choices
 from tuner.space import Candidate, ModelDims, SearchProblem
 from tuner.study import Score
@@ -135,6 +136,15 @@ def make_scorer(config: Mapping[str, Any]):
         return Score(r.step_time, r.max_memory_bytes, cap,
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
                       "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})
+
+    def bound(c: Candidate) -> Bound:
+        """Lower bounds on ``score(c)``'s time and memory (``Engine.lower_bound``)."""
+        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
+                        **_software(config))
+        t, mem = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).lower_bound()
+        return Bound(t, mem, cap)
+
+    score.bound = bound  # what ``--sampler exhaustive`` prunes with (tuner.exhaustive)
 
     return score
 

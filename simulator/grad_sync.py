@@ -74,6 +74,7 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
     group = dp_group(cfg, stage)
     nbytes = reduce_bytes(cfg)
     out: dict[int, list[tuple[float, float]]] = {}
+    seconds: dict[int, float] = {}  # equal buckets cost the same: one collective_time each
     for chunk, n in sorted(chunk_params.items()):
         if n <= 0:
             continue
@@ -82,7 +83,9 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
         while done < n:
             k = min(size, n - done)
             done += k
-            items.append((done / n, cluster.collective_time(kind, k * nbytes, group)))
+            if k not in seconds:
+                seconds[k] = cluster.collective_time(kind, k * nbytes, group)
+            items.append((done / n, seconds[k]))
         out[chunk] = items
     return out
 

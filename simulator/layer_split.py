@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from simulator.errors import SimulatorError
 
 
@@ -18,7 +20,22 @@ def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | 
     ``num_vstages`` (splitting never raises the maximum). Without costs all layers weigh 1.
 
     Raises ValueError when there are fewer layers than virtual stages or ``explicit``
-    does not fit."""
+    does not fit. Balanced splits are memoised by their arguments (a search asks the same
+    ones for every candidate of a layer layout)."""
+    if explicit is None:
+        return list(_balanced(num_layers, num_vstages, tuple(layer_cost) if layer_cost else None,
+                              float(pre), float(post)))
+    return _split(num_layers, num_vstages, explicit, layer_cost, pre, post)
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced(num_layers: int, num_vstages: int, layer_cost: tuple[float, ...] | None,
+              pre: float, post: float) -> tuple[int, ...]:
+    return tuple(_split(num_layers, num_vstages, None, list(layer_cost) if layer_cost else None, pre, post))
+
+
+def _split(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None,
+           layer_cost: list[float] | None, pre: float, post: float) -> list[int]:
     if explicit is not None:
         if len(explicit) != num_vstages or sum(explicit) != num_layers or min(explicit) < 0:
             raise SimulatorError(f"layers_per_stage {list(explicit)} must have {num_vstages} entries "

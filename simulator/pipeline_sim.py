@@ -16,6 +16,7 @@ all times are integer nanoseconds; the API takes and returns seconds.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,43 +94,6 @@ def _hop_ns(schedule: Schedule, comm_time: float, cluster: Any, p2p_bytes: float
     return hop
 
 
-def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[tuple]]:
-    """Precompute per action: (action, vs, done_keys, duration, deps, post) -- ``post``:
-    ns the rank stays busy after the action with its synchronous sends (``p2p_sync``)."""
-    m, nvs = schedule.num_microbatches, schedule.num_vstages
-    where = schedule.rank_of_vstage()
-
-    def key(code: int, vs: int, mb: int) -> int:
-        return (code * nvs + vs) * m + mb
-
-    plan = []
-    for r, row in enumerate(schedule.actions):
-        out = []
-        for a in row:
-            vs = schedule.vstage[r][a.chunk]
-            tf, tb, tw, tbw = times[r][a.chunk]
-            post = 0
-            if a.kind == "F":
-                deps = [] if vs == 0 else [(key(0, vs - 1, a.microbatch), hop(where[vs - 1][0], r))]
-                dur, done = tf, (key(0, vs, a.microbatch),)
-                if p2p_sync and vs < nvs - 1:
-                    post = hop(r, where[vs + 1][0])
-            elif a.kind == "W":
-                deps = [(key(1, vs, a.microbatch), 0)]
-                dur, done = tw, (key(2, vs, a.microbatch),)
-            else:
-                deps = [(key(0, vs, a.microbatch), 0)]
-                if vs < nvs - 1:
-                    deps.append((key(1, vs + 1, a.microbatch), hop(where[vs + 1][0], r)))
-                dur = tbw if a.kind == "BW" else tb
-                done = (key(1, vs, a.microbatch),) + ((key(2, vs, a.microbatch),) if a.kind == "BW" else ())
-                if p2p_sync and vs > 0:
-                    post = hop(r, where[vs - 1][0])
-            out.append((a, vs, done, dur, deps, post))
-        plan.append(out)
-    return plan
-
-
 def simulate_pipeline(
     schedule: Schedule,
     stage_times: Any,
@@ -164,59 +128,192 @@ def simulate_pipeline(
     """
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
+    key = None
+    if cluster is None:  # the play is a function of the schedule, the ns times and the hop
+        key = (id(schedule), tuple(map(tuple, times)), _ns(comm_time, "comm_time"), bool(p2p_sync))
+        hit = _PLAYED.get(key)
+        if hit is not None and hit[0] is schedule:
+            timeline, stats = hit[1]
+            return SimResult.from_timeline(schedule, list(timeline), memory, stats)
     plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes), p2p_sync)
-    return SimResult.from_timeline(schedule, _play(schedule, plan), memory)
+    timeline, stats = _play(schedule, plan)
+    if key is not None and len(timeline) <= _PLAYED_EVENTS // 8:
+        _PLAYED[key] = (schedule, (tuple(timeline), stats))
+        _PLAYED_SIZE[0] += len(timeline)
+        while len(_PLAYED) > _PLAYED_MAX or _PLAYED_SIZE[0] > _PLAYED_EVENTS:
+            _PLAYED_SIZE[0] -= len(_PLAYED.pop(next(iter(_PLAYED)))[1][0])
+    return SimResult.from_timeline(schedule, timeline, memory, stats)
 
 
-def _play(schedule: Schedule, plan: list[list[tuple]]) -> list[TimelineEvent]:
+#: Plays by (schedule, per-chunk ns times, T_comm ns, p2p_sync): a search plays a pipeline
+#: once per distinct schedule and stage times (plans that differ only in dp-side knobs
+#: such as the ZeRO stage repeat it). The entry holds the schedule, so its id stays its own.
+_PLAYED: dict[tuple, tuple] = {}
+_PLAYED_MAX = 128
+#: Most timeline events the memo holds in all (about 100 bytes each); a play of more
+#: than an eighth of it is not kept.
+_PLAYED_EVENTS = 1_000_000
+_PLAYED_SIZE = [0]
+
+
+def clear_play_cache() -> None:
+    """Forget the memoised plays of :func:`simulate_pipeline` (benchmarks time cold runs)."""
+    _PLAYED.clear()
+    _PLAYED_SIZE[0] = 0
+
+
+def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[tuple]]:
+    """Precompute per action one flat tuple ``(dur, post, k1, d1, k2, d2, o1, o2)``: its
+    duration, ``post`` (ns the rank stays busy after it with its synchronous sends,
+    ``p2p_sync``), up to two inputs (finish key ``k`` and hop delay ``d``; -1: none) and up
+    to two outputs (finish keys it completes; -1: none). Keys are dense ints
+    ``(code * nvs + vs) * m + mb`` with code 0/1/2 for F/B/W done."""
+    m, nvs = schedule.num_microbatches, schedule.num_vstages
+    owner = [0] * nvs
+    for r, row in enumerate(schedule.vstage):
+        for vs in row:
+            owner[vs] = r
+    bstride, wstride = nvs * m, 2 * nvs * m
+    plan = []
+    for r, row in enumerate(schedule.actions):
+        place = schedule.vstage[r]
+        trow = times[r]
+        # per chunk: the hops to the previous / next virtual stage's rank (0 on the same rank)
+        prev_hop = [hop(owner[vs - 1], r) if vs > 0 else 0 for vs in place]
+        next_hop = [hop(owner[vs + 1], r) if vs < nvs - 1 else 0 for vs in place]
+        send_up = [hop(r, owner[vs + 1]) if vs < nvs - 1 else 0 for vs in place] if p2p_sync else None
+        send_down = [hop(r, owner[vs - 1]) if vs > 0 else 0 for vs in place] if p2p_sync else None
+        out = []
+        append = out.append
+        for kind, _, mb, c in row:
+            vs = place[c]
+            base = vs * m + mb
+            tf, tb, tw, tbw = trow[c]
+            if kind == "F":
+                k1 = -1 if vs == 0 else base - m
+                append((tf, send_up[c] if p2p_sync else 0, k1, prev_hop[c], -1, 0, base, -1))
+            elif kind == "W":
+                append((tw, 0, bstride + base, 0, -1, 0, wstride + base, -1))
+            else:
+                k2 = bstride + base + m if vs < nvs - 1 else -1
+                post = send_down[c] if p2p_sync else 0
+                if kind == "BW":
+                    append((tbw, post, base, 0, k2, next_hop[c], bstride + base, wstride + base))
+                else:
+                    append((tb, post, base, 0, k2, next_hop[c], bstride + base, -1))
+        plan.append(out)
+    return plan
+
+
+def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEvent], tuple]:
     """Run the SimPy event loop over ``plan`` (from ``_plan``): one process per rank that
     executes its actions in order, each waiting for its dependencies' finish times plus
-    their hop delays (integer ns). Returns the timeline; raises ScheduleError on a deadlock."""
+    their hop delays (integer ns). Returns the timeline (events in the order the loop
+    started them) and ``(busy, span, makespan)`` ns for ``SimResult.from_timeline``;
+    raises ScheduleError on a deadlock.
+
+    The hot loop allocates only what SimPy needs (one Timeout per action, one Event per
+    input a rank has to wait for): finish times and waiters are flat lists indexed by the
+    dense keys of ``_plan``, each rank tracks its own clock (the timeouts it yields are
+    exact), the timeline is recorded as two int lists and built after the run, and the
+    garbage collector is paused while the loop runs (it would only scan live objects)."""
     env = simpy.Environment()
-    finish: dict[int, int] = {}
-    waiters: dict[int, simpy.Event] = {}
-    timeline: list[TimelineEvent] = []
-    stuck: dict[int, tuple] = {}
+    nkeys = 3 * schedule.num_vstages * schedule.num_microbatches
+    finish = [-1] * nkeys
+    waiters: list = [None] * nkeys
+    stride = max((len(row) for row in plan), default=0) + 1
+    order: list[int] = []
+    starts: list[int] = []
+    stuck: dict[int, tuple[int, int]] = {}
+    timeout, event = env.timeout, env.event
+    record, record_start = order.append, starts.append
+
+    def wait(r: int, j: int, key: int):
+        stuck[r] = (j, key)
+        ev = waiters[key]
+        if ev is None:
+            ev = waiters[key] = event()
+        yield ev
+        del stuck[r]
 
     def run_rank(r: int, actions: list[tuple]):
-        for a, vs, done, dur, deps, post in actions:
-            ready = env.now
-            for dkey, delay in deps:
-                fin = finish.get(dkey)
-                if fin is None:
-                    stuck[r] = (a, dkey)
-                    ev = waiters.get(dkey)
-                    if ev is None:
-                        ev = waiters[dkey] = env.event()
-                    yield ev
-                    fin = finish[dkey]
-                if fin + delay > ready:
-                    ready = fin + delay
-            stuck.pop(r, None)
-            start = ready if ready > env.now else env.now
+        now = 0
+        j = r * stride
+        for dur, post, k1, d1, k2, d2, o1, o2 in actions:
+            ready = now
+            if k1 >= 0:
+                fin = finish[k1]
+                if fin < 0:
+                    yield from wait(r, j - r * stride, k1)
+                    now = env.now
+                    fin = finish[k1]
+                if fin + d1 > ready:
+                    ready = fin + d1
+            if k2 >= 0:
+                fin = finish[k2]
+                if fin < 0:
+                    yield from wait(r, j - r * stride, k2)
+                    now = env.now
+                    fin = finish[k2]
+                if fin + d2 > ready:
+                    ready = fin + d2
+            start = ready if ready > now else now
             end = start + dur
-            for k in done:
-                finish[k] = end
-                ev = waiters.pop(k, None)
+            finish[o1] = end
+            ev = waiters[o1]
+            if ev is not None:
+                waiters[o1] = None
+                ev.succeed()
+            if o2 >= 0:
+                finish[o2] = end
+                ev = waiters[o2]
                 if ev is not None:
+                    waiters[o2] = None
                     ev.succeed()
-            timeline.append(TimelineEvent(r, a.kind, a.microbatch, a.chunk, vs, start, end + post))
-            yield env.timeout(end + post - env.now)
+            record(j)
+            record_start(start)
+            j += 1
+            end += post
+            yield timeout(end - now)
+            now = end
+        last[r] = now
 
+    last = [0] * len(plan)
     for r, actions in enumerate(plan):
         env.process(run_rank(r, actions))
-    env.run()
-    if stuck:
-        raise ScheduleError(_deadlock_message(schedule, stuck))
-    return timeline
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+        if stuck:
+            raise ScheduleError(_deadlock_message(schedule, stuck))
+        timeline = []
+        add = timeline.append
+        acts, place = schedule.actions, schedule.vstage
+        first = [0] * len(plan)
+        for idx, start in zip(order, starts, strict=True):
+            r, j = divmod(idx, stride)
+            if j == 0:
+                first[r] = start
+            kind, _, mb, c = acts[r][j]
+            step = plan[r][j]
+            add(TimelineEvent(r, kind, mb, c, place[r][c], start, start + step[0] + step[1]))
+    finally:
+        if enabled:
+            gc.enable()
+    busy = [sum(d + q for d, q, *_ in row) for row in plan]
+    span = [last[r] - first[r] if plan[r] else 0 for r in range(len(plan))]
+    return timeline, (busy, span, max(last, default=0))
 
 
-def _deadlock_message(schedule: Schedule, stuck: dict[int, tuple]) -> str:
+def _deadlock_message(schedule: Schedule, stuck: dict[int, tuple[int, int]]) -> str:
     nvs, m = schedule.num_vstages, schedule.num_microbatches
     parts = []
     for r in sorted(stuck):
-        a, dkey = stuck[r]
+        j, dkey = stuck[r]
         code, rest = divmod(dkey, nvs * m)
         vs, mb = divmod(rest, m)
-        parts.append(f"rank {r} waits at {a} for {'FBW'[code]} of virtual stage {vs} micro-batch {mb}")
+        parts.append(f"rank {r} waits at {schedule.actions[r][j]} for {'FBW'[code]} of virtual "
+                     f"stage {vs} micro-batch {mb}")
     return f"{schedule.name}: deadlock, inputs that can never arrive: " + "; ".join(parts)
+

@@ -63,21 +63,28 @@ class SimResult:
 
     @classmethod
     def from_timeline(
-        cls, schedule: Schedule, timeline: list[TimelineEvent], memory: Mapping[str, float] | None
+        cls, schedule: Schedule, timeline: list[TimelineEvent], memory: Mapping[str, float] | None,
+        stats: tuple[list[int], list[int], int] | None = None,
     ) -> SimResult:
         """Summarise an executed ``timeline`` (integer ns events, one per action) of
         ``schedule``: makespan, per-rank busy time (sum of action durations), idle time
         (makespan - busy), span (first start to last end), bubble ratio (class docstring, Qi et
         al. 2024 sec. 5.3) and per-rank peak memory (:func:`peak_memory`, in the unit of
-        ``memory``). Times in the result are seconds. Raises ValueError on a bad ``memory``
-        mapping; ``timeline`` must not be empty."""
+        ``memory``). Times in the result are seconds. ``stats``: the per-rank busy and span
+        ns when the caller already has them (the engine does: a rank's actions run one after
+        another, so its span is its last end minus its first start). Raises ValueError on a
+        bad ``memory`` mapping; ``timeline`` must not be empty."""
         p = schedule.num_stages
         per_rank: list[list[TimelineEvent]] = [[] for _ in range(p)]
-        for e in timeline:
-            per_rank[e.rank].append(e)
-        makespan = max(e.end for e in timeline)
-        busy = [sum(e.end - e.start for e in evs) for evs in per_rank]
-        span = [max(e.end for e in evs) - min(e.start for e in evs) if evs else 0 for evs in per_rank]
+        if stats is None or memory is not None:
+            for e in timeline:
+                per_rank[e.rank].append(e)
+        if stats is None:
+            busy = [sum(e.end - e.start for e in evs) for evs in per_rank]
+            span = [max(e.end for e in evs) - min(e.start for e in evs) if evs else 0 for evs in per_rank]
+            makespan = max(e.end for e in timeline)
+        else:
+            busy, span, makespan = list(stats[0]), list(stats[1]), stats[2]
         cost, ideal = max(span), max(busy)
         return cls(
             schedule_name=schedule.name,

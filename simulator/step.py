@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
+from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_end
 from simulator.grad_sync import (
     fixed_time,
@@ -161,14 +162,15 @@ class StepModel:
     """
 
     def __init__(self, costs: ProgramCosts, cluster: Any, roofline: Roofline, cfg: StepConfig) -> None:
-        self.costs, self.cluster, self.rf, self.cfg = costs, cluster, roofline, cfg
+        # the cluster's collective and p2p times, memoised per cluster (pure functions)
+        self.costs, self.cluster, self.rf, self.cfg = costs, memoised(cluster), roofline, cfg
         self.nvs = cfg.pp * cfg.vpp
         weight = [block_time(b, cfg, True) for b in costs.layers]
         self.split = split_layers(len(costs.layers), self.nvs, cfg.layers_per_stage, weight,
                                   block_time(costs.pre, cfg, False), block_time(costs.post, cfg, False))
         starts = [sum(self.split[:i]) for i in range(self.nvs)]
         self.vs_layers = [list(range(starts[i], starts[i] + self.split[i])) for i in range(self.nvs)]
-        self.timer = StageTimer(costs.layers, costs.pre, costs.post, self.vs_layers, cfg, cluster, roofline)
+        self.timer = StageTimer(costs.layers, costs.pre, costs.post, self.vs_layers, cfg, self.cluster, roofline)
 
     @classmethod
     def from_program(cls, plan_program: Any, cluster: Any, roofline: Roofline, *, seq_len: int,
@@ -310,7 +312,7 @@ class StepModel:
         return RankParams(total=total, largest_param=largest, largest_block=block,
                           root=sum(root.values()), holds_loss=self.nvs - 1 in vstages)
 
-    def _tied_elems(self) -> int:
+    def tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
         pre, post = self.costs.pre, self.costs.post
         if pre is None or post is None:
@@ -337,7 +339,7 @@ class StepModel:
         else:
             sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
             sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
-            fixed = fixed_time(c, self.cluster, self.rf, r, params, self._tied_elems())
+            fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems())
         # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
         opt = optimizer_time(c, self.rf, params, tensors) + fixed + sum(b.per_step for b in layer_blocks)
         m = c.num_microbatches
@@ -346,7 +348,7 @@ class StepModel:
         memory = rank_memory(c, self._rank_params(vstages, params, layer_blocks, blocks), act_peak,
                              self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
                              loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
-                             tied=self._tied_elems() > 0)
+                             tied=self.tied_elems() > 0)
         fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
         if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8), before total
             total = memory.pop("total") + fp8_state

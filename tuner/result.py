@@ -83,6 +83,8 @@ class TuneResult:
     study: optuna.Study
     global_batch_size: int
     pareto: bool = False
+    exhaustive: Any = None
+    """The ``tuner.exhaustive.ExhaustiveReport`` of an exhaustive search (else None)."""
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """All trials of the study, in trial-number order (not copied)."""

@@ -12,16 +12,19 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
+from tuner.exhaustive import run_exhaustive
 from tuner.result import ProgressReporter, TuneResult
 from tuner.study import (
     TuneConfig,
     TuneError,
+    history_cache,
     open_study,
     optimize,
     resolve_factory,
     run_worker,
     trial_counts,
 )
+from tuner.suggest import enumerate_candidates
 
 MEMORY = "memory"
 
@@ -67,6 +70,8 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
                                                        str(sdir) if sdir else None))
             p.start()
             procs.append(p)
+    if cfg.sampler_name == "exhaustive":
+        return _exhaustive(study, cfg, scorer, workers, timeout)
     done, _ = trial_counts(study)
     try:
         with ProgressReporter(n_trials, min(done, n_trials), enabled=progress) as rep:
@@ -78,3 +83,19 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     if bad:
         raise TuneError(f"{len(bad)} worker process(es) exited with codes {bad}")
     return TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+
+
+def _exhaustive(study, cfg: TuneConfig, scorer, workers: int, timeout: float | None) -> TuneResult:
+    """``--sampler exhaustive``: branch and bound over the enumerated space
+    (:mod:`tuner.exhaustive`), resuming from the study's history. The trial target does
+    not apply (the search runs until the optimum is proven or ``timeout``). Raises
+    TuneError for workers > 1 or a Pareto search."""
+    if workers > 1:
+        raise TuneError("--sampler exhaustive runs in one process; use --workers 1")
+    if cfg.pareto:
+        raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
+    cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+    rep = run_exhaustive(study, cands, scorer, history_cache(study), timeout)
+    res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+    res.exhaustive = rep
+    return res

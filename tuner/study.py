@@ -21,7 +21,9 @@ lower number) waits for that score instead of computing it again (at most
 
 Samplers (seeded): ``random`` (RandomSampler; full_random's default), ``tpe``
 (multivariate grouped TPESampler, Watanabe 2023; pattern-based and semi-auto default),
-``bruteforce`` (BruteForceSampler: the exhaustive optimum of a small space). On resume the
+``bruteforce`` (BruteForceSampler: the exhaustive optimum of a small space), ``exhaustive``
+(no Optuna sampler: branch and bound over the enumerated space with the scorer's lower
+bounds, :mod:`tuner.exhaustive`). On resume the
 sampler seed is ``seed + number of trials already in the study``, so a resumed search does
 not replay the points it already has. Every process that opens the study registers in it
 (a study system attr per worker); when another live worker is registered, the seed also
@@ -62,7 +64,7 @@ from tuner.storage import (
 from tuner.suggest import PATTERN, RANDOM, SEMI, suggest_candidate
 
 MODES = (PATTERN, RANDOM, SEMI)
-SAMPLERS = ("random", "tpe", "bruteforce")
+SAMPLERS = ("random", "tpe", "bruteforce", "exhaustive")
 CONFIG_ATTR = "meshplan_config"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -168,7 +170,7 @@ def make_sampler(cfg: TuneConfig, n_existing: int = 0, worker: str | None = None
     (a worker token, when other workers share the study) makes it this worker's own
     (:func:`worker_seed`)."""
     seed = worker_seed(cfg.seed, n_existing, worker)
-    if cfg.sampler_name == "random":
+    if cfg.sampler_name in ("random", "exhaustive"):  # exhaustive samples nothing (tuner.exhaustive)
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():  # BruteForce and TPE's ``group`` are "experimental"
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -243,7 +245,7 @@ def trial_counts(study: optuna.Study) -> tuple[int, int]:
     return done, len(ts) - done
 
 
-def _history_cache(study: optuna.Study) -> dict[str, dict[str, Any]]:
+def history_cache(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """plan_key -> the record of a plan the study already scored: its score fields (a
     COMPLETE trial with the whole record) or ``{"error": message}`` (a trial pruned because
     the scorer refused the plan)."""
@@ -271,7 +273,7 @@ class _Objective:
 
     def __init__(self, study: optuna.Study, cfg: TuneConfig, scorer: Scorer) -> None:
         self.study, self.cfg, self.scorer = study, cfg, scorer
-        self.cache = _history_cache(study)
+        self.cache = history_cache(study)
         self.simulated = 0
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
@@ -287,7 +289,7 @@ class _Objective:
         trial.set_user_attr("plan_key", key)
         rec = self.cache.get(key)
         if rec is None:
-            self.cache.update(_history_cache(self.study))
+            self.cache.update(history_cache(self.study))
             rec = self.cache.get(key)
         if rec is None:
             rec = self._wait_for_peer(trial, key)
@@ -337,7 +339,7 @@ class _Objective:
                      and all(worker_token(w) != me for w in owners)
                      and any(worker_alive(w) is not False for w in owners)]
             if not peers:
-                self.cache.update(_history_cache(self.study))
+                self.cache.update(history_cache(self.study))
                 return self.cache.get(key)
             if time.monotonic() > deadline:
                 return None

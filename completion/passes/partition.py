@@ -33,6 +33,7 @@ from __future__ import annotations
 from completion.dist_attr import OperatorDistAttr, Replicate, TensorDistAttr
 from completion.errors import DistAttrError
 from completion.ir import Operation, Program, Value
+from completion.passes.splice import OpSplicer
 from completion.reshard import plan_reshard
 
 
@@ -51,6 +52,7 @@ def apply_partition_pass(program: Program) -> Program:
     layout cannot be reached (e.g. it does not fit the value's shape)."""
     program.renumber()  # error messages name values by id
     cache: dict[tuple[int, tuple], Value] = {}
+    edits = OpSplicer(program)
     for op in list(program.ops):
         if op.dist_attr is None:
             continue
@@ -58,7 +60,7 @@ def apply_partition_pass(program: Program) -> Program:
             have = op.dist_attr.results[j] if j < len(op.dist_attr.results) else None
             if r is not None and have is not None and r.dist_attr is not None \
                     and layout_key(have) != layout_key(r.dist_attr):
-                _reshard_result(program, op, j, have)
+                _reshard_result(edits, op, j, have)
         required = op.dist_attr.operands
         for i, v in enumerate(op.operands):
             want = required[i] if i < len(required) else None
@@ -68,24 +70,29 @@ def apply_partition_pass(program: Program) -> Program:
                 continue
             key = (id(v), layout_key(want))
             if key not in cache:
-                cache[key] = _insert_reshard(program, op, v, want)
+                cache[key] = _insert_reshard(edits, op, v, want)
             program.set_operand(op, i, cache[key])
+    edits.commit()
     program.renumber()
     return program
 
 
-def _insert_reshard(program: Program, consumer: Operation, v: Value, want: TensorDistAttr) -> Value:
+def _insert_reshard(edits: OpSplicer, consumer: Operation, v: Value, want: TensorDistAttr) -> Value:
     src = v.dist_attr
     assert src is not None
-    where = program.ops.index(consumer)
     if src.process_mesh == want.process_mesh:
-        return _reshard_op(program, where, consumer, v, src, want, want.process_mesh)
+        op, out = _reshard_op(consumer, v, src, want, want.process_mesh)
+        edits.insert_before(consumer, op)
+        return out
     mid = crossing_attr(src, want, v)
-    first = _reshard_op(program, where, consumer, v, src, mid, src.process_mesh)
-    return _reshard_op(program, where + 1, consumer, first, mid, want, want.process_mesh)
+    op1, first = _reshard_op(consumer, v, src, mid, src.process_mesh)
+    edits.insert_before(consumer, op1)
+    op2, out = _reshard_op(consumer, first, mid, want, want.process_mesh)
+    edits.insert_before(consumer, op2)
+    return out
 
 
-def _reshard_result(program: Program, op: Operation, j: int, have: TensorDistAttr) -> None:
+def _reshard_result(edits: OpSplicer, op: Operation, j: int, have: TensorDistAttr) -> None:
     """``op`` produces result ``j`` in ``have`` but its value is laid out otherwise: the op
     defines a fresh value in ``have`` and reshard op(s) right after it define the value."""
     r = op.results[j]
@@ -94,13 +101,13 @@ def _reshard_result(program: Program, op: Operation, j: int, have: TensorDistAtt
     tmp = Value(r.type, dist_attr=have, stop_gradient=r.stop_gradient)
     tmp.op, tmp.index = op, j
     op.results[j] = tmp
-    where = program.ops.index(op) + 1
     if have.process_mesh == want.process_mesh:
-        _reshard_op(program, where, op, tmp, have, want, want.process_mesh, out=r)
+        edits.insert_after(op, [_reshard_op(op, tmp, have, want, want.process_mesh, out=r)[0]])
         return
     mid = crossing_attr(have, want, r)
-    first = _reshard_op(program, where, op, tmp, have, mid, have.process_mesh)
-    _reshard_op(program, where + 1, op, first, mid, want, want.process_mesh, out=r)
+    op1, first = _reshard_op(op, tmp, have, mid, have.process_mesh)
+    op2, _ = _reshard_op(op, first, mid, want, want.process_mesh, out=r)
+    edits.insert_after(op, [op1, op2])
 
 
 def crossing_attr(src: TensorDistAttr, dst: TensorDistAttr, v: Value) -> TensorDistAttr:
@@ -115,8 +122,10 @@ def crossing_attr(src: TensorDistAttr, dst: TensorDistAttr, v: Value) -> TensorD
         return TensorDistAttr.from_placements(dst.process_mesh, pl, v.ndim, dst.chunk_id)
 
 
-def _reshard_op(program: Program, index: int, consumer: Operation, v: Value, src: TensorDistAttr,
-                dst: TensorDistAttr, mesh, out: Value | None = None) -> Value:
+def _reshard_op(consumer: Operation, v: Value, src: TensorDistAttr, dst: TensorDistAttr, mesh,
+                out: Value | None = None) -> tuple[Operation, Value]:
+    """A reshard op of ``v`` from ``src`` to ``dst`` on ``mesh`` taking ``consumer``'s role
+    and chunk, and its result (``out``, or a new value); the caller places it."""
     plan_reshard(src, dst, v.shape, v.dtype, value=v.label())  # validate: clear error now
     if out is None:
         out = Value(v.type, dist_attr=dst, stop_gradient=v.stop_gradient)
@@ -125,5 +134,4 @@ def _reshard_op(program: Program, index: int, consumer: Operation, v: Value, src
         role=consumer.role, struct_name=consumer.struct_name, chunk_id=consumer.chunk_id,
         dist_attr=OperatorDistAttr(mesh, (src,), (dst,), consumer.chunk_id),
     )  # fmt: skip
-    program.append(op, index)
-    return out
+    return op, out

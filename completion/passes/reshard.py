@@ -27,6 +27,7 @@ from completion.errors import CompletionError, DistAttrError
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
 from completion.ops.registry import get_opdef
+from completion.passes.splice import OpSplicer
 from completion.reshard import Layout, ReshardStep, StepCost, plan_reshard
 
 STEP_OPS = {
@@ -47,6 +48,7 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
     the program, renumbered. Raises ReshardError naming the value and both attrs for an
     unreachable layout, CompletionError for a reshard op without a dist attr."""
     program.renumber()  # error messages name values by id
+    edits = OpSplicer(program)
     for op in [o for o in program.ops if o.type == "reshard"]:
         v, out = op.operands[0], op.results[0]
         if op.dist_attr is None or v is None or out is None:
@@ -54,14 +56,15 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
         src = op.dist_attr.operands[0] or v.dist_attr
         dst = op.dist_attr.results[0] or out.dist_attr
         plan = plan_reshard(src, dst, v.shape, v.dtype, cost=cost, value=v.label())
-        index, cur = program.ops.index(op), v
+        cur = v
         for step in plan.steps:
-            cur, index = _emit(program, index, op, step, cur)
+            cur = _emit(edits, op, step, cur)
         if cur is not v:
             cur.dist_attr = dst
         for user, j in list(out.uses):
             program.set_operand(user, j, cur)
-        program.remove(op)
+        edits.remove(op)
+    edits.commit()
     program.renumber()
     return program
 
@@ -73,7 +76,9 @@ def _attr(mesh: ProcessMesh, pl: tuple[Placement, ...], ndim: int, chunk: int) -
         return None  # nested sharding: the op's ``placements`` attr carries the layout
 
 
-def _emit(program: Program, index: int, rs: Operation, step: ReshardStep, cur: Value) -> tuple[Value, int]:
+def _emit(edits: OpSplicer, rs: Operation, step: ReshardStep, cur: Value) -> Value:
+    """The op(s) of one plan step, placed before the reshard op ``rs``; returns the value
+    they define."""
     chunk, shape = rs.chunk_id, cur.shape
     attrs = {"nbytes": step.nbytes, "placements": repr(list(step.dst))}
     common = {"role": rs.role, "struct_name": rs.struct_name, "chunk_id": chunk}
@@ -88,9 +93,9 @@ def _emit(program: Program, index: int, rs: Operation, step: ReshardStep, cur: V
         recv = Operation("dist_op.recv", [], [out],
                          {**attrs, "pairs": pairs, "shape": list(shape), "dtype": cur.dtype}, **common,
                          dist_attr=OperatorDistAttr(step.dst_mesh, (), (a_dst,), chunk))
-        program.append(send, index)
-        program.append(recv, index + 1)
-        return out, index + 2
+        edits.insert_before(rs, send)
+        edits.insert_before(rs, recv)
+        return out
     attrs.update(mesh_dim=step.mesh_dim, groups=[list(g) for g in step.groups])
     for key in ("reduce_type", "src_dim", "dst_dim"):
         if getattr(step, key) is not None:
@@ -102,8 +107,8 @@ def _emit(program: Program, index: int, rs: Operation, step: ReshardStep, cur: V
     out = Value(cur.type, dist_attr=a_dst, stop_gradient=cur.stop_gradient)
     op = Operation(f"dist_op.{STEP_OPS[step.kind]}", [cur], [out], attrs, **common,
                    dist_attr=OperatorDistAttr(step.mesh, (a_src,), (a_dst,), chunk))
-    program.append(op, index)
-    return out, index + 1
+    edits.insert_before(rs, op)
+    return out
 
 
 # --- per-rank view ------------------------------------------------------------------------

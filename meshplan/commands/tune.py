@@ -45,6 +45,8 @@ def _report(result, study: str, storage: str, k: int) -> str:
 
     con = Console(record=True, width=200, file=io.StringIO())
     con.print(f"study {study} ({storage}): {result.counts()}")
+    if result.exhaustive is not None:
+        con.print(result.exhaustive.summary())
     con.print(top_table(result, k))
     return con.export_text()
 
@@ -126,7 +128,7 @@ def tune_cmd(
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
     fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
-    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe or bruteforce."),
+    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound)."),
     layers: int | None = typer.Option(None, "--layers", max=opt.MAX_LAYERS,
                                       help="Override the layer count."),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",

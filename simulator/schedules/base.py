@@ -14,10 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from simulator.errors import ScheduleError
 from simulator.schedules.p2p import check_p2p, send_plan
 
 KINDS = ("F", "B", "W", "BW")
+_KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
 
 #: Most passes (F, B and W; 3 x stages x chunks x micro-batches) a schedule may have: the
 #: complexity guard of ``build_schedule`` and ``Schedule.validate``. Building and simulating
@@ -35,7 +38,7 @@ MAX_MEMORY_LIMIT = float(2**20)
 
 
 __all__ = ["KINDS", "MAX_ACTIONS", "MAX_MEMORY_LIMIT", "MAX_TIME_S", "SCHEDULES", "Action",
-           "Schedule", "ScheduleError", "build_schedule", "check_common", "check_size",
+           "Schedule", "ScheduleError", "build_schedule", "check_common", "clear_schedule_cache", "check_size",
            "check_time", "interleaved_vstages", "make_schedule", "register_schedule",
            "require_single_chunk", "times_ns", "v_shape_vstages"]
 
@@ -98,31 +101,45 @@ class Schedule:
         if any(len(row) != v for row in self.vstage) or placed != list(range(p * v)):
             raise ScheduleError(f"{self.name}: vstage must place each virtual stage 0..{p * v - 1} on "
                                 f"exactly one (rank, chunk), {v} per rank; got {self.vstage!r}")
-        seen: set[tuple[str, int, int, int]] = set()
+        code_of = _KIND_CODE
+        bad = None
         for r, row in enumerate(self.actions):
+            seen = bytearray(4 * v * m)  # [kind code][chunk][micro-batch] of rank r
             for a in row:
-                if a.kind not in KINDS:
-                    raise ScheduleError(f"{self.name}: unknown action kind {a.kind!r} in {a}")
-                if a.stage != r or not 0 <= a.chunk < v or not 0 <= a.microbatch < m:
+                kind, stage, mb, c = a
+                code = code_of.get(kind) if isinstance(kind, str) else None
+                if code is None:
+                    raise ScheduleError(f"{self.name}: unknown action kind {kind!r} in {a}")
+                if stage != r or not 0 <= c < v or not 0 <= mb < m:
                     raise ScheduleError(f"{self.name}: action {a} misplaced on rank {r}")
-                key = (a.kind, r, a.microbatch, a.chunk)
-                if key in seen:
+                key = (code * v + c) * m + mb
+                if seen[key]:
                     raise ScheduleError(f"{self.name}: duplicated action {a}")
-                seen.add(key)
-        for r in range(p):
-            for c in range(v):
-                for mb in range(m):
-                    has_f = ("F", r, mb, c) in seen
-                    fused = ("BW", r, mb, c) in seen
-                    split = ("B", r, mb, c) in seen, ("W", r, mb, c) in seen
-                    ok_bw = fused != any(split) and (fused or all(split))
-                    if not has_f or not ok_bw:
-                        raise ScheduleError(
-                            f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
-                            f"complete backward (BW, or B and W)"
-                        )
+                seen[key] = 1
+            if bad is None:
+                has = np.frombuffer(bytes(seen), dtype=np.uint8).reshape(4, v * m).astype(bool)
+                f, b, w, bw = has
+                ok = f & np.where(bw, ~b & ~w, b & w)
+                if not ok.all():
+                    c, mb = divmod(int(np.argmin(ok)), m)
+                    bad = (r, c, mb)
+        if bad is not None:
+            r, c, mb = bad
+            raise ScheduleError(
+                f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
+                f"complete backward (BW, or B and W)"
+            )
         check_p2p(self)
         object.__setattr__(self, "_validated", True)
+
+    def with_meta(self, **meta: Any) -> Schedule:
+        """A copy with ``meta`` replaced by ``meta`` (same actions and placement), validated
+        already when this one is."""
+        out = Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
+                       self.actions, self.vstage, dict(meta))
+        if self.__dict__.get("_validated"):
+            object.__setattr__(out, "_validated", True)
+        return out
 
     def send_plan(self) -> tuple:
         """Per rank, per action: the ``(receiver, Message)`` sends issued right after it
@@ -274,4 +291,32 @@ def build_schedule(
         raise ScheduleError(f"{name}: unexpected options {sorted(options)}")
     if name == "ZB":
         options["memory_limit"] = memory_limit
-    return builder(num_stages, num_microbatches, num_chunks, **options)
+    key = _build_key(name, num_stages, num_microbatches, num_chunks, options)
+    sched = _BUILT.get(key)
+    if sched is None:
+        sched = builder(num_stages, num_microbatches, num_chunks, **options)
+        _BUILT[key] = sched
+        if len(_BUILT) > _BUILT_MAX:
+            _BUILT.pop(next(iter(_BUILT)))
+    return sched
+
+
+#: Schedules built by :func:`build_schedule`, by their arguments (name, p, m, v, memory
+#: limit and, for the time-aware builders, the stage times and T_comm): a search builds and
+#: validates each schedule once. Bounded (oldest dropped first).
+_BUILT: dict[tuple, Schedule] = {}
+_BUILT_MAX = 256
+
+
+def _build_key(name: str, p: int, m: int, v: int, options: Mapping[str, Any]) -> tuple | None:
+    def norm(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return tuple(sorted((k, norm(val)) for k, val in x.items()))
+        return x if isinstance(x, (int, float, str, type(None))) else repr(x)
+
+    return (name, p, m, v, norm(dict(options)))
+
+
+def clear_schedule_cache() -> None:
+    """Forget every schedule :func:`build_schedule` built (benchmarks time cold builds)."""
+    _BUILT.clear()

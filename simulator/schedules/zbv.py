@@ -40,6 +40,7 @@ m <= 64), which costs no time; ``Schedule.validate`` checks that every pair then
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Mapping
 
@@ -72,7 +73,7 @@ class _VPlan:
         self.free, self.idle, self.mem = [0] * p, [0] * p, [0] * p
         self.max_idle = 0
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
-        self.rows: list[list[Action]] = [[] for _ in range(p)]
+        self.rows: list[list[tuple[int, int, int]]] = [[] for _ in range(p)]  # (kind, mb, chunk)
         self.allowance = allowance or [0] * p
         self.max_allowance = max(self.allowance)
 
@@ -113,25 +114,34 @@ class _VPlan:
 
     def put(self, r: int, kind: int, c: int, i: int | None = None) -> None:
         slot = 2 * kind + c
-        i = self.count[slot][r] if i is None else i
+        counts = self.count[slot]
+        i = counts[r] if i is None else i
         free = start = self.free[r]
+        p, m = self.p, self.m
+        end = self.end
         if kind != _W:
-            src = self.source(r, kind, c)
-            src_end = self.end[src] if src >= 0 else 0
+            q = r - 1 if kind == c else r + 1  # source(): F chunk 0 and B chunk 1 from r - 1
+            src = (slot * p + q) * m + counts[r] if 0 <= q < p else -1
+            src_end = end[src] if src >= 0 else 0
             if src_end < 0 or not self._local_input_placed(r, kind, c, i):
                 raise ScheduleError(f"ZBVPP: {'FBW'[kind]}{i} chunk {c} on rank {r} placed before its input")
             if src >= 0 and src_end + self.comm > start:
                 start = src_end + self.comm
-            self.end[(slot * self.p + r) * self.m + i] = start + self.dur[kind]
+            end[(slot * p + r) * m + i] = start + self.dur[kind]
         if start > free and self.count[0][r]:
-            self.idle[r] += start - free
-            self.max_idle = max(self.max_idle, self.idle[r])
+            idle = self.idle[r] = self.idle[r] + start - free
+            if idle > self.max_idle:
+                self.max_idle = idle
         self.free[r] = start + self.dur[kind]
         self.mem[r] += _MEM[kind]
-        self.count[slot][r] += 1
-        self.rows[r].append(Action("FBW"[kind], r, i, c))
+        counts[r] += 1
+        self.rows[r].append((kind, i, c))
         if kind == _B:
             self.pending[r].append((c, i))
+
+    def actions(self) -> list[list[Action]]:
+        """The per-rank passes placed so far, as Actions."""
+        return [[Action("FBW"[k], r, i, c) for k, i, c in row] for r, row in enumerate(self.rows)]
 
     def put_w(self, r: int) -> None:
         if not self.pending[r]:
@@ -214,7 +224,7 @@ def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
 def zbv_plan(p: int, m: int, times: tuple[int, int, int], comm: int, fill_b: bool, fill_f: bool,
              allowance: list[int] | None = None) -> _VPlan:
     """One run of the ZB-V heuristic (module docstring); ``times`` are per-chunk (T_F, T_B,
-    T_W) ns, ``comm`` T_comm ns. The result has ``rows`` (per-rank actions) and ``idle``
+    T_W) ns, ``comm`` T_comm ns. The result has ``actions()`` (per-rank actions) and ``idle``
     (per-rank bubble, ns). Raises ScheduleError if the construction gets stuck."""
     s = _VPlan(p, m, times, comm, allowance)
     _warmup(s)
@@ -242,12 +252,19 @@ def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VP
     return best
 
 
-def _cost_s(p: int, m: int, rows: list[list[Action]], stage_times: Mapping[str, float], comm_time: float) -> float:
-    """Largest per-rank span (s) of ``rows`` played by the SimPy engine."""
+def _cost_s(sched: Schedule, stage_times: Mapping[str, float], comm_time: float) -> float:
+    """Largest per-rank span (s) of ``sched`` played by the SimPy engine."""
     from simulator.pipeline_sim import simulate_pipeline
 
-    sched = make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p))
     return max(simulate_pipeline(sched, stage_times, comm_time).span)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain(p: int, m: int) -> tuple[Schedule, tuple[bool, bool]]:
+    """The order tuned for equal times and no T_comm (it depends on p and m only), as a
+    validated schedule, and its switches: built once per (p, m)."""
+    plan, switches = _search(p, m, (1, 1, 1), 0)
+    return make_schedule("ZBVPP", p, m, 2, plan.actions(), v_shape_vstages(p)), switches
 
 
 @register_schedule("ZBVPP")
@@ -268,12 +285,11 @@ def zb_v(p: int, m: int, v: int = 2, stage_times: Mapping[str, float] | None = N
     plan, switches = _search(p, m, times, 2 * comm)
     cost = max(plan.free[r] - (plan.end[plan._key(_F, 0, r, 0)] - times[_F]) for r in range(p)) * 0.5e-9
     tuned = stage_times is not None and (comm > 0 or len(set(times)) > 1)
-    rows = plan.rows
+    sched = make_schedule("ZBVPP", p, m, 2, plan.actions(), v_shape_vstages(p))
     if tuned:
-        cost = _cost_s(p, m, rows, stage_times, comm_time)
-        plain, plain_switches = _search(p, m, (1, 1, 1), 0)
-        plain_cost = _cost_s(p, m, plain.rows, stage_times, comm_time)
+        cost = _cost_s(sched, stage_times, comm_time)
+        plain, plain_switches = _plain(p, m)
+        plain_cost = _cost_s(plain, stage_times, comm_time)
         if plain_cost < cost:
-            rows, switches, cost, tuned = plain.rows, plain_switches, plain_cost, False
-    return make_schedule("ZBVPP", p, m, 2, rows, v_shape_vstages(p), cost_s=cost, tuned=tuned,
-                         fill_b=switches[0], fill_f=switches[1])
+            sched, switches, cost, tuned = plain, plain_switches, plain_cost, False
+    return sched.with_meta(cost_s=cost, tuned=tuned, fill_b=switches[0], fill_f=switches[1])

@@ -1,0 +1,117 @@
+"""Lower bounds on a plan's simulated step time and peak memory, without building or
+playing its pipeline schedule: what an exhaustive search prunes with.
+
+For a :class:`simulator.step.StepModel` (the same stage times, gradient sync, optimizer
+and memory terms :meth:`StepModel.run` uses), :func:`step_lower_bound` returns
+``(time_s, memory_bytes)`` with ``time_s <= run().step_time`` and ``memory_bytes <=
+run().max_memory_bytes``. Proof, term by term (the engine's model, module docstring of
+:mod:`simulator.pipeline_sim`):
+
+* Every action of pipeline rank r runs on its one compute stream, one after another, so
+  its last action ends no earlier than its first starts plus the sum of its actions'
+  durations ``busy_r = m * sum over its virtual stages of (T_F + T_BW)`` (fused backward
+  schedules) or ``(T_F + T_B + T_W)`` (split ones) -- the per-layer costs.
+* No action of rank r can start before the forward of micro-batch 0 has passed every
+  virtual stage below the rank's lowest one, ``s_r``: every pass of a virtual stage
+  ``vs >= s_r`` depends on F(vs - 1) and so down to F(0). So its first action starts no
+  earlier than ``chain_r = sum_{vs < s_r} T_F(vs) + T_comm * (rank changes among them)``:
+  the schedule's ideal warm-up bubble (Narayanan et al. 2021, sec. 2.2: the (p - 1) T_F
+  a 1F1B pipeline fills before the last stage starts).
+* Rank r's finish is its last action's end plus its gradient sync and its optimizer step
+  (:meth:`StepModel._rank`); of the sync, the exposed part of the dp stream,
+  ``max(0, dp_end - end)``, is >= 0 and dropped, every other term does not depend on the
+  timeline and is kept as computed there.
+
+So ``step_time = max_r finish_r >= max_r (chain_r + busy_r + sync_r + opt_r)``. Times enter
+the engine rounded to integer ns, so each action may be up to 0.5 ns shorter than its
+float: the bound subtracts 1 ns per action and per hop counted.
+
+Memory: a rank's total is a sum of non-negative terms of which only the activation peak
+depends on the timeline (:func:`simulator.step_memory.rank_memory`); at the start of the
+first forward of any of its chunks the rank holds at least that chunk's M_B (every free
+follows its own forward's start when pass times are positive, which they are: each pass
+carries the per-pass host overhead), so the peak is at least the largest chunk's M_B.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from simulator.grad_sync import (
+    fixed_time,
+    optimizer_time,
+    param_gather_time,
+    sync_time,
+    tail_collectives,
+)
+from simulator.schedules import build_schedule
+from simulator.stage_cost import BlockCost
+from simulator.stage_timing import vstage_ranks
+from simulator.step_memory import rank_memory, vstage_activation_bytes
+
+NS = 1e-9
+
+
+@functools.lru_cache(maxsize=64)
+def fused_backward(schedule: str, vpp: int) -> bool:
+    """Whether the registered ``schedule`` runs fused BW actions (read off its smallest
+    instance: one stage, one micro-batch) rather than split B and W."""
+    kinds = {a.kind for row in build_schedule(schedule, 1, 1, vpp).actions for a in row}
+    return "BW" in kinds
+
+
+def step_lower_bound(model: Any) -> tuple[float, int]:
+    """``(seconds, bytes)``: lower bounds on ``model.run().step_time`` and on its
+    ``max_memory_bytes`` (module docstring), for a :class:`simulator.step.StepModel`.
+    Costs what computing the stage times costs; builds no schedule and plays nothing."""
+    c = model.cfg
+    nvs, m = model.nvs, c.num_microbatches
+    timed = [model.stage_time(vs) for vs in range(nvs)]
+    times = [t for t, _ in timed]
+    t_comm = model.comm_time()
+    fused = fused_backward(c.schedule, c.vpp)
+    where = vstage_ranks(c.schedule, c.pp, c.vpp)
+    per_rank: list[list[int]] = [[] for _ in range(c.pp)]
+    for vs, r in enumerate(where):
+        per_rank[r].append(vs)
+    # chain[vs]: forward of micro-batch 0 through virtual stages 0..vs-1 and its hops
+    chain, hops = [0.0] * (nvs + 1), [0] * (nvs + 1)
+    for vs in range(nvs):
+        cross = vs + 1 < nvs and where[vs + 1] != where[vs]
+        chain[vs + 1] = chain[vs] + times[vs]["F"] + (t_comm if cross else 0.0)
+        hops[vs + 1] = hops[vs] + 1 + cross
+    prof = c.profile
+    best_t, best_m = 0.0, 0
+    for r, vstages in enumerate(per_rank):
+        if not vstages:
+            continue
+        per_mb = sum(t["F"] + (t["BW"] if fused else t["B"] + t["W"]) for t in (times[vs] for vs in vstages))
+        n_actions = m * len(vstages) * (2 if fused else 3)
+        rank_layers = sorted({i for vs in vstages for i in model.vs_layers[vs]})
+        params = model.rank_params(vstages)
+        layer_blocks: list[BlockCost] = [model.costs.layers[i] for i in rank_layers]
+        blocks = [b for vs in vstages for b in model.timer.blocks(vs)]
+        tensors = len({name for b in blocks for name in b.params})
+        if prof is None:
+            sync = sync_time(c, model.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
+            fixed = 0.0
+        else:
+            sync = tail_collectives(c, model.cluster, r, layer_blocks)
+            sync += param_gather_time(c, model.cluster, r, params, times[vstages[0]]["F"])
+            fixed = fixed_time(c, model.cluster, model.rf, r, params, model.tied_elems())
+        opt = optimizer_time(c, model.rf, params, tensors) + fixed
+        first = min(vstages)
+        lb = chain[first] + m * per_mb + sync + opt - (n_actions + hops[first]) * NS
+        best_t = max(best_t, lb)
+        act = 0.0
+        for vs in vstages:
+            args = (model.costs.layer_keys, model.vs_layers[vs], vs == 0, vs == nvs - 1)
+            act = max(act, vstage_activation_bytes(model.costs.activations, "by_block", *args))
+        mem = rank_memory(c, params, act, model.costs.activations, model.costs.layer_keys,
+                          rank_layers, blocks)
+        best_m = max(best_m, int(mem["total"]))
+    return max(0.0, best_t), best_m
+
+
+__all__ = ["fused_backward", "step_lower_bound"]

@@ -1,0 +1,225 @@
+"""``--sampler exhaustive``: the proven optimum of an enumerable space, by branch and bound.
+
+Every legal candidate of the space (``tuner.suggest.enumerate_candidates``) gets a lower
+bound on its step time and on its peak memory (the scorer's ``bound`` attribute: for the
+cost model ``meshplan.tuning.make_scorer``, ``simulator.step_bound.step_lower_bound``,
+from the stage times and the schedule's ideal warm-up bubble; no schedule is built or
+played). Then (:func:`prove_best`):
+
+1. a candidate whose memory bound exceeds the device memory cannot fit: pruned by memory;
+2. the rest are simulated in increasing order of their time bound; as soon as the next
+   bound is at least the best feasible time found, neither it nor any later candidate can
+   be faster: all pruned by time.
+
+The best feasible candidate found is then the optimum of the model over the space (ties:
+the first in bound order), and ``simulated + pruned_memory + pruned_time`` is the space
+size. Each simulated candidate is one trial written in one storage call
+(``Study.add_trial``) with the same record the Optuna path writes (``plan``, ``plan_key``,
+``time_s``, ``memory_bytes``, ``memory_limit_bytes``, ``metrics``; ``error`` for a plan
+the scorer refused), so a killed search resumes from the study's history without
+simulating again what it finished (``resumed`` in the report).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from tuner.errors import TunerError
+
+
+class Bound(NamedTuple):
+    """Lower bounds of one candidate: ``time_s`` (s) <= its simulated step time,
+    ``memory_bytes`` <= its peak memory; ``memory_limit_bytes`` the device capacity."""
+
+    time_s: float
+    memory_bytes: int
+    memory_limit_bytes: int
+
+
+@dataclass
+class ExhaustiveReport:
+    """Counts of a branch-and-bound search (they add up to ``space_size``) and its answer.
+
+    ``simulated`` counts every candidate decided by a score: scored here, ``resumed`` of
+    them read back from the study, ``refused`` of them rejected by the scorer (an engine
+    limit). ``best_index`` indexes the candidate list (None: nothing feasible);
+    ``proven`` is False when a timeout stopped the search before the bound passed the best
+    (``open_bound_s``: the smallest time bound still open then)."""
+
+    space_size: int
+    simulated: int = 0
+    resumed: int = 0
+    refused: int = 0
+    pruned_memory: int = 0
+    pruned_time: int = 0
+    best_index: int | None = None
+    best_time_s: float | None = None
+    proven: bool = False
+    open_bound_s: float | None = None
+    seconds: float = 0.0
+    bounded: int | None = None
+    """Candidates bounded before a timeout (None: all were)."""
+
+    @property
+    def decided(self) -> int:
+        """Candidates simulated or pruned by a proven bound."""
+        return self.simulated + self.pruned_memory + self.pruned_time
+
+    def summary(self) -> str:
+        """One line for the tune report."""
+        best = "no feasible plan" if self.best_time_s is None else f"best {self.best_time_s * 1e3:.1f} ms"
+        if self.proven:
+            state = "proven optimum of the model over the space"
+        elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
+            done = "" if self.bounded is None else f"; {self.bounded} bounded"
+            state = f"NOT proven (stopped before every candidate was bounded{done})"
+        else:
+            state = f"NOT proven (stopped; smallest open bound {self.open_bound_s * 1e3:.1f} ms)"
+        rate = self.decided / self.seconds if self.seconds > 0 else float("inf")
+        return (f"exhaustive: {self.space_size} candidates = {self.simulated} simulated "
+                f"({self.resumed} resumed from the study, {self.refused} refused by the engine) "
+                f"+ {self.pruned_memory} pruned by memory + {self.pruned_time} pruned by time; "
+                f"{best}; {state}; {self.seconds:.1f} s ({rate:.0f} decided/s)")
+
+
+#: evaluate(i) -> (time_s, memory_bytes, memory_limit_bytes), or None when the scorer
+#: refused candidate i (it then never counts as the best)
+Evaluate = Callable[[int], "tuple[float, int, int] | None"]
+
+
+def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limit: Sequence[float],
+               evaluate: Evaluate, deadline: float | None = None) -> ExhaustiveReport:
+    """Branch and bound over candidates ``0 .. n-1`` (module docstring, steps 1-2).
+
+    Args:
+        time_lb, memory_lb, memory_limit: per candidate, its bounds and device capacity
+            (arrays of equal length; a time bound of -inf: no bound, simulated first).
+        evaluate: scores candidate i (see :data:`Evaluate`).
+        deadline: ``time.monotonic()`` value after which the search stops unproven.
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0: the caller counts it).
+    Raises TunerError on arrays of different lengths or a NaN bound."""
+    t_lb = np.asarray(time_lb, dtype=float)
+    m_lb = np.asarray(memory_lb, dtype=float)
+    cap = np.asarray(memory_limit, dtype=float)
+    if not t_lb.shape == m_lb.shape == cap.shape or t_lb.ndim != 1:
+        raise TunerError(f"bounds of different shapes: {t_lb.shape}, {m_lb.shape}, {cap.shape}")
+    if np.isnan(t_lb).any() or np.isnan(m_lb).any():
+        raise TunerError("a lower bound is NaN")
+    rep = ExhaustiveReport(space_size=len(t_lb))
+    fits = m_lb <= cap
+    rep.pruned_memory = int((~fits).sum())
+    idx = np.flatnonzero(fits)
+    order = idx[np.argsort(t_lb[idx], kind="stable")]
+    best = math.inf
+    for pos, i in enumerate(order):
+        if t_lb[i] >= best:
+            rep.pruned_time = len(order) - pos
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            rep.open_bound_s = float(t_lb[i])
+            rep.pruned_time = 0
+            return rep
+        rec = evaluate(int(i))
+        rep.simulated += 1
+        if rec is None:
+            rep.refused += 1
+            continue
+        t, mem, limit = rec
+        if mem <= limit and t < best:
+            best, rep.best_index = t, int(i)
+    rep.best_time_s = None if rep.best_index is None else best
+    rep.proven = True
+    return rep
+
+
+def plan_key(candidate: Any) -> str:
+    """The study's key of a candidate (the Optuna path's ``plan_key``)."""
+    return json.dumps(candidate.to_dict(), sort_keys=True)
+
+
+def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, Any], lb: float) -> None:
+    """Write one finished trial (one storage call): COMPLETE with the score record, or
+    PRUNED with the scorer's error."""
+    attrs = {"plan": candidate.to_dict(), "plan_key": key, "exhaustive_time_bound_s": lb}
+    if "error" in rec:
+        attrs["error"] = rec["error"]
+        trial = optuna.trial.create_trial(state=TrialState.PRUNED, user_attrs=attrs)
+    else:
+        attrs.update(rec)
+        n_obj = len(study.directions)
+        values = [rec["time_s"], float(rec["memory_bytes"])][:n_obj]
+        trial = optuna.trial.create_trial(
+            state=TrialState.COMPLETE, values=values, user_attrs=attrs,
+            system_attrs={"constraints": (rec["memory_bytes"] / rec["memory_limit_bytes"] - 1.0,)})
+    study.add_trial(trial)
+
+
+def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
+                   history: dict[str, dict[str, Any]], timeout: float | None = None,
+                   on_scored: Callable[[int], None] | None = None) -> ExhaustiveReport:
+    """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
+    reusing the records in ``history`` (plan_key -> record, ``tuner.study.history_cache``)
+    and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
+    search unproven, also while it is still bounding.
+
+    Raises TunerError when the scorer has no ``bound``; a ValueError of the bound marks the
+    candidate unbounded (it is simulated, and the scorer refuses it the same way)."""
+    bound = getattr(scorer, "bound", None)
+    if bound is None:
+        raise TunerError("--sampler exhaustive needs a scorer with a lower bound (a 'bound' attribute)")
+    t0 = time.monotonic()
+    deadline = None if timeout is None else t0 + timeout
+    n = len(candidates)
+    t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
+    bounded = None
+    for i, c in enumerate(candidates):
+        if deadline is not None and time.monotonic() > deadline:
+            bounded = i  # the rest stay unbounded (-inf): prove_best stops before simulating them
+            break
+        try:
+            b = bound(c)
+            t_lb[i], m_lb[i], cap[i] = b.time_s, b.memory_bytes, b.memory_limit_bytes
+        except ValueError:
+            t_lb[i], m_lb[i], cap[i] = -math.inf, 0.0, 1.0
+    resumed = 0
+
+    def evaluate(i: int) -> tuple[float, int, int] | None:
+        nonlocal resumed
+        c = candidates[i]
+        key = plan_key(c)
+        rec = history.get(key)
+        if rec is not None:
+            resumed += 1
+        else:
+            try:
+                s = scorer(c)
+                rec = {"time_s": float(s.time_s), "memory_bytes": int(s.memory_bytes),
+                       "memory_limit_bytes": int(s.memory_limit_bytes),
+                       "metrics": {k: float(v) for k, v in s.metrics.items()}}
+            except ValueError as e:
+                rec = {"error": f"{type(e).__name__}: {e}"}
+            history[key] = rec
+            _record_trial(study, c, key, rec, float(t_lb[i]))
+            if on_scored is not None:
+                on_scored(i)
+        if "error" in rec:
+            return None
+        return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
+
+    rep = prove_best(t_lb, m_lb, cap, evaluate, deadline)
+    rep.resumed = resumed
+    rep.bounded = bounded
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+__all__ = ["Bound", "ExhaustiveReport", "plan_key", "prove_best", "run_exhaustive"]
