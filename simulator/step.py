@@ -298,7 +298,7 @@ class StepModel:
                 buckets[(r, chunk)] = items
         return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
 
-    def _rank_params(self, vstages: list[int], total: int, layer_blocks: list[BlockCost],
+    def rank_param_facts(self, vstages: list[int], total: int, layer_blocks: list[BlockCost],
                      blocks: list[BlockCost]) -> RankParams:
         """Parameter facts of a pipeline rank for its model states
         (``simulator.step_memory.RankParams``): its largest tensor and layer, the elements
@@ -345,7 +345,7 @@ class StepModel:
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
-        memory = rank_memory(c, self._rank_params(vstages, params, layer_blocks, blocks), act_peak,
+        memory = rank_memory(c, self.rank_param_facts(vstages, params, layer_blocks, blocks), act_peak,
                              self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
                              loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
                              tied=self.tied_elems() > 0)

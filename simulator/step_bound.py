@@ -108,9 +108,14 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
         for vs in vstages:
             args = (model.costs.layer_keys, model.vs_layers[vs], vs == 0, vs == nvs - 1)
             act = max(act, vstage_activation_bytes(model.costs.activations, "by_block", *args))
-        mem = rank_memory(c, params, act, model.costs.activations, model.costs.layer_keys,
-                          rank_layers, blocks)
-        best_m = max(best_m, int(mem["total"]))
+        # the same memory terms as StepModel.run (model states by profile, the loss's
+        # temporaries on its rank, FP8 weight copies): only the activation peak is a bound
+        mem = rank_memory(c, model.rank_param_facts(vstages, params, layer_blocks, blocks), act,
+                          model.costs.activations, model.costs.layer_keys, rank_layers, blocks,
+                          loss_elements=model.costs.loss.elements, loss_block=model.costs.post,
+                          tied=model.tied_elems() > 0)
+        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
+        best_m = max(best_m, int(mem["total"]) + fp8_state)
     return max(0.0, best_t), best_m
 
 

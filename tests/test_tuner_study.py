@@ -135,7 +135,9 @@ def test_resume_in_process_keeps_trials(tmp_path):
 
 def test_two_local_workers_share_one_study(tmp_path):
     calls = tmp_path / "calls.txt"
-    c = cfg(sampler="random", sleep_s=0.02, calls_file=str(calls))
+    # 0.1 s per score: 6 s of work for one worker, so the second worker (a new process that
+    # imports the scorer first, seconds on a loaded 2-core host) takes part too
+    c = cfg(sampler="random", sleep_s=0.1, calls_file=str(calls))
     res = search(c, "w2", study_dir=tmp_path / "study", n_trials=60, workers=2)
     ts = res.trials()
     finished = [t for t in ts if t.state.name in ("COMPLETE", "PRUNED")]
