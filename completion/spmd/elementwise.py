@@ -56,13 +56,18 @@ def replicated_letters(shape: tuple[int, ...] | None, pool: LetterPool, rep: set
 
 
 def elementwise_binary(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
-    """``add/subtract/multiply/divide``: right-aligned broadcast; add and subtract keep
-    Partial inputs when both are Partial alike (sum of partials)."""
+    """``multiply/divide`` and the rest of the family: right-aligned broadcast."""
     pool = LetterPool()
     out_rank = len(outs[0]) if outs and outs[0] is not None else None
     lts, out = broadcast_letters(list(ins), pool, out_rank)
-    linear = (LinearGroup((0, 1), "all"),) if op in ("add", "subtract") else ()
-    return Notation(lts, [out], linear=linear)
+    return Notation(lts, [out])
+
+
+def linear_binary(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
+    """``add/subtract``: as :func:`elementwise_binary`, and Partial inputs are kept when both
+    are Partial alike (a sum or difference of partials is the partial of the sum)."""
+    n = elementwise_binary(op, ins, outs, attrs)
+    return Notation(n.inputs, n.outputs, linear=(LinearGroup((0, 1), "all"),))
 
 
 def elementwise_unary(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
@@ -86,4 +91,6 @@ def elementwise_unary(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any])
 
 
 register_spmd_rule("elementwise_binary", elementwise_binary)
+register_spmd_rule("add", linear_binary)
+register_spmd_rule("subtract", linear_binary)
 register_spmd_rule("elementwise_unary", elementwise_unary)
