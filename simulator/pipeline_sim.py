@@ -215,18 +215,19 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
     The hot loop allocates only what SimPy needs (one Timeout per action, one Event per
     input a rank has to wait for): finish times and waiters are flat lists indexed by the
     dense keys of ``_plan``, each rank tracks its own clock (the timeouts it yields are
-    exact), the timeline is recorded as two int lists and built after the run, and the
-    garbage collector is paused while the loop runs (it would only scan live objects)."""
+    exact), each action appends its TimelineEvent as it starts, and the garbage collector
+    is paused while the loop runs (it would only scan live objects)."""
     env = simpy.Environment()
     nkeys = 3 * schedule.num_vstages * schedule.num_microbatches
     finish = [-1] * nkeys
     waiters: list = [None] * nkeys
-    stride = max((len(row) for row in plan), default=0) + 1
-    order: list[int] = []
-    starts: list[int] = []
+    timeline: list[TimelineEvent] = []
     stuck: dict[int, tuple[int, int]] = {}
     timeout, event = env.timeout, env.event
-    record, record_start = order.append, starts.append
+    record = timeline.append
+    make = tuple.__new__  # TimelineEvent(...) without the NamedTuple constructor's call
+    first = [0] * len(plan)
+    last = [0] * len(plan)
 
     def wait(r: int, j: int, key: int):
         stuck[r] = (j, key)
@@ -236,15 +237,15 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
         yield ev
         del stuck[r]
 
-    def run_rank(r: int, actions: list[tuple]):
+    def run_rank(r: int, actions: list[tuple], labels: list[tuple]):
         now = 0
-        j = r * stride
-        for dur, post, k1, d1, k2, d2, o1, o2 in actions:
+        j = 0
+        for (dur, post, k1, d1, k2, d2, o1, o2), (kind, mb, c, vs) in zip(actions, labels, strict=True):
             ready = now
             if k1 >= 0:
                 fin = finish[k1]
                 if fin < 0:
-                    yield from wait(r, j - r * stride, k1)
+                    yield from wait(r, j, k1)
                     now = env.now
                     fin = finish[k1]
                 if fin + d1 > ready:
@@ -252,7 +253,7 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
             if k2 >= 0:
                 fin = finish[k2]
                 if fin < 0:
-                    yield from wait(r, j - r * stride, k2)
+                    yield from wait(r, j, k2)
                     now = env.now
                     fin = finish[k2]
                 if fin + d2 > ready:
@@ -270,34 +271,25 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
                 if ev is not None:
                     waiters[o2] = None
                     ev.succeed()
-            record(j)
-            record_start(start)
+            if j == 0:
+                first[r] = start
             j += 1
             end += post
+            record(make(TimelineEvent, (r, kind, mb, c, vs, start, end)))
             yield timeout(end - now)
             now = end
         last[r] = now
 
-    last = [0] * len(plan)
     for r, actions in enumerate(plan):
-        env.process(run_rank(r, actions))
+        place = schedule.vstage[r]
+        labels = [(kind, mb, c, place[c]) for kind, _, mb, c in schedule.actions[r]]
+        env.process(run_rank(r, actions, labels))
     enabled = gc.isenabled()
     gc.disable()
     try:
         env.run()
         if stuck:
             raise ScheduleError(_deadlock_message(schedule, stuck))
-        timeline = []
-        add = timeline.append
-        acts, place = schedule.actions, schedule.vstage
-        first = [0] * len(plan)
-        for idx, start in zip(order, starts, strict=True):
-            r, j = divmod(idx, stride)
-            if j == 0:
-                first[r] = start
-            kind, _, mb, c = acts[r][j]
-            step = plan[r][j]
-            add(TimelineEvent(r, kind, mb, c, place[r][c], start, start + step[0] + step[1]))
     finally:
         if enabled:
             gc.enable()
