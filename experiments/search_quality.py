@@ -88,7 +88,7 @@ def _search(make, mode: str, sampler: str, trials: int) -> pd.DataFrame:
 def _summary(label: str, hist: pd.DataFrame, curve: list[float], optimum: float) -> dict:
     rec = {"method": label, "trials": len(hist),
            "complete": int((hist["state"] == "COMPLETE").sum()),
-           "oom": int((hist["max_mem_usage"].astype(str) == "OOM").sum()),
+           "oom": int(hist["oom"].fillna(False).sum()),
            "best_step_time_s": curve[-1] if curve else math.nan}
     for k in CHECKPOINTS:
         rec[f"best_after_{k}_s"] = curve[k - 1] if len(curve) >= k else math.nan

@@ -89,8 +89,16 @@ def test_cli_outputs_plan_and_history(tmp_path):
     plan = Plan.load(out / "plan.json")
     hist = pd.read_csv(out / "history.csv")
     assert list(hist.columns) == list(HISTORY_COLUMNS) and len(hist) == 40
+    # no "OOM" strings among the numbers (issue 20): integers read back as integers, the
+    # oom flag as booleans, and it says exactly that the peak is over the limit
+    assert hist.oom.dtype == bool
+    raw = pd.read_csv(out / "history.csv", dtype=str)
+    raw = raw[raw.state == "COMPLETE"]
+    for col in ("dp_degree", "micro_batch_size", "max_mem_usage", "memory_limit_bytes"):
+        assert raw[col].str.fullmatch(r"\d+").all(), col  # "2", not "2.0" or "OOM"
     done = hist[hist.state == "COMPLETE"]
-    feas = done[done.max_mem_usage != "OOM"]
+    assert (done.oom == (done.max_mem_usage > done.memory_limit_bytes)).all()
+    feas = done[~done.oom]
     best_t = feas.time.min()
     # the plan reproduces its step time through the Engine (what the executor will load)
     res = Engine.from_plan(plan).simulate()

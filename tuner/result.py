@@ -4,8 +4,10 @@ History columns follow PaddlePaddle's auto-tuner ``history.csv`` (``dp_degree``,
 ``mp_degree``, ``pp_degree``, ``vpp_degree``, ``micro_batch_size``, ``sharding_degree``,
 ``sharding_stage``, ``use_recompute``, ``recompute_granularity``, ``time``,
 ``max_mem_usage``), with meshplan's extras. Units: ``time`` is the step time in seconds
-(empty for a pruned trial); ``max_mem_usage`` is the peak memory over ranks in bytes, or
-``OOM`` when it exceeds the device memory (Paddle writes ``OOM`` the same way).
+(empty for a pruned trial); ``max_mem_usage`` is the peak memory over ranks in bytes, always
+a number (Paddle writes the string ``OOM`` there instead; here the boolean ``oom`` column says
+that the plan needs more than ``memory_limit_bytes``). Integer columns are integers (pandas
+``Int64``, empty where a pruned trial has no value) and flags are booleans.
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ HISTORY_COLUMNS = (
     "acc_steps", "sharding_degree", "sharding_stage", "use_recompute", "recompute_granularity",
     "sequence_parallel", "schedule_mode", "annotation", "templates", "time", "tokens_per_s",
     "mfu", "bubble_ratio", "max_mem_usage", "peak_memory_bytes", "memory_limit_bytes",
-    "feasible", "cached", "pruned_reason",
+    "oom", "feasible", "cached", "pruned_reason",
 )
+#: history columns holding integers (nullable: a pruned trial may have none) and flags
+INT_COLUMNS = ("job_id", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
+               "acc_steps", "sharding_degree", "sharding_stage", "max_mem_usage",
+               "peak_memory_bytes", "memory_limit_bytes")
+BOOL_COLUMNS = ("use_recompute", "sequence_parallel", "oom", "feasible", "cached")
 GIB = 1024**3
 
 
@@ -45,7 +52,8 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
     ua = t.user_attrs
     plan = ua.get("plan") or {}
     row: dict[str, Any] = dict.fromkeys(HISTORY_COLUMNS)
-    row.update(job_id=t.number, state=t.state.name,
+    # oom: True only for a scored plan over the limit (an unscored trial needs nothing)
+    row.update(job_id=t.number, state=t.state.name, oom=False,
                pruned_reason=ua.get("illegal") or ua.get("error") or
                ("interrupted" if ua.get("interrupted") else None))
     if plan:
@@ -67,8 +75,8 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
         m = ua.get("metrics", {})
         row.update(time=ua["time_s"], tokens_per_s=m.get("tokens_per_s"), mfu=m.get("mfu"),
                    bubble_ratio=m.get("bubble_ratio"),
-                   max_mem_usage=mem if mem <= lim else "OOM", peak_memory_bytes=mem,
-                   memory_limit_bytes=lim, feasible=mem <= lim, cached=bool(ua.get("cached")))
+                   max_mem_usage=mem, peak_memory_bytes=mem, memory_limit_bytes=lim,
+                   oom=mem > lim, feasible=mem <= lim, cached=bool(ua.get("cached")))
     return row
 
 
@@ -93,7 +101,8 @@ class TuneResult:
     def to_dataframe(self) -> pd.DataFrame:
         """One row per trial with :data:`HISTORY_COLUMNS`, ordered by trial number."""
         rows = [_row(t, self.global_batch_size) for t in self.trials()]
-        return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+        df = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+        return df.astype({**{c: "Int64" for c in INT_COLUMNS}, **{c: "boolean" for c in BOOL_COLUMNS}})
 
     def write_history_csv(self, path: str | Path) -> Path:
         """Write :meth:`to_dataframe` as CSV to ``path`` (parent directories created);
