@@ -219,13 +219,20 @@ class Program:
 
     def remove(self, op: Operation) -> None:
         """Remove ``op``; its results must have no remaining uses."""
+        self.detach(op)
+        self.ops.remove(op)
+
+    @staticmethod
+    def detach(op: Operation) -> None:
+        """Unlink ``op`` from its operands' uses and its program, leaving ``program.ops``
+        as it is (``remove`` and batched editors drop it from the list). Raises
+        CompletionError naming the op when one of its results still has users."""
         for v in op.results:
             if v is not None and v.uses:
                 raise CompletionError(f"cannot remove {op.label()}: {v.label()} still has users")
         for i, v in enumerate(op.operands):
             if v is not None:
                 v.uses = [(o, j) for (o, j) in v.uses if not (o is op and j == i)]
-        self.ops.remove(op)
         op.program = None
 
     def set_operand(self, op: Operation, index: int, value: Value | None) -> None:

@@ -213,29 +213,32 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, cp: int, pg=None) -> list[torch
     return parts
 
 
-def all_gather_attention(q, k, v, group: Sequence[int], rank: int, causal: bool = True, pg=None):
-    """All-gather-K/V forward (module docstring); arguments and results as
-    :func:`ring_attention`."""
+def _whole_kv(q, k, v, group: Sequence[int], rank: int, pg=None):
+    """The whole sequence's K and V gathered from the cp group (concatenated in cp-rank
+    order on the sequence dim), with this rank's query positions and all key positions."""
     c, cp = _index(group, rank)
     s = q.shape[1]
     parts = _gather_kv(k, v, cp, pg)
     kf = torch.cat([p[0] for p in parts], dim=1)
     vf = torch.cat([p[1] for p in parts], dim=1)
     k_pos = torch.cat([_positions(s, cp, j, q.device) for j in range(cp)])
-    out, lse = block_attention(q, kf, vf, _positions(s, cp, c, q.device), k_pos, causal)
+    return kf, vf, _positions(s, cp, c, q.device), k_pos
+
+
+def all_gather_attention(q, k, v, group: Sequence[int], rank: int, causal: bool = True, pg=None):
+    """All-gather-K/V forward (module docstring); arguments and results as
+    :func:`ring_attention`."""
+    kf, vf, q_pos, k_pos = _whole_kv(q, k, v, group, rank, pg)
+    out, lse = block_attention(q, kf, vf, q_pos, k_pos, causal)
     return _out_layout(out, q), lse
 
 
 def all_gather_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
                               causal: bool = True, pg=None):
     """All-gather-K/V backward (module docstring); as :func:`ring_attention_grad`."""
-    c, cp = _index(group, rank)
-    s = q.shape[1]
-    parts = _gather_kv(k, v, cp, pg)
-    kf = torch.cat([p[0] for p in parts], dim=1)
-    vf = torch.cat([p[1] for p in parts], dim=1)
-    k_pos = torch.cat([_positions(s, cp, j, q.device) for j in range(cp)])
-    dq, dk, dv = block_grads(q, kf, vf, out, lse, do, _positions(s, cp, c, q.device), k_pos, causal)
+    c, s = _index(group, rank)[0], q.shape[1]
+    kf, vf, q_pos, k_pos = _whole_kv(q, k, v, group, rank, pg)
+    dq, dk, dv = block_grads(q, kf, vf, out, lse, do, q_pos, k_pos, causal)
     dkv = torch.stack([dk, dv]).contiguous()
     dist.all_reduce(dkv, group=pg)
     own = dkv[:, :, :, c * s:(c + 1) * s]

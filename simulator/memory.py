@@ -298,12 +298,14 @@ def workspace_bytes(program: Program, ops: Iterable[Operation] | None = None) ->
     return best
 
 
-def timeline_activation_peaks(timeline: Iterable, num_ranks: int,
-                              per_chunk: dict[tuple[int, int], tuple[float, float]]) -> list[float]:
-    """Peak activation bytes per rank from a SimPy timeline (``SimResult.timeline``):
-    +M_B of (rank, chunk) at each F start, -(M_B - M_W) at a B end, -M_W at a W end,
-    -M_B at a fused BW end (frees first at equal times). ``per_chunk[(rank, chunk)] =
-    (M_B, M_W)`` bytes per micro-batch."""
+def activation_changes(timeline: Iterable, num_ranks: int,
+                       per_chunk: dict[tuple[int, int], tuple[float, float]]
+                       ) -> list[list[tuple[int, int, float]]]:
+    """Per rank, the changes of its activation bytes over a SimPy timeline
+    (``SimResult.timeline``), sorted: ``(time ns, order, delta)`` with +M_B of (rank, chunk)
+    at each F start, -(M_B - M_W) at a B end, -M_W at a W end, -M_B at a fused BW end; frees
+    (order 0) sort before allocations (order 1) at equal times. ``per_chunk[(rank, chunk)]
+    = (M_B, M_W)`` bytes per micro-batch."""
     changes: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
     for e in timeline:
         mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
@@ -315,9 +317,17 @@ def timeline_activation_peaks(timeline: Iterable, num_ranks: int,
             changes[e.rank].append((e.end, 0, -mw))
         else:
             changes[e.rank].append((e.end, 0, -mb))
-    peaks = []
     for ch in changes:
         ch.sort()
+    return changes
+
+
+def timeline_activation_peaks(timeline: Iterable, num_ranks: int,
+                              per_chunk: dict[tuple[int, int], tuple[float, float]]) -> list[float]:
+    """Peak activation bytes per rank from a SimPy timeline: the running maximum of
+    :func:`activation_changes`."""
+    peaks = []
+    for ch in activation_changes(timeline, num_ranks, per_chunk):
         cur = best = 0.0
         for _, _, d in ch:
             cur += d

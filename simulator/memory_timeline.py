@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from simulator.memory import activation_changes
+
 #: breakdown lines that last one op (drawn as the gap between the curve and the peak)
 TRANSIENT_LINES = ("recompute", "loss_temporaries", "op_workspace")
 GIB = 2**30
@@ -28,20 +30,8 @@ def activation_curves(timeline: Iterable[Any], num_ranks: int,
     [(time ns, bytes)], starting at time 0 (0 bytes, or the first forward's); its maximum
     is the rank's ``timeline_activation_peaks``. ``per_chunk[(rank, chunk)] = (M_B, M_W)`` bytes per
     micro-batch."""
-    changes: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
-    for e in timeline:
-        mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
-        if e.kind == "F":
-            changes[e.rank].append((e.start, 1, mb))
-        elif e.kind == "B":
-            changes[e.rank].append((e.end, 0, -(mb - mw)))
-        elif e.kind == "W":
-            changes[e.rank].append((e.end, 0, -mw))
-        else:
-            changes[e.rank].append((e.end, 0, -mb))
     curves = []
-    for ch in changes:
-        ch.sort()
+    for ch in activation_changes(timeline, num_ranks, per_chunk):
         cur, pts = 0.0, [(0, 0.0)]
         for t, _, d in ch:
             cur += d

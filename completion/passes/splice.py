@@ -9,7 +9,6 @@ an op already in the program; :meth:`OpSplicer.commit` rebuilds ``program.ops`` 
 
 from __future__ import annotations
 
-from completion.errors import CompletionError
 from completion.ir import Operation, Program
 
 
@@ -46,13 +45,7 @@ class OpSplicer:
     def remove(self, op: Operation) -> None:
         """Drop ``op`` (as ``Program.remove``: its results must have no users left).
         Raises CompletionError naming the op otherwise."""
-        for v in op.results:
-            if v is not None and v.uses:
-                raise CompletionError(f"cannot remove {op.label()}: {v.label()} still has users")
-        for i, v in enumerate(op.operands):
-            if v is not None:
-                v.uses = [(o, j) for (o, j) in v.uses if not (o is op and j == i)]
-        op.program = None
+        Program.detach(op)
         self._dropped.add(id(op))
 
     def commit(self) -> Program:
