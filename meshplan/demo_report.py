@@ -166,7 +166,8 @@ def prepare_dir(path: str | Path) -> Path:
 
 def scored_points(result: TuneResult) -> list[dict[str, Any]]:
     """One point per distinct scored plan (cached repeats dropped): ``time_s``,
-    ``memory_bytes``, ``feasible``, ``number`` (first trial) and ``plan`` (candidate dict)."""
+    ``memory_bytes``, ``feasible``, ``limit_bytes`` (the limit it was scored against),
+    ``number`` (first trial) and ``plan`` (candidate dict)."""
     seen: set[str] = set()
     out = []
     for t in result.trials():
@@ -176,15 +177,17 @@ def scored_points(result: TuneResult) -> list[dict[str, Any]]:
         seen.add(ua.get("plan_key"))
         out.append({"time_s": float(ua["time_s"]), "memory_bytes": int(ua["memory_bytes"]),
                     "feasible": ua["memory_bytes"] <= ua["memory_limit_bytes"],
-                    "number": t.number, "plan": ua.get("plan", {})})
+                    "limit_bytes": int(ua["memory_limit_bytes"]), "number": t.number,
+                    "plan": ua.get("plan", {})})
     return out
 
 
-def plot_time_vs_memory(result: TuneResult, limit_bytes: float, path: str | Path,
+def plot_time_vs_memory(result: TuneResult, capacity_bytes: float, path: str | Path,
                         title: str = "", best: tuple[float, int] | None = None) -> Path:
     """Write the scatter of step time (s) against peak memory per GPU (GiB) of every
-    distinct scored plan: feasible plans, plans over ``limit_bytes`` (the device memory,
-    drawn as a vertical line), the Pareto front of the feasible ones (a staircase) and
+    distinct scored plan: feasible plans, plans over the memory limit they were scored
+    against (usable memory less the headroom, a dashed vertical line; the device's
+    ``capacity_bytes`` dotted beside it), the Pareto front of the feasible ones (a staircase) and
     ``best`` = (time_s, memory_bytes) as a star. Log axes (the plans span decades).
     Raises DemoError when there is no scored plan."""
     import matplotlib
@@ -213,8 +216,11 @@ def plot_time_vs_memory(result: TuneResult, limit_bytes: float, path: str | Path
         ax.step(xs, ys, where="post", color="black", linewidth=1.4)
         ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="black", linewidths=1.4,
                    label=f"Pareto front ({len(front)} plans)")
+    limit_bytes = max(p["limit_bytes"] for p in pts)
     ax.axvline(limit_bytes / GIB, color="#DD8452", linestyle="--", linewidth=2,
-               label=f"device memory {limit_bytes / 1e9:g} GB = {limit_bytes / GIB:.1f} GiB")
+               label=f"memory limit {limit_bytes / GIB:.1f} GiB (usable less headroom)")
+    ax.axvline(capacity_bytes / GIB, color="#999999", linestyle=":", linewidth=1.5,
+               label=f"device memory {capacity_bytes / GIB:.1f} GiB")
     if best is not None:
         ax.scatter([best[1] / GIB], [best[0]], s=320, marker="*", color="#FFC000",
                    edgecolors="black", zorder=5,
