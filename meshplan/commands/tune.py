@@ -51,7 +51,8 @@ def _report(result, study: str, storage: str, k: int) -> str:
     return con.export_text()
 
 
-def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
+def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
+            max_step_time: float | None = None) -> None:
     from meshplan.tuning import to_plan
 
     opt.ensure_dir(out)
@@ -78,6 +79,14 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int) -> None:
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
             f"{cfg.scorer_config.get('memory_headroom', opt.DEFAULT_MEMORY_HEADROOM):.0%} headroom)")
+    from tuner.sizing import gpu_hours_per_mtok
+
+    p = cfg.space.problem
+    cost = gpu_hours_per_mtok(rec["time_s"], s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
+    line += f"; {cost:.4f} GPU-h per million tokens"
+    if max_step_time is not None and rec["time_s"] > max_step_time:
+        line += (f"; misses --max-step-time {max_step_time} s by {rec['time_s'] - max_step_time:.3f} s "
+                 f"(the fastest plan found)")
     (out / "report.txt").write_text(text + "\n" + line + "\n")
     typer.echo(line)
     typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
@@ -135,8 +144,18 @@ def tune_cmd(
                                        help="Let tensor parallelism span nodes."),
     top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    gpus: str | None = typer.Option(None, "--gpus",
+                                    help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
+                                         "(doubling); one search per size."),
+    objective: str = typer.Option("cost", "--objective",
+                                  help="With --gpus: pick the size by 'cost' (GPU-hours per "
+                                       "million tokens) or 'time' (shortest step)."),
+    max_step_time: float | None = typer.Option(None, "--max-step-time",
+                                               help="Deadline: only plans whose step takes at "
+                                                    "most S seconds qualify."),
 ) -> None:
-    """Search the fastest plan of MODEL on CLUSTER that fits in memory."""
+    """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
+    cheapest cluster size and its plan)."""
     import optuna
 
     from tuner.search import MEMORY, search
@@ -158,10 +177,32 @@ def tune_cmd(
         opt.ensure_dir(out)  # the journal lives there
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
+    from meshplan.commands.tune_sizes import check_single, tune_over_sizes
+
+    check_single(objective, max_step_time)
+    if gpus is not None:
+        def run_one(n: int | None, study_name: str, d: Path) -> Any:
+            cfg_n = _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
+                                 fix, sampler, layers, cross_node_tp, opt.value(dtype),
+                                 opt.value(framework), opt.value(attention), memory_headroom)
+            if storage is None:
+                opt.ensure_dir(d)
+            res_n = search(cfg_n, study_name, storage=storage,
+                           study_dir=None if storage == MEMORY else d, n_trials=trials,
+                           timeout=timeout, workers=workers, progress=not no_progress)
+            _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top)
+            return res_n
+
+        try:
+            tune_over_sizes(gpus, objective, max_step_time, cluster, name, out, run_one,
+                            global_batch * cfg.space.problem.seq_len)
+        except ValueError as e:
+            raise MeshplanError(str(e)) from None
+        return
     res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
                  timeout=timeout, workers=workers, progress=not no_progress)
     where = storage or str(out / "journal.log")
-    _finish(res, cfg, name, where, out, top)
+    _finish(res, cfg, name, where, out, top, max_step_time)
 
 
 def worker_cmd(

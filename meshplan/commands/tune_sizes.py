@@ -1,0 +1,93 @@
+"""``meshplan tune --gpus 256-1024 [--objective cost|time] [--max-step-time S]``: one
+search per cluster size, then the size whose best plan is cheapest (GPU-hours per
+million tokens) or fastest, within a per-step deadline (``tuner.sizing``).
+
+Each size is a study of its own, ``STUDY-gN`` (N GPUs), written to ``--output/gN/`` as a
+plain ``tune`` writes it (plan.json, history.csv, report.txt, its journal), so rerunning
+the command resumes every size. ``--output/sizes.csv`` has one row per size and
+``--output/plan.json`` is the chosen size's plan.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import typer
+
+from meshplan.errors import MeshplanError
+
+
+def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str) -> Any:
+    from tuner.sizing import SizeOutcome
+
+    best = result.best()
+    if best is None:
+        return SizeOutcome(nodes, gpus, None, None, tokens, "no feasible plan", study)
+    cand, rec = best
+    label = (f"dp{cand.dp} tp{cand.tp} pp{cand.pp}" + (f" cp{cand.cp}" if cand.cp > 1 else "")
+             + (f" vpp{cand.vpp}" if cand.vpp > 1 else "")
+             + f" {cand.schedule} mbs{cand.micro_batch_size} rc={cand.recompute} zero{cand.zero}")
+    return SizeOutcome(nodes, gpus, float(rec["time_s"]), float(rec["memory_bytes"]), tokens,
+                       label, study)
+
+
+def sizes_frame(outcomes: list[Any]) -> pd.DataFrame:
+    """One row per size: gpus, nodes, best plan, step seconds, peak GiB, tokens/s and
+    GPU-hours per million tokens (NaN without a feasible plan)."""
+    return pd.DataFrame([{
+        "gpus": o.gpus, "nodes": o.nodes, "best_plan": o.label,
+        "step_time_s": o.step_time_s, "peak_memory_GiB": None if o.peak_memory_bytes is None
+        else o.peak_memory_bytes / 2**30,
+        "tokens_per_s": o.tokens_per_s, "gpu_hours_per_mtok": o.gpu_hours_per_mtok,
+        "study": o.study} for o in outcomes])
+
+
+def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
+                    cluster: str, name: str, out: Path,
+                    run_one: Callable[[int | None, str, Path], Any],
+                    tokens_per_step: int) -> None:
+    """Search each size of ``gpus_spec`` with ``run_one(nodes, study, out_dir)`` (returns
+    the ``TuneResult``), print the per-size table and the choice, write ``sizes.csv`` and
+    the chosen ``plan.json``. Raises MeshplanError (via SizingError) for a bad range."""
+    from clusters import load_cluster
+    from tuner.sizing import choose, cluster_sizes, why_none
+
+    spec = load_cluster(cluster).spec
+    gpn = spec.node.devices_per_node.value
+    sizes = cluster_sizes(gpus_spec, gpn)
+    choose([], objective, max_step_time)  # check --objective / --max-step-time before searching
+    outcomes = []
+    for nodes in sizes:
+        g = nodes * gpn
+        study, d = f"{name}-g{g}", out / f"g{g}"
+        typer.echo(f"--- {g} GPUs ({nodes} nodes): study {study}")
+        outcomes.append(_outcome(run_one(nodes, study, d), nodes, g, tokens_per_step, study))
+    df = sizes_frame(outcomes)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "sizes.csv", index=False)
+    typer.echo(df.drop(columns=["study"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    best = choose(outcomes, objective, max_step_time)
+    if best is None:
+        typer.echo(f"no size qualifies: {why_none(outcomes, max_step_time)}")
+        return
+    shutil.copyfile(out / f"g{best.gpus}" / "plan.json", out / "plan.json")
+    what = ("lowest GPU-hours per million tokens" if objective == "cost" else "shortest step")
+    deadline = f" within --max-step-time {max_step_time} s" if max_step_time is not None else ""
+    typer.echo(f"chosen: {best.gpus} GPUs ({best.nodes} nodes), {best.label}: step "
+               f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens "
+               f"({what}{deadline}); wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
+
+
+def check_single(objective: str, max_step_time: float | None) -> None:
+    """``--objective`` / ``--max-step-time`` without ``--gpus``: validate them; on one
+    size the cheapest plan is the fastest, so the search itself is unchanged."""
+    from tuner.sizing import choose
+
+    try:
+        choose([], objective, max_step_time)
+    except ValueError as e:
+        raise MeshplanError(str(e)) from None

@@ -1,0 +1,124 @@
+"""Cluster size and cost objective (tuner.sizing): hand-derived GPU-hours, the --gpus
+grammar and the choice under a deadline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.sizing import (
+    SizeOutcome,
+    SizingError,
+    choose,
+    cluster_sizes,
+    gpu_hours_per_mtok,
+    why_none,
+)
+
+
+def test_gpu_hours_per_million_tokens_by_hand():
+    # 2.0 s per step on 512 GPUs, 1024 x 4096 tokens per step:
+    # 2 * 512 / 3600 GPU-h per step / 4.194304 Mtok = 0.0678168... GPU-h per Mtok
+    v = gpu_hours_per_mtok(2.0, 512, 1024 * 4096)
+    assert v == pytest.approx(2.0 * 512 / 3600 / 4.194304, rel=1e-12)
+    assert v == pytest.approx(0.06781684027777778, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [(0.0, 8, 10), (math.nan, 8, 10), (1.0, 0, 10), (1.0, 8, 0)])
+def test_gpu_hours_refuses_bad_input(bad):
+    with pytest.raises(SizingError):
+        gpu_hours_per_mtok(*bad)
+
+
+def test_cluster_sizes_range_doubles_list_and_single():
+    assert cluster_sizes("256-1024", 8) == [32, 64, 128]
+    assert cluster_sizes("256-1000", 8) == [32, 64]
+    assert cluster_sizes("1024,256,512,256", 8) == [32, 64, 128]
+    assert cluster_sizes("16", 8) == [2]
+
+
+@pytest.mark.parametrize("spec,msg", [("", "empty"), ("abc", "not a GPU count"),
+                                      ("512-256", "lo <= hi"), ("12", "whole number"),
+                                      ("8-1048576", "at most"), ("2048", "cluster has 128")])
+def test_cluster_sizes_names_flag_and_value(spec, msg):
+    with pytest.raises(SizingError, match=msg) as e:
+        cluster_sizes(spec, 8, max_nodes=128 if spec == "2048" else None)
+    assert "--gpus" in str(e.value)
+
+
+def _o(nodes, t, tok=1024 * 4096):
+    return SizeOutcome(nodes=nodes, gpus=8 * nodes, step_time_s=t, peak_memory_bytes=1.0,
+                       tokens_per_step=tok)
+
+
+def test_choose_cost_time_and_deadline():
+    # 32 nodes 8 s, 64 nodes 4.4 s (10% worse scaling), 128 nodes 2.6 s (worse still)
+    outs = [_o(32, 8.0), _o(64, 4.4), _o(128, 2.6), SizeOutcome(16, 128, None, None, 1024 * 4096)]
+    # GPU-seconds per step: 2048, 2252.8, 2662.4 -> the smallest feasible size is cheapest
+    assert choose(outs, "cost").nodes == 32
+    assert choose(outs, "time").nodes == 128
+    # a 5 s deadline excludes 32 nodes: the cheapest that meets it is 64
+    assert choose(outs, "cost", max_step_time=5.0).nodes == 64
+    assert choose(outs, "cost", max_step_time=1.0) is None
+    assert "misses --max-step-time 1.0 s by 1.600 s" in why_none(outs, 1.0)
+    assert why_none([SizeOutcome(1, 8, None, None, 1)], None) == "no size has a plan that fits in memory"
+    with pytest.raises(SizingError, match="--objective"):
+        choose(outs, "money")
+    with pytest.raises(SizingError, match="--max-step-time"):
+        choose(outs, "cost", max_step_time=0)
+
+
+@given(st.lists(st.tuples(st.integers(1, 64), st.floats(0.01, 100.0)), min_size=1, max_size=8))
+def test_choose_cost_is_the_minimum_of_gpu_seconds(pairs):
+    outs = [_o(n, t) for n, t in pairs]
+    best = choose(outs, "cost")
+    assert best.gpus * best.step_time_s == pytest.approx(min(o.gpus * o.step_time_s for o in outs))
+    assert choose(outs, "time").step_time_s == min(t for _, t in pairs)
+
+
+def _tune(capsys, out, *extra):
+    from tests._cli import run_main
+
+    return run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                    "--global-batch-size", "32", "-s", "1024", "--layers", "4", "--trials", "12",
+                    "--storage", "memory", "--no-progress", "--fix", "tp=1,schedule=1F1B",
+                    "--output", str(out), *extra)
+
+
+def test_tune_over_sizes_picks_the_cheapest_then_meets_a_deadline(capsys, tmp_path):
+    import json
+
+    import pandas as pd
+
+    rc, out, err = _tune(capsys, tmp_path / "a", "--gpus", "8-16")
+    assert rc == 0, err
+    df = pd.read_csv(tmp_path / "a" / "sizes.csv")
+    assert list(df.gpus) == [8, 16] and df.step_time_s.notna().all()
+    # the column is the formula, recomputed here from the step and the tokens per step
+    hand = df.step_time_s * df.gpus / 3600 / (32 * 1024 / 1e6)
+    assert (abs(df.gpu_hours_per_mtok - hand) <= 1e-12 * hand).all()
+    cheapest = int(df.loc[df.gpu_hours_per_mtok.idxmin(), "gpus"])
+    assert f"chosen: {cheapest} GPUs" in out
+    assert json.loads((tmp_path / "a" / "plan.json").read_text()) == \
+        json.loads((tmp_path / "a" / f"g{cheapest}" / "plan.json").read_text())
+    # a deadline between the two steps leaves only the faster size
+    fast, slow = sorted(df.step_time_s)
+    if fast < slow:
+        rc, out, err = _tune(capsys, tmp_path / "b", "--gpus", "8,16",
+                             "--max-step-time", str((fast + slow) / 2))
+        faster = int(df.loc[df.step_time_s.idxmin(), "gpus"])
+        assert rc == 0 and f"chosen: {faster} GPUs" in out
+    rc, out, err = _tune(capsys, tmp_path / "c", "--gpus", "8", "--max-step-time", "1e-6")
+    assert rc == 0 and "no size qualifies: the fastest feasible step" in out
+
+
+def test_tune_sizes_bad_flags_are_one_line_errors(capsys, tmp_path):
+    from tests._cli import one_line_error
+
+    line = one_line_error(*_tune(capsys, tmp_path, "--gpus", "12"))
+    assert line == "error: --gpus '12': 12 GPUs is not a whole number of 8-GPU nodes"
+    line = one_line_error(*_tune(capsys, tmp_path, "--objective", "money"))
+    assert line == "error: --objective 'money': choose one of time, cost"
