@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +173,23 @@ class Plan:
         except UnicodeDecodeError as e:
             raise PlanError(f"{p}: not UTF-8 text (byte {e.start})") from None
         try:
-            return cls.from_json(text)
+            plan = cls.from_json(text)
         except PlanError as e:
             raise PlanError(f"{p}: {e}") from None
+        return replace(plan, model=_beside(plan.model, p), cluster=_beside(plan.cluster, p))
+
+
+def _beside(ref: str, plan_path: Path) -> str:
+    """A plan's model or cluster reference as the caller can open it: a relative file path
+    that does not exist from the working directory but does beside the plan file is taken
+    from there (a plan and its config.json travel together); names and paths that resolve
+    are kept as written."""
+    if not ref.endswith((".json", ".yaml", ".yml", ".pir", ".txt")) or Path(ref).is_absolute():
+        return ref
+    if Path(ref).exists():
+        return ref
+    near = plan_path.parent / ref
+    return str(near) if near.exists() else ref
 
 
 def _max_depth(text: str) -> int:

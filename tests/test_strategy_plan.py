@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -178,3 +180,23 @@ def test_resolve_model_refuses_unbounded_sizes():
         resolve_model("llama2-7b", seq_len=10**9)
     with pytest.raises(ModelSourceError, match="num_layers is 100000, above the limit"):
         resolve_model("llama2-7b", num_layers=10**5)
+
+
+def test_plan_finds_its_model_file_beside_it_from_any_directory(tmp_path, monkeypatch):
+    """A plan naming ``llama_l2.json`` (a file beside it) loads from another working
+    directory: the reference resolves against the plan's folder; names stay names."""
+    import shutil
+
+    from meshplan.plan import Plan
+
+    root = Path(__file__).resolve().parents[1]
+    d = tmp_path / "plans"
+    d.mkdir()
+    for f in ("dp2.json", "llama_l2.json"):
+        shutil.copy(root / "benchmarks" / "plans" / f, d / f)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    plan = Plan.load(d / "dp2.json")
+    assert Path(plan.model) == d / "llama_l2.json" and Path(plan.model).is_file()
+    assert plan.cluster == Plan.load(root / "benchmarks" / "plans" / "dp2.json").cluster
