@@ -95,6 +95,7 @@ def cost_cmd(
     seq_len: int | None = opt.SEQ_LEN,
     recompute: opt.Recompute = opt.RECOMPUTE,
     zero: int = opt.ZERO,
+    fsdp_shard_size: int | None = opt.FSDP_SHARD_SIZE,
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
     dtype: opt.Dtype = opt.DTYPE,
     framework: opt.Framework = opt.FRAMEWORK,
@@ -111,7 +112,7 @@ def cost_cmd(
 
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, vpp=vpp, schedule=schedule,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                                  recompute=recompute, zero=zero,
+                                  recompute=recompute, zero=zero, fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention)
     engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
