@@ -166,9 +166,13 @@ class Candidate:
         return dict(self.templates)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; ``templates`` as a dict)."""
+        """Plain-dict form (JSON-ready; ``templates`` as a dict). ``fsdp_shard_size`` is
+        left out when None, so that a plan's record (and its dedup key) is the one studies
+        written before HSDP hold."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
+        if d["fsdp_shard_size"] is None:
+            del d["fsdp_shard_size"]
         return d
 
     @classmethod
@@ -354,10 +358,13 @@ class SearchSpace:
         return self._pick("sequence_parallel", self.sequence_parallel)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; the problem nested, ``fix`` a plain dict)."""
+        """Plain-dict form (JSON-ready; the problem nested, ``fix`` a plain dict).
+        ``hsdp`` is left out when False, so that a study stored before HSDP resumes."""
         d = asdict(self)
         d["problem"] = self.problem.to_dict()
         d["fix"] = dict(self.fix)
+        if not d["hsdp"]:
+            del d["hsdp"]
         return d
 
     @classmethod
