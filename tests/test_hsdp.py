@@ -259,3 +259,14 @@ def test_lower_bound_stays_below_the_simulated_hsdp_step():
         t, m = e.lower_bound()
         res = e.simulate()
         assert t <= res.step_time * (1 + 1e-12) and m <= res.max_memory_bytes, n
+
+
+def test_executor_refuses_an_hsdp_plan_before_launch():
+    """The plan program shards ZeRO-3 over the whole dp mesh dim, so a run would measure
+    other groups than the ones costed: refused, naming the field."""
+    from executor.run import PlanMismatchError, check_plan
+
+    s = Strategy(dp=4, global_batch_size=8, zero=3, fsdp_shard_size=2)
+    with pytest.raises(PlanMismatchError, match="'fsdp_shard_size' = 2 .HSDP. .* cannot run it"):
+        check_plan(Plan(model="llama2-7b", cluster="cpu-local", strategy=s), 4)
+    check_plan(Plan(model="llama2-7b", cluster="cpu-local", strategy=s.replace(fsdp_shard_size=None)), 4)
