@@ -17,7 +17,12 @@ group (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``
 ``foreach_reduce``: a reduce_scatter over the shard process group, then an all_reduce of its
 output over the replicate group; reference/fidelity_notes.md "FSDP": "HSDP shards within a
 group (usually a node) and all_reduces across groups"). Model states are divided by N, not
-by dp (:func:`shard_degree`).
+by dp (:func:`shard_degree`). Under a profile that reduces per block (FSDP2) this happens in
+every micro-batch's backward: torchtitan (b5bcd76) never turns the replicate all_reduce off
+between micro-batches (no ``set_requires_all_reduce`` under ``torchtitan/``), while
+Megatron-FSDP all_reduces the outer dp "during the last backward pass before the
+optimization step" (Megatron-LM d98e8a64 ``docs/user-guide/features/megatron_fsdp.md``),
+as the end-of-step buckets of ``simulator.grad_sync.grad_buckets`` do.
 
 Rank layout: rank = stage * dp * tp + d * tp + t (``simulator.step``); the groups returned
 hold tensor rank 0 of shard group 0 (stages and groups are the same layout shifted; catalog

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_degree
+from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_degree, shard_group
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import reduce_bytes, stream_time
@@ -177,7 +177,8 @@ def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
 
     - gradient norm and clip: one read of the rank's (sharded) gradients as the optimizer
       holds them (:func:`optimizer_grad_bytes`: fp32 with master weights) and an all_reduce
-      of the squared norm (one fp32) over the dp group;
+      of the squared norm (one fp32) over the dp group (under HSDP over the shard group:
+      the replicas hold the same shards, so the sum of squares is the shard group's);
     - loss-scale check (fp16 only): unscale and an inf/nan test, a read and a write of
       every gradient;
     - embedding gradient sync (pp > 1, tied input/output embeddings of ``tied_elems``
@@ -193,7 +194,7 @@ def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
     if prof.fixed.grad_norm_clip.value:
         t += stream_time(rf, grads) + rf.kernel_overhead
         if cfg.dp > 1:
-            t += cluster.collective_time("all_reduce", 4, dp_group(cfg, stage))
+            t += cluster.collective_time("all_reduce", 4, shard_group(cfg, stage))
     if prof.fixed.loss_scale_check.value and cfg.dtype == "float16":
         t += stream_time(rf, 2 * grads) + rf.kernel_overhead
     if prof.fixed.embedding_grad_sync.value and cfg.pp > 1 and tied_elems and stage in (0, cfg.pp - 1):

@@ -24,7 +24,7 @@ from meshplan.engine import Engine
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy, StrategyError
 from simulator import dp_groups
-from simulator.grad_sync import grad_buckets, optimizer_time
+from simulator.grad_sync import fixed_time, grad_buckets, optimizer_time
 from tests._cli import one_line_error, run_main
 from tuner import legality as L
 from tuner.space import Candidate, SearchSpace, parse_fix
@@ -144,10 +144,15 @@ def test_non_fsdp_zero3_buckets_reduce_within_the_shard_group_then_across():
 
 
 def test_optimizer_updates_one_shard_of_the_group():
-    """The optimizer works on params / N: HSDP dp 16 / N 8 costs what plain ZeRO-3 over
-    dp 8 costs."""
+    """The optimizer works on params / N and the gradient norm is summed over the shard
+    group: HSDP dp 16 / N 8 costs what plain ZeRO-3 over dp 8 costs (one node)."""
     hsdp = _engine().step_model()
     plain8 = _engine(shard=None, dp=8).step_model()
+    assert fixed_time(hsdp.cfg, hsdp.cluster, hsdp.rf, 0, P_7B) == pytest.approx(
+        fixed_time(plain8.cfg, plain8.cluster, plain8.rf, 0, P_7B), rel=1e-12)
+    full = _engine(shard=None).step_model()
+    assert fixed_time(hsdp.cfg, hsdp.cluster, hsdp.rf, 0, P_7B) > fixed_time(
+        full.cfg, full.cluster, full.rf, 0, P_7B) > 0
     assert optimizer_time(hsdp.cfg, hsdp.rf, P_7B) == pytest.approx(
         optimizer_time(plain8.cfg, plain8.rf, P_7B), rel=1e-12)
     assert optimizer_time(hsdp.cfg, hsdp.rf, P_7B) > optimizer_time(
