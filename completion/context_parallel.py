@@ -94,11 +94,15 @@ def fold_strategy(strategy: Any) -> Any:
     """The strategy the program of a cp plan is built for (module docstring): dp * cp
     data-parallel replicas, cp = 1, and the global batch counted in ``seq_len / cp``-token
     sequences (``global_batch_size * cp``), so micro-batches per step and tokens per step
-    are unchanged. The identity for cp = 1."""
+    are unchanged. An HSDP shard group of N dp ranks becomes N * cp folded ranks (the cp
+    ranks of its replicas: torchtitan shards over ``dp_shard * cp``, its ``fsdp`` mesh dim,
+    b5bcd76 ``torchtitan/distributed/parallel_dims.py``). The identity for cp = 1."""
     s = strategy
     if s.cp == 1:
         return s
-    return s.replace(dp=s.dp * s.cp, cp=1, global_batch_size=s.global_batch_size * s.cp)
+    shard = getattr(s, "fsdp_shard_size", None)
+    kw = {} if shard is None else {"fsdp_shard_size": shard * s.cp}
+    return s.replace(dp=s.dp * s.cp, cp=1, global_batch_size=s.global_batch_size * s.cp, **kw)
 
 
 def fold_source(source: Any, cp: int) -> Any:

@@ -306,4 +306,5 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
     return replace(s, dp=1, tp=1, pp=1, cp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
-                   sequence_parallel=False, zero=0, annotation="none", layers_per_stage=None)
+                   sequence_parallel=False, zero=0, fsdp_shard_size=None, annotation="none",
+                   layers_per_stage=None)

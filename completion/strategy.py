@@ -20,6 +20,12 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
 - ``recompute``: activation recompute ``none`` | ``selective`` (Megatron: the attention core) |
   ``selective-op`` (torchtitan's op-level SAC) | ``full`` (``simulator.recompute``);
 - ``zero``: ZeRO stage 0-3 over the dp group (Rajbhandari et al. 2020);
+- ``fsdp_shard_size``: HSDP (hybrid sharded data parallelism, ZeRO-3 only): weights,
+  gradients and optimizer states sharded over groups of ``fsdp_shard_size`` consecutive dp
+  ranks and replicated over the ``dp / fsdp_shard_size`` groups (torch FSDP2
+  ``fully_shard(mesh=(replicate, shard))``; torchtitan ``data_parallel_replicate_degree`` x
+  ``data_parallel_shard_degree``, replicate outer, torchtitan b5bcd76
+  ``torchtitan/distributed/parallel_dims.py``; DeepSpeed MiCS); None: shard over all of dp;
 - ``sequence_parallel``: Megatron sequence parallelism (Korthikanti et al. 2022);
 - ``dtype``, ``optimizer``; ``annotation``: the intra-op layout ("megatron", "none" or a
   mapping value name -> one placement per mesh dim [dp, tp]);
@@ -146,6 +152,7 @@ class Strategy:
     cp: int = 1
     cp_comm: str = "p2p"
     fp8: str | None = None
+    fsdp_shard_size: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
@@ -168,6 +175,7 @@ class Strategy:
         object.__setattr__(self, "schedule", canonical_schedule(self.schedule))
         self._check_choices()
         self._check_combinations()
+        self._check_hsdp()
         self._check_annotation()
         self._check_layers_per_stage()
 
@@ -214,6 +222,35 @@ class Strategy:
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "
                                 "(Megatron-LM runs it with Transformer Engine's fused attention)")
+
+    def _check_hsdp(self) -> None:
+        """HSDP needs ZeRO-3 and a shard group size N with 2 <= N < dp, N | dp (0 reads as
+        None: shard over all of dp)."""
+        n = self.fsdp_shard_size
+        if n is None or (n == 0 and not isinstance(n, bool)):
+            object.__setattr__(self, "fsdp_shard_size", None)
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise StrategyError(f"strategy field 'fsdp_shard_size' (HSDP shard group) must be an "
+                                f"integer >= 2 or null, got {n!r}")
+        if self.zero != 3:
+            raise StrategyError(f"strategy field 'fsdp_shard_size' = {n} (HSDP) shards weights, "
+                                f"gradients and optimizer states: it needs zero 3, got zero {self.zero}")
+        if n < 2 or n >= self.dp or self.dp % n:
+            raise StrategyError(f"strategy field 'fsdp_shard_size' = {n} must divide dp = {self.dp} "
+                                f"and lie in 2..dp/2 (HSDP: dp / {n} replicas of a shard group; "
+                                f"null shards over all of dp)")
+
+    @property
+    def zero_shard_degree(self) -> int:
+        """Ranks one copy of the ZeRO-sharded states is split over: ``fsdp_shard_size``
+        under HSDP, else dp."""
+        return self.fsdp_shard_size or self.dp
+
+    @property
+    def replicate_degree(self) -> int:
+        """HSDP replicas of the shard group: dp / :attr:`zero_shard_degree` (1 without HSDP)."""
+        return self.dp // self.zero_shard_degree
 
     def _check_annotation(self) -> None:
         ann = self.annotation

@@ -29,7 +29,8 @@ STEP_TIMEOUT = 120.0
 
 
 class PlanMismatchError(LaunchError):
-    """The plan's world size does not match ``nproc`` (refused before launch)."""
+    """The plan does not fit the run: its world size differs from ``nproc``, or the executor
+    cannot run its layout (HSDP); refused before launch."""
 
 
 @dataclass
@@ -74,8 +75,15 @@ class Measurement:
 
 
 def check_plan(plan: Any, nproc: int) -> None:
-    """Refuse a plan whose dp * mp * pp differs from ``nproc`` (before launch)."""
+    """Refuse a plan whose dp * mp * pp differs from ``nproc``, or an HSDP plan (its program
+    shards ZeRO-3 over the whole dp mesh dim: the executor would run other groups than the
+    ones costed), before launch. Raises PlanMismatchError."""
     s = plan.strategy
+    if getattr(s, "fsdp_shard_size", None):
+        raise PlanMismatchError(f"strategy field 'fsdp_shard_size' = {s.fsdp_shard_size} (HSDP) is "
+                                f"costed and exported, but the executor cannot run it: its program "
+                                f"shards ZeRO-3 over the whole dp group; drop fsdp_shard_size to run "
+                                f"ZeRO-3 over dp = {s.dp}")
     need = s.world_size
     if need != nproc:
         cp = f"*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp}" if s.cp > 1 else f" = {s.dp}*{s.tp}*{s.pp}"

@@ -488,9 +488,14 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
     zero_text = _cell(row, "zero_fsdp")
     zero = _zero(zero_text)
     group = re.search(r"\((\d+)\)", zero_text)
+    shard = None  # HSDP: the row's shard group when it is a proper divisor of dp
     if zero == 3 and group and int(group.group(1)) != dp:
-        notes.approximations.append(
-            f"FSDP shard group {group.group(1)} != dp {dp} (HSDP) modelled as ZeRO-3 over dp")
+        n = int(group.group(1))
+        if 2 <= n < dp and dp % n == 0:
+            shard = n
+        else:
+            notes.approximations.append(
+                f"FSDP shard group {n} is no proper divisor of dp {dp}: modelled as ZeRO-3 over dp")
     other = _cell(row, "other_opts").lower()
     if "torch.compile" in other and "torch.compile=no" not in other:
         notes.approximations.append("torch.compile: fused as the fsdp2 profile says (elementwise "
@@ -516,6 +521,7 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
                         vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
+                        fsdp_shard_size=shard,
                         sequence_parallel=sp, dtype=dtype, optimizer="adamw", framework=framework,
                         attention=_attention(_cell(row, "attention_impl")), fp8=fp8)
     except StrategyError as e:

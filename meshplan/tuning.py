@@ -87,7 +87,7 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
     ``simulator.profiles``) with ``attention`` (None: the model's own)."""
     return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, vpp=c.vpp, schedule=c.schedule,
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
-                    recompute=c.recompute, zero=c.zero,
+                    recompute=c.recompute, zero=c.zero, fsdp_shard_size=c.fsdp_shard_size,
                     sequence_parallel=c.sequence_parallel, dtype=dtype,
                     annotation=annotation_of(c, model, seq_len, user_annotation),
                     framework=framework, attention=attention)

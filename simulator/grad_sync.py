@@ -3,7 +3,9 @@ over its data-parallel group and the optimizer update.
 
 Gradient sync (once per step): all_reduce of the rank's gradients over its dp group as one
 fused bucket (ZeRO 0/1), or reduce_scatter of the gradients + all_gather of the updated
-parameters (ZeRO 2/3; Rajbhandari et al. 2020, sec. 5), plus the per-step collectives the
+parameters (ZeRO 2/3; Rajbhandari et al. 2020, sec. 5; under HSDP within the shard group,
+then the gradient shard all_reduced across the replicas: :mod:`simulator.dp_groups`), plus
+the per-step collectives the
 program puts on weight gradients (``BlockCost.grad_sync``, e.g. the tensor-parallel
 all_reduce of sequence-parallel norm weights). With ``overlap_dp_sync`` it hides behind the
 rank's last backward as far as that lasts. The optimizer is memory-bound: read and write
@@ -15,15 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_degree, shard_group
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import reduce_bytes, stream_time
 
-
-def dp_group(cfg: Any, stage: int) -> list[int]:
-    """Ranks of pipeline stage ``stage``'s data-parallel group holding tensor rank 0."""
-    base = stage * cfg.dp * cfg.tp
-    return [base + d * cfg.tp for d in range(cfg.dp)]
+__all__ = ["dp_group", "fixed_time", "fsdp_style", "grad_buckets", "optimizer_time",
+           "param_gather_time", "sync_time", "tail_collectives"]
 
 
 def sync_time(cfg: Any, cluster: Any, stage: int, params: int, layers: Iterable[BlockCost],
@@ -38,8 +38,8 @@ def sync_time(cfg: Any, cluster: Any, stage: int, params: int, layers: Iterable[
     grads = params * cfg.grad_bytes
     group = dp_group(cfg, stage)
     if cfg.zero >= 2:
-        t = cluster.collective_time("reduce_scatter", grads, group)
-        t += cluster.collective_time("all_gather", params * cfg.param_bytes, group)
+        t = reduce_time(cluster, cfg, stage, grads)
+        t += gather_time(cluster, cfg, stage, params * cfg.param_bytes)
     else:
         t = cluster.collective_time("all_reduce", grads, group)
     off = stage * cfg.dp * cfg.tp
@@ -65,8 +65,10 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
     Buckets hold ``gradients.bucket_params`` parameters of one chunk (the profile's; a
     chunk's parameters fill buckets last layer first, as Megatron-Core and DDP order them),
     reduced over the dp group in the profile's reduce dtype: an all_reduce without ZeRO, a
-    reduce_scatter with ZeRO 1-2 (the distributed optimizer) or non-FSDP ZeRO-3. Empty
-    for dp = 1 and for FSDP-style ZeRO-3 (:func:`fsdp_style`)."""
+    reduce_scatter with ZeRO 1-2 (the distributed optimizer) or non-FSDP ZeRO-3 (under HSDP
+    within the shard group, then an all_reduce of the shard across the replicas:
+    :func:`simulator.dp_groups.reduce_time`). Empty for dp = 1 and for FSDP-style ZeRO-3
+    (:func:`fsdp_style`)."""
     if cfg.dp == 1 or fsdp_style(cfg):
         return {}
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
@@ -84,7 +86,8 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
             k = min(size, n - done)
             done += k
             if k not in seconds:
-                seconds[k] = cluster.collective_time(kind, k * nbytes, group)
+                seconds[k] = (reduce_time(cluster, cfg, stage, k * nbytes) if kind == "reduce_scatter"
+                              else cluster.collective_time(kind, k * nbytes, group))
             items.append((done / n, seconds[k]))
         out[chunk] = items
     return out
@@ -105,16 +108,16 @@ def param_gather_time(cfg: Any, cluster: Any, stage: int, params: int, first_for
     the optimizer (ZeRO 1-2 with a distributed optimizer, non-FSDP ZeRO-3). With the
     profile's ``overlap.dp_param_gather`` it overlaps the next step's first forward
     (Megatron-Core ``--overlap-param-gather``): only what that forward cannot hide is
-    exposed, and at least the first bucket. 0 without ZeRO, with dp = 1 or FSDP-style."""
+    exposed, and at least the first bucket. 0 without ZeRO, with dp = 1 or FSDP-style.
+    Under HSDP the gather runs within the shard group (:mod:`simulator.dp_groups`)."""
     if cfg.zero < 1 or cfg.dp == 1 or fsdp_style(cfg):
         return 0.0
-    group = dp_group(cfg, stage)
-    total = cluster.collective_time("all_gather", params * cfg.param_bytes, group)
+    total = gather_time(cluster, cfg, stage, params * cfg.param_bytes)
     prof = cfg.profile
     if prof is None or not prof.overlap.dp_param_gather.value:
         return total
     per = int(prof.gradients.bucket_params.value)
-    first = cluster.collective_time("all_gather", min(per, params) * cfg.param_bytes, group)
+    first = gather_time(cluster, cfg, stage, min(per, params) * cfg.param_bytes)
     return max(first, total - first_forward)
 
 
@@ -156,8 +159,9 @@ def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> flo
     launch for a fused multi-tensor optimizer (the profile's ``optimizer.fused``), one per
     parameter tensor otherwise (``tensors``); with m > 1 micro-batches and
     ``cfg.accumulate_grads`` also the mean over micro-batches, one in-place scaling of
-    every accumulated gradient by 1/m (read + write; Paddle's gradient merge with ``avg``)."""
-    shard = -(-params // cfg.dp) if cfg.zero >= 1 else params
+    every accumulated gradient by 1/m (read + write; Paddle's gradient merge with ``avg``).
+    The ZeRO shard is params / dp, under HSDP params / N (:func:`simulator.dp_groups.shard_degree`)."""
+    shard = -(-params // shard_degree(cfg)) if cfg.zero >= 1 else params
     nbytes = shard * (2 * (cfg.param_bytes + cfg.optimizer_bytes) + main_grad_bytes(cfg)
                       + grad_copy_bytes(cfg))
     fused = cfg.profile is None or cfg.profile.optimizer.fused.value
@@ -173,7 +177,8 @@ def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
 
     - gradient norm and clip: one read of the rank's (sharded) gradients as the optimizer
       holds them (:func:`optimizer_grad_bytes`: fp32 with master weights) and an all_reduce
-      of the squared norm (one fp32) over the dp group;
+      of the squared norm (one fp32) over the dp group (under HSDP over the shard group:
+      the replicas hold the same shards, so the sum of squares is the shard group's);
     - loss-scale check (fp16 only): unscale and an inf/nan test, a read and a write of
       every gradient;
     - embedding gradient sync (pp > 1, tied input/output embeddings of ``tied_elems``
@@ -184,12 +189,12 @@ def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
     prof = cfg.profile
     if prof is None:
         return 0.0
-    grads = (-(-params // cfg.dp) if cfg.zero >= 1 else params) * optimizer_grad_bytes(cfg)
+    grads = (-(-params // shard_degree(cfg)) if cfg.zero >= 1 else params) * optimizer_grad_bytes(cfg)
     t = 0.0
     if prof.fixed.grad_norm_clip.value:
         t += stream_time(rf, grads) + rf.kernel_overhead
         if cfg.dp > 1:
-            t += cluster.collective_time("all_reduce", 4, dp_group(cfg, stage))
+            t += cluster.collective_time("all_reduce", 4, shard_group(cfg, stage))
     if prof.fixed.loss_scale_check.value and cfg.dtype == "float16":
         t += stream_time(rf, 2 * grads) + rf.kernel_overhead
     if prof.fixed.embedding_grad_sync.value and cfg.pp > 1 and tied_elems and stage in (0, cfg.pp - 1):

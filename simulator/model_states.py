@@ -2,7 +2,8 @@
 
 A framework profile names its model (``memory.model_states``, :data:`STATE_MODELS`); each is
 a function of :class:`StateInputs` returning :class:`simulator.memory.ModelStates` (bytes).
-P is the rank's local parameter elements, N the sharding degree (dp), L the largest
+P is the rank's local parameter elements, N the sharding degree (dp; the shard group under
+HSDP, ``simulator.dp_groups.shard_degree``), L the largest
 parameter tensor on the rank. Sources (FN = shared/reference/fidelity_notes.md):
 
 - ``plain`` -- the ZeRO paper, section 5 (formulas.md): 16-bit weights and gradients,

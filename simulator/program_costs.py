@@ -42,7 +42,8 @@ def costing_strategy(strategy: Any) -> Any:
     block by the step model). dp stays: the loss is averaged over the dp group in each
     micro-batch (an all_reduce of the scalar: Megatron-LM's
     ``average_losses_across_data_parallel_group``)."""
-    return strategy.replace(pp=1, vpp=1, schedule="1F1B", zero=0, layers_per_stage=None,
+    return strategy.replace(pp=1, vpp=1, schedule="1F1B", zero=0, fsdp_shard_size=None,
+                            layers_per_stage=None,
                             global_batch_size=strategy.micro_batch_size * strategy.dp)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator import dp_groups
 from simulator.roofline import Roofline
 from simulator.stage_cost import PHASES, BlockCost
 from simulator.streams import Kernel, prefetched_chain
@@ -179,24 +180,25 @@ class StageTimer:
     def zero3_gather_time(self, blk: BlockCost) -> float:
         """ZeRO-3: seconds of the all_gather of a block's parameters over the dp group
         (one bucket per block, as DeepSpeed and FSDP gather a layer's flat parameters;
-        Rajbhandari et al. 2020, sec. 5.3). 0 below stage 3 or with dp = 1. The group is
-        stage 0's (stages are the same layout shifted; catalog topologies are uniform)."""
+        Rajbhandari et al. 2020, sec. 5.3); under HSDP over the shard group
+        (:func:`simulator.dp_groups.gather_time`). 0 below stage 3 or with dp = 1. The group
+        is stage 0's (stages are the same layout shifted; catalog topologies are uniform)."""
         c = self.cfg
         if c.zero < 3 or c.dp == 1:
             return 0.0
         nbytes = sum(b for _, b in blk.params.values())
-        return self.cluster.collective_time("all_gather", nbytes, [d * c.tp for d in range(c.dp)])
+        return dp_groups.gather_time(self.cluster, c, 0, nbytes)
 
     def zero3_reduce_time(self, blk: BlockCost) -> float:
         """ZeRO-3 / FSDP: seconds of the reduce_scatter of a block's gradients over the dp
         group after its backward, in the profile's reduce dtype (fp32: 4 bytes per
-        element; else the gradient bytes)."""
+        element; else the gradient bytes); under HSDP within the shard group, then the
+        1/N shard all_reduced across the replicas (:func:`simulator.dp_groups.reduce_time`)."""
         c = self.cfg
         if c.zero < 3 or c.dp == 1:
             return 0.0
         elems = sum(n for n, _ in blk.params.values())
-        return self.cluster.collective_time("reduce_scatter", elems * reduce_bytes(c),
-                                            [d * c.tp for d in range(c.dp)])
+        return dp_groups.reduce_time(self.cluster, c, 0, elems * reduce_bytes(c))
 
     def scatter_gather_time(self, vs: int) -> tuple[float, float]:
         """(F, B) seconds a virtual stage spends all_gathering the boundary tensor it

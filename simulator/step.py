@@ -79,6 +79,10 @@ class StepConfig:
     gradient merge, PyTorch ``.grad`` accumulation, this project's executor); False
     (default): accumulation is fused into the dW GEMM (Megatron-LM
     ``gradient_accumulation_fusion``) and the 1/m into the loss, free in the roofline."""
+    fsdp_shard_size: int | None = None
+    """HSDP shard group (``Strategy.fsdp_shard_size``): ZeRO-3 gathers and reduce_scatters
+    within groups of this many consecutive dp ranks and all_reduces the sharded gradients
+    across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
@@ -102,7 +106,8 @@ class StepConfig:
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
                    peak_flops=roofline.peak(s.dtype), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
-                   dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads)
+                   dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
+                   fsdp_shard_size=getattr(s, "fsdp_shard_size", None))
 
 
 @dataclass

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from simulator.dp_groups import replicate_degree, shard_degree
 from simulator.memory import StageActivations, zero_model_states
 from simulator.model_states import StateInputs, model_states
 from simulator.stage_cost import BlockCost
@@ -65,13 +66,15 @@ def vstage_activation_bytes(acts: StageActivations, table: str, layer_keys: list
     return float(total)
 
 
-def communicators(dp: int, tp: int, pp: int, tied: bool) -> int:
+def communicators(dp: int, tp: int, pp: int, tied: bool, hsdp: bool = False) -> int:
     """NCCL communicators a rank is in: the default (world) group, and the tp, dp and pp
     groups of size > 1, plus the embedding group of tied embeddings across pipeline stages
-    (Megatron-LM ``parallel_state.initialize_model_parallel``); 0 on a single device."""
+    (Megatron-LM ``parallel_state.initialize_model_parallel``); 0 on a single device. Under
+    HSDP (``hsdp``) the dp ranks talk over two groups, the shard and the replicate group
+    of FSDP2's 2-D mesh (``simulator.dp_groups``), one more communicator."""
     if dp * tp * pp == 1:
         return 0
-    return 1 + (tp > 1) + (dp > 1) + (pp > 1) + (pp > 1 and tied)
+    return 1 + (tp > 1) + (dp > 1) + (dp > 1 and hsdp) + (pp > 1) + (pp > 1 and tied)
 
 
 @dataclass(frozen=True)
@@ -89,12 +92,15 @@ class RankParams:
 
 
 def _states(cfg: Any, rp: RankParams) -> Any:
+    """The rank's model states, sharded over dp, or over the shard group under HSDP
+    (:func:`simulator.dp_groups.shard_degree`)."""
     prof = cfg.profile
+    degree = shard_degree(cfg)
     if prof is None:
-        return zero_model_states(rp.total, cfg.dp, cfg.zero, cfg.param_bytes, cfg.grad_bytes,
+        return zero_model_states(rp.total, degree, cfg.zero, cfg.param_bytes, cfg.grad_bytes,
                                  cfg.optimizer_bytes)
     reduce_bytes = 4 if prof.gradients.reduce_dtype.value == "float32" else cfg.grad_bytes
-    x = StateInputs(params=rp.total, dp=cfg.dp, zero=cfg.zero, param_bytes=cfg.param_bytes,
+    x = StateInputs(params=rp.total, dp=degree, zero=cfg.zero, param_bytes=cfg.param_bytes,
                     grad_bytes=cfg.grad_bytes, optimizer_bytes=cfg.optimizer_bytes,
                     largest_param=rp.largest_param, largest_block=rp.largest_block,
                     root_params=rp.root, prefetch=prof.overlap.fsdp_prefetch.value,
@@ -147,7 +153,8 @@ def rank_memory(cfg: Any, params: int | RankParams, act_peak: float, acts: Stage
         memory["fragmentation"] = int(round(mem.fragmentation.value * sum(memory.values())))
         memory["cuda_context"] = int(mem.cuda_context_bytes.value)
         memory["nccl_buffers"] = int(mem.nccl_buffer_bytes.value
-                                     * communicators(cfg.dp, cfg.tp, cfg.pp, tied))
+                                     * communicators(cfg.dp, cfg.tp, cfg.pp, tied,
+                                                     replicate_degree(cfg) > 1))
     memory["total"] = sum(memory.values())
     return memory
 

@@ -58,6 +58,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--use-megatron-fsdp", action="store_true")
     p.add_argument("--data-parallel-sharding-strategy", default="optim_grads_params",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
+    p.add_argument("--outer-dp-sharding-strategy", default="no_shard", choices=["no_shard", "optim"])
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--optimizer", default="adam",
@@ -108,7 +110,10 @@ def parse_megatron(text: str, world: int) -> dict:
     else:
         zero = 1 if a.use_distributed_optimizer else 0
     assert not (a.bf16 and a.fp16)
-    return {"dp": world // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+    dp, outer = world // (tp * pp * cp), a.num_distributed_optimizer_instances
+    # Megatron-FSDP HSDP: states sharded over dp / outer inner ranks, replicated over outer
+    assert outer == 1 or (zero == 3 and a.outer_dp_sharding_strategy == "no_shard" and dp % outer == 0)
+    return {"dp": dp, "fsdp_shard_size": dp // outer if outer > 1 else None, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
             "schedule": "VPP" if vpp > 1 else "1F1B", "layers_per_stage": lps,
             "micro_batch_size": a.micro_batch_size, "global_batch_size": a.global_batch_size,
             "recompute": recompute, "zero": zero, "sequence_parallel": a.sequence_parallel,
@@ -168,11 +173,12 @@ def parse_torchtitan(text: str, world: int) -> dict:
     else:
         micro = tr["local_batch_size"]
     zero = 0 if shard == 1 else 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
+    hsdp = shard if rep > 1 and shard > 1 else None  # 2-D mesh (replicate, shard)
     recompute = {("none", None): "none", ("full", None): "full",
                  ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]
     out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch_size": micro,
            "global_batch_size": tr["global_batch_size"], "schedule": TORCH_SCHEDULES[sched],
-           "zero": zero, "sequence_parallel": tp > 1, "recompute": recompute,
+           "zero": zero, "fsdp_shard_size": hsdp, "sequence_parallel": tp > 1, "recompute": recompute,
            "dtype": tr["mixed_precision_param"],
            "optimizer": {"AdamW": "adamw", "Adam": "adam"}[doc["optimizer"]["name"]]}
     if fqns is not None:
@@ -203,6 +209,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
     out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "cp": 1, "vpp": 1, "schedule": "1F1B",
            "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"],
            "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
+           "fsdp_shard_size": cfg["zero_optimization"].get("mics_shard_size"),
            "recompute": "full" if "activation_checkpointing" in cfg else "none",
            "dtype": "bfloat16" if cfg["bf16"]["enabled"] else
                     "float16" if cfg["fp16"]["enabled"] else "float32"}
@@ -214,7 +221,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
 PARSERS = {"megatron": parse_megatron, "torchtitan": parse_torchtitan, "deepspeed": parse_deepspeed}
 #: knobs each parser must recover from the file alone
 CORE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule", "zero",
-        "recompute", "sequence_parallel", "dtype")
+        "fsdp_shard_size", "recompute", "sequence_parallel", "dtype")
 
 
 # -- random plans -------------------------------------------------------------------------
@@ -223,6 +230,10 @@ CORE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", 
 def plans(draw) -> Plan:
     """A valid plan of a built-in model (32 or 96 layers) or with a stated layer count."""
     dp, tp, pp = (draw(st.sampled_from([1, 2, 4])) for _ in range(3))
+    zero = draw(st.sampled_from([0, 1, 2, 3]))
+    hsdp = None
+    if zero == 3 and draw(st.booleans()):  # HSDP: dp 8 = 4 shard groups of 2 or 2 of 4
+        dp, hsdp = 8, draw(st.sampled_from([2, 4]))
     cp = draw(st.sampled_from([1, 1, 2, 4]))
     schedule = draw(st.sampled_from(["1F1B", "FThenB", "VPP", "ZBH1", "ZBVPP", "ZB-1p"]))
     vpp = {"VPP": draw(st.sampled_from([2, 3, 4])), "ZBVPP": 2}.get(schedule, 1)
@@ -239,11 +250,11 @@ def plans(draw) -> Plan:
     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule=schedule, micro_batch_size=micro,
                  global_batch_size=dp * micro * m,
                  recompute=draw(st.sampled_from(["none", "selective", "selective-op", "full"])),
-                 zero=draw(st.sampled_from([0, 1, 2, 3])),
+                 zero=zero, fsdp_shard_size=hsdp,
                  sequence_parallel=tp > 1 and draw(st.booleans()),
                  dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
                  optimizer=draw(st.sampled_from(["adamw", "adam", "sgd"])),
-                 attention=draw(st.sampled_from([None, "flash", "unfused"])),
+                 attention=draw(st.sampled_from([None, "flash"] + (["unfused"] if cp == 1 else []))),
                  layers_per_stage=lps,
                  framework=draw(st.sampled_from(["megatron-core", "fsdp2", "deepspeed"])))
     return Plan(model=model, cluster="dgx-a100", strategy=s, num_layers=num_layers,
@@ -275,8 +286,8 @@ def test_export_round_trip_of_random_plans_equals_the_plans_layout(plan):
         _check_round_trip(plan, target)
     want = layout(plan)
     parsed = parse_megatron(export_plan(plan, "megatron").text, plan.strategy.world_size)
-    for k in ("dp", "tp", "micro_batch_size", "global_batch_size", "zero", "sequence_parallel",
-              "dtype", "num_layers", "pp"):
+    for k in ("dp", "tp", "micro_batch_size", "global_batch_size", "zero", "fsdp_shard_size",
+              "sequence_parallel", "dtype", "num_layers", "pp"):
         assert parsed[k] == want[k], k
     if plan.strategy.pp > 1:
         assert (parsed["vpp"], parsed["layers_per_stage"]) == (want["vpp"], want["layers_per_stage"])
@@ -393,3 +404,22 @@ def test_context_parallel_plan_exports():
     assert tomllib.loads(tt.text)["parallelism"]["context_parallel_degree"] == 2
     ds = export_plan(plan, "deepspeed")
     assert ds.effective["cp"] == 1 and [n.knob for n in ds.notes if n.knob == "cp"] == ["cp"]
+
+
+def test_hsdp_plan_exports_to_each_target():
+    """HSDP dp 16 = 2 replicas x 8 shards: torchtitan replicate 2 x shard 8; Megatron-FSDP
+    2 distributed-optimizer instances (outer dp, no_shard); DeepSpeed MiCS shard size 8,
+    with a note. Each parser reads the shard group back."""
+    s = Strategy(dp=16, global_batch_size=64, zero=3, fsdp_shard_size=8, framework="fsdp2")
+    plan = Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s)
+    tt = export_plan(plan, "torchtitan")
+    par = tomllib.loads(tt.text)["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (2, 8)
+    meg = export_plan(plan, "megatron")
+    assert "--num-distributed-optimizer-instances 2" in meg.text
+    assert "--outer-dp-sharding-strategy no_shard" in meg.text
+    ds = export_plan(plan, "deepspeed")
+    assert json.loads(ds.text)["zero_optimization"] == {"stage": 3, "mics_shard_size": 8}
+    assert "fsdp_shard_size" in {n.knob for n in ds.notes}
+    for target in TARGETS:
+        assert _check_round_trip(plan, target)["fsdp_shard_size"] == 8, target

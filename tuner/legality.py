@@ -12,6 +12,8 @@ repo's ZB-V (two chunks per rank), and context parallelism's load balancing (2cp
 sequence, Megatron ``get_batch_on_this_cp_rank``). Two more rules only remove duplicate points:
 ``schedule_needs_pipeline`` (with pp = 1 every schedule is the same step, kept as 1F1B) and
 ``zero_needs_dp`` (a ZeRO stage over a data-parallel group of one rank is stage 0).
+``hsdp_shard_group`` takes ``completion.strategy.Strategy``'s HSDP check: a shard group
+only with ZeRO-3, dividing dp, 2 <= N < dp.
 """
 
 from __future__ import annotations
@@ -171,6 +173,18 @@ def zero_needs_dp(c: Candidate, p: SearchProblem) -> str | None:
     return None
 
 
+def hsdp_shard_group(c: Candidate, p: SearchProblem) -> str | None:
+    """An HSDP shard group N needs ZeRO-3 and 2 <= N < dp with N | dp (as a Strategy)."""
+    n = c.fsdp_shard_size
+    if n is None:
+        return None
+    if c.zero != 3:
+        return f"fsdp_shard_size={n} (HSDP) needs ZeRO stage 3, got {c.zero}"
+    if n < 2 or n >= c.dp or c.dp % n:
+        return f"fsdp_shard_size={n} must divide dp={c.dp} with 2 <= N < dp"
+    return None
+
+
 #: Every rule, in check order (cheap mesh rules first).
 RULES: tuple[Rule, ...] = (
     mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
@@ -178,7 +192,7 @@ RULES: tuple[Rule, ...] = (
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
-    zero_needs_dp,
+    zero_needs_dp, hsdp_shard_group,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).

@@ -62,7 +62,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
         row.update(dp_degree=dp, mp_degree=plan["tp"], pp_degree=plan["pp"],
                    vpp_degree=plan["vpp"], micro_batch_size=mbs,
                    acc_steps=global_batch // (dp * mbs),
-                   sharding_degree=dp if plan["zero"] else 1,
+                   sharding_degree=(plan.get("fsdp_shard_size") or dp) if plan["zero"] else 1,
                    sharding_stage=plan["zero"], use_recompute=rc != "none",
                    recompute_granularity=None if rc == "none" else rc,
                    sequence_parallel=plan["sequence_parallel"], schedule=plan["schedule"],
@@ -163,12 +163,20 @@ class TuneResult:
         return (self.pareto_front() if self.pareto else self.feasible())[:k]
 
 
+def zero_label(plan: Mapping[str, Any]) -> str:
+    """The ZeRO stage of a plan record, with its HSDP shard group (``3 hsdp8``)."""
+    n = plan.get("fsdp_shard_size")
+    return f"{plan['zero']} hsdp{n}" if n else str(plan["zero"])
+
+
 def plan_label(plan: Mapping[str, Any]) -> str:
     """Short one-line plan description for the progress bar."""
     s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']} {plan['schedule']}"
     if plan["vpp"] > 1:
         s += f" vpp{plan['vpp']}"
     s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['zero']}"
+    if plan.get("fsdp_shard_size"):
+        s += f" hsdp{plan['fsdp_shard_size']}"
     return s + (" sp" if plan["sequence_parallel"] else "")
 
 
@@ -192,7 +200,7 @@ def top_table(result: TuneResult, k: int = 10) -> Any:
             ann = f"random seed {p['annotation_seed']}"
         ann = ann or str(p.get("annotation"))
         tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
-                    str(p["micro_batch_size"]), p["recompute"], str(p["zero"]),
+                    str(p["micro_batch_size"]), p["recompute"], zero_label(p),
                     "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
                     f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
                     f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}")

@@ -4,8 +4,11 @@ A :class:`Candidate` is one point: the process mesh ``dp x cp x tp x pp`` (their
 world size; cp, context parallelism, is searched only over ``SearchSpace.cp_degrees``, by
 default just 1, or pinned with ``--fix cp=N``), the virtual pipeline degree ``vpp``, the pipeline schedule, the micro-batch size (the
 number of micro-batches follows from the global batch: m = B / (dp * mbs)), activation
-recompute, the ZeRO stage over the data-parallel group, Megatron sequence parallelism and
-the intra-op annotation (pattern templates, a full_random seed, or the user's annotation).
+recompute, the ZeRO stage over the data-parallel group, the HSDP shard group of ZeRO-3
+(``fsdp_shard_size``: searched over the divisors N of dp with 2 <= N < dp when
+``SearchSpace.hsdp`` is set, else None = shard over all of dp), Megatron sequence
+parallelism and the intra-op annotation (pattern templates, a full_random seed, or the
+user's annotation).
 
 A :class:`SearchProblem` is what the search is about (model dims, cluster shape, batch and
 sequence); a :class:`SearchSpace` lists the allowed values of each knob for that problem,
@@ -37,9 +40,9 @@ MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
 FIXABLE: dict[str, type] = {
     "dp": int, "tp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
-    "recompute": str, "zero": int, "sequence_parallel": bool, "cp": int,
+    "recompute": str, "zero": int, "sequence_parallel": bool, "cp": int, "fsdp_shard_size": int,
 }
-_FIX_ALIASES = {"mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
+_FIX_ALIASES = {"hsdp": "fsdp_shard_size", "mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
                 "schedule_mode": "schedule", "mp": "tp", "context_parallel_size": "cp"}
 
 
@@ -126,6 +129,8 @@ class Candidate:
     ``templates`` is a sorted tuple of (pattern kind, template name) for pattern-based
     search; ``annotation_seed`` seeds the random dims_mappings of full_random; both empty /
     None for semi-auto (the user's annotation, ``annotation`` names it).
+    ``fsdp_shard_size``: the HSDP shard group of ZeRO-3 (``completion.strategy``), None:
+    shard over all of dp.
     """
 
     dp: int
@@ -141,6 +146,7 @@ class Candidate:
     annotation_seed: int | None = None
     annotation: str = "megatron"
     cp: int = 1
+    fsdp_shard_size: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -160,9 +166,13 @@ class Candidate:
         return dict(self.templates)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; ``templates`` as a dict)."""
+        """Plain-dict form (JSON-ready; ``templates`` as a dict). ``fsdp_shard_size`` is
+        left out when None, so that a plan's record (and its dedup key) is the one studies
+        written before HSDP hold."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
+        if d["fsdp_shard_size"] is None:
+            del d["fsdp_shard_size"]
         return d
 
     @classmethod
@@ -181,7 +191,8 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     """The fields of ``c`` as a tuple, in declaration order (what ``dataclasses.astuple``
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
-            c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp)
+            c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp,
+            c.fsdp_shard_size)
 
 
 def divisors(n: int) -> list[int]:
@@ -260,6 +271,8 @@ class SearchSpace:
         zero_stages, sequence_parallel, cp_degrees (context parallelism; default (1,): the
         search adds cp only when asked): allowed values.
         fix: knob -> pinned value (overrides the lists).
+        hsdp: also search HSDP shard groups with ZeRO-3 (:meth:`shard_choices`); default
+        False keeps the space (and its candidate count) of plain ZeRO.
     """
 
     problem: SearchProblem
@@ -271,8 +284,11 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
     cp_degrees: tuple[int, ...] = (1,)
+    hsdp: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.hsdp, bool):
+            raise SpaceError(f"search space: hsdp must be true or false, got {self.hsdp!r}")
         bad = [s for s in self.schedules if s not in SCHEDULES]
         if bad:
             raise SpaceError(f"search space: unknown schedule(s) {bad}; known: {list(SCHEDULES)}")
@@ -327,15 +343,28 @@ class SearchSpace:
         """Context-parallel degrees to try: the fixed value, else ``cp_degrees``."""
         return self._pick("cp", self.cp_degrees)
 
+    def shard_choices(self, dp: int, zero: int) -> list[int | None]:
+        """HSDP shard groups to try for a candidate with ``dp`` and ZeRO stage ``zero``:
+        the fixed value; else, with :attr:`hsdp` and zero 3, None (shard over all of dp)
+        and every divisor N of dp with 2 <= N < dp; else [None]."""
+        if "fsdp_shard_size" in self.fix:
+            return [self.fix["fsdp_shard_size"]]
+        if not self.hsdp or zero != 3:
+            return [None]
+        return [None] + [n for n in divisors(dp) if 2 <= n < dp]
+
     def sp_choices(self) -> list[bool]:
         """Sequence-parallel flags to try: the fixed value, else ``sequence_parallel``."""
         return self._pick("sequence_parallel", self.sequence_parallel)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; the problem nested, ``fix`` a plain dict)."""
+        """Plain-dict form (JSON-ready; the problem nested, ``fix`` a plain dict).
+        ``hsdp`` is left out when False, so that a study stored before HSDP resumes."""
         d = asdict(self)
         d["problem"] = self.problem.to_dict()
         d["fix"] = dict(self.fix)
+        if not d["hsdp"]:
+            del d["hsdp"]
         return d
 
     @classmethod
@@ -363,4 +392,6 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
                     space.sp_choices()):
-                yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp)
+                for shard in space.shard_choices(dp, z):
+                    yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp,
+                                    fsdp_shard_size=shard)

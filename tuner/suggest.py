@@ -3,7 +3,9 @@
 Parameters are suggested in dependency order and only where they matter (conditional
 search space): the mesh first (``tp``, ``pp``; dp follows from the world
 size), then ``schedule`` only when pp > 1, ``vpp`` only for VPP (ZBVPP is always 2),
-``micro_batch_size``, ``recompute``, ``zero`` only when dp > 1, and the
+``micro_batch_size``, ``recompute``, ``zero`` only when dp > 1, the HSDP shard group
+only with ZeRO-3 and a choice (``fsdp_shard_size_dp{dp}``: one parameter per dp, so its
+choices are the same in every trial that suggests it), and the
 annotation knobs only when tp > 1. Every categorical has the same choices in every trial
 (Optuna requires it); choices that can never be legal for the problem (a tp that does not
 divide the heads, a pp that does not divide the layers) are filtered out up front, the
@@ -115,6 +117,8 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     mbs = _cat(trial, "micro_batch_size", space.mbs_choices())
     rc = _cat(trial, "recompute", space.recompute_choices())
     zero = _cat(trial, "zero", space.zero_choices()) if dp > 1 else 0
+    shards = space.shard_choices(dp, zero)
+    shard = _cat(trial, f"fsdp_shard_size_dp{dp}", shards) if len(shards) > 1 else shards[0]
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
@@ -126,7 +130,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
-                     cp)
+                     cp, shard)
     return L.first_violation(cand, p) or cand
 
 

@@ -44,12 +44,14 @@ def software(engine: object) -> dict[str, object]:
     """What the Engine costed with besides the layout: ``framework`` (profile name),
     ``attention`` (flash / unfused, resolved), ``attention_kernel`` (the profile's flash
     kernel, None for unfused attention) and ``seq_len`` (tokens per sequence) and ``fp8``
-    (the FP8 recipe, None for none)."""
+    (the FP8 recipe, None for none) and ``fsdp_shard_size`` (the HSDP shard group, None for
+    none)."""
     s = engine.strategy  # type: ignore[attr-defined]
     kernel = engine.profile.kernels.attention_kernel.value  # type: ignore[attr-defined]
     return {"framework": s.framework, "attention": s.attention,
             "attention_kernel": kernel if s.attention == "flash" else None,
-            "seq_len": engine.source.seq_len, "fp8": s.fp8}  # type: ignore[attr-defined]
+            "seq_len": engine.source.seq_len, "fp8": s.fp8,  # type: ignore[attr-defined]
+            "fsdp_shard_size": s.fsdp_shard_size}
 
 
 def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object]) -> str:
@@ -60,7 +62,9 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%, "
         f"bubble ratio {d['bubble_ratio']:.4f}",
         f"framework {sw['framework']}, attention {sw['attention']}{kernel}, "
-        f"seq len {sw['seq_len']}" + (f", fp8 {sw['fp8']} (decoder linears)" if sw.get("fp8") else ""),
+        f"seq len {sw['seq_len']}" + (f", fp8 {sw['fp8']} (decoder linears)" if sw.get("fp8") else "")
+        + (f", HSDP: ZeRO-3 in shard groups of {sw['fsdp_shard_size']} dp ranks"
+           if sw.get("fsdp_shard_size") else ""),
         f"layers per stage: {d['layers_per_vstage']}",
         "time breakdown (critical rank):",
     ]
@@ -95,6 +99,7 @@ def cost_cmd(
     seq_len: int | None = opt.SEQ_LEN,
     recompute: opt.Recompute = opt.RECOMPUTE,
     zero: int = opt.ZERO,
+    fsdp_shard_size: int | None = opt.FSDP_SHARD_SIZE,
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
     dtype: opt.Dtype = opt.DTYPE,
     framework: opt.Framework = opt.FRAMEWORK,
@@ -111,7 +116,7 @@ def cost_cmd(
 
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, vpp=vpp, schedule=schedule,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                                  recompute=recompute, zero=zero,
+                                  recompute=recompute, zero=zero, fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention)
     engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)

@@ -10,6 +10,12 @@ autotp-training/, DeepSpeed >= 0.16.4). Mapping:
   (micro x m) is stated by the batch keys.
 - ``zero_optimization.stage`` = ZeRO stage; ``tensor_parallel.autotp_size`` = tp (AutoTP
   combines with ZeRO stages 0-2 only: ZeRO 3 with tp > 1 is noted).
+- HSDP (ZeRO-3 in shard groups of N): ``zero_optimization.mics_shard_size`` = N (MiCS,
+  Zhang et al. 2022: model states partitioned within groups of N ranks, replicated across
+  them; ``deepspeed.zero.MiCS_Init`` in the script). Noted: the newest DeepSpeed rejects
+  the MiCS keys, and ZeRO++ hpZ (``zero_hpz_partition_size``) is not the same thing (it
+  keeps only a secondary copy of the weights per group; gradients and optimizer states
+  stay sharded over all of dp).
 - pp: DeepSpeed's pipeline stages are not a config key (``deepspeed.pipe.PipelineModule
   (num_stages=pp)`` in the training script), so pp is noted and the world size must be dp x
   tp x pp; its pipeline engine runs 1F1B only, one chunk per rank.
@@ -55,6 +61,13 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                               f"to PipelineModule (partition_method) in the script"))
     if eff["zero"] == 3 and eff["tp"] > 1:
         notes.append(Note("zero", "DeepSpeed AutoTP combines with ZeRO stages 0-2 only"))
+    if eff["fsdp_shard_size"]:
+        notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
+                                             f"{eff['fsdp_shard_size']}; build the model under "
+                                             f"deepspeed.zero.MiCS_Init); DeepSpeed releases "
+                                             f"without MiCS reject the key: there drop it (ZeRO-3 "
+                                             f"over all dp) -- hpZ (zero_hpz_partition_size) "
+                                             f"shards only a secondary weight copy per group"))
     if eff["recompute"] in ("selective", "selective-op"):
         notes.append(Note("recompute", "DeepSpeed checkpoints whole wrapped layers; selective "
                                        "recompute is not a config option (none written)"))
@@ -91,6 +104,8 @@ def export(plan: Any) -> Export:
         "bf16": {"enabled": eff["dtype"] == "bfloat16"},
         "fp16": {"enabled": eff["dtype"] == "float16"},
     }
+    if eff["fsdp_shard_size"]:
+        cfg["zero_optimization"]["mics_shard_size"] = eff["fsdp_shard_size"]
     if eff["tp"] > 1:
         cfg["tensor_parallel"] = {"autotp_size": eff["tp"]}
     if eff["optimizer"] in OPTIMIZERS:

@@ -34,7 +34,10 @@ Mapping (Megatron's meanings):
 - ZeRO 1: ``--use-distributed-optimizer`` (optimizer states sharded over dp; weights and
   gradients full: 6 + 12/dp bytes per parameter, reference/fidelity_notes.md); 2 and 3:
   Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
-  ``optim_grads_params``, docs/user-guide/features/megatron_fsdp.md).
+  ``optim_grads_params``, docs/user-guide/features/megatron_fsdp.md). HSDP (ZeRO-3 in
+  shard groups of N): Megatron-FSDP's HSDP, ``--num-distributed-optimizer-instances dp/N
+  --outer-dp-sharding-strategy no_shard`` (the same doc, "Hybrid-Sharded Data
+  Parallelism": states sharded over the inner dp ranks, replicated over the outer ones).
 - recompute full: ``--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1`` (every layer's input kept, the layer recomputed); selective:
   ``--recompute-granularity selective`` (the core attention, Korthikanti et al. 2022);
@@ -125,6 +128,9 @@ def export(plan: Any) -> Export:
         eff["recompute"] = "selective"
     args += RECOMPUTE_ARGS[eff["recompute"]]
     args += ZERO_ARGS[eff["zero"]]
+    if eff["fsdp_shard_size"]:
+        args += ["--num-distributed-optimizer-instances", str(eff["dp"] // eff["fsdp_shard_size"]),
+                 "--outer-dp-sharding-strategy", "no_shard"]
     args += DTYPE_ARGS[eff["dtype"]]
     name, runs = OPTIMIZER_ARGS[eff["optimizer"]]
     if runs != eff["optimizer"]:

@@ -116,8 +116,9 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
         notes.append(Note("zero", "FSDP2 has no ZeRO-1 (optimizer states only); ZeRO-2 "
                                   "(reshard_after_forward never: gradients sharded too) is written"))
         zero = eff["zero"] = 2
-    par["data_parallel_replicate_degree"] = dp if zero == 0 else 1
-    par["data_parallel_shard_degree"] = 1 if zero == 0 else dp
+    shard = eff["fsdp_shard_size"] or dp  # HSDP: replicate outer, shard inner
+    par["data_parallel_replicate_degree"] = dp if zero == 0 else dp // shard
+    par["data_parallel_shard_degree"] = 1 if zero == 0 else shard
     if zero == 2:
         par["fsdp_reshard_after_forward"] = "never"
     par["tensor_parallel_degree"] = eff["tp"]

@@ -2,7 +2,8 @@
 
 One spelling per knob, the Strategy field's (``completion.strategy``): ``--dp``, ``--tp``,
 ``--pp``, ``--cp``, ``--cp-comm``, ``--vpp``, ``--schedule``, ``--micro-batch-size``, ``--global-batch``, ``--seq-len``,
-``--recompute``, ``--zero``, ``--sequence-parallel``, ``--dtype``; earlier and Megatron-LM
+``--recompute``, ``--zero``, ``--fsdp-shard-size`` (alias ``--hsdp``), ``--sequence-parallel``,
+``--dtype``; earlier and Megatron-LM
 spellings are aliases (:data:`FLAGS`). Closed value sets are typer Enum choices;
 schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
@@ -112,6 +113,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "global_batch_size": ("--global-batch", "--global-batch-size"),
     "recompute": ("--recompute",),
     "zero": ("--zero", "--zero-stage"),
+    "fsdp_shard_size": ("--fsdp-shard-size", "--hsdp"),
     "sequence_parallel": ("--sequence-parallel",),
     "dtype": ("--dtype",),
     "framework": ("--framework",),
@@ -151,6 +153,11 @@ LAYERS = typer.Option(None, "--layers", "-l", max=MAX_LAYERS,
 RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
                          help="Activation recompute.")
 ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
+FSDP_SHARD_SIZE = typer.Option(
+    None, *FLAGS["fsdp_shard_size"], min=0, max=MAX_NODES,
+    help="HSDP with --zero 3: shard weights, gradients and optimizer states within groups of "
+         "N dp ranks (N divides dp, 2 <= N < dp) and all_reduce gradients across the dp/N "
+         "groups. Default: shard over all of dp.")
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
                                  help="Megatron sequence parallelism (needs tp > 1).")
 DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.")

@@ -75,6 +75,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     s = plan.strategy
     line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
+            + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "") +
             f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
@@ -97,9 +98,10 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  sampler: str | None, layers: int | None, cross_node_tp: bool,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
                  attention: str | None = None,
-                 memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM) -> Any:
+                 memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
-    pattern templates of the model, scorer settings). Raises ValueError (SpaceError,
+    pattern templates of the model, scorer settings; ``hsdp``: also search HSDP shard
+    groups with ZeRO-3, ``tuner.space.SearchSpace.hsdp``). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
@@ -109,7 +111,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
-    return TuneConfig(SearchSpace(prob, fix=parse_fix(fix)), mode=mode,
+    return TuneConfig(SearchSpace(prob, fix=parse_fix(fix), hsdp=hsdp), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 
@@ -153,6 +155,10 @@ def tune_cmd(
     max_step_time: float | None = typer.Option(None, "--max-step-time",
                                                help="Deadline: only plans whose step takes at "
                                                     "most S seconds qualify."),
+    search_hsdp: bool = typer.Option(False, "--search-hsdp",
+                                     help="With ZeRO-3 also try HSDP shard groups (every divisor "
+                                          "N of dp, 2 <= N < dp); pin one with --fix "
+                                          "fsdp_shard_size=N."),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
     cheapest cluster size and its plan)."""
@@ -169,7 +175,7 @@ def tune_cmd(
     mode_name = opt.value(mode)
     cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto, fix,
                        sampler, layers, cross_node_tp, opt.value(dtype), opt.value(framework),
-                       opt.value(attention), memory_headroom)
+                       opt.value(attention), memory_headroom, search_hsdp)
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out
@@ -184,7 +190,8 @@ def tune_cmd(
         def run_one(n: int | None, study_name: str, d: Path) -> Any:
             cfg_n = _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
                                  fix, sampler, layers, cross_node_tp, opt.value(dtype),
-                                 opt.value(framework), opt.value(attention), memory_headroom)
+                                 opt.value(framework), opt.value(attention), memory_headroom,
+                                 search_hsdp)
             if storage is None:
                 opt.ensure_dir(d)
             res_n = search(cfg_n, study_name, storage=storage,
