@@ -106,7 +106,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
                    sharding_degree=dp if plan["zero"] else 1,
                    sharding_stage=plan["zero"], use_recompute=rc != "none",
                    recompute_granularity=None if rc == "none" else rc,
-                   sequence_parallel=plan["sequence_parallel"], schedule=plan["schedule"],
+                   sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
                    annotation=plan.get("annotation"),
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
