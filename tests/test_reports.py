@@ -50,12 +50,24 @@ def test_cost_names_where_seq_len_and_attention_came_from(capsys):
     assert (d["gpus_used"], d["gpus_idle"], d["warnings"]) == (8, 0, [])  # the whole node
 
 
+def test_cost_of_a_program_says_its_sequence_length_is_unknown(capsys):
+    """The seed MLP program has no input_ids [b, s]: seq len 0, and the report says why."""
+    from tests.test_seed_end_to_end import COST_ARGS
+
+    rc, out, _ = run_main(capsys, *COST_ARGS)
+    d = json.loads(out)
+    assert rc == 0 and (d["seq_len"], d["seq_len_source"], d["attention_source"]) == (0, "none", "program")
+    rc, out, _ = run_main(capsys, *[a for a in COST_ARGS if a != "--json"])
+    assert "seq len 0 (from nowhere: the program has no input_ids [batch, seq] input" in out
+    assert "global batch 4 = dp 1 x 1 micro-batch of 4" in out
+
+
 def test_cost_text_report_echoes_inputs_and_warns_of_idle_gpus(capsys):
     rc, out, err = run_main(capsys, *COST)
     assert rc == 0
     assert "seq len 2048 (from the model config's default" in out
     assert "GPUs: 4 used of 8 available (1 node x 8); dp 2 x cp 1 x tp 1 x pp 2" in out
-    assert "global batch 8 = 4 micro-batches of 1 per dp rank" in out
+    assert "global batch 8 = dp 2 x 4 micro-batches of 1" in out
     assert "ZeRO stage 1 (optimizer states sharded over dp)" in out
     assert "framework megatron-core; attention flash" in out
     assert "from the framework profile's default" in out

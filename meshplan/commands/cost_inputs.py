@@ -14,6 +14,8 @@ from typing import Any
 SEQ_LEN_SOURCES = {
     "flag": "--seq-len",
     "program": "the program's input_ids [batch, seq] shape",
+    "none": "nowhere: the program has no input_ids [batch, seq] input, so tokens/s counts no "
+            "tokens; pass --seq-len",
     "config": "the model config's default: its seq_len, max_position_embeddings of a "
               "config.json; --seq-len costs another",
 }
@@ -23,6 +25,8 @@ ATTENTION_SOURCES = {
     "flag": "--attention",
     "model": "the model config's own attn_implementation",
     "framework": "the framework profile's default, kernels.attention",
+    "program": "nowhere: a given program runs the attention ops it holds; this name is the "
+               "framework's default, reported only",
 }
 
 #: ZeRO stage -> what it shards over the data-parallel group (Rajbhandari et al. 2020,
@@ -37,16 +41,22 @@ ZERO_SHARDS = {
 
 def seq_len_source(seq_len_flag: int | None, source: Any) -> str:
     """Key of :data:`SEQ_LEN_SOURCES`: ``flag`` when ``--seq-len`` was given, ``program``
-    for a given program (``ModelSource.is_program``), else ``config``."""
+    for a given program (``ModelSource.is_program``) with an ``input_ids`` [b, s] input
+    (``none`` without: seq_len 0), else ``config``."""
     if seq_len_flag is not None:
         return "flag"
-    return "program" if source.is_program else "config"
+    if source.is_program:
+        return "program" if source.seq_len else "none"
+    return "config"
 
 
 def attention_source(attention_flag: str | None, source: Any) -> str:
-    """Key of :data:`ATTENTION_SOURCES`, in the order ``resolve_attention`` takes them."""
+    """Key of :data:`ATTENTION_SOURCES`, in the order ``resolve_attention`` takes them
+    (``program`` for a given program without ``--attention``: its ops are its own)."""
     if attention_flag is not None:
         return "flag"
+    if source.is_program:
+        return "program"
     return "model" if source.attention is not None else "framework"
 
 
@@ -98,8 +108,8 @@ def input_lines(rec: dict[str, Any], attention_kernel: str | None) -> list[str]:
         f"({rec['nodes']} node{'s' if rec['nodes'] != 1 else ''} x {per_node}); "
         f"dp {s['dp']} x cp {s['cp']} x tp {s['tp']} x pp {s['pp']}"
         + (f" (vpp {s['vpp']})" if s["vpp"] > 1 else "")
-        + f"; global batch {s['global_batch_size']} = {rec['num_microbatches']} micro-batches "
-          f"of {s['micro_batch_size']} per dp rank",
+        + f"; global batch {s['global_batch_size']} = dp {s['dp']} x {rec['num_microbatches']} "
+          f"micro-batch{'es' if rec['num_microbatches'] != 1 else ''} of {s['micro_batch_size']}",
         f"ZeRO stage {rec['zero']} ({rec['zero_shards']}); recompute {s['recompute']}; "
         f"dtype {s['dtype']}" + ("; sequence parallel" if s["sequence_parallel"] else ""),
         f"framework {rec['framework']}; attention {rec['attention']}{kernel} "
