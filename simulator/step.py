@@ -136,8 +136,28 @@ class StepResult:
     """(rank, chunk) -> (M_B, M_W) bytes per micro-batch: what the memory timeline plays
     (``simulator.memory_timeline``)."""
 
+    @property
+    def zb_bubble_rate(self) -> float:
+        """The Zero Bubble paper's bubble rate of the pipeline (Qi et al. 2024, sec. 5.3):
+        (cost - ideal) / cost, cost the largest per-rank span of the schedule, ideal the
+        largest per-rank busy time (``SimResult.bubble_ratio``; dimensionless, in [0, 1)).
+        It looks at the pipeline only: gradient sync and optimizer are outside it."""
+        return self.sim.bubble_ratio
+
+    @property
+    def critical_rank_idle_fraction(self) -> float:
+        """The plain idle fraction of the critical rank (the pipeline rank that finishes the
+        step last, whose ``time_breakdown`` the report shows): its idle time inside the
+        pipeline (``time_breakdown["bubble"]`` = last action end - compute - TP comm) over
+        the whole step time (pipeline + DP sync + optimizer); dimensionless, in [0, 1).
+        Unlike :attr:`zb_bubble_rate` it counts the warm-up wait before the rank's first
+        action and divides by the step the user waits for."""
+        return self.time_breakdown.get("bubble", 0.0) / self.step_time if self.step_time > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly view (times in ms for the headline, seconds in breakdowns)."""
+        """JSON-friendly view (times in ms for the headline, seconds in breakdowns).
+        ``bubble_ratio`` is :attr:`zb_bubble_rate` under its older name (kept for readers
+        of earlier output)."""
         return {
             "step_time_ms": self.step_time * 1e3,
             "tokens_per_s": self.tokens_per_s,
@@ -150,6 +170,8 @@ class StepResult:
             "stage_times_s": self.stage_times,
             "layers_per_vstage": self.layers_per_vstage,
             "bubble_ratio": self.sim.bubble_ratio,
+            "zb_bubble_rate": self.zb_bubble_rate,
+            "critical_rank_idle_fraction": self.critical_rank_idle_fraction,
             "model_flops_per_step": self.model_flops,
             "executed_flops_per_step": self.executed_flops,
         }

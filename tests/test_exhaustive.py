@@ -148,8 +148,16 @@ def test_exhaustive_equals_brute_force(tiny):
     assert rep.best_time_s == optimum
     _, rec = TuneResult(res.study, 32).best()
     assert rec["time_s"] == optimum
-    # every simulated candidate is one COMPLETE (or PRUNED: refused) trial
+    # Optuna's own best trial (it honours the memory constraint) is the proven optimum too
+    assert res.study.best_trial.value == res.best_trial().value == rep.best_time_s
+    # every simulated candidate is one COMPLETE (or PRUNED: refused) trial, carrying the
+    # Optuna path's named constraint and the feasible flag (issue 20 item 4)
     assert len(res.study.trials) == rep.simulated
+    for t in res.study.trials:
+        if t.state.name == "COMPLETE":
+            ua = t.user_attrs
+            assert t.constraints == {"memory": ua["memory_bytes"] / ua["memory_limit_bytes"] - 1}
+            assert ua["feasible"] == (ua["memory_bytes"] <= ua["memory_limit_bytes"])
 
 
 class _Killed(BaseException):

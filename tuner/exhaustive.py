@@ -34,6 +34,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
+from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs
 
 
 class Bound(NamedTuple):
@@ -147,19 +148,22 @@ def plan_key(candidate: Any) -> str:
 
 
 def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, Any], lb: float) -> None:
-    """Write one finished trial (one storage call): COMPLETE with the score record, or
-    PRUNED with the scorer's error."""
+    """Write one finished trial (one storage call): COMPLETE with the score record
+    (``tuner.study.record_attrs``: ``feasible`` and the memory figures too) and the
+    ``memory`` constraint, or PRUNED with the scorer's error."""
+
     attrs = {"plan": candidate.to_dict(), "plan_key": key, "exhaustive_time_bound_s": lb}
     if "error" in rec:
         attrs["error"] = rec["error"]
         trial = optuna.trial.create_trial(state=TrialState.PRUNED, user_attrs=attrs)
     else:
-        attrs.update(rec)
+        attrs.update(record_attrs(rec))
         n_obj = len(study.directions)
         values = [rec["time_s"], float(rec["memory_bytes"])][:n_obj]
+        # the key trial.set_constraint writes (the Optuna path's constraint, by name)
         trial = optuna.trial.create_trial(
             state=TrialState.COMPLETE, values=values, user_attrs=attrs,
-            system_attrs={"constraints": (rec["memory_bytes"] / rec["memory_limit_bytes"] - 1.0,)})
+            system_attrs={f"constraints:{MEMORY_CONSTRAINT}": memory_constraint(rec)})
     study.add_trial(trial)
 
 

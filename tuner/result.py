@@ -12,6 +12,7 @@ that the plan needs more than ``memory_limit_bytes``). Integer columns are integ
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,15 +39,55 @@ INT_COLUMNS = ("job_id", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "m
 BOOL_COLUMNS = ("use_recompute", "sequence_parallel", "oom", "feasible", "cached")
 GIB = 1024**3
 
-
-
 SCORE_KEYS = ("time_s", "memory_bytes", "memory_limit_bytes")
+
+
+#: the name of the trial constraint that says whether a plan fits (``trial.set_constraint``)
+MEMORY_CONSTRAINT = "memory"
+
+
+def memory_constraint(rec: Mapping[str, Any]) -> float:
+    """The ``memory`` constraint of a score record: ``memory_bytes / memory_limit_bytes - 1``
+    (dimensionless; <= 0 when the plan fits, Optuna's feasibility rule)."""
+    return rec["memory_bytes"] / rec["memory_limit_bytes"] - 1.0
+
+
+def record_attrs(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The user attrs a scored trial carries, in the order they are written (``time_s``
+    last: a reader that sees it sees the rest): ``metrics``, ``memory_limit_bytes``,
+    ``memory_gib`` and ``memory_limit_gib`` (the same figures in GiB, for optuna-dashboard's
+    trial table), ``feasible`` (peak <= limit: optuna-dashboard shows an out-of-memory
+    plan as such, beside its ``memory`` constraint), ``memory_bytes``, ``time_s``."""
+    mem, lim = int(rec["memory_bytes"]), int(rec["memory_limit_bytes"])
+    return {"metrics": rec["metrics"], "memory_limit_bytes": lim,
+            "memory_gib": round(mem / GIB, 3), "memory_limit_gib": round(lim / GIB, 3),
+            "feasible": mem <= lim, "memory_bytes": mem, "time_s": rec["time_s"]}
 
 
 def scored(user_attrs: Mapping[str, Any]) -> bool:
     """True when a trial carries a whole score record (a worker killed while writing it
     can leave part of it)."""
     return all(k in user_attrs for k in SCORE_KEYS)
+
+
+def _fits(t: optuna.trial.FrozenTrial) -> bool:
+    """A scored trial fits in memory: every constraint it carries is <= 0 (Optuna's rule;
+    the ``memory`` constraint is peak / limit - 1), and its peak is at most the limit."""
+    ua = t.user_attrs
+    return (all(v <= 0.0 for v in t.constraints.values())
+            and ua.get("memory_bytes", 1) <= ua.get("memory_limit_bytes", 0))
+
+
+def _one_per_plan(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """``trials`` sorted by (time_s, memory_bytes, number), keeping the first of each plan_key."""
+    seen, out = set(), []
+    for t in sorted(trials, key=lambda t: (t.user_attrs["time_s"], t.user_attrs["memory_bytes"], t.number)):
+        k = t.user_attrs.get("plan_key")
+        if k not in seen:
+            seen.add(k)
+            out.append(t)
+    return out
+
 
 def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
     ua = t.user_attrs
@@ -65,7 +106,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
                    sharding_degree=(plan.get("fsdp_shard_size") or dp) if plan["zero"] else 1,
                    sharding_stage=plan["zero"], use_recompute=rc != "none",
                    recompute_granularity=None if rc == "none" else rc,
-                   sequence_parallel=plan["sequence_parallel"], schedule=plan["schedule"],
+                   sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
                    annotation=plan.get("annotation"),
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
@@ -127,36 +168,60 @@ class TuneResult:
         return dict(c)
 
     def feasible(self) -> list[optuna.trial.FrozenTrial]:
-        """Complete trials that fit in memory, fastest first (equal times: lower peak memory
-        first, then trial number), one per distinct plan."""
-        seen, out = set(), []
-        ts = [t for t in self.trials() if t.state == TrialState.COMPLETE
-              and t.user_attrs.get("memory_bytes", 1) <= t.user_attrs.get("memory_limit_bytes", 0)]
-        for t in sorted(ts, key=lambda t: (t.user_attrs["time_s"], t.user_attrs["memory_bytes"], t.number)):
-            k = t.user_attrs.get("plan_key")
-            if k not in seen:
-                seen.add(k)
-                out.append(t)
-        return out
+        """Complete trials that fit in memory (the ``memory`` constraint <= 0), fastest
+        first (equal times: lower peak memory first, then trial number), one per distinct
+        plan."""
+        return _one_per_plan([t for t in self.trials() if t.state == TrialState.COMPLETE
+                              and scored(t.user_attrs) and _fits(t)])
+
+    def best_trial(self) -> optuna.trial.FrozenTrial | None:
+        """The best feasible trial, chosen by Optuna (which honours the ``memory``
+        constraint each trial carries, ``trial.set_constraint``): ``study.best_trial`` of a
+        single-objective study, the fastest of :meth:`pareto_front` (``study.best_trials``)
+        of a (time, memory) study. Among trials exactly as fast as Optuna's choice the one
+        with the lowest peak memory, then the lowest number, is taken (Optuna returns the
+        first it finds; a plan that is as fast and lighter is the better answer). None when
+        no trial is complete or none fits (Optuna raises ValueError then).
+
+        With ``--sampler exhaustive`` this is the proven optimum (its time equals
+        ``exhaustive.best_time_s``): every simulated candidate is a trial of the study."""
+        if len(self.study.directions) > 1:
+            front = self.pareto_front()
+            return front[0] if front else None
+        try:
+            t = self.study.best_trial
+        except ValueError:  # no complete trial, or none feasible
+            return None
+        ties = [u for u in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if u.value == t.value and _fits(u) and scored(u.user_attrs)]
+        return min(ties, key=lambda u: (u.user_attrs["memory_bytes"], u.number), default=t)
 
     def best(self) -> tuple[Candidate, Mapping[str, Any]] | None:
-        """The fastest feasible plan and its record (time_s, memory_bytes, metrics)."""
-        f = self.feasible()
-        if not f:
+        """The best feasible plan (:meth:`best_trial`) and its record (time_s,
+        memory_bytes, memory_limit_bytes, metrics); None when nothing fits."""
+        t = self.best_trial()
+        if t is None:
             return None
-        return Candidate.from_dict(f[0].user_attrs["plan"]), f[0].user_attrs
+        return Candidate.from_dict(t.user_attrs["plan"]), t.user_attrs
 
     def pareto_front(self) -> list[optuna.trial.FrozenTrial]:
-        """Feasible trials not dominated in (time, peak memory), fastest first."""
-        f = self.feasible()
-        out = []
-        for t in f:
-            a = (t.user_attrs["time_s"], t.user_attrs["memory_bytes"])
-            if not any((u.user_attrs["time_s"], u.user_attrs["memory_bytes"]) != a
-                       and u.user_attrs["time_s"] <= a[0] and u.user_attrs["memory_bytes"] <= a[1]
-                       for u in f):
-                out.append(t)
-        return out
+        """Feasible trials not dominated in (time, peak memory), fastest first (equal
+        times: lower memory first, then trial number), one per distinct plan: Optuna's
+        ``study.best_trials`` (constrained: only trials whose constraints are all <= 0).
+        A single-objective study (the demo's) has one value per trial; its front is
+        taken over (time_s, memory_bytes) of :meth:`feasible` by one sweep in time order
+        (a plan is on it when it needs less memory than every faster plan). Empty when
+        nothing fits."""
+        if len(self.study.directions) > 1:
+            front = [t for t in self.study.best_trials if scored(t.user_attrs)]
+        else:
+            front, lightest, prev = [], math.inf, None
+            for t in self.feasible():  # (time, memory) ascending
+                a = (t.user_attrs["time_s"], t.user_attrs["memory_bytes"])
+                if a[1] < lightest or a == prev:
+                    front.append(t)
+                    lightest, prev = min(lightest, a[1]), a
+        return _one_per_plan(front)
 
     def top(self, k: int = 10) -> list[optuna.trial.FrozenTrial]:
         """The first ``k`` of the Pareto front (``pareto`` studies) or of :meth:`feasible`."""

@@ -12,7 +12,9 @@ names the rule); a point the scorer rejects with a ``ValueError`` (an engine lim
 does not model) is pruned with user attr ``error``; every scored point is COMPLETE with its
 step time (and peak memory with ``pareto``), its memory excess recorded as the constraint
 ``memory = peak / capacity - 1`` (feasible when <= 0) via ``trial.set_constraint`` — an
-out-of-memory plan is never a failed trial. Identical plans are scored once per study,
+out-of-memory plan is never a failed trial — and the user attrs ``feasible``,
+``memory_bytes``, ``memory_limit_bytes`` (and both in GiB) that optuna-dashboard lists
+(:func:`record_attrs`). Identical plans are scored once per study,
 whichever process scores them: the cache includes the study's history (scores and scorer
 errors), so a resumed search or a second worker reuses it, and a worker that draws a plan
 another live worker is scoring right now (a RUNNING trial with the same ``plan_key`` and a
@@ -50,7 +52,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.result import scored
+from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs, scored
 from tuner.space import Candidate, SearchSpace
 from tuner.storage import (
     WORKER_ATTR,
@@ -314,9 +316,9 @@ class _Objective:
             trial.set_user_attr("cached", True)
         # time_s last: each attr is its own storage write, so a trial whose worker is killed
         # mid-way never shows time_s without the memory fields that readers pair with it
-        for k in ("metrics", "memory_limit_bytes", "memory_bytes", "time_s"):
-            trial.set_user_attr(k, rec[k])
-        trial.set_constraint("memory", rec["memory_bytes"] / rec["memory_limit_bytes"] - 1.0)
+        for k, v in record_attrs(rec).items():
+            trial.set_user_attr(k, v)
+        trial.set_constraint(MEMORY_CONSTRAINT, memory_constraint(rec))
         if self.cfg.pareto:
             return rec["time_s"], float(rec["memory_bytes"])
         return rec["time_s"]

@@ -10,7 +10,7 @@ from typing import Any
 def summary_lines(program: Any, completer: Any) -> list[str]:
     """One line per op of a completed ``completion.ir.Program`` (``completer``: the
     ``Completer`` that completed it, for the stages), then the count of operands that need a
-    reshard."""
+    reshard, and :data:`RESHARD_NOTE` saying what that count means."""
     lines = ["// per-op summary: type [struct] stage/chunk: operands -> results (* = reshard needed)"]
     for op in program.ops:
         lines.append("//   " + _op_line(op, completer))
@@ -18,7 +18,21 @@ def summary_lines(program: Any, completer: Any) -> list[str]:
             if v is not None and op.dist_attr and i < len(op.dist_attr.operands)
             and op.dist_attr.operands[i] is not None and _differs(v.dist_attr, op.dist_attr.operands[i]))
     lines.append(f"// operands needing a reshard: {n}")
+    lines += RESHARD_NOTE
     return lines
+
+
+#: what the count line means (printed under it): the operand layout an op's rule wants
+#: against the layout its producer left, and what happens at each mismatch
+RESHARD_NOTE = [
+    "//   (an operand needs a reshard when the layout its producer left -- its placements,",
+    "//    partial status or mesh -- differs from the layout this op's SPMD rule reads it in;",
+    "//    the lines marked * above. The partition pass inserts a reshard op there: a",
+    "//    collective (all_gather, all_to_all, reduce_scatter, all_reduce) or a local slice,",
+    "//    planned by completion.reshard.plan_reshard and timed in simulator/stage_cost.py.",
+    "//    0 means every value flows in the layout its consumer wants; `meshplan cost`",
+    "//    includes these reshards in the step time)",
+]
 
 
 def _fmt(a: Any) -> str:

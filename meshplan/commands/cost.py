@@ -9,7 +9,13 @@ peak + headroom fits in usable memory; ``--json`` prints step_time_ms, tokens_pe
 tflops_per_gpu, mfu, max_memory_bytes, the breakdowns, ``device_memory_bytes``,
 ``reserved_memory_bytes``, ``usable_memory_bytes``, ``memory_headroom``,
 ``memory_headroom_bytes``, ``memory_limit_bytes``, ``fits_in_memory`` and ``framework``,
-``attention``, ``attention_kernel``, ``seq_len``."""
+``attention``, ``attention_kernel``, ``seq_len``; the inputs it assumed
+(``meshplan.commands.cost_inputs.assumed_inputs``: ``seq_len_source``, ``gpus_used`` /
+``gpus_available`` / ``gpus_idle`` with a warning when GPUs stay idle, ``zero`` and what it
+shards, ``attention_source``, the whole ``strategy``, ``warnings``); and two bubble figures
+under names that say which: ``zb_bubble_rate`` (the Zero Bubble paper's, Qi et al. 2024
+sec. 5.3, = ``bubble_ratio``) and ``critical_rank_idle_fraction`` (the critical rank's
+bubble time over the step time)."""
 
 from __future__ import annotations
 
@@ -54,21 +60,36 @@ def software(engine: object) -> dict[str, object]:
             "fsdp_shard_size": s.fsdp_shard_size}
 
 
-def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object]) -> str:
+#: time-breakdown key -> what its line means (the critical rank's step, seconds)
+TIME_TERMS = {
+    "compute": "kernels of its stages (forward, backward, recompute)",
+    "tp_comm": "collectives inside its stages (TP, CP, ZeRO-3 gathers) not hidden by compute",
+    "pp_comm": "sends and receives between pipeline stages",
+    "bubble": "idle: waiting for its pipeline neighbours (warm-up, cool-down, stalls)",
+    "dp_sync": "gradient reduce and parameter gathers not hidden behind the backward",
+    "optimizer": "optimizer step and once-per-step kernels",
+}
+
+
+def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object],
+            inputs: dict[str, object]) -> str:
+    from meshplan.commands.cost_inputs import input_lines
+
     d = res.to_dict()  # type: ignore[attr-defined]
-    kernel = f" ({sw['attention_kernel']})" if sw["attention_kernel"] else ""
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
-        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%, "
-        f"bubble ratio {d['bubble_ratio']:.4f}",
-        f"framework {sw['framework']}, attention {sw['attention']}{kernel}, "
-        f"seq len {sw['seq_len']}" + (f", fp8 {sw['fp8']} (decoder linears)" if sw.get("fp8") else "")
-        + (f", HSDP: ZeRO-3 in shard groups of {sw['fsdp_shard_size']} dp ranks"
-           if sw.get("fsdp_shard_size") else ""),
+        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%",
+        f"pipeline bubble: ZB bubble rate {d['zb_bubble_rate']:.4f} (Qi et al. 2024 sec. 5.3: "
+        f"(largest rank span - largest rank busy time) / largest rank span); critical rank idle "
+        f"{d['critical_rank_idle_fraction']:.4f} of the step (its bubble line / step time)",
+        *input_lines(inputs, sw["attention_kernel"]),  # type: ignore[arg-type]
+        *([f"HSDP: ZeRO-3 in shard groups of {sw['fsdp_shard_size']} dp ranks, replicated "
+           f"{inputs['strategy']['dp'] // sw['fsdp_shard_size']} times"] if sw.get("fsdp_shard_size") else []),
         f"layers per stage: {d['layers_per_vstage']}",
-        "time breakdown (critical rank):",
+        "time breakdown (critical rank: the pipeline rank that finishes last):",
     ]
-    lines += [f"  {k:<10} {v * 1e3:10.2f} ms" for k, v in d["time_breakdown_s"].items()]
+    lines += [f"  {k:<10} {v * 1e3:10.2f} ms  {TIME_TERMS.get(k, '')}".rstrip()
+              for k, v in d["time_breakdown_s"].items()]
     lines.append(f"memory breakdown (heaviest rank), max {_fmt_bytes(d['max_memory_bytes'])}:")
     lines += [f"  {k:<18} {_fmt_bytes(v):>12}" for k, v in d["memory_breakdown_bytes"].items()]
     lines.append(f"device memory {_fmt_bytes(fit['device_memory_bytes'])} - driver reserve "
@@ -112,6 +133,7 @@ def cost_cmd(
                                           help="Write each rank's memory over the step as a PNG."),
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy."""
+    from meshplan.commands.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, vpp=vpp, schedule=schedule,
@@ -129,10 +151,13 @@ def cost_cmd(
             memory_timeline.write_trace(res, trace)
         if memory_png is not None:
             memory_timeline.plot(res, memory_png)
+    inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
     if as_json:
-        typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine)}, sort_keys=True))
+        typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs}, sort_keys=True))
+        for w in inputs["warnings"]:
+            typer.echo(f"warning: {w}", err=True)
     else:
-        typer.echo(_render(model, cluster, res, fit, software(engine)))
+        typer.echo(_render(model, cluster, res, fit, software(engine), inputs))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,10 @@
 """``meshplan tune`` (strategy search with Optuna) and ``meshplan worker`` (join a study).
 
 ``tune`` writes ``plan.json`` (the best feasible plan, loadable with ``Plan.load``),
-``history.csv`` (Paddle auto-tuner style columns) and ``report.txt`` (counts and the top
-plans) to ``--output`` (default ``meshplan-runs/STUDY``). The default storage is the Optuna
+``history.csv`` (Paddle auto-tuner style columns) and ``report.txt`` (counts, the top
+plans and why the best won: its margin over the runner-up and the best plan of each other
+mesh shape, or with no feasible plan which constraint bound and by how much,
+``tuner.explain``) to ``--output`` (default ``meshplan-runs/STUDY``). The default storage is the Optuna
 journal file ``--output/journal.log``; rerunning the same command resumes the search.
 """
 
@@ -54,20 +56,17 @@ def _report(result, study: str, storage: str, k: int) -> str:
 def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
             max_step_time: float | None = None) -> None:
     from meshplan.tuning import to_plan
+    from tuner.explain import why_best
 
     opt.ensure_dir(out)
     result.write_history_csv(out / "history.csv")
     text = _report(result, study, storage, top)
     typer.echo(text)
     best = result.best()
+    why = "\n".join(why_best(result))  # why it won, or which constraint bound
     if best is None:
-        (out / "report.txt").write_text(text + "\nno feasible plan found\n")
-        c = result.counts()
-        why = ("every scored plan exceeds usable device memory less the headroom"
-               if c.get("complete") else
-               f"no plan was scored: {c.get('illegal', 0)} illegal, {c.get('error', 0)} "
-               f"failed; widen --fix or raise --trials")
-        typer.echo(f"no feasible plan found ({why})")
+        (out / "report.txt").write_text(text + "\nno feasible plan found\n" + why + "\n")
+        typer.echo(f"no feasible plan found\n{why}")
         return
     cand, rec = best
     plan = to_plan(cand, cfg.scorer_config)
@@ -88,8 +87,9 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     if max_step_time is not None and rec["time_s"] > max_step_time:
         line += (f"; misses --max-step-time {max_step_time} s by {rec['time_s'] - max_step_time:.3f} s "
                  f"(the fastest plan found)")
-    (out / "report.txt").write_text(text + "\n" + line + "\n")
+    (out / "report.txt").write_text(text + "\n" + line + "\n" + why + "\n")
     typer.echo(line)
+    typer.echo(why)
     typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
 
 

@@ -1,0 +1,119 @@
+"""What ``meshplan cost`` assumed besides the flags it was given: every input of the
+prediction, with where each came from, so a report can be read without the command line.
+
+:func:`assumed_inputs` returns the JSON-ready record (``meshplan cost --json`` carries it);
+:func:`input_lines` renders it for the text report; :func:`idle_gpu_warning` is the one
+warning line of a plan that leaves GPUs of the cluster idle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: where a sequence length comes from -> how the report names the source
+SEQ_LEN_SOURCES = {
+    "flag": "--seq-len",
+    "program": "the program's input_ids [batch, seq] shape",
+    "none": "nowhere: the program has no input_ids [batch, seq] input, so tokens/s counts no "
+            "tokens; pass --seq-len",
+    "config": "the model config's default: its seq_len, max_position_embeddings of a "
+              "config.json; --seq-len costs another",
+}
+
+#: where the attention implementation comes from (``completion.plan_program.resolve_attention``)
+ATTENTION_SOURCES = {
+    "flag": "--attention",
+    "model": "the model config's own attn_implementation",
+    "framework": "the framework profile's default, kernels.attention",
+    "program": "nowhere: a given program runs the attention ops it holds; this name is the "
+               "framework's default, reported only",
+}
+
+#: ZeRO stage -> what it shards over the data-parallel group (Rajbhandari et al. 2020,
+#: "ZeRO", sec. 5: P_os, P_os+g, P_os+g+p)
+ZERO_SHARDS = {
+    0: "nothing sharded: every dp rank holds all optimizer states, gradients and parameters",
+    1: "optimizer states sharded over dp",
+    2: "optimizer states and gradients sharded over dp",
+    3: "optimizer states, gradients and parameters sharded over dp",
+}
+
+
+def seq_len_source(seq_len_flag: int | None, source: Any) -> str:
+    """Key of :data:`SEQ_LEN_SOURCES`: ``flag`` when ``--seq-len`` was given, ``program``
+    for a given program (``ModelSource.is_program``) with an ``input_ids`` [b, s] input
+    (``none`` without: seq_len 0), else ``config``."""
+    if seq_len_flag is not None:
+        return "flag"
+    if source.is_program:
+        return "program" if source.seq_len else "none"
+    return "config"
+
+
+def attention_source(attention_flag: str | None, source: Any) -> str:
+    """Key of :data:`ATTENTION_SOURCES`, in the order ``resolve_attention`` takes them
+    (``program`` for a given program without ``--attention``: its ops are its own)."""
+    if attention_flag is not None:
+        return "flag"
+    if source.is_program:
+        return "program"
+    return "model" if source.attention is not None else "framework"
+
+
+def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str | None) -> dict[str, Any]:
+    """The inputs ``engine`` (a ``meshplan.engine.Engine``) costed with.
+
+    Keys: ``seq_len`` (tokens per sequence) and ``seq_len_source`` (a key of
+    :data:`SEQ_LEN_SOURCES`); ``gpus_used`` (dp * cp * tp * pp), ``gpus_available`` (the
+    cluster's nodes x devices per node), ``gpus_idle`` (the difference), ``nodes``,
+    ``devices_per_node``; ``zero`` (stage) and ``zero_shards`` (:data:`ZERO_SHARDS`);
+    ``framework``; ``attention`` (resolved) and ``attention_source``
+    (:data:`ATTENTION_SOURCES`); ``num_microbatches`` (global batch / (dp * micro batch));
+    ``strategy`` (every field of the resolved ``Strategy``); ``warnings`` (one line each:
+    :func:`idle_gpu_warning`)."""
+    s, c, src = engine.strategy, engine.cluster, engine.source
+    used, avail = s.world_size, c.world_size
+    rec: dict[str, Any] = {
+        "seq_len": src.seq_len, "seq_len_source": seq_len_source(seq_len_flag, src),
+        "gpus_used": used, "gpus_available": avail, "gpus_idle": avail - used,
+        "nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
+        "zero": s.zero, "zero_shards": ZERO_SHARDS[s.zero], "framework": s.framework,
+        "attention": s.attention, "attention_source": attention_source(attention_flag, src),
+        "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
+    }
+    warn = idle_gpu_warning(rec)
+    rec["warnings"] = [] if warn is None else [warn]
+    return rec
+
+
+def idle_gpu_warning(rec: dict[str, Any]) -> str | None:
+    """One line when the plan uses fewer GPUs than the cluster has (None otherwise): the
+    step time is that of the plan's ranks alone; the idle GPUs add nothing."""
+    if rec["gpus_idle"] <= 0:
+        return None
+    s = rec["strategy"]
+    return (f"the plan uses {rec['gpus_used']} of the {rec['gpus_available']} GPUs "
+            f"(dp*cp*tp*pp = {s['dp']}*{s['cp']}*{s['tp']}*{s['pp']}); {rec['gpus_idle']} stay "
+            f"idle and add nothing to the throughput: raise a degree or pass --nodes")
+
+
+def input_lines(rec: dict[str, Any], attention_kernel: str | None) -> list[str]:
+    """The text report's lines for :func:`assumed_inputs` ``rec``."""
+    s = rec["strategy"]
+    kernel = f", kernel {attention_kernel}" if attention_kernel else ""
+    per_node = rec["devices_per_node"]
+    lines = [
+        f"seq len {rec['seq_len']} (from {SEQ_LEN_SOURCES[rec['seq_len_source']]})",
+        f"GPUs: {rec['gpus_used']} used of {rec['gpus_available']} available "
+        f"({rec['nodes']} node{'s' if rec['nodes'] != 1 else ''} x {per_node}); "
+        f"dp {s['dp']} x cp {s['cp']} x tp {s['tp']} x pp {s['pp']}"
+        + (f" (vpp {s['vpp']})" if s["vpp"] > 1 else "")
+        + f"; global batch {s['global_batch_size']} = dp {s['dp']} x {rec['num_microbatches']} "
+          f"micro-batch{'es' if rec['num_microbatches'] != 1 else ''} of {s['micro_batch_size']}",
+        f"ZeRO stage {rec['zero']} ({rec['zero_shards']}); recompute {s['recompute']}; "
+        f"dtype {s['dtype']}" + ("; sequence parallel" if s["sequence_parallel"] else ""),
+        f"framework {rec['framework']}; attention {rec['attention']}{kernel} "
+        f"(from {ATTENTION_SOURCES[rec['attention_source']]})"
+        + (f"; fp8 {s['fp8']} (decoder linears)" if s.get("fp8") else ""),
+    ]
+    return lines + [f"warning: {w}" for w in rec["warnings"]]

@@ -1,0 +1,141 @@
+"""Why a search's best plan won, or why no plan fits: the lines ``meshplan tune`` prints
+under its table (and writes to ``report.txt``).
+
+- :func:`why_best`: the winner's margin over the runner-up (the fastest feasible plan that
+  is a different plan), then the best plan of every other mesh shape (dp, cp, tp, pp) the
+  search scored, with its step time relative to the winner; a mesh shape where nothing
+  fits names its lightest plan and how far over the memory limit it is.
+- :func:`why_none`: with no feasible plan, which constraint bound and by how much: the
+  ``memory`` constraint (every scored plan over the limit; the closest plan and its
+  excess, per mesh shape too), or, when nothing was scored, the legality rules and engine
+  refusals that pruned every point (counted by rule).
+
+Every figure is read from the trials' user attrs (``time_s``, ``memory_bytes``,
+``memory_limit_bytes``, ``illegal``, ``error``): nothing is re-simulated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.result import GIB, TuneResult, memory_constraint, plan_label, scored
+
+MeshShape = tuple[int, int, int, int]
+
+
+def mesh_shape(plan: Mapping[str, Any]) -> MeshShape:
+    """(dp, cp, tp, pp) of a stored plan (``cp`` 1 when the plan has none)."""
+    return plan["dp"], plan.get("cp", 1), plan["tp"], plan["pp"]
+
+
+def mesh_name(shape: MeshShape) -> str:
+    """``dp8 tp4 pp2`` (``cp`` shown only when > 1)."""
+    dp, cp, tp, pp = shape
+    return f"dp{dp}" + (f" cp{cp}" if cp > 1 else "") + f" tp{tp} pp{pp}"
+
+
+def _scored(result: TuneResult) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in result.trials() if t.state == TrialState.COMPLETE and scored(t.user_attrs)]
+
+
+def _over(t: optuna.trial.FrozenTrial) -> str:
+    """``needs X GiB of the Y GiB limit (+Z GiB, +P%)`` for a plan over its limit."""
+    ua = t.user_attrs
+    mem, lim = ua["memory_bytes"], ua["memory_limit_bytes"]
+    return (f"needs {mem / GIB:.1f} GiB of the {lim / GIB:.1f} GiB limit "
+            f"(+{(mem - lim) / GIB:.1f} GiB, +{memory_constraint(ua):.1%})")
+
+
+def _lightest(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial:
+    """The trial closest to fitting: smallest memory constraint, then fastest, then first."""
+    return min(trials, key=lambda t: (memory_constraint(t.user_attrs), t.user_attrs["time_s"], t.number))
+
+
+def why_best(result: TuneResult) -> list[str]:
+    """Lines saying why :meth:`TuneResult.best_trial` won (module docstring); the lines of
+    :func:`why_none` when nothing fits."""
+    best = result.best_trial()
+    if best is None:
+        return why_none(result)
+    b = best.user_attrs
+    bt, key = b["time_s"], b.get("plan_key")
+    runner = next((t for t in result.feasible() if t.user_attrs.get("plan_key") != key), None)
+    if runner is None:
+        lines = ["why it won: it is the only plan found that fits in memory"]
+    else:
+        r = runner.user_attrs
+        gap = r["time_s"] - bt
+        if gap > 0:
+            lines = [f"why it won: the runner-up, {plan_label(r['plan'])}, takes "
+                     f"{r['time_s'] * 1e3:.1f} ms per step: {gap * 1e3:.2f} ms ({gap / bt:+.2%}) "
+                     f"more than the winner"]
+        else:
+            lines = [f"why it won: as fast as the runner-up, {plan_label(r['plan'])} "
+                     f"({r['time_s'] * 1e3:.1f} ms), and needs no more memory "
+                     f"({b['memory_bytes'] / GIB:.1f} vs {r['memory_bytes'] / GIB:.1f} GiB)"]
+    return lines + _per_shape(result, best)
+
+
+def _per_shape(result: TuneResult, best: optuna.trial.FrozenTrial) -> list[str]:
+    """The best plan of every mesh shape other than the winner's, fastest first; shapes
+    with nothing feasible after them, lightest first."""
+    mine = mesh_shape(best.user_attrs["plan"])
+    bt = best.user_attrs["time_s"]
+    fits: dict[MeshShape, optuna.trial.FrozenTrial] = {}
+    for t in result.feasible():  # fastest first: the first of a shape is its best
+        fits.setdefault(mesh_shape(t.user_attrs["plan"]), t)
+    tried: dict[MeshShape, list[optuna.trial.FrozenTrial]] = {}
+    for t in _scored(result):
+        tried.setdefault(mesh_shape(t.user_attrs["plan"]), []).append(t)
+    others = [s for s in fits if s != mine]
+    none_fit = sorted((s for s in tried if s not in fits),
+                      key=lambda s: memory_constraint(_lightest(tried[s]).user_attrs))
+    if not others and not none_fit:
+        return [f"every plan that fits has the winner's mesh shape ({mesh_name(mine)})"]
+    lines = [f"best plan of each other mesh shape (the winner: {mesh_name(mine)}, {bt * 1e3:.1f} ms):"]
+    for s in others:
+        u = fits[s].user_attrs
+        lines.append(f"  {mesh_name(s):<18} {u['time_s'] * 1e3:10.1f} ms  "
+                     f"{(u['time_s'] - bt) / bt:+8.2%}  {plan_label(u['plan'])}")
+    for s in none_fit:
+        t = _lightest(tried[s])
+        lines.append(f"  {mesh_name(s):<18} no plan fits: the lightest, "
+                     f"{plan_label(t.user_attrs['plan'])}, {_over(t)}")
+    return lines
+
+
+def why_none(result: TuneResult) -> list[str]:
+    """Lines saying which constraint bound when no plan fits (module docstring)."""
+    done = _scored(result)
+    if done:
+        t = _lightest(done)
+        lines = [f"no feasible plan: the memory constraint binds -- all {len(done)} scored "
+                 f"trials need more than the limit (usable device memory less the headroom); "
+                 f"the closest, {plan_label(t.user_attrs['plan'])}, {_over(t)}"]
+        by_shape: dict[MeshShape, list[optuna.trial.FrozenTrial]] = {}
+        for u in done:
+            by_shape.setdefault(mesh_shape(u.user_attrs["plan"]), []).append(u)
+        if len(by_shape) > 1:
+            lines.append("closest plan of each mesh shape:")
+            for s in sorted(by_shape, key=lambda s: memory_constraint(_lightest(by_shape[s]).user_attrs)):
+                u = _lightest(by_shape[s])
+                lines.append(f"  {mesh_name(s):<18} {plan_label(u.user_attrs['plan'])}: {_over(u)}")
+        return lines
+    pruned = [t for t in result.trials() if t.state == TrialState.PRUNED]
+    rules = Counter(str(t.user_attrs["illegal"]).split(":")[0] for t in pruned if "illegal" in t.user_attrs)
+    errors = [str(t.user_attrs["error"]) for t in pruned if "error" in t.user_attrs]
+    parts = []
+    if rules:
+        parts.append("legality rules pruned " + ", ".join(f"{n} by {r}" for r, n in rules.most_common()))
+    if errors:
+        parts.append(f"the engine refused {len(errors)} (first: {errors[0]})")
+    why = "; ".join(parts) or f"no trial finished ({len(result.trials())} in the study)"
+    return [f"no feasible plan: no plan was scored -- {why}; widen --fix or raise --trials"]
+
+
+__all__ = ["mesh_name", "mesh_shape", "why_best", "why_none"]
