@@ -1,0 +1,170 @@
+"""The whole step on its streams (issue 20 item 7): ``simulator.step_trace`` events, the
+Chrome trace of ``meshplan cost --trace`` checked against the trace-event format, and
+``StepResult.to_frame()``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from meshplan.engine import Engine
+from meshplan.strategy import Strategy
+from simulator.step_trace import STREAMS, step_events
+
+
+def check_trace_format(events: list[dict]) -> None:
+    """The trace-event format (Google's "Trace Event Format"): every event has ``ph``;
+    complete events ``X`` carry name, numeric ``ts`` and ``dur`` >= 0 (microseconds),
+    integer ``pid``/``tid``; counters ``C`` carry name, ``ts``, ``pid`` and numeric
+    ``args``; metadata ``M`` name processes and threads (``args.name``); every process
+    and (process, thread) an event uses is named."""
+    named_procs, named_threads = set(), set()
+    for e in events:
+        assert e["ph"] in ("X", "C", "M"), e
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name", "process_sort_index",
+                                 "thread_sort_index")
+            if e["name"] == "process_name":
+                named_procs.add(e["pid"])
+                assert isinstance(e["args"]["name"], str) and e["args"]["name"]
+            if e["name"] == "thread_name":
+                named_threads.add((e["pid"], e["tid"]))
+                assert isinstance(e["args"]["name"], str) and e["args"]["name"]
+    for e in events:
+        if e["ph"] == "X":
+            assert isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+            assert isinstance(e["ts"], float | int) and isinstance(e["dur"], float | int)
+            assert e["ts"] >= 0 and e["dur"] >= 0
+            assert (e["pid"], e["tid"]) in named_threads
+        if e["ph"] == "C":
+            assert isinstance(e["pid"], int) and e["ts"] >= 0
+            assert all(isinstance(v, float | int) for v in e["args"].values())
+        assert e.get("pid", 0) in named_procs
+
+
+@pytest.fixture(scope="module")
+def step():
+    """megatron-1.7b, dp 2 x tp 2 x pp 2, 1F1B, m = 4, ZeRO-1 (gradient buckets,
+    parameter all_gather), 512 tokens."""
+    s = Strategy(dp=2, tp=2, pp=2, global_batch_size=8, zero=1)
+    return Engine("megatron-1.7b", "dgx-a100-80g", s, nodes=1, seq_len=512).simulate()
+
+
+def test_every_stream_of_every_rank_is_there_and_the_step_ends_with_the_last_event(step):
+    ev = step_events(step)
+    per = Counter((e.rank, e.stream) for e in ev)
+    for r in range(2):
+        assert {s for (rr, s) in per if rr == r} == set(STREAMS)
+        assert per[(r, "compute")] == 4 * 2  # m = 4 x (F, BW)
+        assert per[(r, "optimizer")] == 1
+    # the last event ends at the step time (ns rounding of each piece of the tail)
+    assert max(e.end for e in ev) == pytest.approx(step.step_time * 1e9, abs=10)
+    crit = max(range(2), key=lambda r: max(e.end for e in ev if e.rank == r))
+    tail = step.rank_tails[crit]
+    opt = [e for e in ev if e.rank == crit and e.stream == "optimizer"][0]
+    assert (opt.end - opt.start) == round(tail["optimizer"] * 1e9)
+    assert opt.start == pytest.approx((tail["end"] + tail["dp_wait"] + tail["tail_collectives"]) * 1e9, abs=2)
+    # ZeRO-1: the updated parameters are all_gathered after the optimizer
+    gather = [e for e in ev if e.rank == crit and e.kind == "param_gather"]
+    assert len(gather) == 1 and gather[0].start == opt.end
+
+
+def test_pipeline_hops_are_one_comm_time_and_precede_their_consumer(step):
+    ev = step_events(step)
+    hop = round(step.comm_time * 1e9)
+    assert hop > 0
+    sends = [e for e in ev if e.kind == "send"]
+    recvs = [e for e in ev if e.kind == "recv"]
+    # rank 0 sends 4 activations, rank 1 sends 4 gradients; each has its recv
+    assert Counter(e.rank for e in sends) == {0: 4, 1: 4}
+    assert Counter(e.rank for e in recvs) == {0: 4, 1: 4}
+    assert all(e.end - e.start == hop for e in sends + recvs)
+    starts = {(e.rank, e.kind, e.microbatch): e.start for e in ev if e.stream == "compute"}
+    for e in recvs:  # a forward (backward) starts after its input arrived
+        kind = "F" if "activation" in e.name else "BW"
+        assert starts[(e.rank, kind, e.microbatch)] >= e.end
+
+
+def test_tp_share_adds_up_to_the_breakdown_and_lies_inside_its_action(step):
+    ev = step_events(step)
+    actions = {(e.rank, e.name): e for e in ev if e.stream == "compute"}
+    for r in range(2):
+        tp = [e for e in ev if e.rank == r and e.stream == "tp_comm"]
+        assert len(tp) == 8
+        for e in tp:
+            a = actions[(r, e.name.removeprefix("TP comm "))]
+            assert a.start <= e.start < e.end == a.end
+        # m x the virtual stage's comm seconds per micro-batch (StageTimer.stage_time)
+        want = 4 * step.stage_parts[r]["comm"] * 1e9
+        assert sum(e.end - e.start for e in tp) == pytest.approx(want, abs=8)
+    crit = max(range(2), key=lambda r: max(e.end for e in ev if e.rank == r))
+    got = sum(e.end - e.start for e in ev if e.rank == crit and e.stream == "tp_comm")
+    assert got == pytest.approx(step.time_breakdown["tp_comm"] * 1e9, abs=8)
+
+
+def test_gradient_buckets_on_the_dp_stream(step):
+    """dp = 2: each rank's buckets run one after another on its dp stream; the last ends
+    where the dp wait of the tail says (before or after the rank's last action)."""
+    ev = step_events(step)
+    for r in range(2):
+        b = [e for e in ev if e.rank == r and e.kind == "grad_reduce"]
+        assert b and len(b) == len(step.dp_buckets[r])
+        assert all(x.end <= y.start for x, y in zip(b, b[1:], strict=False))
+        tail = step.rank_tails[r]
+        assert max(tail["end"], b[-1].end * 1e-9) == pytest.approx(tail["end"] + tail["dp_wait"], abs=1e-9)
+
+
+def test_chrome_trace_of_cost_is_valid_and_in_microseconds(tmp_path, step, capsys):
+    from meshplan.cli import main
+
+    path = tmp_path / "t.json"
+    args = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
+            "--dp", "2", "--tp", "2", "--pp", "2", "--global-batch", "8", "--zero", "1",
+            "--seq-len", "512", "--trace", str(path)]
+    assert main(args) == 0
+    data = json.loads(path.read_text())
+    assert data["displayTimeUnit"] == "ms"
+    events = data["traceEvents"]
+    check_trace_format(events)
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert procs == {0: "pipeline rank 0", 1: "pipeline rank 1"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert threads == {(r, t): n for r in range(2) for t, n in STREAMS.values()}
+    x = [e for e in events if e["ph"] == "X"]
+    assert len(x) == len(step_events(step))
+    # ts / dur in microseconds: the compute events are the timeline's ns / 1e3
+    first = min(step.sim.timeline, key=lambda e: (e.start, e.rank))
+    f0 = [e for e in x if e["pid"] == first.rank and e["tid"] == 0 and e["ts"] == first.start / 1e3]
+    assert f0 and f0[0]["dur"] == pytest.approx((first.end - first.start) / 1e3)
+    assert max(e["ts"] + e["dur"] for e in x) == pytest.approx(step.step_time * 1e6, abs=0.05)
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["pid"] for e in counters} == {0, 1}  # memory: a counter track per rank
+    for r in range(2):
+        acts = [e["args"]["activations"] for e in counters if e["pid"] == r]
+        assert max(acts) == pytest.approx(step.memory_per_stage[r]["activations"] / 2**30)
+
+
+def test_pipeline_only_trace_of_simulate_has_a_process_per_rank(tmp_path):
+    from simulator.pipeline_sim import simulate_pipeline
+    from simulator.schedules import build_schedule
+
+    res = simulate_pipeline(build_schedule("VPP", 2, 4, 2), {"F": 1e-3, "B": 2e-3}, 1e-4)
+    events = json.loads(res.to_chrome_trace(tmp_path / "p.json").read_text())["traceEvents"]
+    check_trace_format(events)
+    x = [e for e in events if e["ph"] == "X"]
+    assert Counter(e["pid"] for e in x) == {0: 16, 1: 16}  # m x v x (F, BW)
+    assert {e["name"] for e in x if e["pid"] == 0} >= {"F0.c0", "F0.c1", "BW3.c1"}
+
+
+def test_to_frame_one_row_per_event(step):
+    df = step.to_frame()
+    assert list(df.columns) == ["rank", "stream", "name", "kind", "microbatch", "chunk",
+                                "start_ms", "end_ms", "dur_ms"]
+    assert len(df) == len(step_events(step))
+    busy = df[df.stream == "compute"].groupby("rank").dur_ms.sum()
+    for r in range(2):  # the compute stream is the pipeline's busy time
+        assert busy[r] == pytest.approx(step.sim.busy_time[r] * 1e3, rel=1e-9)
+    opt = df[df.stream == "optimizer"].set_index("rank").dur_ms
+    assert opt[0] == pytest.approx(step.rank_tails[0]["optimizer"] * 1e3, abs=1e-6)
