@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from pathlib import Path
+from typing import Any
 
 from tuner.exhaustive import run_exhaustive
 from tuner.result import ProgressReporter, TuneResult
@@ -39,14 +40,15 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
 
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
            study_dir: str | Path | None = None, n_trials: int = 100,
-           timeout: float | None = None, workers: int = 1, progress: bool = False
-           ) -> TuneResult:
+           timeout: float | None = None, workers: int = 1, progress: bool = False,
+           progress_bar: Any = None) -> TuneResult:
     """Run (or resume) the search until the study holds ``n_trials`` finished trials.
 
     Args:
         cfg: the search; study_name: the study; storage: None (journal file in
             ``study_dir``), ``"memory"`` (in-memory, nothing kept), a journal path or a
-            database URL; workers: local processes on the study; progress: rich progress bar.
+            database URL; workers: local processes on the study; progress: rich progress bar
+            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`).
 
     Raises TuneError for workers > 1 on an in-memory study or a study holding another search.
     """
@@ -74,7 +76,8 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
         return _exhaustive(study, cfg, scorer, workers, timeout)
     done, _ = trial_counts(study)
     try:
-        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress) as rep:
+        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
+                              bar=progress_bar) as rep:
             optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
     finally:
         for p in procs:
