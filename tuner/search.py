@@ -102,3 +102,33 @@ def _exhaustive(study, cfg: TuneConfig, scorer, workers: int, timeout: float | N
     res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
     res.exhaustive = rep
     return res
+
+
+def load_result(output: str | Path, study: str | None = None) -> TuneResult:
+    """The :class:`tuner.result.TuneResult` of a finished (or interrupted) ``meshplan tune
+    --output DIR``: the study in ``DIR/journal.log`` (``output`` may also be the journal
+    file itself), by name or, when ``study`` is None, the only one there. For
+    ``TuneResult.to_dataframe()`` and friends, e.g. ``load_result("runs/7b").to_dataframe()``.
+
+    Raises TuneError when the journal is missing, holds no study of that name, or several
+    studies and none was named."""
+    import optuna
+
+    from tuner.storage import open_storage
+    from tuner.study import CONFIG_ATTR
+
+    path = Path(output)
+    journal = path / "journal.log" if path.is_dir() else path
+    if not journal.is_file():
+        raise TuneError(f"no tune journal at {str(journal)!r} (the --output of meshplan tune)")
+    st = open_storage(str(journal), None)
+    names = optuna.get_all_study_names(storage=st)
+    if study is None:
+        if len(names) != 1:
+            raise TuneError(f"{journal} holds {len(names)} studies ({', '.join(names)}); name one")
+        study = names[0]
+    if study not in names:
+        raise TuneError(f"{journal} holds no study {study!r}; it holds {', '.join(names) or 'none'}")
+    s = optuna.load_study(study_name=study, storage=st)
+    cfg = TuneConfig.from_dict(s.user_attrs[CONFIG_ATTR])
+    return TuneResult(s, cfg.space.problem.global_batch_size, cfg.pareto)
