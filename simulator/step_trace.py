@@ -6,15 +6,16 @@ thread per stream (:data:`STREAMS`):
 
 * ``compute``: the pipeline's F / B / W / BW actions as the SimPy engine played them
   (``SimResult.timeline``);
-* ``tp_comm``: the in-stage collectives' share of each action (tensor / context parallel,
-  ZeRO-3 gathers: the virtual stage's ``comm`` seconds per micro-batch,
+* ``tp_comm``: the in-stage collectives' share of each action (tensor / context parallel:
+  the virtual stage's ``comm`` seconds per micro-batch less its ZeRO-3 part,
   ``StageTimer.stage_time``, split over the micro-batch's actions by duration), drawn at
   the end of the action: those collectives interleave with the action's kernels, so the
   trace shows how much of the action they take, not exactly when;
 * ``pp_comm``: each p2p hop between ranks (one ``comm_time`` from the producing action's
   end, ``simulator.pipeline_sim``'s model), a ``send`` on the producer and a ``recv`` on
   the consumer;
-* ``dp_sync``: the gradient buckets reduced on the dp stream
+* ``dp_sync``: under ZeRO-3 the time its per-block gathers and reduces add to each action
+  (``fsdp``, at the action's start, same split), the gradient buckets reduced on the dp stream
   (``simulator.dp_stream.grad_reduce_intervals``), then the per-step weight-gradient
   collectives after the rank's dp stream is done, and the parameter all_gather after the
   optimizer (ZeRO 1-2); without a framework profile the one-piece gradient sync;
@@ -45,7 +46,7 @@ _BACKWARD = ("B", "BW")
 
 class StepEvent(NamedTuple):
     """One action of the step: pipeline rank, stream (a key of :data:`STREAMS`), label,
-    kind (F, B, W, BW, tp, send, recv, grad_reduce, grad_sync, tail_collectives,
+    kind (F, B, W, BW, tp, fsdp, send, recv, grad_reduce, grad_sync, tail_collectives,
     param_gather, optimizer), micro-batch and chunk (-1 where none), start and end in
     integer ns."""
 
@@ -68,11 +69,12 @@ def action_label(kind: str, microbatch: int, chunk: int, num_chunks: int) -> str
     return f"{kind}{microbatch}" + (f".c{chunk}" if num_chunks > 1 else "")
 
 
-def _tp_events(result: Any) -> list[StepEvent]:
-    """Each action's share of its virtual stage's in-stage collectives: a micro-batch's
-    ``comm`` seconds split over its actions (F, B, W or BW) in proportion to their
-    durations, drawn at each action's end; per rank they add up to m x the ``comm`` of its
-    virtual stages, the ``tp_comm`` of the time breakdown."""
+def _shares(result: Any, key: str, stream: str, kind: str, prefix: str,
+            at_start: bool) -> list[StepEvent]:
+    """Each action's share of its virtual stage's ``stage_parts[vs][key]`` seconds per
+    micro-batch, split over the micro-batch's actions (F, B, W or BW) in proportion to
+    their durations, drawn at each action's start (``at_start``) or end; per rank they
+    add up to m x that part of its virtual stages."""
     out = []
     parts, v = result.stage_parts, result.sim.num_chunks
     per_mb: dict[tuple[int, int], int] = {}
@@ -81,12 +83,32 @@ def _tp_events(result: Any) -> list[StepEvent]:
     for e in result.sim.timeline:
         if e.vstage >= len(parts) or not per_mb[(e.vstage, e.microbatch)]:
             continue
+        secs = _part(parts[e.vstage], key)
         share = (e.end - e.start) / per_mb[(e.vstage, e.microbatch)]
-        dur = min(e.end - e.start, round(share * parts[e.vstage]["comm"] * 1e9))
+        dur = min(e.end - e.start, round(share * secs * 1e9))
         if dur > 0:
-            out.append(StepEvent(e.rank, "tp_comm", "TP comm " + action_label(e.kind, e.microbatch, e.chunk, v),
-                                 "tp", e.microbatch, e.chunk, e.end - dur, e.end))
+            start = e.start if at_start else e.end - dur
+            out.append(StepEvent(e.rank, stream, prefix + action_label(e.kind, e.microbatch, e.chunk, v),
+                                 kind, e.microbatch, e.chunk, start, start + dur))
     return out
+
+
+def _part(p: dict[str, float], key: str) -> float:
+    """Seconds of ``key`` in a stage's parts: ``tp`` is comm less the ZeRO-3 ``fsdp``."""
+    if key == "tp":
+        return p["comm"] - p.get("fsdp", 0.0)
+    return p.get(key, 0.0)
+
+
+def _tp_events(result: Any) -> list[StepEvent]:
+    """The in-stage tensor / context parallel collectives' share of each action, at its end."""
+    return _shares(result, "tp", "tp_comm", "tp", "TP comm ", at_start=False)
+
+
+def _fsdp_events(result: Any) -> list[StepEvent]:
+    """ZeRO-3 / FSDP: the time its per-block parameter gathers and gradient reduces add to
+    each action (exposed, not the whole collectives), at its start, on the DP/FSDP thread."""
+    return _shares(result, "fsdp", "dp_sync", "fsdp", "FSDP gather/reduce ", at_start=True)
 
 
 def _pp_events(result: Any) -> list[StepEvent]:
@@ -149,7 +171,7 @@ def step_events(result: Any) -> list[StepEvent]:
     v = result.sim.num_chunks
     ev = [StepEvent(e.rank, "compute", action_label(e.kind, e.microbatch, e.chunk, v), e.kind,
                     e.microbatch, e.chunk, e.start, e.end) for e in result.sim.timeline]
-    ev += _tp_events(result) + _pp_events(result) + _tail_events(result)
+    ev += _tp_events(result) + _fsdp_events(result) + _pp_events(result) + _tail_events(result)
     return sorted(ev, key=lambda x: (x.start, x.rank, STREAMS[x.stream][0], x.end))
 
 

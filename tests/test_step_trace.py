@@ -168,3 +168,27 @@ def test_to_frame_one_row_per_event(step):
         assert busy[r] == pytest.approx(step.sim.busy_time[r] * 1e3, rel=1e-9)
     opt = df[df.stream == "optimizer"].set_index("rank").dur_ms
     assert opt[0] == pytest.approx(step.rank_tails[0]["optimizer"] * 1e3, abs=1e-6)
+
+
+def test_zero3_gathers_are_on_the_fsdp_thread():
+    """FSDP2 ZeRO-3 (dp 4 x tp 2): the time the per-block gathers and reduces add
+    (``stage_parts[vs]["fsdp"]``) is drawn on the DP/FSDP thread at each action's start,
+    the rest of the in-stage comm on TP comm; together m x comm, the breakdown's tp_comm."""
+    s = Strategy(dp=4, tp=2, global_batch_size=8, zero=3, framework="fsdp2")
+    res = Engine("megatron-1.7b", "dgx-a100-80g", s, nodes=1, seq_len=512).simulate()
+    ev = step_events(res)
+    p = res.stage_parts[0]
+    assert 0 < p["fsdp"] < p["comm"]
+    fsdp = [e for e in ev if e.kind == "fsdp"]
+    tp = [e for e in ev if e.kind == "tp"]
+    assert fsdp and all(e.stream == "dp_sync" for e in fsdp)
+    acts = {e.name: e for e in ev if e.stream == "compute"}
+    for e in fsdp:
+        a = acts[e.name.removeprefix("FSDP gather/reduce ")]
+        assert e.start == a.start and e.end <= a.end
+    m = 2
+    assert sum(e.end - e.start for e in fsdp) == pytest.approx(m * p["fsdp"] * 1e9, abs=8)
+    total = sum(e.end - e.start for e in fsdp + tp)
+    assert total == pytest.approx(res.time_breakdown["tp_comm"] * 1e9, abs=8)
+    # FSDP-style ZeRO-3 leaves no end-of-step bucket or parameter gather
+    assert not [e for e in ev if e.kind in ("grad_reduce", "param_gather")]
