@@ -81,3 +81,14 @@ def test_help_lists_the_comma_options_and_plain_flags(capsys):
     assert "<bool>" not in out  # flags take no value (meshplan.cli._flag_type)
     rc, out, _ = run_main(capsys, "cost", "--help")
     assert "--json" in out and "--plot" in out and "<bool>" not in out
+
+
+def test_cost_plot_draws_the_step(tmp_path, capsys):
+    """``meshplan cost --plot``: one panel of 2 ranks, 12 x (0.4 * 2 + 1.5) inches."""
+    png = tmp_path / "step.png"
+    rc, _, err = run_main(capsys, "cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g",
+                          "--nodes", "1", "--pp", "2", "--dp", "2", "--global-batch", "8",
+                          "--seq-len", "512", "--plot", str(png))
+    assert rc == 0, err
+    img = mpimg.imread(png)
+    assert img.shape[:2] == (230, 1200) and img[..., :3].std() > 0.05
