@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from meshplan.engine import Engine
 from meshplan.strategy import Strategy
@@ -192,3 +195,60 @@ def test_zero3_gathers_are_on_the_fsdp_thread():
     assert total == pytest.approx(res.time_breakdown["tp_comm"] * 1e9, abs=8)
     # FSDP-style ZeRO-3 leaves no end-of-step bucket or parameter gather
     assert not [e for e in ev if e.kind in ("grad_reduce", "param_gather")]
+
+
+# -- properties ---------------------------------------------------------------------------
+
+def test_bucket_intervals_of_the_hand_example():
+    """tests/test_overlap_mechanisms.py's example: buckets of 0.8 s ready at 2 s and 3 s
+    run [2, 2.8] and [3, 3.8] s."""
+    from simulator.dp_stream import grad_reduce_intervals
+    from simulator.result import TimelineEvent
+
+    tl = [TimelineEvent(0, "F", 0, 0, 0, 0, 10**9), TimelineEvent(0, "BW", 0, 0, 0, 10**9, 3 * 10**9)]
+    spans = grad_reduce_intervals(tl, 1, {(0, 0): [(0.5, 0.8), (1.0, 0.8)]}, overlap=True)
+    assert spans == [[(2 * 10**9, 28 * 10**8), (3 * 10**9, 38 * 10**8)]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(schedule=hs.sampled_from(["1F1B", "ZBH1", "VPP", "FThenB"]), p=hs.integers(1, 4),
+       m_mult=hs.integers(1, 3), tf=hs.integers(1, 50), tb=hs.integers(1, 50), tw=hs.integers(0, 30),
+       hop=hs.integers(0, 20), comm=hs.floats(0.0, 0.9), opt=hs.integers(0, 40), wait=hs.integers(0, 9))
+def test_step_events_invariants(schedule, p, m_mult, tf, tb, tw, hop, comm, opt, wait):
+    """On any played pipeline: each rank's compute events are its timeline; TP shares lie
+    inside their actions and add up to m x comm; every recv ends before its consumer
+    starts; the tail (dp wait, optimizer) follows the last action, and the last event ends
+    at end + wait + optimizer."""
+    from simulator.pipeline_sim import simulate_pipeline
+    from simulator.schedules import build_schedule
+
+    v = 2 if schedule == "VPP" else 1
+    m = p * m_mult
+    sim = simulate_pipeline(build_schedule(schedule, p, m, v),
+                            {"F": tf * 1e-6, "B": tb * 1e-6, "W": tw * 1e-6}, hop * 1e-7)
+    per_vs = (tf + tb + tw) * 1e-6 / v
+    ends = [max(e.end for e in sim.timeline if e.rank == r) * 1e-9 for r in range(p)]
+    res = SimpleNamespace(
+        sim=sim, stage_parts=[{"compute": per_vs * (1 - comm), "comm": per_vs * comm}] * (p * v),
+        comm_time=hop * 1e-7, dp_buckets=[[] for _ in range(p)], memory_per_stage=[],
+        rank_tails=[{"end": ends[r], "dp_wait": wait * 1e-6, "tail_collectives": 0.0,
+                     "param_gather": 0.0, "optimizer": opt * 1e-6} for r in range(p)])
+    ev = step_events(res)
+    comp = [e for e in ev if e.stream == "compute"]
+    assert len(comp) == len(sim.timeline)
+    acts = {(e.rank, e.name): e for e in comp}
+    starts = {(e.rank, e.kind, e.microbatch, e.chunk): e.start for e in comp}
+    for r in range(p):
+        tp = [e for e in ev if e.rank == r and e.kind == "tp"]
+        for e in tp:
+            a = acts[(r, e.name.removeprefix("TP comm "))]
+            assert a.start <= e.start <= e.end == a.end
+        assert sum(e.end - e.start for e in tp) == pytest.approx(m * v * per_vs * comm * 1e9,
+                                                                abs=len(tp) + 1)
+        last = max(e.end for e in ev if e.rank == r)
+        assert last == round(ends[r] * 1e9) + round(wait * 1e3) + round(opt * 1e3)
+    for e in ev:
+        if e.kind == "recv":
+            kinds = ("F",) if "activation" in e.name else ("B", "BW")
+            assert any(starts.get((e.rank, k, e.microbatch, e.chunk), -1) >= e.end for k in kinds)
+    assert all(e.end - e.start == hop * 100 for e in ev if e.stream == "pp_comm")
