@@ -245,7 +245,8 @@ def test_step_events_invariants(schedule, p, m_mult, tf, tb, tw, hop, comm, opt,
             assert a.start <= e.start <= e.end == a.end
         assert sum(e.end - e.start for e in tp) == pytest.approx(m * v * per_vs * comm * 1e9,
                                                                 abs=len(tp) + 1)
-        last = max(e.end for e in ev if e.rank == r)
+        # (a send may end after its producer's last action: the tail does not wait for it)
+        last = max(e.end for e in ev if e.rank == r and e.stream != "pp_comm")
         assert last == round(ends[r] * 1e9) + round(wait * 1e3) + round(opt * 1e3)
     for e in ev:
         if e.kind == "recv":
