@@ -122,8 +122,10 @@ def run_search(setup: DemoSetup, progress: bool = False) -> SearchOutcome:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = setup.tune_config()
     t0 = time.perf_counter()
+    from meshplan import terminal
+
     res = search(cfg, f"demo-{setup.model}", storage=MEMORY, n_trials=setup.trials,
-                 progress=progress)
+                 progress=progress and terminal.progress_enabled(), progress_bar=terminal.Progress)
     return SearchOutcome(setup, cfg, res, time.perf_counter() - t0)
 
 
