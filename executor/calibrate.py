@@ -430,13 +430,31 @@ def _fit_comm(cal: Calibration, points: dict[str, list[tuple[float, float]]]) ->
         raise CalibrationError(f"{e}; rerun without --quick") from None
 
 
+def calibration_phases(device: str = "cpu") -> list[str]:
+    """The phases :func:`calibrate` reports to ``on_phase``, in order (what a progress bar
+    counts): the ranks' measurements, on a GPU its compute timings, the compute fit, on a
+    GPU the GEMM sweep, the collective fit."""
+    gpu = device != "cpu"
+    return (["ops, GEMMs and collectives timed on the ranks"] + (["GPU compute timed"] if gpu else [])
+            + ["compute constants fitted"] + (["GPU GEMM sweep fitted"] if gpu else [])
+            + ["collective constants fitted"])
+
+
 def calibrate(nproc: int = 2, quick: bool = False, backend: str = "gloo",
-              device: str = "cpu") -> Calibration:
+              device: str = "cpu", on_phase: Any = None) -> Calibration:
     """Measure this machine (module docstring). ``quick`` uses fewer sizes and repeats
     (a few seconds; for tests); ``device="cuda"`` measures compute on the GPU in this
-    process (collectives still on ``nproc`` ``backend`` ranks). Raises CalibrationError
+    process (collectives still on ``nproc`` ``backend`` ranks). ``on_phase(name)`` is
+    called as each phase of :func:`calibration_phases` ends. Raises CalibrationError
     for nproc < 2 or a failed fit, LaunchError / RankFailure from the ranks."""
     from executor.launch import launch
+
+    phases = iter(calibration_phases(device))
+
+    def done() -> None:
+        name = next(phases)
+        if on_phase is not None:
+            on_phase(name)
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise CalibrationError(f"calibrate needs nproc >= 2 to time collectives, got {nproc!r}")
@@ -445,6 +463,7 @@ def calibrate(nproc: int = 2, quick: bool = False, backend: str = "gloo",
     cal = Calibration(socket.gethostname(), date, nproc, threads, load=os.getloadavg()[0])
     st = settings(quick, device)
     res = launch(calibration_worker, nproc, args=(st, device), backend=backend, timeout=900)[0]
+    done()
     if device != "cpu":
         old = torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -452,12 +471,16 @@ def calibrate(nproc: int = 2, quick: bool = False, backend: str = "gloo",
             res.update(compute_worker(st, device))
         finally:
             torch.set_num_threads(old)
+        done()
     _fit_compute(cal, res["ops"], res["gemm"], res["copy"])
+    done()
     if device != "cpu":
         fit_gpu_gemm(cal, device, quick, st.reps)
+        done()
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     cal.memory_bytes = float(pages) / nproc
     _fit_comm(cal, res["comm"])
+    done()
     return cal
 
 

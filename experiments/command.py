@@ -51,10 +51,20 @@ def report_cmd(
 ) -> None:
     """Run the experiments and write their tables and plots."""
     from experiments import ExperimentError, run_experiments
+    from experiments.runner import select
+    from meshplan import terminal
 
     console = _console()
-    records = run_experiments(output, quick=quick, only=only or None,
-                              on_done=lambda rec: render(console, rec))
+    names = select(only or None)
+    # on a terminal the bar shares the tables' console (rich keeps it below them); else stderr
+    shared = console if console.is_terminal else None
+    with terminal.Progress(len(names), "experiments", enabled=terminal.progress_enabled(),
+                           console=shared) as bar:
+        def done(rec) -> None:
+            render(console, rec)
+            bar.advance(note=f"{rec.name} {'failed' if rec.error else 'done'}")
+
+        records = run_experiments(output, quick=quick, only=only or None, on_done=done)
     console.print(f"report: {output}/README.md")
     failed = [r for r in records if r.error]
     if failed:

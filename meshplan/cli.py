@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from meshplan import __version__
 
@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "meshplan.commands.program",
     "meshplan.commands.simulate",
     "meshplan.commands.cost",
+    "meshplan.commands.compare",
     "meshplan.commands.complete",
     "meshplan.commands.tune",
     "meshplan.commands.calibrate",
@@ -75,6 +76,24 @@ class _Root(TyperGroup):
             cmd = _LazyCommand(cmd_name, module, short_help)
         return cmd
 
+
+def _flag_type(display: Any) -> Any:
+    """Wrap ``TyperOption.display_type_rich`` so that an on/off flag (``--json``,
+    ``--sequence-parallel``, ``--help``) shows no value type in help: typer 0.29 prints
+    ``<bool>`` beside it, which reads as if the flag took a value."""
+
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return display(self, ctx)
+
+    display_type_rich.__wrapped__ = display  # type: ignore[attr-defined]
+    return display_type_rich
+
+
+if hasattr(TyperOption, "display_type_rich") and not hasattr(
+        TyperOption.display_type_rich, "__wrapped__"):
+    TyperOption.display_type_rich = _flag_type(TyperOption.display_type_rich)
 
 app = typer.Typer(
     name="meshplan",

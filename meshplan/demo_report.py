@@ -34,7 +34,8 @@ FILES = {  # file name -> what it holds (the README lists them in this order)
     "plan.json": "the best plan (`meshplan.Plan`; `Plan.load` / `Engine.from_plan` read it)",
     "best_plan_timeline.png": "Gantt chart of the best plan's simulated step (one row per "
                               "pipeline stage)",
-    "best_plan_trace.json": "the same timeline as Chrome trace JSON (open in Perfetto)",
+    "best_plan_trace.json": "the whole step as Chrome trace JSON (open in Perfetto): a "
+                            "process per rank, a thread per stream, memory counters",
     "time_vs_memory.png": "step time vs peak memory of every scored trial, Pareto front "
                           "marked, device memory drawn",
     "validation_model.json": "config.json of the small model validated on 2 local ranks",
@@ -121,8 +122,10 @@ def run_search(setup: DemoSetup, progress: bool = False) -> SearchOutcome:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = setup.tune_config()
     t0 = time.perf_counter()
+    from meshplan import terminal
+
     res = search(cfg, f"demo-{setup.model}", storage=MEMORY, n_trials=setup.trials,
-                 progress=progress)
+                 progress=progress and terminal.progress_enabled(), progress_bar=terminal.Progress)
     return SearchOutcome(setup, cfg, res, time.perf_counter() - t0)
 
 
@@ -255,7 +258,10 @@ def write_artifacts(out_dir: str | Path, outcome: SearchOutcome,
     if best is not None:
         files["plan.json"] = best.plan.save(out / "plan.json")
         files["best_plan_timeline.png"] = best.step.sim.plot_timeline(out / "best_plan_timeline.png")
-        files["best_plan_trace.json"] = best.step.sim.to_chrome_trace(out / "best_plan_trace.json")
+        from simulator.step_trace import write_trace
+
+        # the whole step: a process per rank, a thread per stream, memory counters
+        files["best_plan_trace.json"] = write_trace(best.step, out / "best_plan_trace.json")
     title = (f"{setup.model} on {setup.nodes} x {setup.cluster} ({cl.world_size} GPUs): "
              f"{len(outcome.result.trials())} trials")
     pt = None if best is None else (best.record["time_s"], best.record["memory_bytes"])

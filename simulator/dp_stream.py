@@ -48,7 +48,17 @@ def grad_reduce_end(timeline: Sequence[TimelineEvent], num_ranks: int,
                     buckets: Mapping[tuple[int, int], Sequence[tuple[float, float]]],
                     overlap: bool) -> list[float]:
     """Per rank, the second its last gradient bucket is reduced (0 for a rank without
-    buckets).
+    buckets): the end of the last interval of :func:`grad_reduce_intervals`."""
+    spans = grad_reduce_intervals(timeline, num_ranks, buckets, overlap)
+    return [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
+
+
+def grad_reduce_intervals(timeline: Sequence[TimelineEvent], num_ranks: int,
+                          buckets: Mapping[tuple[int, int], Sequence[tuple[float, float]]],
+                          overlap: bool) -> list[list[tuple[int, int]]]:
+    """Per rank, the (start, end) integer nanoseconds of each gradient bucket's collective
+    on its dp stream, in the order the stream runs them (what the step's Chrome trace draws
+    on the DP thread, ``simulator.step_trace``).
 
     Args:
         timeline: the played pipeline (integer ns events, ``SimResult.timeline``).
@@ -59,7 +69,7 @@ def grad_reduce_end(timeline: Sequence[TimelineEvent], num_ranks: int,
 
     Raises ValueError for a fraction outside [0, 1] or a negative time."""
     env = simpy.Environment()
-    ends = [0.0] * num_ranks
+    spans: list[list[tuple[int, int]]] = [[] for _ in range(num_ranks)]
     last = last_backward(timeline)
     rank_end = [0] * num_ranks
     for e in timeline:
@@ -81,11 +91,12 @@ def grad_reduce_end(timeline: Sequence[TimelineEvent], num_ranks: int,
         for at, dur in sorted(items):
             if at > env.now:
                 yield env.timeout(at - env.now)
+            start = env.now
             yield env.timeout(dur)
-        ends[r] = env.now * 1e-9
+            spans[r].append((start, env.now))
 
     for r in range(num_ranks):
         if releases[r]:
             env.process(stream(r, releases[r]))
     env.run()
-    return ends
+    return spans

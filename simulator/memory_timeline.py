@@ -1,6 +1,8 @@
 """Memory over the step, per pipeline rank, as the simulation plays it: a counter track of
 the Chrome trace and a PNG, so a user sees when the peak happens and what it is made of.
 
+The trace itself (a process per rank, a thread per stream) is ``simulator.step_trace``'s.
+
 Each rank's curve is the activations it holds (``simulator.memory.timeline_activation_peaks``'s
 rule: +M_B of (rank, chunk) at each F start, -(M_B - M_W) at a B end, -M_W at a W end, -M_B
 at a fused BW end, frees first at equal times) on top of what it holds the whole step
@@ -12,7 +14,6 @@ Times in nanoseconds (the timeline's), bytes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,29 +52,16 @@ def static_bytes(memory: dict[str, int]) -> int:
 
 
 def counter_events(curves: list[list[tuple[int, float]]], per_rank: list[dict[str, int]]) -> list[dict]:
-    """Chrome trace counter events ("ph": "C", pid 0): one track per rank named
-    ``memory rank R (GiB)`` with two series, ``held`` (static bytes) and ``activations``,
-    at every change; timestamps in microseconds."""
+    """Chrome trace counter events ("ph": "C"): one track in each rank's process (pid R)
+    named ``memory rank R (GiB)`` with two series, ``held`` (static bytes) and
+    ``activations``, at every change; timestamps in microseconds."""
     events = []
     for r, pts in enumerate(curves):
         held = static_bytes(per_rank[r]) / GIB
         for t, b in pts:
-            events.append({"name": f"memory rank {r} (GiB)", "ph": "C", "pid": 0, "ts": t / 1e3,
+            events.append({"name": f"memory rank {r} (GiB)", "ph": "C", "pid": r, "ts": t / 1e3,
                            "args": {"held": held, "activations": b / GIB}})
     return events
-
-
-def write_trace(result: Any, path: str | Path) -> Path:
-    """The step's Chrome trace (``result.sim.to_chrome_trace``: one event per action) with
-    the memory counter tracks of :func:`counter_events` added. ``result`` is a
-    ``simulator.step.StepResult``."""
-    out = result.sim.to_chrome_trace(path)
-    data = json.loads(Path(out).read_text())
-    curves = activation_curves(result.sim.timeline, len(result.memory_per_stage),
-                               result.activation_per_chunk)
-    data["traceEvents"].extend(counter_events(curves, result.memory_per_stage))
-    Path(out).write_text(json.dumps(data))
-    return Path(out)
 
 
 def plot(result: Any, path: str | Path) -> Path:

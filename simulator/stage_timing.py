@@ -106,8 +106,9 @@ class StageTimer:
         return {id(self.layers[i]) for i in self.vs_layers[vs]} - {id(self.pre), id(self.post)}
 
     def stage_time(self, vs: int) -> tuple[dict[str, float], dict[str, float]]:
-        """({F, B, W, BW} seconds, {compute, comm} seconds) of virtual stage ``vs`` per
-        micro-batch; BW is a fused backward action (B then W).
+        """({F, B, W, BW} seconds, {compute, comm, fsdp} seconds) of virtual stage ``vs``
+        per micro-batch; BW is a fused backward action (B then W); ``fsdp`` is the part of
+        ``comm`` that ZeRO-3's parameter gathers and gradient reduces add.
 
         ZeRO-3 gathers each block's parameters before its forward and backward: under a
         profile that prefetches (``overlap.fsdp_prefetch`` >= 1: FSDP, DeepSpeed stage 3)
@@ -136,6 +137,7 @@ class StageTimer:
                 parts["compute"] += blk.recompute_time(self.cfg.recompute)
         times, gathered = self._zero3_times(blocks, per)
         parts["comm"] += gathered
+        parts["fsdp"] = gathered  # the ZeRO-3 part of comm (simulator.step_trace draws it apart)
         recv_f, recv_b = self.scatter_gather_time(vs)
         times["F"] += recv_f
         times["B"] += recv_b

@@ -22,7 +22,7 @@ from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
 from simulator.cluster_memo import memoised
-from simulator.dp_stream import grad_reduce_end
+from simulator.dp_stream import grad_reduce_intervals
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
@@ -135,6 +135,36 @@ class StepResult:
                                                                            repr=False)
     """(rank, chunk) -> (M_B, M_W) bytes per micro-batch: what the memory timeline plays
     (``simulator.memory_timeline``)."""
+    stage_parts: list[dict[str, float]] = field(default_factory=list, repr=False)
+    """Per virtual stage, {compute, comm} seconds per micro-batch (the in-stage collectives'
+    share of its actions, ``StageTimer.stage_time``)."""
+    comm_time: float = 0.0
+    """Seconds of one pipeline p2p hop between ranks (``StageTimer.comm_time``)."""
+    rank_tails: list[dict[str, float]] = field(default_factory=list, repr=False)
+    """Per pipeline rank, seconds of what follows its last action (``StepModel._rank``):
+    ``end`` (the last action's end), ``dp_wait`` (its dp stream still reducing),
+    ``tail_collectives``, ``optimizer`` (with the fixed per-step work), ``param_gather``
+    and, without a profile, ``grad_sync`` (the legacy one-piece sync)."""
+    dp_buckets: list[list[tuple[int, int]]] = field(default_factory=list, repr=False)
+    """Per pipeline rank, (start, end) ns of each gradient bucket's reduce on its dp
+    stream (``simulator.dp_stream.grad_reduce_intervals``)."""
+
+    def events(self) -> list[Any]:
+        """Every action of the step on its stream, start order
+        (``simulator.step_trace.step_events``)."""
+        from simulator.step_trace import step_events
+
+        return step_events(self)
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame with one row per action of the step on its stream
+        (:meth:`events`): columns ``rank``, ``stream`` (compute, tp_comm, pp_comm,
+        dp_sync, optimizer), ``name``, ``kind``, ``microbatch``, ``chunk`` (-1 where
+        none), ``start_ms``, ``end_ms``, ``dur_ms``. E.g.
+        ``res.to_frame().groupby("stream").dur_ms.sum()``."""
+        from simulator.step_trace import events_frame
+
+        return events_frame(self.events())
 
     @property
     def zb_bubble_rate(self) -> float:
@@ -268,7 +298,8 @@ class StepModel:
         prof = c.profile
         sync_p2p = prof is not None and prof.pipeline.p2p.value == "sync"
         sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
-        dp_ends = self._dp_stream(sched, sim) if prof is not None else [0.0] * c.pp
+        spans = self._dp_stream(sched, sim) if prof is not None else [[] for _ in range(c.pp)]
+        dp_ends = [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
         per_chunk = {}
         for vs in range(self.nvs):
             args = (self.costs.layer_keys, self.vs_layers[vs], vs == 0, vs == self.nvs - 1)
@@ -296,7 +327,8 @@ class StepModel:
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,
             layers_per_vstage=self.split, model_flops=mflops, executed_flops=mflops + rec,
-            sim=sim, schedule=sched, activation_per_chunk=per_chunk)
+            sim=sim, schedule=sched, activation_per_chunk=per_chunk, stage_parts=parts,
+            comm_time=t_comm, rank_tails=[x["tail"] for x in ranks], dp_buckets=spans)
 
     def _chunk_params(self, vstages: list[int]) -> dict[int, int]:
         """Local parameter elements per chunk of a pipeline rank holding ``vstages`` (a
@@ -315,15 +347,15 @@ class StepModel:
             out[chunk] = n
         return out
 
-    def _dp_stream(self, sched: Schedule, sim: SimResult) -> list[float]:
-        """Per pipeline rank, the second its gradient buckets are reduced on its dp stream
-        (``simulator.dp_stream``; 0 with nothing to reduce)."""
+    def _dp_stream(self, sched: Schedule, sim: SimResult) -> list[list[tuple[int, int]]]:
+        """Per pipeline rank, the (start, end) ns of its gradient buckets' reduces on its dp
+        stream (``simulator.dp_stream``; empty with nothing to reduce)."""
         c = self.cfg
         buckets = {}
         for r in range(c.pp):
             for chunk, items in grad_buckets(c, self.cluster, r, self._chunk_params(list(sched.vstage[r]))).items():
                 buckets[(r, chunk)] = items
-        return grad_reduce_end(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
+        return grad_reduce_intervals(sim.timeline, c.pp, buckets, c.profile.overlap.dp_grad_reduce.value)
 
     def rank_param_facts(self, vstages: list[int], total: int, layer_blocks: list[BlockCost],
                      blocks: list[BlockCost]) -> RankParams:
@@ -363,12 +395,17 @@ class StepModel:
         if c.profile is None:
             sync = sync_time(c, self.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
             fixed = 0.0
+            tail = {"end": end, "grad_sync": sync}
         else:
-            sync = max(0.0, dp_end - end) + tail_collectives(c, self.cluster, r, layer_blocks)
-            sync += param_gather_time(c, self.cluster, r, params, times[vstages[0]]["F"])
+            tail = {"end": end, "dp_wait": max(0.0, dp_end - end),
+                    "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
+                    "param_gather": param_gather_time(c, self.cluster, r, params,
+                                                      times[vstages[0]]["F"])}
+            sync = tail["dp_wait"] + tail["tail_collectives"] + tail["param_gather"]
             fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems())
         # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
         opt = optimizer_time(c, self.rf, params, tensors) + fixed + sum(b.per_step for b in layer_blocks)
+        tail["optimizer"] = opt
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         comm = m * sum(parts[vs]["comm"] for vs in vstages)
@@ -385,4 +422,4 @@ class StepModel:
         busy = compute + comm
         time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,
                 "bubble": max(0.0, end - busy), "dp_sync": sync, "optimizer": opt}
-        return {"finish": end + sync + opt, "memory": memory, "time": time}
+        return {"finish": end + sync + opt, "memory": memory, "time": time, "tail": tail}

@@ -39,7 +39,8 @@ def test_text_output_and_trace(tmp_path, capsys):
     assert main([*ARGS, "--trace", str(trace)]) == 0
     text = capsys.readouterr().out
     assert "time breakdown" in text and "memory breakdown" in text and "MFU" in text
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    events = [e for e in json.loads(trace.read_text())["traceEvents"]
+              if e["ph"] == "X" and e["tid"] == 0]  # the compute threads (issue 20: a thread per stream)
     # 2 stages x m = 4 micro-batches x (F, BW) actions
     assert len(events) == 2 * 4 * 2
 

@@ -32,7 +32,7 @@ def test_cli_simulate_json_trace_plot(tmp_path):
     assert out["peak_memory"] == [4.0, 3.0, 2.0, 1.0]
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     for rank in range(4):
-        names = sorted(e["name"] for e in events if e["tid"] == rank)
+        names = sorted(e["name"] for e in events if e["pid"] == rank and e["tid"] == 0)
         assert names == sorted([f"F{i}" for i in range(8)] + [f"BW{i}" for i in range(8)])
     assert plot.read_bytes()[:4] == b"\x89PNG"
 

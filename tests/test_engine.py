@@ -159,10 +159,11 @@ def test_chrome_trace_one_event_per_action(tmp_path):
     s = build_schedule("ZBVPP", 4, 8, 2)
     res = simulate_pipeline(s, {"F": 2e-6, "B": 2e-6, "W": 2e-6}, 1e-7)
     data = json.loads(res.to_chrome_trace(tmp_path / "t.json").read_text())
-    per_tid: dict[int, int] = {}
+    per_rank: dict[int, int] = {}  # a process per rank, its compute thread tid 0 (issue 20)
     for ev in data["traceEvents"]:
         if ev["ph"] == "X":
-            per_tid[ev["tid"]] = per_tid.get(ev["tid"], 0) + 1
-    assert per_tid == {r: len(s.actions[r]) for r in range(4)} == {r: 48 for r in range(4)}
+            assert ev["tid"] == 0
+            per_rank[ev["pid"]] = per_rank.get(ev["pid"], 0) + 1
+    assert per_rank == {r: len(s.actions[r]) for r in range(4)} == {r: 48 for r in range(4)}
     png = res.plot_timeline(tmp_path / "t.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

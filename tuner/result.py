@@ -272,10 +272,12 @@ def top_table(result: TuneResult, k: int = 10) -> Any:
     return tab
 
 
-class ProgressReporter:
-    """A rich progress bar over the trial target, showing the best feasible plan so far."""
+class _RichBar:
+    """The default bar of :class:`ProgressReporter`: a rich progress bar over ``total``
+    steps with ``description`` after it (the interface of ``meshplan.terminal.Progress``,
+    which the ``meshplan`` commands pass instead)."""
 
-    def __init__(self, total: int, done: int = 0, enabled: bool = True) -> None:
+    def __init__(self, total: int, description: str, enabled: bool = True, done: int = 0) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -284,19 +286,41 @@ class ProgressReporter:
             TimeElapsedColumn,
         )
 
-        self.enabled = enabled
-        self.best: tuple[float, str] | None = None
         self.progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.description}"),
                                  disable=not enabled, transient=False)
-        self.task = self.progress.add_task("best: -", total=total, completed=done)
+        self.task = self.progress.add_task(description, total=total, completed=done)
 
-    def __enter__(self) -> ProgressReporter:
+    def __enter__(self) -> _RichBar:
         self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
+
+    def advance(self, n: int = 1, note: str | None = None) -> None:
+        """``n`` more steps; ``note`` replaces the description."""
+        self.progress.update(self.task, advance=n, **({"description": note} if note else {}))
+
+
+class ProgressReporter:
+    """A progress bar over the trial target, showing the best feasible plan so far; an
+    Optuna callback (``reporter(study, trial)``). ``bar``: the bar class, called as
+    ``bar(total, description, enabled=..., done=...)``, a context manager with
+    ``advance(n, note=...)`` (default: a rich bar; ``meshplan tune`` passes
+    ``meshplan.terminal.Progress``)."""
+
+    def __init__(self, total: int, done: int = 0, enabled: bool = True, bar: Any = None) -> None:
+        self.enabled = enabled
+        self.best: tuple[float, str] | None = None
+        self.bar = (bar or _RichBar)(total, "best: -", enabled=enabled, done=done)
+
+    def __enter__(self) -> ProgressReporter:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
 
     def __call__(self, study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
         ua = t.user_attrs
@@ -304,4 +328,4 @@ class ProgressReporter:
                 "memory_limit_bytes", 0) and (self.best is None or ua["time_s"] < self.best[0])):
             self.best = (ua["time_s"], plan_label(ua["plan"]))
         desc = "best: -" if self.best is None else f"best {self.best[0] * 1e3:.1f} ms  {self.best[1]}"
-        self.progress.update(self.task, advance=1, description=desc)
+        self.bar.advance(1, note=desc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from pathlib import Path
+from typing import Any
 
 from tuner.exhaustive import run_exhaustive
 from tuner.result import ProgressReporter, TuneResult
@@ -39,14 +40,15 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
 
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
            study_dir: str | Path | None = None, n_trials: int = 100,
-           timeout: float | None = None, workers: int = 1, progress: bool = False
-           ) -> TuneResult:
+           timeout: float | None = None, workers: int = 1, progress: bool = False,
+           progress_bar: Any = None) -> TuneResult:
     """Run (or resume) the search until the study holds ``n_trials`` finished trials.
 
     Args:
         cfg: the search; study_name: the study; storage: None (journal file in
             ``study_dir``), ``"memory"`` (in-memory, nothing kept), a journal path or a
-            database URL; workers: local processes on the study; progress: rich progress bar.
+            database URL; workers: local processes on the study; progress: rich progress bar
+            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`).
 
     Raises TuneError for workers > 1 on an in-memory study or a study holding another search.
     """
@@ -74,7 +76,8 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
         return _exhaustive(study, cfg, scorer, workers, timeout)
     done, _ = trial_counts(study)
     try:
-        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress) as rep:
+        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
+                              bar=progress_bar) as rep:
             optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
     finally:
         for p in procs:
@@ -99,3 +102,33 @@ def _exhaustive(study, cfg: TuneConfig, scorer, workers: int, timeout: float | N
     res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
     res.exhaustive = rep
     return res
+
+
+def load_result(output: str | Path, study: str | None = None) -> TuneResult:
+    """The :class:`tuner.result.TuneResult` of a finished (or interrupted) ``meshplan tune
+    --output DIR``: the study in ``DIR/journal.log`` (``output`` may also be the journal
+    file itself), by name or, when ``study`` is None, the only one there. For
+    ``TuneResult.to_dataframe()`` and friends, e.g. ``load_result("runs/7b").to_dataframe()``.
+
+    Raises TuneError when the journal is missing, holds no study of that name, or several
+    studies and none was named."""
+    import optuna
+
+    from tuner.storage import open_storage
+    from tuner.study import CONFIG_ATTR
+
+    path = Path(output)
+    journal = path / "journal.log" if path.is_dir() else path
+    if not journal.is_file():
+        raise TuneError(f"no tune journal at {str(journal)!r} (the --output of meshplan tune)")
+    st = open_storage(str(journal), None)
+    names = optuna.get_all_study_names(storage=st)
+    if study is None:
+        if len(names) != 1:
+            raise TuneError(f"{journal} holds {len(names)} studies ({', '.join(names)}); name one")
+        study = names[0]
+    if study not in names:
+        raise TuneError(f"{journal} holds no study {study!r}; it holds {', '.join(names) or 'none'}")
+    s = optuna.load_study(study_name=study, storage=st)
+    cfg = TuneConfig.from_dict(s.user_attrs[CONFIG_ATTR])
+    return TuneResult(s, cfg.space.problem.global_batch_size, cfg.pareto)

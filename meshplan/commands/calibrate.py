@@ -35,9 +35,19 @@ def calibrate_cmd(
         _from_trace(from_trace, plan, cluster, output, name)
         return
     from clusters import load_cluster
-    from executor.calibrate import calibrate, format_gemm_curve, write_cluster_yaml
+    from executor.calibrate import (
+        calibrate,
+        calibration_phases,
+        format_gemm_curve,
+        write_cluster_yaml,
+    )
+    from meshplan import terminal
 
-    cal = calibrate(nproc=nproc, quick=quick, device=device)
+    phases = calibration_phases(device)
+    with terminal.Progress(len(phases), f"calibrating on {nproc} ranks",
+                           enabled=terminal.progress_enabled()) as bar:
+        cal = calibrate(nproc=nproc, quick=quick, device=device,
+                        on_phase=lambda name: bar.advance(note=name))
     path = write_cluster_yaml(cal, output, name or None)
     c = load_cluster(path)
     d = c.spec.device

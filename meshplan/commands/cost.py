@@ -127,8 +127,9 @@ def cost_cmd(
     attention: opt.Attention | None = opt.ATTENTION,
     memory_headroom: float = opt.MEMORY_HEADROOM,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    trace: str | None = typer.Option(None, "--trace", help="Write the pipeline timeline as Chrome "
-                                     "trace JSON, with each rank's memory as a counter track."),
+    trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
+                                     "a process per rank, a thread per stream, memory counters."),
+    plot: str | None = typer.Option(None, "--plot", help="Write the step's timeline (Gantt) as a PNG."),
     memory_png: str | None = typer.Option(None, "--memory-png",
                                           help="Write each rank's memory over the step as a PNG."),
 ) -> None:
@@ -145,12 +146,16 @@ def cost_cmd(
     res = engine.simulate()
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
-        from simulator import memory_timeline
+        from simulator import memory_timeline, step_trace
 
         if trace is not None:
-            memory_timeline.write_trace(res, trace)
+            step_trace.write_trace(res, trace)
         if memory_png is not None:
             memory_timeline.plot(res, memory_png)
+    if plot is not None:
+        from simulator.gantt import plot_steps
+
+        plot_steps([(f"{model} on {cluster}", res)], plot)
     inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
     if as_json:
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs}, sort_keys=True))

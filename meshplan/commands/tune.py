@@ -40,12 +40,14 @@ def _ann(c) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(t.items())) or c.annotation
 
 
-def _report(result, study: str, storage: str, k: int) -> str:
+def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
+    """Counts and the top-plans table as text ``width`` columns wide (report.txt: 200; the
+    terminal: its width, ``meshplan.terminal.width``)."""
     from rich.console import Console
 
     from tuner.result import top_table
 
-    con = Console(record=True, width=200, file=io.StringIO())
+    con = Console(record=True, width=width, file=io.StringIO())
     con.print(f"study {study} ({storage}): {result.counts()}")
     if result.exhaustive is not None:
         con.print(result.exhaustive.summary())
@@ -60,8 +62,10 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
 
     opt.ensure_dir(out)
     result.write_history_csv(out / "history.csv")
+    from meshplan import terminal
+
     text = _report(result, study, storage, top)
-    typer.echo(text)
+    typer.echo(_report(result, study, storage, top, terminal.width()))
     best = result.best()
     why = "\n".join(why_best(result))  # why it won, or which constraint bound
     if best is None:
@@ -145,7 +149,8 @@ def tune_cmd(
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
                                        help="Let tensor parallelism span nodes."),
     top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    no_progress: bool = typer.Option(False, "--no-progress",
+                                     help="No progress bar (there is none unless stderr is a terminal)."),
     gpus: str | None = typer.Option(None, "--gpus",
                                     help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
                                          "(doubling); one search per size."),
@@ -183,6 +188,8 @@ def tune_cmd(
         opt.ensure_dir(out)  # the journal lives there
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
+    from meshplan import terminal
+
     from meshplan.commands.tune_sizes import check_single, tune_over_sizes
 
     check_single(objective, max_step_time)
@@ -196,7 +203,9 @@ def tune_cmd(
                 opt.ensure_dir(d)
             res_n = search(cfg_n, study_name, storage=storage,
                            study_dir=None if storage == MEMORY else d, n_trials=trials,
-                           timeout=timeout, workers=workers, progress=not no_progress)
+                           timeout=timeout, workers=workers,
+                           progress=not no_progress and terminal.progress_enabled(),
+                           progress_bar=terminal.Progress)
             _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top)
             return res_n
 
@@ -207,7 +216,9 @@ def tune_cmd(
             raise MeshplanError(str(e)) from None
         return
     res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
-                 timeout=timeout, workers=workers, progress=not no_progress)
+                 timeout=timeout, workers=workers,
+                 progress=not no_progress and terminal.progress_enabled(),
+                 progress_bar=terminal.Progress)
     where = storage or str(out / "journal.log")
     _finish(res, cfg, name, where, out, top, max_step_time)
 

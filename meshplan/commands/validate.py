@@ -118,13 +118,19 @@ def validate_cmd(
         typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
         return
     nproc = nproc or world
+    from meshplan import terminal
     from meshplan.validation import run_repeated, verify
 
     cores, before = host_cores(), host_load()
-    runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
-                        steps=steps, warmup=2)
     fp32 = plan.strategy.dtype == "float32"
-    numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
+    with terminal.Progress(2 if check and fp32 else 1, f"{repeats} repeat(s) on {nproc} ranks",
+                           enabled=terminal.progress_enabled(as_json)) as bar:
+        runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
+                            steps=steps, warmup=2)
+        bar.advance(note="measured; verifying numerics" if check and fp32 else "measured")
+        numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
+        if numerics is not None:
+            bar.advance(note="numerics verified")
     after = host_load()
     meas = runs[0]
     times = [m.step_time for m in runs]

@@ -1,0 +1,226 @@
+"""``meshplan compare``: cost several plans of one model and cluster and show them side by
+side -- one table (step time, tokens/s, MFU, bubble, peak memory, fits) and, with
+``--plot``, one timeline PNG with a panel per plan on a shared time axis.
+
+Each strategy option of ``meshplan cost`` (``meshplan.commands.options.FLAGS``, aliases
+included) takes a comma list here, e.g. ``--schedule 1F1B,VPP,ZBH1,ZB-2p`` (also spelled
+``--schedules``), ``--tp 4,8`` or ``--recompute none,full``; the plans are the cross
+product of the lists (:data:`PARSERS` order: dp varies slowest, then tp, pp, ...). A plan the
+strategy rules refuse (e.g. ``--tp 3`` for 32 heads) is a table row marked ``refused`` and
+``[i]``, reason i listed under the table; if every plan is refused the command fails with the
+first reason. Without ``--vpp`` each plan runs the chunks its schedule needs: 2 for the
+interleaved schedules (VPP, ZBVPP; ``completion.strategy.INTERLEAVED``), 1 for the others,
+so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--json`` prints one
+object per plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import textwrap
+from enum import Enum
+from typing import Any
+
+import typer
+
+from meshplan.commands import options as opt
+
+#: most plans one compare costs (the product of the list lengths)
+MAX_PLANS = 64
+
+
+def _ints(flag: str, low: int) -> Any:
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise ValueError(f"{flag}: {s!r} is not an integer") from None
+        if v < low:
+            raise ValueError(f"{flag}: {v} must be >= {low}")
+        return v
+    return parse
+
+
+def _choices(flag: str, enum: type[Enum]) -> Any:
+    names = {m.value.lower(): m.value for m in enum}
+
+    def parse(s: str) -> str:
+        if s.lower() not in names:
+            raise ValueError(f"{flag}: {s!r} is not one of {', '.join(m.value for m in enum)}")
+        return names[s.lower()]
+    return parse
+
+
+#: Strategy field -> parser of one list item (``FLAGS[field][0]`` names it in errors)
+PARSERS = {
+    "dp": _ints("--dp", 1), "tp": _ints("--tp", 1), "pp": _ints("--pp", 1),
+    "cp": _ints("--cp", 1), "vpp": _ints("--vpp", 1),
+    "micro_batch_size": _ints("--micro-batch-size", 1),
+    "global_batch_size": _ints("--global-batch", 1), "zero": _ints("--zero", 0),
+    "schedule": _choices("--schedule", opt.Schedule), "recompute": _choices("--recompute", opt.Recompute),
+    "cp_comm": _choices("--cp-comm", opt.CpComm), "dtype": _choices("--dtype", opt.Dtype),
+    "framework": _choices("--framework", opt.Framework),
+    "attention": _choices("--attention", opt.Attention),
+}
+#: column heads of the knobs in the table
+HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "micro_batch_size": "mbs",
+         "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
+         "recompute": "recompute", "cp_comm": "cp comm", "dtype": "dtype",
+         "framework": "framework", "attention": "attention"}
+
+
+def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
+    """Strategy field -> its list of values from the comma lists ``raw`` (None: left out,
+    the Strategy default). Raises ValueError naming the flag for a bad or empty item or
+    more than :data:`MAX_PLANS` plans."""
+    out: dict[str, list[Any]] = {}
+    for field, text in raw.items():
+        if text is None:
+            continue
+        items = [s.strip() for s in text.split(",")]
+        if any(not s for s in items):
+            raise ValueError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
+                             f"e.g. 1F1B,VPP)")
+        out[field] = list(dict.fromkeys(PARSERS[field](s) for s in items))
+    n = 1
+    for vals in out.values():
+        n *= len(vals)
+    if n > MAX_PLANS:
+        sizes = " x ".join(f"{opt.FLAGS[f][0]} {len(v)}" for f, v in out.items() if len(v) > 1)
+        raise ValueError(f"compare: {sizes} = {n} plans, at most {MAX_PLANS}; shorten a list")
+    return out
+
+
+def plans(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The cross product of ``lists`` as knob dicts, first field varying slowest."""
+    fields = list(lists)
+    return [dict(zip(fields, combo, strict=True)) for combo in itertools.product(*lists.values())]
+
+
+def label(knobs: dict[str, Any], varied: list[str]) -> str:
+    """``schedule=VPP tp=8``: the knobs that differ between the plans (``plan`` for one)."""
+    return " ".join(f"{HEADS[f]}={knobs[f]}" for f in varied) or "plan"
+
+
+def chunks_for(schedule: str) -> int:
+    """Model chunks per rank a plan of ``schedule`` (a name or alias) runs when ``--vpp``
+    is not given: 2 for ``completion.strategy.INTERLEAVED``, else 1."""
+    from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
+
+    return 2 if SCHEDULE_ALIASES.get(schedule.lower(), schedule) in INTERLEAVED else 1
+
+
+def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any]) -> dict[str, Any]:
+    d = res.to_dict()
+    return {**knobs, "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
+            "mfu": d["mfu"], "bubble_ratio": d["bubble_ratio"],
+            "max_memory_bytes": d["max_memory_bytes"],
+            "memory_limit_bytes": fit["memory_limit_bytes"],
+            "fits_in_memory": fit["fits_in_memory"], "error": None}
+
+
+def table(rows: list[dict[str, Any]], varied: list[str], title: str) -> Any:
+    """A rich Table of the compared plans: the varied knobs, then step ms, tokens/s, MFU,
+    bubble, peak GiB, fits (a refused plan: ``refused`` and the number ``[i]`` of its
+    reason, which the command prints under the table)."""
+    from rich.table import Table
+
+    tab = Table(title=title)
+    for f in varied:
+        tab.add_column(HEADS[f])
+    for col in ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
+        tab.add_column(col, justify="right")
+    refused = 0
+    for r in rows:
+        knobs = [str(r[f]) for f in varied]
+        if r["error"] is not None:
+            refused += 1
+            tab.add_row(*knobs, "refused", "", "", "", "", f"[{refused}]")
+            continue
+        tab.add_row(*knobs, f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
+                    f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
+                    f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
+    return tab
+
+
+def _list_option(field: str, default: str | None, what: str) -> Any:
+    extra = ("--schedules",) if field == "schedule" else ()
+    return typer.Option(default, *opt.FLAGS[field], *extra, help=f"{what}; a comma list compares.")
+
+
+def compare_cmd(
+    ctx: typer.Context,
+    model: str = opt.MODEL,
+    cluster: str = opt.CLUSTER,
+    nodes: int | None = opt.NODES,
+    dp: str = _list_option("dp", "1", "Data-parallel degree"),
+    tp: str = _list_option("tp", "1", "Tensor (model) parallel degree"),
+    pp: str = _list_option("pp", "1", "Pipeline stages"),
+    cp: str = _list_option("cp", "1", "Context-parallel degree"),
+    cp_comm: str = _list_option("cp_comm", "p2p", "Context-parallel K/V exchange: p2p or all_gather"),
+    vpp: str | None = _list_option("vpp", None, "Model chunks per pipeline rank (default: 2 "
+                                   "for VPP and ZBVPP, else 1)"),
+    schedule: str = _list_option("schedule", "1F1B", "Pipeline schedule (names as for cost)"),
+    micro_batch_size: str = _list_option("micro_batch_size", "1", "Sequences per micro-batch"),
+    global_batch: str = _list_option("global_batch_size", None, "Sequences per step (required)"),
+    seq_len: int | None = opt.SEQ_LEN,
+    recompute: str = _list_option("recompute", "none", "Activation recompute: none, selective, selective-op, full"),
+    zero: str = _list_option("zero", "0", "ZeRO stage 0-3"),
+    sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
+    dtype: str = _list_option("dtype", "bfloat16", "Training dtype"),
+    framework: str = _list_option("framework", "megatron-core", "Framework profile"),
+    attention: str | None = _list_option("attention", None, "Attention implementation"),
+    memory_headroom: float = opt.MEMORY_HEADROOM,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per plan (a list)."),
+    plot: str | None = typer.Option(None, "--plot", help="Write the plans' step timelines, one "
+                                    "panel each on a shared time axis, as a PNG."),
+) -> None:
+    """Cost the cross product of comma-listed strategy options and compare the plans."""
+    from meshplan import terminal
+    from meshplan.commands.cost import memory_fit
+    from meshplan.engine import Engine
+
+    if global_batch is None:
+        raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
+    raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp,
+           "schedule": schedule, "micro_batch_size": micro_batch_size,
+           "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
+           "dtype": dtype, "framework": framework, "attention": attention}
+    lists = parse_lists(raw)
+    varied = [f for f, v in lists.items() if len(v) > 1]
+    rows, panels, first_error = [], [], None
+    for knobs in plans(lists):
+        if vpp is None:
+            knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
+        try:
+            strategy = opt.build_strategy(ctx, **knobs, sequence_parallel=sequence_parallel)
+            engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+            res = engine.simulate()
+        except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
+            first_error = first_error or e
+            rows.append({**knobs, "error": " ".join(str(e).split())})
+            continue
+        rows.append(_row(knobs, res, memory_fit(res, engine.cluster.device, memory_headroom)))
+        panels.append((label(knobs, varied), res))
+    if not panels:
+        raise first_error  # type: ignore[misc]
+    if plot is not None:
+        from simulator.gantt import plot_steps
+
+        plot_steps(panels, plot)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    title = f"{model} on {cluster}: {len(rows)} plans"
+    typer.echo(terminal.render(table(rows, varied, title)))
+    reasons = [r["error"] for r in rows if r["error"] is not None]
+    for i, why in enumerate(reasons, 1):
+        typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``compare`` command to ``app``."""
+    app.command("compare", cls=opt.StrategyCommand)(compare_cmd)
