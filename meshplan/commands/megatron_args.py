@@ -87,6 +87,11 @@ class MegatronArgs:
         return self.vpp_layers is not None or opt.value(self.method) == "block"
 
 
+#: how errors name a knob's flag when the user did not type it
+FLAG_NAMES = {"pp": "--pp/--pipeline-model-parallel-size",
+              "vpp": "--vpp/--num-virtual-stages-per-pipeline-rank"}
+
+
 def typed(ctx: Any, *flags: str) -> list[str]:
     """The ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)."""
     args = {a.split("=", 1)[0] for a in (ctx.meta.get(opt._ARGS_KEY, ()) if ctx is not None else ())}
@@ -135,13 +140,33 @@ def _recompute(ctx: Any, m: MegatronArgs, layers_per_chunk: Callable[[], int]) -
     return "full"
 
 
+def model_layers(model: str, seq_len: int | None = None, layers: int | None = None) -> int:
+    """The decoder layer count of ``model`` (a name, config.json or program), or ``layers``
+    when given (the ``--layers`` override). Raises what ``resolve_model`` raises."""
+    if layers is not None:
+        return int(layers)
+    from completion.models.source import resolve_model
+
+    return int(resolve_model(model, seq_len).num_layers)
+
+
 def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
-          num_layers: Callable[[], int]) -> dict[str, Any]:
+          num_layers: Callable[[], int], searched: bool = False) -> dict[str, Any]:
     """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
     recompute, zero) with the Megatron arguments ``m`` translated into them (see the module
     docstring); ``num_layers`` gives the model's decoder layer count, called only when
-    needed. Raises MeshplanError naming the flags at fault."""
+    needed. ``searched`` (``tune``): ``knobs`` holds only the pinned knobs, and a knob a
+    translation needs (pp, vpp) but is searched is an error. Raises MeshplanError naming the
+    flags at fault."""
     out = dict(knobs)
+    if searched and m.needs_layers():
+        flag = ("--num-layers-per-virtual-pipeline-stage" if m.vpp_layers is not None
+                else "--recompute-method block")
+        need = [f for f in ("pp", "vpp") if f not in out
+                and not (f == "vpp" and m.vpp_layers is not None)]
+        if need:
+            raise MeshplanError(f"{flag} needs the layers per pipeline stage: pin "
+                                + " and ".join(FLAG_NAMES[f] for f in need) + " too")
     pp = int(out.get("pp", 1) or 1)
     if m.distributed_optimizer:
         if opt.given_flags(ctx, "zero") and int(out["zero"]) != 1:
