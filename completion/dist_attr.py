@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from completion.errors import DistAttrError
 from completion.mesh import ProcessMesh, as_int, as_ints
@@ -278,9 +279,9 @@ class TensorDistAttr:
         """A fully replicated attr for a tensor of rank ``ndim`` on ``process_mesh``."""
         return cls(process_mesh, [-1] * ndim, None, chunk_id)
 
-    def replace(self, **kw) -> TensorDistAttr:
+    def replace(self, **kw: Any) -> TensorDistAttr:
         """A copy with some fields changed (process_mesh, dims_mapping, partial, chunk_id)."""
-        args = {
+        args: dict[str, Any] = {
             "process_mesh": self.process_mesh,
             "dims_mapping": self.dims_mapping,
             "partial": self.partial_dims,

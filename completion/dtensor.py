@@ -4,7 +4,11 @@
 ``Replicate``, ``Partial``) and ``from_torch(p)`` the inverse; ``device_mesh_spec(mesh)``
 describes the ``DeviceMesh`` a process mesh stands for (the arguments of
 ``torch.distributed.device_mesh.DeviceMesh(device_type, mesh, mesh_dim_names=...)``; a
-DeviceMesh itself needs an initialised process group, so it is not built here).
+DeviceMesh itself needs an initialised process group, so it is not built here);
+``process_mesh_of(device_mesh)`` reads a real DeviceMesh back. A whole layout converts too:
+``dist_attr_to_torch(attr)`` gives (DeviceMesh arguments, placements) and
+``dist_attr_from_torch(device_mesh, placements, ndim)`` the TensorDistAttr, e.g. of a
+``DTensor``'s ``device_mesh`` and ``placements``.
 
 DTensor's reduce ops (``torch/distributed/tensor/placement_types.py``, ``Partial.reduce_op``)
 are ``sum``, ``avg``, ``max``, ``min`` (and ``product``, which meshplan does not model); torch
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from completion.dist_attr import Partial, Placement, Replicate, Shard
+from completion.dist_attr import Partial, Placement, Replicate, Shard, TensorDistAttr
 from completion.errors import DistAttrError
 from completion.mesh import ProcessMesh
 
@@ -74,3 +78,33 @@ def device_mesh_spec(mesh: ProcessMesh, device_type: str = "cuda") -> dict[str, 
     for n in reversed(mesh.shape[1:]):
         ranks = [ranks[i:i + n] for i in range(0, len(ranks), n)]
     return {"device_type": device_type, "mesh": ranks, "mesh_dim_names": tuple(mesh.dim_names)}
+
+
+def process_mesh_of(device_mesh: Any) -> ProcessMesh:
+    """The ProcessMesh of a ``torch.distributed.device_mesh.DeviceMesh`` (or any object with
+    its ``mesh`` rank tensor and ``mesh_dim_names``): shape ``tuple(mesh.shape)``, the ranks
+    row-major, the dim names (``d0, d1, ...`` when it has none). The inverse of
+    :func:`device_mesh_spec`. Raises DistAttrError for a rank array ProcessMesh refuses."""
+    ranks = device_mesh.mesh
+    names = getattr(device_mesh, "mesh_dim_names", None)
+    return ProcessMesh(tuple(int(n) for n in ranks.shape),
+                       tuple(int(r) for r in ranks.flatten().tolist()),
+                       tuple(names) if names else ())
+
+
+def dist_attr_to_torch(attr: TensorDistAttr, device_type: str = "cuda") -> tuple[dict[str, Any],
+                                                                                tuple[Any, ...]]:
+    """``(device_mesh_spec(attr.process_mesh), placements)``: what ``distribute_tensor(t,
+    DeviceMesh(**spec), placements)`` needs to lay a tensor out as ``attr`` says (one
+    placement per mesh dim, :attr:`TensorDistAttr.placements`)."""
+    return device_mesh_spec(attr.process_mesh, device_type), placements_to_torch(attr.placements)
+
+
+def dist_attr_from_torch(device_mesh: Any, placements: Sequence[Any], ndim: int,
+                         chunk_id: int = 0) -> TensorDistAttr:
+    """The TensorDistAttr of a DTensor layout: its DeviceMesh, its placements (one per mesh
+    dim) and the tensor's rank ``ndim``. Raises DistAttrError for a placement meshplan does
+    not model (:func:`from_torch`) or one it cannot express as a dims_mapping (two mesh dims
+    sharding one tensor dim, a Shard dim outside the tensor)."""
+    mesh = process_mesh_of(device_mesh)
+    return TensorDistAttr.from_placements(mesh, placements_from_torch(placements), ndim, chunk_id)

@@ -47,13 +47,14 @@ class _LazyCommand(TyperCommand):
     def __init__(self, name: str, module: str, help: str) -> None:
         super().__init__(name, help=help)
         self.module = module
+        self.command_name = name
 
     def load(self) -> Any:
         """The real click command: the module's ``register`` run on a scratch app."""
         scratch = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         importlib.import_module(self.module).register(scratch)
         scratch.callback()(lambda: None)  # a group, whatever the module registers
-        return typer.main.get_group(scratch).commands[self.name]
+        return typer.main.get_group(scratch).commands[self.command_name]
 
     def make_context(self, info_name: Any, args: list[str], parent: Any = None, **extra: Any) -> Any:
         """The real command's context (the group then invokes the real command)."""
@@ -127,7 +128,7 @@ def _click_exceptions():
     try:
         from typer._click import exceptions
     except ImportError:  # older typer depends on the click distribution
-        from click import exceptions
+        from click import exceptions  # type: ignore[no-redef]
     return exceptions
 
 

@@ -46,9 +46,9 @@ def test_text_output_and_trace(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["--dp", "3"], "global_batch_size"),
+    (["--dp", "3"], "--global-batch"),  # the flag, not the field (issue 20 item 9)
     (["--recompute", "most"], "recompute"),
-    (["--zero", "5"], "'zero'"),
+    (["--zero", "5"], "--zero (ZeRO stage)"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, needle):
     assert main([*ARGS, *extra]) == 2

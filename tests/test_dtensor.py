@@ -73,3 +73,63 @@ def test_device_mesh_spec_builds_a_device_mesh(tmp_path):
         assert m.mesh.tolist() == [0] and m.mesh_dim_names == ("dp",)
     finally:
         dist.destroy_process_group()
+
+
+def test_is_shard_of_each_dim_and_is_partial_of_each_op_agree_with_torch():
+    ops = ("sum", "avg", "max", "min")
+    for ours in [Shard(d) for d in range(3)] + [Replicate()] + [Partial(o) for o in ops]:
+        theirs = to_torch(ours)
+        assert [ours.is_shard(d) for d in range(3)] == [theirs.is_shard(d) for d in range(3)]
+        assert [ours.is_partial(o) for o in ops] == [theirs.is_partial(o) for o in ops]
+
+
+@pytest.mark.parametrize("text", ["Shard(dim=1)", "Shard(1)", "S(1)", "Replicate()", "R",
+                                  "Partial(sum)", "Partial(reduce_op='sum')", "P(avg)",
+                                  "Partial(reduce_op=\"max\")"])
+def test_dtensor_texts_parse_to_the_placement_torch_prints_them_for(text):
+    p = parse_placement(text)
+    assert repr(to_torch(p)) == repr(p) and parse_placement(repr(to_torch(p))) == p
+
+
+def test_strided_shard_is_refused_by_name():
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    with pytest.raises(DistAttrError, match="_StridedShard"):
+        from_torch(_StridedShard(0, split_factor=2))
+
+
+def test_a_dtensors_layout_converts_both_ways(tmp_path):
+    """A real DTensor on a 1 x 1 mesh (one process: the only mesh a test can build) keeps the
+    placements the attr gave it, and reads back as the same TensorDistAttr; the rank array of
+    a 2 x 3 mesh round-trips through a DeviceMesh-like reader."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import distribute_tensor
+
+    from completion.dist_attr import TensorDistAttr
+    from completion.dtensor import dist_attr_from_torch, dist_attr_to_torch, process_mesh_of
+
+    mesh = ProcessMesh.of(1, 1, dim_names=("dp", "tp"))
+    attr = TensorDistAttr.from_placements(mesh, (Shard(1), Partial("max")), ndim=2)
+    spec, places = dist_attr_to_torch(attr, "cpu")
+    assert places == (tdt.Shard(1), tdt.Partial("max"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        dm = DeviceMesh(**spec)
+        dt = distribute_tensor(torch.ones(4, 6), dm, [tdt.Shard(1), tdt.Replicate()])
+        back = dist_attr_from_torch(dt.device_mesh, dt.placements, dt.ndim)
+        assert back.placements == (Shard(1), Replicate()) and back.dims_mapping == (-1, 0)
+        assert dist_attr_from_torch(dm, places, 2) == attr
+        assert process_mesh_of(dm) == mesh and process_mesh_of(dm).dim_names == ("dp", "tp")
+    finally:
+        dist.destroy_process_group()
+
+    class _Like:  # what process_mesh_of reads of a DeviceMesh: its rank tensor and names
+        mesh = torch.tensor([[4, 5, 6], [7, 8, 9]])
+        mesh_dim_names = None
+
+    pm = process_mesh_of(_Like())
+    assert (pm.shape, pm.process_ids, pm.dim_names) == ((2, 3), (4, 5, 6, 7, 8, 9), ("d0", "d1"))
+    assert device_mesh_spec(pm)["mesh"] == _Like.mesh.tolist()
+    with pytest.raises(DistAttrError, match="tensor dim 0 is sharded by mesh dims 0 and 1"):
+        dist_attr_from_torch(_Like(), [tdt.Shard(0), tdt.Shard(0)], 2)

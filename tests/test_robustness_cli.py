@@ -54,12 +54,11 @@ COST = ["cost", "--model", "llama2-7b", "--cluster", "dgx-a100-80g"]
       "--tb", "1"], "'--microbatches'"),
     (["simulate", "--schedule", "VPP", "--stages", "64", "--microbatches", "4096", "--tf", "1",
       "--tb", "1", "--chunks", "4"], "passes, above the limit of 524288"),
-    ([*COST, "--global-batch", "1000000000"], "--global-batch: strategy field 'global_batch_size' "
-                                             "is 1000000000, above the limit"),
+    ([*COST, "--global-batch", "1000000000"], "--global-batch is 1000000000, above the limit"),
     ([*COST, "--global-batch", "16777216", "--pp", "2"], "passes, above the limit"),
     ([*COST, "--global-batch", "8", "--seq-len", "1000000000"], "'--seq-len'"),
     ([*COST, "--global-batch", "8", "--nodes", str(10**9)], "num_nodes 1000000000 x 8 devices"),
-    ([*COST, "--global-batch", "8", "--dp", str(10**7)], "--dp: strategy field 'dp' is 10000000"),
+    ([*COST, "--global-batch", "8", "--dp", str(10**7)], "--dp is 10000000"),
     (["program", "show", "--model", "llama2-7b", "--layers", "1000000"], "'--layers'"),
     # found by the fuzz run: a mesh of 1e9 ranks was allocated until the kernel killed it
     (["complete", "--model", "llama2-7b", "--layers", "1", "--dp", "1000000000", "--summary-only"],

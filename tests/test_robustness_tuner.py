@@ -59,7 +59,7 @@ def test_tune_cli_bad_options_exit_2(tmp_path, capsys, extra, msg):
 
 
 def test_unreachable_database_is_a_one_line_error():
-    pytest.importorskip("psycopg2")
+    pytest.importorskip("psycopg")
     with pytest.raises(StorageError) as e:
         open_storage("postgresql://nobody@127.0.0.1:1/db", None)
     assert "\n" not in str(e.value) and "127.0.0.1" in str(e.value)

@@ -3,7 +3,7 @@
 The fixture installs PostgreSQL when it is absent (``apt-get install -y postgresql``, as
 root), initialises a throw-away cluster in a temp dir as the ``postgres`` user with trust
 authentication, and starts it on 127.0.0.1 at a free port. It skips, naming the reason,
-only when the server cannot be installed or started, or psycopg2 (the ``meshplan[postgres]``
+only when the server cannot be installed or started, or psycopg 3 (the ``meshplan[postgres]``
 extra) is missing."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def pg_url():
-    pytest.importorskip("psycopg2", reason="psycopg2 missing: install meshplan[postgres]")
+    pytest.importorskip("psycopg", reason="psycopg 3 missing: install meshplan[postgres]")
     if _pg_bin() is None:
         why = _install()
         if why:

@@ -246,13 +246,13 @@ def plan_label(plan: Mapping[str, Any]) -> str:
 
 
 def top_table(result: TuneResult, k: int = 10) -> Any:
-    """A rich Table of the top plans (mesh, schedule, vpp, mbs, recompute, ZeRO,
+    """A rich Table of the top plans (mesh dp-tp-pp-cp, schedule, vpp, mbs, recompute, ZeRO,
     templates, step time, tokens/s, MFU, peak memory, bubble)."""
     from rich.table import Table
 
     title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
     tab = Table(title=title)
-    for col in ("#", "mesh dp-mp-pp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+    for col in ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
                 "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble"):
         tab.add_column(col, justify="right" if col not in ("annotation", "schedule") else "left")
     for i, t in enumerate(result.top(k), 1):
@@ -264,7 +264,7 @@ def top_table(result: TuneResult, k: int = 10) -> Any:
         elif p.get("annotation_seed") is not None:
             ann = f"random seed {p['annotation_seed']}"
         ann = ann or str(p.get("annotation"))
-        tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}", p["schedule"], str(p["vpp"]),
+        tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", p["schedule"], str(p["vpp"]),
                     str(p["micro_batch_size"]), p["recompute"], zero_label(p),
                     "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
                     f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",

@@ -372,7 +372,8 @@ class SearchSpace:
         """Inverse of ``to_dict`` (lists back to tuples). Raises SpaceError as the constructor does."""
         d = dict(d)
         prob = SearchProblem.from_dict(d.pop("problem"))
-        return cls(problem=prob, **{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(problem=prob, **fields)
 
 
 def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:

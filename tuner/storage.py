@@ -6,7 +6,7 @@ local processes (file lock), no server, and readable by Optuna's own tools:
 ``optuna trials --storage <study dir>/journal.log --study-name NAME`` and
 ``optuna-dashboard <study dir>/journal.log``. Any SQLAlchemy URL (``sqlite:///...``,
 ``postgresql://user@host/db``; the latter needs the ``meshplan[postgres]`` extra,
-psycopg2) selects Optuna's ``RDBStorage`` with heartbeats, for workers on many machines.
+psycopg 3, SQLAlchemy 2's default PostgreSQL driver) selects Optuna's ``RDBStorage`` with heartbeats, for workers on many machines.
 
 Recovery: every trial records the worker that runs it (host, pid, process start time),
 written in the same storage operation that creates the trial (:class:`OwnedTrials`), so
@@ -173,7 +173,7 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
                                        engine_kwargs={"pool_pre_ping": True})
         except ImportError:
             raise StorageError(f"storage {url!r}: its database driver is not installed; "
-                               f"install meshplan[postgres] (psycopg2) for PostgreSQL") from None
+                               f"install meshplan[postgres] (psycopg 3) for PostgreSQL") from None
         except Exception as e:  # sqlalchemy's ArgumentError / OperationalError / IntegrityError
             # Workers that start together race to create Optuna's tables; the loser gets
             # an IntegrityError ("duplicate key ... pg_type") and simply tries again.
@@ -197,15 +197,24 @@ def _journal(path: Path) -> JournalStorage:
         str(path), lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
 
 
-def rdb_url(url: str) -> str:
-    """``postgresql://`` names the psycopg2 driver explicitly (``postgresql+psycopg2://``)
-    when psycopg 3 (SQLAlchemy 2.1's default) is absent and psycopg2 is installed."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        import importlib.util
+#: URL schemes of PostgreSQL without a driver named (``postgres://`` is Heroku's spelling,
+#: which SQLAlchemy >= 1.4 rejects)
+_PG_SCHEMES = ("postgresql://", "postgres://")
 
-        if (importlib.util.find_spec("psycopg") is None
-                and importlib.util.find_spec("psycopg2") is not None):
-            return "postgresql+psycopg2://" + url.split("://", 1)[1]
+
+def rdb_url(url: str) -> str:
+    """A PostgreSQL URL without a driver (``postgresql://`` or ``postgres://``) with the driver
+    named: ``postgresql+psycopg://`` (psycopg 3, the ``meshplan[postgres]`` extra, and
+    SQLAlchemy 2.1's default; SQLAlchemy 2.0 would pick psycopg2 for a bare
+    ``postgresql://``), or ``postgresql+psycopg2://`` when only psycopg2 is installed. Other
+    URLs (a driver named, ``sqlite://``) are returned as they are."""
+    import importlib.util
+
+    for scheme in _PG_SCHEMES:
+        if url.startswith(scheme):
+            only_v2 = (importlib.util.find_spec("psycopg") is None
+                       and importlib.util.find_spec("psycopg2") is not None)
+            return f"postgresql+{'psycopg2' if only_v2 else 'psycopg'}://" + url[len(scheme):]
     return url
 
 

@@ -15,7 +15,10 @@ tflops_per_gpu, mfu, max_memory_bytes, the breakdowns, ``device_memory_bytes``,
 shards, ``attention_source``, the whole ``strategy``, ``warnings``); and two bubble figures
 under names that say which: ``zb_bubble_rate`` (the Zero Bubble paper's, Qi et al. 2024
 sec. 5.3, = ``bubble_ratio``) and ``critical_rank_idle_fraction`` (the critical rank's
-bubble time over the step time)."""
+bubble time over the step time); ``layout`` (dp, tp, pp, cp, vpp, schedule, micro/global
+batch size, recompute, zero, sequence_parallel as costed; the text's ``plan:`` line).
+Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` and
+``meshplan.commands.megatron_args``)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import json
 
 import typer
 
+from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 
 
@@ -71,14 +75,34 @@ TIME_TERMS = {
 }
 
 
+#: the layout fields ``cost`` reports, in Megatron's short names (``layout`` in --json)
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "vpp", "schedule", "micro_batch_size",
+                 "global_batch_size", "recompute", "zero", "sequence_parallel")
+
+
+def layout(strategy: object) -> dict[str, object]:
+    """The strategy's layout as costed (after the Megatron arguments were translated, e.g.
+    ``--num-layers-per-virtual-pipeline-stage`` into vpp): :data:`LAYOUT_FIELDS`."""
+    return {k: getattr(strategy, k) for k in LAYOUT_FIELDS}
+
+
+def layout_line(lay: dict[str, object]) -> str:
+    """``plan: dp=4 tp=4 pp=2 cp=1 vpp=2 VPP, mbs 1, gbs 64, recompute full, zero 1, sp off``."""
+    return (f"plan: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} vpp={lay['vpp']} "
+            f"{lay['schedule']}, mbs {lay['micro_batch_size']}, gbs {lay['global_batch_size']}, "
+            f"recompute {lay['recompute']}, zero {lay['zero']}, "
+            f"sp {'on' if lay['sequence_parallel'] else 'off'}")
+
+
 def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object],
-            inputs: dict[str, object]) -> str:
+            inputs: dict[str, object], lay: dict[str, object]) -> str:
     from meshplan.commands.cost_inputs import input_lines
 
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
         f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%",
+        layout_line(lay),
         f"pipeline bubble: ZB bubble rate {d['zb_bubble_rate']:.4f} (Qi et al. 2024 sec. 5.3: "
         f"(largest rank span - largest rank busy time) / largest rank span); critical rank idle "
         f"{d['critical_rank_idle_fraction']:.4f} of the step (its bubble line / step time)",
@@ -126,6 +150,12 @@ def cost_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
     memory_headroom: float = opt.MEMORY_HEADROOM,
+    vpp_layers: int | None = mg.VPP_LAYERS,
+    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
+    recompute_method: mg.Method | None = mg.METHOD,
+    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
+    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
+    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),
@@ -137,13 +167,21 @@ def cost_cmd(
     from meshplan.commands.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
-    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cp_comm, vpp=vpp, schedule=schedule,
+    megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
+                               recompute_num_layers, recompute_activations,
+                               use_distributed_optimizer)
+    knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
+                           "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len))
+    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                                  recompute=recompute, zero=zero, fsdp_shard_size=fsdp_shard_size,
+                                  fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
-                                  framework=framework, attention=attention)
-    engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
-    res = engine.simulate()
+                                  framework=framework, attention=attention, **knobs)
+    try:  # the Engine checks the strategy against the model and cluster
+        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+        res = engine.simulate()
+    except ValueError as e:
+        raise opt.flag_error(ctx, e) from None
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -158,11 +196,12 @@ def cost_cmd(
         plot_steps([(f"{model} on {cluster}", res)], plot)
     inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
     if as_json:
-        typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs}, sort_keys=True))
+        typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
+                               "layout": layout(engine.strategy)}, sort_keys=True))
         for w in inputs["warnings"]:
             typer.echo(f"warning: {w}", err=True)
     else:
-        typer.echo(_render(model, cluster, res, fit, software(engine), inputs))
+        typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy)))
 
 
 def register(app: typer.Typer) -> None:

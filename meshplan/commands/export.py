@@ -2,32 +2,120 @@
 what that framework takes to run the plan (Megatron-LM arguments, a torchtitan job TOML, a
 DeepSpeed JSON config; ``meshplan.commands.export_targets`` lists the targets), with one
 note per plan knob the target cannot express (as comments in the file where the format
-has them, and always on stderr)."""
+has them, and always on stderr).
+
+Instead of PLAN.json the plan can be given by ``--model``, ``--cluster`` and the strategy
+options of ``meshplan cost`` (their Megatron-LM spellings included: ``--tensor-model-parallel-size``,
+``--num-layers-per-virtual-pipeline-stage``, ``--use-distributed-optimizer``, ...), e.g. to
+turn a layout written in Megatron's names into a torchtitan TOML."""
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import typer
 
+from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
+from meshplan.errors import MeshplanError
 
 #: the targets of ``meshplan.commands.export_targets.TARGETS`` (spelled here so that
 #: ``meshplan --help`` imports nothing; tests/test_export.py checks that they agree)
 Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")}, type=str)
 
 
+def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | None,
+                       nodes: int | None, seq_len: int | None, layers: int | None,
+                       knobs: dict[str, Any], megatron: mg.MegatronArgs) -> Any:
+    """The Plan the strategy options describe. Raises MeshplanError naming a missing
+    --model / --cluster, StrategyError naming the flag typed."""
+    from meshplan.plan import Plan
+
+    missing = [f for f, v in (("--model", model), ("--cluster", cluster)) if v is None]
+    if missing:
+        raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
+                            "strategy options")
+    assert model is not None and cluster is not None
+    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero")},
+                     megatron, lambda: mg.model_layers(model, seq_len, layers))
+    strategy = opt.build_strategy(ctx, **{**knobs, **moved})
+    return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
+                num_layers=layers)
+
+
+def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
+    """The strategy (and plan) options on the command line of ``ctx``."""
+    plan_flags = ("--model", "-m", "--cluster", "--nodes", "--seq-len", "--seq-length", "-s",
+                  "--layers", "--num-layers", "-l", *MEGATRON_FLAGS)
+    return opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *plan_flags)
+
+
+#: the Megatron-only options (``megatron_args``) as they are spelled
+MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
+                  "--recompute-method", "--recompute-num-layers", "--recompute-activations",
+                  "--use-distributed-optimizer")
+
+
 def export_cmd(
-    plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
+    ctx: typer.Context,
+    plan_file: str | None = typer.Argument(
+        None, help="Plan JSON (meshplan.Plan); or give --model, --cluster and the strategy options."),
     to: Target = typer.Option(..., "--to", help="Framework to export to."),
     output: str = typer.Option("", "--output", "-o", help="File to write (default: stdout)."),
+    model: str | None = opt.MODEL_OR_PROGRAM,
+    cluster: str | None = typer.Option(None, "--cluster", help="Catalog name or cluster YAML path "
+                                       "(without PLAN.json)."),
+    nodes: int | None = opt.NODES,
+    seq_len: int | None = opt.SEQ_LEN,
+    layers: int | None = opt.LAYERS,
+    dp: int = opt.DP,
+    tp: int = opt.TP,
+    pp: int = opt.PP,
+    cp: int = opt.CP,
+    cp_comm: opt.CpComm = opt.CP_COMM,
+    vpp: int = opt.VPP,
+    schedule: opt.Schedule = opt.SCHEDULE,
+    micro_batch_size: int = opt.MICRO_BATCH_SIZE,
+    global_batch: int | None = typer.Option(None, *opt.FLAGS["global_batch_size"],
+                                            help="Sequences per step (without PLAN.json)."),
+    recompute: opt.Recompute = opt.RECOMPUTE,
+    zero: int = opt.ZERO,
+    sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
+    dtype: opt.Dtype = opt.DTYPE,
+    framework: opt.Framework = opt.FRAMEWORK,
+    attention: opt.Attention | None = opt.ATTENTION,
+    vpp_layers: int | None = mg.VPP_LAYERS,
+    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
+    recompute_method: mg.Method | None = mg.METHOD,
+    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
+    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
+    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan
     from meshplan.plan import Plan
 
-    plan = Plan.load(plan_file)
+    if plan_file is not None:
+        typed = _strategy_flags_typed(ctx)
+        if typed:
+            raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
+                                f"(got {plan_file} and {', '.join(typed)})")
+        plan = Plan.load(plan_file)
+    else:
+        if global_batch is None:
+            raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
+                                "strategy options")
+        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp,
+                 "schedule": schedule, "micro_batch_size": micro_batch_size,
+                 "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
+                 "sequence_parallel": sequence_parallel, "dtype": dtype,
+                 "framework": framework, "attention": attention}
+        megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
+                                   recompute_num_layers, recompute_activations,
+                                   use_distributed_optimizer)
+        plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron)
     out = export_plan(plan, to.value)
     for note in out.notes:
         typer.echo(f"note: {note}", err=True)
@@ -42,4 +130,4 @@ def export_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add the ``export`` command to ``app``."""
-    app.command("export")(export_cmd)
+    app.command("export", cls=opt.StrategyCommand)(export_cmd)

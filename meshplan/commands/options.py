@@ -2,9 +2,10 @@
 
 One spelling per knob, the Strategy field's (``completion.strategy``): ``--dp``, ``--tp``,
 ``--pp``, ``--cp``, ``--cp-comm``, ``--vpp``, ``--schedule``, ``--micro-batch-size``, ``--global-batch``, ``--seq-len``,
-``--recompute``, ``--zero``, ``--fsdp-shard-size`` (alias ``--hsdp``), ``--sequence-parallel``,
-``--dtype``; earlier and Megatron-LM
-spellings are aliases (:data:`FLAGS`). Closed value sets are typer Enum choices;
+``--recompute``, ``--zero``, ``--fsdp-shard-size`` (alias ``--hsdp``), ``--sequence-parallel``, ``--dtype``; earlier and Megatron-LM
+spellings are aliases (:data:`FLAGS`); Megatron-LM arguments that are not one-to-one aliases
+(``--num-layers-per-virtual-pipeline-stage``, ``--recompute-granularity`` / ``--recompute-method``,
+``--use-distributed-optimizer``) are translated by ``meshplan.commands.megatron_args``. Closed value sets are typer Enum choices;
 schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
@@ -107,7 +108,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "pp": ("--pp", "--pipeline-model-parallel-size"),
     "cp": ("--cp", "--context-parallel-size"),
     "cp_comm": ("--cp-comm", "--cp-comm-type"),
-    "vpp": ("--vpp",),
+    "vpp": ("--vpp", "--num-virtual-stages-per-pipeline-rank"),
     "schedule": ("--schedule",),
     "micro_batch_size": ("--micro-batch-size",),
     "global_batch_size": ("--global-batch", "--global-batch-size"),
@@ -120,17 +121,24 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "attention": ("--attention",),
 }
 
+#: flags of the plan's sizes besides the Strategy fields (named in errors as the user typed)
+SIZE_FLAGS: dict[str, tuple[str, ...]] = {
+    "seq_len": ("--seq-len", "--seq-length", "-s"),
+    "num_layers": ("--layers", "--num-layers", "-l"),
+}
+
 #: framework profiles (``completion.strategy.FRAMEWORKS``, the catalog of
 #: ``simulator.profiles``; tests/test_cli_options.py checks that they agree)
 FRAMEWORK_NAMES = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2",
                    "fsdp2-eager", "llm-foundry", "deepspeed", "eager")
 
 MODEL = typer.Option(..., "--model", "-m",
-                     help="Built-in model name or config.json path (cost: also a .pir program).")
+                     help="Built-in model name, or a file: a Hugging Face config.json (cost: also "
+                          "a .pir program text).")
 #: ``complete``'s --model: optional there (it takes --program FILE instead)
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
                                 help="Built-in model name or config.json path (or --program).")
-CLUSTER = typer.Option(..., "--cluster", help="Catalog name or cluster YAML path.")
+CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.")
 NODES = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's).")
 DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
 TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
@@ -146,9 +154,9 @@ SCHEDULE = typer.Option(
          f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
 MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
 GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
-SEQ_LEN = typer.Option(None, "--seq-len", "-s", max=MAX_SEQ_LEN,
+SEQ_LEN = typer.Option(None, *SIZE_FLAGS["seq_len"], max=MAX_SEQ_LEN,
                        help="Tokens per sequence (default: the model's).")
-LAYERS = typer.Option(None, "--layers", "-l", max=MAX_LAYERS,
+LAYERS = typer.Option(None, *SIZE_FLAGS["num_layers"], max=MAX_LAYERS,
                       help="Override the layer count.")
 RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
                          help="Activation recompute.")
@@ -168,6 +176,23 @@ ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+#: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
+#: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
+DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel degree.")
+TP_PIN = typer.Option(None, *FLAGS["tp"], min=1, help="Pin the tensor-parallel degree.")
+PP_PIN = typer.Option(None, *FLAGS["pp"], min=1, help="Pin the pipeline stages.")
+CP_PIN = typer.Option(None, *FLAGS["cp"], min=1, help="Pin the context-parallel degree.")
+VPP_PIN = typer.Option(None, *FLAGS["vpp"], min=1, max=MAX_VPP,
+                       help="Pin the model chunks per pipeline rank.")
+SCHEDULE_PIN = typer.Option(None, *FLAGS["schedule"], case_sensitive=False, show_choices=False,
+                            help="Pin the pipeline schedule (names as cost's --schedule).")
+MICRO_BATCH_SIZE_PIN = typer.Option(None, *FLAGS["micro_batch_size"], min=1, max=MAX_BATCH,
+                                    help="Pin the sequences per micro-batch.")
+RECOMPUTE_PIN = typer.Option(None, *FLAGS["recompute"], case_sensitive=False,
+                             help="Pin activation recompute.")
+ZERO_PIN = typer.Option(None, *FLAGS["zero"], min=0, max=3, help="Pin the ZeRO stage (0-3).")
+SEQUENCE_PARALLEL_PIN = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
+                                     help="Pin Megatron sequence parallelism on or off.")
 #: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/test_cli_options.py checks it)
 DEFAULT_MEMORY_HEADROOM = 0.05
 MEMORY_HEADROOM = typer.Option(
@@ -176,7 +201,6 @@ MEMORY_HEADROOM = typer.Option(
          "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.")
 
 _ARGS_KEY = "meshplan.command_args"
-_FIELD = re.compile(r"strategy field '(\w+)'")
 
 
 class StrategyCommand(TyperCommand):
@@ -222,23 +246,58 @@ def typed_flag(ctx: Any, field: str) -> str:
     """The spelling of ``field``'s flag on the command line of ``ctx`` (e.g. ``--mp`` when the
     user typed ``--mp 4``), else its canonical flag (``--tp``). Raises KeyError for a field
     without a flag."""
-    return (given_flags(ctx, field) or FLAGS[field])[0]
+    return (given_flags(ctx, field) or {**FLAGS, **SIZE_FLAGS}[field])[0]
 
 
 def given_flags(ctx: Any, *fields: str) -> list[str]:
     """The flags of ``fields`` the user typed on the command line of ``ctx``, as typed."""
     args = {a.split("=", 1)[0] for a in (ctx.meta.get(_ARGS_KEY, ()) if ctx is not None else ())}
-    return [f for name in fields for f in FLAGS[name] if f in args]
+    flags = {**FLAGS, **SIZE_FLAGS}
+    return [f for name in fields for f in flags[name] if f in args]
+
+
+#: Strategy fields whose bare name in a message is always the field (not an English word),
+#: so :func:`user_words` turns it into the flag
+_BARE_FIELDS = ("micro_batch_size", "global_batch_size", "sequence_parallel", "dp", "tp", "pp",
+                "cp", "vpp", "cp_comm", "seq_len")
+_FIELDS_RE = re.compile(r"strategy field (?:'\w+'(?: x '\w+')*)")
+_QUOTED = re.compile(r"'(\w+)'")
+_BARE = re.compile(r"(?<![\w'-])(" + "|".join(sorted(_BARE_FIELDS, key=len, reverse=True))
+                   + r")(?![\w'=-])")
+
+
+def user_words(ctx: Any, msg: str) -> str:
+    """``msg`` (an error of the Strategy, Engine or planner, in field names) in the words of
+    the command line of ``ctx``: ``strategy field 'F'`` and the bare field names of
+    :data:`_BARE_FIELDS` become the flag the user typed for F, else its canonical flag
+    (``strategy field 'global_batch_size' (8) must be a multiple of dp * micro_batch_size``
+    -> ``--global-batch-size (8) must be a multiple of --dp * --micro-batch-size``)."""
+
+    def fields(m: re.Match[str]) -> str:
+        return " x ".join(typed_flag(ctx, f) if f in FLAGS else f
+                          for f in _QUOTED.findall(m.group(0)))
+
+    out = _FIELDS_RE.sub(fields, msg)
+    out = re.sub(r"\bstrategy (?=(?:dp|cp|tp|pp)\*)", "", out)
+    return _BARE.sub(lambda m: typed_flag(ctx, m.group(1)), out)
 
 
 def flag_error(ctx: Any, err: Exception) -> Exception:
-    """``err`` (a StrategyError naming ``strategy field 'F'``) with the flag of F in front:
-    ``--zero: strategy field 'zero' ...``; the same type, so ``meshplan.cli.main`` still prints
-    one ``error:`` line and exits 2. An error naming no flagged field is returned as is."""
-    m = _FIELD.search(str(err))
-    if m is None or m.group(1) not in FLAGS:
+    """``err`` (a StrategyError, EngineError, ... naming ``strategy field 'F'`` or the bare
+    fields) in the user's words (:func:`user_words`): ``--zero (ZeRO stage) must be 0, 1, 2
+    or 3``; the same type (a MeshplanError when that type cannot be rebuilt from a message),
+    so ``meshplan.cli.main`` still prints one ``error:`` line and exits 2. An error naming no
+    field is returned as is."""
+    msg = str(err)
+    if _FIELDS_RE.search(msg) is None and _BARE.search(msg) is None:
         return err
-    return type(err)(f"{typed_flag(ctx, m.group(1))}: {err}")
+    text = user_words(ctx, msg)
+    try:
+        return type(err)(text)
+    except Exception:  # an error type with another constructor
+        from meshplan.errors import MeshplanError
+
+        return MeshplanError(text)
 
 
 def value(choice: Any) -> Any:

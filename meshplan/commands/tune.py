@@ -14,11 +14,13 @@ import hashlib
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
@@ -76,7 +78,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
     s = plan.strategy
-    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} {s.schedule} "
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "") +
             f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
@@ -98,14 +100,16 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
 
 
 def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
-                 seq_len: int | None, mode: str, seed: int, pareto: bool, fix: str | None,
+                 seq_len: int | None, mode: str, seed: int, pareto: bool,
+                 fix: str | dict[str, Any] | None,
                  sampler: str | None, layers: int | None, cross_node_tp: bool,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
                  attention: str | None = None,
                  memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
-    pattern templates of the model, scorer settings; ``hsdp``: also search HSDP shard
-    groups with ZeRO-3, ``tuner.space.SearchSpace.hsdp``). Raises ValueError (SpaceError,
+    pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
+    pinned knobs already parsed (:func:`_pins`); ``hsdp``: also search HSDP shard groups with ZeRO-3
+    (``tuner.space.SearchSpace.hsdp``). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
@@ -115,12 +119,45 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
-    return TuneConfig(SearchSpace(prob, fix=parse_fix(fix), hsdp=hsdp), mode=mode,
+    fixed = fix if isinstance(fix, dict) else parse_fix(fix)
+    return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 
 
+def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
+          num_layers: Any) -> dict[str, Any]:
+    """The knobs pinned by ``--fix`` and by the strategy options (``flags``: field -> value or
+    None, not given) with the Megatron arguments ``m`` translated (``megatron_args.apply``).
+    Raises MeshplanError when an option and ``--fix`` pin one knob to different values."""
+    from completion.strategy import canonical_schedule
+    from tuner.space import parse_fix
+
+    pins = {k: opt.value(v) for k, v in flags.items() if v is not None}
+    if "schedule" in pins:
+        pins["schedule"] = canonical_schedule(pins["schedule"])
+    pins = mg.apply(ctx, pins, m, num_layers, searched=True)
+    fixed = parse_fix(fix)
+    for k, v in pins.items():
+        if k in fixed and fixed[k] != v:
+            raise MeshplanError(f"{opt.typed_flag(ctx, k)} pins {k}={v} but --fix pins "
+                                f"{k}={fixed[k]}; give one of them")
+    return {**fixed, **pins}
+
+
+def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
+    """A search-space error (written for ``--fix k=v``) in the words of the command line: a
+    knob the user pinned with an option (``by_flag``) is named by that option (``--tp 3``,
+    not ``--fix: tp=3``), and the ``--fix:`` prefix goes when ``--fix`` was not typed."""
+    if not mg.typed(ctx, "--fix"):
+        msg = msg.removeprefix("--fix: ")
+    for k in sorted(by_flag, key=len, reverse=True):
+        msg = re.sub(rf"(?<![\w-]){k}=('?)([^,\s']+)\1", rf"{opt.typed_flag(ctx, k)} \2", msg)
+    return opt.user_words(ctx, msg.replace(",--", ", --"))
+
+
 def tune_cmd(
+    ctx: typer.Context,
     model: str = opt.MODEL,
     cluster: str = opt.CLUSTER,
     nodes: int | None = opt.NODES,
@@ -144,13 +181,29 @@ def tune_cmd(
     fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
     sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound)."),
-    layers: int | None = typer.Option(None, "--layers", max=opt.MAX_LAYERS,
+    layers: int | None = typer.Option(None, "--layers", "--num-layers", max=opt.MAX_LAYERS,
                                       help="Override the layer count."),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
                                        help="Let tensor parallelism span nodes."),
     top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table."),
     no_progress: bool = typer.Option(False, "--no-progress",
                                      help="No progress bar (there is none unless stderr is a terminal)."),
+    dp: int | None = opt.DP_PIN,
+    tp: int | None = opt.TP_PIN,
+    pp: int | None = opt.PP_PIN,
+    cp: int | None = opt.CP_PIN,
+    vpp: int | None = opt.VPP_PIN,
+    schedule: opt.Schedule | None = opt.SCHEDULE_PIN,
+    micro_batch_size: int | None = opt.MICRO_BATCH_SIZE_PIN,
+    recompute: opt.Recompute | None = opt.RECOMPUTE_PIN,
+    zero: int | None = opt.ZERO_PIN,
+    sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL_PIN,
+    vpp_layers: int | None = mg.VPP_LAYERS,
+    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
+    recompute_method: mg.Method | None = mg.METHOD,
+    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
+    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
+    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
     gpus: str | None = typer.Option(None, "--gpus",
                                     help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
                                          "(doubling); one search per size."),
@@ -166,10 +219,15 @@ def tune_cmd(
                                           "fsdp_shard_size=N."),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
-    cheapest cluster size and its plan)."""
+    cheapest cluster size and its plan).
+
+    MODEL is a built-in model name or a Hugging Face config.json file; CLUSTER a catalog
+    name or a cluster YAML file. The strategy options (--tp, --pp, ... and their Megatron-LM
+    spellings) pin their knob, as --fix does; the rest is searched."""
     import optuna
 
     from tuner.search import MEMORY, search
+    from tuner.space import SpaceError, parse_fix
     from tuner.study import check_study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -178,9 +236,20 @@ def tune_cmd(
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise MeshplanError(f"--timeout must be > 0 seconds (and finite), got {timeout}")
     mode_name = opt.value(mode)
-    cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto, fix,
-                       sampler, layers, cross_node_tp, opt.value(dtype), opt.value(framework),
-                       opt.value(attention), memory_headroom, search_hsdp)
+    megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
+                               recompute_num_layers, recompute_activations,
+                               use_distributed_optimizer)
+    fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+                             "schedule": schedule, "micro_batch_size": micro_batch_size,
+                             "recompute": recompute, "zero": zero,
+                             "sequence_parallel": sequence_parallel},
+                  megatron, lambda: mg.model_layers(model, seq_len, layers))
+    try:
+        cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto,
+                           fixed, sampler, layers, cross_node_tp, opt.value(dtype),
+                           opt.value(framework), opt.value(attention), memory_headroom, search_hsdp)
+    except SpaceError as e:
+        raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     study_dir = None if storage == MEMORY else out
@@ -189,14 +258,13 @@ def tune_cmd(
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
     from meshplan import terminal
-
     from meshplan.commands.tune_sizes import check_single, tune_over_sizes
 
     check_single(objective, max_step_time)
     if gpus is not None:
         def run_one(n: int | None, study_name: str, d: Path) -> Any:
             cfg_n = _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
-                                 fix, sampler, layers, cross_node_tp, opt.value(dtype),
+                                 fixed, sampler, layers, cross_node_tp, opt.value(dtype),
                                  opt.value(framework), opt.value(attention), memory_headroom,
                                  search_hsdp)
             if storage is None:
@@ -243,5 +311,5 @@ def worker_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add the ``tune`` and ``worker`` commands to ``app``."""
-    app.command("tune")(tune_cmd)
+    app.command("tune", cls=opt.StrategyCommand)(tune_cmd)
     app.command("worker")(worker_cmd)

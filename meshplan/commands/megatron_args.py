@@ -1,0 +1,204 @@
+"""Megatron-LM arguments that ``meshplan cost``, ``tune`` and ``export`` take besides the
+one-to-one aliases of :data:`meshplan.commands.options.FLAGS`: each is translated into
+Strategy fields as Megatron-LM itself derives them (``megatron/training/arguments.py`` and
+``megatron/core/transformer/transformer_config.py`` at NVIDIA/Megatron-LM d98e8a6):
+
+- ``--num-layers-per-virtual-pipeline-stage N``: decoder layers per model chunk, so
+  ``vpp = (layers / pp) / N`` (``validate_args``: the layers must divide by pp, and the
+  layers per stage by N); Megatron then runs interleaved 1F1B, so the schedule becomes
+  ``VPP`` unless ``--schedule`` is given. ``--num-virtual-stages-per-pipeline-rank`` is
+  ``--vpp`` itself and switches the schedule the same way.
+- ``--recompute-granularity full|selective`` with ``--recompute-method uniform|block`` and
+  ``--recompute-num-layers N`` (``TransformerConfig.recompute_*``): ``selective`` (no
+  method, no N) is meshplan's ``selective`` (the core attention, Korthikanti et al. 2022);
+  ``full`` needs a method, as in Megatron; ``uniform`` with N = 1 (the default here) keeps
+  every layer's input and recomputes the layer: meshplan's ``full``; ``block`` with N at
+  least the layers of a model chunk recomputes every layer, the same. Recompute units of
+  N > 1 layers (uniform) and only the first N layers of a chunk (block, N smaller) are not
+  modelled and are refused, naming the flag. ``--recompute-activations`` is
+  ``--recompute-granularity selective`` (``validate_args``).
+- ``--use-distributed-optimizer``: optimizer states sharded over dp, ZeRO stage 1
+  (``--zero 1``; the inverse of ``meshplan export --to megatron``).
+
+Each contradiction (``--recompute full --recompute-granularity selective``,
+``--zero 2 --use-distributed-optimizer``, ``--vpp 2`` with
+``--num-layers-per-virtual-pipeline-stage``) is a :class:`MeshplanError` naming both flags as
+typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import typer
+
+from meshplan.commands import options as opt
+from meshplan.errors import MeshplanError
+
+
+class Granularity(str, Enum):
+    """Megatron-LM ``--recompute-granularity``."""
+
+    full = "full"
+    selective = "selective"
+
+
+class Method(str, Enum):
+    """Megatron-LM ``--recompute-method``."""
+
+    uniform = "uniform"
+    block = "block"
+
+
+VPP_LAYERS = typer.Option(
+    None, "--num-layers-per-virtual-pipeline-stage", min=1, max=opt.MAX_LAYERS,
+    help="Megatron-LM: decoder layers per virtual pipeline stage; vpp = layers / (pp x N), "
+         "schedule VPP unless --schedule is given.")
+GRANULARITY = typer.Option(None, "--recompute-granularity", case_sensitive=False,
+                           help="Megatron-LM: full or selective (= --recompute full / selective).")
+METHOD = typer.Option(None, "--recompute-method", case_sensitive=False,
+                      help="Megatron-LM, with --recompute-granularity full: uniform or block.")
+RECOMPUTE_LAYERS = typer.Option(
+    None, "--recompute-num-layers", min=1, max=opt.MAX_LAYERS,
+    help="Megatron-LM: layers per recompute unit (uniform; 1, the default) or recomputed layers "
+         "per model chunk (block; all of them).")
+RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
+                                     help="Megatron-LM: = --recompute-granularity selective.")
+DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
+                                     help="Megatron-LM: optimizer states sharded over dp (= --zero 1).")
+
+
+@dataclass(frozen=True)
+class MegatronArgs:
+    """The Megatron-only arguments of one command line (None / False: not given)."""
+
+    vpp_layers: int | None = None
+    granularity: Any = None
+    method: Any = None
+    recompute_layers: int | None = None
+    recompute_activations: bool = False
+    distributed_optimizer: bool = False
+
+    def needs_layers(self) -> bool:
+        """True when translating needs the model's decoder layer count."""
+        return self.vpp_layers is not None or opt.value(self.method) == "block"
+
+
+#: how errors name a knob's flag when the user did not type it
+FLAG_NAMES = {"pp": "--pp/--pipeline-model-parallel-size",
+              "vpp": "--vpp/--num-virtual-stages-per-pipeline-rank"}
+
+
+def typed(ctx: Any, *flags: str) -> list[str]:
+    """The ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)."""
+    args = {a.split("=", 1)[0] for a in (ctx.meta.get(opt._ARGS_KEY, ()) if ctx is not None else ())}
+    return [f for f in flags if f in args]
+
+
+def _conflict(ctx: Any, field: str, ours: str, why: str) -> MeshplanError:
+    return MeshplanError(f"{opt.typed_flag(ctx, field)} and {ours}: {why}; give one of them")
+
+
+def _recompute(ctx: Any, m: MegatronArgs, layers_per_chunk: Callable[[], int]) -> str | None:
+    """meshplan's recompute for the Megatron recompute arguments (None: none given)."""
+    gran = opt.value(m.granularity)
+    method = opt.value(m.method)
+    if m.recompute_activations:
+        if gran not in (None, "selective"):
+            raise MeshplanError("--recompute-activations is --recompute-granularity selective; "
+                                f"it contradicts --recompute-granularity {gran}")
+        gran = "selective"
+    if gran is None:
+        if method is not None or m.recompute_layers is not None:
+            flag = "--recompute-method" if method is not None else "--recompute-num-layers"
+            raise MeshplanError(f"{flag} needs --recompute-granularity full")
+        return None
+    if gran == "selective":
+        if method is not None or m.recompute_layers is not None:
+            flag = "--recompute-method" if method is not None else "--recompute-num-layers"
+            raise MeshplanError(f"{flag} is not taken with --recompute-granularity selective "
+                                "(Megatron-LM: selective recompute always covers all layers)")
+        return "selective"
+    if method is None:
+        raise MeshplanError("--recompute-granularity full needs --recompute-method uniform or block")
+    n = m.recompute_layers
+    if method == "uniform":
+        if n not in (None, 1):
+            raise MeshplanError(f"--recompute-num-layers {n} with --recompute-method uniform "
+                                "(recompute units of several layers) is not modelled; meshplan's "
+                                "full recompute keeps each layer's input (--recompute-num-layers 1)")
+        return "full"
+    chunk = layers_per_chunk()
+    if n is None or n < chunk:
+        raise MeshplanError(f"--recompute-method block with --recompute-num-layers {n} "
+                            f"recomputes only part of each model chunk's {chunk} layers, which is "
+                            f"not modelled; give --recompute-num-layers {chunk} (every layer) or "
+                            "--recompute-method uniform")
+    return "full"
+
+
+def model_layers(model: str, seq_len: int | None = None, layers: int | None = None) -> int:
+    """The decoder layer count of ``model`` (a name, config.json or program), or ``layers``
+    when given (the ``--layers`` override). Raises what ``resolve_model`` raises."""
+    if layers is not None:
+        return int(layers)
+    from completion.models.source import resolve_model
+
+    return int(resolve_model(model, seq_len).num_layers)
+
+
+def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
+          num_layers: Callable[[], int], searched: bool = False) -> dict[str, Any]:
+    """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
+    recompute, zero) with the Megatron arguments ``m`` translated into them (see the module
+    docstring); ``num_layers`` gives the model's decoder layer count, called only when
+    needed. ``searched`` (``tune``): ``knobs`` holds only the pinned knobs, and a knob a
+    translation needs (pp, vpp) but is searched is an error. Raises MeshplanError naming the
+    flags at fault."""
+    out = dict(knobs)
+    if searched and m.needs_layers():
+        flag = ("--num-layers-per-virtual-pipeline-stage" if m.vpp_layers is not None
+                else "--recompute-method block")
+        need = [f for f in ("pp", "vpp") if f not in out
+                and not (f == "vpp" and m.vpp_layers is not None)]
+        if need:
+            raise MeshplanError(f"{flag} needs the layers per pipeline stage: pin "
+                                + " and ".join(FLAG_NAMES[f] for f in need) + " too")
+    pp = int(out.get("pp", 1) or 1)
+    if m.distributed_optimizer:
+        if opt.given_flags(ctx, "zero") and int(out["zero"]) != 1:
+            raise _conflict(ctx, "zero", "--use-distributed-optimizer",
+                            f"the distributed optimizer is ZeRO stage 1, not {out['zero']}")
+        out["zero"] = 1
+    megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank")
+    if m.vpp_layers is not None:
+        if opt.given_flags(ctx, "vpp"):
+            raise _conflict(ctx, "vpp", "--num-layers-per-virtual-pipeline-stage",
+                            "both set the virtual pipeline size")
+        layers = num_layers()
+        if layers % pp:
+            raise MeshplanError(f"--num-layers-per-virtual-pipeline-stage: the model's {layers} "
+                                f"layers do not divide by {opt.typed_flag(ctx, 'pp')} {pp}")
+        per_stage = layers // pp
+        if per_stage % m.vpp_layers:
+            raise MeshplanError(f"--num-layers-per-virtual-pipeline-stage {m.vpp_layers} does not "
+                                f"divide the {per_stage} layers of each pipeline stage "
+                                f"({layers} layers / {opt.typed_flag(ctx, 'pp')} {pp})")
+        out["vpp"] = per_stage // m.vpp_layers
+        megatron_vpp = ["--num-layers-per-virtual-pipeline-stage"]
+    if megatron_vpp and int(out.get("vpp") or 1) > 1 and not opt.given_flags(ctx, "schedule"):
+        out["schedule"] = "VPP"  # Megatron-LM runs interleaved 1F1B whenever vpp > 1
+
+    def layers_per_chunk() -> int:
+        return max(1, num_layers() // (pp * int(out.get("vpp") or 1)))
+
+    rec = _recompute(ctx, m, layers_per_chunk)
+    if rec is not None:
+        if opt.given_flags(ctx, "recompute") and opt.value(out["recompute"]) != rec:
+            raise _conflict(ctx, "recompute", "--recompute-granularity",
+                            f"they ask for {opt.value(out['recompute'])} and {rec} recompute")
+        out["recompute"] = rec
+    return out
