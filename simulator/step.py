@@ -115,7 +115,15 @@ class StepResult:
     """Outcome of one simulated step (seconds, bytes, FLOPs).
 
     ``schedule`` is the pipeline schedule the step played (for the time-aware ZB heuristics,
-    the one built from these stage times): running it reproduces the prediction."""
+    the one built from these stage times): running it reproduces the prediction.
+
+    ``time_breakdown`` (seconds, the critical rank: the pipeline rank that finishes last) is a
+    partition of the step: ``compute`` (kernels, recompute and host overhead of its actions) +
+    ``tp_comm`` (in-stage collectives issued: TP, CP, ZeRO-3) - ``overlapped`` (the part of
+    tp_comm that ran beside compute: TP comm overlap, prefetched ZeRO-3 gathers) +
+    ``bubble`` (idle inside the pipeline) + ``dp_sync`` (gradient sync and parameter gathers
+    not hidden behind the backward) + ``optimizer``, plus ``pp_comm`` when the profile's sends
+    are synchronous (with asynchronous sends a hop is a delay already inside the bubble)."""
 
     step_time: float
     tokens_per_s: float
@@ -178,7 +186,7 @@ class StepResult:
     def critical_rank_idle_fraction(self) -> float:
         """The plain idle fraction of the critical rank (the pipeline rank that finishes the
         step last, whose ``time_breakdown`` the report shows): its idle time inside the
-        pipeline (``time_breakdown["bubble"]`` = last action end - compute - TP comm) over
+        pipeline (``time_breakdown["bubble"]`` = last action end - the busy time of its actions) over
         the whole step time (pipeline + DP sync + optimizer); dimensionless, in [0, 1).
         Unlike :attr:`zb_bubble_rate` it counts the warm-up wait before the rank's first
         action and divides by the step the user waits for."""
@@ -296,7 +304,7 @@ class StepModel:
         sched = self.schedule(times)
         where = sched.rank_of_vstage()
         prof = c.profile
-        sync_p2p = prof is not None and prof.pipeline.p2p.value == "sync"
+        sync_p2p = self.sync_p2p()
         sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
         spans = self._dp_stream(sched, sim) if prof is not None else [[] for _ in range(c.pp)]
         dp_ends = [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
@@ -378,6 +386,12 @@ class StepModel:
             return 0
         return sum(n for name, (n, _) in pre.params.items() if name in post.params)
 
+    def sync_p2p(self) -> bool:
+        """Whether the framework profile's pipeline sends are synchronous (they occupy the
+        sending rank: ``pipeline.p2p`` = ``sync``, Megatron-LM 2021)."""
+        prof = self.cfg.profile
+        return prof is not None and prof.pipeline.p2p.value == "sync"
+
     def _rank(self, r: int, sched: Schedule, act_peak: float, end: float, times: list,
               parts: list, t_comm: float, dp_end: float = 0.0) -> dict[str, Any]:
         """Finish time, memory and time breakdown of pipeline rank ``r``: its last action's
@@ -419,7 +433,17 @@ class StepModel:
             memory["fp8_weights"] = fp8_state
             memory["total"] = total
         hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
-        busy = compute + comm
-        time = {"compute": compute, "tp_comm": comm, "pp_comm": hops,
-                "bubble": max(0.0, end - busy), "dp_sync": sync, "optimizer": opt}
+        # what the rank's actions really took (compute + the collectives not hidden by it):
+        # the in-stage collectives that ran beside kernels (TP comm overlap, prefetched
+        # ZeRO-3 gathers) are "overlapped", so the lines add up to the step:
+        # compute + tp_comm - overlapped + bubble (+ pp_comm with synchronous sends)
+        # + dp_sync + optimizer = step time
+        fused = any(a[0] == "BW" for a in sched.actions[r])
+        busy = m * sum(times[vs]["F"] + (times[vs]["BW"] if fused else times[vs]["B"] + times[vs]["W"])
+                       for vs in vstages)
+        exposed = max(0.0, busy - compute)
+        sync_busy = hops if self.sync_p2p() else 0.0
+        time = {"compute": compute, "tp_comm": comm, "overlapped": max(0.0, comm - exposed),
+                "pp_comm": hops, "bubble": max(0.0, end - busy - sync_busy), "dp_sync": sync,
+                "optimizer": opt}
         return {"finish": end + sync + opt, "memory": memory, "time": time, "tail": tail}

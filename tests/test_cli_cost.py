@@ -30,7 +30,7 @@ def test_json_output_matches_the_engine(capsys):
     assert out["tokens_per_s"] == pytest.approx(8 * 2048 / (t_ms / 1e3))
     # executed FLOPs include the recompute forward; MFU counts model FLOPs only
     assert out["executed_flops_per_step"] > out["model_flops_per_step"]
-    assert set(out["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "bubble",
+    assert set(out["time_breakdown_s"]) == {"compute", "tp_comm", "overlapped", "pp_comm", "bubble",
                                             "dp_sync", "optimizer"}
 
 

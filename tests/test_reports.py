@@ -10,6 +10,8 @@ import re
 import optuna
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState, create_trial
 
 from meshplan.engine import Engine
@@ -210,3 +212,28 @@ def test_tune_cli_with_nothing_fitting_says_by_how_much(tmp_path, capsys):
     assert (f"needs {lightest.peak_memory_bytes / GIB:.1f} GiB of the {lim / GIB:.1f} GiB limit "
             f"(+{(lightest.peak_memory_bytes - lim) / GIB:.1f} GiB") in text
     assert "memory constraint binds" in (out / "report.txt").read_text()
+
+
+_SCHEDULES = ("1F1B", "VPP", "ZBH1", "ZB", "FThenB")
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(_SCHEDULES), st.sampled_from(("megatron-core", "megatron-2021", "fsdp2")),
+       st.sampled_from((1, 2)), st.sampled_from((0, 1, 3)), st.booleans())
+def test_time_breakdown_adds_up_to_the_step(schedule, framework, tp, zero, sp):
+    """Issue 20 item 5: the report's lines are a partition of the critical rank's step:
+    compute + tp_comm - overlapped + bubble + dp_sync + optimizer (+ pp_comm when sends are
+    synchronous) = step time, for overlapping (megatron-core TP overlap, FSDP prefetch) and
+    non-overlapping (megatron-2021) profiles alike."""
+    pp, vpp = (2, 2) if schedule == "VPP" else (2, 1)
+    if framework == "fsdp2" and zero != 3 or framework != "fsdp2" and zero == 3:
+        zero = 3 if framework == "fsdp2" else 1
+    s = Strategy(dp=2, tp=tp, pp=pp, vpp=vpp, schedule=schedule, micro_batch_size=1,
+                 global_batch_size=8, zero=zero, sequence_parallel=sp and tp > 1,
+                 framework=framework)
+    res = Engine("llama2-7b", "dgx-a100-80g", s, nodes=1, num_layers=4, seq_len=1024).simulate()
+    t = res.time_breakdown
+    total = (t["compute"] + t["tp_comm"] - t["overlapped"] + t["bubble"] + t["dp_sync"]
+             + t["optimizer"] + (t["pp_comm"] if framework == "megatron-2021" else 0.0))
+    assert 0.0 <= t["overlapped"] <= t["tp_comm"]
+    assert total == pytest.approx(res.step_time, rel=1e-9)

@@ -67,8 +67,10 @@ def software(engine: object) -> dict[str, object]:
 #: time-breakdown key -> what its line means (the critical rank's step, seconds)
 TIME_TERMS = {
     "compute": "kernels of its stages (forward, backward, recompute)",
-    "tp_comm": "collectives inside its stages (TP, CP, ZeRO-3 gathers) not hidden by compute",
-    "pp_comm": "sends and receives between pipeline stages",
+    "tp_comm": "collectives inside its stages (TP, CP, ZeRO-3 gathers and reduces), all issued",
+    "overlapped": "of tp_comm, the part that ran beside compute (not on the critical path)",
+    "pp_comm": "sends and receives between pipeline stages (synchronous sends: busy time; "
+               "asynchronous: a delay inside the bubble)",
     "bubble": "idle: waiting for its pipeline neighbours (warm-up, cool-down, stalls)",
     "dp_sync": "gradient reduce and parameter gathers not hidden behind the backward",
     "optimizer": "optimizer step and once-per-step kernels",
@@ -110,7 +112,9 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
         *([f"HSDP: ZeRO-3 in shard groups of {sw['fsdp_shard_size']} dp ranks, replicated "
            f"{inputs['strategy']['dp'] // sw['fsdp_shard_size']} times"] if sw.get("fsdp_shard_size") else []),
         f"layers per stage: {d['layers_per_vstage']}",
-        "time breakdown (critical rank: the pipeline rank that finishes last):",
+        "time breakdown (critical rank: the pipeline rank that finishes last; compute + tp_comm "
+        "- overlapped + bubble + dp_sync + optimizer, + pp_comm when sends are synchronous, "
+        "= the step):",
     ]
     lines += [f"  {k:<10} {v * 1e3:10.2f} ms  {TIME_TERMS.get(k, '')}".rstrip()
               for k, v in d["time_breakdown_s"].items()]
