@@ -94,7 +94,7 @@ def _flag_type(display: Any) -> Any:
 
 if hasattr(TyperOption, "display_type_rich") and not hasattr(
         TyperOption.display_type_rich, "__wrapped__"):
-    TyperOption.display_type_rich = _flag_type(TyperOption.display_type_rich)
+    TyperOption.display_type_rich = _flag_type(TyperOption.display_type_rich)  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="meshplan",

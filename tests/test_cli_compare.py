@@ -43,7 +43,7 @@ def test_table_fits_80_columns_and_names_refused_plans(capsys, monkeypatch):
     assert "megatron-1.7b on dgx-a100-80g: 4 plans" in out
     assert sum("refused" in x for x in lines) == 2
     notes = " ".join(x.strip() for x in lines if not x.startswith(("│", "┃", "┏", "┡", "└")))
-    assert "[1] --vpp: strategy field 'vpp' is 2 but schedule '1F1B'" in notes
+    assert "[1] --vpp is 2 but schedule '1F1B' runs one chunk per rank" in notes
     body = [x for x in lines if x.startswith("│ VPP")]
     assert len(body) == 2 and all("yes" in x for x in body)
 

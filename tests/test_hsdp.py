@@ -86,9 +86,9 @@ def test_cli_flag_errors_name_the_flag(capsys):
     base = ("cost", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
             "--dp", "8", "--global-batch", "16")
     line = one_line_error(*run_main(capsys, *base, "--zero", "3", "--hsdp", "3"))
-    assert line.startswith("error: --hsdp: ") and "must divide dp = 8" in line
+    assert line.startswith("error: --hsdp = 3 ") and "must divide --dp = 8" in line
     line = one_line_error(*run_main(capsys, *base, "--zero", "1", "--fsdp-shard-size", "4"))
-    assert line.startswith("error: --fsdp-shard-size: ") and "needs zero 3" in line
+    assert line.startswith("error: --fsdp-shard-size = 4 ") and "needs zero 3" in line
 
 
 # -- groups ---------------------------------------------------------------------------------

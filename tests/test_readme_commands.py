@@ -32,6 +32,7 @@ ILLUSTRATIVE: tuple[tuple[str, str], ...] = (
     (r"^meshplan report\b(?!.*--quick)", "the full report takes minutes: tests/test_experiments.py "
                                          "runs `meshplan report --quick`"),
     (r"^optuna-dashboard ", "a web server: tests/test_readme_optuna.py opens its journal with optuna.load_study"),
+    (r"^optuna ", "Optuna's own CLI on a tune journal: tests/test_readme_optuna.py runs it"),
 )
 #: lines that are shell set-up, not commands of ours
 SHELL = (r"^\. \.venv/bin/activate", r"^pip install ", r"^make ", r"^cd ", r"^export ")

@@ -300,7 +300,10 @@ class _RichBar:
 
     def advance(self, n: int = 1, note: str | None = None) -> None:
         """``n`` more steps; ``note`` replaces the description."""
-        self.progress.update(self.task, advance=n, **({"description": note} if note else {}))
+        if note:
+            self.progress.update(self.task, advance=n, description=note)
+        else:
+            self.progress.update(self.task, advance=n)
 
 
 class ProgressReporter:

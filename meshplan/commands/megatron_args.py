@@ -94,7 +94,7 @@ FLAG_NAMES = {"pp": "--pp/--pipeline-model-parallel-size",
 
 def typed(ctx: Any, *flags: str) -> list[str]:
     """The ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)."""
-    args = {a.split("=", 1)[0] for a in (ctx.meta.get(opt._ARGS_KEY, ()) if ctx is not None else ())}
+    args = {a.split("=", 1)[0] for a in (ctx.meta.get(opt.ARGS_KEY, ()) if ctx is not None else ())}
     return [f for f in flags if f in args]
 
 

@@ -200,7 +200,7 @@ MEMORY_HEADROOM = typer.Option(
     help="Fraction of the device's usable memory (capacity minus the driver's reserve) a "
          "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.")
 
-_ARGS_KEY = "meshplan.command_args"
+ARGS_KEY = "meshplan.command_args"
 
 
 class StrategyCommand(TyperCommand):
@@ -209,7 +209,7 @@ class StrategyCommand(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         """Record ``args`` in ``ctx.meta``, then parse them as typer does."""
-        ctx.meta[_ARGS_KEY] = tuple(args)
+        ctx.meta[ARGS_KEY] = tuple(args)
         return super().parse_args(ctx, args)
 
 
@@ -251,7 +251,7 @@ def typed_flag(ctx: Any, field: str) -> str:
 
 def given_flags(ctx: Any, *fields: str) -> list[str]:
     """The flags of ``fields`` the user typed on the command line of ``ctx``, as typed."""
-    args = {a.split("=", 1)[0] for a in (ctx.meta.get(_ARGS_KEY, ()) if ctx is not None else ())}
+    args = {a.split("=", 1)[0] for a in (ctx.meta.get(ARGS_KEY, ()) if ctx is not None else ())}
     flags = {**FLAGS, **SIZE_FLAGS}
     return [f for name in fields for f in flags[name] if f in args]
 
