@@ -90,7 +90,8 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
                     recompute=c.recompute, zero=c.zero, fsdp_shard_size=c.fsdp_shard_size,
                     sequence_parallel=c.sequence_parallel, dtype=dtype,
                     annotation=annotation_of(c, model, seq_len, user_annotation),
-                    framework=framework, attention=attention)
+                    framework=framework, attention=attention,
+                    **({"fp8": c.fp8} if c.fp8 is not None else {}))
 
 
 def _software(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ HISTORY_COLUMNS = (
     "acc_steps", "sharding_degree", "sharding_stage", "use_recompute", "recompute_granularity",
     "sequence_parallel", "schedule_mode", "annotation", "templates", "time", "tokens_per_s",
     "mfu", "bubble_ratio", "max_mem_usage", "peak_memory_bytes", "memory_limit_bytes",
-    "oom", "feasible", "cached", "pruned_reason",
+    "oom", "feasible", "cached", "pruned_reason", "fp8",
 )
 #: history columns holding integers (nullable: a pruned trial may have none) and flags
 INT_COLUMNS = ("job_id", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
@@ -107,7 +107,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
                    sharding_stage=plan["zero"], use_recompute=rc != "none",
                    recompute_granularity=None if rc == "none" else rc,
                    sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
-                   annotation=plan.get("annotation"),
+                   annotation=plan.get("annotation"), fp8=plan.get("fp8") or "none",
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
                        if plan.get("annotation_seed") is not None else None))
@@ -242,6 +242,8 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['zero']}"
     if plan.get("fsdp_shard_size"):
         s += f" hsdp{plan['fsdp_shard_size']}"
+    if plan.get("fp8"):
+        s += f" fp8={plan['fp8']}"
     return s + (" sp" if plan["sequence_parallel"] else "")
 
 

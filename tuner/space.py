@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from completion.models.config import MAX_MODEL_SIZES
-from completion.strategy import MAX_BATCH
+from completion.strategy import FP8_RECIPES, MAX_BATCH
 from tuner.errors import TunerError
 
 #: Pipeline schedules the tuner searches (ZB is ZB-2p of Qi et al. 2024).
@@ -41,6 +41,7 @@ MODES = ("pattern-based", "full_random", "semi-auto")
 FIXABLE: dict[str, type] = {
     "dp": int, "tp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
     "recompute": str, "zero": int, "sequence_parallel": bool, "cp": int, "fsdp_shard_size": int,
+    "fp8": str,
 }
 _FIX_ALIASES = {"hsdp": "fsdp_shard_size", "mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
                 "schedule_mode": "schedule", "mp": "tp", "context_parallel_size": "cp"}
@@ -130,7 +131,8 @@ class Candidate:
     search; ``annotation_seed`` seeds the random dims_mappings of full_random; both empty /
     None for semi-auto (the user's annotation, ``annotation`` names it).
     ``fsdp_shard_size``: the HSDP shard group of ZeRO-3 (``completion.strategy``), None:
-    shard over all of dp.
+    shard over all of dp. ``fp8``: the FP8 training recipe of the decoder linears
+    (``completion.strategy.FP8_RECIPES``), None: none.
     """
 
     dp: int
@@ -147,6 +149,7 @@ class Candidate:
     annotation: str = "megatron"
     cp: int = 1
     fsdp_shard_size: int | None = None
+    fp8: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -166,13 +169,14 @@ class Candidate:
         return dict(self.templates)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; ``templates`` as a dict). ``fsdp_shard_size`` is
-        left out when None, so that a plan's record (and its dedup key) is the one studies
+        """Plain-dict form (JSON-ready; ``templates`` as a dict). ``fsdp_shard_size`` and
+        ``fp8`` are left out when None, so that a plan's record (and its dedup key) is the one studies
         written before HSDP hold."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
-        if d["fsdp_shard_size"] is None:
-            del d["fsdp_shard_size"]
+        for opt_in in ("fsdp_shard_size", "fp8"):  # opt-in knobs: absent when unset
+            if d[opt_in] is None:
+                del d[opt_in]
         return d
 
     @classmethod
@@ -192,7 +196,7 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
             c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp,
-            c.fsdp_shard_size)
+            c.fsdp_shard_size, c.fp8)
 
 
 def divisors(n: int) -> list[int]:
@@ -234,7 +238,7 @@ def parse_fix(text: str | None) -> dict[str, Any]:
 
 _FIX_CHOICES: dict[str, tuple[Any, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "zero": ZERO_STAGES,
-    "sequence_parallel": (False, True)}
+    "sequence_parallel": (False, True), "fp8": ("none", *FP8_RECIPES)}
 
 
 def _check_fix(fix: Mapping[str, Any], world_size: int) -> None:
@@ -273,6 +277,8 @@ class SearchSpace:
         fix: knob -> pinned value (overrides the lists).
         hsdp: also search HSDP shard groups with ZeRO-3 (:meth:`shard_choices`); default
         False keeps the space (and its candidate count) of plain ZeRO.
+        fp8_recipes: FP8 recipes to try (None: BF16 linears); default (None,): the search
+        adds FP8 only when asked (FP8 changes the numerics, not only the speed).
     """
 
     problem: SearchProblem
@@ -285,8 +291,13 @@ class SearchSpace:
     fix: Mapping[str, Any] = field(default_factory=dict)
     cp_degrees: tuple[int, ...] = (1,)
     hsdp: bool = False
+    fp8_recipes: tuple[str | None, ...] = (None,)
 
     def __post_init__(self) -> None:
+        bad_f = [f for f in self.fp8_recipes if f is not None and f not in FP8_RECIPES]
+        if not self.fp8_recipes or bad_f:
+            raise SpaceError(f"search space: unknown fp8 recipe(s) {bad_f or '(none given)'}; known: "
+                             f"{list(FP8_RECIPES)} and None")
         if not isinstance(self.hsdp, bool):
             raise SpaceError(f"search space: hsdp must be true or false, got {self.hsdp!r}")
         bad = [s for s in self.schedules if s not in SCHEDULES]
@@ -353,6 +364,14 @@ class SearchSpace:
             return [None]
         return [None] + [n for n in divisors(dp) if 2 <= n < dp]
 
+    def fp8_choices(self) -> list[str | None]:
+        """FP8 recipes to try: the fixed value (``--fix fp8=te-delayed``; ``none``: None),
+        else :attr:`fp8_recipes`."""
+        if "fp8" in self.fix:
+            v = self.fix["fp8"]
+            return [None if v == "none" else v]
+        return list(self.fp8_recipes)
+
     def sp_choices(self) -> list[bool]:
         """Sequence-parallel flags to try: the fixed value, else ``sequence_parallel``."""
         return self._pick("sequence_parallel", self.sequence_parallel)
@@ -365,6 +384,8 @@ class SearchSpace:
         d["fix"] = dict(self.fix)
         if not d["hsdp"]:
             del d["hsdp"]
+        if d["fp8_recipes"] == (None,):  # a study stored before the FP8 dimension resumes
+            del d["fp8_recipes"]
         return d
 
     @classmethod
@@ -393,6 +414,6 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
                     space.sp_choices()):
-                for shard in space.shard_choices(dp, z):
+                for shard, fp8 in itertools.product(space.shard_choices(dp, z), space.fp8_choices()):
                     yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp,
-                                    fsdp_shard_size=shard)
+                                    fsdp_shard_size=shard, fp8=fp8)

@@ -119,6 +119,8 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     zero = _cat(trial, "zero", space.zero_choices()) if dp > 1 else 0
     shards = space.shard_choices(dp, zero)
     shard = _cat(trial, f"fsdp_shard_size_dp{dp}", shards) if len(shards) > 1 else shards[0]
+    fp8s = space.fp8_choices()  # suggested only when there is a choice (trials stay as before)
+    fp8 = _cat(trial, "fp8", fp8s) if len(fp8s) > 1 else fp8s[0]
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
@@ -130,7 +132,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
-                     cp, shard)
+                     cp, shard, fp8)
     return L.first_violation(cand, p) or cand
 
 

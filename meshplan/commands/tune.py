@@ -80,7 +80,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     s = plan.strategy
     line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
-            + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "") +
+            + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
+            + (f"fp8={s.fp8} " if s.fp8 else "") +
             f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
             f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
@@ -105,11 +106,14 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  sampler: str | None, layers: int | None, cross_node_tp: bool,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
                  attention: str | None = None,
-                 memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False) -> Any:
+                 memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False,
+                 fp8: bool = False) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
     pinned knobs already parsed (:func:`_pins`); ``hsdp``: also search HSDP shard groups with ZeRO-3
-    (``tuner.space.SearchSpace.hsdp``). Raises ValueError (SpaceError,
+    (``tuner.space.SearchSpace.hsdp``); ``fp8``: also search the FP8 recipes ``framework``
+    runs (``completion.strategy.FP8_RECIPES``), refused with a message naming the device
+    when it has no FP8 peak or with an FP8 ``dtype``. Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
@@ -120,9 +124,31 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
-    return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp), mode=mode,
+    recipes = _fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
+    return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def _fp8_recipes(cluster: str, nodes: int | None, framework: str, dtype: str) -> tuple[str | None, ...]:
+    """``--search-fp8``: BF16 (None) and every FP8 recipe ``framework`` runs. Raises
+    MeshplanError naming the device when its ``peak_flops`` lists no ``fp8`` (A100), the
+    framework when it runs none, or the FP8 ``--dtype`` that already fixes one."""
+    from clusters import load_cluster
+    from completion.strategy import FP8_DTYPES, FP8_RECIPES
+
+    if dtype in FP8_DTYPES:
+        raise MeshplanError(f"--search-fp8 searches the FP8 recipe; --dtype {dtype} already fixes "
+                            f"one (give --dtype bfloat16, or drop --search-fp8)")
+    dev = load_cluster(cluster, nodes).spec.device
+    if "fp8" not in dev.peak_flops:
+        raise MeshplanError(f"--search-fp8: {cluster}'s device {dev.name} has no FP8 peak "
+                            f"(peak_flops lists {', '.join(sorted(dev.peak_flops))}): no FP8 to search")
+    runs = tuple(r for r, fws in FP8_RECIPES.items() if framework in fws)
+    if not runs:
+        raise MeshplanError(f"--search-fp8: framework {framework} runs no FP8 recipe (recipes and "
+                            f"their frameworks: {dict(FP8_RECIPES)})")
+    return (None, *runs)
 
 
 def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
@@ -213,6 +239,10 @@ def tune_cmd(
     max_step_time: float | None = typer.Option(None, "--max-step-time",
                                                help="Deadline: only plans whose step takes at "
                                                     "most S seconds qualify."),
+    search_fp8: bool = typer.Option(False, "--search-fp8",
+                                    help="Also try the FP8 recipes the framework runs (te-delayed; "
+                                         "tensorwise, rowwise under fsdp2) beside BF16; pin one with "
+                                         "--fix fp8=NAME. Needs a device with an FP8 peak."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
@@ -247,7 +277,8 @@ def tune_cmd(
     try:
         cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto,
                            fixed, sampler, layers, cross_node_tp, opt.value(dtype),
-                           opt.value(framework), opt.value(attention), memory_headroom, search_hsdp)
+                           opt.value(framework), opt.value(attention), memory_headroom, search_hsdp,
+                           search_fp8)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
@@ -266,7 +297,7 @@ def tune_cmd(
             cfg_n = _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
                                  fixed, sampler, layers, cross_node_tp, opt.value(dtype),
                                  opt.value(framework), opt.value(attention), memory_headroom,
-                                 search_hsdp)
+                                 search_hsdp, search_fp8)
             if storage is None:
                 opt.ensure_dir(d)
             res_n = search(cfg_n, study_name, storage=storage,

@@ -30,7 +30,9 @@ def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str) -> Any
     cand, rec = best
     label = (f"dp{cand.dp} tp{cand.tp} pp{cand.pp}" + (f" cp{cand.cp}" if cand.cp > 1 else "")
              + (f" vpp{cand.vpp}" if cand.vpp > 1 else "")
-             + f" {cand.schedule} mbs{cand.micro_batch_size} rc={cand.recompute} zero{cand.zero}")
+             + f" {cand.schedule} mbs{cand.micro_batch_size} rc={cand.recompute} zero{cand.zero}"
+             + (f" hsdp{cand.fsdp_shard_size}" if cand.fsdp_shard_size else "")
+             + (f" fp8={cand.fp8}" if cand.fp8 else ""))
     return SizeOutcome(nodes, gpus, float(rec["time_s"]), float(rec["memory_bytes"]), tokens,
                        label, study)
 
