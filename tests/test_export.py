@@ -30,6 +30,7 @@ import tomllib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from completion.strategy import FP8_RECIPES
 from meshplan.commands import export as export_cmd_module
 from meshplan.commands.export_megatron import pipeline_layout
 from meshplan.commands.export_targets import LAYOUT_KNOBS, TARGETS, ExportError, export_plan, layout
@@ -60,6 +61,11 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     p.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
     p.add_argument("--outer-dp-sharding-strategy", default="no_shard", choices=["no_shard", "optim"])
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None)
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
+                   default="delayed")
+    p.add_argument("--fp8-amax-history-len", type=int, default=1)
+    p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--optimizer", default="adam",
@@ -110,6 +116,11 @@ def parse_megatron(text: str, world: int) -> dict:
     else:
         zero = 1 if a.use_distributed_optimizer else 0
     assert not (a.bf16 and a.fp16)
+    fp8 = None
+    if a.fp8_format is not None:  # Transformer Engine FP8 linears
+        fp8 = {"delayed": "te-delayed", "tensorwise": "tensorwise"}[a.fp8_recipe]
+        if fp8 == "te-delayed":  # the amax history the cost model assumes
+            assert (a.fp8_amax_history_len, a.fp8_amax_compute_algo) == (1024, "max")
     dp, outer = world // (tp * pp * cp), a.num_distributed_optimizer_instances
     # Megatron-FSDP HSDP: states sharded over dp / outer inner ranks, replicated over outer
     assert outer == 1 or (zero == 3 and a.outer_dp_sharding_strategy == "no_shard" and dp % outer == 0)
@@ -117,7 +128,7 @@ def parse_megatron(text: str, world: int) -> dict:
             "schedule": "VPP" if vpp > 1 else "1F1B", "layers_per_stage": lps,
             "micro_batch_size": a.micro_batch_size, "global_batch_size": a.global_batch_size,
             "recompute": recompute, "zero": zero, "sequence_parallel": a.sequence_parallel,
-            "dtype": "bfloat16" if a.bf16 else "float16" if a.fp16 else "float32",
+            "dtype": "bfloat16" if a.bf16 else "float16" if a.fp16 else "float32", "fp8": fp8,
             "optimizer": {"adam": "adamw", "sgd": "sgd"}[a.optimizer],
             "attention": None if a.attention_backend == "auto" else a.attention_backend,
             "num_layers": a.num_layers, "seq_len": a.seq_length}
@@ -141,7 +152,13 @@ TORCHTITAN_FIELDS = {
                     "context_parallel_degree", "expert_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option", "early_stop", "memory_budget"},
     "optimizer": {"name", "lr", "eps"},
+    "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
+              "print_after_conversion"},
+    "quantize": {"linear", "grouped_mm"},
 }
+#: fields of torchtitan 238fa99 ``Float8Linear`` ([quantize.linear.float8])
+FLOAT8_FIELDS = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                 "recipe_name", "filter_fqns", "emulate"}
 #: torch.distributed.pipelining.schedules.get_schedule_class names -> plan schedule
 TORCH_SCHEDULES = {"GPipe": "FThenB", "1F1B": "1F1B", "Interleaved1F1B": "VPP",
                    "ZBVZeroBubble": "ZBVPP"}
@@ -153,6 +170,11 @@ def parse_torchtitan(text: str, world: int) -> dict:
     for section, values in doc.items():
         assert set(values) <= TORCHTITAN_FIELDS[section], (section, set(values))
     tr, par, ac = doc["training"], doc["parallelism"], doc["activation_checkpoint"]
+    fp8 = None
+    if "quantize.linear.float8" in doc.get("model", {}).get("converters", []):
+        f8 = doc["quantize"]["linear"]["float8"]
+        assert set(f8) <= FLOAT8_FIELDS and f8["recipe_name"] in ("tensorwise", "rowwise")
+        fp8 = f8["recipe_name"]
     rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
     tp, pp = par["tensor_parallel_degree"], par.get("pipeline_parallel_degree", 1)
     cp = par.get("context_parallel_degree", 1)
@@ -179,7 +201,7 @@ def parse_torchtitan(text: str, world: int) -> dict:
     out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch_size": micro,
            "global_batch_size": tr["global_batch_size"], "schedule": TORCH_SCHEDULES[sched],
            "zero": zero, "fsdp_shard_size": hsdp, "sequence_parallel": tp > 1, "recompute": recompute,
-           "dtype": tr["mixed_precision_param"],
+           "dtype": tr["mixed_precision_param"], "fp8": fp8,
            "optimizer": {"AdamW": "adamw", "Adam": "adam"}[doc["optimizer"]["name"]]}
     if fqns is not None:
         out["layers_per_stage"] = lps
@@ -210,7 +232,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
            "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"],
            "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
            "fsdp_shard_size": cfg["zero_optimization"].get("mics_shard_size"),
-           "recompute": "full" if "activation_checkpointing" in cfg else "none",
+           "recompute": "full" if "activation_checkpointing" in cfg else "none", "fp8": None,
            "dtype": "bfloat16" if cfg["bf16"]["enabled"] else
                     "float16" if cfg["fp16"]["enabled"] else "float32"}
     if "optimizer" in cfg:
@@ -221,7 +243,7 @@ def parse_deepspeed(text: str, world: int) -> dict:
 PARSERS = {"megatron": parse_megatron, "torchtitan": parse_torchtitan, "deepspeed": parse_deepspeed}
 #: knobs each parser must recover from the file alone
 CORE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule", "zero",
-        "fsdp_shard_size", "recompute", "sequence_parallel", "dtype")
+        "fsdp_shard_size", "recompute", "sequence_parallel", "dtype", "fp8")
 
 
 # -- random plans -------------------------------------------------------------------------
@@ -247,16 +269,19 @@ def plans(draw) -> Plan:
         if sum(lps) == 0:
             lps = (1,) + lps[1:]
         num_layers = sum(lps)
+    framework = draw(st.sampled_from(["megatron-core", "fsdp2", "deepspeed"]))
+    dtype = draw(st.sampled_from(["bfloat16", "float16", "float32"]))
+    recipes = [r for r, fws in FP8_RECIPES.items() if framework in fws]
+    fp8 = draw(st.sampled_from([None, *recipes])) if dtype == "bfloat16" and recipes else None
     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, schedule=schedule, micro_batch_size=micro,
                  global_batch_size=dp * micro * m,
                  recompute=draw(st.sampled_from(["none", "selective", "selective-op", "full"])),
                  zero=zero, fsdp_shard_size=hsdp,
                  sequence_parallel=tp > 1 and draw(st.booleans()),
-                 dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+                 dtype=dtype, fp8=fp8,
                  optimizer=draw(st.sampled_from(["adamw", "adam", "sgd"])),
                  attention=draw(st.sampled_from([None, "flash"] + (["unfused"] if cp == 1 else []))),
-                 layers_per_stage=lps,
-                 framework=draw(st.sampled_from(["megatron-core", "fsdp2", "deepspeed"])))
+                 layers_per_stage=lps, framework=framework)
     return Plan(model=model, cluster="dgx-a100", strategy=s, num_layers=num_layers,
                 seq_len=draw(st.one_of(st.none(), st.sampled_from([1024, 2048]))))
 
@@ -423,3 +448,31 @@ def test_hsdp_plan_exports_to_each_target():
     assert "fsdp_shard_size" in {n.knob for n in ds.notes}
     for target in TARGETS:
         assert _check_round_trip(plan, target)["fsdp_shard_size"] == 8, target
+
+
+def test_fp8_plans_export_their_recipe_or_say_why_not():
+    """An FP8 plan is never exported silently as BF16: Megatron-LM writes Transformer
+    Engine's recipe (delayed scaling with the modelled 1024-step max amax history, or
+    tensorwise current scaling), torchtitan torchao's float8 converter (tensorwise /
+    rowwise, head and FSDP all-gather in BF16 as costed); what a target cannot run is a note."""
+    te = Plan(model="llama2-7b", cluster="dgx-h100",
+              strategy=Strategy(dp=8, global_batch_size=64, dtype="fp8-delayed"))
+    mg = export_plan(te, "megatron")
+    assert "--fp8-format hybrid" in mg.text and "--fp8-recipe delayed" in mg.text
+    assert "--fp8-amax-history-len 1024" in mg.text and mg.effective["fp8"] == "te-delayed"
+    for target in ("torchtitan", "deepspeed"):
+        out = export_plan(te, target)
+        assert out.effective["fp8"] is None and "fp8" in {n.knob for n in out.notes}, target
+    tw = Plan(model="llama2-7b", cluster="dgx-h100",
+              strategy=Strategy(dp=8, global_batch_size=64, zero=3, framework="fsdp2",
+                                dtype="fp8-rowwise"))
+    tt = export_plan(tw, "torchtitan")
+    doc = tomllib.loads(tt.text)
+    assert doc["model"]["converters"] == ["quantize.linear.float8"]
+    assert doc["quantize"]["linear"]["float8"] == {"recipe_name": "rowwise", "filter_fqns": ["output"],
+                                                   "enable_fsdp_float8_all_gather": False}
+    mg = export_plan(tw, "megatron")
+    assert "--fp8" not in mg.text and "fp8" in {n.knob for n in mg.notes}
+    for plan in (te, tw):
+        for target in TARGETS:
+            _check_round_trip(plan, target)

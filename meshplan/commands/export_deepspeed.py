@@ -95,6 +95,11 @@ def export(plan: Any) -> Export:
     notes: list[Note] = framework_note(plan, FAMILIES, "DeepSpeed")
     _notes(eff, notes)
     _size_notes(plan, notes)
+    if eff["fp8"] is not None:
+        notes.append(Note("fp8", f"a DeepSpeed config has no FP8 setting ({eff['fp8']} scaling): "
+                                 f"FP8 linears come from the model code (Transformer Engine or "
+                                 f"torchao modules); the config runs {eff['dtype']}"))
+        eff["fp8"] = None
     m = eff["global_batch_size"] // (eff["dp"] * eff["micro_batch_size"])
     cfg: dict[str, Any] = {
         "train_batch_size": eff["global_batch_size"],

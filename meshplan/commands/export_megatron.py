@@ -107,6 +107,30 @@ def _schedule(eff: dict[str, Any], notes: list[Note]) -> None:
         eff["schedule"] = runs
 
 
+#: FP8 recipe -> Megatron-LM d98e8a64 TransformerConfig arguments (``--fp8-format`` hybrid:
+#: e4m3 forward, e5m2 gradients; ``--fp8-recipe``); delayed scaling with the amax history
+#: the cost model assumes (``simulator.fp8``: 1024 steps, max, as NeMo's recipes set it)
+FP8_ARGS = {"te-delayed": ("--fp8-format", "hybrid", "--fp8-recipe", "delayed",
+                           "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"),
+            "tensorwise": ("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise")}
+
+
+def _fp8_args(eff: dict[str, Any], notes: list[Note]) -> list[str]:
+    """The FP8 arguments of the plan's recipe; torchao's rowwise scaling has no Megatron-LM
+    recipe (its ``blockwise`` scales 1x128 tiles), so it is noted and BF16 is written;
+    ``tensorwise`` is Transformer Engine's per-tensor current scaling, the same scaling rule
+    as torchao's."""
+    fp8 = eff["fp8"]
+    if fp8 is None:
+        return []
+    if fp8 not in FP8_ARGS:
+        notes.append(Note("fp8", f"Megatron-LM has no {fp8} FP8 recipe (its blockwise recipe "
+                                 f"scales 1x128 tiles, not rows); BF16 linears are written"))
+        eff["fp8"] = None
+        return []
+    return list(FP8_ARGS[fp8])
+
+
 def export(plan: Any) -> Export:
     """Megatron-LM arguments for ``plan`` (see the module docstring for the mapping). The
     text is one argument per line ending in `` \\`` (shell continuation) after ``#``
@@ -132,6 +156,7 @@ def export(plan: Any) -> Export:
         args += ["--num-distributed-optimizer-instances", str(eff["dp"] // eff["fsdp_shard_size"]),
                  "--outer-dp-sharding-strategy", "no_shard"]
     args += DTYPE_ARGS[eff["dtype"]]
+    args += _fp8_args(eff, notes)
     name, runs = OPTIMIZER_ARGS[eff["optimizer"]]
     if runs != eff["optimizer"]:
         notes.append(Note("optimizer", "Megatron-LM's adam decouples weight decay (AdamW); "

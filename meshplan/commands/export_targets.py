@@ -12,7 +12,8 @@ and that every knob where the effective layout differs from the plan's carries a
 The layout's knobs are the Strategy's names (``completion.strategy``): ``dp``, ``tp``,
 ``pp``, ``vpp``, ``micro_batch_size``, ``global_batch_size``, ``schedule``, ``recompute``,
 ``zero``, ``fsdp_shard_size`` (HSDP's shard group, None: all of dp), ``sequence_parallel``,
-``dtype``, ``optimizer``, ``attention`` and
+``dtype``, ``fp8`` (the FP8 recipe of the decoder linears, None: none), ``optimizer``,
+``attention`` and
 ``layers_per_stage`` (None: the framework's own split), plus the tokens per sequence and
 decoder layers the plan runs (``seq_len``, ``num_layers``: :func:`model_sizes`).
 """
@@ -36,8 +37,8 @@ TARGETS: dict[str, tuple[str, str]] = {
 
 #: every knob of a layout, in print order
 LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule",
-                "recompute", "zero", "fsdp_shard_size", "sequence_parallel", "dtype", "optimizer", "attention",
-                "layers_per_stage", "seq_len", "num_layers")
+                "recompute", "zero", "fsdp_shard_size", "sequence_parallel", "dtype", "fp8", "optimizer",
+                "attention", "layers_per_stage", "seq_len", "num_layers")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def layout(plan: Any) -> dict[str, Any]:
             "micro_batch_size": s.micro_batch_size, "global_batch_size": s.global_batch_size,
             "schedule": s.schedule, "recompute": s.recompute, "zero": s.zero if s.dp > 1 else 0,
             "fsdp_shard_size": s.fsdp_shard_size,
-            "sequence_parallel": s.sequence_parallel, "dtype": s.dtype, "optimizer": s.optimizer,
+            "sequence_parallel": s.sequence_parallel, "dtype": s.dtype, "fp8": s.fp8,
+            "optimizer": s.optimizer,
             "attention": s.attention, "layers_per_stage": lps, "seq_len": seq,
             "num_layers": layers}
 

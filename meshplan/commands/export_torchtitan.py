@@ -154,6 +154,24 @@ def _training(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
     return tr
 
 
+def _float8(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
+    """``[quantize.linear.float8]`` of a torchao recipe (tensorwise / rowwise;
+    torchtitan 238fa99 ``Float8Linear``, converter ``quantize.linear.float8``): the output
+    projection stays BF16 (``filter_fqns``), as the cost model keeps the head in BF16, and
+    the FSDP all-gather stays BF16 (``enable_fsdp_float8_all_gather`` false: the cost model
+    gathers BF16 weights). Transformer Engine's delayed scaling has no torchao recipe: noted,
+    BF16 linears written. Empty without FP8."""
+    fp8 = eff["fp8"]
+    if fp8 is None:
+        return {}
+    if fp8 not in ("tensorwise", "rowwise"):
+        notes.append(Note("fp8", f"torchtitan's float8 (torchao) has no {fp8} scaling (delayed "
+                                 f"scaling is Transformer Engine's); BF16 linears are written"))
+        eff["fp8"] = None
+        return {}
+    return {"recipe_name": fp8, "filter_fqns": ["output"], "enable_fsdp_float8_all_gather": False}
+
+
 def export(plan: Any) -> Export:
     """A torchtitan job TOML for ``plan`` (see the module docstring for the mapping); notes
     are ``#`` comments at the top."""
@@ -179,9 +197,13 @@ def export(plan: Any) -> Export:
             f"# launch: NGPU=<per node> ./run_train.sh --job.config_file <this file> on "
             f"{eff['dp'] * eff['tp'] * eff['pp']} ranks; set [model] name and flavor"]
     head += [f"# note: {n}" for n in notes]
+    fp8 = _float8(eff, notes)
     body = _section("training", tr) + _section("parallelism", par)
     body += _section("activation_checkpoint", ac)
     body += _section("optimizer", {"name": OPTIMIZERS[eff["optimizer"]]})
+    if fp8:
+        body += _section("model", {"converters": ["quantize.linear.float8"]})
+        body += _section("quantize.linear.float8", fp8)
     return Export("torchtitan", "\n".join(head) + "\n" + body, notes, eff)
 
 
