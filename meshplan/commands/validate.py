@@ -12,6 +12,11 @@ and an fp32 plan is verified (``executor.verify``: losses and parameters against
 process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
 reported as not checked: rounding differences exceed that tolerance).
 
+``--profile-trace DIR``: after the last repeat's timed steps every rank runs one more step
+under ``torch.profiler`` (``record_shapes=True``) and writes its Chrome trace to
+``DIR/rank<R>.json`` (``executor.profile``; that step is not timed), the input of
+``meshplan calibrate --from-trace``.
+
 ``--launcher torchrun`` runs nothing: it prints the torchrun command that runs the plan on
 a cluster (``meshplan.executor.run``, one process per rank, any number of nodes).
 
@@ -106,6 +111,9 @@ def validate_cmd(
     nnodes: int = typer.Option(1, "--nnodes", min=1, max=2**20, help="Nodes (with --launcher torchrun)."),
     rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint",
                                       help="HOST:PORT of the rendezvous (with --launcher torchrun)."),
+    profile_trace: str = typer.Option("", "--profile-trace",
+                                      help="Directory each rank writes a profiler trace of one extra "
+                                           "(untimed) step to (rank<R>.json)."),
 ) -> None:
     """Run a plan, print predicted vs measured (median of repeats) with relative errors."""
     from meshplan.plan import Plan
@@ -122,7 +130,7 @@ def validate_cmd(
 
     cores, before = host_cores(), host_load()
     runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
-                        steps=steps, warmup=2)
+                        steps=steps, warmup=2, profile_dir=profile_trace or None)
     fp32 = plan.strategy.dtype == "float32"
     numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
     after = host_load()

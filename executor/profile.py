@@ -1,0 +1,148 @@
+"""Record a PyTorch profiler (Kineto) Chrome trace of one step of a rank, with every
+executed op of the plan named, so ``executor.trace_calibrate`` can match the trace's
+time to the plan's ops.
+
+:func:`profile_step` runs one more step of a :class:`~executor.rank_exec.RankExecutor`
+under ``torch.profiler.profile(activities=[CPU (+ CUDA)], record_shapes=True)`` and
+writes ``DIR/rank<R>.json``. The step is an extra one after the timed steps (the
+profiler's own per-event work slows it, so it is never one of the measured steps). Each
+executed item of the rank plan is wrapped in a profiler span (:func:`span`) whose name
+(:func:`item_label`) is ``meshplan::<phase> #<program op index> <op type>`` (phase F, B,
+W or O, the unit it ran in), each F/B/W unit call in ``meshplan::unit <phase><chunk>
+mb<m>`` and each fused gradient all_reduce bucket of the step in ``meshplan::O bucket<i>
+all_reduce`` (its i-th bucket, ``RankExecutor.gradient_buckets`` order). The aten ops
+(``cpu_op``) that an item launched lie inside its span on the same thread.
+
+Why names instead of the profiler's own collective records: on torch 2.13 with gloo on
+CPU the profiler records no ``record_param_comms`` event with message sizes; a gloo
+collective shows as a ``c10d::allreduce_`` (etc.) ``cpu_op`` that only enqueues the work
+(tens of microseconds) and a ``gloo:all_reduce`` annotation on gloo's worker thread, with
+neither group size nor the wait. The item's span (issue to completion on the rank's
+thread) and the plan's op (group and local bytes) give both.
+
+The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``rank``,
+``world_size``, ``layers_per_stage`` (the layer split the run used), ``step_times_s``
+(this rank's timed steps, unprofiled), ``profiled_step_s`` (the profiled step's wall time)
+and ``profiler_event_s``: what the profiler itself costs per recorded op, measured by
+:func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
+every span).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Prefix of every name the executor gives a profiler span
+PREFIX = "meshplan::"
+#: Prefix of a unit call's span name
+UNIT_PREFIX = f"{PREFIX}unit "
+#: Top-level key of the trace metadata the executor adds
+META_KEY = "meshplan"
+
+
+def span(name: str) -> Any:
+    """A profiler span named ``name``: torch's C++ ``_RecordFunctionFast`` where this torch
+    has it (no Python work per span: ``torch.profiler.record_function`` costs tens of
+    microseconds per span on a CPU host, as much as a small op, and would distort the very
+    ops it names), else ``record_function``."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    return fast(name) if fast is not None else torch.profiler.record_function(name)
+
+
+def phase_of(key: Any) -> str:
+    """The phase letter of a unit key: ``("F", c)`` -> ``F``; ``"step"``/``"pre"`` -> ``O``."""
+    return str(key[0]) if isinstance(key, tuple) else "O"
+
+
+def item_label(key: Any, index: int, op_type: str) -> str:
+    """The span name of an executed item: ``meshplan::<phase> #<index> <op type>``."""
+    return f"{PREFIX}{phase_of(key)} #{index} {op_type}"
+
+
+def bucket_label(i: int) -> str:
+    """The span name of the step's ``i``-th fused gradient all_reduce bucket."""
+    return f"{PREFIX}O bucket{i} all_reduce"
+
+
+def unit_label(key: Any, mb: int) -> str:
+    """The span name of one F/B/W unit call: ``meshplan::unit F0 mb1``."""
+    return f"{UNIT_PREFIX}{phase_of(key)}{key[1] if isinstance(key, tuple) else ''} mb{mb}"
+
+
+def trace_path(directory: str | Path, rank: int) -> Path:
+    """``DIR/rank<R>.json``."""
+    return Path(directory) / f"rank{rank}.json"
+
+
+#: calls of the probe op per timing, and timings (median) of :func:`profiler_event_cost`
+PROBE_CALLS, PROBE_REPEATS = 200, 5
+
+
+def _probe_seconds(x: torch.Tensor) -> float:
+    times = []
+    for _ in range(PROBE_REPEATS):
+        t0 = time.perf_counter()
+        for _ in range(PROBE_CALLS):
+            x.view(-1)
+        times.append((time.perf_counter() - t0) / PROBE_CALLS)
+    return statistics.median(times)
+
+
+def profiler_event_cost(unprofiled: float) -> float:
+    """Seconds the active profiler adds per recorded op (with its shapes): the median time
+    of a kernel-less op (``Tensor.view``, one ``aten::view`` event) while profiling, less
+    ``unprofiled`` (:func:`_probe_seconds` measured before the profiler started), >= 0.
+    Call inside the profiling session."""
+    return max(0.0, _probe_seconds(torch.zeros(4)) - unprofiled)
+
+
+def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[float],
+                 layers: Any = None) -> Path:
+    """Run one step of ``ex`` (a RankExecutor) over ``actions`` under the profiler, every
+    item, unit call and gradient bucket named (module docstring), and write its trace to
+    ``DIR/rank<R>.json`` (the directory is created). ``step_times``: this rank's timed
+    steps (seconds), kept in the metadata with ``layers`` (the run's layers per stage).
+    Returns the path. Raises OSError when the
+    directory cannot be written."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = trace_path(directory, ex.rank)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_item, run_unit = ex.exec_item, ex.run_unit
+
+    def named_item(it, mb, env, left, key):
+        with span(item_label(key, it.index, it.op.type)):
+            run_item(it, mb, env, left, key)
+
+    def named_unit(key, mb, env, left):
+        if not isinstance(key, tuple):
+            return run_unit(key, mb, env, left)
+        with span(unit_label(key, mb)):
+            return run_unit(key, mb, env, left)
+
+    acts = [ProfilerActivity.CPU]
+    if ex.device.type == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    bare = _probe_seconds(torch.zeros(4))
+    ex.exec_item, ex.run_unit, ex.profile_buckets = named_item, named_unit, True
+    try:
+        with profile(activities=acts, record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            ex.run_step(actions)
+            wall = time.perf_counter() - t0
+            eps = profiler_event_cost(bare)
+            prof.add_metadata_json(META_KEY, json.dumps({
+                "rank": ex.rank, "world_size": torch.distributed.get_world_size()
+                if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
+                "step_times_s": [float(t) for t in step_times], "profiled_step_s": wall,
+                "profiler_event_s": eps}))
+    finally:
+        ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False
+    prof.export_chrome_trace(str(out))
+    return out
