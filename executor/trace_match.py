@@ -201,3 +201,48 @@ def match_trace(events: list[dict], labels: dict[str, Target], eps: float = 0.0)
                 secs = (e["dur"] - sum(x["dur"] for x in top)) * 1e-6 - eps * (len(outside) + 1)
             out.append(OpSample(tgt.kind, tgt.op_type, tgt.flops, tgt.bytes, max(secs, 0.0), tgt.phase))
     return out
+
+
+#: in-place streaming aten ops (one read / write pass per operand): the executor's
+#: gradient accumulation (``acc += g``) and 1/m scaling (``g /= m``), an update's adds
+STREAM_OPS = ("aten::add_", "aten::div_", "aten::mul_")
+
+
+def stream_samples(events: list[dict], eps: float = 0.0) -> list[tuple[float, float]]:
+    """(bytes, seconds) of every :data:`STREAM_OPS` ``cpu_op`` with its shapes: bytes =
+    the tensor operands read plus the first one written (``Input Dims`` x ``Input type``
+    item sizes; ``g /= m``: 2 x, ``acc += g``: 3 x the gradient's bytes, the count of
+    ``simulator.stage_timing.stream_time``), seconds = duration less ``eps``."""
+    from executor.trace_calibrate import ITEM_BYTES
+
+    out = []
+    for e in events:
+        if e.get("cat") != "cpu_op" or e.get("name") not in STREAM_OPS:
+            continue
+        args = e.get("args") or {}
+        dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+        sizes = [n * ITEM_BYTES.get(t, 4) for d, t in zip(dims, types, strict=False)
+                 if isinstance(d, list) and d and (n := _numel(d)) > 0]
+        if sizes and e["dur"] * 1e-6 > eps:
+            out.append((float(sum(sizes) + sizes[0]), e["dur"] * 1e-6 - eps))
+    return out
+
+
+def _numel(dims: list) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
+    """Every rank's samples, each collective taken once, at its shortest span over the
+    ranks: a collective's span on a rank also holds the wait for peers still computing,
+    and the last rank to arrive sees the transfer alone. Ranks whose collective sequences
+    (op type and bytes, in trace order) differ keep all their spans."""
+    colls = [[s for s in r if s.kind == COLLECTIVE] for r in per_rank]
+    rest = [s for r in per_rank for s in r if s.kind != COLLECTIVE]
+    keys = {tuple((s.op_type, s.bytes) for s in c) for c in colls}
+    if len(per_rank) < 2 or len(keys) != 1:
+        return rest + [s for c in colls for s in c]
+    return rest + [min(group, key=lambda s: s.seconds) for group in zip(*colls, strict=True)]

@@ -6,8 +6,13 @@ The samples are the plan's own executed ops, so the constants are the ones
 measured on the plan's real step; the fits are the same (``executor.calibrate_fit``):
 
 - ``kernel_overhead_s`` ``o``: median seconds of the kernel-less ops (views);
-- GEMM: ``t = o + (F + F_half) / P`` (:func:`~executor.calibrate_fit.fit_gemm`) to the
-  mean time of each distinct GEMM (:func:`gemm_groups`);
+- GEMM: ``t = o + (F + F_half) / P``: ``F_half`` (the curve's shape) from the relative
+  fit (:func:`~executor.calibrate_fit.fit_gemm`) to the mean time of each distinct GEMM
+  (:func:`gemm_groups`), then ``P = sum(F + F_half) / sum(t - o)`` over every GEMM, the
+  rate this plan's GEMMs achieved together (time-weighted, as the memory-bound and
+  attention rates: on a shared host a GEMM now and then waits for the core, and the
+  relative fit alone would follow the undisturbed ones and miss that time, which the
+  timed steps hold too);
 - memory-bound ops: achieved bytes/s beyond ``o`` (:func:`~executor.calibrate_fit.fit_ratio`;
   ``efficiency.memory_kernels``) and per ``op:phase`` (``efficiency.by_op``), over the
   spec's ``memory_bandwidth``;
@@ -18,6 +23,10 @@ measured on the plan's real step; the fits are the same (``executor.calibrate_fi
   the samples have at least two distinct ``(steps, share S)``; with fewer (a data-parallel
   plan has one gradient bucket per step) ``a`` keeps the spec's ``node.intra_latency`` and
   ``B = sum(share S) / sum(t - steps a)``.
+
+- ``memory_bandwidth`` (with ``efficiency.memory_bandwidth`` 1): the rate of the trace's
+  in-place streaming ops (the executor's gradient accumulation ``acc += g`` and scaling
+  ``g /= m``), the copy bandwidth ``simulator.stage_timing.stream_time`` charges them at.
 
 A rate above the spec's peak (``peak_flops[dtype]``, ``memory_bandwidth``) replaces the
 peak (a placeholder may be below what was measured), so every fraction stays in (0, 1].
@@ -63,6 +72,7 @@ class PlanFit:
     link_latency: float | None = None
     link_bandwidth: float | None = None
     link_latency_fitted: bool = False
+    stream_bandwidth: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -111,13 +121,18 @@ def gemm_groups(samples: list) -> list[tuple[float, float]]:
     return [(k[2], sum(v) / len(v)) for k, v in groups.items()]
 
 
-def fit_plan_samples(samples: list, latency: float, peak: float, bandwidth: float) -> PlanFit:
+def fit_plan_samples(samples: list, latency: float, peak: float, bandwidth: float,
+                     streams: list[tuple[float, float]] | None = None) -> PlanFit:
     """Fit the constants (module docstring) to ``samples`` (``calibrate_ops.OpSample``
     with kinds view, gemm, memory, attention, action, collective, other). ``latency``: the
     spec's link step latency, used when the collectives cannot separate it; ``peak`` and
     ``bandwidth``: the spec's ``peak_flops[dtype]`` and ``memory_bandwidth``, to which
     ``by_op`` attention (memory) efficiencies are relative after a measured rate above
-    them replaced them. Raises PlanFitError without view ops or two GEMMs."""
+    them replaced them; ``streams``: (bytes, seconds) of the trace's in-place streaming
+    ops (``trace_match.stream_samples``), whose rate ``sum(bytes) / sum(seconds)``
+    becomes ``memory_bandwidth`` (the copy bandwidth the cost model streams gradient
+    accumulation and scaling at) and the reference of the memory-bound fractions. Raises
+    PlanFitError without view ops or two GEMMs."""
     by = _by_kind(samples)
     counts = {k: len(v) for k, v in sorted(by.items())}
     if not by.get("view"):
@@ -128,7 +143,9 @@ def fit_plan_samples(samples: list, latency: float, peak: float, bandwidth: floa
     groups = gemm_groups(by["gemm"])
     if len(groups) < 2:
         groups = [(s.flops, s.seconds) for s in by["gemm"]]
-    rate, half = fit_gemm([f for f, _ in groups], [t for _, t in groups], o)
+    _, half = fit_gemm([f for f, _ in groups], [t for _, t in groups], o)
+    busy = sum(max(s.seconds - o, 1e-9) for s in by["gemm"])
+    rate = sum(s.flops + half for s in by["gemm"]) / busy
     fit = PlanFit(kernel_overhead=float(o), gemm_rate=float(rate), gemm_half_flops=float(half), counts=counts)
     if by.get("action"):
         fit.action_overhead = float(statistics.median(s.seconds for s in by["action"]))
@@ -139,7 +156,11 @@ def fit_plan_samples(samples: list, latency: float, peak: float, bandwidth: floa
         fit.attention_rate = fit_ratio([s.flops for s in by["attention"]],
                                        [s.seconds for s in by["attention"]], o, "attention ops")
     peak = max(peak, rate)
-    bandwidth = max(bandwidth, fit.memory_rate or 0.0)
+    if streams and sum(t for _, t in streams) > 0:
+        fit.stream_bandwidth = bandwidth = sum(b for b, _ in streams) / sum(t for _, t in streams)
+        counts["stream"] = len(streams)
+    else:
+        bandwidth = max(bandwidth, fit.memory_rate or 0.0)
     for key, (eff, n) in fit_by_op(by.get("memory", []) + by.get("attention", []), o, bandwidth, peak).items():
         kind = "attention" if any(s.kind == "attention" and f"{s.op_type}:{s.phase}" == key
                                   for s in by.get("attention", [])) else "memory"
@@ -184,8 +205,13 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
     if fit.action_overhead is not None:
         eff["action_overhead_s"] = _q(fit.action_overhead, f"{prov}: median over {n.get('action', 0)} "
                                                            f"unit calls of their time outside named ops")
+    if fit.stream_bandwidth is not None:
+        dev["memory_bandwidth"] = _q(fit.stream_bandwidth, f"{prov}: {n.get('stream', 0)} in-place streaming "
+                                                           f"ops (gradient accumulation, scaling), bytes/s")
+        eff["memory_bandwidth"] = _q(1.0, f"{prov}: 1 because memory_bandwidth is measured")
     if fit.memory_rate is not None:
-        m = _rate_into(dev, "memory_bandwidth", fit.memory_rate, prov)
+        m = (min(fit.memory_rate / fit.stream_bandwidth, 1.0) if fit.stream_bandwidth is not None
+             else _rate_into(dev, "memory_bandwidth", fit.memory_rate, prov))
         eff["memory_kernels"] = _q(m, f"{prov}: {n.get('memory', 0)} memory-bound ops, operands + "
                                       f"results bytes/s beyond o over memory_bandwidth")
     if fit.attention_rate is not None:

@@ -79,6 +79,9 @@ class StepConfig:
     gradient merge, PyTorch ``.grad`` accumulation, this project's executor); False
     (default): accumulation is fused into the dW GEMM (Megatron-LM
     ``gradient_accumulation_fusion``) and the 1/m into the loss, free in the roofline."""
+    optimizer: str = ""
+    """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
+    efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
@@ -102,7 +105,8 @@ class StepConfig:
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
                    peak_flops=roofline.peak(s.dtype), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
-                   dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads)
+                   dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
+                   optimizer=str(getattr(s, "optimizer", "") or ""))
 
 
 @dataclass

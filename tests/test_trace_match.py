@@ -135,6 +135,22 @@ def test_fit_recovers_the_constants_and_predicts_each_class():
     assert abs(before["gemm"] - measured["gemm"]) / measured["gemm"] > 0.1  # the fit changed it
 
 
+def test_streaming_ops_set_the_copy_bandwidth():
+    """Streams at 6 GB/s: memory_bandwidth 6e9 with efficiency 1, memory-bound fractions
+    relative to it."""
+    s = _samples()
+    fit = fit_plan_samples(s, A_LINK, 1e11, 1e10, streams=[(6e6, 1e-3), (1.2e7, 2e-3)])
+    assert fit.stream_bandwidth == pytest.approx(6e9)
+    base = load_cluster("cpu-local").spec.model_dump(exclude_none=True)
+    spec = apply_plan_fit(base, fit, "float32", "t.json")
+    dev = spec["device"]
+    assert dev["memory_bandwidth"]["value"] == pytest.approx(6e9)
+    assert dev["efficiency"]["memory_bandwidth"]["value"] == 1.0
+    assert dev["efficiency"]["memory_kernels"]["value"] == pytest.approx(B_MEM / 6e9)
+    assert dev["efficiency"]["by_op"]["add:F"]["value"] == pytest.approx(B_MEM / 6e9)
+    assert class_times(s, spec, "float32")["memory"] == pytest.approx(measured_class_times(s)["memory"])
+
+
 def test_a_rate_above_the_spec_peak_replaces_it():
     s = _samples()
     fit = fit_plan_samples(s, latency=A_LINK, peak=1e10, bandwidth=1e9)  # placeholders below
@@ -155,3 +171,53 @@ def test_too_few_samples_is_one_clear_error():
         fit_plan_samples([OpSample("gemm", "matmul", 1e6, 0.0, 1e-3, "F")] * 2, 0.0, 1e11, 1e10)
     with pytest.raises(PlanFitError, match="fewer than 2 GEMM"):
         fit_plan_samples([OpSample("view", "reshape", 0.0, 0.0, 1e-5, "F")], 0.0, 1e11, 1e10)
+
+
+def test_stream_samples_count_one_pass_per_operand():
+    """acc += g of 1000 floats: 3 x 4000 bytes; g /= m (a scalar): 2 x 4000 bytes; the
+    profiler's 1 us per event is taken off; other ops are not streams."""
+    from executor.trace_match import stream_samples
+
+    ev = [dict(_ev("aten::add_", 0, 11, "cpu_op"), args={"Input Dims": [[1000], [1000], []],
+                                                         "Input type": ["float", "float", "Scalar"]}),
+          dict(_ev("aten::div_", 20, 5, "cpu_op"), args={"Input Dims": [[10, 100], []],
+                                                         "Input type": ["float", "Scalar"]}),
+          dict(_ev("aten::add", 30, 5, "cpu_op"), args={"Input Dims": [[1000], [1000]],
+                                                        "Input type": ["float", "float"]})]
+    got = stream_samples(ev, eps=1e-6)
+    assert [b for b, _ in got] == [12000.0, 8000.0]
+    assert [t for _, t in got] == pytest.approx([10e-6, 4e-6])
+
+
+def test_merge_collectives_keeps_each_at_its_shortest_rank():
+    """Rank 0 arrived last at the first all_reduce (2 ms), rank 1 at the second (3 ms)."""
+    from executor.trace_match import merge_collectives
+
+    def c(t):
+        return OpSample("collective", "all_reduce/2", 0.0, 8e6, t, "O")
+
+    g = OpSample("gemm", "matmul", 1e6, 0.0, 1e-3, "F")
+    got = merge_collectives([[g, c(2e-3), c(9e-3)], [g, c(7e-3), c(3e-3)]])
+    assert sorted(s.seconds for s in got if s.kind == "collective") == [2e-3, 3e-3]
+    assert sum(s.kind == "gemm" for s in got) == 2
+    odd = merge_collectives([[c(2e-3)], [c(1e-3), c(1e-3)]])  # sequences differ: all kept
+    assert len(odd) == 3
+
+
+def test_the_optimizer_update_runs_at_its_measured_efficiency():
+    """simulator.grad_sync.optimizer_time: an SGD plan's update of P fp32 parameters moves
+    P (2 x 4 weight + 4 gradient) bytes; with by_op["sgd_:O"] = 0.5 of a 1e10 B/s device
+    it takes 12 P / 5e9 s (plus one kernel), without it the memory-bound kernels' 0.1."""
+    from simulator.grad_sync import optimizer_time
+    from simulator.roofline import Roofline
+    from simulator.step import StepConfig
+
+    rf = Roofline(peak_flops={"fp32": 1e11}, gemm_efficiency=1.0, gemm_half_flops=1.0,
+                  mem_bandwidth=1e10, mem_efficiency=1.0, kernel_overhead=0.0,
+                  memory_kernel_efficiency=0.1, by_op={"sgd_:O": 0.5})
+    cfg = StepConfig.of(Strategy(dtype="float32", optimizer="sgd"), rf,
+                        boundary_bytes=0.0, seq_len=8, accumulate_grads=False)
+    assert cfg.optimizer == "sgd"
+    assert optimizer_time(cfg, rf, 1_000_000, 1) == pytest.approx(12e6 / 5e9)
+    plain = Roofline(**{**rf.__dict__, "by_op": {}})
+    assert optimizer_time(cfg, plain, 1_000_000, 1) == pytest.approx(12e6 / 1e9)

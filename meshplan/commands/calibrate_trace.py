@@ -80,7 +80,13 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     import yaml
 
     from clusters.spec import parse_spec
-    from executor.trace_match import event_cost, match_trace, plan_labels
+    from executor.trace_match import (
+        event_cost,
+        match_trace,
+        merge_collectives,
+        plan_labels,
+        stream_samples,
+    )
     from executor.trace_plan_fit import (
         DTYPE_KEYS,
         apply_plan_fit,
@@ -92,18 +98,20 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from meshplan.validation import predict
 
     plan = Plan.load(plan_file)
-    metas, samples = [], []
+    metas, per_rank, streams = [], [], []
     for f in files:
         meta, events = _meta(f)
         run = _run_plan(plan, meta)
-        samples += match_trace(events, plan_labels(run, meta["rank"]), event_cost(meta))
+        per_rank.append(match_trace(events, plan_labels(run, meta["rank"]), event_cost(meta)))
+        streams += stream_samples(events, event_cost(meta))
         metas.append(meta)
+    samples = merge_collectives(per_rank)
     run = _run_plan(plan, metas[0])
     dtype = run.strategy.dtype
     key = DTYPE_KEYS.get(dtype, dtype)
     peak = float(base["device"]["peak_flops"][key]["value"]) if key in base["device"]["peak_flops"] else 0.0
     fit = fit_plan_samples(samples, float(base["node"]["intra_latency"]["value"]), peak,
-                           float(base["device"]["memory_bandwidth"]["value"]))
+                           float(base["device"]["memory_bandwidth"]["value"]), streams)
     out = Path(output)
     src = ", ".join(f.name for f in files)
     spec = apply_plan_fit(base, fit, dtype, src)
