@@ -2,10 +2,12 @@
 executed op of the plan named, so ``executor.trace_calibrate`` can match the trace's
 time to the plan's ops.
 
-:func:`profile_step` runs one more step of a :class:`~executor.rank_exec.RankExecutor`
-under ``torch.profiler.profile(activities=[CPU (+ CUDA)], record_shapes=True)`` and
-writes ``DIR/rank<R>.json``. The step is an extra one after the timed steps (the
-profiler's own per-event work slows it, so it is never one of the measured steps). Each
+:func:`profile_step` runs :data:`PROFILE_STEPS` more steps of a
+:class:`~executor.rank_exec.RankExecutor` under ``torch.profiler.profile(activities=[CPU
+(+ CUDA)], record_shapes=True)`` and writes them to ``DIR/rank<R>.json``. They are extra
+steps after the timed ones (the profiler's own per-event work slows them, so they are
+never measured steps); several, because one step on a shared host is one draw of its
+noise. Each
 executed item of the rank plan is wrapped in a profiler span (:func:`span`) whose name
 (:func:`item_label`) is ``meshplan::<phase> #<program op index> <op type>`` (phase F, B,
 W or O, the unit it ran in), each F/B/W unit call in ``meshplan::unit <phase><chunk>
@@ -22,9 +24,9 @@ thread) and the plan's op (group and local bytes) give both.
 
 The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``rank``,
 ``world_size``, ``layers_per_stage`` (the layer split the run used), ``step_times_s``
-(this rank's timed steps, unprofiled), ``profiled_step_s`` (the profiled step's wall time)
-and ``profiler_event_s``: what the profiler itself costs per recorded op, measured by
-:func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
+(this rank's timed steps, unprofiled), ``profiled_steps_s`` (the profiled steps' wall
+times) and ``profiler_event_s``: what the profiler itself costs per recorded op, measured
+by :func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
 every span).
 """
 
@@ -80,36 +82,63 @@ def trace_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.json"
 
 
-#: calls of the probe op per timing, and timings (median) of :func:`profiler_event_cost`
-PROBE_CALLS, PROBE_REPEATS = 200, 5
+#: calls of the probe mix per timing, and timings (median) of :func:`profiler_event_cost`
+PROBE_CALLS, PROBE_REPEATS = 100, 7
+#: steps one trace records (their samples are pooled: one step on a shared host is one
+#: draw of its noise)
+PROFILE_STEPS = 3
 
 
-def _probe_seconds(x: torch.Tensor) -> float:
+def _probe_mix(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> None:
+    """Small ops of the kinds a plan's kernels dispatch (a view, binary and reduction ops,
+    a matmul, a concatenation, a where, a transposed copy): 1 to 3 inputs each, some
+    with nested aten calls."""
+    x.view(-1)
+    torch.add(x, y)
+    torch.mm(a, a)
+    x.sum()
+    torch.cat([x, y])
+    torch.where(x > 0, x, y)
+    a.t().contiguous()
+
+
+def _probe_seconds() -> float:
+    x, y, a = torch.zeros(4), torch.zeros(4), torch.zeros(4, 4)
     times = []
     for _ in range(PROBE_REPEATS):
         t0 = time.perf_counter()
         for _ in range(PROBE_CALLS):
-            x.view(-1)
+            _probe_mix(x, y, a)
         times.append((time.perf_counter() - t0) / PROBE_CALLS)
     return statistics.median(times)
 
 
-def profiler_event_cost(unprofiled: float) -> float:
+def events_per_mix() -> int:
+    """Profiler events one probe mix records (a short profiling session of one mix, with
+    shapes; depends on the torch version)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, y, a = torch.zeros(4), torch.zeros(4), torch.zeros(4, 4)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        _probe_mix(x, y, a)
+    return len(prof.events())
+
+
+def profiler_event_cost(unprofiled: float, per_mix: int) -> float:
     """Seconds the active profiler adds per recorded op (with its shapes): the median time
-    of a kernel-less op (``Tensor.view``, one ``aten::view`` event) while profiling, less
-    ``unprofiled`` (:func:`_probe_seconds` measured before the profiler started), >= 0.
-    Call inside the profiling session."""
-    return max(0.0, _probe_seconds(torch.zeros(4)) - unprofiled)
+    of the probe mix (:func:`_probe_mix`) while profiling less ``unprofiled`` (measured
+    before the profiler started), over the ``per_mix`` events one mix records
+    (:func:`events_per_mix`), >= 0. Call inside the profiling session."""
+    return 0.0 if per_mix <= 0 else max(0.0, _probe_seconds() - unprofiled) / per_mix
 
 
 def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[float],
-                 layers: Any = None) -> Path:
-    """Run one step of ``ex`` (a RankExecutor) over ``actions`` under the profiler, every
-    item, unit call and gradient bucket named (module docstring), and write its trace to
-    ``DIR/rank<R>.json`` (the directory is created). ``step_times``: this rank's timed
-    steps (seconds), kept in the metadata with ``layers`` (the run's layers per stage).
-    Returns the path. Raises OSError when the
-    directory cannot be written."""
+                 layers: Any = None, steps: int = PROFILE_STEPS) -> Path:
+    """Run ``steps`` steps of ``ex`` (a RankExecutor) over ``actions`` under the profiler,
+    every item, unit call and gradient bucket named (module docstring), and write their
+    trace to ``DIR/rank<R>.json`` (the directory is created). ``step_times``: this rank's
+    timed steps (seconds), kept in the metadata with ``layers`` (the run's layers per
+    stage). Returns the path. Raises OSError when the directory cannot be written."""
     from torch.profiler import ProfilerActivity, profile
 
     out = trace_path(directory, ex.rank)
@@ -129,18 +158,20 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     acts = [ProfilerActivity.CPU]
     if ex.device.type == "cuda":
         acts.append(ProfilerActivity.CUDA)
-    bare = _probe_seconds(torch.zeros(4))
+    per_mix, bare = events_per_mix(), _probe_seconds()
     ex.exec_item, ex.run_unit, ex.profile_buckets = named_item, named_unit, True
     try:
         with profile(activities=acts, record_shapes=True) as prof:
-            t0 = time.perf_counter()
-            ex.run_step(actions)
-            wall = time.perf_counter() - t0
-            eps = profiler_event_cost(bare)
+            wall = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                ex.run_step(actions)
+                wall.append(time.perf_counter() - t0)
+            eps = profiler_event_cost(bare, per_mix)
             prof.add_metadata_json(META_KEY, json.dumps({
                 "rank": ex.rank, "world_size": torch.distributed.get_world_size()
                 if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
-                "step_times_s": [float(t) for t in step_times], "profiled_step_s": wall,
+                "step_times_s": [float(t) for t in step_times], "profiled_steps_s": wall,
                 "profiler_event_s": eps}))
     finally:
         ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False

@@ -133,7 +133,7 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
               profile_dir: str | None = None) -> dict[str, Any]:
     """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage);
     ``progress``: optional ``(step, action index) -> None`` called before each action;
-    ``profile_dir``: after the timed steps, one more step runs under the profiler and its
+    ``profile_dir``: after the timed steps, a few more steps run under the profiler and their
     Chrome trace is written to ``DIR/rank<R>.json`` (:mod:`executor.profile`; never one
     of the timed steps)."""
     from executor.collectives import Groups
@@ -213,7 +213,7 @@ def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 
     """Run several plans of the same world size one after another in one launch (saves a
     spawn per plan); same arguments as :func:`run_plan`, ``schedules`` one per plan (None
     entries for one-stage plans); ``profile_dir``: the last plan's ranks record a trace of
-    one extra step there (:func:`rank_main`). Raises what :func:`run_plan` raises, before
+    a few extra steps there (:func:`rank_main`). Raises what :func:`run_plan` raises, before
     launch for a bad plan or schedule."""
     schedules = [None] * len(plans) if schedules is None else list(schedules)
     if len(schedules) != len(plans):
@@ -277,7 +277,7 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         schedule: the pipeline schedule, read duck-typed (:mod:`executor.actions`: an
             object with ``actions`` or per-stage rows of actions); required when pp > 1.
             ``meshplan.validation.run_plan`` builds it with ``simulator.build_schedule``.
-        profile_dir: each rank records a profiler trace of one extra (untimed) step to
+        profile_dir: each rank records a profiler trace of a few extra (untimed) steps to
             ``DIR/rank<R>.json`` (:mod:`executor.profile`).
     Raises:
         PlanMismatchError / LaunchError before launch (world size, backend);

@@ -18,7 +18,10 @@ measured on the plan's real step; the fits are the same (``executor.calibrate_fi
   spec's ``memory_bandwidth``;
 - attention: executed FLOP/s beyond ``o``, overall (``efficiency.attention``) and per
   ``op:phase`` (``by_op``), over the spec's ``peak_flops[dtype]``;
-- ``action_overhead_s``: median over the unit calls of their time outside named ops;
+- ``action_overhead_s``: mean over the unit calls of their time outside named ops (the
+  mean, as the rates are time-weighted: the fitted model then gives the traced step's
+  total; ``meshplan calibrate``'s median of a quiet program would drop the moments the
+  core was taken);
 - collectives ``steps a + share S / B`` (:func:`~executor.calibrate_fit.fit_links`) when
   the samples have at least two distinct ``(steps, share S)``; with fewer (a data-parallel
   plan has one gradient bucket per step) ``a`` keeps the spec's ``node.intra_latency`` and
@@ -148,7 +151,7 @@ def fit_plan_samples(samples: list, latency: float, peak: float, bandwidth: floa
     rate = sum(s.flops + half for s in by["gemm"]) / busy
     fit = PlanFit(kernel_overhead=float(o), gemm_rate=float(rate), gemm_half_flops=float(half), counts=counts)
     if by.get("action"):
-        fit.action_overhead = float(statistics.median(s.seconds for s in by["action"]))
+        fit.action_overhead = float(statistics.fmean(s.seconds for s in by["action"]))
     if by.get("memory"):
         fit.memory_rate = fit_ratio([s.bytes for s in by["memory"]], [s.seconds for s in by["memory"]], o,
                                     "memory-bound ops")
@@ -203,7 +206,7 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
     eff["gemm_half_flops"] = _q(fit.gemm_half_flops, f"{prov}: the same GEMM fit")
     peak = float(dev["peak_flops"][key]["value"])
     if fit.action_overhead is not None:
-        eff["action_overhead_s"] = _q(fit.action_overhead, f"{prov}: median over {n.get('action', 0)} "
+        eff["action_overhead_s"] = _q(fit.action_overhead, f"{prov}: mean over {n.get('action', 0)} "
                                                            f"unit calls of their time outside named ops")
     if fit.stream_bandwidth is not None:
         dev["memory_bandwidth"] = _q(fit.stream_bandwidth, f"{prov}: {n.get('stream', 0)} in-place streaming "

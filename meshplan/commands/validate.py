@@ -12,9 +12,9 @@ and an fp32 plan is verified (``executor.verify``: losses and parameters against
 process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
 reported as not checked: rounding differences exceed that tolerance).
 
-``--profile-trace DIR``: after the last repeat's timed steps every rank runs one more step
-under ``torch.profiler`` (``record_shapes=True``) and writes its Chrome trace to
-``DIR/rank<R>.json`` (``executor.profile``; that step is not timed), the input of
+``--profile-trace DIR``: after the last repeat's timed steps every rank runs 3 more steps
+under ``torch.profiler`` (``record_shapes=True``) and writes their Chrome trace to
+``DIR/rank<R>.json`` (``executor.profile``; those steps are not timed), the input of
 ``meshplan calibrate --from-trace``.
 
 ``--launcher torchrun`` runs nothing: it prints the torchrun command that runs the plan on
@@ -112,8 +112,8 @@ def validate_cmd(
     rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint",
                                       help="HOST:PORT of the rendezvous (with --launcher torchrun)."),
     profile_trace: str = typer.Option("", "--profile-trace",
-                                      help="Directory each rank writes a profiler trace of one extra "
-                                           "(untimed) step to (rank<R>.json)."),
+                                      help="Directory each rank writes a profiler trace of 3 extra "
+                                           "(untimed) steps to (rank<R>.json)."),
 ) -> None:
     """Run a plan, print predicted vs measured (median of repeats) with relative errors."""
     from meshplan.plan import Plan

@@ -1,0 +1,81 @@
+"""The calibration loop of a real CPU executor trace, through the CLI (issue 19): a shrunk
+LLaMA (2 layers, hidden 128) on 2 gloo ranks runs under ``meshplan validate
+--profile-trace`` (each rank records one extra, untimed step with ``record_shapes``),
+``meshplan calibrate --from-trace`` fits the plan's cluster to it, and the simulator's step
+on the fitted cluster is within 10% of the measured step (the median over the repeats),
+asserted when the host load stayed at most its cores (on a busier host every timing is
+inflated by other work and the test says so). ``meshplan validate --cluster`` then
+predicts with the fitted YAML (the README's three commands)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests._cli import run_main
+
+MODEL = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 4, "intermediate_size": 352, "vocab_size": 1000,
+         "max_position_embeddings": 64}
+STEP = re.compile(r"step \(ms\): measured ([\d.]+) .*predicted before ([\d.]+) \(.*\), after ([\d.]+)")
+#: the target of issue 19: the re-predicted step within 10% of the measured one
+BAND = 0.10
+
+
+def _plan(tmp_path) -> str:
+    from meshplan.plan import Plan
+    from meshplan.strategy import Strategy
+
+    cfg = tmp_path / "llama-tiny.json"
+    cfg.write_text(json.dumps(MODEL))
+    s = Strategy(dp=2, dtype="float32", optimizer="sgd", micro_batch_size=2, global_batch_size=8)
+    return str(Plan(str(cfg), "cpu-local", s, seq_len=64).save(tmp_path / "plan.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
+    plan, traces, cal = _plan(tmp_path), tmp_path / "traces", tmp_path / "fitted.yaml"
+    csv = str(tmp_path / "v.csv")
+    rc, out, err = run_main(capsys, "validate", plan, "--steps", "5", "--repeats", "3", "--no-verify",
+                            "--json", "--csv", csv, "--profile-trace", str(traces))
+    assert rc == 0, err
+    got = json.loads(out)
+    measured = got["measured_step_time_ms"]
+    for r in (0, 1):  # one trace per rank, of one step beyond the 5 timed ones, with shapes
+        doc = json.loads((traces / f"rank{r}.json").read_text())
+        assert doc["meshplan"]["rank"] == r and len(doc["meshplan"]["step_times_s"]) == 5
+        mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
+        assert mm and all(e["args"]["Input Dims"] for e in mm)
+        assert any(e.get("name") == "meshplan::O bucket0 all_reduce" for e in doc["traceEvents"])
+
+    rc, out, err = run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", plan,
+                            "-o", str(cal))
+    assert rc == 0, err
+    assert "kernel class" in out and "gemm" in out and "collective" in out
+    m = STEP.search(out)
+    assert m, out
+    traced, before, after = (float(x) for x in m.groups())
+    from clusters import load_cluster
+
+    spec = load_cluster(str(cal)).spec
+    assert "rank0.json" in spec.device.efficiency.kernel_overhead_s.provenance
+    assert spec.device.efficiency.by_op and "sgd_:O" in spec.device.efficiency.by_op
+
+    rc, out, err = run_main(capsys, "validate", plan, "--cluster", str(cal), "--steps", "2",
+                            "--repeats", "1", "--no-verify", "--json", "--csv", csv)
+    assert rc == 0, err
+    assert json.loads(out)["predicted_step_time_ms"] == pytest.approx(after, rel=1e-3)
+
+    load, cores = got["host_load"], got["host_load"]["cores"]
+    worst = max(load["before"], load["after"])
+    error = (after - measured) / measured
+    print(f"measured {measured:.1f} ms (traced run {traced:.1f}), predicted before {before:.1f} ms "
+          f"({(before - measured) / measured:+.1%}), after {after:.1f} ms ({error:+.1%}); load {worst:.2f}")
+    if worst > cores:
+        pytest.skip(f"host load {worst:.2f} exceeded its {cores} cores during the run (other work "
+                    f"inflated the timings): re-predicted step {after:.1f} ms vs measured {measured:.1f} "
+                    f"ms ({error:+.1%}) not held to the {BAND:.0%} band")
+    assert abs(error) <= BAND, f"re-predicted {after:.1f} ms vs measured {measured:.1f} ms ({error:+.1%})"
