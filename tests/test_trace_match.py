@@ -221,3 +221,32 @@ def test_the_optimizer_update_runs_at_its_measured_efficiency():
     assert optimizer_time(cfg, rf, 1_000_000, 1) == pytest.approx(12e6 / 5e9)
     plain = Roofline(**{**rf.__dict__, "by_op": {}})
     assert optimizer_time(cfg, plain, 1_000_000, 1) == pytest.approx(12e6 / 1e9)
+
+
+def test_calibrate_from_a_trace_of_another_plan_is_one_clear_error(tmp_path, capsys):
+    import json as _json
+
+    from tests._cli import one_line_error, run_main
+
+    plan = Plan(MLP, "cpu-local", Strategy(dtype="float32", optimizer="sgd", dp=2, micro_batch_size=2,
+                                           global_batch_size=4)).save(tmp_path / "plan.json")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "rank0.json").write_text(_json.dumps({
+        "meshplan": {"rank": 0, "world_size": 2, "step_times_s": [0.1]},
+        "traceEvents": [_ev("meshplan::F #999 matmul", 0, 5)]}))
+    out = str(tmp_path / "fitted.yaml")
+    line = one_line_error(*run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", str(plan),
+                                    "-o", out))
+    assert "'meshplan::F #999 matmul' is no op of the plan" in line
+    line = one_line_error(*run_main(capsys, "calibrate", "--from-trace", str(traces), "--cluster",
+                                    "cpu-local", "-o", out))
+    assert "needs --plan PLAN.json" in line
+    (tmp_path / "empty").mkdir()
+    line = one_line_error(*run_main(capsys, "calibrate", "--from-trace", str(tmp_path / "empty"), "--plan",
+                                    str(plan), "-o", out))
+    assert "holds no rank*.json trace" in line
+    (traces / "rank0.json").write_text(_json.dumps({"traceEvents": [_ev("meshplan::F #6 matmul", 0, 5)]}))
+    line = one_line_error(*run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", str(plan),
+                                    "-o", out))
+    assert "no 'meshplan' metadata" in line
