@@ -7,7 +7,9 @@ time to the plan's ops.
 (+ CUDA)], record_shapes=True)`` and writes them to ``DIR/rank<R>.json``. They are extra
 steps after the timed ones (the profiler's own per-event work slows them, so they are
 never measured steps); several, because one step on a shared host is one draw of its
-noise. Each
+noise. One more step runs first under the profiler's warm-up (``torch.profiler.schedule(
+warmup=1)``: recorded and discarded): the first profiled step of a process is slower
+than the next ones (in this project's runs up to 2x: the profiler's first-use costs). Each
 executed item of the rank plan is wrapped in a profiler span (:func:`span`) whose name
 (:func:`item_label`) is ``meshplan::<phase> #<program op index> <op type>`` (phase F, B,
 W or O, the unit it ran in), each F/B/W unit call in ``meshplan::unit <phase><chunk>
@@ -33,7 +35,6 @@ every span).
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,8 @@ def trace_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.json"
 
 
-#: calls of the probe mix per timing, and timings (median) of :func:`profiler_event_cost`
-PROBE_CALLS, PROBE_REPEATS = 100, 7
+#: calls of the probe mix per timing, and timings (the fastest kept) of :func:`profiler_event_cost`
+PROBE_CALLS, PROBE_REPEATS = 40, 7
 #: steps one trace records (their samples are pooled: one step on a shared host is one
 #: draw of its noise)
 PROFILE_STEPS = 3
@@ -110,7 +111,7 @@ def _probe_seconds() -> float:
         for _ in range(PROBE_CALLS):
             _probe_mix(x, y, a)
         times.append((time.perf_counter() - t0) / PROBE_CALLS)
-    return statistics.median(times)
+    return min(times)  # other work on the core only ever adds time
 
 
 def events_per_mix() -> int:
@@ -125,9 +126,10 @@ def events_per_mix() -> int:
 
 
 def profiler_event_cost(unprofiled: float, per_mix: int) -> float:
-    """Seconds the active profiler adds per recorded op (with its shapes): the median time
-    of the probe mix (:func:`_probe_mix`) while profiling less ``unprofiled`` (measured
-    before the profiler started), over the ``per_mix`` events one mix records
+    """Seconds the active profiler adds per recorded op (with its shapes): the fastest
+    time of the probe mix (:func:`_probe_mix`, :data:`PROBE_REPEATS` timings) while
+    profiling less ``unprofiled`` (the same before the profiler started), over the
+    ``per_mix`` events one mix records
     (:func:`events_per_mix`), >= 0. Call inside the profiling session."""
     return 0.0 if per_mix <= 0 else max(0.0, _probe_seconds() - unprofiled) / per_mix
 
@@ -139,7 +141,7 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     trace to ``DIR/rank<R>.json`` (the directory is created). ``step_times``: this rank's
     timed steps (seconds), kept in the metadata with ``layers`` (the run's layers per
     stage). Returns the path. Raises OSError when the directory cannot be written."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     out = trace_path(directory, ex.rank)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,19 +163,24 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     per_mix, bare = events_per_mix(), _probe_seconds()
     ex.exec_item, ex.run_unit, ex.profile_buckets = named_item, named_unit, True
     try:
-        with profile(activities=acts, record_shapes=True) as prof:
+        sched = schedule(wait=0, warmup=1, active=steps, repeat=1)
+        with profile(activities=acts, record_shapes=True, schedule=sched,
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+            ex.run_step(actions)  # the profiler's warm-up step: recorded, then discarded
+            prof.step()
             wall = []
-            for _ in range(steps):
+            for i in range(steps):
                 t0 = time.perf_counter()
                 ex.run_step(actions)
                 wall.append(time.perf_counter() - t0)
-            eps = profiler_event_cost(bare, per_mix)
-            prof.add_metadata_json(META_KEY, json.dumps({
-                "rank": ex.rank, "world_size": torch.distributed.get_world_size()
-                if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
-                "step_times_s": [float(t) for t in step_times], "profiled_steps_s": wall,
-                "profiler_event_s": eps}))
+                if i == steps - 1:  # while recording: the probe and the metadata
+                    eps = profiler_event_cost(bare, per_mix)
+                    prof.add_metadata_json(META_KEY, json.dumps({
+                        "rank": ex.rank, "world_size": torch.distributed.get_world_size()
+                        if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
+                        "step_times_s": [float(t) for t in step_times], "profiled_steps_s": wall,
+                        "profiler_event_s": eps}))
+                prof.step()
     finally:
         ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False
-    prof.export_chrome_trace(str(out))
     return out
