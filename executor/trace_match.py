@@ -235,6 +235,24 @@ def _numel(dims: list) -> int:
     return n
 
 
+def slowest_ranks(per_rank: list[list[OpSample]], signatures: list[Any]) -> list[list[OpSample]]:
+    """Of ranks with the same ``signature`` (the same ops: e.g. the data-parallel replicas
+    of a stage, :func:`plan_labels` equal), the one whose non-collective samples took
+    longest, alone; ranks with a signature of their own stay. The executor's step time is
+    the slowest rank's (``executor.run.gathered_measurement``) and the cost model's rank
+    runs the same ops as its replicas, so the replicas' slowest is the one to fit: on a
+    shared host one replica gets less of the cores."""
+    groups: dict[Any, list[int]] = {}
+    for i, sig in enumerate(signatures):
+        groups.setdefault(sig, []).append(i)
+
+    def busy(i: int) -> float:
+        return sum(s.seconds for s in per_rank[i] if s.kind != COLLECTIVE)
+
+    keep = sorted(max(idx, key=busy) for idx in groups.values())
+    return [per_rank[i] for i in keep]
+
+
 def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     """Every rank's samples, each collective taken once, at its shortest span over the
     ranks: a collective's span on a rank also holds the wait for peers still computing,

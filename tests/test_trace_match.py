@@ -250,3 +250,16 @@ def test_calibrate_from_a_trace_of_another_plan_is_one_clear_error(tmp_path, cap
     line = one_line_error(*run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", str(plan),
                                     "-o", out))
     assert "no 'meshplan' metadata" in line
+
+
+def test_slowest_ranks_keeps_the_slowest_replica_of_each_set():
+    """Ranks 0 and 1 run the same ops (rank 1 took 5 ms, rank 0 3 ms, collectives not
+    counted); rank 2 runs others and stays."""
+    from executor.trace_match import slowest_ranks
+
+    def g(t):
+        return OpSample("gemm", "matmul", 1e6, 0.0, t, "F")
+
+    c = OpSample("collective", "all_reduce/2", 0.0, 8e6, 1.0, "O")
+    r0, r1, r2 = [g(3e-3), c], [g(2e-3), g(3e-3)], [g(1e-3)]
+    assert slowest_ranks([r0, r1, r2], ["a", "a", "b"]) == [r1, r2]

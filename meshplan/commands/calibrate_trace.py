@@ -85,6 +85,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         match_trace,
         merge_collectives,
         plan_labels,
+        slowest_ranks,
         stream_samples,
     )
     from executor.trace_plan_fit import (
@@ -98,14 +99,19 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from meshplan.validation import predict
 
     plan = Plan.load(plan_file)
-    metas, per_rank, streams = [], [], []
+    metas, per_rank, streams, sigs = [], [], [], []
     for f in files:
         meta, events = _meta(f)
         run = _run_plan(plan, meta)
-        per_rank.append(match_trace(events, plan_labels(run, meta["rank"]), event_cost(meta)))
+        labels = plan_labels(run, meta["rank"])
+        per_rank.append(match_trace(events, labels, event_cost(meta)))
+        sigs.append(frozenset(labels.items()))
         streams += stream_samples(events, event_cost(meta))
         metas.append(meta)
-    samples = merge_collectives(per_rank)
+    # collectives at their shortest rank, the other ops of each set of replicas from the slowest
+    colls = merge_collectives(per_rank)
+    samples = [s for r in slowest_ranks(per_rank, sigs) for s in r if s.kind != "collective"]
+    samples += [s for s in colls if s.kind == "collective"]
     run = _run_plan(plan, metas[0])
     dtype = run.strategy.dtype
     key = DTYPE_KEYS.get(dtype, dtype)
