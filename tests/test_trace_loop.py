@@ -50,6 +50,7 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
         mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
         assert mm and all(e["args"]["Input Dims"] for e in mm)
         assert any(e.get("name") == "meshplan::O bucket0 all_reduce" for e in doc["traceEvents"])
+    assert got["profile_trace"] == str(traces)
 
     rc, out, err = run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", plan,
                             "-o", str(cal))

@@ -153,7 +153,7 @@ def validate_cmd(
             "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
             "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": spread(times),
             "host_load": {"before": before, "after": after, "cores": cores},
-            "load_warning": warning, "numerics": num,
+            "load_warning": warning, "numerics": num, "profile_trace": profile_trace or None,
             "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
         return
     print_table(rows)
@@ -163,6 +163,9 @@ def validate_cmd(
     typer.echo(f"host load before / after: {load} on {cores} cores")
     typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
     typer.echo(f"numerics: {num['summary']}")
+    if profile_trace:
+        typer.echo(f"profiler traces: {profile_trace}/rank<R>.json (meshplan calibrate --from-trace "
+                   f"{profile_trace} --plan {plan_file} -o FITTED.yaml)")
 
 
 def register(app: typer.Typer) -> None:
