@@ -1,6 +1,6 @@
-"""Record a PyTorch profiler (Kineto) Chrome trace of one step of a rank, with every
-executed op of the plan named, so ``executor.trace_calibrate`` can match the trace's
-time to the plan's ops.
+"""Record a PyTorch profiler (Kineto) Chrome trace of a few steps of a rank, with every
+executed op of the plan named, so ``executor.trace_match`` can match the trace's time to
+the plan's ops.
 
 :func:`profile_step` runs :data:`PROFILE_STEPS` more steps of a
 :class:`~executor.rank_exec.RankExecutor` under ``torch.profiler.profile(activities=[CPU
@@ -22,7 +22,8 @@ CPU the profiler records no ``record_param_comms`` event with message sizes; a g
 collective shows as a ``c10d::allreduce_`` (etc.) ``cpu_op`` that only enqueues the work
 (tens of microseconds) and a ``gloo:all_reduce`` annotation on gloo's worker thread, with
 neither group size nor the wait. The item's span (issue to completion on the rank's
-thread) and the plan's op (group and local bytes) give both.
+thread) and the plan's op (group and local bytes) give both: the bytes are the plan's, matched by
+the span's name (its op index), not by order. Pipeline sends and receives get no span.
 
 The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``rank``,
 ``world_size``, ``layers_per_stage`` (the layer split the run used), ``step_times_s``

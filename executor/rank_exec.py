@@ -246,7 +246,7 @@ class RankExecutor:
                 self._put(v, t, env)
 
     @staticmethod
-    def _logging_only(op: Any) -> bool:
+    def logging_only(op: Any) -> bool:
         """True for an all_reduce whose result is read only by ``shadow_output`` ops."""
         res = op.results[0] if op.results else None
         return (op.type == "all_reduce" and res is not None and bool(res.uses)
@@ -295,7 +295,7 @@ class RankExecutor:
         op, ro = it.op, it.ro
         ins = [None if v is None else self.value(v, env, mb) for v in op.operands]
         try:
-            if op.type in COLLECTIVES and self._logging_only(op):
+            if op.type in COLLECTIVES and self.logging_only(op):
                 outs = [self._deferred_all_reduce(it, ins[0])]
             elif op.type in COLLECTIVES:
                 outs = [run_collective(op.type, ins[0], op.attrs, self.rank, ro.group or (self.rank,),

@@ -93,18 +93,18 @@ def collective_bytes(op: Any, rank: int) -> float:
 def item_target(it: Any, key: Any, rank: int, accum: frozenset = frozenset()) -> Target:
     """The :class:`Target` of rank plan item ``it`` run in unit ``key`` on ``rank``;
     ``accum``: ids of the values summed over micro-batches (``RankPlan.accum``)."""
-    from executor.calibrate_ops import _out_bytes
+    from executor.calibrate_ops import out_bytes
     from executor.collectives import COLLECTIVES
     from executor.rank_exec import RankExecutor
 
     op, phase = it.op, phase_of(key)
     if op.type in COLLECTIVES:
-        if RankExecutor._logging_only(op):
+        if RankExecutor.logging_only(op):
             return Target(OTHER, op.type, 0.0, 0.0, phase)
         n = len(it.ro.group or (rank,))
         return Target(COLLECTIVE, f"{op.type}/{n}", 0.0, collective_bytes(op, rank), phase)
     ins = [_meta(v, rank) for v in op.operands if v is not None]
-    kind, flops, nbytes = classify(op, ins, _out_bytes(it), it.want)
+    kind, flops, nbytes = classify(op, ins, out_bytes(it), it.want)
     acc = any(v is not None and id(v) in accum and (it.want is None or i in it.want)
               for i, v in enumerate(op.results))
     return Target(kind, op.type, float(flops), float(nbytes), phase, acc)
