@@ -31,6 +31,10 @@ measured on the plan's real step; the fits are the same (``executor.calibrate_fi
   in-place streaming ops (the executor's gradient accumulation ``acc += g`` and scaling
   ``g /= m``), the copy bandwidth ``simulator.stage_timing.stream_time`` charges them at.
 
+A ``by_op`` efficiency below ``clusters.spec.MIN_POSITIVE`` (an op of a few bytes whose
+time is overhead, not bytes, e.g. ``full_like`` of a scalar) is left out
+(``PlanFit.dropped``); the overall memory-bound rate applies to it.
+
 A rate above the spec's peak (``peak_flops[dtype]``, ``memory_bandwidth``) replaces the
 peak (a placeholder may be below what was measured), so every fraction stays in (0, 1].
 """
@@ -42,6 +46,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusters.spec import MIN_POSITIVE
 from executor.calibrate_fit import (
     FitError,
     collective_terms,
@@ -76,6 +81,8 @@ class PlanFit:
     link_bandwidth: float | None = None
     link_latency_fitted: bool = False
     stream_bandwidth: float | None = None
+    dropped: list[str] = field(default_factory=list)
+    """``by_op`` keys left out of the spec: efficiencies below ``clusters.spec.MIN_POSITIVE``."""
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -221,9 +228,13 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
         eff["attention"] = _q(min(fit.attention_rate / peak, 1.0),
                               f"{prov}: {n.get('attention', 0)} attention ops, executed FLOP/s "
                               f"beyond o over peak_flops.{key}")
+    fit.dropped = []
     if fit.by_op:
         by_op = dict(eff.get("by_op") or {})
         for k, (v, cnt, kind) in sorted(fit.by_op.items()):
+            if v < MIN_POSITIVE:  # an op of almost no bytes whose time is not its bytes':
+                fit.dropped.append(k)  # the spec cannot hold it; the overall rate applies
+                continue
             over = f"peak_flops.{key}" if kind == "attention" else "memory_bandwidth"
             by_op[k] = _q(v, f"{prov}: {cnt} samples, {'FLOP/s' if kind == 'attention' else 'bytes/s'} "
                              f"beyond o over {over}")

@@ -263,3 +263,13 @@ def test_slowest_ranks_keeps_the_slowest_replica_of_each_set():
     c = OpSample("collective", "all_reduce/2", 0.0, 8e6, 1.0, "O")
     r0, r1, r2 = [g(3e-3), c], [g(2e-3), g(3e-3)], [g(1e-3)]
     assert slowest_ranks([r0, r1, r2], ["a", "a", "b"]) == [r1, r2]
+
+
+def test_a_by_op_efficiency_below_the_spec_minimum_is_left_out():
+    """An op of 1.2 bytes taking 300 us beyond o: 4e3 B/s, 4e-7 of the 1e10 B/s device,
+    below clusters.spec.MIN_POSITIVE (1e-6): dropped, and the spec stays valid."""
+    s = _samples() + [OpSample("memory", "full_like", 0.0, 1.2, O_OP + 3e-4, "B")]
+    fit = fit_plan_samples(s, A_LINK, 1e11, 1e10)
+    spec = apply_plan_fit(load_cluster("cpu-local").spec.model_dump(exclude_none=True), fit, "float32", "t")
+    parse_spec(spec, "fitted")
+    assert fit.dropped == ["full_like:B"] and "full_like:B" not in spec["device"]["efficiency"]["by_op"]

@@ -130,6 +130,8 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
                f"{plan_file}; plan ops matched: {fit.counts})")
     measured, before, after = (measured_class_times(samples), class_times(samples, base, dtype),
                                class_times(samples, spec, dtype))
+    if fit.dropped:
+        typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
     typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
     for cls in sorted(measured):
         if cls != "other":
