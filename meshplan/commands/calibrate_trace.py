@@ -62,6 +62,29 @@ def measured_step(metas: list[dict]) -> float | None:
     return statistics.median(max(r[i] for r in runs) for i in range(n))
 
 
+def profiler_slowdown(metas: list[dict], files: list[Path]) -> tuple[float, float, float] | None:
+    """(median profiled step, median timed step, probe's cost per step) in seconds of the
+    slowest rank's trace (by profiled step), or None without the metadata: how much the
+    profiler slowed the steps, and how much of it the per-event probe explains (its cost
+    per event x the events of one profiled step)."""
+    from executor.trace_calibrate import load_trace
+
+    best = None
+    for meta, f in zip(metas, files, strict=True):
+        prof, timed = meta.get("profiled_steps_s") or [], meta.get("step_times_s") or []
+        if not prof or not timed:
+            continue
+        p, t = statistics.median(prof), statistics.median(timed)
+        if best is None or p > best[0]:
+            best = (p, t, meta, f)
+    if best is None:
+        return None
+    p, t, meta, f = best
+    events = sum(1 for e in load_trace(f) if e.get("cat") in ("cpu_op", "user_annotation"))
+    eps = float(meta.get("profiler_event_s") or 0.0)
+    return p, t, eps * events / max(len(meta["profiled_steps_s"]), 1)
+
+
 def _run_plan(plan: Any, meta: dict) -> Any:
     """The plan as the traced run ran it (its layer split, when the plan fixes none)."""
     import dataclasses
@@ -137,6 +160,12 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         if cls != "other":
             typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
                        f"{after.get(cls, 0) * 1e3:>13.3f}")
+    slow = profiler_slowdown(metas, files)
+    if slow is not None:
+        prof, timed, probe = slow
+        typer.echo(f"profiled steps: median {prof * 1e3:.3f} ms vs {timed * 1e3:.3f} ms timed "
+                   f"({prof / timed - 1:+.1%}); the profiler's per-event cost (probe) accounts for "
+                   f"{probe / timed:+.1%} and is taken off the spans, the rest stays in the fit")
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
