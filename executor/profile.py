@@ -30,7 +30,7 @@ The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``r
 (this rank's timed steps, unprofiled), ``profiled_steps_s`` (the profiled steps' wall
 times) and ``profiler_event_s``: what the profiler itself costs per recorded op, measured
 by :func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
-every span).
+every span), with ``probe_events``, the events the probe itself left in the trace.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
                         "rank": ex.rank, "world_size": torch.distributed.get_world_size()
                         if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
                         "step_times_s": [float(t) for t in step_times], "profiled_steps_s": wall,
-                        "profiler_event_s": eps}))
+                        "profiler_event_s": eps, "probe_events": PROBE_REPEATS * PROBE_CALLS * per_mix}))
                 prof.step()
     finally:
         ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False

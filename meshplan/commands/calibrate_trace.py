@@ -81,6 +81,7 @@ def profiler_slowdown(metas: list[dict], files: list[Path]) -> tuple[float, floa
         return None
     p, t, meta, f = best
     events = sum(1 for e in load_trace(f) if e.get("cat") in ("cpu_op", "user_annotation"))
+    events -= int(meta.get("probe_events") or 0)  # the probe's own, outside the steps
     eps = float(meta.get("profiler_event_s") or 0.0)
     return p, t, eps * events / max(len(meta["profiled_steps_s"]), 1)
 
