@@ -30,7 +30,9 @@ The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``r
 (this rank's timed steps, unprofiled), ``profiled_steps_s`` (the profiled steps' wall
 times) and ``profiler_event_s``: what the profiler itself costs per recorded op, measured
 by :func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
-every span), with ``probe_events``, the events the probe itself left in the trace.
+every span), with ``probe_events``, the events the probe itself left in the trace, and
+``after_step_s``: one more step right after, unprofiled (its time against the profiled
+steps' tells the profiler's slowdown from the host's at that moment).
 """
 
 from __future__ import annotations
@@ -135,6 +137,12 @@ def profiler_event_cost(unprofiled: float, per_mix: int) -> float:
     return 0.0 if per_mix <= 0 else max(0.0, _probe_seconds() - unprofiled) / per_mix
 
 
+def _add_meta(path: Path, **kv: Any) -> None:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc.setdefault(META_KEY, {}).update(kv)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
 def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[float],
                  layers: Any = None, steps: int = PROFILE_STEPS) -> Path:
     """Run ``steps`` steps of ``ex`` (a RankExecutor) over ``actions`` under the profiler,
@@ -184,4 +192,7 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
                 prof.step()
     finally:
         ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False
+    t0 = time.perf_counter()  # one unprofiled step after: the profiler's cost vs the moment's
+    ex.run_step(actions)
+    _add_meta(out, after_step_s=time.perf_counter() - t0)
     return out

@@ -52,6 +52,7 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
     for r in (0, 1):  # one trace per rank, of one step beyond the 5 timed ones, with shapes
         doc = json.loads((traces / f"rank{r}.json").read_text())
         assert doc["meshplan"]["rank"] == r and len(doc["meshplan"]["step_times_s"]) == 5
+        assert len(doc["meshplan"]["profiled_steps_s"]) == 3 and doc["meshplan"]["after_step_s"] > 0
         mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
         assert mm and all(e["args"]["Input Dims"] for e in mm)
         assert any(e.get("name") == "meshplan::O bucket0 all_reduce" for e in doc["traceEvents"])

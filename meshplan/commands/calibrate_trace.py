@@ -164,9 +164,12 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     slow = profiler_slowdown(metas, files)
     if slow is not None:
         prof, timed, probe = slow
+        after = [m["after_step_s"] for m in metas if isinstance(m.get("after_step_s"), (int, float))]
         typer.echo(f"profiled steps: median {prof * 1e3:.3f} ms vs {timed * 1e3:.3f} ms timed "
-                   f"({prof / timed - 1:+.1%}); the profiler's per-event cost (probe) accounts for "
-                   f"{probe / timed:+.1%} and is taken off the spans, the rest stays in the fit")
+                   f"({prof / timed - 1:+.1%}; one unprofiled step right after: "
+                   f"{min(after) * 1e3 if after else float('nan'):.3f} ms); the profiler's per-event "
+                   f"cost (probe) accounts for {probe / timed:+.1%} and is taken off the spans, the "
+                   f"rest stays in the fit")
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
