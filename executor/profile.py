@@ -14,7 +14,8 @@ executed item of the rank plan is wrapped in a profiler span (:func:`span`) whos
 (:func:`item_label`) is ``meshplan::<phase> #<program op index> <op type>`` (phase F, B,
 W or O, the unit it ran in), each F/B/W unit call in ``meshplan::unit <phase><chunk>
 mb<m>`` and each fused gradient all_reduce bucket of the step in ``meshplan::O bucket<i>
-all_reduce`` (its i-th bucket, ``RankExecutor.gradient_buckets`` order). The aten ops
+all_reduce`` (its i-th bucket, ``RankExecutor.gradient_buckets`` order), each profiled
+step in ``meshplan-step <i>``. The aten ops
 (``cpu_op``) that an item launched lie inside its span on the same thread.
 
 Why names instead of the profiler's own collective records: on torch 2.13 with gloo on
@@ -48,6 +49,8 @@ import torch
 PREFIX = "meshplan::"
 #: Prefix of a unit call's span name
 UNIT_PREFIX = f"{PREFIX}unit "
+#: Prefix of a profiled step's span name
+STEP_PREFIX = "meshplan-step "
 #: Top-level key of the trace metadata the executor adds
 META_KEY = "meshplan"
 
@@ -69,6 +72,12 @@ def phase_of(key: Any) -> str:
 def item_label(key: Any, index: int, op_type: str) -> str:
     """The span name of an executed item: ``meshplan::<phase> #<index> <op type>``."""
     return f"{PREFIX}{phase_of(key)} #{index} {op_type}"
+
+
+def step_label(i: int) -> str:
+    """The span name of the ``i``-th profiled step (``meshplan-step 0``; not under
+    :data:`PREFIX`: it is no op of the plan)."""
+    return f"{STEP_PREFIX}{i}"
 
 
 def bucket_label(i: int) -> str:
@@ -180,7 +189,8 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
             wall = []
             for i in range(steps):
                 t0 = time.perf_counter()
-                ex.run_step(actions)
+                with span(step_label(i)):
+                    ex.run_step(actions)
                 wall.append(time.perf_counter() - t0)
                 if i == steps - 1:  # while recording: the probe and the metadata
                     eps = profiler_event_cost(bare, per_mix)

@@ -264,3 +264,19 @@ def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     if len(per_rank) < 2 or len(keys) != 1:
         return rest + [s for c in colls for s in c]
     return rest + [min(group, key=lambda s: s.seconds) for group in zip(*colls, strict=True)]
+
+
+def median_step(events: list[dict]) -> list[dict]:
+    """The events of the profiled step of median duration (``meshplan-step <i>`` spans,
+    ``executor.profile.step_label``; with an even count the shorter middle one): the
+    step a trace stands for, as the measured step is the median of the timed ones (a
+    profiled step now and then runs far slower than the others: one step's mean would
+    carry it). All events when the trace has no step spans."""
+    from executor.profile import STEP_PREFIX
+
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)),
+                   key=lambda e: e["dur"])
+    if not steps:
+        return events
+    s = steps[(len(steps) - 1) // 2]
+    return [e for e in events if e is not s and _encloses(s, e)]

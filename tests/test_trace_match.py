@@ -273,3 +273,17 @@ def test_a_by_op_efficiency_below_the_spec_minimum_is_left_out():
     spec = apply_plan_fit(load_cluster("cpu-local").spec.model_dump(exclude_none=True), fit, "float32", "t")
     parse_spec(spec, "fitted")
     assert fit.dropped == ["full_like:B"] and "full_like:B" not in spec["device"]["efficiency"]["by_op"]
+
+
+def test_median_step_keeps_the_events_of_the_median_profiled_step():
+    """Three profiled steps of 100, 300 and 120 us: the 120 us one (the median) and only its
+    events are kept; a trace without step spans is kept whole."""
+    from executor.trace_match import median_step
+
+    ev = [_ev("meshplan-step 0", 0, 100), _ev("meshplan::F #3 matmul", 10, 20),
+          _ev("meshplan-step 1", 200, 300), _ev("meshplan::F #3 matmul", 210, 250),
+          _ev("meshplan-step 2", 600, 120), _ev("meshplan::F #3 matmul", 610, 30),
+          _ev("aten::mm", 612, 25, "cpu_op")]
+    got = median_step(ev)
+    assert [(e["name"], e["ts"]) for e in got] == [("meshplan::F #3 matmul", 610), ("aten::mm", 612)]
+    assert median_step(ev[1:2]) == ev[1:2]

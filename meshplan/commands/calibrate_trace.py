@@ -107,6 +107,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from executor.trace_match import (
         event_cost,
         match_trace,
+        median_step,
         merge_collectives,
         plan_labels,
         slowest_ranks,
@@ -126,6 +127,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     metas, per_rank, streams, sigs = [], [], [], []
     for f in files:
         meta, events = _meta(f)
+        events = median_step(events)
         run = _run_plan(plan, meta)
         labels = plan_labels(run, meta["rank"])
         per_rank.append(match_trace(events, labels, event_cost(meta)))
