@@ -8,7 +8,7 @@ inflated by other work and the test says so). ``meshplan validate --cluster`` th
 predicts with the fitted YAML (the README's three commands).
 
 Open (issue 19): on this 2-core host the profiled steps ran 1.2x to 1.9x as long as the
-timed ones while the profiler's per-event cost (the probe) explains a few percent, so the
+timed ones (1.4x to 2.3x in later runs) while the per-event probe explains a few percent, so the
 fit keeps the rest and the re-prediction is often high; a miss of the band at low load is
 reported as an expected failure naming the profiler's slowdown, not hidden."""
 
