@@ -118,7 +118,9 @@ def _embedding_grad_bytes(ins: list, out_bytes: list[int], want: Any) -> float:
 GATHER_BYTES = {"embedding": _embedding_bytes, "embedding_grad": _embedding_grad_bytes}
 
 
-def _out_bytes(it: Any) -> list[int]:
+def out_bytes(it: Any) -> list[int]:
+    """Bytes of each result of rank plan item ``it`` (its rank op's local result shapes x
+    the result's dtype size; 0 for an absent result)."""
     from executor.kernels import torch_dtype
 
     out = []
@@ -179,7 +181,7 @@ def trace_layer(size: tuple[int, int, int, int, int], steps: int,
         if mb == 0:  # later micro-batches also accumulate gradients (modelled apart)
             times.setdefault(id(it), []).append(dt)
         if id(it) not in info:
-            kind, fl, nb = classify(it.op, [t for t in ins if t is not None], _out_bytes(it),
+            kind, fl, nb = classify(it.op, [t for t in ins if t is not None], out_bytes(it),
                                     it.want)
             info[id(it)] = (kind, it.op.type, fl, nb)
             phases[id(it)] = key[0] if isinstance(key, tuple) else "O"

@@ -22,6 +22,7 @@ launch (the cost model has no such collective either).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from typing import Any
@@ -70,6 +71,22 @@ def _is_p2p(op: Any) -> bool:
     """A pipeline send or recv (op family ``p2p`` in the op registry)."""
     return getattr(get_opdef(op.type), "family", None) == "p2p"
 
+def gradient_buckets(items: list[Item], dtype_of: Any) -> dict[tuple, list[Item]]:
+    """The step's fused gradient all_reduce buckets: (group, reduce type, dtype) -> the
+    ``all_reduce`` items of ``items`` with a group whose operand ``x`` has ``dtype_of(x)``
+    not None (the executor: a gradient accumulated this step), in item order."""
+    buckets: dict[tuple, list[Item]] = {}
+    for it in items:
+        x = it.op.operands[0] if it.op.operands else None
+        if it.op.type != "all_reduce" or x is None or not it.ro.group:
+            continue
+        dt = dtype_of(x)
+        if dt is None:
+            continue
+        buckets.setdefault((tuple(it.ro.group), str(it.op.attrs.get("reduce_type") or "sum"), dt), []).append(it)
+    return buckets
+
+
 class RankExecutor:
     """Runs one rank's units. ``batch``: rows of one micro-batch in the program;
     ``num_microbatches``: m; ``seed``: the init/data seed; ``device``: cpu or cuda:N."""
@@ -102,6 +119,8 @@ class RankExecutor:
         #: called with the action's index in the row before each action (progress for
         #: ``executor.watchdog``); None: nothing is reported
         self.on_action: Any = None
+        #: name each fused gradient bucket in the profiler (``executor.profile``)
+        self.profile_buckets = False
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -227,7 +246,7 @@ class RankExecutor:
                 self._put(v, t, env)
 
     @staticmethod
-    def _logging_only(op: Any) -> bool:
+    def logging_only(op: Any) -> bool:
         """True for an all_reduce whose result is read only by ``shadow_output`` ops."""
         res = op.results[0] if op.results else None
         return (op.type == "all_reduce" and res is not None and bool(res.uses)
@@ -276,7 +295,7 @@ class RankExecutor:
         op, ro = it.op, it.ro
         ins = [None if v is None else self.value(v, env, mb) for v in op.operands]
         try:
-            if op.type in COLLECTIVES and self._logging_only(op):
+            if op.type in COLLECTIVES and self.logging_only(op):
                 outs = [self._deferred_all_reduce(it, ins[0])]
             elif op.type in COLLECTIVES:
                 outs = [run_collective(op.type, ins[0], op.attrs, self.rank, ro.group or (self.rank,),
@@ -368,24 +387,25 @@ class RankExecutor:
     def _bucketed_all_reduce(self, items: list[Item], env: dict) -> set[int]:
         """Fuse the step's gradient all_reduces (operand already in ``env``) into one
         all_reduce per (group, reduce type, dtype); returns the ids of the items done."""
-        buckets: dict[tuple, list[Item]] = {}
-        for it in items:
-            x = it.op.operands[0] if it.op.operands else None
-            if it.op.type != "all_reduce" or x is None or id(x) not in env or not it.ro.group:
-                continue
-            key = (tuple(it.ro.group), str(it.op.attrs.get("reduce_type") or "sum"), env[id(x)].dtype)
-            buckets.setdefault(key, []).append(it)
+        buckets = gradient_buckets(items, lambda x: env[id(x)].dtype if id(x) in env else None)
         done: set[int] = set()
-        for (group, rtype, _), its in buckets.items():
-            ins = [env[id(it.op.operands[0])] for it in its]
-            flat = torch.cat([t.reshape(-1) for t in ins])
-            self.mem.add(flat)
-            try:
-                out = all_reduce(flat, self.groups.get(group), len(group), rtype)
-            except (ValueError, RuntimeError) as e:
-                raise ExecError(f"rank {self.rank}: fused gradient all_reduce over {list(group)} "
-                                f"failed: {e}") from e
-            self.mem.remove(flat)
+        for b, ((group, rtype, _), its) in enumerate(buckets.items()):
+            span = contextlib.nullcontext()
+            if self.profile_buckets:
+                from executor.profile import bucket_label
+                from executor.profile import span as profile_span
+
+                span = profile_span(bucket_label(b))
+            with span:
+                ins = [env[id(it.op.operands[0])] for it in its]
+                flat = torch.cat([t.reshape(-1) for t in ins])
+                self.mem.add(flat)
+                try:
+                    out = all_reduce(flat, self.groups.get(group), len(group), rtype)
+                except (ValueError, RuntimeError) as e:
+                    raise ExecError(f"rank {self.rank}: fused gradient all_reduce over {list(group)} "
+                                    f"failed: {e}") from e
+                self.mem.remove(flat)
             offset = 0
             for it, t in zip(its, ins, strict=True):
                 self._store(it, [out[offset:offset + t.numel()].view(t.shape)], env, "step")

@@ -137,9 +137,13 @@ def _phase_medians(times: list[tuple]) -> dict[str, float]:
 
 def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: int,
               single: bool, want_params: bool, adam_epsilon: float | None = None,
-              rows: Rows | None = None, progress: Any = None) -> dict[str, Any]:
+              rows: Rows | None = None, progress: Any = None,
+              profile_dir: str | None = None) -> dict[str, Any]:
     """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage);
-    ``progress``: optional ``(step, action index) -> None`` called before each action."""
+    ``progress``: optional ``(step, action index) -> None`` called before each action;
+    ``profile_dir``: after the timed steps, a few more steps run under the profiler and their
+    Chrome trace is written to ``DIR/rank<R>.json`` (:mod:`executor.profile`; never one
+    of the timed steps)."""
     from executor.collectives import Groups
     from executor.p2p_order import send_orders
     from executor.program import build_program
@@ -175,6 +179,14 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
             step_times.append(times[-1][-1])
             losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
     peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else ex.mem.peak
+    if profile_dir:
+        from executor.profile import profile_step
+
+        ex.on_action = None
+        if dist_on:
+            torch.distributed.barrier()
+        profile_step(ex, rows[stage], profile_dir, step_times,
+                     list(s.layers_per_stage) if s.layers_per_stage else None)
     loss_v = ex.plan.loss
     return {"step_times": step_times, "losses": losses, "times": times, "peak": int(peak),
             "loss_layout": value_layout(loss_v) if loss_v is not None else None,
@@ -205,19 +217,21 @@ def gathered_measurement(results: list[dict], nproc: int, backend: str, steps: i
 def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 2,
               warmup: int = 0, seed: int = 0, params: bool = False,
               adam_epsilon: float | None = None, timeout: float = 900.0,
-              schedules: list[Any] | None = None) -> list[Measurement]:
+              schedules: list[Any] | None = None, profile_dir: str | None = None) -> list[Measurement]:
     """Run several plans of the same world size one after another in one launch (saves a
     spawn per plan); same arguments as :func:`run_plan`, ``schedules`` one per plan (None
-    entries for one-stage plans). Raises what :func:`run_plan` raises, before launch for
-    a bad plan or schedule."""
+    entries for one-stage plans); ``profile_dir``: the last plan's ranks record a trace of
+    a few extra steps there (:func:`rank_main`). Raises what :func:`run_plan` raises, before
+    launch for a bad plan or schedule."""
     schedules = [None] * len(plans) if schedules is None else list(schedules)
     if len(schedules) != len(plans):
         raise PlanScheduleError(f"{len(plans)} plans but {len(schedules)} schedules")
     for p in plans:
         check_plan(p, nproc)
     rows = [plan_rows(p, sc) for p, sc in zip(plans, schedules, strict=True)]
-    jobs = [(p, steps, warmup, seed, False, params, adam_epsilon, r)
-            for p, r in zip(plans, rows, strict=True)]
+    jobs = [(p, steps, warmup, seed, False, params, adam_epsilon, r, None,
+             profile_dir if i == len(plans) - 1 else None)
+            for i, (p, r) in enumerate(zip(plans, rows, strict=True))]
     per_rank = launch(_rank_main_many, nproc, args=(jobs,), backend=backend, timeout=timeout,
                       collective_timeout=STEP_TIMEOUT)
     return [gathered_measurement([per_rank[r][i] for r in range(nproc)], nproc, backend, steps, params)
@@ -258,7 +272,7 @@ def _collect_params(results: list[dict]) -> tuple[dict[str, np.ndarray], float]:
 def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warmup: int = 2,
              seed: int = 0, predictor: Any = None, timeout: float = 600.0,
              schedule: Any = None, _single: bool = False, _params: bool = False,
-             _adam_epsilon: float | None = None) -> Measurement:
+             _adam_epsilon: float | None = None, profile_dir: str | None = None) -> Measurement:
     """Run ``plan`` on ``nproc`` ranks for ``warmup + steps`` steps and measure the last
     ``steps``.
 
@@ -271,6 +285,8 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         schedule: the pipeline schedule, read duck-typed (:mod:`executor.actions`: an
             object with ``actions`` or per-stage rows of actions); required when pp > 1.
             ``meshplan.validation.run_plan`` builds it with ``simulator.build_schedule``.
+        profile_dir: each rank records a profiler trace of a few extra (untimed) steps to
+            ``DIR/rank<R>.json`` (:mod:`executor.profile`).
     Raises:
         PlanMismatchError / LaunchError before launch (world size, backend);
         PlanScheduleError before launch (missing schedule for pp > 1, or one that does
@@ -283,7 +299,7 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         rows = plan_rows(plan, schedule)
     if steps < 1 or warmup < 0:
         raise LaunchError(f"steps must be >= 1 and warmup >= 0, got steps={steps} warmup={warmup}")
-    args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon, rows)
+    args = (plan, steps, warmup, seed, _single, _params, _adam_epsilon, rows, None, profile_dir)
     if _single:  # one rank, no process group: run in this process
         results = [rank_main(0, 1, *args)]
     else:

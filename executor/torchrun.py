@@ -111,14 +111,16 @@ def start_watchdog(env: RankEnv, on_verdict: Any, interval: float, dead_after: f
 
 def run_rank(env: RankEnv, plan: Any, rows: Any, steps: int, warmup: int = 0, seed: int = 0,
              params: bool = False, adam_epsilon: float | None = None,
-             watchdog: Watchdog | None = None) -> Any:
+             watchdog: Watchdog | None = None, profile_dir: str | None = None) -> Any:
     """Run this rank's part of ``plan`` (``rows``: the schedule's per-stage actions, see
     ``executor.run.plan_rows``) for ``warmup + steps`` steps; every rank's result is
     gathered on rank 0, which returns the :class:`~executor.run.Measurement` (others return
-    None). ``watchdog`` gets the progress. Raises what the per-rank code raises."""
+    None). ``watchdog`` gets the progress; ``profile_dir``: each rank also records a
+    profiler trace of a few extra (untimed) steps there (``executor.profile``). Raises what the
+    per-rank code raises."""
     progress = watchdog.progress if watchdog is not None else None
     res = rank_main(env.rank, env.world_size, plan, steps, warmup, seed, False, params,
-                     adam_epsilon, rows, progress)
+                     adam_epsilon, rows, progress, profile_dir)
     if watchdog is not None:
         watchdog.state = "gathering"
     gathered: list[Any] | None = [None] * env.world_size if env.rank == 0 else None

@@ -28,8 +28,11 @@ a cluster spec as ``efficiency.gemm`` = P / ``peak_flops[dtype]``,
 ``node.intra_latency`` and ``node.intra_bandwidth``; :func:`class_times` predicts each
 class's total time under a spec with the same formulas, before and after.
 
-Not done here: matching kernels to the plan's ops (classes are matched by name and shape),
-attention kernels (counted, not fitted) and inter-node links.
+This module reads any Kineto trace by kernel class (matched by name and shape); attention
+kernels are counted, not fitted, and inter-node links are not fitted. The executor's own
+traces (``executor.profile``: every plan op a named span) are instead matched op by op to
+the plan (``executor.trace_match``) and fitted as ``meshplan calibrate`` fits its program
+(``executor.trace_plan_fit``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from completion.optimizer import OPTIMIZERS
 from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_degree, shard_group
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
@@ -160,7 +161,10 @@ def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> flo
     parameter tensor otherwise (``tensors``); with m > 1 micro-batches and
     ``cfg.accumulate_grads`` also the mean over micro-batches, one in-place scaling of
     every accumulated gradient by 1/m (read + write; Paddle's gradient merge with ``avg``).
-    The ZeRO shard is params / dp, under HSDP params / N (:func:`simulator.dp_groups.shard_degree`)."""
+    The update moves its bytes at the efficiency of the optimizer's update op where the
+    device lists one (``by_op["sgd_:O"]`` etc., ``completion.optimizer.OPTIMIZERS``:
+    ``meshplan calibrate`` measures it on that op), else the memory-bound kernels'. The ZeRO
+    shard is params / dp, under HSDP params / N (:func:`simulator.dp_groups.shard_degree`)."""
     shard = -(-params // shard_degree(cfg)) if cfg.zero >= 1 else params
     nbytes = shard * (2 * (cfg.param_bytes + cfg.optimizer_bytes) + main_grad_bytes(cfg)
                       + grad_copy_bytes(cfg))
@@ -168,7 +172,9 @@ def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> flo
     scale = 0.0
     if cfg.num_microbatches > 1 and cfg.accumulate_grads:
         scale = stream_time(rf, 2 * params * cfg.grad_bytes)
-    return rf.memory_time(nbytes) + rf.kernel_overhead * (1 if fused else max(1, tensors)) + scale
+    op = OPTIMIZERS.get(str(getattr(cfg, "optimizer", "") or ""), "")
+    return (rf.memory_time(nbytes, op, "O" if op else "") + rf.kernel_overhead * (1 if fused else max(1, tensors))
+            + scale)
 
 
 def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,

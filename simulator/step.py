@@ -83,6 +83,9 @@ class StepConfig:
     """HSDP shard group (``Strategy.fsdp_shard_size``): ZeRO-3 gathers and reduce_scatters
     within groups of this many consecutive dp ranks and all_reduces the sharded gradients
     across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
+    optimizer: str = ""
+    """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
+    efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
@@ -107,7 +110,8 @@ class StepConfig:
                    peak_flops=roofline.peak(s.dtype), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
-                   fsdp_shard_size=getattr(s, "fsdp_shard_size", None))
+                   fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
+                   optimizer=str(getattr(s, "optimizer", "") or ""))
 
 
 @dataclass

@@ -112,7 +112,7 @@ def _cfg(profile: str, **kw):
 class _Roof:
     mem_bandwidth, mem_efficiency, kernel_overhead = 2e12, 0.5, 1e-5
 
-    def memory_time(self, nbytes: float) -> float:
+    def memory_time(self, nbytes: float, op: str = "", phase: str = "") -> float:
         return nbytes / (self.mem_bandwidth * self.mem_efficiency)
 
 

@@ -7,6 +7,7 @@ with the dead ranks named within bounded time."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import json
 import os
@@ -98,9 +99,22 @@ def test_two_agents_verify(tmp_path, name, kw):
 def test_two_agents_measure_and_write_the_report_and_csv(tmp_path):
     plan = _plan(tmp_path, "pp2_dp2", dp=2, pp=2)
     out_csv = tmp_path / "v.csv"
-    results = _finish(_agents(plan, "--steps", "2", "--warmup", "1", "--csv", str(out_csv)))
+    traces = tmp_path / "traces"
+    results = _finish(_agents(plan, "--steps", "2", "--warmup", "1", "--csv", str(out_csv),
+                              "--profile-trace", str(traces)))
     for rc, text in results:
         assert rc == 0, text[-3000:]
+    # --profile-trace: every rank's trace of one extra step, its named spans all ops of the plan
+    from executor.trace_calibrate import load_trace
+    from executor.trace_match import match_trace, plan_labels
+
+    for r in range(4):
+        meta = json.loads((traces / f"rank{r}.json").read_text())["meshplan"]
+        assert meta["rank"] == r and len(meta["step_times_s"]) == 2 and meta["world_size"] == 4
+        run = Plan.load(plan)
+        run = dataclasses.replace(run, strategy=run.strategy.replace(layers_per_stage=tuple(meta["layers_per_stage"])))
+        samples = match_trace(load_trace(traces / f"rank{r}.json"), plan_labels(run, r))
+        assert sum(s.kind == "gemm" for s in samples) > 0
     report = "".join(text for _, text in results)
     assert report.count("step time (ms)") == 1 and "stage 1 T_F (ms)" in report
     rows = list(csv.DictReader(out_csv.open()))

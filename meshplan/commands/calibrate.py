@@ -11,7 +11,14 @@ measure on an otherwise idle machine (the load is recorded in the provenance).
 fits the GEMM rate and half-size, the memory-bound bandwidth and the link latency and
 bandwidth to a PyTorch profiler (Kineto) Chrome trace of a real run
 (``executor.trace_calibrate``), writes the plan's cluster (or ``--cluster``) with them,
-and prints each kernel class's measured time against the prediction before and after."""
+and prints each kernel class's measured time against the prediction before and after.
+A trace the executor recorded (``meshplan validate --profile-trace DIR``; TRACE may be
+that directory, every ``rank*.json`` in it is read) is matched op by op to the plan
+(``executor.trace_match``) and fitted as ``meshplan calibrate`` fits its own program
+(``executor.trace_plan_fit``: per-op overhead, GEMM curve, memory-bound and attention
+rates overall and per op, per-action overhead, collective bandwidth); the command then
+also prints the plan's measured step (the traced run's timed steps) against the
+simulator's step before and after calibration."""
 
 from __future__ import annotations
 
@@ -92,6 +99,14 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
 
         cluster = Plan.load(plan).cluster
     base = load_cluster(cluster).spec.model_dump(exclude_none=True)
+    from meshplan.commands.calibrate_trace import executor_traces, from_executor_trace
+
+    files = executor_traces(trace)
+    if files:
+        if not plan:
+            raise ValueError("--from-trace of an executor trace needs --plan PLAN.json (its ops are matched)")
+        from_executor_trace(files, plan, cluster, base, output, name)
+        return
     samples = trace_samples(load_trace(trace))
     fit = fit_trace(samples)
     out = Path(output)

@@ -12,6 +12,11 @@ and an fp32 plan is verified (``executor.verify``: losses and parameters against
 process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
 reported as not checked: rounding differences exceed that tolerance).
 
+``--profile-trace DIR``: after the last repeat's timed steps every rank runs 3 more steps
+under ``torch.profiler`` (``record_shapes=True``) and writes their Chrome trace to
+``DIR/rank<R>.json`` (``executor.profile``; those steps are not timed), the input of
+``meshplan calibrate --from-trace``.
+
 ``--launcher torchrun`` runs nothing: it prints the torchrun command that runs the plan on
 a cluster (``meshplan.executor.run``, one process per rank, any number of nodes).
 
@@ -106,6 +111,9 @@ def validate_cmd(
     nnodes: int = typer.Option(1, "--nnodes", min=1, max=2**20, help="Nodes (with --launcher torchrun)."),
     rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint",
                                       help="HOST:PORT of the rendezvous (with --launcher torchrun)."),
+    profile_trace: str = typer.Option("", "--profile-trace",
+                                      help="Directory each rank writes a profiler trace of 3 extra "
+                                           "(untimed) steps to (rank<R>.json)."),
 ) -> None:
     """Run a plan, print predicted vs measured (median of repeats) with relative errors."""
     from meshplan.plan import Plan
@@ -126,7 +134,7 @@ def validate_cmd(
     with terminal.Progress(2 if check and fp32 else 1, f"{repeats} repeat(s) on {nproc} ranks",
                            enabled=terminal.progress_enabled(as_json)) as bar:
         runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
-                            steps=steps, warmup=2)
+                            steps=steps, warmup=2, profile_dir=profile_trace or None)
         bar.advance(note="measured; verifying numerics" if check and fp32 else "measured")
         numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
         if numerics is not None:
@@ -151,7 +159,7 @@ def validate_cmd(
             "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
             "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": spread(times),
             "host_load": {"before": before, "after": after, "cores": cores},
-            "load_warning": warning, "numerics": num,
+            "load_warning": warning, "numerics": num, "profile_trace": profile_trace or None,
             "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
         return
     print_table(rows)
@@ -161,6 +169,9 @@ def validate_cmd(
     typer.echo(f"host load before / after: {load} on {cores} cores")
     typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
     typer.echo(f"numerics: {num['summary']}")
+    if profile_trace:
+        typer.echo(f"profiler traces: {profile_trace}/rank<R>.json (meshplan calibrate --from-trace "
+                   f"{profile_trace} --plan {plan_file} -o FITTED.yaml)")
 
 
 def register(app: typer.Typer) -> None:

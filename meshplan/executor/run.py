@@ -1,5 +1,5 @@
 """The torchrun entry point: ``torchrun --nnodes N --nproc-per-node G -m meshplan.executor.run
-PLAN.json [--steps K] [--verify]``.
+PLAN.json [--steps K] [--verify] [--profile-trace DIR]``.
 
 One process per rank, on any number of nodes, joined by torchrun's ``env://`` rendezvous
 (``executor.torchrun``; gloo on CPUs, NCCL when the process sees a GPU). Rank 0 reads the
@@ -54,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    help="Seconds of silence after which a rank is named dead.")
     p.add_argument("--hang-after", type=float, default=120.0,
                    help="Seconds without progress on any rank after which the hung one is named.")
+    p.add_argument("--profile-trace", default=None,
+                   help="Directory each rank writes a profiler trace of 3 extra (untimed) steps "
+                        "to (rank<R>.json), for meshplan calibrate --from-trace.")
     p.add_argument("--progress-dir", default=None,
                    help="Directory each rank writes its progress file rank<R>.json to.")
     return p
@@ -170,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     steps, warmup = (a.steps or 2, 0) if a.verify else (a.steps or 10, a.warmup)
     try:
         meas = run_rank(env, plan, rows, steps, warmup, a.seed, params=a.verify,
-                        adam_epsilon=VERIFY_ADAM_EPSILON if a.verify else None, watchdog=dog)
+                        adam_epsilon=VERIFY_ADAM_EPSILON if a.verify else None, watchdog=dog,
+                        profile_dir=None if a.verify else a.profile_trace)
     except Exception as e:  # noqa: BLE001 - named to every rank, then the process ends
         message = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         deadline = time.monotonic() + a.dead_after + VERDICT_GRACE

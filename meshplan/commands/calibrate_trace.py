@@ -1,0 +1,181 @@
+"""``meshplan calibrate --from-trace TRACE --plan PLAN.json``: the executor's own traces
+(``executor.profile``), matched to the plan's ops and fitted (``executor.trace_match``,
+``executor.trace_plan_fit``); prints measured vs predicted per kernel class and the
+plan's step before and after calibration (the simulator, ``meshplan.validation.predict``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import typer
+
+#: Most rank traces one calibration reads from a directory
+MAX_TRACES = 64
+
+
+def executor_traces(trace: str) -> list[Path]:
+    """The executor trace files of ``trace``: a directory's ``rank*.json`` (sorted by
+    rank), or the file itself when it carries the executor's metadata; [] for any other
+    trace (a foreign profiler trace). Raises FileNotFoundError for a missing path and
+    ValueError for a directory without rank traces or with more than
+    :data:`MAX_TRACES`."""
+    from executor.profile import META_KEY
+
+    p = Path(trace)
+    if p.is_dir():
+        files = sorted(p.glob("rank*.json"), key=lambda f: int("".join(c for c in f.stem if c.isdigit()) or 0))
+        if not files:
+            raise ValueError(f"--from-trace {p}: the directory holds no rank*.json trace")
+        if len(files) > MAX_TRACES:
+            raise ValueError(f"--from-trace {p}: {len(files)} rank traces, above the {MAX_TRACES} read")
+        return files
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file not found: {p}")
+    with p.open("rb") as f:
+        head = f.read(1 << 16)
+    return [p] if f'"{META_KEY}"'.encode() in head or b'"meshplan::' in head else []
+
+
+def _meta(path: Path) -> tuple[dict, list[dict]]:
+    from executor.profile import META_KEY
+    from executor.trace_calibrate import TraceError, load_trace
+
+    events = load_trace(path)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    meta = doc.get(META_KEY) if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
+        raise TraceError(f"{path}: no '{META_KEY}' metadata with the rank (not recorded by "
+                         f"meshplan validate --profile-trace)")
+    return meta, events
+
+
+def measured_step(metas: list[dict]) -> float | None:
+    """The traced run's step time: per timed step the slowest rank's, median (seconds)."""
+    runs = [m.get("step_times_s") or [] for m in metas]
+    n = min((len(r) for r in runs), default=0)
+    if n == 0:
+        return None
+    return statistics.median(max(r[i] for r in runs) for i in range(n))
+
+
+def profiler_slowdown(metas: list[dict], files: list[Path]) -> tuple[float, float, float] | None:
+    """(median profiled step, median timed step, probe's cost per step) in seconds of the
+    slowest rank's trace (by profiled step), or None without the metadata: how much the
+    profiler slowed the steps, and how much of it the per-event probe explains (its cost
+    per event x the events of one profiled step)."""
+    from executor.trace_calibrate import load_trace
+
+    best = None
+    for meta, f in zip(metas, files, strict=True):
+        prof, timed = meta.get("profiled_steps_s") or [], meta.get("step_times_s") or []
+        if not prof or not timed:
+            continue
+        p, t = statistics.median(prof), statistics.median(timed)
+        if best is None or p > best[0]:
+            best = (p, t, meta, f)
+    if best is None:
+        return None
+    p, t, meta, f = best
+    events = sum(1 for e in load_trace(f) if e.get("cat") in ("cpu_op", "user_annotation"))
+    events -= int(meta.get("probe_events") or 0)  # the probe's own, outside the steps
+    eps = float(meta.get("profiler_event_s") or 0.0)
+    return p, t, eps * events / max(len(meta["profiled_steps_s"]), 1)
+
+
+def _run_plan(plan: Any, meta: dict) -> Any:
+    """The plan as the traced run ran it (its layer split, when the plan fixes none)."""
+    import dataclasses
+
+    lps = meta.get("layers_per_stage")
+    s = plan.strategy
+    if lps and s.layers_per_stage is None:
+        return dataclasses.replace(plan, strategy=s.replace(layers_per_stage=tuple(lps)))
+    return plan
+
+
+def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: dict, output: str,
+                        name: str) -> None:
+    """Fit ``base`` (the cluster spec mapping) to the executor traces ``files`` of
+    ``plan_file``, write ``output`` and print the comparison."""
+    import yaml
+
+    from clusters.spec import parse_spec
+    from executor.trace_match import (
+        event_cost,
+        match_trace,
+        median_step,
+        merge_collectives,
+        plan_labels,
+        slowest_ranks,
+        stream_samples,
+    )
+    from executor.trace_plan_fit import (
+        DTYPE_KEYS,
+        apply_plan_fit,
+        class_times,
+        fit_plan_samples,
+        measured_class_times,
+    )
+    from meshplan.plan import Plan
+    from meshplan.validation import predict
+
+    plan = Plan.load(plan_file)
+    metas, per_rank, streams, sigs = [], [], [], []
+    for f in files:
+        meta, events = _meta(f)
+        events = median_step(events)
+        run = _run_plan(plan, meta)
+        labels = plan_labels(run, meta["rank"])
+        per_rank.append(match_trace(events, labels, event_cost(meta)))
+        sigs.append(frozenset(labels.items()))
+        streams += stream_samples(events, event_cost(meta))
+        metas.append(meta)
+    # collectives at their shortest rank, the other ops of each set of replicas from the slowest
+    colls = merge_collectives(per_rank)
+    samples = [s for r in slowest_ranks(per_rank, sigs) for s in r if s.kind != "collective"]
+    samples += [s for s in colls if s.kind == "collective"]
+    run = _run_plan(plan, metas[0])
+    dtype = run.strategy.dtype
+    key = DTYPE_KEYS.get(dtype, dtype)
+    peak = float(base["device"]["peak_flops"][key]["value"]) if key in base["device"]["peak_flops"] else 0.0
+    fit = fit_plan_samples(samples, float(base["node"]["intra_latency"]["value"]), peak,
+                           float(base["device"]["memory_bandwidth"]["value"]), streams)
+    out = Path(output)
+    src = ", ".join(f.name for f in files)
+    spec = apply_plan_fit(base, fit, dtype, src)
+    spec["name"] = name or out.stem
+    parse_spec(spec, str(out))
+    out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
+                   f"{plan_file}; see executor/trace_plan_fit.py.\n"
+                   + yaml.safe_dump(spec, sort_keys=False, width=200))
+    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
+               f"{plan_file}; plan ops matched: {fit.counts})")
+    measured, before, after = (measured_class_times(samples), class_times(samples, base, dtype),
+                               class_times(samples, spec, dtype))
+    if fit.dropped:
+        typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
+    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
+    for cls in sorted(measured):
+        if cls != "other":
+            typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
+                       f"{after.get(cls, 0) * 1e3:>13.3f}")
+    slow = profiler_slowdown(metas, files)
+    if slow is not None:
+        prof, timed, probe = slow
+        after = [m["after_step_s"] for m in metas if isinstance(m.get("after_step_s"), (int, float))]
+        typer.echo(f"profiled steps: median {prof * 1e3:.3f} ms vs {timed * 1e3:.3f} ms timed "
+                   f"({prof / timed - 1:+.1%}; one unprofiled step right after: "
+                   f"{min(after) * 1e3 if after else float('nan'):.3f} ms); the profiler's per-event "
+                   f"cost (probe) accounts for {probe / timed:+.1%} and is taken off the spans, the "
+                   f"rest stays in the fit")
+    step = measured_step(metas)
+    p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
+    if step:
+        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of the traced run's timed steps); "
+                   f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
+                   f"{p1 * 1e3:.3f} ({(p1 - step) / step:+.1%})")
+
