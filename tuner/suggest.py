@@ -37,10 +37,12 @@ TEMPLATE_ORDER = ("embedding", "attention", "mlp", "lm_head", "norm")
 
 
 def tp_choices(space: SearchSpace) -> list[int]:
-    """tp values that pass every rule reading only tp (heads, hidden, vocab, node)."""
+    """tp values that pass every rule reading only tp (heads, hidden, vocab, node); with
+    sequence parallelism pinned on, tp > 1 only (SP shards the sequence over tp)."""
     p = space.problem
+    sp_on = space.fix.get("sequence_parallel") is True
     return [m for m in space.tp_choices()
-            if all(r(Candidate(1, m, 1), p) is None for r in _TP_RULES)]
+            if all(r(Candidate(1, m, 1), p) is None for r in _TP_RULES) and not (sp_on and m == 1)]
 
 
 def pp_choices(space: SearchSpace) -> list[int]:
@@ -133,7 +135,20 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
                      cp, shard, fp8)
-    return L.first_violation(cand, p) or cand
+    pinned = _sp_pin_violation(space, cand)
+    return pinned or L.first_violation(cand, p) or cand
+
+
+def _sp_pin_violation(space: SearchSpace, c: Candidate) -> L.Violation | None:
+    """A pinned sequence_parallel (``--sequence-parallel`` / ``--fix sp=true``) the
+    candidate cannot honour: tp = 1, or intra-op templates without Megatron's sequence-
+    parallel norm; such a candidate is illegal, never silently run with SP off."""
+    want = space.fix.get("sequence_parallel")
+    if want is None or c.sequence_parallel == want:
+        return None
+    why = "tp=1 has no sequence to shard" if c.tp == 1 else "its intra-op templates do not run SP"
+    return L.Violation("fixed_sequence_parallel",
+                       f"sequence_parallel={c.sequence_parallel} but --fix sequence_parallel={want} ({why})")
 
 
 def _template_sets(space: SearchSpace, kinds: Mapping[str, Sequence[str]], tp: int
@@ -178,15 +193,15 @@ def enumerate_candidates(space: SearchSpace, mode: str,
             continue
         if c.pp == 1 and c.schedule != "1F1B":
             continue
-        if mode == PATTERN:
-            if c.sequence_parallel:
+        if mode == PATTERN:  # SP comes from the norm template: one base per SP pair
+            if c.sequence_parallel and False in space.sp_choices():
                 continue
             variants = [c.replace(templates=t, sequence_parallel=sp, annotation="templates")
                         for t, sp in _template_sets(space, template_kinds or {}, c.tp)]
         else:
             variants = [c.replace(annotation=annotation)]
         for v in variants:
-            if L.is_legal(v, space.problem) and v.key() not in seen:
+            if _sp_pin_violation(space, v) is None and L.is_legal(v, space.problem) and v.key() not in seen:
                 seen.add(v.key())
                 out.append(v)
     return out

@@ -1,0 +1,42 @@
+"""A pinned knob is honoured or the candidate is illegal, never silently changed (found by
+a new-user trial: `tune --sequence-parallel` ran tp = 2 and tp = 4 plans with SP off)."""
+
+from __future__ import annotations
+
+import optuna
+
+from meshplan.tuning import search_problem, template_kinds
+from tuner.space import SearchSpace, parse_fix
+from tuner.suggest import enumerate_candidates, suggest_candidate, tp_choices
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _space(fix: str) -> SearchSpace:
+    return SearchSpace(search_problem("llama2-7b", "dgx-a100-80g", 1, 32, 1024, False, 4),
+                       fix=parse_fix(fix))
+
+
+def test_enumeration_with_sp_pinned_holds_only_sp_plans():
+    kinds = template_kinds("llama2-7b", 1024)
+    on = enumerate_candidates(_space("sp=true"), "pattern-based", kinds)
+    assert on and all(c.sequence_parallel and c.tp > 1 for c in on)
+    off = enumerate_candidates(_space("sp=false"), "pattern-based", kinds)
+    assert off and not any(c.sequence_parallel for c in off)
+    both = enumerate_candidates(_space(""), "pattern-based", kinds)
+    assert {c.key() for c in on} | {c.key() for c in off} == {c.key() for c in both}
+    assert 1 not in tp_choices(_space("sp=true")) and 1 in tp_choices(_space(""))
+
+
+def test_suggested_candidates_with_sp_pinned_are_sp_or_pruned():
+    space, kinds = _space("sp=true"), template_kinds("llama2-7b", 1024)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    got = []
+    for _ in range(40):
+        t = study.ask()
+        got.append(suggest_candidate(t, space, "pattern-based", kinds))
+        study.tell(t, 1.0)
+    cands = [c for c in got if hasattr(c, "sequence_parallel")]
+    violations = [v for v in got if not hasattr(v, "sequence_parallel")]
+    assert cands and all(c.sequence_parallel for c in cands)
+    assert any(v.rule == "fixed_sequence_parallel" for v in violations)
