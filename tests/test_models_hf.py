@@ -292,3 +292,18 @@ def test_alternating_windows_warn_where_the_representative_program_cannot_show_t
         Engine(config_from_hf_dict(_tiny("mistral", num_hidden_layers=6)), "dgx-h100", strat, seq_len=64)
     msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
     assert len(msgs) == 1 and "sliding window 16 on every 2nd layer" in msgs[0]
+
+
+@pytest.mark.parametrize("key", ["num_local_experts", "num_experts", "n_routed_experts"])
+def test_mixture_of_experts_configs_are_refused_not_costed_dense(key):
+    """A Mixtral / Qwen-MoE / DeepSeek config under a known model_type was costed as its dense
+    model (same step time, no warning; a new-user trial found it): it is refused, naming the
+    key; one expert (a dense model stating it) is accepted."""
+    from completion.models.config import config_from_hf_dict
+
+    base = {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "vocab_size": 256, "max_position_embeddings": 64}
+    with pytest.raises(ModelConfigError, match=f"{key} = 8: mixture-of-experts models are not modelled"):
+        config_from_hf_dict({**base, key: 8, "num_experts_per_tok": 2}, "mixtral.json")
+    assert config_from_hf_dict({**base, key: 1}, "dense.json").num_layers == 2

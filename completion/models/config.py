@@ -469,6 +469,23 @@ def _biases(raw: dict[str, Any], name: str, spec: HFModelType) -> tuple[bool | N
     return qkv, o, mlp
 
 
+#: config.json keys of mixture-of-experts architectures (Mixtral ``num_local_experts``,
+#: Qwen-MoE ``num_experts``, DeepSeek ``n_routed_experts``) and their routing
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _refuse_moe(raw: dict[str, Any], name: str) -> None:
+    """A config that declares more than one expert is refused: costing a mixture-of-experts
+    model as the dense model of the same sizes would be silently wrong (MoE is issue 21).
+    Raises ModelConfigError naming the file, key and value."""
+    for k in MOE_KEYS:
+        v = raw.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            raise ModelConfigError(f"{name}: {k} = {v}: mixture-of-experts models are not "
+                                   f"modelled yet (routing, expert parallelism, grouped GEMMs); "
+                                   f"costing it as a dense model would be wrong")
+
+
 def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
     """Build a ModelConfig from the dict of a Hugging Face ``config.json`` (see
     :func:`load_hf_config` for the keys and :data:`MODEL_TYPES` for the architectures).
@@ -480,6 +497,7 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     if not isinstance(mt, str) or mt not in MODEL_TYPES:
         raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(MODEL_TYPES)}")
     spec = MODEL_TYPES[mt]
+    _refuse_moe(raw, name)
     family = spec.family
     layers = _key(raw, name, *spec.layer_keys)
     hidden = _key(raw, name, *spec.hidden_keys)
