@@ -282,9 +282,20 @@ def _cp_fraction(sig: OpSig, sq: int, sk: int, cp: int) -> float:
     return _causal_fraction(sig, sk * cp, sk * cp)
 
 
+def _window_share(sig: OpSig, keys: int) -> float:
+    """Model FLOPs of windowed attention: a query sees at most ``sliding_window`` = w of the
+    ``keys`` keys, so the convention that counts every query against every key (Megatron's
+    and PaLM's 12 L h s per token, no causal halving) counts it against min(w, keys):
+    min(w, keys) / keys; 1 without a window. (Executed FLOPs use the exact band,
+    :func:`_causal_fraction`.)"""
+    w = int(sig.attr("sliding_window", 0) or 0)
+    return min(w, keys) / keys if w > 0 and keys > 0 else 1.0
+
+
 @register_cost("flash_attention", "attention")
 def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
-    """Model FLOPs 4*b*h_q*s_q*s_k*d; executed FLOPs times the causal fraction. Bytes: read
+    """Model FLOPs 4*b*h_q*s_q*s_k*d (with a sliding window w: s_k counted as min(w, s_k),
+    :func:`_window_share`); executed FLOPs times the causal fraction. Bytes: read
     q, k, v (GQA: k, v have fewer heads), write out and the softmax log-sum-exp.
 
     Context parallelism (``context_parallel`` = cp > 1): the rank's s_q queries attend to
@@ -293,8 +304,9 @@ def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
     (:func:`_cp_fraction`)."""
     b, hq, sq, sk, d = _attn_dims(sig)
     cp = _cp_degree(sig)
-    fl = 4.0 * b * hq * sq * sk * cp * d
-    ex = fl * _cp_fraction(sig, sq, sk, cp)
+    full = 4.0 * b * hq * sq * sk * cp * d
+    fl = full * _window_share(sig, sk * cp)
+    ex = full * _cp_fraction(sig, sq, sk, cp)
     nbytes = _bytes(sig.ins[0]) + cp * sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs)
     return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig))]
 
@@ -308,6 +320,7 @@ def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
     cp = _cp_degree(sig)
     fwd = 4.0 * b * hq * sq * sk * cp * d
     ex = 2.5 * fwd * _cp_fraction(sig, sq, sk, cp)
+    fwd *= _window_share(sig, sk * cp)  # model FLOPs: the keys a query may see
     kv = sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs[1:3])
     nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs) + (cp - 1) * kv
     return [KernelCost("B", 2.0 * fwd, ex, nbytes, "attention", _first_dtype(sig))]

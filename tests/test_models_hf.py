@@ -203,14 +203,23 @@ def _fa_sig(s: int, window: int | None) -> OpSig:
 
 
 def test_sliding_window_executed_flops_hand_derived():
-    # s = 8, w = 3: rows 0..7 see 1, 2, 3, 3, 3, 3, 3, 3 keys = 21 of 64 scores
+    # s = 8, w = 3: rows 0..7 see 1, 2, 3, 3, 3, 3, 3, 3 keys = 21 of 64 scores; model
+    # FLOPs count each query against the w = 3 keys it may see (no causal halving, as
+    # without a window): 4 b h s w d
+    full = 4.0 * 1 * 2 * 8 * 8 * 8
     k = op_cost(_fa_sig(8, 3))[0]
-    assert k.flops == 4.0 * 1 * 2 * 8 * 8 * 8
-    assert k.exec_flops == pytest.approx(k.flops * 21 / 64)
+    assert k.flops == 4.0 * 1 * 2 * 8 * 3 * 8
+    assert k.exec_flops == pytest.approx(full * 21 / 64)
     # long sequences use the closed form: w (w + 1) / 2 + (s - w) w
     s, w = 8192, 4096
     big = op_cost(_fa_sig(s, w))[0]
-    assert big.exec_flops == pytest.approx(big.flops * (w * (w + 1) / 2 + (s - w) * w) / s**2)
+    full = 4.0 * 1 * 2 * s * s * 8
+    assert big.flops == pytest.approx(full * w / s)
+    assert big.exec_flops == pytest.approx(full * (w * (w + 1) / 2 + (s - w) * w) / s**2)
+    # the backward's model FLOPs are twice the forward's, windowed the same way
+    g = op_cost(OpSig("flash_attention_grad", _fa_sig(s, w).ins * 2, _fa_sig(s, w).ins,
+                      _fa_sig(s, w).attrs, family="flash_attention_grad"))[0]
+    assert g.flops == pytest.approx(2 * big.flops)
 
 
 @settings(max_examples=30, deadline=None)
@@ -221,7 +230,8 @@ def test_window_fraction_matches_a_mask_count(s, w):
     i, j = np.arange(s)[:, None], np.arange(s)[None, :]
     seen = ((j <= i) & (j > i - w)).sum()
     k = op_cost(_fa_sig(s, w))[0]
-    assert k.exec_flops == pytest.approx(k.flops * seen / (s * s))
+    assert k.exec_flops == pytest.approx(4.0 * 2 * s * s * 8 * seen / (s * s))
+    assert k.flops == pytest.approx(4.0 * 2 * s * min(s, w) * 8)
 
 
 def test_window_only_set_where_it_masks_something():
