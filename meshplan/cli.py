@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     (``warning: <message>``, e.g. a config.json key known but not modelled)."""
     warnings.formatwarning = _warning_line
     try:
-        app(args=argv, prog_name=prog_name, standalone_mode=False)
+        # standalone_mode=False: click returns a command's typer.Exit code instead of exiting
+        rc = app(args=argv, prog_name=prog_name, standalone_mode=False)
+        if isinstance(rc, int) and not isinstance(rc, bool) and rc:
+            return rc
     except typer.Exit as e:
         return e.exit_code
     except SystemExit as e:  # click usage errors already printed

@@ -150,15 +150,17 @@ def test_why_best_names_the_margin_and_each_mesh_shapes_best():
                   (_plan(2, 1, 4), 0.400, 90, 75), (_plan(1, 8, 1), 0.900, 80, 75)])
     lines = why_best(res)
     # runner-up: dp8 mbs2 at 520 ms, 20 ms = +4.00% over the winner's 500 ms
-    assert lines[0] == ("why it won: the runner-up, dp8 tp1 pp1 1F1B mbs2 rc=none zero0, takes "
-                        "520.0 ms per step: 20.00 ms (+4.00%) more than the winner")
-    assert lines[1].startswith("best plan of each other mesh shape (the winner: dp8 tp1 pp1, 500.0 ms)")
-    assert re.fullmatch(r"  dp4 tp2 pp1 +550\.0 ms +\+10\.00%  dp4 tp2 pp1 1F1B mbs1 .*", lines[2])
+    assert lines[0] == ("why it won (among the 6 plans this search scored): the runner-up, dp8 tp1 "
+                        "pp1 1F1B mbs2 rc=none zero0, takes 520.0 ms per step: 20.00 ms (+4.00%) "
+                        "more than the winner")
+    assert lines[1].startswith("a sampled search: plans it did not score may be faster")
+    assert lines[2].startswith("best plan of each other mesh shape (the winner: dp8 tp1 pp1, 500.0 ms)")
+    assert re.fullmatch(r"  dp4 tp2 pp1 +550\.0 ms +\+10\.00%  dp4 tp2 pp1 1F1B mbs1 .*", lines[3])
     # then the shapes where nothing fits, closest to fitting first: dp1 tp8 (80 of 75 GiB:
     # +5 GiB, +6.7%), then dp2 pp4 (90 of 75 GiB: +15 GiB, +20%)
-    assert "dp1 tp8 pp1" in lines[3] and "needs 80.0 GiB of the 75.0 GiB limit (+5.0 GiB, +6.7%)" in lines[3]
-    assert "dp2 tp1 pp4" in lines[4] and "(+15.0 GiB, +20.0%)" in lines[4]
-    assert len(lines) == 5
+    assert "dp1 tp8 pp1" in lines[4] and "needs 80.0 GiB of the 75.0 GiB limit (+5.0 GiB, +6.7%)" in lines[4]
+    assert "dp2 tp1 pp4" in lines[5] and "(+15.0 GiB, +20.0%)" in lines[5]
+    assert len(lines) == 6
 
 
 def test_why_none_names_the_binding_constraint():
@@ -203,7 +205,7 @@ def test_tune_cli_with_nothing_fitting_says_by_how_much(tmp_path, capsys):
     out = tmp_path / "run"
     rc, text, _ = run_main(capsys, *TUNE, "--trials", "6", "--memory-headroom", "0.99",
                            "--output", str(out))
-    assert rc == 0 and "no feasible plan found" in text
+    assert rc == 1 and "no feasible plan found" in text  # a script can tell
     h = pd.read_csv(out / "history.csv")
     done = h[h.state == "COMPLETE"]
     lightest = done.loc[done.peak_memory_bytes.idxmin()]

@@ -112,7 +112,7 @@ def test_tune_over_sizes_picks_the_cheapest_then_meets_a_deadline(capsys, tmp_pa
         faster = int(df.loc[df.step_time_s.idxmin(), "gpus"])
         assert rc == 0 and f"chosen: {faster} GPUs" in out
     rc, out, err = _tune(capsys, tmp_path / "c", "--gpus", "8", "--max-step-time", "1e-6")
-    assert rc == 0 and "no size qualifies: the fastest feasible step" in out
+    assert rc == 1 and "no size qualifies: the fastest feasible step" in out
 
 
 def test_tune_sizes_bad_flags_are_one_line_errors(capsys, tmp_path):

@@ -65,19 +65,28 @@ def why_best(result: TuneResult) -> list[str]:
     b = best.user_attrs
     bt, key = b["time_s"], b.get("plan_key")
     runner = next((t for t in result.feasible() if t.user_attrs.get("plan_key") != key), None)
+    n = len(_scored(result))
+    scope = f"among the {n} plan{'s' if n != 1 else ''} this search scored"
     if runner is None:
-        lines = ["why it won: it is the only plan found that fits in memory"]
+        lines = [f"why it won: {scope}, it is the only one that fits in memory"]
     else:
         r = runner.user_attrs
         gap = r["time_s"] - bt
         if gap > 0:
-            lines = [f"why it won: the runner-up, {plan_label(r['plan'])}, takes "
+            lines = [f"why it won ({scope}): the runner-up, {plan_label(r['plan'])}, takes "
                      f"{r['time_s'] * 1e3:.1f} ms per step: {gap * 1e3:.2f} ms ({gap / bt:+.2%}) "
                      f"more than the winner"]
         else:
-            lines = [f"why it won: as fast as the runner-up, {plan_label(r['plan'])} "
+            lines = [f"why it won ({scope}): as fast as the runner-up, {plan_label(r['plan'])} "
                      f"({r['time_s'] * 1e3:.1f} ms), and needs no more memory "
                      f"({b['memory_bytes'] / GIB:.1f} vs {r['memory_bytes'] / GIB:.1f} GiB)"]
+    ex = result.exhaustive
+    if ex is not None and getattr(ex, "proven", False):
+        lines.append("the winner is the proven optimum of the space: every candidate not scored "
+                     "has a lower bound on its step time no better than the winner's, or cannot fit")
+    elif ex is None:
+        lines.append("a sampled search: plans it did not score may be faster (--sampler exhaustive "
+                     "proves the optimum)")
     return lines + _per_shape(result, best)
 
 
@@ -96,7 +105,7 @@ def _per_shape(result: TuneResult, best: optuna.trial.FrozenTrial) -> list[str]:
     none_fit = sorted((s for s in tried if s not in fits),
                       key=lambda s: memory_constraint(_lightest(tried[s]).user_attrs))
     if not others and not none_fit:
-        return [f"every plan that fits has the winner's mesh shape ({mesh_name(mine)})"]
+        return [f"every scored plan that fits has the winner's mesh shape ({mesh_name(mine)})"]
     lines = [f"best plan of each other mesh shape (the winner: {mesh_name(mine)}, {bt * 1e3:.1f} ms):"]
     for s in others:
         u = fits[s].user_attrs

@@ -165,6 +165,7 @@ def compare_cmd(
     micro_batch_size: str = _list_option("micro_batch_size", "1", "Sequences per micro-batch"),
     global_batch: str = _list_option("global_batch_size", None, "Sequences per step (required)"),
     seq_len: int | None = opt.SEQ_LEN,
+    layers: int | None = opt.LAYERS,
     recompute: str = _list_option("recompute", "none", "Activation recompute: none, selective, selective-op, full"),
     zero: str = _list_option("zero", "0", "ZeRO stage 0-3"),
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
@@ -195,7 +196,7 @@ def compare_cmd(
             knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
         try:
             strategy = opt.build_strategy(ctx, **knobs, sequence_parallel=sequence_parallel)
-            engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+            engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
             first_error = first_error or e

@@ -146,6 +146,7 @@ def cost_cmd(
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
     global_batch: int = opt.GLOBAL_BATCH,
     seq_len: int | None = opt.SEQ_LEN,
+    layers: int | None = opt.LAYERS,
     recompute: opt.Recompute = opt.RECOMPUTE,
     zero: int = opt.ZERO,
     fsdp_shard_size: int | None = opt.FSDP_SHARD_SIZE,
@@ -175,14 +176,14 @@ def cost_cmd(
                                recompute_num_layers, recompute_activations,
                                use_distributed_optimizer)
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
-                           "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len))
+                           "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len, layers))
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention, **knobs)
     try:  # the Engine checks the strategy against the model and cluster
-        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len)
+        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
         res = engine.simulate()
     except ValueError as e:
         raise opt.flag_error(ctx, e) from None

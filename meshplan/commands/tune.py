@@ -58,7 +58,9 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
 
 
 def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
-            max_step_time: float | None = None) -> None:
+            max_step_time: float | None = None) -> bool:
+    """Write history.csv, report.txt and plan.json and print the report; True when a
+    feasible plan was found (and meets ``max_step_time``, when given)."""
     from meshplan.tuning import to_plan
     from tuner.explain import why_best
 
@@ -73,7 +75,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     if best is None:
         (out / "report.txt").write_text(text + "\nno feasible plan found\n" + why + "\n")
         typer.echo(f"no feasible plan found\n{why}")
-        return
+        return False
     cand, rec = best
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
@@ -91,13 +93,15 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     p = cfg.space.problem
     cost = gpu_hours_per_mtok(rec["time_s"], s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
     line += f"; {cost:.4f} GPU-h per million tokens"
-    if max_step_time is not None and rec["time_s"] > max_step_time:
+    missed = max_step_time is not None and rec["time_s"] > max_step_time
+    if missed:
         line += (f"; misses --max-step-time {max_step_time} s by {rec['time_s'] - max_step_time:.3f} s "
                  f"(the fastest plan found)")
     (out / "report.txt").write_text(text + "\n" + line + "\n" + why + "\n")
     typer.echo(line)
     typer.echo(why)
     typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
+    return not missed
 
 
 def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
@@ -309,17 +313,20 @@ def tune_cmd(
             return res_n
 
         try:
-            tune_over_sizes(gpus, objective, max_step_time, cluster, name, out, run_one,
-                            global_batch * cfg.space.problem.seq_len)
+            chosen = tune_over_sizes(gpus, objective, max_step_time, cluster, name, out, run_one,
+                                     global_batch * cfg.space.problem.seq_len)
         except ValueError as e:
             raise MeshplanError(str(e)) from None
+        if chosen is None:
+            raise typer.Exit(1)  # no size qualifies
         return
     res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
                  timeout=timeout, workers=workers,
                  progress=not no_progress and terminal.progress_enabled(),
                  progress_bar=terminal.Progress)
     where = storage or str(out / "journal.log")
-    _finish(res, cfg, name, where, out, top, max_step_time)
+    if not _finish(res, cfg, name, where, out, top, max_step_time):
+        raise typer.Exit(1)  # no feasible plan, or none within --max-step-time
 
 
 def worker_cmd(

@@ -51,10 +51,11 @@ def sizes_frame(outcomes: list[Any]) -> pd.DataFrame:
 def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
                     cluster: str, name: str, out: Path,
                     run_one: Callable[[int | None, str, Path], Any],
-                    tokens_per_step: int) -> None:
+                    tokens_per_step: int) -> Any:
     """Search each size of ``gpus_spec`` with ``run_one(nodes, study, out_dir)`` (returns
     the ``TuneResult``), print the per-size table and the choice, write ``sizes.csv`` and
-    the chosen ``plan.json``. Raises MeshplanError (via SizingError) for a bad range."""
+    the chosen ``plan.json``; returns the chosen ``tuner.sizing.SizeOutcome`` (None: no size
+    qualifies). Raises SizingError (a ValueError) for a bad range."""
     from clusters import load_cluster
     from tuner.sizing import choose, cluster_sizes, why_none
 
@@ -66,7 +67,7 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     for nodes in sizes:
         g = nodes * gpn
         study, d = f"{name}-g{g}", out / f"g{g}"
-        typer.echo(f"--- {g} GPUs ({nodes} nodes): study {study}")
+        typer.echo(f"--- {g} GPUs ({nodes} node{'s' if nodes != 1 else ''}): study {study}")
         outcomes.append(_outcome(run_one(nodes, study, d), nodes, g, tokens_per_step, study))
     df = sizes_frame(outcomes)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,13 +76,15 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     best = choose(outcomes, objective, max_step_time)
     if best is None:
         typer.echo(f"no size qualifies: {why_none(outcomes, max_step_time)}")
-        return
+        return None
     shutil.copyfile(out / f"g{best.gpus}" / "plan.json", out / "plan.json")
     what = ("lowest GPU-hours per million tokens" if objective == "cost" else "shortest step")
     deadline = f" within --max-step-time {max_step_time} s" if max_step_time is not None else ""
-    typer.echo(f"chosen: {best.gpus} GPUs ({best.nodes} nodes), {best.label}: step "
+    nodes = f"{best.nodes} node" + ("s" if best.nodes != 1 else "")
+    typer.echo(f"chosen: {best.gpus} GPUs ({nodes}), {best.label}: step "
                f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens "
                f"({what}{deadline}); wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
+    return best
 
 
 def check_single(objective: str, max_step_time: float | None) -> None:
