@@ -4,6 +4,7 @@ print them."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -15,8 +16,12 @@ from clusters.report import catalog_rows, collective_rows, table_group_sizes
 
 
 def make_console() -> Console:
-    """A console on the current stdout (wide when not a terminal, so tables stay whole)."""
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 150)
+    """A console on the current stdout: ``$COLUMNS`` wide when set (rich wraps the long
+    columns to fit), else the terminal's width, else 150 (output to a file or pipe keeps
+    whole rows)."""
+    cols = os.environ.get("COLUMNS", "")
+    width = int(cols) if cols.isdigit() and int(cols) >= 20 else (None if sys.stdout.isatty() else 150)
+    return Console(file=sys.stdout, width=width)
 
 
 def fmt_time(t: float) -> str:
@@ -44,7 +49,7 @@ def render_catalog(console: Console) -> None:
     """The catalog as a rich table."""
     table = Table(title="meshplan cluster catalog")
     for col in ("name", "device", "devices/node", "nodes", "description"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "name")  # a name is copied whole into commands
     for r in catalog_rows():
         table.add_row(
             r["name"],
@@ -59,7 +64,7 @@ def render_catalog(console: Console) -> None:
 def render_topology(console: Console, c: Cluster) -> None:
     """Topology and device specs, each number with its provenance."""
     t = Table(title=f"{c.name}: {shape(c)} ({c.device.name})")
-    t.add_column("field")
+    t.add_column("field", no_wrap=True)
     t.add_column("value", justify="right")
     t.add_column("provenance")
     d, n = c.spec.device, c.spec.node

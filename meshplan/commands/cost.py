@@ -103,7 +103,10 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
-        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%",
+        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%"
+        + ("" if fit["fits_in_memory"] else
+           f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
+           f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),
         layout_line(lay),
         f"pipeline bubble: ZB bubble rate {d['zb_bubble_rate']:.4f} (Qi et al. 2024 sec. 5.3: "
         f"(largest rank span - largest rank busy time) / largest rank span); critical rank idle "
