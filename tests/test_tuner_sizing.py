@@ -122,3 +122,18 @@ def test_tune_sizes_bad_flags_are_one_line_errors(capsys, tmp_path):
     assert line == "error: --gpus '12': 12 GPUs is not a whole number of 8-GPU nodes"
     line = one_line_error(*_tune(capsys, tmp_path, "--objective", "money"))
     assert line == "error: --objective 'money': choose one of time, cost"
+
+
+def test_top_plans_table_keeps_every_cell_whole_at_80_columns(capsys, tmp_path, monkeypatch):
+    """A new-user trial found every cell of tune's table cut at 80 columns (`4-…`, `1F…`):
+    a narrow terminal drops the low-priority columns (report.txt keeps them all)."""
+    from tuner.result import TOP_COLUMNS, top_columns
+
+    assert top_columns(None) == TOP_COLUMNS == top_columns(200)
+    assert "annotation" not in top_columns(80) and "step ms" in top_columns(80)
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, out, err = _tune(capsys, tmp_path / "n")
+    assert rc == 0, err
+    table = [ln for ln in out.splitlines() if ln.startswith(("┃", "│"))]
+    assert table and all(len(ln) <= 80 and "…" not in ln for ln in table), table
+    assert "annotation" in (tmp_path / "n" / "report.txt").read_text()

@@ -247,16 +247,35 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     return s + (" sp" if plan["sequence_parallel"] else "")
 
 
-def top_table(result: TuneResult, k: int = 10) -> Any:
+TOP_COLUMNS = ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+               "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble")
+#: columns a narrow terminal leaves out, first dropped first (the full table is in report.txt)
+NARROW_DROPS = (("annotation", 150), ("tokens/s", 110), ("bubble", 100), ("SP", 100), ("vpp", 90))
+
+
+def top_columns(width: int | None) -> tuple[str, ...]:
+    """The columns of :func:`top_table` that fit ``width`` terminal columns (None: all):
+    every column at 150 and wider; below, :data:`NARROW_DROPS` leaves out the annotation,
+    tokens/s, bubble, SP and vpp columns at their thresholds, so that every cell stays whole
+    at 80 columns."""
+    drop = {c for c, w in NARROW_DROPS if width is not None and width < w}
+    return tuple(c for c in TOP_COLUMNS if c not in drop)
+
+
+def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
     """A rich Table of the top plans (mesh dp-tp-pp-cp, schedule, vpp, mbs, recompute, ZeRO,
-    templates, step time, tokens/s, MFU, peak memory, bubble)."""
+    templates, step time, tokens/s, MFU, peak memory, bubble); ``width``: the terminal's
+    columns (:func:`top_columns` leaves out what does not fit; None: all)."""
     from rich.table import Table
 
     title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
     tab = Table(title=title)
-    for col in ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
-                "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble"):
-        tab.add_column(col, justify="right" if col not in ("annotation", "schedule") else "left")
+    cols = top_columns(width)
+    short = width is not None and width < 100  # shorter headers so that no cell is cut
+    for col in cols:
+        head = {"schedule": "sched", "recompute": "rc", "peak GiB": "GiB"}.get(col, col) if short else col
+        tab.add_column(head, justify="right" if col not in ("annotation", "schedule") else "left",
+                       no_wrap=col != "annotation")
     for i, t in enumerate(result.top(k), 1):
         p, ua = t.user_attrs["plan"], t.user_attrs
         m = ua.get("metrics", {})
@@ -266,11 +285,13 @@ def top_table(result: TuneResult, k: int = 10) -> Any:
         elif p.get("annotation_seed") is not None:
             ann = f"random seed {p['annotation_seed']}"
         ann = ann or str(p.get("annotation"))
-        tab.add_row(str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", p["schedule"], str(p["vpp"]),
-                    str(p["micro_batch_size"]), p["recompute"], zero_label(p),
-                    "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
-                    f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
-                    f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}")
+        cells = dict(zip(TOP_COLUMNS, (
+            str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", p["schedule"], str(p["vpp"]),
+            str(p["micro_batch_size"]), p["recompute"], zero_label(p),
+            "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
+            f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
+            f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}"), strict=True))
+        tab.add_row(*(cells[c] for c in cols))
     return tab
 
 

@@ -53,7 +53,7 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
     con.print(f"study {study} ({storage}): {result.counts()}")
     if result.exhaustive is not None:
         con.print(result.exhaustive.summary())
-    con.print(top_table(result, k))
+    con.print(top_table(result, k, None if width >= 200 else width))
     return con.export_text()
 
 
