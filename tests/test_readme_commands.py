@@ -97,7 +97,10 @@ def _run_block(block: str, tmp: Path, monkeypatch, capsys) -> list[str]:
         argv = [_absolute(a) for a in _fast(args)][1:]
         rc = main(argv)
         out, err = capsys.readouterr()
-        assert rc == 0, f"`{line}` exited {rc}:\n{err[-2000:]}"
+        # a search whose budget this test cut (FAST) may end "no feasible plan found" (exit 1)
+        cut = "--trials" in args and argv != [_absolute(a) for a in args][1:]
+        assert rc == 0 or (cut and rc == 1 and "no feasible plan found" in out), \
+            f"`{line}` exited {rc}:\n{err[-2000:]}"
         ran.append(line)
     return ran
 
