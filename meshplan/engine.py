@@ -15,6 +15,7 @@ the executor runs.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 from clusters import Cluster, load_cluster
@@ -130,8 +131,13 @@ class Engine:
     def from_plan(cls, plan: Any, cluster: Any = None, **kwargs: Any) -> Engine:
         """The Engine of a :class:`meshplan.plan.Plan`: its model, cluster (or ``cluster``,
         e.g. a calibrated YAML), nodes, seq_len and num_layers, and its strategy with the
-        plan's annotations (when it has any) as the annotation. ``kwargs`` go to the
+        plan's annotations (when it has any) as the annotation. ``plan`` may also be the path
+        of a plan JSON (``Plan.load``: FileNotFoundError, PlanError). ``kwargs`` go to the
         constructor."""
+        if isinstance(plan, (str, Path)):
+            from meshplan.plan import Plan
+
+            plan = Plan.load(plan)
         return cls(plan.model, cluster or plan.cluster, plan_strategy(plan), nodes=plan.nodes,
                    seq_len=plan.seq_len, num_layers=plan.num_layers, **kwargs)
 

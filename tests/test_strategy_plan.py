@@ -200,3 +200,14 @@ def test_plan_finds_its_model_file_beside_it_from_any_directory(tmp_path, monkey
     plan = Plan.load(d / "dp2.json")
     assert Path(plan.model) == d / "llama_l2.json" and Path(plan.model).is_file()
     assert plan.cluster == Plan.load(root / "benchmarks" / "plans" / "dp2.json").cluster
+
+
+def test_engine_from_plan_takes_a_plan_json_path(tmp_path):
+    """The README calls plan.json 'loadable by Engine.from_plan': a path works as the Plan."""
+    from meshplan.engine import Engine
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "plans"
+    by_path = Engine.from_plan(root / "dp2.json").cost()
+    assert by_path == Engine.from_plan(Plan.load(root / "dp2.json")).cost()
+    with pytest.raises(FileNotFoundError):
+        Engine.from_plan(str(tmp_path / "none.json"))

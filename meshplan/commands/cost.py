@@ -202,6 +202,9 @@ def cost_cmd(
         from simulator.gantt import plot_steps
 
         plot_steps([(f"{model} on {cluster}", res)], plot)
+    written = [p for p in (trace, memory_png, plot) if p is not None]
+    if written:  # on stderr under --json: stdout stays one JSON document
+        typer.echo(f"wrote {', '.join(written)}", err=as_json)
     inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
     if as_json:
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
