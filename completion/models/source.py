@@ -13,6 +13,7 @@ for (:meth:`ModelSource.forward_program`); a given program is used as it is, lay
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,17 @@ from completion.chunks import DEFAULT_SEG_METHOD
 from completion.errors import CompletionError
 from completion.ir import Program
 from completion.models import build_model, get_model_config
-from completion.models.config import MAX_MODEL_SIZES, ModelConfig
+from completion.models.config import MAX_MODEL_SIZES, ModelConfig, ModelConfigWarning
 from completion.pir import parse_program
 
 _LAYER_RE = re.compile(DEFAULT_SEG_METHOD)
+
+
+#: default tokens per sequence of a config.json whose ``max_position_embeddings`` (the
+#: context window a model supports, e.g. Llama-3.1's 131,072) is longer: Llama 3's
+#: pre-training length (Meta, "The Llama 3 Herd of Models", 2024, sec. 3.4: 8K tokens
+#: before the long-context stage)
+DEFAULT_TRAIN_SEQ = 8192
 
 
 class ModelSourceError(CompletionError):
@@ -38,7 +46,9 @@ class ModelSource:
     Attributes:
         name: how reports name it. config: the ModelConfig (None for a given program).
         program: a given program (None for a config). num_layers: decoder layers of the
-            model. seq_len: tokens per sequence.
+            model. seq_len: tokens per sequence. context_window: a config.json's
+            ``max_position_embeddings`` when it was above :data:`DEFAULT_TRAIN_SEQ` and the
+            default sequence was capped to that (0: not capped).
     """
 
     name: str
@@ -46,6 +56,7 @@ class ModelSource:
     program: Program | None = None
     num_layers: int = 0
     seq_len: int = 0
+    context_window: int = 0
 
     @property
     def is_program(self) -> bool:
@@ -161,7 +172,14 @@ def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSourc
             raise ModelSourceError(f"model config not found: {path}")
         cfg = get_model_config(text)
         s = cfg.seq_len if seq_len is None else seq_len
-        return ModelSource(name=cfg.name, config=cfg, num_layers=cfg.num_layers, seq_len=s)
+        window = 0
+        if seq_len is None and path.suffix == ".json" and s > DEFAULT_TRAIN_SEQ:
+            window, s = s, DEFAULT_TRAIN_SEQ
+            warnings.warn(ModelConfigWarning(
+                f"{path.name}: max_position_embeddings {window} is the context window, not a "
+                f"training length: costing {s} tokens per sequence (--seq-len sets it)"), stacklevel=2)
+        return ModelSource(name=cfg.name, config=cfg, num_layers=cfg.num_layers, seq_len=s,
+                           context_window=window)
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is an optional extra

@@ -18,6 +18,8 @@ SEQ_LEN_SOURCES = {
             "tokens; pass --seq-len",
     "config": "the model config's default: its seq_len, max_position_embeddings of a "
               "config.json; --seq-len costs another",
+    "capped": "a training-length default: the config.json's max_position_embeddings is a "
+              "longer context window; --seq-len costs another",
 }
 
 #: where the attention implementation comes from (``completion.plan_program.resolve_attention``)
@@ -47,7 +49,7 @@ def seq_len_source(seq_len_flag: int | None, source: Any) -> str:
         return "flag"
     if source.is_program:
         return "program" if source.seq_len else "none"
-    return "config"
+    return "capped" if getattr(source, "context_window", 0) else "config"
 
 
 def attention_source(attention_flag: str | None, source: Any) -> str:
