@@ -317,3 +317,19 @@ def test_mixture_of_experts_configs_are_refused_not_costed_dense(key):
     with pytest.raises(ModelConfigError, match=f"{key} = 8: mixture-of-experts models are not modelled"):
         config_from_hf_dict({**base, key: 8, "num_experts_per_tok": 2}, "mixtral.json")
     assert config_from_hf_dict({**base, key: 1}, "dense.json").num_layers == 2
+
+
+def test_a_long_context_window_is_not_the_default_training_length():
+    """Llama-3.1's max_position_embeddings 131,072 is a context window: the default sequence
+    is capped to 8,192 with one warning line; a given --seq-len is kept; a config whose
+    window is at most 8,192 keeps it."""
+    from completion.models.config import ModelConfigWarning
+    from completion.models.source import DEFAULT_TRAIN_SEQ, resolve_model
+
+    with pytest.warns(ModelConfigWarning, match="max_position_embeddings 131072 is the context window"):
+        src = resolve_model(str(CONFIGS / "llama-3.1-8b.json"))
+    assert (src.seq_len, src.context_window) == (DEFAULT_TRAIN_SEQ, 131072) == (8192, 131072)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = resolve_model(str(CONFIGS / "llama-3.1-8b.json"), seq_len=131072)
+        assert (kept.seq_len, kept.context_window) == (131072, 0)
