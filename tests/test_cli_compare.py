@@ -92,3 +92,16 @@ def test_cost_plot_draws_the_step(tmp_path, capsys):
     assert rc == 0, err
     img = mpimg.imread(png)
     assert img.shape[:2] == (230, 1200) and img[..., :3].std() > 0.05
+
+
+def test_plans_on_different_gpu_counts_show_a_gpus_column_and_a_note(capsys, monkeypatch):
+    """tp 4 and tp 8 at dp 2 pp 2 use 16 and 32 of the 32 GPUs of 4 nodes: a GPUs column and
+    a note say so (tokens/s is per plan); a new-user trial found them compared unmarked."""
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, out, err = run_main(capsys, "compare", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                            "--nodes", "4", "--dp", "2", "--tp", "4,8", "--pp", "2",
+                            "--global-batch", "16", "--layers", "4")
+    assert rc == 0, err
+    rows = [ln for ln in out.splitlines() if ln.startswith("│")]
+    assert [ln.split("│")[2].strip() for ln in rows] == ["16", "32"]
+    assert "note: the plans use 16, 32 of the 32 GPUs" in out

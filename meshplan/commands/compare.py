@@ -111,34 +111,37 @@ def chunks_for(schedule: str) -> int:
     return 2 if SCHEDULE_ALIASES.get(schedule.lower(), schedule) in INTERLEAVED else 1
 
 
-def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any]) -> dict[str, Any]:
+def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
+         available: int = 0) -> dict[str, Any]:
     d = res.to_dict()
-    return {**knobs, "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
+    return {**knobs, "gpus": gpus, "gpus_available": available,
+            "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
             "mfu": d["mfu"], "bubble_ratio": d["bubble_ratio"],
             "max_memory_bytes": d["max_memory_bytes"],
             "memory_limit_bytes": fit["memory_limit_bytes"],
             "fits_in_memory": fit["fits_in_memory"], "error": None}
 
 
-def table(rows: list[dict[str, Any]], varied: list[str], title: str) -> Any:
+def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool = False) -> Any:
     """A rich Table of the compared plans: the varied knobs, then step ms, tokens/s, MFU,
     bubble, peak GiB, fits (a refused plan: ``refused`` and the number ``[i]`` of its
-    reason, which the command prints under the table)."""
+    reason, which the command prints under the table); ``gpus``: a GPUs column (when the
+    plans use different GPU counts)."""
     from rich.table import Table
 
     tab = Table(title=title)
     for f in varied:
         tab.add_column(HEADS[f])
-    for col in ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
+    for col in (("GPUs",) if gpus else ()) + ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
         tab.add_column(col, justify="right")
     refused = 0
     for r in rows:
         knobs = [str(r[f]) for f in varied]
         if r["error"] is not None:
             refused += 1
-            tab.add_row(*knobs, "refused", "", "", "", "", f"[{refused}]")
+            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
             continue
-        tab.add_row(*knobs, f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
+        tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []), f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
                     f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
                     f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
     return tab
@@ -202,7 +205,9 @@ def compare_cmd(
             first_error = first_error or e
             rows.append({**knobs, "error": " ".join(str(e).split())})
             continue
-        rows.append(_row(knobs, res, memory_fit(res, engine.cluster.device, memory_headroom)))
+        cl = engine.cluster
+        rows.append(_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
+                         strategy.world_size, cl.num_nodes * cl.devices_per_node))
         panels.append((label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]
@@ -214,7 +219,13 @@ def compare_cmd(
         typer.echo(json.dumps(rows))
         return
     title = f"{model} on {cluster}: {len(rows)} plans"
-    typer.echo(terminal.render(table(rows, varied, title)))
+    used = sorted({r["gpus"] for r in rows if r["error"] is None})
+    avail = next(r["gpus_available"] for r in rows if r["error"] is None)
+    typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
+    if len(used) > 1 or used[0] < avail:
+        typer.echo(textwrap.fill(
+            f"note: the plans use {', '.join(map(str, used))} of the {avail} GPUs; tokens/s is "
+            f"per plan, not per GPU (cost shows which GPUs a plan leaves idle)", terminal.width()))
     reasons = [r["error"] for r in rows if r["error"] is not None]
     for i, why in enumerate(reasons, 1):
         typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
