@@ -12,6 +12,11 @@ from tests._cli import one_line_error, run_main
 from tests.test_clusters_spec import CATALOG  # the expected catalog names
 
 
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch):
+    """These tests read whole provenance strings: a wide $COLUMNS (the tables wrap to it)."""
+    monkeypatch.setenv("COLUMNS", "200")
+
 def test_list_names_every_entry(capsys):
     rc, out, _ = run_main(capsys, "clusters", "list")
     assert rc == 0

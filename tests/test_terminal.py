@@ -105,7 +105,8 @@ def test_tune_advances_once_per_trial(bars, tmp_path, capsys):
                       "--nodes", "1", "--global-batch", "8", "--seq-len", "512", "--layers", "2",
                       "--trials", "1", "--storage", "memory", "--no-progress",
                       "--output", str(tmp_path / "t2"))
-    assert rc == 0 and bars[1].enabled is False
+    # one trial may find no feasible plan (exit 1, the search's answer); the bar is off either way
+    assert rc in (0, 1) and bars[1].enabled is False
 
 
 def test_report_advances_once_per_experiment(bars, tmp_path, capsys):
