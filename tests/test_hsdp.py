@@ -275,3 +275,15 @@ def test_executor_refuses_an_hsdp_plan_before_launch():
     with pytest.raises(PlanMismatchError, match="'fsdp_shard_size' = 2 .HSDP. .* cannot run it"):
         check_plan(Plan(model="llama2-7b", cluster="cpu-local", strategy=s), 4)
     check_plan(Plan(model="llama2-7b", cluster="cpu-local", strategy=s.replace(fsdp_shard_size=None)), 4)
+
+
+def test_search_hsdp_with_a_pinned_lower_zero_stage_is_refused(capsys, tmp_path):
+    """--search-hsdp with --zero 1 would search nothing new (HSDP is ZeRO-3): one error line
+    naming both flags (new-user trial: it was accepted silently)."""
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                                    "--global-batch", "8", "--layers", "4", "--zero", "1",
+                                    "--search-hsdp", "--storage", "memory", "--output", str(tmp_path)))
+    assert "--search-hsdp" in line and "pinned to stage 1" in line
+    line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                                    "--nodes", "0", "--global-batch", "8"))
+    assert "--nodes" in line

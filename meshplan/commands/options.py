@@ -139,7 +139,7 @@ MODEL = typer.Option(..., "--model", "-m",
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
                                 help="Built-in model name or config.json path (or --program).")
 CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.")
-NODES = typer.Option(None, "--nodes", help="Number of nodes (default: the spec's).")
+NODES = typer.Option(None, "--nodes", min=1, help="Number of nodes (default: the spec's).")
 DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
 TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
 PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")

@@ -129,6 +129,9 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
     recipes = _fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
+    if hsdp and fixed.get("zero", 3) != 3:
+        raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
+                            f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
     return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
