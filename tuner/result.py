@@ -236,7 +236,10 @@ def zero_label(plan: Mapping[str, Any]) -> str:
 
 def plan_label(plan: Mapping[str, Any]) -> str:
     """Short one-line plan description for the progress bar."""
-    s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']} {plan['schedule']}"
+    s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']}"
+    if plan.get("cp", 1) > 1:
+        s += f" cp{plan['cp']}"
+    s += f" {plan['schedule']}"
     if plan["vpp"] > 1:
         s += f" vpp{plan['vpp']}"
     s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['zero']}"

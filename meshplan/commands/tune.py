@@ -281,16 +281,18 @@ def tune_cmd(
                              "recompute": recompute, "zero": zero,
                              "sequence_parallel": sequence_parallel},
                   megatron, lambda: mg.model_layers(model, seq_len, layers))
+    def config_for(n: int | None) -> Any:  # the search of this command line on n nodes
+        return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
+                            fixed, sampler, layers, cross_node_tp, opt.value(dtype),
+                            opt.value(framework), opt.value(attention), memory_headroom,
+                            search_hsdp, search_fp8)
+
     try:
-        cfg = _tune_config(model, cluster, nodes, global_batch, seq_len, mode_name, seed, pareto,
-                           fixed, sampler, layers, cross_node_tp, opt.value(dtype),
-                           opt.value(framework), opt.value(attention), memory_headroom, search_hsdp,
-                           search_fp8)
+        cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
-    study_dir = None if storage == MEMORY else out
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
     elif storage != MEMORY and "://" not in storage:
@@ -298,20 +300,19 @@ def tune_cmd(
     from meshplan import terminal
     from meshplan.commands.tune_sizes import check_single, tune_over_sizes
 
+    def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
+        return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
+                      n_trials=trials, timeout=timeout, workers=workers,
+                      progress=not no_progress and terminal.progress_enabled(),
+                      progress_bar=terminal.Progress)
+
     check_single(objective, max_step_time)
     if gpus is not None:
         def run_one(n: int | None, study_name: str, d: Path) -> Any:
-            cfg_n = _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
-                                 fixed, sampler, layers, cross_node_tp, opt.value(dtype),
-                                 opt.value(framework), opt.value(attention), memory_headroom,
-                                 search_hsdp, search_fp8)
+            cfg_n = config_for(n)
             if storage is None:
                 opt.ensure_dir(d)
-            res_n = search(cfg_n, study_name, storage=storage,
-                           study_dir=None if storage == MEMORY else d, n_trials=trials,
-                           timeout=timeout, workers=workers,
-                           progress=not no_progress and terminal.progress_enabled(),
-                           progress_bar=terminal.Progress)
+            res_n = run(cfg_n, study_name, d)
             _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top)
             return res_n
 
@@ -323,10 +324,7 @@ def tune_cmd(
         if chosen is None:
             raise typer.Exit(1)  # no size qualifies
         return
-    res = search(cfg, name, storage=storage, study_dir=study_dir, n_trials=trials,
-                 timeout=timeout, workers=workers,
-                 progress=not no_progress and terminal.progress_enabled(),
-                 progress_bar=terminal.Progress)
+    res = run(cfg, name, out)
     where = storage or str(out / "journal.log")
     if not _finish(res, cfg, name, where, out, top, max_step_time):
         raise typer.Exit(1)  # no feasible plan, or none within --max-step-time

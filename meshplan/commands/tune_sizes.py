@@ -22,17 +22,14 @@ from meshplan.errors import MeshplanError
 
 
 def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str) -> Any:
+    from tuner.result import plan_label
     from tuner.sizing import SizeOutcome
 
     best = result.best()
     if best is None:
         return SizeOutcome(nodes, gpus, None, None, tokens, "no feasible plan", study)
     cand, rec = best
-    label = (f"dp{cand.dp} tp{cand.tp} pp{cand.pp}" + (f" cp{cand.cp}" if cand.cp > 1 else "")
-             + (f" vpp{cand.vpp}" if cand.vpp > 1 else "")
-             + f" {cand.schedule} mbs{cand.micro_batch_size} rc={cand.recompute} zero{cand.zero}"
-             + (f" hsdp{cand.fsdp_shard_size}" if cand.fsdp_shard_size else "")
-             + (f" fp8={cand.fp8}" if cand.fp8 else ""))
+    label = plan_label(cand.to_dict())
     return SizeOutcome(nodes, gpus, float(rec["time_s"]), float(rec["memory_bytes"]), tokens,
                        label, study)
 
@@ -55,14 +52,14 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     """Search each size of ``gpus_spec`` with ``run_one(nodes, study, out_dir)`` (returns
     the ``TuneResult``), print the per-size table and the choice, write ``sizes.csv`` and
     the chosen ``plan.json``; returns the chosen ``tuner.sizing.SizeOutcome`` (None: no size
-    qualifies). Raises SizingError (a ValueError) for a bad range."""
+    qualifies; ``objective`` and ``max_step_time`` are checked by :func:`check_single`
+    first). Raises SizingError (a ValueError) for a bad range."""
     from clusters import load_cluster
     from tuner.sizing import choose, cluster_sizes, why_none
 
     spec = load_cluster(cluster).spec
     gpn = spec.node.devices_per_node.value
     sizes = cluster_sizes(gpus_spec, gpn)
-    choose([], objective, max_step_time)  # check --objective / --max-step-time before searching
     outcomes = []
     for nodes in sizes:
         g = nodes * gpn
