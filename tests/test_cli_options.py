@@ -235,3 +235,22 @@ def test_the_three_commands_share_one_definition():
                               "mode"}
     assert used(complete_cmd) >= {"dp", "tp", "pp", "vpp", "schedule", "zero",
                                   "sequence_parallel", "seq_len"}
+
+
+@pytest.mark.parametrize("schedule, alias", [("VPP", "interleaved"), ("ZBVPP", "ZBVPP")])
+def test_an_interleaved_schedule_without_vpp_runs_two_chunks(capsys, strategies, schedule, alias):
+    """``--schedule VPP`` alone used to run vpp = 1, i.e. plain 1F1B under the VPP name; an
+    interleaved schedule without a typed ``--vpp`` now runs 2 chunks per rank, like
+    ``compare``; an explicit ``--vpp`` is kept."""
+    s = _strategy(capsys, strategies, "--pp", "2", "--global-batch", "16", "--schedule", alias)
+    assert (s.schedule, s.vpp) == (schedule, 2)
+    if schedule == "VPP":
+        s = _strategy(capsys, strategies, "--pp", "2", "--global-batch", "16", "--schedule", alias, "--vpp", "4")
+        assert (s.schedule, s.vpp) == ("VPP", 4)
+
+
+@pytest.mark.parametrize("flag", ["--vpp", "--num-virtual-stages-per-pipeline-rank"])
+def test_a_typed_vpp_of_one_with_vpp_is_refused(capsys, flag):
+    line = one_line_error(*run_main(capsys, *BASE, "--pp", "2", "--global-batch", "16", "--schedule", "VPP",
+                                           flag, "1"))
+    assert f"{flag} 1 with --schedule VPP" in line and "1F1B" in line

@@ -306,11 +306,25 @@ def value(choice: Any) -> Any:
 
 
 def build_strategy(ctx: Any, **knobs: Any) -> Any:
-    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. Raises
-    StrategyError naming the flag the user typed (:func:`flag_error`)."""
+    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. An
+    interleaved schedule (``completion.strategy.INTERLEAVED``: VPP, ZBVPP) without a typed
+    ``--vpp`` runs 2 model chunks per rank (``compare`` does the same); a typed ``--vpp 1``
+    with one is refused, since one chunk per rank is plain 1F1B. Raises StrategyError
+    naming the flag the user typed (:func:`flag_error`)."""
+    from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
     from meshplan.strategy import Strategy, StrategyError
 
+    knobs = {k: value(v) for k, v in knobs.items()}
+    sched = knobs.get("schedule")
+    sched = SCHEDULE_ALIASES.get(sched.lower(), sched) if isinstance(sched, str) else sched
+    if sched in INTERLEAVED and knobs.get("vpp") == 1:
+        typed = given_flags(ctx, "vpp")
+        if typed:
+            raise StrategyError(f"{typed[0]} 1 with --schedule {sched} runs one model chunk per "
+                                f"pipeline rank, which is 1F1B: give {typed[0]} 2 or more, or "
+                                f"--schedule 1F1B")
+        knobs["vpp"] = 2
     try:
-        return Strategy(**{k: value(v) for k, v in knobs.items()})
+        return Strategy(**knobs)
     except StrategyError as e:
         raise flag_error(ctx, e) from None
