@@ -77,6 +77,12 @@ def _yaml_number(v: Any) -> Any:
 #: FLOP/s, an efficiency of 1e-6): anything smaller is a typo, and would make step times
 #: overflow a float (``1e-300`` as an efficiency gives times beyond 1e299 s).
 MIN_POSITIVE = 1e-6
+#: unit-slip guards (:class:`Bandwidth`, :class:`FlopRate`, :class:`ByteSize`,
+#: :class:`Latency`): far below any real device (a laptop CPU core: ~1e10 FLOP/s, ~1e10 B/s)
+MIN_BANDWIDTH = 1e6
+MIN_FLOP_RATE = 1e9
+MIN_MEMORY_BYTES = 2**20
+MAX_LATENCY_S = 1.0
 
 
 class _Number(_Quantity):
@@ -88,7 +94,7 @@ class _Number(_Quantity):
     @field_validator("value", mode="after", check_fields=False)
     @classmethod
     def _not_tiny(cls, v: Any) -> Any:
-        if cls is not NonNegative and 0 < v < MIN_POSITIVE:
+        if not issubclass(cls, NonNegative) and 0 < v < MIN_POSITIVE:
             raise ValueError(f"must be at least {MIN_POSITIVE:g} (clusters.spec.MIN_POSITIVE)")
         return v
 
@@ -111,6 +117,59 @@ class Fraction(_Number):
     """An efficiency factor in [:data:`MIN_POSITIVE`, 1] with its provenance; a YAML number."""
 
     value: float = Field(gt=0, le=1, allow_inf_nan=False)
+
+
+class Bandwidth(Positive):
+    """A bandwidth in bytes per second, at least :data:`MIN_BANDWIDTH` (1 MB/s): a smaller
+    figure is a unit slip (``400`` meant as 400 Gb/s, ``2.4`` as 2.4 TB/s), which would
+    otherwise cost every transfer a million times too long."""
+
+    @field_validator("value", mode="after")
+    @classmethod
+    def _bytes_per_second(cls, v: float) -> float:
+        if v < MIN_BANDWIDTH:
+            raise ValueError(f"is in bytes/s and must be at least {MIN_BANDWIDTH:.0e} (1 MB/s): "
+                             f"write e.g. 50 GB/s as 5.0e+10")
+        return v
+
+
+class FlopRate(Positive):
+    """A peak rate in FLOP/s, at least :data:`MIN_FLOP_RATE` (1 GFLOP/s): a smaller figure
+    is a unit slip (``989`` meant as 989 TFLOP/s)."""
+
+    @field_validator("value", mode="after")
+    @classmethod
+    def _flops_per_second(cls, v: float) -> float:
+        if v < MIN_FLOP_RATE:
+            raise ValueError(f"is in FLOP/s and must be at least {MIN_FLOP_RATE:.0e} (1 GFLOP/s): "
+                             f"write e.g. 989 TFLOP/s as 9.89e+14")
+        return v
+
+
+class ByteSize(Positive):
+    """A memory size in bytes, at least :data:`MIN_MEMORY_BYTES` (1 MiB): a smaller figure
+    is a unit slip (``80`` meant as 80 GiB)."""
+
+    @field_validator("value", mode="after")
+    @classmethod
+    def _bytes(cls, v: float) -> float:
+        if v < MIN_MEMORY_BYTES:
+            raise ValueError(f"is in bytes and must be at least {MIN_MEMORY_BYTES} (1 MiB): "
+                             f"write e.g. 80 GiB as 8.589934592e+10")
+        return v
+
+
+class Latency(NonNegative):
+    """A latency or overhead in seconds, at most :data:`MAX_LATENCY_S` (1 s): a larger
+    figure is a unit slip (``3.4`` meant as 3.4 us)."""
+
+    @field_validator("value", mode="after")
+    @classmethod
+    def _seconds(cls, v: float) -> float:
+        if v > MAX_LATENCY_S:
+            raise ValueError(f"is in seconds and must be at most {MAX_LATENCY_S:g}: "
+                             f"write e.g. 3.4 us as 3.4e-06")
+        return v
 
 
 class Count(_Quantity):
@@ -137,7 +196,7 @@ class Efficiency(BaseModel):
     model_config = _STRICT
     gemm: Fraction
     memory_bandwidth: Fraction
-    kernel_overhead_s: NonNegative
+    kernel_overhead_s: Latency
     gemm_half_flops: Positive | None = None
     """Optional: FLOPs of one GEMM at which it reaches half of ``gemm`` (read by
     ``simulator.roofline``; its documented default applies when absent)."""
@@ -164,7 +223,7 @@ class Efficiency(BaseModel):
     exceed 1 where the kernel moves fewer bytes than the model counts (a gradient passed
     through as a view) and is far below ``memory_kernels`` for kernels that make several
     passes over their data. ``meshplan calibrate`` measures it per op of the executor."""
-    action_overhead_s: NonNegative | None = None
+    action_overhead_s: Latency | None = None
     """Optional: seconds of host work per pipeline action pass (F, B or W; a fused BW
     pays it twice, once per pass) outside its kernels -- the framework's per-action
     dispatch (unit loop, micro-batch bookkeeping, p2p posting). ``simulator.step`` adds it
@@ -184,11 +243,11 @@ class DeviceSpec(BaseModel):
 
     model_config = _STRICT
     name: str = Field(min_length=1)
-    peak_flops: dict[str, Positive]
-    memory_bytes: Positive
+    peak_flops: dict[str, FlopRate]
+    memory_bytes: ByteSize
     """The device's memory capacity in bytes: the HBM it carries (an "80 GB" A100 or H100
     has 80 GiB = 85,899,345,920 bytes of HBM)."""
-    memory_bandwidth: Positive
+    memory_bandwidth: Bandwidth
     efficiency: Efficiency
     memory_reserved_bytes: NonNegative | None = None
     """Optional: bytes of ``memory_bytes`` a process can never allocate (what the driver and
@@ -204,7 +263,7 @@ class DeviceSpec(BaseModel):
 
     @field_validator("peak_flops")
     @classmethod
-    def _some_dtype(cls, v: dict[str, Positive]) -> dict[str, Positive]:
+    def _some_dtype(cls, v: dict[str, FlopRate]) -> dict[str, FlopRate]:
         if not v:
             raise ValueError("needs at least one dtype")
         return v
@@ -259,10 +318,10 @@ class NodeSpec(BaseModel):
 
     model_config = _STRICT
     devices_per_node: Count
-    intra_bandwidth: Positive
-    intra_latency: NonNegative
+    intra_bandwidth: Bandwidth
+    intra_latency: Latency
     nic_count: Count
-    nic_bandwidth: Positive
+    nic_bandwidth: Bandwidth
 
 
 class InterconnectSpec(BaseModel):
@@ -270,7 +329,7 @@ class InterconnectSpec(BaseModel):
 
     model_config = _STRICT
     num_nodes: Count
-    inter_latency: NonNegative
+    inter_latency: Latency
 
 
 class ClusterSpec(BaseModel):

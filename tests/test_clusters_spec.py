@@ -264,3 +264,40 @@ def test_tiny_rates_are_refused(tmp_path, path):
     node["value"] = 1e-300
     msg = _err(tmp_path, data)
     assert f"{'.'.join(path)}.value': must be at least 1e-06" in msg
+
+
+@pytest.mark.parametrize("edit, field, unit", [
+    (("node", "nic_bandwidth", 400), "node.nic_bandwidth.value", "bytes/s"),  # meant 400 Gb/s
+    (("device", "memory_bandwidth", 2.4), "device.memory_bandwidth.value", "bytes/s"),  # 2.4 TB/s
+    (("node", "intra_latency", 3.4), "node.intra_latency.value", "seconds"),  # meant 3.4 us
+    (("device", "memory_bytes", 80), "device.memory_bytes.value", "bytes"),  # meant 80 GiB
+])
+def test_a_unit_slip_in_a_cluster_yaml_is_refused_naming_the_field(tmp_path, edit, field, unit):
+    """A figure off by a unit prefix would cost every transfer (or fit every plan) a
+    factor of 1e9 wrong without a word; it is refused with the field and its unit."""
+    import yaml
+
+    from clusters import load_cluster
+
+    doc = yaml.safe_load((Path(clusters.__file__).parent / "catalog" / "dgx-h100.yaml").read_text())
+    section, key, value = edit
+    doc[section][key]["value"] = value
+    p = tmp_path / "slip.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception) as e:
+        load_cluster(str(p))
+    msg = str(e.value)
+    assert field in msg and f"is in {unit}" in msg and "\n" not in msg.strip()
+
+
+def test_a_peak_rate_typed_in_tflops_is_refused(tmp_path):
+    import yaml
+
+    from clusters import load_cluster
+
+    doc = yaml.safe_load((Path(clusters.__file__).parent / "catalog" / "dgx-h100.yaml").read_text())
+    doc["device"]["peak_flops"]["bf16"]["value"] = 989
+    p = tmp_path / "slip.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match=r"device\.peak_flops\.bf16\.value.*FLOP/s"):
+        load_cluster(str(p))
