@@ -213,6 +213,15 @@ class Strategy:
         if self.schedule == "ZBVPP" and self.vpp != 2:
             raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
                                 f"a V), got {self.vpp}")
+        m = self.global_batch_size // per_step
+        if self.schedule == "VPP" and self.vpp > 1 and m % self.pp:
+            # Megatron-LM's interleaved schedule runs micro-batches in groups of pp
+            # (simulator.schedules.classic.interleaved)
+            raise StrategyError(
+                f"strategy field 'global_batch_size' ({self.global_batch_size}) gives {m} "
+                f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
+                f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
+                f"of pp = {self.pp}")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
