@@ -112,6 +112,10 @@ class BlockCost:
             history update).
         fp8_state_bytes: persistent bytes of FP8 weight copies and amax histories
             (``simulator.fp8.fp8_state_bytes``).
+        cp_hidden: seconds per phase of the context-parallel exchange that ran beside the
+            attention kernels (``simulator.context_parallel``: issued minus exposed). Not in
+            ``comm`` (which holds what the block's time carries); the step's ``tp_comm``
+            line shows it as issued and ``overlapped`` as hidden.
     """
 
     compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -126,6 +130,7 @@ class BlockCost:
     overlaps: list[OverlapCandidate] = field(default_factory=list)
     per_step: float = 0.0
     fp8_state_bytes: float = 0.0
+    cp_hidden: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def attn_core_f(self) -> float:
@@ -367,8 +372,9 @@ class StageCoster:
         if cp == 1:
             return 0.0
         phase = CP_PHASE[sig.type]
-        exposed, _ = cp_comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank, self.offset)
+        exposed, alone = cp_comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank, self.offset)
         bc.comm[phase] += exposed
+        bc.cp_hidden[phase] += max(0.0, alone - exposed)
         bc.comm_count[phase] += cp - 1
         own = 0
         for t in (*sig.ins, *sig.outs):

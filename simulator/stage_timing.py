@@ -106,9 +106,11 @@ class StageTimer:
         return {id(self.layers[i]) for i in self.vs_layers[vs]} - {id(self.pre), id(self.post)}
 
     def stage_time(self, vs: int) -> tuple[dict[str, float], dict[str, float]]:
-        """({F, B, W, BW} seconds, {compute, comm, fsdp} seconds) of virtual stage ``vs``
-        per micro-batch; BW is a fused backward action (B then W); ``fsdp`` is the part of
-        ``comm`` that ZeRO-3's parameter gathers and gradient reduces add.
+        """({F, B, W, BW} seconds, {compute, comm, cp_hidden, fsdp} seconds) of virtual stage
+        ``vs`` per micro-batch; BW is a fused backward action (B then W); ``fsdp`` is the part
+        of ``comm`` that ZeRO-3's parameter gathers and gradient reduces add; ``cp_hidden``
+        the context-parallel exchange that ran beside attention (``BlockCost.cp_hidden``;
+        in no action's time).
 
         ZeRO-3 gathers each block's parameters before its forward and backward: under a
         profile that prefetches (``overlap.fsdp_prefetch`` >= 1: FSDP, DeepSpeed stage 3)
@@ -125,14 +127,16 @@ class StageTimer:
         B + W, pays it twice -- the executor runs its B and W units one after the other)."""
         ov = self.cfg.overlap
         blocks, per = self._block_phases(vs)
-        parts = {"compute": 0.0, "comm": 0.0}
+        parts = {"compute": 0.0, "comm": 0.0, "cp_hidden": 0.0}
         recomputed = self._recomputed(vs)
         for blk in blocks:
             parts["compute"] += sum(blk.compute[ph] for ph in PHASES)
             parts["comm"] += (1 - ov) * sum(blk.comm[ph] for ph in PHASES)
+            parts["cp_hidden"] += sum(blk.cp_hidden[ph] for ph in PHASES)
             if id(blk) in recomputed and self.cfg.recompute == "full":
                 parts["compute"] += blk.compute["F"]
                 parts["comm"] += (1 - ov) * blk.comm["F"]
+                parts["cp_hidden"] += blk.cp_hidden["F"]
             elif id(blk) in recomputed:
                 parts["compute"] += blk.recompute_time(self.cfg.recompute)
         times, gathered = self._zero3_times(blocks, per)

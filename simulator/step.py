@@ -426,7 +426,9 @@ class StepModel:
         tail["optimizer"] = opt
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
-        comm = m * sum(parts[vs]["comm"] for vs in vstages)
+        # issued in-stage collectives: what the actions carry plus the context-parallel
+        # exchange hidden beside attention (it is then all "overlapped")
+        comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
         memory = rank_memory(c, self.rank_param_facts(vstages, params, layer_blocks, blocks), act_peak,
                              self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
                              loss_elements=self.costs.loss.elements, loss_block=self.costs.post,

@@ -336,3 +336,27 @@ def test_selective_recompute_reruns_the_exchange():
     exposed, alone = ring_exposed_time(sig, t_attn, cl, 0)
     assert alone == cl.p2p_time(kv_block_bytes(sig), 0, 8) and 0 < exposed == pytest.approx(alone - t_attn / 2)
     assert layer.recompute_f["selective"] == pytest.approx(t_attn + exposed)
+
+
+def test_a_hidden_ring_exchange_shows_as_issued_and_overlapped_in_the_breakdown():
+    """Ring attention hidden behind the blockwise attention used to leave ``tp_comm`` at 0
+    ("all issued") although every rank sent its K/V blocks. Now the issued sends are in
+    ``tp_comm`` and, hidden, in ``overlapped``; the step time is unchanged by the report.
+
+    Hand-derived: llama2-7b (32 layers, 32 heads of 128, no GQA), seq 32768 on cp 4: a
+    rank's K/V block is 2 x 8192 tokens x 32 x 128 x 2 bytes = 134,217,728 bytes. Per layer
+    and micro-batch the forward sends 3 blocks, the full recompute 3 more, the backward 3
+    double blocks (K/V and dK/dV); 4 micro-batches (global batch 8 / dp 2), 32 layers."""
+    from meshplan.engine import Engine
+    from meshplan.strategy import Strategy
+
+    s = Strategy(dp=2, cp=4, micro_batch_size=1, global_batch_size=8, recompute="full")
+    e = Engine("llama2-7b", "dgx-h100", s, nodes=1, seq_len=32768)
+    r = e.simulate()
+    blk = 2 * 8192 * 32 * 128 * 2
+    issued = 4 * 32 * 3 * (2 * e.cluster.p2p_time(blk, 0, 1) + e.cluster.p2p_time(2 * blk, 0, 1))
+    t = r.time_breakdown
+    assert t["tp_comm"] == pytest.approx(issued, rel=1e-9) and issued > 0.5
+    assert t["overlapped"] == pytest.approx(issued, rel=1e-9)  # all hidden on NVLink
+    lines = t["compute"] + t["tp_comm"] - t["overlapped"] + t["bubble"] + t["dp_sync"] + t["optimizer"]
+    assert lines == pytest.approx(r.step_time, rel=1e-9)
