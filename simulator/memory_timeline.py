@@ -44,6 +44,34 @@ def activation_curves(timeline: Iterable[Any], num_ranks: int,
     return curves
 
 
+def activation_ramps(timeline: Iterable[Any], num_ranks: int,
+                     per_chunk: dict[tuple[int, int], tuple[float, float]]) -> list[list[tuple[int, float]]]:
+    """Per rank, the activation bytes it holds drawn as they build up and drain: a point at
+    the start and at the end of each action, linear in between (a forward saves its
+    activations op by op, a backward frees them op by op). ``+M_B`` over an F, ``-(M_B -
+    M_W)`` over a B, ``-M_W`` over a W, ``-M_B`` over a fused BW; flat between actions.
+    [(time ns, bytes)] from (0, 0). A rank's actions run one after another on its compute
+    stream, so every maximum of :func:`activation_curves` (which charges a forward at its
+    start) is reached here at that forward's end: the two curves have the same peak, and
+    a pp = 1 step, whose step curve sits at M_B throughout, shows each micro-batch's rise
+    and fall."""
+    acts: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
+    for e in timeline:
+        mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
+        delta = {"F": mb, "B": -(mb - mw), "W": -mw}.get(e.kind, -mb)
+        acts[e.rank].append((int(e.start), int(e.end), delta))
+    curves = []
+    for rank_acts in acts:
+        cur, pts = 0.0, [(0, 0.0)]
+        for start, end, delta in sorted(rank_acts):
+            if start > pts[-1][0]:
+                pts.append((start, cur))
+            cur += delta
+            pts.append((end, cur))
+        curves.append(pts)
+    return curves
+
+
 def static_bytes(memory: dict[str, int]) -> int:
     """Bytes a rank holds the whole step: its breakdown's total less the activations and
     the one-op transients (:data:`TRANSIENT_LINES`)."""
@@ -66,21 +94,21 @@ def counter_events(curves: list[list[tuple[int, float]]], per_rank: list[dict[st
 
 def plot(result: Any, path: str | Path) -> Path:
     """A PNG of each rank's memory over the step: the bytes held throughout plus its
-    activations (step curve), with its peak (the breakdown total with the one-op
-    transients, dashed); ms on the x axis, GiB on the y."""
+    activations as they build up and drain (:func:`activation_ramps`), with its peak (the
+    breakdown total with the one-op transients, dashed); ms on the x axis, GiB on the y."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = activation_curves(result.sim.timeline, len(result.memory_per_stage),
-                               result.activation_per_chunk)
+    curves = activation_ramps(result.sim.timeline, len(result.memory_per_stage),
+                              result.activation_per_chunk)
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r, pts in enumerate(curves):
         held = static_bytes(result.memory_per_stage[r])
         xs = [t / 1e6 for t, _ in pts]
         ys = [(held + b) / GIB for _, b in pts]
-        line = ax.step(xs, ys, where="post", label=f"rank {r}")[0]
+        line = ax.plot(xs, ys, lw=1.0, label=f"rank {r}")[0]
         ax.axhline(result.memory_per_stage[r]["total"] / GIB, ls="--", lw=0.8,
                    color=line.get_color())
     ax.set_xlabel("time (ms)")

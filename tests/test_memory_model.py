@@ -264,3 +264,29 @@ def test_fsdp_buffers_of_llama3_8b_by_hand():
     assert (m["params"], m["grads"], m["optimizer"]) == (4 * p // 8, 4 * p // 8, 8 * p // 8)
     # the loss: 2 x 8192 tokens x 128256 logits, fp32 log-softmax gradients 8 bytes each
     assert m["loss_temporaries"] == 8 * 2 * 8192 * 128256
+
+
+def test_memory_png_curve_rises_and_falls_with_each_micro_batch_at_pp_1():
+    """The PNG's curve (``activation_ramps``) draws each forward's activations building up
+    and each backward's draining; the step curve charges a forward at its start, so at
+    pp = 1 (each micro-batch's B ends where the next F starts) it sat flat at M_B all
+    step. Both curves have the same peak, the breakdown's activations, at pp = 1 and 2;
+    at pp = 1 the ramp curve reaches it once per micro-batch and returns to 0 between."""
+    from simulator.memory import timeline_activation_peaks
+    from simulator.memory_timeline import activation_ramps
+
+    for pp, m in ((1, 4), (2, 4)):
+        s = Strategy(dp=1, pp=pp, global_batch_size=m)
+        res = Engine("megatron-1.7b", "dgx-a100-80g", s, nodes=1, seq_len=512).simulate()
+        ramps = activation_ramps(res.sim.timeline, pp, res.activation_per_chunk)
+        peaks = timeline_activation_peaks(res.sim.timeline, pp, res.activation_per_chunk)
+        for r in range(pp):
+            assert max(b for _, b in ramps[r]) == pytest.approx(peaks[r], rel=1e-12)
+            assert peaks[r] == res.memory_per_stage[r]["activations"]
+            assert ramps[r][-1][1] == pytest.approx(0.0, abs=1e-3)
+            assert all(t1 >= t0 for (t0, _), (t1, _) in zip(ramps[r], ramps[r][1:], strict=False))
+        if pp == 1:
+            mb = res.activation_per_chunk[(0, 0)][0]
+            tops = [b for _, b in ramps[0] if b == pytest.approx(mb, rel=1e-9)]
+            lows = [b for _, b in ramps[0][1:] if abs(b) < 1e-3 * mb]
+            assert len(tops) == m and len(lows) == m  # m rises to M_B, m returns to 0
