@@ -6,6 +6,11 @@ parallelism) on a mesh with a data-parallel and a tensor-parallel (mp) dim:
 - column-parallel ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` (and a fused
   ``qkv_proj``): weight ``[in, out]`` split on ``out`` over mp, bias split over mp;
 - row-parallel ``o_proj``, ``down_proj``: weight split on ``in`` over mp, bias replicated;
+- mixture-of-experts layers: the grouped expert weights ``mlp.experts.{gate,up}_proj``
+  ``[E, h, f]`` column-parallel (split on f) and ``mlp.experts.down_proj`` ``[E, f, h]``
+  row-parallel (split on f), as a dense MLP per expert (Megatron-Core expert tensor
+  parallelism with etp = tp); a shared expert like a dense MLP; the router ``mlp.gate``
+  replicated;
 - vocab-parallel ``embed_tokens`` (weight ``[V, h]`` split on V) and ``lm_head`` (weight
   ``[h, V]`` split on V);
 - every other parameter (norms, position embedding) replicated;
@@ -80,7 +85,10 @@ def _column(v: Value, dp: int, mp: int) -> list[int]:
 
 
 def _row(v: Value, dp: int, mp: int) -> list[int]:
-    return [mp] + [-1] * (v.ndim - 1) if v.ndim == 2 else [-1] * v.ndim
+    """Split the ``in`` dim: a weight ``[in, out]``, or a grouped expert weight
+    ``[E, in, out]`` (each expert row-parallel, Megatron-Core's expert TP); replicated
+    otherwise."""
+    return [-1] * (v.ndim - 2) + [mp, -1] if v.ndim in (2, 3) else [-1] * v.ndim
 
 
 def _replicated(v: Value, dp: int, mp: int) -> list[int]:
