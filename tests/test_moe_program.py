@@ -190,3 +190,49 @@ def test_moe_plans_complete_without_fallback_rules(tiny_path, kw, recwarn):
                and op.operands[0] is not None and op.operands[0].name}
     experts = {v.name for v in pp.program.parameters() if ".experts." in (v.name or "")}
     assert experts and experts <= updated
+
+
+# -- expert parallelism through per-value annotations (issue 21 D, partial) -----------------
+def _ep_annotation(layers: int) -> dict:
+    """Every expert weight split on its expert dim over the dp mesh dim (ep = dp = 2)."""
+    ann = {f"decoder.layers.{i}.mlp.experts.{w}.weight": ["Shard(0)", "Replicate()"]
+           for i in range(layers) for w in ("gate_proj", "up_proj", "down_proj")}
+    return ann | {"input_ids": ["Shard(0)", "Replicate()"], "labels": ["Shard(0)", "Replicate()"]}
+
+
+def test_expert_parallel_annotation_dispatches_and_combines_by_all_to_all(tiny_path):
+    """Experts split over dp = 2 (2 experts a rank). Per layer and micro-batch each rank's
+    expert-major tokens are [E 4, C 16 x its 1 sequence, h 64] bf16 = 4 * 16 * 64 * 2 = 8,192
+    bytes: the dispatch all_to_all (Shard(1) -> Shard(0)) and the combine all_to_all back,
+    and their two transposes in backward, all on the dp group [0, 1]; no other collective in
+    the MoE block, and the expert weight gradients are not Partial (each expert lives on one
+    rank: no data-parallel reduction). Per step (2 layers, gbs 4 / (dp 2 x mbs 1) = 2
+    micro-batches): 2 * 2 * 4 * 8,192 = 131,072 all_to_all bytes a rank, and the cost model
+    charges a layer's forward and its backward twice the cluster's all_to_all of 8,192 bytes
+    on [0, 1] each. (Only the program is expert-parallel here: no Strategy field yet, and
+    the step's gradient sync still counts the expert gradients over dp.)"""
+    from clusters import load_cluster
+    from simulator.roofline import Roofline
+    from simulator.stage_cost import StageCoster
+
+    pp = build_plan_program(resolve_model(tiny_path, 32),
+                            Strategy(dp=2, micro_batch_size=1, global_batch_size=4, annotation=_ep_annotation(2)))
+    prog = pp.program
+    a2a = [(op.role.name, op.attrs["nbytes"], op.attrs["groups"]) for op in prog.ops if op.type == "all_to_all"]
+    assert a2a == [("FORWARD", 8192, [[0, 1]])] * 4 + [("BACKWARD", 8192, [[0, 1]])] * 4
+    others = [op.type for op in prog.ops if op.struct_name.startswith("decoder.layers.0.mlp")
+              and op.type in ("all_reduce", "all_gather", "reduce_scatter")]
+    assert others == []
+    assert sum(n for _, n, _ in a2a) * pp.num_microbatches == 131_072
+    grads = [op.results[1].dist_attr for op in prog.ops if op.type == "matmul_grad"
+             and ".experts." in op.struct_name]
+    assert len(grads) == 6 and all(g.dims_mapping[0] == 0 and not g.partial for g in grads)
+    cl = load_cluster("dgx-h100", 1)
+    cost = build_plan_program(resolve_model(tiny_path, 32), Strategy(
+        dp=2, micro_batch_size=1, global_batch_size=4, annotation=_ep_annotation(2)),
+        representative=True, resolve_reshards=False)
+    layer = StageCoster(cost.program, cl, Roofline.from_device(cl.device), rank=0).block_costs()
+    first = layer[0]  # decoder layer 0 (block keys: "pre", layer indices, "post")
+    one = cl.collective_time("all_to_all", 8192, [0, 1])
+    assert first.comm["F"] == pytest.approx(2 * one, rel=1e-9) and first.comm_count["F"] == 2
+    assert first.comm["B"] == pytest.approx(2 * one, rel=1e-9) and first.comm_count["B"] == 2
