@@ -138,6 +138,17 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
     ContextParallelError for a cp the model cannot take)."""
     cfg, s = source.config, strategy
     check_context_parallel(source, s)
+    if s.ep > 1:
+        experts = cfg.num_experts if cfg is not None else None
+        if experts is None:
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
+                                   "experts (expert parallelism needs a mixture-of-experts model)")
+        if experts % s.ep:
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep} does not divide model "
+                                   f"{cfg.name!r} num_experts = {experts}")
+        if s.annotation != "megatron":
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep} needs annotation 'megatron' "
+                                   f"(the layout that places the experts), got {s.annotation!r}")
     if cfg is not None and s.tp > 1 and s.annotation == "megatron":
         for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
             if n % s.tp:
@@ -156,7 +167,7 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
 def _needs_annotation(source: ModelSource, s: Strategy, representative: bool) -> bool:
     """Whether the program is annotated and completed (module docstring: a representative
     pure data-parallel config model is not)."""
-    if isinstance(s.annotation, dict) or s.tp > 1:
+    if isinstance(s.annotation, dict) or s.tp > 1 or s.ep > 1:
         return True
     if representative:
         return source.is_program and s.dp > 1
@@ -207,7 +218,8 @@ def expand_layer_annotations(program: Program, annotation: dict[str, list[str]])
 
 def _annotate(prog: Program, s: Strategy, mesh: ProcessMesh) -> None:
     if s.annotation == "megatron":
-        shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
+        shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel,
+                       expert_parallel=s.ep > 1)
     elif isinstance(s.annotation, dict):
         for name, pl in expand_layer_annotations(prog, s.annotation).items():
             annotate(prog, name, mesh, placements=parse_placements(pl))
@@ -305,6 +317,6 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     micro-batches)."""
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
-    return replace(s, dp=1, tp=1, pp=1, cp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
                    sequence_parallel=False, zero=0, fsdp_shard_size=None, annotation="none",
                    layers_per_stage=None)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clusters import load_cluster
-from completion.models import MODEL_CATALOG, build_model
+from completion.models import MODEL_CATALOG, build_model, config_from_hf_dict
 from meshplan import Engine, Strategy
 from simulator.op_cost import op_cost
 from simulator.op_signature import op_signature
@@ -112,3 +112,67 @@ def test_pattern_templates_shard_grouped_expert_weights_per_expert():
         f"{pre}.experts.down_proj.weight": "Shard(1)",
         f"{pre}.shared_expert.gate_proj.weight": "Shard(1)", f"{pre}.shared_expert.up_proj.weight": "Shard(1)",
         f"{pre}.shared_expert.down_proj.weight": "Shard(0)"}
+
+
+# -- expert parallelism: Strategy.ep (issue 21 D) ---------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    p = tmp_path_factory.mktemp("moe_ep") / "moe.json"
+    p.write_text(json.dumps(TINY))
+    return str(p)
+
+
+def test_ep_strategy_places_experts_and_skips_their_gradient_sync(tiny_moe):
+    """TINY on dp 2 = ep 2 (tp 1): each rank holds 2 of the 4 experts. Local elements per
+    layer: norms 128; q 64*64 + 64, k and v 64*32 + 32 each, o 64*64 -> 12,416; router 256;
+    experts 2 * 3 * 64*32 = 12,288; shared expert 3 * 64*64 = 12,288; shared gate 64 ->
+    37,440, x 2 layers = 74,880; embedding + head 2 * 256*64 = 32,768; final norm 64:
+    107,712 (ep 1: 132,288). The dp gradient sync reduces all but the 2 * 12,288 expert
+    elements: 83,136. Per step the program sends 2 layers x 4 all_to_alls x 8,192 bytes x
+    2 micro-batches = 131,072 bytes a rank."""
+    s = Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4)
+    eng = Engine(tiny_moe, "dgx-h100", s, seq_len=32)
+    model = eng.step_model()
+    assert model.rank_params([0]) == 107_712 and model.rank_params([0], synced=True) == 83_136
+    assert eng.simulate().memory_breakdown["params"] == 2 * 107_712
+    assert {n for i in (0, 1) for n in model.costs.layers[i].dp_split} == {
+        f"decoder.layers.{i}.mlp.experts.{w}.weight" for i in (0, 1) for w in ("gate_proj", "up_proj", "down_proj")}
+    from completion.models.source import resolve_model
+    from completion.plan_program import build_plan_program
+
+    prog = build_plan_program(resolve_model(tiny_moe, 32), s)
+    a2a = [op.attrs["nbytes"] for op in prog.program.ops if op.type == "all_to_all"]
+    assert len(a2a) == 8 and sum(a2a) * prog.num_microbatches == 131_072
+    dense = Engine(tiny_moe, "dgx-h100", Strategy(dp=2, micro_batch_size=1, global_batch_size=4), seq_len=32)
+    assert dense.step_model().rank_params([0], synced=True) == dense.step_model().rank_params([0]) == 132_288
+
+
+def test_ep_errors_name_the_field(tiny_moe, capsys):
+    from completion.strategy import StrategyError
+
+    with pytest.raises(StrategyError, match="'ep' = 3 must be 1 or dp = 4"):
+        Strategy(dp=4, ep=3, global_batch_size=4)
+    with pytest.raises(StrategyError, match="'ep' = 2 with 'zero' = 1"):
+        Strategy(dp=2, ep=2, zero=1, global_batch_size=2)
+    with pytest.raises(ValueError, match="'ep' = 2: model 'llama2-7b' has no experts"):
+        Engine("llama2-7b", "dgx-h100", Strategy(dp=2, ep=2, global_batch_size=2), seq_len=64).cost()
+    cfg8 = TINY | {"num_experts": 6}
+    with pytest.raises(ValueError, match="'ep' = 4 does not divide model .* num_experts = 6"):
+        Engine(config_from_hf_dict(cfg8), "dgx-h100", Strategy(dp=4, ep=4, global_batch_size=4), seq_len=32).cost()
+    rc, out, err = run_main(capsys, "cost", "--model", tiny_moe, "--cluster", "dgx-h100", "--dp", "4",
+                            "--ep", "2", "--global-batch", "4", "--seq-len", "32")
+    assert rc == 2 and "--ep = 2 must be 1 or --dp = 4" in err
+
+
+def test_ep_exports_to_each_framework():
+    """Megatron-LM ``--expert-model-parallel-size`` (ModelParallelConfig), torchtitan
+    ``[parallelism] expert_parallel_degree``; DeepSpeed sets it in model code: a note."""
+    from meshplan.commands.export_targets import export_plan
+    from meshplan.plan import Plan
+
+    p = Plan(str(CONFIGS / "mixtral-8x7b.json"), "dgx-h100",
+             Strategy(dp=4, tp=2, pp=8, ep=4, global_batch_size=256), seq_len=4096)
+    assert "--expert-model-parallel-size 4 \\" in export_plan(p, "megatron").text.splitlines()
+    assert "expert_parallel_degree = 4" in export_plan(p, "torchtitan").text.splitlines()
+    ds = export_plan(p, "deepspeed")
+    assert [n.knob for n in ds.notes if n.knob == "ep"] == ["ep"] and ds.effective["ep"] == 1

@@ -2,7 +2,8 @@
 every parameter after the updates, fp32, executor.verify): data parallel, tensor parallel
 with the aux loss (one micro-batch: the aux loss is per micro-batch and per rank, as
 Megatron-Core computes it, so it matches one process only when both see the same tokens),
-and expert parallel (experts split over dp: dispatch and combine by all_to_all)."""
+and expert parallel (experts split over dp: dispatch and combine by all_to_all), placed by
+per-value annotations and by ``Strategy.ep``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def test_moe_plans_verify_on_two_gloo_ranks(tmp_path):
     cases = {
         "dp2": plan(plain, dp=2, micro_batch_size=1, global_batch_size=4),
         "tp2 aux": plan(aux, tp=2, micro_batch_size=2, global_batch_size=2),
-        "ep2": plan(plain, dp=2, micro_batch_size=1, global_batch_size=4, annotation=_ep_annotation(2)),
+        "ep2 annotated": plan(plain, dp=2, micro_batch_size=1, global_batch_size=4,
+                              annotation=_ep_annotation(2)),
+        "ep2 strategy": plan(plain, dp=2, ep=2, micro_batch_size=1, global_batch_size=4),
     }
     results = verify_many(list(cases.values()), 2)
     bad = [f"{n}: {r.summary()}" for n, r in zip(cases, results, strict=True) if not r.ok]
