@@ -176,3 +176,14 @@ def test_ep_exports_to_each_framework():
     assert "expert_parallel_degree = 4" in export_plan(p, "torchtitan").text.splitlines()
     ds = export_plan(p, "deepspeed")
     assert [n.knob for n in ds.notes if n.knob == "ep"] == ["ep"] and ds.effective["ep"] == 1
+
+
+def test_ep_round_trips_through_plan_json(tmp_path):
+    from meshplan.plan import Plan
+
+    p = Plan(str(CONFIGS / "mixtral-8x7b.json"), "dgx-h100",
+             Strategy(dp=4, tp=2, pp=8, ep=4, global_batch_size=256), seq_len=4096)
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(p.to_dict()))
+    q = Plan.from_dict(json.loads(f.read_text()))
+    assert q.strategy.ep == 4 and q.strategy == p.strategy
