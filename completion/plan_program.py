@@ -253,7 +253,11 @@ def resolve_attention(strategy: Strategy, source: ModelSource, default: str | No
 
 def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
              attention: str | None) -> Program:
-    layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if representative else None
+    uniform = source.config is None or source.config.replace(num_layers=source.num_layers).uniform_layers
+    if representative:  # a mixed dense / MoE layer pattern: every layer (ModelConfig.uniform_layers)
+        layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if uniform else source.num_layers
+    else:
+        layers = None
     prog = source.forward_program(batch, s.dtype, layers, attention or resolve_attention(s, source))
     if source.is_program and program_batch(prog) != batch and s.world_size > 1:
         raise PlanProgramError(f"model {source.name!r} has batch {program_batch(prog)} but the "

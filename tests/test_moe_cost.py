@@ -187,3 +187,30 @@ def test_ep_round_trips_through_plan_json(tmp_path):
     f.write_text(json.dumps(p.to_dict()))
     q = Plan.from_dict(json.loads(f.read_text()))
     assert q.strategy.ep == 4 and q.strategy == p.strategy
+
+
+def test_a_mixed_dense_and_moe_layer_pattern_is_costed_layer_by_layer(tmp_path):
+    """decoder_sparse_step 2 over 6 layers (MoE at 1, 3, 5) and mlp_only_layers [5]: the
+    first/middle/last representative program would cost every middle layer as layer 1 (MoE),
+    so such a model is costed from all its layers, each as itself. Dense layers' forward
+    FLOPs differ from MoE layers' by the MLP: per token 2 * 3 * 64*128 = 49,152 dense vs 2 *
+    (64*4 + 2 * 3 * 64*32) = 25,088 routed + 2 * 3 * 64*64 = 24,576 shared + 2 * 64 = 128
+    shared-expert gate = 49,792."""
+    from tests.test_moe_program import TINY as T2
+
+    cfg = tmp_path / "mixed.json"
+    cfg.write_text(json.dumps({**T2, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [5],
+                               "router_aux_loss_coef": 0.0}))
+    eng = Engine(str(cfg), "dgx-h100", Strategy(dp=1, micro_batch_size=1, global_batch_size=1), seq_len=32)
+    costs = eng.step_model().costs
+    assert costs.layer_keys == [0, 1, 2, 3, 4, 5]
+    f = costs.model_flops
+    assert f[2] == f[4] and f[1] == f[3] and f[1] != f[2]  # middle dense, middle MoE layers
+    dense = build_model(config_from_hf_dict(json.loads(cfg.read_text())), 1, seq_len=32)
+    mlp = {i: sum(k.flops for op in dense.ops if op.struct_name.startswith(f"decoder.layers.{i}.mlp")
+                  and op.type == "matmul" for k in op_cost(op_signature(op))) / 32 for i in (0, 1)}
+    assert mlp == {0: 49_152, 1: 25_088 + 24_576 + 128} and mlp[1] == 49_792
+    (tmp_path / "u.json").write_text(json.dumps(T2))
+    uniform = Engine(str(tmp_path / "u.json"), "dgx-h100", Strategy(micro_batch_size=1, global_batch_size=1),
+                     seq_len=32, num_layers=6)
+    assert uniform.step_model().costs.layer_keys == [0, 1, 1, 1, 1, 2]  # first, middle, last stand for all

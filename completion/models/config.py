@@ -250,7 +250,7 @@ class ModelConfig:
             return
         _int("num_experts", 1, MAX_EXPERTS)
         _int("experts_per_token", 1, self.num_experts)
-        _int("moe_layer_step", 1, self.num_layers)
+        _int("moe_layer_step", 1, MAX_MODEL_SIZES["num_layers"])
         for f in ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size"):
             if getattr(self, f) is not None:
                 _int(f, 1, MAX_MODEL_SIZES["ffn_hidden_size"])
@@ -321,6 +321,14 @@ class ModelConfig:
         set, ``(layer + 1) % moe_layer_step == 0``, not in ``dense_layers``)."""
         return (self.num_experts is not None and (layer + 1) % self.moe_layer_step == 0
                 and layer not in self.dense_layers)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every decoder layer has the same MLP kind (all dense or all MoE): a
+        representative program of the first, a middle and the last layer then stands for
+        the model (``completion.plan_program``); a mixed pattern (``moe_layer_step`` > 1,
+        ``dense_layers``) is costed layer by layer."""
+        return len({self.is_moe_layer(i) for i in range(self.num_layers)}) == 1
 
     @property
     def expert_ffn_hidden_size(self) -> int:
