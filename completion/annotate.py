@@ -6,6 +6,11 @@ parallelism) on a mesh with a data-parallel and a tensor-parallel (mp) dim:
 - column-parallel ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` (and a fused
   ``qkv_proj``): weight ``[in, out]`` split on ``out`` over mp, bias split over mp;
 - row-parallel ``o_proj``, ``down_proj``: weight split on ``in`` over mp, bias replicated;
+- mixture-of-experts layers: the grouped expert weights ``mlp.experts.{gate,up}_proj``
+  ``[E, h, f]`` column-parallel (split on f) and ``mlp.experts.down_proj`` ``[E, f, h]``
+  row-parallel (split on f), as a dense MLP per expert (Megatron-Core expert tensor
+  parallelism with etp = tp); a shared expert like a dense MLP; the router ``mlp.gate``
+  replicated;
 - vocab-parallel ``embed_tokens`` (weight ``[V, h]`` split on V) and ``lm_head`` (weight
   ``[h, V]`` split on V);
 - every other parameter (norms, position embedding) replicated;
@@ -80,7 +85,10 @@ def _column(v: Value, dp: int, mp: int) -> list[int]:
 
 
 def _row(v: Value, dp: int, mp: int) -> list[int]:
-    return [mp] + [-1] * (v.ndim - 1) if v.ndim == 2 else [-1] * v.ndim
+    """Split the ``in`` dim: a weight ``[in, out]``, or a grouped expert weight
+    ``[E, in, out]`` (each expert row-parallel, Megatron-Core's expert TP); replicated
+    otherwise."""
+    return [-1] * (v.ndim - 2) + [mp, -1] if v.ndim in (2, 3) else [-1] * v.ndim
 
 
 def _replicated(v: Value, dp: int, mp: int) -> list[int]:
@@ -95,6 +103,9 @@ MEGATRON_PARAMS: list[tuple[re.Pattern[str], Layout]] = [
     (re.compile(r"(^|\.)lm_head\.weight$"), _column),
     (re.compile(r".*"), _replicated),
 ]
+#: grouped expert weights ``[E, in, out]`` (``completion.models.moe``): split on the expert
+#: dim over dp under expert parallelism
+EXPERT_PARAMS = re.compile(r"(^|\.)experts\.(gate_proj|up_proj|down_proj)\.weight$")
 NORM_TYPES = ("layer_norm", "rms_norm")
 RESIDUAL_STRUCT = re.compile(r"(^|\.)layers\.\d+$|(^|\.)embed_positions$")
 
@@ -120,13 +131,17 @@ def _sequence_parallel_values(program: Program) -> list[Value]:
 
 
 def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_dim: int | str,
-                   sequence_parallel: bool = False) -> dict[str, TensorDistAttr]:
+                   sequence_parallel: bool = False, expert_parallel: bool = False
+                   ) -> dict[str, TensorDistAttr]:
     """Annotate a built model with the Megatron layout (module docstring).
 
     Args:
         program: a program from :func:`completion.build_model` (before or after backward).
         mesh: the process mesh; ``dp_dim`` / ``mp_dim`` are its data- and tensor-parallel
             dims (index or name; they must differ).
+        expert_parallel: also split every grouped expert weight (:data:`EXPERT_PARAMS`) on
+            its expert dim over ``dp_dim`` (ep = dp; the dispatch and combine become
+            all_to_all on the dp group, ``completion.spmd.moe``).
     Returns the annotations by value label. Raises DistAttrError for a missing mesh dim or
     dp_dim == mp_dim, CompletionError when the program has no parameters.
     """
@@ -140,7 +155,10 @@ def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_di
     for v in params:
         name = v.name or ""
         layout = next(f for rx, f in MEGATRON_PARAMS if rx.search(name))
-        out[v.label()] = set_annotation(program, v, mesh, layout(v, dp, mp))
+        dm = layout(v, dp, mp)
+        if expert_parallel and v.ndim == 3 and EXPERT_PARAMS.search(name):
+            dm[0] = dp
+        out[v.label()] = set_annotation(program, v, mesh, dm)
     batch = _batch_size(program)
     for op in program.ops:
         if op.type != "data" or not op.results or op.results[0] is None:

@@ -138,6 +138,17 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
     ContextParallelError for a cp the model cannot take)."""
     cfg, s = source.config, strategy
     check_context_parallel(source, s)
+    if s.ep > 1:
+        experts = cfg.num_experts if cfg is not None else None
+        if experts is None:
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
+                                   "experts (expert parallelism needs a mixture-of-experts model)")
+        if experts % s.ep:
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep} does not divide model "
+                                   f"{cfg.name!r} num_experts = {experts}")
+        if s.annotation != "megatron":
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep} needs annotation 'megatron' "
+                                   f"(the layout that places the experts), got {s.annotation!r}")
     if cfg is not None and s.tp > 1 and s.annotation == "megatron":
         for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
             if n % s.tp:
@@ -156,7 +167,7 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
 def _needs_annotation(source: ModelSource, s: Strategy, representative: bool) -> bool:
     """Whether the program is annotated and completed (module docstring: a representative
     pure data-parallel config model is not)."""
-    if isinstance(s.annotation, dict) or s.tp > 1:
+    if isinstance(s.annotation, dict) or s.tp > 1 or s.ep > 1:
         return True
     if representative:
         return source.is_program and s.dp > 1
@@ -207,7 +218,8 @@ def expand_layer_annotations(program: Program, annotation: dict[str, list[str]])
 
 def _annotate(prog: Program, s: Strategy, mesh: ProcessMesh) -> None:
     if s.annotation == "megatron":
-        shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel)
+        shard_megatron(prog, mesh, 0, 1, sequence_parallel=s.sequence_parallel,
+                       expert_parallel=s.ep > 1)
     elif isinstance(s.annotation, dict):
         for name, pl in expand_layer_annotations(prog, s.annotation).items():
             annotate(prog, name, mesh, placements=parse_placements(pl))
@@ -241,7 +253,11 @@ def resolve_attention(strategy: Strategy, source: ModelSource, default: str | No
 
 def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
              attention: str | None) -> Program:
-    layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if representative else None
+    uniform = source.config is None or source.config.replace(num_layers=source.num_layers).uniform_layers
+    if representative:  # a mixed dense / MoE layer pattern: every layer (ModelConfig.uniform_layers)
+        layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if uniform else source.num_layers
+    else:
+        layers = None
     prog = source.forward_program(batch, s.dtype, layers, attention or resolve_attention(s, source))
     if source.is_program and program_batch(prog) != batch and s.world_size > 1:
         raise PlanProgramError(f"model {source.name!r} has batch {program_batch(prog)} but the "
@@ -305,6 +321,6 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     micro-batches)."""
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
-    return replace(s, dp=1, tp=1, pp=1, cp=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
                    sequence_parallel=False, zero=0, fsdp_shard_size=None, annotation="none",
                    layers_per_stage=None)

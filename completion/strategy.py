@@ -13,6 +13,13 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   ``p2p`` (ring attention, K/V blocks passed peer to peer beside the blockwise attention;
   Liu et al. 2023, Megatron ``--cp-comm-type p2p``) or ``all_gather`` (K/V all-gathered
   before the attention, ``--cp-comm-type all_gather``); ``completion.context_parallel``;
+- ``ep``: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed
+  experts of a mixture-of-experts model split over ``ep`` ranks, tokens sent to their
+  experts' ranks by all_to_all and back (``completion.spmd.moe``). Here the experts split
+  over the data-parallel ranks: ``ep`` is 1 or ``dp`` (Megatron-Core's expert-data-parallel
+  size dp * cp * tp / (ep * etp) is then 1 with etp = tp: every expert weight lives on one
+  dp rank, split like a dense MLP over tp; ``completion.plan_program.check_plan`` checks the
+  model);
 - ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
@@ -92,7 +99,7 @@ FP8_DTYPES = {"fp8-delayed": "te-delayed", "fp8-te": "te-delayed", "fp8-tensorwi
 ZERO_STAGES = (0, 1, 2, 3)
 #: knob names of earlier plan files -> today's
 LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}
-_INT_FIELDS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size")
+_INT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size")
 #: Largest value of each integer knob (issue 16 item 8: sizes are bounded where they
 #: enter, so no size makes a command run for minutes). Degrees: at most the ranks a
 #: cluster may have (``clusters.spec.MAX_WORLD_SIZE``, 2**20), also for their product;
@@ -102,7 +109,8 @@ MAX_VPP = 64
 MAX_BATCH = 2**24
 #: most decoder layers one virtual stage may hold (a model has at most 2**14)
 MAX_LAYERS = 2**14
-MAX_VALUES = {"dp": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "cp": MAX_DEGREE, "vpp": MAX_VPP,
+MAX_VALUES = {"dp": MAX_DEGREE, "tp": MAX_DEGREE, "pp": MAX_DEGREE, "cp": MAX_DEGREE, "ep": MAX_DEGREE,
+              "vpp": MAX_VPP,
               "micro_batch_size": MAX_BATCH, "global_batch_size": MAX_BATCH}
 
 
@@ -153,6 +161,7 @@ class Strategy:
     cp_comm: str = "p2p"
     fp8: str | None = None
     fsdp_shard_size: int | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
@@ -227,6 +236,16 @@ class Strategy:
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
+        if self.ep > 1 and self.ep != self.dp:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} must be 1 or dp = {self.dp} "
+                                "(experts split over the data-parallel ranks)")
+        if self.ep > 1 and self.cp > 1:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'cp' = {self.cp}: experts split "
+                                "over the data- and context-parallel ranks are not modelled; use cp 1")
+        if self.ep > 1 and self.zero:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: ZeRO "
+                                "of expert-parallel weights (over the expert-data-parallel group) "
+                                "is not modelled; use zero 0")
         if self.cp > 1 and self.attention == "unfused":
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "

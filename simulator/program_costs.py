@@ -159,10 +159,13 @@ class ProgramCosts:
 
 
 def layer_roles(layer_ids: list[int], num_layers: int) -> list[int]:
-    """The program layer standing for each of ``num_layers`` model layers: the program's
+    """The program layer standing for each of ``num_layers`` model layers: each layer itself
+    when the program has them all (a mixed dense / MoE model); else the program's
     first layer for the first, its last for the last, its second for every middle one
     (with fewer than three program layers the nearest kind: a two-layer program's first
     layer stands for the middle ones too)."""
+    if len(layer_ids) == num_layers:  # a program of every layer: each stands for itself
+        return list(layer_ids)
     first, last = layer_ids[0], layer_ids[-1]
     middle = layer_ids[1] if len(layer_ids) > 2 else first
     if num_layers == 1:

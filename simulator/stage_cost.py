@@ -105,6 +105,12 @@ class BlockCost:
         grad_sync: (kind, nbytes, group) of per-step collectives on weight gradients.
         params: parameter name -> (local elements, local bytes) of the parameters the
             block's forward reads (a tied embedding appears in both "pre" and "post").
+        dp_split: names of those parameters split over the data-parallel mesh dim (dim 0
+            of the plan's mesh, ``completion.plan_program``): each rank holds its own part
+            and no other dp rank has a copy (grouped expert weights under expert
+            parallelism, ``Strategy.ep``), so the step's data-parallel gradient sync skips
+            them (Megatron-Core reduces expert gradients over the expert-data-parallel
+            group, of size 1 when ep = dp).
         workspace: bytes of the largest single op's working set in the block.
         comm_count: number of in-stage collective steps per phase.
         per_step: seconds of kernels the block's ops run once per step, not per
@@ -125,6 +131,7 @@ class BlockCost:
     recompute_f: dict[str, float] = field(default_factory=dict)
     grad_sync: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
     params: dict[str, tuple[int, int]] = field(default_factory=dict)
+    dp_split: set[str] = field(default_factory=set)
     workspace: int = 0
     comm_count: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
     overlaps: list[OverlapCandidate] = field(default_factory=list)
@@ -403,6 +410,9 @@ class StageCoster:
             root = param_root(v, alias_only=True)
             if root is not None and op.role in (OpRole.FORWARD, OpRole.LOSS):
                 bc.params.setdefault(root.name or str(id(root)), (n, nb))
+                a = root.dist_attr
+                if a is not None and a.process_mesh.shape[0] > 1 and 0 in a.dims_mapping:
+                    bc.dp_split.add(root.name or str(id(root)))
             if root is None and kernel:
                 work += nb
         bc.workspace = max(bc.workspace, work)

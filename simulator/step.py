@@ -273,13 +273,16 @@ class StepModel:
         """T_comm between adjacent stages (:meth:`StageTimer.comm_time`)."""
         return self.timer.comm_time()
 
-    def rank_params(self, vstages: list[int]) -> int:
+    def rank_params(self, vstages: list[int], synced: bool = False) -> int:
         """Local parameter elements of a pipeline rank holding ``vstages`` (tied weights
-        counted once)."""
+        counted once); ``synced``: only those the data-parallel gradient sync reduces (not
+        the ``BlockCost.dp_split`` ones: expert-parallel experts)."""
         named: dict[str, int] = {}
         total = 0
         for vs in vstages:
-            total += sum(sum(n for n, _ in self.costs.layers[i].params.values()) for i in self.vs_layers[vs])
+            for i in self.vs_layers[vs]:
+                blk = self.costs.layers[i]
+                total += sum(n for k, (n, _) in blk.params.items() if not (synced and k in blk.dp_split))
             for blk, on in ((self.costs.pre, vs == 0), (self.costs.post, vs == self.nvs - 1)):
                 if blk is not None and on:
                     named.update({k: n for k, (n, _) in blk.params.items()})
@@ -343,8 +346,9 @@ class StepModel:
             comm_time=t_comm, rank_tails=[x["tail"] for x in ranks], dp_buckets=spans)
 
     def _chunk_params(self, vstages: list[int]) -> dict[int, int]:
-        """Local parameter elements per chunk of a pipeline rank holding ``vstages`` (a
-        tied parameter counted once, in the first chunk that reads it)."""
+        """Local parameter elements per chunk of a pipeline rank holding ``vstages`` that the
+        data-parallel gradient sync reduces (a tied parameter counted once, in the first
+        chunk that reads it; ``BlockCost.dp_split`` ones skipped)."""
         seen: set[str] = set()
         out = {}
         for chunk, vs in enumerate(vstages):
@@ -355,7 +359,8 @@ class StepModel:
                         if name in seen:
                             continue
                         seen.add(name)
-                    n += elems
+                    if name not in blk.dp_split:  # no dp replicas: nothing to reduce
+                        n += elems
             out[chunk] = n
         return out
 
@@ -411,7 +416,8 @@ class StepModel:
         blocks = [b for vs in vstages for b in self.timer.blocks(vs)]
         tensors = len({name for b in blocks for name in b.params})
         if c.profile is None:
-            sync = sync_time(c, self.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
+            sync = sync_time(c, self.cluster, r, self.rank_params(vstages, synced=True), layer_blocks,
+                             times[vstages[0]]["B"])
             fixed = 0.0
             tail = {"end": end, "grad_sync": sync}
         else:

@@ -94,7 +94,8 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
         blocks = [b for vs in vstages for b in model.timer.blocks(vs)]
         tensors = len({name for b in blocks for name in b.params})
         if prof is None:
-            sync = sync_time(c, model.cluster, r, params, layer_blocks, times[vstages[0]]["B"])
+            sync = sync_time(c, model.cluster, r, model.rank_params(vstages, synced=True), layer_blocks,
+                             times[vstages[0]]["B"])
             fixed = 0.0
         else:
             sync = tail_collectives(c, model.cluster, r, layer_blocks)

@@ -89,11 +89,25 @@ CASES = [
     ("mean", lambda: [rnd(2, 3, 4)], {"axis": [0, 2], "keepdim": True}),
     ("mean", lambda: [rnd(4, 8)], {"axis": [], "keepdim": False}),
     ("max", lambda: [rnd(3, 5)], {"axis": [1], "keepdim": False}),
+    # mixture of experts (completion.ops.moe): 3 experts, top-2 of 5 tokens: capacity
+    # ceil(5 * 2 / 3) = 4 slots per sequence, so skewed routings drop pairs (capacity
+    # factor 2: ceil(20 / 3) = 7 slots, every pair to expert 0 drops 3 of 10)
+    ("moe_topk", lambda: [rnd(2, 5, 6, lo=0.1)], {"k": 2, "normalize": True}),
+    ("moe_topk", lambda: [rnd(2, 5, 6, lo=0.1)], {"k": 3, "normalize": False}),
+    ("moe_dispatch", lambda: [rnd(2, 5, 4), ints(3, 2, 5, 2)], {"num_experts": 3}),
+    ("moe_combine", lambda: [rnd(3, 8, 4), rnd(2, 5, 2), ints(3, 2, 5, 2)], {"num_experts": 3}),
+    ("moe_combine", lambda: [rnd(3, 14, 4), rnd(2, 5, 2), torch.zeros(2, 5, 2, dtype=torch.long)],
+     {"num_experts": 3, "capacity_factor": 2.0}),
+    ("moe_aux_loss", lambda: [rnd(2, 5, 4), torch.softmax(rnd(2, 5, 3), -1), ints(3, 2, 5, 2)],
+     {"coef": 0.01}),
 ]
 
 
 # operands the declarations give no gradient (rotary sin/cos tables)
-NO_GRAD = {"fused_rotary_position_embedding": {3, 4, 5}, "cross_entropy_with_softmax": {1}}
+NO_GRAD = {"fused_rotary_position_embedding": {3, 4, 5}, "cross_entropy_with_softmax": {1},
+           # the aux loss's own gradient on probs is not the autograd of its outputs (it is
+           # injected, Megatron-Core's MoEAuxLossAutoScaler): tests/test_models_moe.py checks it
+           "moe_aux_loss": {1}}
 
 
 def _is_float(t) -> bool:

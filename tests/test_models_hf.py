@@ -83,6 +83,10 @@ _EXTRA = {
     "gemma": {"head_dim": 32}, "gemma2": {"head_dim": 32, "sliding_window": 16},
     "phi3": {}, "olmo2": {}, "gpt2": {"n_inner": None}, "gpt": {}, "megatron-gpt": {},
     "gpt_neox": {}, "nemotron": {},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 64},
+    "qwen3_moe": {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
 }
 
 

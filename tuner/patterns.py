@@ -206,12 +206,25 @@ def find_patterns(program: Program) -> list[PatternInstance]:
 
 
 # -- templates ---------------------------------------------------------------------------
-def _roles(inst: PatternInstance, spec: Mapping[str, str]) -> dict[str, list[str]]:
-    """Placements [dp, tp] for each parameter of ``inst`` by role: tp placement per role."""
+def _shifted(placement: str, ndim: int) -> str:
+    """A template's ``Shard(d)`` of a 2-d ``[in, out]`` weight for a weight of ``ndim``
+    dims: a grouped expert weight ``[E, in, out]`` (mixture-of-experts, one matrix per
+    expert, ``completion.models.moe``) keeps the per-expert placement, ``Shard(d + ndim -
+    2)``, so column-parallel splits each expert's ``out`` and row-parallel its ``in``
+    (Megatron-Core expert tensor parallelism), never the expert dim."""
+    if ndim <= 2 or not placement.startswith("Shard("):
+        return placement
+    return f"Shard({int(placement[6:-1]) + ndim - 2})"
+
+
+def _roles(inst: PatternInstance, spec: Mapping[str, str],
+           ndims: Mapping[str, int] | None = None) -> dict[str, list[str]]:
+    """Placements [dp, tp] for each parameter of ``inst`` by role: tp placement per role
+    (``ndims``: parameter name -> rank, for :func:`_shifted`; absent: 2-d)."""
     out: dict[str, list[str]] = {}
     for role, names in inst.params.items():
         for n in names:
-            out[n] = [R, spec.get(role, R)]
+            out[n] = [R, _shifted(spec.get(role, R), (ndims or {}).get(n, 2))]
     return out
 
 
@@ -259,6 +272,7 @@ def apply_templates(program: Program, patterns: Sequence[PatternInstance],
 
     Raises PatternError naming the kind and template when a choice is unknown."""
     ann = data_annotations(program)
+    ndims = {v.name: v.ndim for v in program.parameters() if v.name}
     for inst in patterns:
         t = choice.get(inst.kind, "replicated" if inst.kind != "loss" else "follow_head")
         if inst.kind == "lm_head" and inst.tied:
@@ -266,7 +280,7 @@ def apply_templates(program: Program, patterns: Sequence[PatternInstance],
         if t not in TEMPLATES[inst.kind]:
             raise PatternError(f"pattern {inst.kind!r}: unknown template {t!r}; "
                                f"known: {list(TEMPLATES[inst.kind])}")
-        ann.update(_roles(inst, TEMPLATES[inst.kind][t]))
+        ann.update(_roles(inst, TEMPLATES[inst.kind][t], ndims))
     return ann
 
 

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from completion.errors import CompletionError
-from completion.models.hf_types import GATED, HF_ACTIVATIONS, MODEL_TYPES, HFModelType
+from completion.models.hf_types import (
+    GATED,
+    HF_ACTIVATIONS,
+    MODEL_TYPES,
+    REFUSED_MODEL_TYPES,
+    HFModelType,
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ class ModelFileNotFoundError(ModelConfigError, FileNotFoundError):
 MAX_MODEL_SIZES = {"num_layers": 2**14, "hidden_size": 2**20, "num_heads": 2**14,
                    "num_kv_heads": 2**14, "ffn_hidden_size": 2**22, "vocab_size": 2**24,
                    "seq_len": 2**24}
+#: Most routed experts per MoE layer (DeepSeek-V3 has 256, Qwen3-MoE 128)
+MAX_EXPERTS = 2**12
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,23 @@ class ModelConfig:
             included; Mistral / Gemma 2 local layers, FlashAttention-2 ``window_size``);
             None: full causal attention. ``sliding_window_every``: 1 every layer, 2 every
             other layer (Gemma 2 alternates local and global, layer 0 local).
+        num_experts: routed experts of each mixture-of-experts layer (None: a dense model).
+            Every MoE layer replaces the MLP by a router (``gate``: ``[h, E]``, softmax,
+            top-k), ``E`` SwiGLU experts of width ``moe_ffn_hidden_size`` (or
+            ``ffn_hidden_size``) and the weighted combine (Shazeer et al. 2017; Mixtral,
+            Jiang et al. 2024, sec. 2.1: ``y = sum_{i in topk} softmax(x W_g)_i SwiGLU_i(x)``).
+        experts_per_token: k of the top-k routing (Mixtral 2, Qwen1.5-MoE 4, Qwen3-MoE 8).
+        moe_ffn_hidden_size: width of each expert (None: ``ffn_hidden_size``, as Mixtral).
+        shared_expert_ffn_hidden_size: width of a shared expert every token passes through
+            (Qwen2-MoE), None: none; ``shared_expert_gate``: its output is scaled by
+            ``sigmoid(x W)``, ``W`` ``[h, 1]``.
+        moe_layer_step, dense_layers: layer ``i`` is an MoE layer when
+            ``(i + 1) % moe_layer_step == 0`` and ``i not in dense_layers`` (Qwen-MoE
+            ``decoder_sparse_step`` / ``mlp_only_layers``); the others keep the dense MLP of
+            width ``ffn_hidden_size``.
+        router_aux_loss_coef: weight of the load-balancing loss added to the LM loss
+            (Switch Transformer, Fedus et al. 2022, eq. 4-6; 0: no aux loss op).
+        norm_topk_prob: the top-k routing weights are renormalised to sum to 1.
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -160,6 +185,15 @@ class ModelConfig:
     qk_norm: str | None = None
     sliding_window: int | None = None
     sliding_window_every: int = 1
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    shared_expert_ffn_hidden_size: int | None = None
+    shared_expert_gate: bool = False
+    moe_layer_step: int = 1
+    dense_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.0
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -199,6 +233,37 @@ class ModelConfig:
         if self.resolved_positions == "rope" and self.head_dim % 2:
             raise ModelConfigError(f"model {self.name!r}: head_dim {self.head_dim} must be even for "
                                    "rotary positions")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """The mixture-of-experts fields: all None / defaults for a dense model; else
+        ``1 <= experts_per_token <= num_experts <= MAX_EXPERTS`` and positive widths."""
+        def _int(f: str, lo: int, hi: int) -> None:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ModelConfigError(f"model {self.name!r}: {f} must be an int in [{lo}, {hi}], got {v!r}")
+
+        if self.num_experts is None:
+            if self.experts_per_token is not None or self.shared_expert_ffn_hidden_size is not None:
+                raise ModelConfigError(f"model {self.name!r}: experts_per_token / shared expert "
+                                       "given without num_experts")
+            return
+        _int("num_experts", 1, MAX_EXPERTS)
+        _int("experts_per_token", 1, self.num_experts)
+        _int("moe_layer_step", 1, MAX_MODEL_SIZES["num_layers"])
+        for f in ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size"):
+            if getattr(self, f) is not None:
+                _int(f, 1, MAX_MODEL_SIZES["ffn_hidden_size"])
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.dense_layers):
+            raise ModelConfigError(f"model {self.name!r}: dense_layers must be layer indices, got "
+                                   f"{self.dense_layers!r}")
+        c = self.router_aux_loss_coef
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1e3:
+            raise ModelConfigError(f"model {self.name!r}: router_aux_loss_coef must be a number in "
+                                   f"[0, 1000), got {c!r}")
+        for f in ("norm_topk_prob", "shared_expert_gate"):
+            if not isinstance(getattr(self, f), bool):
+                raise ModelConfigError(f"model {self.name!r}: {f} must be true or false")
 
     def _check_choices(self) -> None:
         """Each choice field is one of its catalog's names (or None where allowed)."""
@@ -250,6 +315,25 @@ class ModelConfig:
         if self.sliding_window is None or layer % self.sliding_window_every:
             return None
         return self.sliding_window
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is a mixture-of-experts layer (``num_experts``
+        set, ``(layer + 1) % moe_layer_step == 0``, not in ``dense_layers``)."""
+        return (self.num_experts is not None and (layer + 1) % self.moe_layer_step == 0
+                and layer not in self.dense_layers)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every decoder layer has the same MLP kind (all dense or all MoE): a
+        representative program of the first, a middle and the last layer then stands for
+        the model (``completion.plan_program``); a mixed pattern (``moe_layer_step`` > 1,
+        ``dense_layers``) is costed layer by layer."""
+        return len({self.is_moe_layer(i) for i in range(self.num_layers)}) == 1
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Width of each routed expert: ``moe_ffn_hidden_size``, else ``ffn_hidden_size``."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -305,6 +389,21 @@ _CATALOG_LIST = [
     _megatron("1t", 128, 25600, 160),
 ]
 
+_CATALOG_LIST += [
+    # Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; its config.json:
+    # rope_theta 1e6, rms_norm_eps 1e-5, 32768 positions, no sliding window), 46,702,792,704
+    # parameters (tests/test_models_moe.py derives them). seq_len here is the default
+    # training length, 4096 (rotary: no position table; the config.json's 32768 is the
+    # context window, as DEFAULT_TRAIN_SEQ caps it for config files)
+    ModelConfig("mixtral-8x7b", "llama", 32, 4096, 32, 8, 14336, 32000, 4096, rope_theta=1e6,
+                num_experts=8, experts_per_token=2, router_aux_loss_coef=0.02),
+    # Qwen3-30B-A3B (Qwen3 technical report, Yang et al. 2025, Table 2; its config.json:
+    # head_dim 128, per-head q/k rms_norm, 128 experts of width 768, top-8 renormalised)
+    ModelConfig("qwen3-30b-a3b", "llama", 48, 2048, 32, 4, 6144, 151936, 4096, norm_eps=1e-6,
+                rope_theta=1e6, kv_channels=128, qk_norm="head", num_experts=128,
+                experts_per_token=8, moe_ffn_hidden_size=768, router_aux_loss_coef=0.001),
+]
+
 #: Built-in models by name.
 MODEL_CATALOG: dict[str, ModelConfig] = {c.name: c for c in _CATALOG_LIST}
 
@@ -336,7 +435,14 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     ``hidden_activation`` -> ``activation`` (gated architectures take the GLU form),
     ``head_dim`` -> ``kv_channels``, ``attention_bias`` / ``mlp_bias`` -> biases,
     ``sliding_window`` (with ``use_sliding_window``) -> ``sliding_window``;
-    ``rope_scaling`` is accepted and has no cost effect.
+    ``rope_scaling`` is accepted and has no cost effect. Mixture-of-experts architectures
+    (``mixtral``, ``qwen2_moe``, ``qwen3_moe``; their
+    :class:`~completion.models.hf_types.MoESpec`): ``num_local_experts`` / ``num_experts``,
+    ``num_experts_per_tok``, ``moe_intermediate_size`` (Mixtral: ``intermediate_size``),
+    ``shared_expert_intermediate_size``, ``decoder_sparse_step``, ``mlp_only_layers``,
+    ``router_aux_loss_coef`` (default 0.001), ``norm_topk_prob``; experts under a dense
+    model_type and ``deepseek_v2`` / ``deepseek_v3`` (MLA attention,
+    :data:`~completion.models.hf_types.REFUSED_MODEL_TYPES`) are refused naming the key.
 
     Raises ModelFileNotFoundError (a ModelConfigError and a FileNotFoundError) when the file
     is absent and ModelConfigError naming the file and key on bad content.
@@ -474,16 +580,69 @@ def _biases(raw: dict[str, Any], name: str, spec: HFModelType) -> tuple[bool | N
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _refuse_moe(raw: dict[str, Any], name: str) -> None:
-    """A config that declares more than one expert is refused: costing a mixture-of-experts
-    model as the dense model of the same sizes would be silently wrong (MoE is issue 21).
-    Raises ModelConfigError naming the file, key and value."""
+def _refuse_moe(raw: dict[str, Any], name: str, mt: str) -> None:
+    """A config of a dense architecture (no :class:`~completion.models.hf_types.MoESpec`)
+    that declares more than one expert is refused: costing a mixture-of-experts model as the
+    dense model of the same sizes would be silently wrong. Raises ModelConfigError naming
+    the file, key, value and the model types whose experts are modelled."""
+    moe_types = sorted(t for t, sp in MODEL_TYPES.items() if sp.moe is not None)
     for k in MOE_KEYS:
         v = raw.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 1:
             raise ModelConfigError(f"{name}: {k} = {v}: mixture-of-experts models are not "
-                                   f"modelled yet (routing, expert parallelism, grouped GEMMs); "
-                                   f"costing it as a dense model would be wrong")
+                                   f"modelled under model_type {mt!r} (costing it as a dense model "
+                                   f"would be wrong); experts are modelled for {moe_types}")
+
+
+def _int_key(raw: dict[str, Any], name: str, key: str, lo: int, default: int | None = None) -> int:
+    """``raw[key]`` as an int >= ``lo`` (``default`` when absent; absent without a default
+    is an error naming the key)."""
+    v = raw.get(key)
+    if v is None:
+        if default is None:
+            raise ModelConfigError(f"{name}: missing key {key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ModelConfigError(f"{name}: {key!r} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+def _moe_fields(raw: dict[str, Any], name: str, spec: HFModelType, layers: Any) -> dict[str, Any]:
+    """The ModelConfig MoE fields of an architecture with experts (:class:`MoESpec`; {} for
+    a dense one). Raises ModelConfigError naming the key."""
+    m = spec.moe
+    if m is None:
+        return {}
+    experts = _int_key(raw, name, m.experts_key, 1)
+    topk = _int_key(raw, name, m.topk_key, 1)
+    if topk > experts:
+        raise ModelConfigError(f"{name}: {m.topk_key!r} = {topk} exceeds {m.experts_key!r} = {experts}")
+    ffn_key = next((k for k in m.expert_ffn_keys if raw.get(k) is not None), m.expert_ffn_keys[0])
+    out: dict[str, Any] = {"num_experts": experts, "experts_per_token": topk,
+                           "moe_ffn_hidden_size": _int_key(raw, name, ffn_key, 1)}
+    if m.shared_key is not None and raw.get(m.shared_key):
+        out["shared_expert_ffn_hidden_size"] = _int_key(raw, name, m.shared_key, 1)
+        out["shared_expert_gate"] = True
+    if m.step_key is not None:
+        out["moe_layer_step"] = _int_key(raw, name, m.step_key, 1, default=1)
+    if m.dense_layers_key is not None:
+        dl = raw.get(m.dense_layers_key) or []
+        n = layers if isinstance(layers, int) else 0
+        if not isinstance(dl, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                               and 0 <= i < max(n, 1) for i in dl):
+            raise ModelConfigError(f"{name}: {m.dense_layers_key!r} must be a list of layer "
+                                   f"indices in [0, {n}), got {dl!r}")
+        out["dense_layers"] = tuple(sorted(set(dl)))
+    coef = raw.get("router_aux_loss_coef", m.aux_coef_default)
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not 0.0 <= coef < 1e3:
+        raise ModelConfigError(f"{name}: 'router_aux_loss_coef' must be a number >= 0, got {coef!r}")
+    out["router_aux_loss_coef"] = float(coef)
+    out["norm_topk_prob"] = (m.norm_topk_default if m.norm_topk_key is None
+                             else _bool_key(raw, name, m.norm_topk_key, m.norm_topk_default))
+    if m.norm_topk_key is None and raw.get("norm_topk_prob") is False:
+        raise ModelConfigError(f"{name}: 'norm_topk_prob' false: this architecture always "
+                               "renormalises its top-k weights")
+    return out
 
 
 def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> ModelConfig:
@@ -494,12 +653,17 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     known ones); warns (:class:`ModelConfigWarning`, one line per key) for keys known but
     not modelled."""
     mt = raw.get("model_type")
+    if isinstance(mt, str) and mt in REFUSED_MODEL_TYPES:
+        field, why = REFUSED_MODEL_TYPES[mt]
+        raise ModelConfigError(f"{name}: model_type {mt!r} is refused: {field} = {raw.get(field)!r}: {why}")
     if not isinstance(mt, str) or mt not in MODEL_TYPES:
         raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(MODEL_TYPES)}")
     spec = MODEL_TYPES[mt]
-    _refuse_moe(raw, name)
+    if spec.moe is None:
+        _refuse_moe(raw, name, mt)
     family = spec.family
     layers = _key(raw, name, *spec.layer_keys)
+    moe = _moe_fields(raw, name, spec, layers)
     hidden = _key(raw, name, *spec.hidden_keys)
     heads = _key(raw, name, *spec.heads_keys)
     kv = _key(raw, name, "num_key_value_heads", default=heads)
@@ -536,6 +700,7 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         qk_norm=spec.qk_norm,
         sliding_window=_sliding_window(raw, name, spec),
         sliding_window_every=spec.sliding_every,
+        **moe,
     )
 
 

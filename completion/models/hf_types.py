@@ -46,6 +46,42 @@ class Unmodelled:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """How a mixture-of-experts architecture's ``config.json`` states its experts (Hugging
+    Face ``configuration_mixtral.py``, ``configuration_qwen2_moe.py``,
+    ``configuration_qwen3_moe.py``, transformers v4.51).
+
+    Attributes:
+        experts_key: number of routed experts (Mixtral ``num_local_experts``, Qwen
+            ``num_experts``). topk_key: experts per token (``num_experts_per_tok``).
+        expert_ffn_keys: each expert's SwiGLU width, first present wins (Mixtral's experts
+            use ``intermediate_size``; Qwen's ``moe_intermediate_size``, whose
+            ``intermediate_size`` is the width of the dense layers).
+        shared_key: the shared expert's width (Qwen2-MoE ``shared_expert_intermediate_size``;
+            None: the architecture has no shared expert). A Qwen2-MoE shared expert is
+            scaled by ``sigmoid(x W_g)`` with ``shared_expert_gate`` ``[h, 1]``
+            (``Qwen2MoeSparseMoeBlock.forward``).
+        step_key / dense_layers_key: the MoE layers are those with ``(i + 1) % step == 0``
+            that are not listed in ``mlp_only_layers`` (``Qwen2MoeDecoderLayer.__init__``);
+            None: every layer is an MoE layer (Mixtral).
+        norm_topk_key: key of whether the top-k weights are renormalised to sum to 1;
+            None: the architecture always renormalises (Mixtral, ``MixtralSparseMoeBlock``:
+            ``routing_weights /= routing_weights.sum(-1)``). norm_topk_default: when absent.
+        aux_coef_default: ``router_aux_loss_coef`` when absent (all three: 0.001).
+    """
+
+    experts_key: str
+    expert_ffn_keys: tuple[str, ...]
+    topk_key: str = "num_experts_per_tok"
+    shared_key: str | None = None
+    step_key: str | None = None
+    dense_layers_key: str | None = None
+    norm_topk_key: str | None = None
+    norm_topk_default: bool = True
+    aux_coef_default: float = 0.001
+
+
+@dataclass(frozen=True)
 class HFModelType:
     """How one ``model_type`` maps onto a ModelConfig (module docstring).
 
@@ -65,6 +101,8 @@ class HFModelType:
         sliding_every: 2 when only every other layer is local (Gemma 2).
         unmodelled: keys known but not modelled (:class:`Unmodelled`).
         layer_keys / hidden_keys / heads_keys / ffn_keys / positions_keys: the size keys.
+        moe: how its experts are stated (:class:`MoESpec`); None: a dense architecture
+            (a config that declares experts under it is refused).
     """
 
     family: str
@@ -91,6 +129,7 @@ class HFModelType:
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     ffn_keys: tuple[str, ...] = ("intermediate_size",)
     positions_keys: tuple[str, ...] = ("max_position_embeddings",)
+    moe: MoESpec | None = None
 
 
 _PRETRAINING_TP = Unmodelled("pretraining_tp", "the sliced linears of pretraining_tp > 1 cost as one",
@@ -135,6 +174,24 @@ MODEL_TYPES: dict[str, HFModelType] = {
     "phi3": HFModelType("llama", sliding=True,
                         unmodelled=(Unmodelled("partial_rotary_factor", "rotary on every head "
                                                "dim (cost difference negligible)", (None, 1, 1.0)),)),
+    # mixture-of-experts (MoESpec): Mixtral attention is Mistral's; Qwen2-MoE's Qwen2's
+    # (q/k/v biases); Qwen3-MoE's Qwen3's (per-head q/k rms_norm, head_dim)
+    "mixtral": HFModelType("llama", head_dim_key="head_dim", sliding=True,
+                           moe=MoESpec("num_local_experts", ("intermediate_size",))),
+    "qwen2_moe": HFModelType(
+        "llama", qkv_bias=True, o_bias=False, sliding=True,
+        moe=MoESpec("num_experts", ("moe_intermediate_size",), shared_key="shared_expert_intermediate_size",
+                    step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers",
+                    norm_topk_key="norm_topk_prob", norm_topk_default=False),
+        unmodelled=(Unmodelled("max_window_layers", "the sliding window (when use_sliding_window) "
+                               "applies to every layer", needs="use_sliding_window"),)),
+    "qwen3_moe": HFModelType(
+        "llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim", sliding=True,
+        moe=MoESpec("num_experts", ("moe_intermediate_size",), step_key="decoder_sparse_step",
+                    dense_layers_key="mlp_only_layers", norm_topk_key="norm_topk_prob",
+                    norm_topk_default=False),
+        unmodelled=(Unmodelled("max_window_layers", "the sliding window (when use_sliding_window) "
+                               "applies to every layer", needs="use_sliding_window"),)),
     "olmo2": HFModelType("llama", norm_placement="post", qk_norm="full", bias_key="attention_bias"),
     "gpt2": _GPT,
     "gpt": _GPT,
@@ -151,4 +208,12 @@ MODEL_TYPES: dict[str, HFModelType] = {
         bias_key="attention_bias", mlp_bias_key="mlp_bias", head_dim_key="head_dim",
         unmodelled=(Unmodelled("partial_rotary_factor", "rotary on every head dim (cost "
                                "difference negligible)", (None, 1, 1.0)),)),
+}
+
+#: model types refused with the field that makes them unmodelled: field -> why (DeepSeek-V2/V3:
+#: multi-head latent attention, Liu et al. 2024 "DeepSeek-V2", sec. 2.1, low-rank compressed
+#: keys and values of rank ``kv_lora_rank``; this project's attention is multi-head / GQA only)
+REFUSED_MODEL_TYPES: dict[str, tuple[str, str]] = {
+    "deepseek_v2": ("kv_lora_rank", "multi-head latent attention (MLA) is not modelled"),
+    "deepseek_v3": ("kv_lora_rank", "multi-head latent attention (MLA) is not modelled"),
 }

@@ -59,6 +59,7 @@ from completion.models.config import (
     ModelConfig,
     ModelConfigError,
 )
+from completion.models.moe import moe_mlp
 
 
 def layer_struct(i: int) -> str:
@@ -190,9 +191,12 @@ UNARY_ACTIVATIONS: dict[str, Callable[[ProgramBuilder, Value, str], Value]] = {
 def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
     """The MLP of ``cfg.mlp_activation``: plain ``down(act(up(x)))`` or gated
     ``down(act(gate(x)) * up(x))`` (SwiGLU as the one ``swiglu`` op, other GLUs as the
-    activation then ``multiply``), biases per ``cfg.bias("mlp")``."""
+    activation then ``multiply``), biases per ``cfg.bias("mlp")``; a mixture-of-experts
+    layer's router and experts (:func:`completion.models.moe.moe_mlp`)."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     pre = f"{layer_struct(i)}.mlp"
+    if cfg.is_moe_layer(i):  # router, experts, combine (completion.models.moe)
+        return moe_mlp(pb, cfg, x, pre)
     bias = cfg.bias("mlp")
     act, gated = ACTIVATIONS[cfg.mlp_activation]
     if not gated:

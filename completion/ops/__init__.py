@@ -10,6 +10,7 @@ from completion.ops import (  # noqa: F401
     elementwise,
     foreign,
     linalg,
+    moe,
     nn,
     optim,
     reduce,

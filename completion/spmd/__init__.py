@@ -13,6 +13,7 @@ from completion.spmd import (  # noqa: E402,F401
     collective,
     elementwise,
     linalg,
+    moe,
     nn,
     optim,
     reduce,

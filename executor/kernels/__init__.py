@@ -8,6 +8,7 @@ from executor.kernels import (  # noqa: E402,F401
     attention,
     elementwise,
     linalg,
+    moe,
     nn,
     optim,
     reshard_local,

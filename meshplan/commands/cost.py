@@ -144,6 +144,7 @@ def cost_cmd(
     pp: int = opt.PP,
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
+    ep: int = opt.EP,
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
@@ -180,7 +181,7 @@ def cost_cmd(
                                use_distributed_optimizer)
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
                            "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len, layers))
-    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm,
+    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm, ep=ep,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,

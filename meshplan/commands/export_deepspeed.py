@@ -39,6 +39,11 @@ SCHEDULE = "1F1B"
 
 
 def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
+    if eff["ep"] > 1:
+        notes.append(Note("ep", f"DeepSpeed sets expert parallelism in the model code "
+                                f"(deepspeed.moe.layer.MoE(ep_size={eff['ep']})), not in the config; "
+                                f"it is not written"))
+        eff["ep"] = 1
     if eff["cp"] > 1:
         notes.append(Note("cp", f"DeepSpeed has no ring-attention context parallelism (its "
                                 f"Ulysses sequence parallelism is an all-to-all over heads, set "

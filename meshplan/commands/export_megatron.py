@@ -7,7 +7,8 @@ generated from config dataclass fields (``megatron/training/argument_utils.py``:
 
 - ``ModelParallelConfig`` (``megatron/core/model_parallel_config.py``):
   ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--sequence-parallel``, ``--context-parallel-size``, ``--bf16``, ``--fp16``;
+  ``--sequence-parallel``, ``--context-parallel-size``, ``--expert-model-parallel-size``
+  (written when ep > 1), ``--bf16``, ``--fp16``;
 - ``TransformerConfig``: ``--num-layers``, ``--recompute-granularity {full, selective}``,
   ``--recompute-method {uniform, block}``, ``--recompute-num-layers``,
   ``--attention-backend {flash, fused, unfused, local, auto}``;
@@ -145,6 +146,8 @@ def export(plan: Any) -> Export:
         args.append("--sequence-parallel")
     if eff["cp"] > 1:
         args += ["--context-parallel-size", str(eff["cp"])]
+    if eff["ep"] > 1:  # ModelParallelConfig.expert_model_parallel_size
+        args += ["--expert-model-parallel-size", str(eff["ep"])]
     if eff["recompute"] == "selective-op":
         notes.append(Note("recompute", "torchtitan's op-level selective recompute has no "
                                        "Megatron-LM equivalent; selective recompute (the core "

@@ -36,7 +36,7 @@ TARGETS: dict[str, tuple[str, str]] = {
 }
 
 #: every knob of a layout, in print order
-LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "global_batch_size", "schedule",
+LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size", "schedule",
                 "recompute", "zero", "fsdp_shard_size", "sequence_parallel", "dtype", "fp8", "optimizer",
                 "attention", "layers_per_stage", "seq_len", "num_layers")
 
@@ -81,7 +81,7 @@ def layout(plan: Any) -> dict[str, Any]:
     if s.pp * s.vpp == 1:
         lps = None
     layers, seq = model_sizes(plan)
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "vpp": s.vpp,
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "global_batch_size": s.global_batch_size,
             "schedule": s.schedule, "recompute": s.recompute, "zero": s.zero if s.dp > 1 else 0,
             "fsdp_shard_size": s.fsdp_shard_size,

@@ -124,6 +124,8 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
     par["tensor_parallel_degree"] = eff["tp"]
     if eff["cp"] > 1:  # torchtitan's context parallelism: ring attention over the cp mesh dim
         par["context_parallel_degree"] = eff["cp"]
+    if eff["ep"] > 1:  # torchtitan's MoE expert parallelism (borrowed from the dp ranks)
+        par["expert_parallel_degree"] = eff["ep"]
     if eff["sequence_parallel"] != (eff["tp"] > 1):
         notes.append(Note("sequence_parallel", "torchtitan's tensor parallelism always shards the "
                                                "norms along the sequence (sequence parallel on "

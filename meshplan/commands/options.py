@@ -107,6 +107,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "tp": ("--tp", "--mp", "--tensor-model-parallel-size"),
     "pp": ("--pp", "--pipeline-model-parallel-size"),
     "cp": ("--cp", "--context-parallel-size"),
+    "ep": ("--ep", "--expert-model-parallel-size"),
     "cp_comm": ("--cp-comm", "--cp-comm-type"),
     "vpp": ("--vpp", "--num-virtual-stages-per-pipeline-rank"),
     "schedule": ("--schedule",),
@@ -145,6 +146,9 @@ TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
 PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
 CP = typer.Option(1, *FLAGS["cp"],
                   help="Context-parallel degree: each sequence split over CP ranks (ring attention).")
+EP = typer.Option(1, *FLAGS["ep"],
+                  help="Expert-parallel degree of a mixture-of-experts model: 1, or dp (the "
+                       "experts split over the data-parallel ranks, tokens sent by all_to_all).")
 CP_COMM = typer.Option(CpComm.p2p, *FLAGS["cp_comm"], case_sensitive=False,
                        help="Context-parallel K/V exchange: p2p (ring) or all_gather.")
 VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")
