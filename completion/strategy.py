@@ -222,15 +222,6 @@ class Strategy:
         if self.schedule == "ZBVPP" and self.vpp != 2:
             raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
                                 f"a V), got {self.vpp}")
-        m = self.global_batch_size // per_step
-        if self.schedule == "VPP" and self.vpp > 1 and m % self.pp:
-            # Megatron-LM's interleaved schedule runs micro-batches in groups of pp
-            # (simulator.schedules.classic.interleaved)
-            raise StrategyError(
-                f"strategy field 'global_batch_size' ({self.global_batch_size}) gives {m} "
-                f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
-                f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
-                f"of pp = {self.pp}")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
@@ -313,6 +304,21 @@ class Strategy:
         object.__setattr__(self, "layers_per_stage", vals)
 
     # -- derived ---------------------------------------------------------------------------
+    def check_micro_batches(self) -> None:
+        """Raise StrategyError, naming the batch fields, when the schedule cannot run this
+        many micro-batches per step: Megatron-LM's interleaved schedule (VPP with vpp > 1)
+        runs them in groups of pp (``simulator.schedules.classic.interleaved``). A check of
+        a step to simulate or run, not of the strategy itself (``complete`` builds a VPP
+        program of any batch)."""
+        per_step = self.dp * self.micro_batch_size
+        m = self.global_batch_size // per_step
+        if self.schedule == "VPP" and self.vpp > 1 and m % self.pp:
+            raise StrategyError(
+                f"strategy field 'global_batch_size' ({self.global_batch_size}) gives {m} "
+                f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
+                f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
+                f"of pp = {self.pp}")
+
     @property
     def world_size(self) -> int:
         """Ranks the strategy uses: dp * cp * tp * pp."""

@@ -116,6 +116,7 @@ class Engine:
         self.source: ModelSource = resolve_model(model, seq_len, example_inputs, num_layers)
         _warn_alternating_windows(self.source)
         check_plan(self.source, s)  # the executor's check too: refuse before building anything
+        s.check_micro_batches()
         self.profile = load_profile(s.framework)
         if s.attention is None:  # the model's own implementation, else the framework's default
             s = self.strategy = s.replace(

@@ -219,8 +219,14 @@ def test_vpp_micro_batches_not_a_multiple_of_pp_is_refused_in_the_strategy():
     builder's own message spoke of ``num_microbatches`` and ``num_stages``); 8 are taken."""
     from completion.strategy import Strategy, StrategyError
 
+    from meshplan.engine import Engine
+
+    s = Strategy(dp=1, pp=4, vpp=2, schedule="VPP", micro_batch_size=2, global_batch_size=12)
     with pytest.raises(StrategyError, match=r"'global_batch_size' \(12\) gives 6 micro-batches.*"
                                             r"multiple of pp = 4"):
-        Strategy(dp=1, pp=4, vpp=2, schedule="VPP", micro_batch_size=2, global_batch_size=12)
-    assert Strategy(dp=1, pp=4, vpp=2, schedule="VPP", micro_batch_size=2,
-                    global_batch_size=16).num_microbatches == 8
+        s.check_micro_batches()
+    with pytest.raises(StrategyError, match="gives 6 micro-batches"):  # before building anything
+        Engine("megatron-1.7b", "dgx-a100-80g", s, nodes=1, seq_len=128)
+    ok = s.replace(global_batch_size=16)
+    ok.check_micro_batches()
+    assert ok.num_microbatches == 8
