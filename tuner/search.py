@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.exhaustive import run_exhaustive
+from tuner.exhaustive_shared import SLICES_PER_WORKER, is_slice_study, open_slices, run_shared
 from tuner.result import ProgressReporter, TuneResult
 from tuner.study import (
     TuneConfig,
@@ -50,7 +51,14 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
             database URL; workers: local processes on the study; progress: rich progress bar
             (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`).
 
-    Raises TuneError for workers > 1 on an in-memory study or a study holding another search.
+    With ``cfg.sampler`` ``exhaustive`` the trial target does not apply: in memory the
+    search is one branch and bound (:mod:`tuner.exhaustive`); on a shared storage the space
+    is cut into ``SLICES_PER_WORKER * workers`` slices (at its first start) that this
+    process, its ``workers - 1`` local workers and any ``meshplan worker`` joining the
+    study share (:mod:`tuner.exhaustive_shared`); ``result.exhaustive`` is the report.
+
+    Raises TuneError for workers > 1 on an in-memory study, a study holding another
+    search, or an exhaustive Pareto search.
     """
     if n_trials < 1:
         raise TuneError(f"trials must be >= 1, got {n_trials}")
@@ -65,6 +73,14 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     study.set_user_attr("target_trials", n_trials)
     scorer = resolve_factory(cfg.scorer_factory)(cfg.scorer_config)
     procs = []
+    exhaustive = cfg.sampler_name == "exhaustive"
+    if exhaustive:
+        _check_exhaustive(cfg)
+        cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+        if in_memory:
+            return _exhaustive(study, cfg, scorer, cands, timeout)
+        # cut the space before any worker starts: a worker joins the recorded slices
+        open_slices(study, SLICES_PER_WORKER * workers, len(cands))
     if workers > 1:
         ctx = mp.get_context("spawn")
         for _ in range(workers - 1):
@@ -72,32 +88,38 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
                                                        str(sdir) if sdir else None))
             p.start()
             procs.append(p)
-    if cfg.sampler_name == "exhaustive":
-        return _exhaustive(study, cfg, scorer, workers, timeout)
     done, _ = trial_counts(study)
+    shared = None
     try:
-        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
-                              bar=progress_bar) as rep:
-            optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
+        if exhaustive:
+            shared, _ = run_shared(study, cands, scorer, n_slices=None, timeout=timeout, wait=True)
+        else:
+            with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
+                                  bar=progress_bar) as rep:
+                optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
     finally:
         for p in procs:
             p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         raise TuneError(f"{len(bad)} worker process(es) exited with codes {bad}")
-    return TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+    res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+    res.exhaustive = shared
+    return res
 
 
-def _exhaustive(study, cfg: TuneConfig, scorer, workers: int, timeout: float | None) -> TuneResult:
-    """``--sampler exhaustive``: branch and bound over the enumerated space
-    (:mod:`tuner.exhaustive`), resuming from the study's history. The trial target does
-    not apply (the search runs until the optimum is proven or ``timeout``). Raises
-    TuneError for workers > 1 or a Pareto search."""
-    if workers > 1:
-        raise TuneError("--sampler exhaustive runs in one process; use --workers 1")
+def _check_exhaustive(cfg: TuneConfig) -> None:
+    """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
-    cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+
+
+def _exhaustive(study, cfg: TuneConfig, scorer, cands, timeout: float | None) -> TuneResult:
+    """``--sampler exhaustive`` on an in-memory study (one process): branch and bound over
+    the enumerated space (:mod:`tuner.exhaustive`). The trial target does not apply (the
+    search runs until the optimum is proven or ``timeout``). On a shared study (journal,
+    database) the search runs in slices instead (:mod:`tuner.exhaustive_shared`), which
+    workers share and a resume continues."""
     rep = run_exhaustive(study, cands, scorer, history_cache(study), timeout)
     res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
     res.exhaustive = rep
@@ -122,7 +144,7 @@ def load_result(output: str | Path, study: str | None = None) -> TuneResult:
     if not journal.is_file():
         raise TuneError(f"no tune journal at {str(journal)!r} (the --output of meshplan tune)")
     st = open_storage(str(journal), None)
-    names = optuna.get_all_study_names(storage=st)
+    names = [n for n in optuna.get_all_study_names(storage=st) if not is_slice_study(n)]
     if study is None:
         if len(names) != 1:
             raise TuneError(f"{journal} holds {len(names)} studies ({', '.join(names)}); name one")
