@@ -10,9 +10,11 @@ cannot be shared: that raises TuneError).
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from pathlib import Path
 from typing import Any
 
+from tuner.bound_seed import gap_report, seed_study
 from tuner.exhaustive import run_exhaustive
 from tuner.exhaustive_shared import SLICES_PER_WORKER, is_slice_study, open_slices, run_shared
 from tuner.result import ProgressReporter, TuneResult
@@ -42,14 +44,17 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
            study_dir: str | Path | None = None, n_trials: int = 100,
            timeout: float | None = None, workers: int = 1, progress: bool = False,
-           progress_bar: Any = None) -> TuneResult:
+           progress_bar: Any = None, seed_from_bound: int | None = None) -> TuneResult:
     """Run (or resume) the search until the study holds ``n_trials`` finished trials.
 
     Args:
         cfg: the search; study_name: the study; storage: None (journal file in
             ``study_dir``), ``"memory"`` (in-memory, nothing kept), a journal path or a
             database URL; workers: local processes on the study; progress: rich progress bar
-            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`).
+            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`);
+            seed_from_bound: enqueue the K candidates of lowest step-time bound first and
+            report the gap the bounds leave (:mod:`tuner.bound_seed`; None: its default,
+            0: off); ``result.bound_gap`` is that report.
 
     With ``cfg.sampler`` ``exhaustive`` the trial target does not apply: in memory the
     search is one branch and bound (:mod:`tuner.exhaustive`); on a shared storage the space
@@ -58,7 +63,8 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     study share (:mod:`tuner.exhaustive_shared`); ``result.exhaustive`` is the report.
 
     Raises TuneError for workers > 1 on an in-memory study, a study holding another
-    search, or an exhaustive Pareto search.
+    search, or an exhaustive Pareto search; TunerError for a ``seed_from_bound`` the
+    sampler cannot take.
     """
     if n_trials < 1:
         raise TuneError(f"trials must be >= 1, got {n_trials}")
@@ -67,20 +73,30 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     in_memory = storage == MEMORY or (storage is None and study_dir is None)
     if in_memory and workers > 1:
         raise TuneError("--workers > 1 needs a shared storage (a study directory or a database URL)")
+    exhaustive = cfg.sampler_name == "exhaustive"
+    if exhaustive:
+        _check_exhaustive(cfg, seed_from_bound)
     sdir = None if in_memory else (Path(study_dir) if study_dir is not None else None)
     url = None if storage == MEMORY else storage
     study, cfg = open_study(cfg, study_name, url, sdir)
     study.set_user_attr("target_trials", n_trials)
     scorer = resolve_factory(cfg.scorer_factory)(cfg.scorer_config)
     procs = []
-    exhaustive = cfg.sampler_name == "exhaustive"
+    seeds = None
     if exhaustive:
-        _check_exhaustive(cfg)
         cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
         if in_memory:
             return _exhaustive(study, cfg, scorer, cands, timeout)
         # cut the space before any worker starts: a worker joins the recorded slices
         open_slices(study, SLICES_PER_WORKER * workers, len(cands))
+    else:  # seeds go in before any worker starts: every worker pops them
+        t0 = time.monotonic()
+        done, _ = trial_counts(study)
+        seeds = seed_study(study, cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation,
+                           cfg.sampler_name, scorer, seed_from_bound, n_trials - done,
+                           None if timeout is None else t0 + timeout)
+        if timeout is not None:  # bounding spent part of the budget
+            timeout = max(1e-3, timeout - (time.monotonic() - t0))
     if workers > 1:
         ctx = mp.get_context("spawn")
         for _ in range(workers - 1):
@@ -105,11 +121,16 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
         raise TuneError(f"{len(bad)} worker process(es) exited with codes {bad}")
     res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
     res.exhaustive = shared
+    res.bound_gap = None if seeds is None else gap_report(study, seeds)
     return res
 
 
-def _check_exhaustive(cfg: TuneConfig) -> None:
-    """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
+def _check_exhaustive(cfg: TuneConfig, seed_from_bound: int | None) -> None:
+    """Raises TuneError for an exhaustive Pareto search (it minimises step time) or one
+    given seeds (it simulates in bound order already)."""
+    if seed_from_bound:
+        raise TuneError("--seed-from-bound applies to the tpe and random samplers; --sampler "
+                        "exhaustive already simulates in bound order")
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
 
