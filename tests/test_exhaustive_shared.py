@@ -139,6 +139,7 @@ def _toy_brute() -> tuple[float, int]:
     return min(s.time_s for s in map(sc, cands) if s.feasible), len(cands)
 
 
+@pytest.mark.slow
 def test_two_workers_share_the_slices(tmp_path):
     """The analytic scorer with a rendezvous (each process's first score waits for the
     other's): both processes score plans, of disjoint slices, none twice; the proof is
@@ -167,6 +168,7 @@ search(_toy_cfg(d / "calls"), "kill", study_dir=d)
 """
 
 
+@pytest.mark.slow
 def test_killed_search_is_finished_on_resume(tmp_path):
     """SIGKILL a ``tune``-like process mid-proof, then rerun the search: the dead worker's
     slice is failed (``interrupted``) and redone, its finished plans are read back from the
@@ -201,3 +203,19 @@ def test_killed_search_is_finished_on_resume(tmp_path):
     assert scored_after and not scored_after & before  # nothing finished before the kill scored again
     slices = optuna.load_study(study_name="kill" + SLICE_STUDY_SUFFIX, storage=res.study._storage)
     assert any(t.user_attrs.get("interrupted") for t in slices.get_trials(states=(TrialState.FAIL,)))
+
+
+def test_timeout_leaves_slices_open_and_a_rerun_proves(tmp_path):
+    """A shared search stopped by its timeout says NOT proven with its open slices; the
+    rerun finishes them from the study (what was scored is not scored again)."""
+    calls = tmp_path / "calls"
+    calls.touch()
+    rep = search(_toy_cfg(calls), "late", study_dir=tmp_path, timeout=1e-6).exhaustive
+    assert not rep.proven and rep.slices_done < rep.slices
+    assert "NOT proven" in rep.summary() and "slices open" in rep.summary()
+    rep = search(_toy_cfg(calls), "late", study_dir=tmp_path).exhaustive
+    optimum, n = _toy_brute()
+    assert rep.proven and rep.best_time_s == optimum and rep.slices_done == rep.slices
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    keys = [k for _, k in _calls(calls)]
+    assert len(keys) == len(set(keys))

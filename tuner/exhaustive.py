@@ -98,6 +98,11 @@ class ExhaustiveReport:
         best = "no feasible plan" if self.best_time_s is None else f"best {self.best_time_s * 1e3:.1f} ms"
         if self.proven:
             state = "proven optimum of the model over the space"
+        elif self.slices is not None:
+            stop = ("" if self.open_bound_s is None or not math.isfinite(self.open_bound_s) else
+                    f"; smallest open bound of the slice stopped here {self.open_bound_s * 1e3:.1f} ms")
+            state = (f"NOT proven (stopped with {self.slices - (self.slices_done or 0)} of "
+                     f"{self.slices} slices open{stop}; rerun to resume)")
         elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
             done = "" if self.bounded is None else f"; {self.bounded} bounded"
             state = f"NOT proven (stopped before every candidate was bounded{done})"
