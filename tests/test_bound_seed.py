@@ -158,4 +158,5 @@ def test_cli_default_seeds_a_small_space_and_prints_the_gap(tmp_path, capsys):
 def test_cli_refuses_seeds_for_a_sampler_that_takes_none(tmp_path, capsys, sampler):
     line = one_line_error(*run_main(capsys, "tune", *TINY, "--sampler", sampler, "--seed-from-bound", "4",
                                     "--storage", "memory", "--output", str(tmp_path)))
-    assert "--seed-from-bound applies to the tpe and random samplers" in line
+    assert "--seed-from-bound applies to the tpe and random samplers; --sampler " + sampler in line
+    assert not (tmp_path / "journal.log").exists()

@@ -138,6 +138,18 @@ class BoundGap:
         return head + f"; {best}; {y}: gap {self.gap * 100:.1f}%"
 
 
+def check_seed_option(sampler: str, k: int | None) -> None:
+    """Raises TunerError for a ``k`` below 0, or a ``k`` > 0 with a sampler that takes no
+    seeds (bruteforce visits every plan; exhaustive simulates in bound order already)."""
+    if k is not None and k < 0:
+        raise TunerError(f"--seed-from-bound must be >= 0, got {k}")
+    if k and sampler not in SEEDABLE:
+        why = ("already simulates in bound order" if sampler == "exhaustive" else
+               "visits every plan")
+        raise TunerError(f"--seed-from-bound applies to the {' and '.join(SEEDABLE)} samplers; "
+                         f"--sampler {sampler} {why}")
+
+
 def auto_k(mode: str, sampler: str, size: int) -> int:
     """The default K (module docstring)."""
     return AUTO_K if mode == PATTERN and sampler == "tpe" and size <= AUTO_MAX_CANDIDATES else 0
@@ -156,12 +168,8 @@ def seed_study(study: optuna.Study, space: SearchSpace, mode: str, kinds: Any, a
     ``room``, the trials left); ``k`` None: :func:`auto_k` (off too for a scorer without
     ``bound``). Returns None when seeding is off. Raises TunerError for a ``k`` below 0, a sampler that takes no seeds (a ``k`` > 0
     given with bruteforce or exhaustive) or a scorer without ``bound``."""
-    if k is not None and k < 0:
-        raise TunerError(f"--seed-from-bound must be >= 0, got {k}")
+    check_seed_option(sampler, k)
     if sampler not in SEEDABLE:
-        if k:
-            raise TunerError(f"--seed-from-bound applies to the {' and '.join(SEEDABLE)} samplers, "
-                             f"not {sampler}")
         return None
     bound = getattr(scorer, "bound", None)
     if k == 0 or (k is None and (bound is None or auto_k(mode, sampler, 0) == 0)):
@@ -215,4 +223,5 @@ def seeds_in_order(study: optuna.Study) -> Sequence[optuna.trial.FrozenTrial]:
 
 
 __all__ = ["AUTO_K", "AUTO_MAX_CANDIDATES", "BoundGap", "BoundState", "auto_k", "candidate_params",
+           "check_seed_option",
            "enumerable_part", "gap_report", "seed_study", "seeds_in_order"]

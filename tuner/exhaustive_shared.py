@@ -4,8 +4,8 @@ The enumerated space (``tuner.suggest.enumerate_candidates``: the same list, in 
 order, in every process of one search) is cut into ``S`` slices, slice ``k`` holding the
 candidates whose index ``i`` has ``i mod S == k``. Each slice is proven on its own by
 :func:`tuner.exhaustive.run_exhaustive` (bounded, then simulated in the order of its own
-bounds), pruning against the best feasible step time found so far by *any* worker (read
-from the study, :class:`Incumbent`). Why the union is the optimum: let ``T*`` be the fastest
+bounds), pruning against the best feasible step time found so far by *any* worker (the
+study's best at the start, then what each worker posts, :class:`Incumbent`). Why the union is the optimum: let ``T*`` be the fastest
 feasible plan of the space, in slice ``k``. The incumbent is always the time of a feasible
 plan, so it is ``>= T*``; the worker of slice ``k`` prunes a candidate only when its bound
 is ``>= min(slice best, incumbent)``, and the bound of ``T*`` is ``<= T*`` -- so ``T*`` is
@@ -40,7 +40,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import TunerError
-from tuner.exhaustive import ExhaustiveReport, run_exhaustive
+from tuner.exhaustive import ExhaustiveReport, plan_key, run_exhaustive
 from tuner.result import scored
 from tuner.storage import WORKER_ATTR, trial_owners, worker_alive, worker_token
 
@@ -82,18 +82,34 @@ def study_best(study: optuna.Study) -> float:
     return best
 
 
+#: companion study system attr prefix under which each worker posts its best time (s)
+BEST_PREFIX = "best:"
+
+
 class Incumbent:
-    """``incumbent()`` -> the study's best feasible time (s), re-read from the storage at
+    """``incumbent()`` -> the best feasible step time (s) found by any worker: the study's
+    best when created, then the best each worker posts to the companion study
+    (:meth:`post`, one small attr per worker: cheaper to read than every trial), re-read at
     most every :data:`INCUMBENT_REFRESH_S` seconds (never larger than a value it returned)."""
 
-    def __init__(self, study: optuna.Study) -> None:
-        self.study, self.best, self.at = study, float("inf"), -float("inf")
+    def __init__(self, study: optuna.Study, cs: optuna.Study) -> None:
+        self.cs, self.best, self.at, self.mine = cs, study_best(study), -float("inf"), float("inf")
+        self.key = BEST_PREFIX + worker_token()
+
+    def post(self, time_s: float) -> None:
+        """Record a feasible step time this worker found (posted when it is its best)."""
+        if time_s < self.mine:
+            self.mine = time_s
+            self.cs._storage.set_study_system_attr(self.cs._study_id, self.key, time_s)
+        self.best = min(self.best, time_s)
 
     def __call__(self) -> float:
         now = time.monotonic()
         if now - self.at >= INCUMBENT_REFRESH_S:
             self.at = now
-            self.best = min(self.best, study_best(self.study))
+            posted = [float(v) for k, v in self.cs._storage.get_study_system_attrs(self.cs._study_id).items()
+                      if k.startswith(BEST_PREFIX) and isinstance(v, (int, float))]
+            self.best = min([self.best, *posted])
         return self.best
 
 
@@ -260,7 +276,13 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
     deadline = None if timeout is None else t0 + timeout
     n = len(candidates)
     cs, s = open_slices(study, n_slices, n)
-    incumbent, history, mine = Incumbent(study), {}, 0
+    incumbent, history, mine = Incumbent(study, cs), {}, 0
+
+    def on_scored(i: int) -> None:  # post a feasible score so that peers prune against it
+        rec = history[plan_key(candidates[i])]
+        if "error" not in rec and rec["memory_bytes"] <= rec["memory_limit_bytes"]:
+            incumbent.post(float(rec["time_s"]))
+
     stopped: ExhaustiveReport | None = None
     from tuner.study import history_cache
 
@@ -273,7 +295,7 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
             continue
         history.update(history_cache(study))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        r = run_exhaustive(study, candidates, scorer, history, left,
+        r = run_exhaustive(study, candidates, scorer, history, left, on_scored=on_scored,
                            members=slice_members(_slice(t), s, n), incumbent=incumbent,
                            tick=_Beat(cs, t))
         mine += r.simulated - r.resumed

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.bound_seed import gap_report, seed_study
+from tuner.bound_seed import check_seed_option, gap_report, seed_study
 from tuner.exhaustive import run_exhaustive
 from tuner.exhaustive_shared import SLICES_PER_WORKER, is_slice_study, open_slices, run_shared
 from tuner.result import ProgressReporter, TuneResult
@@ -73,9 +73,10 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     in_memory = storage == MEMORY or (storage is None and study_dir is None)
     if in_memory and workers > 1:
         raise TuneError("--workers > 1 needs a shared storage (a study directory or a database URL)")
+    check_seed_option(cfg.sampler_name, seed_from_bound)
     exhaustive = cfg.sampler_name == "exhaustive"
     if exhaustive:
-        _check_exhaustive(cfg, seed_from_bound)
+        _check_exhaustive(cfg)
     sdir = None if in_memory else (Path(study_dir) if study_dir is not None else None)
     url = None if storage == MEMORY else storage
     study, cfg = open_study(cfg, study_name, url, sdir)
@@ -125,12 +126,8 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     return res
 
 
-def _check_exhaustive(cfg: TuneConfig, seed_from_bound: int | None) -> None:
-    """Raises TuneError for an exhaustive Pareto search (it minimises step time) or one
-    given seeds (it simulates in bound order already)."""
-    if seed_from_bound:
-        raise TuneError("--seed-from-bound applies to the tpe and random samplers; --sampler "
-                        "exhaustive already simulates in bound order")
+def _check_exhaustive(cfg: TuneConfig) -> None:
+    """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
 

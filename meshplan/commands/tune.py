@@ -299,6 +299,9 @@ def tune_cmd(
         cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
+    from tuner.bound_seed import check_seed_option
+
+    check_seed_option(cfg.sampler_name, seed_from_bound)  # before any output directory is made
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:
