@@ -219,3 +219,57 @@ def test_timeout_leaves_slices_open_and_a_rerun_proves(tmp_path):
     assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
     keys = [k for _, k in _calls(calls)]
     assert len(keys) == len(set(keys))
+
+
+JOIN = """
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+from tuner.study import run_worker
+run_worker("peer", None, study_dir=sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_workers_slice_is_finished_by_the_lead(tmp_path):
+    """A worker joins a running search (``run_worker``, as ``meshplan worker`` does), takes
+    a slice and is SIGKILLed mid-slice; the lead, still running, fails the dead worker's
+    slice (``interrupted``), takes it over and proves the brute-force optimum, without
+    scoring again a plan the dead worker finished."""
+    import threading
+
+    calls = tmp_path / "calls"
+    calls.touch()
+    cfg = _toy_cfg(calls, rendezvous=True)
+    # cut the slices first (a zero-budget start), so that the worker can join at once
+    assert not search(cfg, "peer", study_dir=tmp_path, timeout=1e-6).exhaustive.proven
+    out: dict = {}
+    lead = threading.Thread(target=lambda: out.update(rep=search(cfg, "peer", study_dir=tmp_path).exhaustive))
+    lead.start()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{SLEEP_ENV: "0.05"})
+    worker = subprocess.Popen([sys.executable, "-c", JOIN, str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    me = str(os.getpid())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and worker.poll() is None and \
+            sum(pid != me for pid, _ in _calls(calls)) < 5:
+        time.sleep(0.02)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    journal = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log")))
+    lead.join(timeout=300)
+    assert not lead.is_alive() and "rep" in out, worker.stderr.read()[-2000:]
+    rep = out["rep"]
+    optimum, n = _toy_brute()
+    assert rep.proven and rep.best_time_s == optimum
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    got = _calls(calls)
+    assert sum(pid != me for pid, _ in got) >= 5  # the worker did score plans before it died
+    study = optuna.load_study(study_name="peer", storage=journal)
+    keys = [t.user_attrs["plan_key"] for t in study.trials]
+    assert len(keys) == len(set(keys)) == rep.simulated  # one trial per plan, none repeated
+    scored = collections.Counter(k for _, k in got)
+    # a plan is scored twice at most when the kill came between its score and its trial
+    assert sum(v - 1 for v in scored.values()) <= 1
+    slices = optuna.load_study(study_name="peer" + SLICE_STUDY_SUFFIX, storage=journal)
+    assert any(t.user_attrs.get("interrupted") for t in slices.get_trials(states=(TrialState.FAIL,)))

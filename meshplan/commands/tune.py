@@ -211,7 +211,7 @@ def tune_cmd(
                                        help="'memory', a journal file or a database URL."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
     workers: int = typer.Option(1, "--workers", min=1, max=opt.MAX_WORKERS,
-                                help="Local worker processes."),
+                                help="Local worker processes (with --sampler exhaustive they share its slices)."),
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
     fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
@@ -348,7 +348,8 @@ def worker_cmd(
                                       help="Target (default: the study's)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
 ) -> None:
-    """Join a search started by ``meshplan tune`` and run its trials."""
+    """Join a search started by ``meshplan tune`` and run its trials (``--sampler
+    exhaustive``: take its open slices of the enumeration until none is left)."""
     import optuna
 
     from tuner.study import check_study_name, run_worker
