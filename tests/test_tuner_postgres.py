@@ -143,3 +143,61 @@ def test_two_workers_on_one_postgres_study(pg_url):
     # the union of the two workers' trials is the study
     assert sorted(n for v in by_pid.values() for n in v) == sorted(t.number for t in finished)
     assert n_worker in {len(v) for v in by_pid.values()}
+
+
+EXHAUSTIVE_LEAD = """
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+from tuner.search import search
+from tuner.space import ModelDims, SearchProblem, SearchSpace
+from tuner.study import TuneConfig
+prob = SearchProblem(ModelDims("toy", 8, 1024, 16, 4, 4096, 32000), 16, 8, 64, 1024)
+cfg = TuneConfig(SearchSpace(prob), mode="semi-auto", sampler="exhaustive",
+                 scorer_factory="tests.counted_scorer:make_analytic_bounded",
+                 scorer_config={"global_batch_size": 64, "calls_file": sys.argv[2],
+                                "rendezvous": True})
+rep = search(cfg, "pgx", storage=sys.argv[1]).exhaustive
+print("REPORT", rep.proven, rep.best_time_s, rep.simulated, rep.pruned_memory, rep.pruned_time,
+      rep.space_size, rep.workers)
+"""
+
+
+def test_exhaustive_lead_and_a_joining_worker_on_postgres(pg_url, tmp_path):
+    """``--sampler exhaustive`` on PostgreSQL: a lead and a ``meshplan worker`` that joins
+    it share the slices (both score plans; the rendezvous scorer makes each one's first
+    score wait for the other's), no plan is scored twice, the counts add up to the space
+    size and the proof is the brute-force optimum."""
+    import optuna
+
+    from tests.counted_scorer import make_analytic_bounded
+    from tuner.space import ModelDims, SearchProblem, SearchSpace
+    from tuner.suggest import enumerate_candidates
+
+    calls = tmp_path / "calls"
+    calls.touch()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    lead = subprocess.Popen([sys.executable, "-c", EXHAUSTIVE_LEAD, pg_url, str(calls)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    storage = open_storage(pg_url, None)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # join once the lead created the study
+        if any(s.study_name == "pgx" for s in optuna.get_all_study_summaries(storage)):
+            break
+        time.sleep(0.1)
+    worker = subprocess.run([sys.executable, "-m", "meshplan", "worker", "--study", "pgx",
+                             "--storage", pg_url], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    out, err = lead.communicate(timeout=300)
+    assert lead.returncode == 0, err[-2000:]
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    proven, best, simulated, pm, pt, size, workers = out.split("REPORT ")[1].split()
+    prob = SearchProblem(ModelDims("toy", 8, 1024, 16, 4, 4096, 32000), 16, 8, 64, 1024)
+    cands = enumerate_candidates(SearchSpace(prob), "semi-auto")
+    sc = make_analytic_bounded({"global_batch_size": 64})
+    assert proven == "True" and float(best) == min(s.time_s for s in map(sc, cands) if s.feasible)
+    assert int(simulated) + int(pm) + int(pt) == int(size) == len(cands)
+    got = [ln.split(" ", 1) for ln in calls.read_text().splitlines()]
+    assert len({pid for pid, _ in got}) == 2 and workers == "2"
+    assert len({k for _, k in got}) == len(got) == int(simulated)  # no plan scored twice
+    n_worker = int(worker.stdout.split("worker ran ")[1].split()[0])
+    assert 1 <= n_worker < int(simulated)

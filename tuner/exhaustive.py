@@ -69,6 +69,24 @@ class ExhaustiveReport:
     seconds: float = 0.0
     bounded: int | None = None
     """Candidates bounded before a timeout (None: all were)."""
+    slices: int | None = None
+    """Slices the space was cut into for shared workers (None: one process, no slices)."""
+    slices_done: int | None = None
+    """Slices finished (== ``slices`` when proven)."""
+    workers: int | None = None
+    """Distinct worker processes that finished a slice."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (a non-finite ``open_bound_s`` becomes None)."""
+        d = dict(self.__dict__)
+        if d["open_bound_s"] is not None and not math.isfinite(d["open_bound_s"]):
+            d["open_bound_s"] = None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExhaustiveReport:
+        """Inverse of :meth:`to_dict` (unknown keys ignored)."""
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     @property
     def decided(self) -> int:
@@ -80,16 +98,23 @@ class ExhaustiveReport:
         best = "no feasible plan" if self.best_time_s is None else f"best {self.best_time_s * 1e3:.1f} ms"
         if self.proven:
             state = "proven optimum of the model over the space"
+        elif self.slices is not None:
+            stop = ("" if self.open_bound_s is None or not math.isfinite(self.open_bound_s) else
+                    f"; smallest open bound of the slice stopped here {self.open_bound_s * 1e3:.1f} ms")
+            state = (f"NOT proven (stopped with {self.slices - (self.slices_done or 0)} of "
+                     f"{self.slices} slices open{stop}; rerun to resume)")
         elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
             done = "" if self.bounded is None else f"; {self.bounded} bounded"
             state = f"NOT proven (stopped before every candidate was bounded{done})"
         else:
             state = f"NOT proven (stopped; smallest open bound {self.open_bound_s * 1e3:.1f} ms)"
         rate = self.decided / self.seconds if self.seconds > 0 else float("inf")
+        shared = ("" if self.slices is None else
+                  f"; {self.slices_done} of {self.slices} slices finished by {self.workers or 0} worker(s)")
         return (f"exhaustive: {self.space_size} candidates = {self.simulated} simulated "
                 f"({self.resumed} resumed from the study, {self.refused} refused by the engine) "
                 f"+ {self.pruned_memory} pruned by memory + {self.pruned_time} pruned by time; "
-                f"{best}; {state}; {self.seconds:.1f} s ({rate:.0f} decided/s)")
+                f"{best}; {state}{shared}; {self.seconds:.1f} s ({rate:.0f} decided/s)")
 
 
 #: evaluate(i) -> (time_s, memory_bytes, memory_limit_bytes), or None when the scorer
@@ -98,7 +123,8 @@ Evaluate = Callable[[int], "tuple[float, int, int] | None"]
 
 
 def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limit: Sequence[float],
-               evaluate: Evaluate, deadline: float | None = None) -> ExhaustiveReport:
+               evaluate: Evaluate, deadline: float | None = None,
+               incumbent: Callable[[], float] | None = None) -> ExhaustiveReport:
     """Branch and bound over candidates ``0 .. n-1`` (module docstring, steps 1-2).
 
     Args:
@@ -106,6 +132,12 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
             (arrays of equal length; a time bound of -inf: no bound, simulated first).
         evaluate: scores candidate i (see :data:`Evaluate`).
         deadline: ``time.monotonic()`` value after which the search stops unproven.
+        incumbent: the step time (s) of the best feasible plan other searchers of the same
+            space found so far (``inf``: none), read before each candidate; a candidate is
+            pruned by time once its bound is at least ``min(local best, incumbent())``.
+            Sound as long as the incumbent is the time of a feasible plan of the space (an
+            upper bound on the optimum): a slice of the space pruned against it holds no
+            plan faster than the best of the union (:mod:`tuner.exhaustive_shared`).
     Returns an :class:`ExhaustiveReport` (``resumed`` left 0: the caller counts it).
     Raises TunerError on arrays of different lengths or a NaN bound."""
     t_lb = np.asarray(time_lb, dtype=float)
@@ -122,7 +154,7 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
     order = idx[np.argsort(t_lb[idx], kind="stable")]
     best = math.inf
     for pos, i in enumerate(order):
-        if t_lb[i] >= best:
+        if t_lb[i] >= (best if incumbent is None else min(best, incumbent())):
             rep.pruned_time = len(order) - pos
             break
         if deadline is not None and time.monotonic() > deadline:
@@ -169,11 +201,20 @@ def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, 
 
 def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    history: dict[str, dict[str, Any]], timeout: float | None = None,
-                   on_scored: Callable[[int], None] | None = None) -> ExhaustiveReport:
+                   on_scored: Callable[[int], None] | None = None,
+                   members: Sequence[int] | None = None,
+                   incumbent: Callable[[], float] | None = None,
+                   tick: Callable[[], None] | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
     reusing the records in ``history`` (plan_key -> record, ``tuner.study.history_cache``)
     and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
     search unproven, also while it is still bounding.
+
+    ``members`` (indices into ``candidates``; None: all) restricts the search to one slice
+    of the space, ``incumbent`` is the best time other workers found (see
+    :func:`prove_best`), and ``tick`` is called before each candidate is bounded or
+    scored (a worker's heartbeat). The report's ``space_size`` is the number of members
+    and ``best_index`` indexes ``candidates``.
 
     Raises TunerError when the scorer has no ``bound``; a ValueError of the bound marks the
     candidate unbounded (it is simulated, and the scorer refuses it the same way)."""
@@ -182,13 +223,17 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
         raise TunerError("--sampler exhaustive needs a scorer with a lower bound (a 'bound' attribute)")
     t0 = time.monotonic()
     deadline = None if timeout is None else t0 + timeout
-    n = len(candidates)
+    idx = list(range(len(candidates))) if members is None else [int(i) for i in members]
+    n = len(idx)
     t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
     bounded = None
-    for i, c in enumerate(candidates):
+    for i, j in enumerate(idx):
         if deadline is not None and time.monotonic() > deadline:
             bounded = i  # the rest stay unbounded (-inf): prove_best stops before simulating them
             break
+        if tick is not None:
+            tick()
+        c = candidates[j]
         try:
             b = bound(c)
             t_lb[i], m_lb[i], cap[i] = b.time_s, b.memory_bytes, b.memory_limit_bytes
@@ -198,7 +243,9 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
 
     def evaluate(i: int) -> tuple[float, int, int] | None:
         nonlocal resumed
-        c = candidates[i]
+        if tick is not None:
+            tick()
+        c = candidates[idx[i]]
         key = plan_key(c)
         rec = history.get(key)
         if rec is not None:
@@ -214,12 +261,14 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
             history[key] = rec
             _record_trial(study, c, key, rec, float(t_lb[i]))
             if on_scored is not None:
-                on_scored(i)
+                on_scored(idx[i])
         if "error" in rec:
             return None
         return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
-    rep = prove_best(t_lb, m_lb, cap, evaluate, deadline)
+    rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent)
+    if rep.best_index is not None:
+        rep.best_index = idx[rep.best_index]
     rep.resumed = resumed
     rep.bounded = bounded
     rep.seconds = time.monotonic() - t0

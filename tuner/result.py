@@ -134,6 +134,8 @@ class TuneResult:
     pareto: bool = False
     exhaustive: Any = None
     """The ``tuner.exhaustive.ExhaustiveReport`` of an exhaustive search (else None)."""
+    bound_gap: Any = None
+    """The ``tuner.bound_seed.BoundGap`` of a search seeded from the bound (else None)."""
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """All trials of the study, in trial-number order (not copied)."""

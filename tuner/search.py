@@ -10,10 +10,13 @@ cannot be shared: that raises TuneError).
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from pathlib import Path
 from typing import Any
 
+from tuner.bound_seed import check_seed_option, gap_report, seed_study
 from tuner.exhaustive import run_exhaustive
+from tuner.exhaustive_shared import SLICES_PER_WORKER, is_slice_study, open_slices, run_shared
 from tuner.result import ProgressReporter, TuneResult
 from tuner.study import (
     TuneConfig,
@@ -41,16 +44,27 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
            study_dir: str | Path | None = None, n_trials: int = 100,
            timeout: float | None = None, workers: int = 1, progress: bool = False,
-           progress_bar: Any = None) -> TuneResult:
+           progress_bar: Any = None, seed_from_bound: int | None = None) -> TuneResult:
     """Run (or resume) the search until the study holds ``n_trials`` finished trials.
 
     Args:
         cfg: the search; study_name: the study; storage: None (journal file in
             ``study_dir``), ``"memory"`` (in-memory, nothing kept), a journal path or a
             database URL; workers: local processes on the study; progress: rich progress bar
-            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`).
+            (``progress_bar``: its class, see :class:`tuner.result.ProgressReporter`);
+            seed_from_bound: enqueue the K candidates of lowest step-time bound first and
+            report the gap the bounds leave (:mod:`tuner.bound_seed`; None: its default,
+            0: off); ``result.bound_gap`` is that report.
 
-    Raises TuneError for workers > 1 on an in-memory study or a study holding another search.
+    With ``cfg.sampler`` ``exhaustive`` the trial target does not apply: in memory the
+    search is one branch and bound (:mod:`tuner.exhaustive`); on a shared storage the space
+    is cut into ``SLICES_PER_WORKER * workers`` slices (at its first start) that this
+    process, its ``workers - 1`` local workers and any ``meshplan worker`` joining the
+    study share (:mod:`tuner.exhaustive_shared`); ``result.exhaustive`` is the report.
+
+    Raises TuneError for workers > 1 on an in-memory study, a study holding another
+    search, or an exhaustive Pareto search; TunerError for a ``seed_from_bound`` the
+    sampler cannot take.
     """
     if n_trials < 1:
         raise TuneError(f"trials must be >= 1, got {n_trials}")
@@ -59,12 +73,31 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     in_memory = storage == MEMORY or (storage is None and study_dir is None)
     if in_memory and workers > 1:
         raise TuneError("--workers > 1 needs a shared storage (a study directory or a database URL)")
+    check_seed_option(cfg.sampler_name, seed_from_bound)
+    exhaustive = cfg.sampler_name == "exhaustive"
+    if exhaustive:
+        _check_exhaustive(cfg)
     sdir = None if in_memory else (Path(study_dir) if study_dir is not None else None)
     url = None if storage == MEMORY else storage
     study, cfg = open_study(cfg, study_name, url, sdir)
     study.set_user_attr("target_trials", n_trials)
     scorer = resolve_factory(cfg.scorer_factory)(cfg.scorer_config)
     procs = []
+    seeds = None
+    if exhaustive:
+        cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+        if in_memory:
+            return _exhaustive(study, cfg, scorer, cands, timeout)
+        # cut the space before any worker starts: a worker joins the recorded slices
+        open_slices(study, SLICES_PER_WORKER * workers, len(cands))
+    else:  # seeds go in before any worker starts: every worker pops them
+        t0 = time.monotonic()
+        done, _ = trial_counts(study)
+        seeds = seed_study(study, cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation,
+                           cfg.sampler_name, scorer, seed_from_bound, n_trials - done,
+                           None if timeout is None else t0 + timeout)
+        if timeout is not None:  # bounding spent part of the budget
+            timeout = max(1e-3, timeout - (time.monotonic() - t0))
     if workers > 1:
         ctx = mp.get_context("spawn")
         for _ in range(workers - 1):
@@ -72,32 +105,39 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
                                                        str(sdir) if sdir else None))
             p.start()
             procs.append(p)
-    if cfg.sampler_name == "exhaustive":
-        return _exhaustive(study, cfg, scorer, workers, timeout)
     done, _ = trial_counts(study)
+    shared = None
     try:
-        with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
-                              bar=progress_bar) as rep:
-            optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
+        if exhaustive:
+            shared, _ = run_shared(study, cands, scorer, n_slices=None, timeout=timeout, wait=True)
+        else:
+            with ProgressReporter(n_trials, min(done, n_trials), enabled=progress,
+                                  bar=progress_bar) as rep:
+                optimize(study, cfg, scorer, n_trials, timeout, on_trial=rep)
     finally:
         for p in procs:
             p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         raise TuneError(f"{len(bad)} worker process(es) exited with codes {bad}")
-    return TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+    res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
+    res.exhaustive = shared
+    res.bound_gap = None if seeds is None else gap_report(study, seeds)
+    return res
 
 
-def _exhaustive(study, cfg: TuneConfig, scorer, workers: int, timeout: float | None) -> TuneResult:
-    """``--sampler exhaustive``: branch and bound over the enumerated space
-    (:mod:`tuner.exhaustive`), resuming from the study's history. The trial target does
-    not apply (the search runs until the optimum is proven or ``timeout``). Raises
-    TuneError for workers > 1 or a Pareto search."""
-    if workers > 1:
-        raise TuneError("--sampler exhaustive runs in one process; use --workers 1")
+def _check_exhaustive(cfg: TuneConfig) -> None:
+    """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
-    cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+
+
+def _exhaustive(study, cfg: TuneConfig, scorer, cands, timeout: float | None) -> TuneResult:
+    """``--sampler exhaustive`` on an in-memory study (one process): branch and bound over
+    the enumerated space (:mod:`tuner.exhaustive`). The trial target does not apply (the
+    search runs until the optimum is proven or ``timeout``). On a shared study (journal,
+    database) the search runs in slices instead (:mod:`tuner.exhaustive_shared`), which
+    workers share and a resume continues."""
     rep = run_exhaustive(study, cands, scorer, history_cache(study), timeout)
     res = TuneResult(study, cfg.space.problem.global_batch_size, cfg.pareto)
     res.exhaustive = rep
@@ -122,7 +162,7 @@ def load_result(output: str | Path, study: str | None = None) -> TuneResult:
     if not journal.is_file():
         raise TuneError(f"no tune journal at {str(journal)!r} (the --output of meshplan tune)")
     st = open_storage(str(journal), None)
-    names = optuna.get_all_study_names(storage=st)
+    names = [n for n in optuna.get_all_study_names(storage=st) if not is_slice_study(n)]
     if study is None:
         if len(names) != 1:
             raise TuneError(f"{journal} holds {len(names)} studies ({', '.join(names)}); name one")

@@ -386,8 +386,17 @@ def run_worker(study_name: str, storage: str | None, n_trials: int | None = None
                factory: Callable[[Mapping[str, Any]], Scorer] | None = None) -> int:
     """Join an existing study (``meshplan worker``): rebuild its scorer from the stored
     factory path and config, and run trials until the study's target (``n_trials``, default
-    the stored ``target_trials``) is reached. Returns the trials this worker ran."""
+    the stored ``target_trials``) is reached. Returns the trials this worker ran. On an
+    exhaustive study it takes open slices of the enumeration until none is left
+    (:func:`tuner.exhaustive_shared.run_shared`; ``n_trials`` does not apply) and returns
+    the plans it scored."""
     study, cfg = open_study(None, study_name, storage, Path(study_dir) if study_dir else None)
     scorer = (factory or resolve_factory(cfg.scorer_factory))(cfg.scorer_config)
+    if cfg.sampler_name == "exhaustive":  # take open slices of the enumeration until none is left
+        from tuner.exhaustive_shared import run_shared
+        from tuner.suggest import enumerate_candidates
+
+        cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+        return run_shared(study, cands, scorer, n_slices=None, timeout=timeout, wait=False)[1]
     target = n_trials if n_trials is not None else int(study.user_attrs.get("target_trials", 0))
     return optimize(study, cfg, scorer, target, timeout)

@@ -53,6 +53,8 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
     con.print(f"study {study} ({storage}): {result.counts()}")
     if result.exhaustive is not None:
         con.print(result.exhaustive.summary())
+    if result.bound_gap is not None:
+        con.print(result.bound_gap.summary())
     con.print(top_table(result, k, None if width >= 200 else width))
     return con.export_text()
 
@@ -209,11 +211,11 @@ def tune_cmd(
                                        help="'memory', a journal file or a database URL."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
     workers: int = typer.Option(1, "--workers", min=1, max=opt.MAX_WORKERS,
-                                help="Local worker processes."),
+                                help="Local worker processes (with --sampler exhaustive they share its slices)."),
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
     fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
-    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound)."),
+    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices)."),
     layers: int | None = typer.Option(None, "--layers", "--num-layers", max=opt.MAX_LAYERS,
                                       help="Override the layer count."),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
@@ -250,6 +252,12 @@ def tune_cmd(
                                     help="Also try the FP8 recipes the framework runs (te-delayed; "
                                          "tensorwise, rowwise under fsdp2) beside BF16; pin one with "
                                          "--fix fp8=NAME. Needs a device with an FP8 peak."),
+    seed_from_bound: int | None = typer.Option(
+        None, "--seed-from-bound", min=0, max=opt.MAX_TRIALS, metavar="K",
+        help="tpe/random samplers: enqueue the K plans with the lowest step-time lower bound "
+             "first, and report the best bound still open (no unexplored plan can beat it: the "
+             "gap to the optimum). Default: 16 for pattern-based TPE on a space of at most "
+             "1,000 plans, else off; 0: off. full_random: only its tp=1 plans are bounded."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
@@ -291,6 +299,9 @@ def tune_cmd(
         cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
+    from tuner.bound_seed import check_seed_option
+
+    check_seed_option(cfg.sampler_name, seed_from_bound)  # before any output directory is made
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:
@@ -304,7 +315,7 @@ def tune_cmd(
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
                       n_trials=trials, timeout=timeout, workers=workers,
                       progress=not no_progress and terminal.progress_enabled(),
-                      progress_bar=terminal.Progress)
+                      progress_bar=terminal.Progress, seed_from_bound=seed_from_bound)
 
     check_single(objective, max_step_time)
     if gpus is not None:
@@ -337,7 +348,8 @@ def worker_cmd(
                                       help="Target (default: the study's)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
 ) -> None:
-    """Join a search started by ``meshplan tune`` and run its trials."""
+    """Join a search started by ``meshplan tune`` and run its trials (``--sampler
+    exhaustive``: take its open slices of the enumeration until none is left)."""
     import optuna
 
     from tuner.study import check_study_name, run_worker

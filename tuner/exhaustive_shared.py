@@ -1,0 +1,323 @@
+"""``--sampler exhaustive`` on a shared study: many workers, one proof (issue 18 item 5).
+
+The enumerated space (``tuner.suggest.enumerate_candidates``: the same list, in the same
+order, in every process of one search) is cut into ``S`` slices, slice ``k`` holding the
+candidates whose index ``i`` has ``i mod S == k``. Each slice is proven on its own by
+:func:`tuner.exhaustive.run_exhaustive` (bounded, then simulated in the order of its own
+bounds), pruning against the best feasible step time found so far by *any* worker (the
+study's best at the start, then what each worker posts, :class:`Incumbent`). Why the union is the optimum: let ``T*`` be the fastest
+feasible plan of the space, in slice ``k``. The incumbent is always the time of a feasible
+plan, so it is ``>= T*``; the worker of slice ``k`` prunes a candidate only when its bound
+is ``>= min(slice best, incumbent)``, and the bound of ``T*`` is ``<= T*`` -- so ``T*`` is
+either simulated or tied by a plan already found. The best over all slices' simulations is
+therefore the optimum, and the counts of the slices (disjoint, their union the space) add
+up to the space size.
+
+Claims (so that no slice, hence no plan, is worked on by two live workers): the slices are
+the trials of a companion study ``NAME.exhaustive-slices`` in the same storage, one
+WAITING trial per slice (user attr ``slice``). A worker takes a slice by moving its trial
+from WAITING to RUNNING -- Optuna's own atomic hand-out of enqueued trials: the journal's
+log order, or PostgreSQL's row lock, gives the trial to exactly one worker -- and keeps it
+only when no other unfailed trial of the same slice has a lower number (a duplicate made
+by two repairs at once is dropped, ``duplicate_of``). A worker writes a ``heartbeat``
+every :data:`BEAT_S` seconds; a RUNNING slice whose owner is dead (a dead pid on this
+host, or no heartbeat for :data:`STALE_S` seconds from another host) is failed
+(``interrupted``) and a fresh WAITING trial is made for every slice left without an
+unfailed one, so a killed worker's slice is finished by the others, or by the next
+``tune`` on resume; its finished plans are read back from the study (``resumed``), never
+simulated again. A finished slice is COMPLETE with its report (user attr ``report``), and
+the search's report sums them (:func:`merged_report`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import TunerError
+from tuner.exhaustive import ExhaustiveReport, plan_key, run_exhaustive
+from tuner.result import scored
+from tuner.storage import WORKER_ATTR, trial_owners, worker_alive, worker_token
+
+#: the companion study of a study NAME that holds its slices: NAME + this suffix
+SLICE_STUDY_SUFFIX = ".exhaustive-slices"
+#: user attrs of the search's study: the number of slices and the space size they cut
+SLICES_ATTR, SIZE_ATTR = "exhaustive_slices", "exhaustive_space_size"
+#: slices per local worker process (more slices than workers: a late worker finds some)
+SLICES_PER_WORKER = 4
+#: seconds between two heartbeats of a worker on its slice
+BEAT_S = 5.0
+#: seconds without a heartbeat after which a slice of a worker on another host is taken over
+STALE_S = 60.0
+#: seconds between two reads of the study's best time (a stale incumbent only prunes less)
+INCUMBENT_REFRESH_S = 0.2
+#: seconds between two looks for a slice while other workers finish theirs
+POLL_S = 0.2
+#: seconds a joining worker waits for the lead to record the slices of a new search
+JOIN_WAIT_S = 60.0
+
+
+def slice_study_name(study_name: str) -> str:
+    """The companion study that holds the slices of ``study_name``."""
+    return study_name + SLICE_STUDY_SUFFIX
+
+
+def is_slice_study(study_name: str) -> bool:
+    """True for a companion study of slices (tools that list a storage's studies skip it)."""
+    return study_name.endswith(SLICE_STUDY_SUFFIX)
+
+
+def study_best(study: optuna.Study) -> float:
+    """The smallest step time (s) of a feasible scored trial of ``study`` (inf: none)."""
+    best = float("inf")
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        ua = t.user_attrs
+        if scored(ua) and ua["memory_bytes"] <= ua["memory_limit_bytes"]:
+            best = min(best, float(ua["time_s"]))
+    return best
+
+
+#: companion study system attr prefix under which each worker posts its best time (s)
+BEST_PREFIX = "best:"
+
+
+class Incumbent:
+    """``incumbent()`` -> the best feasible step time (s) found by any worker: the study's
+    best when created, then the best each worker posts to the companion study
+    (:meth:`post`, one small attr per worker: cheaper to read than every trial), re-read at
+    most every :data:`INCUMBENT_REFRESH_S` seconds (never larger than a value it returned)."""
+
+    def __init__(self, study: optuna.Study, cs: optuna.Study) -> None:
+        self.cs, self.best, self.at, self.mine = cs, study_best(study), -float("inf"), float("inf")
+        self.key = BEST_PREFIX + worker_token()
+
+    def post(self, time_s: float) -> None:
+        """Record a feasible step time this worker found (posted when it is its best)."""
+        if time_s < self.mine:
+            self.mine = time_s
+            self.cs._storage.set_study_system_attr(self.cs._study_id, self.key, time_s)
+        self.best = min(self.best, time_s)
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if now - self.at >= INCUMBENT_REFRESH_S:
+            self.at = now
+            posted = [float(v) for k, v in self.cs._storage.get_study_system_attrs(self.cs._study_id).items()
+                      if k.startswith(BEST_PREFIX) and isinstance(v, (int, float))]
+            self.best = min([self.best, *posted])
+        return self.best
+
+
+def _slice(t: FrozenTrial) -> int | None:
+    k = t.user_attrs.get("slice")
+    return k if isinstance(k, int) else None
+
+
+def _new_slice_trial(cs: optuna.Study, k: int) -> None:
+    """One WAITING trial for slice ``k`` (one storage operation)."""
+    cs._storage.create_new_trial(cs._study_id, template_trial=FrozenTrial(
+        number=-1, state=TrialState.WAITING, value=None, datetime_start=None,
+        datetime_complete=None, params={}, distributions={}, user_attrs={"slice": k},
+        system_attrs={}, intermediate_values={}, trial_id=-1))
+
+
+def open_slices(study: optuna.Study, n_slices: int | None, space_size: int) -> tuple[optuna.Study, int]:
+    """The companion study of ``study``'s slices and their number ``S``. The first call
+    (``n_slices``: the lead's choice) records ``S`` and the space size in the study; later
+    ones (a joining worker passes None, a resume its own choice) use what is recorded; a
+    joining worker waits up to :data:`JOIN_WAIT_S` for the lead to record them.
+
+    Raises TunerError when a joining worker finds no slices then or its enumerated space
+    differs in size from the recorded one (another meshplan version), or ``n_slices < 1``."""
+    ua = study.user_attrs
+    end = time.monotonic() + JOIN_WAIT_S
+    while n_slices is None and SLICES_ATTR not in ua and time.monotonic() < end:
+        time.sleep(POLL_S)  # a worker started with the search: the lead is still cutting
+        ua = study._storage.get_study_user_attrs(study._study_id)
+    if SLICES_ATTR not in ua:
+        if n_slices is None:
+            raise TunerError(f"study {study.study_name!r} has no exhaustive slices yet: start the "
+                             f"search with `meshplan tune ... --sampler exhaustive` first")
+        if n_slices < 1:
+            raise TunerError(f"exhaustive slices must be >= 1, got {n_slices}")
+        study.set_user_attr(SIZE_ATTR, space_size)
+        study.set_user_attr(SLICES_ATTR, n_slices)
+        ua = study._storage.get_study_user_attrs(study._study_id)
+    if ua.get(SIZE_ATTR, space_size) != space_size:
+        raise TunerError(f"study {study.study_name!r} was cut for a space of {ua[SIZE_ATTR]} "
+                         f"candidates but this process enumerates {space_size} (another meshplan "
+                         f"version?); every worker must enumerate the same space")
+    cs = optuna.create_study(study_name=slice_study_name(study.study_name),
+                             storage=study._storage, load_if_exists=True)
+    s = int(ua[SLICES_ATTR])
+    repair(cs, s)
+    return cs, s
+
+
+def _dead(t: FrozenTrial) -> bool:
+    """A RUNNING slice whose worker is gone: every owner on this host is dead, or (owner on
+    another host) no heartbeat for :data:`STALE_S` seconds."""
+    alive = [worker_alive(w) for w in trial_owners(t)]
+    if any(a is True for a in alive):
+        return False
+    if alive and all(a is False for a in alive):
+        return True
+    beat = t.user_attrs.get("heartbeat")
+    if beat is None and t.datetime_start is not None:
+        beat = t.datetime_start.timestamp()
+    return beat is None or time.time() - float(beat) > STALE_S
+
+
+def recover(cs: optuna.Study) -> list[int]:
+    """Fail the RUNNING slices of dead workers (``interrupted``); returns their slices."""
+    out = []
+    for t in cs.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _dead(t):
+            try:
+                cs._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+                cs._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue  # another worker recovered it first
+            out.append(_slice(t))
+    return out
+
+
+def repair(cs: optuna.Study, n_slices: int) -> None:
+    """A WAITING trial for every slice that has no unfailed trial (new study, or failed)."""
+    live = {_slice(t) for t in cs.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
+    for k in range(n_slices):
+        if k not in live:
+            _new_slice_trial(cs, k)
+
+
+def claim(cs: optuna.Study, n_slices: int) -> FrozenTrial | None:
+    """Take one open slice (module docstring: the claim rule), or None when none is open."""
+    recover(cs)
+    repair(cs, n_slices)
+    st = cs._storage
+    for t in sorted(cs.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda u: u.number):
+        try:
+            if not st.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                continue  # another worker took it
+        except UpdateFinishedTrialError:
+            continue
+        k = _slice(t)
+        lower = [u.number for u in cs.get_trials(deepcopy=False)
+                 if _slice(u) == k and u.number < t.number and u.state != TrialState.FAIL]
+        if lower or k is None or not 0 <= k < n_slices:
+            st.set_trial_user_attr(t._trial_id, "duplicate_of", lower[0] if lower else None)
+            st.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            continue
+        st.set_trial_user_attr(t._trial_id, "heartbeat", time.time())
+        return st.get_trial(t._trial_id)
+    return None
+
+
+class _Beat:
+    """The ``tick`` of one slice: a heartbeat every :data:`BEAT_S` seconds."""
+
+    def __init__(self, cs: optuna.Study, t: FrozenTrial) -> None:
+        self.st, self.tid, self.at = cs._storage, t._trial_id, time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.at >= BEAT_S:
+            self.at = time.monotonic()
+            try:
+                self.st.set_trial_user_attr(self.tid, "heartbeat", time.time())
+            except UpdateFinishedTrialError:
+                pass  # failed as dead by a peer: the slice is redone there; finish harmlessly
+
+
+def slice_members(k: int, n_slices: int, space_size: int) -> range:
+    """Indices of slice ``k``: ``k, k + S, k + 2S, ... < space_size``."""
+    return range(k, space_size, n_slices)
+
+
+def merged_report(cs: optuna.Study, n_slices: int, space_size: int) -> ExhaustiveReport:
+    """The search's report: the sum of every finished slice's report (the first finished
+    trial of each slice), the best over them; proven when every slice is finished."""
+    rep = ExhaustiveReport(space_size=space_size, slices=n_slices)
+    seen: dict[int, ExhaustiveReport] = {}
+    owners = set()
+    for t in sorted(cs.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda u: u.number):
+        k = _slice(t)
+        if k is None or k in seen or "report" not in t.user_attrs:
+            continue
+        seen[k] = ExhaustiveReport.from_dict(t.user_attrs["report"])
+        w = t.system_attrs.get(WORKER_ATTR)
+        owners.add(worker_token(w) if w else str(t.number))
+    for r in seen.values():
+        for f in ("simulated", "resumed", "refused", "pruned_memory", "pruned_time"):
+            setattr(rep, f, getattr(rep, f) + getattr(r, f))
+        if r.best_time_s is not None and (rep.best_time_s is None or r.best_time_s < rep.best_time_s):
+            rep.best_time_s, rep.best_index = r.best_time_s, r.best_index
+    rep.slices_done, rep.workers = len(seen), len(owners)
+    rep.proven = len(seen) == n_slices
+    return rep
+
+
+def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
+               n_slices: int | None, timeout: float | None = None, wait: bool = True
+               ) -> tuple[ExhaustiveReport, int]:
+    """Work on the slices of ``study`` until none is open; with ``wait`` (the ``tune``
+    process) also until every slice is finished, taking over the slices of workers that
+    die meanwhile. ``n_slices``: the slices to cut a new search into (None: join one).
+
+    Returns (the merged report, plans this process scored). A ``timeout`` (s) stops it:
+    the slice in hand is released (failed, ``stopped``, so that a resume redoes it from
+    the study's history) and the report is not proven. Raises TunerError as
+    :func:`open_slices` and :func:`tuner.exhaustive.run_exhaustive` do."""
+    t0 = time.monotonic()
+    deadline = None if timeout is None else t0 + timeout
+    n = len(candidates)
+    cs, s = open_slices(study, n_slices, n)
+    incumbent, history, mine = Incumbent(study, cs), {}, 0
+
+    def on_scored(i: int) -> None:  # post a feasible score so that peers prune against it
+        rec = history[plan_key(candidates[i])]
+        if "error" not in rec and rec["memory_bytes"] <= rec["memory_limit_bytes"]:
+            incumbent.post(float(rec["time_s"]))
+
+    stopped: ExhaustiveReport | None = None
+    from tuner.study import history_cache
+
+    while deadline is None or time.monotonic() < deadline:
+        t = claim(cs, s)
+        if t is None:
+            if not wait or merged_report(cs, s, n).proven:
+                break
+            time.sleep(POLL_S)
+            continue
+        history.update(history_cache(study))
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        r = run_exhaustive(study, candidates, scorer, history, left, on_scored=on_scored,
+                           members=slice_members(_slice(t), s, n), incumbent=incumbent,
+                           tick=_Beat(cs, t))
+        mine += r.simulated - r.resumed
+        try:
+            if r.proven:
+                cs._storage.set_trial_user_attr(t._trial_id, "report", r.to_dict())
+                cs._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(r.simulated)])
+            else:
+                cs._storage.set_trial_user_attr(t._trial_id, "stopped", True)
+                cs._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                stopped = r
+                break
+        except UpdateFinishedTrialError:
+            pass  # a peer took this slice as dead meanwhile; its copy will be counted
+    rep = merged_report(cs, s, n)
+    if not rep.proven:
+        rep.open_bound_s = stopped.open_bound_s if stopped is not None else None
+        rep.bounded = stopped.bounded if stopped is not None else None
+    rep.seconds = time.monotonic() - t0
+    return rep, mine
+
+
+__all__ = ["BEAT_S", "Incumbent", "SLICES_PER_WORKER", "SLICE_STUDY_SUFFIX", "STALE_S", "claim",
+           "is_slice_study", "merged_report", "open_slices", "recover", "repair", "run_shared",
+           "slice_members", "slice_study_name", "study_best"]
