@@ -340,8 +340,9 @@ def _cluster(row: Row, notes: _Notes) -> tuple[str, int]:
         if mem == 96 or "grand teton" in gpu_l:
             name = GRAND_TETON
             notes.approximations.append(
-                f"{GRAND_TETON}: peak bf16 of the 500 W HBM2e H100 not published; SXM's "
-                "989 TFLOP/s used (approx.)")
+                f"{GRAND_TETON}: peak bf16 of the 500 W HBM2e H100 not published; the "
+                "midpoint of the SXM (989) and NVL (835) peaks, 912 TFLOP/s, used (approx.: "
+                "the torchtitan page puts it between them)")
         elif mem == 80:
             name = "dgx-h100"
         else:

@@ -46,6 +46,7 @@ from experiments.base import (
     require,
     save_figure,
 )
+from experiments.fit_constants import FIT_ROWS
 from experiments.tables import to_markdown
 
 if __name__ == "__main__":
@@ -87,14 +88,14 @@ class Fit:
 #: Constants fitted on rows of measured_runs.csv by ``python -m experiments.fit_constants``
 #: (two per device type; values recorded in the cluster YAMLs of that device).
 FITS: list[Fit] = [
-    Fit("device.efficiency.gemm", "A100", 0.7783, (15, 18, 250, 188),
-        "GEMM plateau of the wave model; golden-section on MAPE, triton held"),
-    Fit("device.efficiency.attention_kernels.triton", "A100", 0.3322, (182, 190),
-        "llm-foundry Triton FlashAttention; long-sequence rows"),
-    Fit("device.efficiency.gemm", "H100", 0.5783, (368, 130, 92),
-        "GEMM plateau of the wave model; golden-section on MAPE, triton held"),
-    Fit("device.efficiency.attention_kernels.triton", "H100", 0.1856, (142, 126),
-        "llm-foundry Triton FlashAttention; long-sequence rows"),
+    Fit("device.efficiency.gemm", "A100", 0.7178, FIT_ROWS["A100"],
+        "GEMM plateau of the wave model; golden-section on MAPE, alternating with triton"),
+    Fit("device.efficiency.attention_kernels.triton", "A100", 0.3056, FIT_ROWS["A100"],
+        "llm-foundry Triton FlashAttention; the same rows"),
+    Fit("device.efficiency.gemm", "H100", 0.6123, FIT_ROWS["H100"],
+        "GEMM plateau of the wave model; golden-section on MAPE, alternating with triton"),
+    Fit("device.efficiency.attention_kernels.triton", "H100", 0.1701, FIT_ROWS["H100"],
+        "llm-foundry Triton FlashAttention; the same rows"),
 ]
 
 
@@ -247,10 +248,19 @@ def _fits_text() -> str:
     if not FITS:
         return "Fitted constants (`FITS`): none -- every row is a prediction."
     lines = ["Fitted constants (`FITS`):"]
-    lines += [f"`{f.constant}` on `{f.device}` = {f.value:g}, fitted on rows "
-              f"{', '.join(map(str, f.rows))}{' (' + f.note + ')' if f.note else ''}"
-              for f in FITS]
+    lines += [f"`{f.constant}` on `{f.device}` = {f.value:g}, fitted on {_rows_text(f.rows)}"
+              f"{' (' + f.note + ')' if f.note else ''};" for f in FITS]
     return " ".join(lines)
+
+
+def _rows_text(rows: tuple[int, ...]) -> str:
+    """``rows 15, 18`` for a few rows; for a device's ``fit_constants.FIT_ROWS`` its name
+    and count (the list is in that module and in the cluster YAMLs)."""
+    for dev, named in FIT_ROWS.items():
+        if tuple(rows) == tuple(named):
+            return (f"the {len(rows)} rows of `fit_constants.FIT_ROWS['{dev}']` (every second "
+                    f"row of each source of the device; the others are held out)")
+    return "rows " + ", ".join(map(str, rows))
 
 
 def _source_line(rec: pd.Series) -> str:

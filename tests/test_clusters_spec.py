@@ -110,7 +110,10 @@ def test_load_by_path_and_num_nodes_override(tmp_path):
 def test_efficiency_fields_readable():
     eff = load_cluster("dgx-a100-80g").device.efficiency
     assert eff.memory_bandwidth.value == 0.8 and eff.kernel_overhead_s.value == 5e-6
-    assert "FITTED" in eff.gemm.provenance and "rows 15,18,250,188" in eff.gemm.provenance
+    from experiments.fit_constants import FIT_ROWS
+
+    rows = "rows " + ",".join(map(str, FIT_ROWS["A100"]))
+    assert "FITTED" in eff.gemm.provenance and rows in eff.gemm.provenance
     assert eff.gemm_half_flops is None
 
 

@@ -215,10 +215,9 @@ def test_engine_from_plan_takes_a_plan_json_path(tmp_path):
 
 def test_vpp_micro_batches_not_a_multiple_of_pp_is_refused_in_the_strategy():
     """Megatron-LM's interleaved schedule runs micro-batches in groups of pp: 6 micro-batches
-    on pp = 4 are refused when the strategy is made, naming the batch fields (the schedule
+    on pp = 4 are refused before a step is built, naming the batch fields (the schedule
     builder's own message spoke of ``num_microbatches`` and ``num_stages``); 8 are taken."""
     from completion.strategy import Strategy, StrategyError
-
     from meshplan.engine import Engine
 
     s = Strategy(dp=1, pp=4, vpp=2, schedule="VPP", micro_batch_size=2, global_batch_size=12)
