@@ -57,3 +57,139 @@ def test_zbv_search_stops_a_rerun_that_cannot_win(monkeypatch):
     want = zbv_ref._search(8, 32, (20, 24, 16), 7)
     assert _state(got[0]) == _state(want[0]) and got[1] == want[1]
     assert any(c is None for c in calls)
+
+
+def _freeze_plain(x):
+    """``completion.propagate.freeze`` before issue 18 (the plain recursion)."""
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze_plain(e) for e in x)
+    if isinstance(x, dict):
+        return tuple(sorted((str(k), _freeze_plain(v)) for k, v in x.items()))
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4)
+ATTRS = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                     | st.dictionaries(st.text(max_size=3) | st.integers(0, 3), inner, max_size=4)
+                     | st.sets(st.integers(0, 5), max_size=3), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=ATTRS)
+def test_freeze_equals_the_plain_recursion(x):
+    from completion.propagate import freeze
+
+    got, want = freeze(x), _freeze_plain(x)
+    assert got == want and type(got) is type(want)
+    hash(got)
+
+
+def test_completion_with_the_rule_cache_equals_without(monkeypatch):
+    """The rule cache's keys (plain (shape, attr, priority) tuples, shared hint attrs) give
+    the printed program that calling the rule every time gives: zb-gpt-6.2b, 2 layers,
+    Megatron dp2 x mp4, pipeline of 2, after partition and reshard."""
+    from completion import apply_partition_pass, apply_reshard_pass, build_model
+    from completion import propagate
+    from completion.annotate import shard_megatron
+    from completion.backward import append_backward
+    from completion.completer import Completer
+    from completion.mesh import ProcessMesh
+    from completion.optimizer import apply_optimizer
+    from completion.pir.printer import print_program
+
+    def printed() -> str:
+        p = build_model("zb-gpt-6.2b", 4, num_layers=2)
+        append_backward(p)
+        apply_optimizer(p, "adamw")
+        shard_megatron(p, ProcessMesh.of(2, 4, dim_names=("dp", "mp")), "dp", "mp")
+        Completer(p, pp_degree=2).complete()
+        apply_partition_pass(p)
+        apply_reshard_pass(p)
+        return print_program(p)
+
+    cached = printed()
+
+    class NoCache(dict):
+        def __setitem__(self, key, value):  # never stores: every infer runs the rule
+            pass
+
+    init = propagate.Propagator.__init__
+
+    def no_cache_init(self, *a, **k):
+        init(self, *a, **k)
+        self.cache = NoCache()
+
+    monkeypatch.setattr(propagate.Propagator, "__init__", no_cache_init)
+    assert printed() == cached
+
+
+NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZB", "ZBVPP")
+
+
+@settings(max_examples=120, deadline=None)
+@given(name=st.sampled_from(NAMES), p=st.integers(1, 6), m=st.integers(1, 12), v=st.integers(1, 3),
+       swaps=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 200), st.integers(0, 200)), max_size=3))
+def test_p2p_fast_check_equals_the_message_walk(name, p, m, v, swaps):
+    """``_sends_match_consumption`` (int messages, per-chunk lists) answers what comparing
+    the tuple messages of ``_walk`` answers, on built schedules and on schedules with two
+    actions of a rank swapped (which may cross the messages of a pair)."""
+    from simulator import build_schedule
+    from simulator.schedules import p2p
+    from simulator.schedules.base import Schedule
+
+    if name == "ZBVPP":
+        v = 2
+    elif name != "VPP":
+        v = 1
+    else:
+        m = p * max(1, m // p)
+    s = build_schedule(name, p, m, v)
+    rows = [list(r) for r in s.actions]
+    for r, i, j in swaps:
+        row = rows[r % p]
+        i, j = i % len(row), j % len(row)
+        row[i], row[j] = row[j], row[i]
+    t = Schedule(s.name, p, m, s.num_chunks, tuple(map(tuple, rows)), s.vstage)
+    sends, consumes, _ = p2p._walk(t)
+    assert p2p._sends_match_consumption(t) == (sends == consumes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 8), m=st.integers(1, 24))
+def test_one_f_one_b_rows_are_actions(p, m):
+    """The 1F1B rows built without the NamedTuple call are Actions equal to the spelled-out
+    Megatron order (warm-up min(p - r - 1, m) forwards, then F/BW pairs, then the rest)."""
+    from simulator.schedules.base import Action
+    from simulator.schedules.classic import one_f_one_b_rows
+
+    for r, row in enumerate(one_f_one_b_rows(p, m)):
+        warm = min(p - r - 1, m)
+        want = [Action("F", r, i) for i in range(warm)]
+        for i in range(m - warm):
+            want += [Action("F", r, warm + i), Action("BW", r, i)]
+        want += [Action("BW", r, i) for i in range(m - warm, m)]
+        assert row == want and all(type(a) is Action for a in row)
+
+
+def test_gc_paused_restores_the_collector():
+    import gc
+
+    from simulator.gc_pause import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    try:
+        with gc_paused():
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert gc.isenabled()
