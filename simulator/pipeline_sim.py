@@ -22,8 +22,8 @@ from typing import Any
 
 import simpy
 
+from completion.gc_pause import gc_paused
 from simulator.errors import SimulatorError
-from simulator.gc_pause import gc_paused
 from simulator.result import SimResult, TimelineEvent
 from simulator.schedules.base import Schedule, ScheduleError
 
@@ -127,7 +127,7 @@ def simulate_pipeline(
         ValueError: bad times/memory; ScheduleError: an invalid schedule or a deadlock
         (the message lists each stuck rank's waiting action and the input it waits for).
     """
-    with gc_paused():  # per-action tuples from the validation to the summary (gc_pause)
+    with gc_paused():  # per-action tuples from the validation to the summary (completion.gc_pause)
         return _simulate(schedule, stage_times, comm_time, memory, cluster, p2p_bytes, p2p_sync)
 
 

@@ -92,8 +92,7 @@ def test_completion_with_the_rule_cache_equals_without(monkeypatch):
     """The rule cache's keys (plain (shape, attr, priority) tuples, shared hint attrs) give
     the printed program that calling the rule every time gives: zb-gpt-6.2b, 2 layers,
     Megatron dp2 x mp4, pipeline of 2, after partition and reshard."""
-    from completion import apply_partition_pass, apply_reshard_pass, build_model
-    from completion import propagate
+    from completion import apply_partition_pass, apply_reshard_pass, build_model, propagate
     from completion.annotate import shard_megatron
     from completion.backward import append_backward
     from completion.completer import Completer
@@ -178,7 +177,7 @@ def test_one_f_one_b_rows_are_actions(p, m):
 def test_gc_paused_restores_the_collector():
     import gc
 
-    from simulator.gc_pause import gc_paused
+    from completion.gc_pause import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

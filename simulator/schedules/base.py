@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from completion.gc_pause import gc_paused
 from simulator.errors import ScheduleError
-from simulator.gc_pause import gc_paused
 from simulator.schedules.p2p import check_p2p, send_plan
 
 KINDS = ("F", "B", "W", "BW")
