@@ -192,3 +192,22 @@ def test_gc_paused_restores_the_collector():
     except KeyError:
         pass
     assert gc.isenabled()
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(1, 8), m=st.integers(1, 30), t=TIMES, comm=st.integers(0, 30),
+       limit=st.sampled_from([2, 3, 4, 8, 12, 24, 64]))
+def test_zb_auto_choice_equals_the_plain_heuristic(p, m, t, comm, limit):
+    """The ZB automatic schedule (put with its arrival inlined, W fill on local counters)
+    chooses the run, switches and cost of the plain heuristic, and the same order."""
+    import tests._zb_reference as zb_ref
+    from simulator.schedules import zb_auto
+
+    def best(mod):
+        try:
+            plan, cost, sw = mod._best(p, m, t, comm, limit)
+        except Exception as e:
+            return type(e).__name__, str(e)
+        return cost, sw, plan.rows, plan.idle, plan.free, plan.actions()
+
+    assert best(zb_auto) == best(zb_ref)
