@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from completion.chunks import DEFAULT_SEG_METHOD, ChunkPlan, assign_chunks
 from completion.dist_attr import OperatorDistAttr, TensorDistAttr
 from completion.errors import CompletionError
+from completion.gc_pause import gc_paused
 from completion.ir import Operation, OpRole, Program, Value
 from completion.mesh import ProcessMesh
 from completion.propagate import MAX_SWEEPS, Propagator
@@ -85,6 +86,7 @@ class Completer:
         self._prepared = False
 
     # -- public API ---------------------------------------------------------------------
+    @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
     def complete(self) -> Program:
         """Chunk ids (when pp_degree > 1), process meshes, forward, backward and update
         annotation. Returns the program (completed in place)."""

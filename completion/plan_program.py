@@ -62,6 +62,7 @@ from completion.context_parallel import (
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
 from completion.fp8 import mark_fp8_linears
+from completion.gc_pause import gc_paused
 from completion.ir import OpRole, Program
 from completion.mesh import ProcessMesh
 from completion.models.source import ModelSource, resolve_model
@@ -265,6 +266,7 @@ def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
     return prog
 
 
+@gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def build_plan_program(source: ModelSource, strategy: Strategy, *, representative: bool = False,
                        resolve_reshards: bool = True, adam_epsilon: float | None = None,
                        attention: str | None = None) -> PlanProgram:

@@ -48,8 +48,29 @@ from completion.spmd import DistTensor, SpmdResult, get_spmd_rule
 MAX_SWEEPS = 500
 
 
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def freeze(x: Any) -> Hashable:
-    """A hashable stand-in for an attribute value (lists -> tuples, dicts -> items)."""
+    """A hashable stand-in for an attribute value (lists -> tuples, dicts -> sorted items
+    with str keys; an unhashable leaf -> its repr). Scalars of the exact built-in types
+    (the common leaves: op attrs are ints, floats, strings and lists of them) are taken as
+    they are, without the generic hash probe or a generator per level; the result is the
+    same as the plain recursion (tests/test_sched_fastpaths.py compares them)."""
+    t = type(x)
+    if t in _SCALARS:
+        return x
+    if t is list or t is tuple:
+        for e in x:
+            if type(e) not in _SCALARS:
+                return tuple(freeze(e) for e in x)
+        return tuple(x)
+    if t is dict:
+        items = []
+        for k, v in x.items():
+            items.append((k if type(k) is str else str(k), v if type(v) in _SCALARS else freeze(v)))
+        items.sort()
+        return tuple(items)
     if isinstance(x, (list, tuple)):
         return tuple(freeze(e) for e in x)
     if isinstance(x, dict):
@@ -96,27 +117,34 @@ class Propagator:
         self.hints: dict[int, tuple[int, ...]] = {}
         self.cache: dict[Hashable, SpmdResult] = {}
         self.attr_keys: dict[int, Hashable] = {}
+        self.hint_attr: dict[tuple, TensorDistAttr] = {}
         self.sweeps = 0
 
     # -- one op -------------------------------------------------------------------------
-    def _inputs(self, op: Operation, mesh: ProcessMesh) -> tuple[list, list]:
-        fixed, hints = self.fixed, self.hints
-        ins: list[DistTensor | None] = []
-        for v in op.operands:
-            if v is None:
-                ins.append(None)
-            else:
-                ins.append(DistTensor(v.type.shape, on_mesh(v.dist_attr, mesh), fixed.get(id(v), 0)))
-        outs: list[DistTensor | None] = []
+    def _inputs(self, op: Operation, mesh: ProcessMesh) -> tuple[tuple, tuple]:
+        """Per operand and per result ``(shape, attr, priority)`` (None for a null one): the
+        DistTensor fields the rule sees (dtype is always the default here). Plain tuples key
+        the rule cache; the DistTensors are built only when the rule runs. A result's hint
+        attr is built once per (mesh, hint)."""
+        fixed, hints, hint_attr = self.fixed, self.hints, self.hint_attr
+        ins = tuple(None if v is None else (v.type.shape, on_mesh(v.dist_attr, mesh), fixed.get(id(v), 0))
+                    for v in op.operands)
+        outs: list = []
         for r in op.results:
             if r is None:
                 outs.append(None)
             elif id(r) in fixed:
-                outs.append(DistTensor(r.type.shape, on_mesh(r.dist_attr, mesh), fixed[id(r)]))
+                outs.append((r.type.shape, on_mesh(r.dist_attr, mesh), fixed[id(r)]))
             else:
                 h = hints.get(id(r))
-                outs.append(DistTensor(r.type.shape, None if h is None else TensorDistAttr(mesh, h), -1))
-        return ins, outs
+                if h is None:
+                    outs.append((r.type.shape, None, -1))
+                else:
+                    a = hint_attr.get((mesh, h))
+                    if a is None:
+                        a = hint_attr[(mesh, h)] = TensorDistAttr(mesh, h)
+                    outs.append((r.type.shape, a, -1))
+        return ins, tuple(outs)
 
     def infer(self, op: Operation) -> SpmdResult:
         """The rule's answer for ``op`` in the current state (cached by its inputs)."""
@@ -125,11 +153,12 @@ class Propagator:
         akey = self.attr_keys.get(id(op))
         if akey is None:
             akey = self.attr_keys[id(op)] = freeze(op.attrs)
-        key = (op.type, akey, mesh, tuple(ins), tuple(outs))
+        key = (op.type, akey, mesh, ins, outs)
         res = self.cache.get(key)
         if res is None:
+            tensors = [[None if t is None else DistTensor(*t) for t in side] for side in (ins, outs)]
             try:
-                res = get_spmd_rule(op.type).infer(ins, outs, op.attrs, mesh)
+                res = get_spmd_rule(op.type).infer(tensors[0], tensors[1], op.attrs, mesh)
             except CompletionError as e:
                 raise CompletionError(f"{op.label()}: {e}") from None
             except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -144,17 +173,19 @@ class Propagator:
         res = self.infer(op)
         mesh = self.op_mesh[id(op)]
         chunk = op.chunk_id
-        operands = [_chunk(a, chunk) for a in res.operands]
+        fixed, pos = self.fixed, self.pos
+        operands = [a if a is None or a.chunk_id == chunk else a.replace(chunk_id=chunk) for a in res.operands]
         if op.type == "reshard":  # a reshard moves data: it takes its operand as it is
             operands = [_chunk(on_mesh(v.dist_attr, mesh) or v.dist_attr, chunk)
                         if v is not None and v.dist_attr is not None else a
                         for v, a in zip(op.operands, operands, strict=False)]
-        given_source = gives_annotation(op)
+        given_source = not op.operands and gives_annotation(op)
         results: list[TensorDistAttr | None] = []
         todo: list[Operation] = []
+        nres = len(res.results)
         for j, r in enumerate(op.results):
-            a = _chunk(res.results[j], chunk) if j < len(res.results) else None
-            if r is not None and id(r) in self.fixed:
+            a = _chunk(res.results[j], chunk) if j < nres else None
+            if r is not None and id(r) in fixed:
                 if a is None or given_source:
                     a = on_mesh(r.dist_attr, mesh) or a
                 # else: the op computes ``a``; the value keeps its annotation and the
@@ -162,14 +193,18 @@ class Propagator:
             elif r is not None and a is not None and r.dist_attr != a:
                 r.dist_attr = a
                 changed.append(r)
-                todo.extend(u for u, _ in r.uses if id(u) in self.pos)
+                todo.extend(u for u, _ in r.uses if id(u) in pos)
             results.append(a)
         results += [None] * (len(op.results) - len(results))
         op.dist_attr = OperatorDistAttr(mesh, tuple(operands), tuple(results), chunk)
+        nops = len(res.operands)
         for i, v in enumerate(op.operands):
-            if v is None or i >= len(res.operands) or id(v) in self.fixed:
+            if v is None or i >= nops or id(v) in fixed:
                 continue
-            todo += self._hint_operand(v, res.operands[i], mesh)
+            req = res.operands[i]
+            if req is None or v.op is None or id(v.op) not in pos:  # _hint_operand's early outs
+                continue
+            todo += self._hint_operand(v, req, mesh)
         return todo
 
     def _process_fixed(self, op: Operation) -> list[Operation]:

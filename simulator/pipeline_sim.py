@@ -22,6 +22,7 @@ from typing import Any
 
 import simpy
 
+from completion.gc_pause import gc_paused
 from simulator.errors import SimulatorError
 from simulator.result import SimResult, TimelineEvent
 from simulator.schedules.base import Schedule, ScheduleError
@@ -126,6 +127,13 @@ def simulate_pipeline(
         ValueError: bad times/memory; ScheduleError: an invalid schedule or a deadlock
         (the message lists each stuck rank's waiting action and the input it waits for).
     """
+    with gc_paused():  # per-action tuples from the validation to the summary (completion.gc_pause)
+        return _simulate(schedule, stage_times, comm_time, memory, cluster, p2p_bytes, p2p_sync)
+
+
+def _simulate(schedule: Schedule, stage_times: Any, comm_time: float, memory: Mapping[str, float] | None,
+              cluster: Any, p2p_bytes: float | None, p2p_sync: bool) -> SimResult:
+    """The body of :func:`simulate_pipeline` (same arguments)."""
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
     key = None
@@ -163,11 +171,12 @@ def clear_play_cache() -> None:
 
 
 def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[tuple]]:
-    """Precompute per action one flat tuple ``(dur, post, k1, d1, k2, d2, o1, o2)``: its
-    duration, ``post`` (ns the rank stays busy after it with its synchronous sends,
-    ``p2p_sync``), up to two inputs (finish key ``k`` and hop delay ``d``; -1: none) and up
-    to two outputs (finish keys it completes; -1: none). Keys are dense ints
-    ``(code * nvs + vs) * m + mb`` with code 0/1/2 for F/B/W done."""
+    """Precompute per action one flat tuple ``(dur, post, k1, d1, k2, d2, o1, o2, kind, mb,
+    chunk, vs)``: its duration, ``post`` (ns the rank stays busy after it with its
+    synchronous sends, ``p2p_sync``), up to two inputs (finish key ``k`` and hop delay
+    ``d``; -1: none), up to two outputs (finish keys it completes; -1: none) and the labels
+    of its TimelineEvent. Keys are dense ints ``(code * nvs + vs) * m + mb`` with code
+    0/1/2 for F/B/W done."""
     m, nvs = schedule.num_microbatches, schedule.num_vstages
     owner = [0] * nvs
     for r, row in enumerate(schedule.vstage):
@@ -191,16 +200,16 @@ def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[t
             tf, tb, tw, tbw = trow[c]
             if kind == "F":
                 k1 = -1 if vs == 0 else base - m
-                append((tf, send_up[c] if p2p_sync else 0, k1, prev_hop[c], -1, 0, base, -1))
+                append((tf, send_up[c] if p2p_sync else 0, k1, prev_hop[c], -1, 0, base, -1, kind, mb, c, vs))
             elif kind == "W":
-                append((tw, 0, bstride + base, 0, -1, 0, wstride + base, -1))
+                append((tw, 0, bstride + base, 0, -1, 0, wstride + base, -1, kind, mb, c, vs))
             else:
                 k2 = bstride + base + m if vs < nvs - 1 else -1
                 post = send_down[c] if p2p_sync else 0
                 if kind == "BW":
-                    append((tbw, post, base, 0, k2, next_hop[c], bstride + base, wstride + base))
+                    append((tbw, post, base, 0, k2, next_hop[c], bstride + base, wstride + base, kind, mb, c, vs))
                 else:
-                    append((tb, post, base, 0, k2, next_hop[c], bstride + base, -1))
+                    append((tb, post, base, 0, k2, next_hop[c], bstride + base, -1, kind, mb, c, vs))
         plan.append(out)
     return plan
 
@@ -237,10 +246,10 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
         yield ev
         del stuck[r]
 
-    def run_rank(r: int, actions: list[tuple], labels: list[tuple]):
+    def run_rank(r: int, actions: list[tuple]):
         now = 0
         j = 0
-        for (dur, post, k1, d1, k2, d2, o1, o2), (kind, mb, c, vs) in zip(actions, labels, strict=True):
+        for dur, post, k1, d1, k2, d2, o1, o2, kind, mb, c, vs in actions:
             ready = now
             if k1 >= 0:
                 fin = finish[k1]
@@ -281,9 +290,7 @@ def _play(schedule: Schedule, plan: list[list[tuple]]) -> tuple[list[TimelineEve
         last[r] = now
 
     for r, actions in enumerate(plan):
-        place = schedule.vstage[r]
-        labels = [(kind, mb, c, place[c]) for kind, _, mb, c in schedule.actions[r]]
-        env.process(run_rank(r, actions, labels))
+        env.process(run_rank(r, actions))
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from completion.dist_attr import OperatorDistAttr, Replicate, TensorDistAttr
 from completion.errors import DistAttrError
+from completion.gc_pause import gc_paused
 from completion.ir import Operation, Program, Value
 from completion.passes.splice import OpSplicer
 from completion.reshard import plan_reshard
@@ -42,6 +43,7 @@ def layout_key(attr: TensorDistAttr) -> tuple:
     return (attr.process_mesh, attr.dims_mapping, attr.partial)
 
 
+@gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def apply_partition_pass(program: Program) -> Program:
     """Insert reshard ops into ``program`` in place (and return it, renumbered): before
     each operand whose value's layout differs from the one its op requires, and after

@@ -24,6 +24,7 @@ from completion.dist_attr import (
     parse_placements,
 )
 from completion.errors import CompletionError, DistAttrError
+from completion.gc_pause import gc_paused
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
 from completion.ops.registry import get_opdef
@@ -41,6 +42,7 @@ STEP_OPS = {
 }
 
 
+@gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Program:
     """Replace every ``reshard`` op of ``program`` (in place) by the ops of its plan.
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from completion.gc_pause import gc_paused
 from simulator.errors import ScheduleError
 from simulator.schedules.p2p import check_p2p, send_plan
 
@@ -294,7 +295,8 @@ def build_schedule(
     key = _build_key(name, num_stages, num_microbatches, num_chunks, options)
     sched = _BUILT.get(key)
     if sched is None:
-        sched = builder(num_stages, num_microbatches, num_chunks, **options)
+        with gc_paused():  # the build allocates a tuple per action and frees none of them
+            sched = builder(num_stages, num_microbatches, num_chunks, **options)
         _BUILT[key] = sched
         if len(_BUILT) > _BUILT_MAX:
             _BUILT.pop(next(iter(_BUILT)))

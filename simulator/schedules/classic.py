@@ -33,13 +33,15 @@ def fthenb(p: int, m: int, v: int = 1) -> Schedule:
 def one_f_one_b_rows(p: int, m: int) -> list[list[Action]]:
     """Megatron 1F1B order: rank r runs min(p-r-1, m) warm-up forwards, then (F, BW) pairs,
     then the remaining backwards. Works for any m >= 1 (m < p included)."""
+    new = tuple.__new__  # Action(...) without the NamedTuple constructor's call
     rows = []
     for r in range(p):
         warm = min(p - r - 1, m)
-        row = [Action("F", r, i) for i in range(warm)]
+        row = [new(Action, ("F", r, i, 0)) for i in range(warm)]
         for i in range(m - warm):
-            row += [Action("F", r, warm + i), Action("BW", r, i)]
-        row += [Action("BW", r, i) for i in range(m - warm, m)]
+            row.append(new(Action, ("F", r, warm + i, 0)))
+            row.append(new(Action, ("BW", r, i, 0)))
+        row += [new(Action, ("BW", r, i, 0)) for i in range(m - warm, m)]
         rows.append(row)
     return rows
 

@@ -147,7 +147,10 @@ def _sends_match_consumption(s: Schedule) -> bool:
     """Whether every rank's sends to each peer, in its own action order, are the messages
     that peer consumes in its action order (the common case: nothing deferred). The walk
     of :func:`_walk` with each message one int ``(kind * nvs + vstage) * m + microbatch``
-    (kind 0: activation, 1: gradient), so the check allocates no tuple per action."""
+    (kind 0: activation, 1: gradient), so the check allocates no tuple per action: each
+    chunk's four message lists (F sends up, F consumes from below, B sends down, B
+    consumes from above; None where that neighbour is on the same rank or absent) are
+    looked up once per rank, and an action appends to them directly."""
     nvs, m = s.num_vstages, s.num_microbatches
     own = [0] * nvs
     for r, row in enumerate(s.vstage):
@@ -158,29 +161,37 @@ def _sends_match_consumption(s: Schedule) -> bool:
     consumes: dict[Pair, list[int]] = {}
     for r, row in enumerate(s.actions):
         place = s.vstage[r]
-        # per chunk: (peer the F sends to, peer the F consumes from, same for B); -1: none
-        peers = []
+        lists: dict[tuple[int, int], list[int]] = {}
+        f_send, f_recv, b_send, b_recv, base = [], [], [], [], []
         for vs in place:
             up = own[vs + 1] if vs + 1 < nvs and own[vs + 1] != r else -1
             down = own[vs - 1] if vs > 0 and own[vs - 1] != r else -1
-            peers.append((up, down))
-        lists: dict[tuple[int, int], list[int]] = {}
+            f_send.append(lists.setdefault((0, up), []).append if up >= 0 else None)
+            f_recv.append(lists.setdefault((1, down), []).append if down >= 0 else None)
+            b_send.append(lists.setdefault((0, down), []).append if down >= 0 else None)
+            b_recv.append(lists.setdefault((1, up), []).append if up >= 0 else None)
+            base.append(vs * m)
         for kind, _, mb, chunk in row:
             if kind == "W":
                 continue
-            up, down = peers[chunk]
-            vs = place[chunk]
+            k = base[chunk] + mb
             if kind == "F":
-                if up >= 0:
-                    lists.setdefault((0, up), []).append(vs * m + mb)
-                if down >= 0:
-                    lists.setdefault((1, down), []).append((vs - 1) * m + mb)
+                add = f_send[chunk]
+                if add is not None:
+                    add(k)
+                add = f_recv[chunk]
+                if add is not None:
+                    add(k - m)
             else:
-                if down >= 0:
-                    lists.setdefault((0, down), []).append(gstride + vs * m + mb)
-                if up >= 0:
-                    lists.setdefault((1, up), []).append(gstride + (vs + 1) * m + mb)
+                add = b_send[chunk]
+                if add is not None:
+                    add(gstride + k)
+                add = b_recv[chunk]
+                if add is not None:
+                    add(gstride + k + m)
         for (side, peer), lst in lists.items():
+            if not lst:  # created for a neighbour this rank never talks to
+                continue
             if side == 0:
                 sends.setdefault((r, peer), []).extend(lst)
             else:

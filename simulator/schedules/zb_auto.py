@@ -79,10 +79,19 @@ class _Plan:
         return self.count[_B][r] - self.count[_W][r]
 
     def put(self, r: int, kind: int) -> None:
+        """Place stage r's next ``kind`` pass when its stream is free and (F, B) its input
+        has arrived (:meth:`arrival`, inlined)."""
         cnt = self.count[kind]
         i = cnt[r]
         free = self.free[r]
-        start = free if kind == _W else max(free, self.arrival(r, kind))
+        if kind == _W:
+            start = free
+        else:
+            if kind == _F:
+                arr = 0 if r == 0 else self.end[_F][r - 1][i] + self.comm
+            else:
+                arr = self.end[_F][r][i] if r == self.p - 1 else self.end[_B][r + 1][i] + self.comm
+            start = free if free > arr else arr
         if self.count[_F][r]:
             self.idle[r] += start - free
         self.free[r] = end = start + self.dur[kind]
@@ -94,11 +103,11 @@ class _Plan:
 
     def fill_before(self, r: int, arrival: int, greedy: bool) -> None:
         """Run pending W passes in the gap before ``arrival`` (rule 2 of the module doc)."""
-        tw = self.dur[_W]
-        while self.pending_w(r) and self.free[r] + tw <= arrival:
+        tw, free, cb, cw = self.dur[_W], self.free, self.count[_B], self.count[_W]
+        while cb[r] != cw[r] and free[r] + tw <= arrival:  # pending_w(r)
             self.put(r, _W)
-        if self.pending_w(r) and self.free[r] < arrival:
-            if greedy or arrival - self.free[r] > max(self.idle) - self.idle[r]:
+        if cb[r] != cw[r] and free[r] < arrival:
+            if greedy or arrival - free[r] > max(self.idle) - self.idle[r]:
                 self.put(r, _W)
 
     def cost(self) -> int:
@@ -114,8 +123,8 @@ class _Plan:
                    - (self.end[_F][r][0] - tf) for r in range(self.p))
 
     def actions(self) -> list[list[Action]]:
-        m = self.m
-        return [[Action("FBW"[code // m], r, code % m) for code in row] for r, row in enumerate(self.rows)]
+        m, new = self.m, tuple.__new__  # Action(...) without the NamedTuple constructor's call
+        return [[new(Action, ("FBW"[code // m], r, code % m, 0)) for code in row] for r, row in enumerate(self.rows)]
 
 
 def _warmup(s: _Plan, gap_ok: bool) -> None:

@@ -80,39 +80,13 @@ class _VPlan:
     def n(self, kind: int, c: int, r: int) -> int:
         return self.count[2 * kind + c][r]
 
-    def source(self, r: int, kind: int, c: int) -> int:
-        """Index in ``end`` of the cross-rank pass feeding rank r's next (kind, c) pass;
-        -1 if it has none (rank 0's chunk-0 F and chunk-1 B, rank p-1's turn of the V)."""
-        q = r - 1 if kind == c else r + 1  # F chunk 0 and B chunk 1 come from rank r-1
-        if not 0 <= q < self.p:
-            return -1
-        slot = 2 * kind + c
-        return (slot * self.p + q) * self.m + self.count[slot][r]
-
-    def arrival(self, r: int, kind: int, c: int) -> int | None:
-        """When rank r's next (kind, c) pass has its cross-rank input (None: none/unplaced)."""
-        src = self.source(r, kind, c)
-        end = -1 if src < 0 else self.end[src]
-        return None if end < 0 else end + self.comm
-
-    def placed(self, r: int, kind: int, c: int) -> bool:
-        src = self.source(r, kind, c)
-        return src < 0 or self.end[src] >= 0
-
     def _key(self, kind: int, c: int, r: int, i: int) -> int:
         return ((2 * kind + c) * self.p + r) * self.m + i
 
-    def _local_input_placed(self, r: int, kind: int, c: int, i: int) -> bool:
-        """Same-rank inputs: the V's turn (F chunk 1 / B chunk 0 on rank p-1 after chunk 0's
-        F / chunk 1's B), the loss (B chunk 1 on rank 0 after its F), every B after its F."""
-        last = r == self.p - 1
-        if kind == _F:
-            return c == 0 or not last or self.end[self._key(_F, 0, r, i)] >= 0
-        if self.end[self._key(_F, c, r, i)] < 0:
-            return False
-        return c == 1 or not last or self.end[self._key(_B, 1, r, i)] >= 0
-
     def put(self, r: int, kind: int, c: int, i: int | None = None) -> None:
+        """Place rank r's next (kind, c) pass (a W: the given micro-batch ``i``) at the
+        earliest time its stream is free and its input has arrived. Raises ScheduleError
+        when its input is not placed yet."""
         slot = 2 * kind + c
         counts = self.count[slot]
         i = counts[r] if i is None else i
@@ -123,7 +97,10 @@ class _VPlan:
             q = r - 1 if kind == c else r + 1  # source(): F chunk 0 and B chunk 1 from r - 1
             src = (slot * p + q) * m + counts[r] if 0 <= q < p else -1
             src_end = end[src] if src >= 0 else 0
-            if src_end < 0 or not self._local_input_placed(r, kind, c, i):
+            if src_end < 0 or not (  # _local_input_placed, inlined
+                    (c == 0 or r != p - 1 or end[r * m + i] >= 0) if kind == _F else
+                    (end[(c * p + r) * m + i] >= 0
+                     and (c == 1 or r != p - 1 or end[(3 * p + r) * m + i] >= 0))):
                 raise ScheduleError(f"ZBVPP: {'FBW'[kind]}{i} chunk {c} on rank {r} placed before its input")
             if src >= 0 and src_end + self.comm > start:
                 start = src_end + self.comm
@@ -141,24 +118,20 @@ class _VPlan:
 
     def actions(self) -> list[list[Action]]:
         """The per-rank passes placed so far, as Actions."""
-        return [[Action("FBW"[k], r, i, c) for k, i, c in row] for r, row in enumerate(self.rows)]
+        new = tuple.__new__  # Action(...) without the NamedTuple constructor's call
+        return [[new(Action, ("FBW"[k], r, i, c)) for k, i, c in row] for r, row in enumerate(self.rows)]
 
     def put_w(self, r: int) -> None:
-        if not self.pending[r]:
+        """Run rank r's oldest pending W (it needs no input, so it starts when the stream is
+        free and adds no idle time). Raises ScheduleError when none is pending."""
+        pending = self.pending[r]
+        if not pending:
             raise ScheduleError(f"ZBVPP: rank {r} has no W left to free memory (p={self.p}, m={self.m})")
-        c, i = self.pending[r].popleft()
-        self.put(r, _W, c, i)
-
-    def fill(self, r: int, arrival: int | None, partial: bool) -> None:
-        """Run pending W passes in the gap before ``arrival`` (rule 2 of the module doc)."""
-        if arrival is None or not self.pending[r]:
-            return
-        tw = self.dur[_W]
-        while self.pending[r] and arrival >= self.free[r] + tw:
-            self.put_w(r)
-        slack = max(self.max_idle, self.max_allowance - self.allowance[r]) - self.idle[r]
-        if partial and self.pending[r] and arrival - self.free[r] > slack:
-            self.put_w(r)
+        c, i = pending.popleft()
+        self.count[4 + c][r] += 1
+        self.free[r] += self.dur[_W]
+        self.mem[r] -= 1  # _MEM[_W]
+        self.rows[r].append((_W, i, c))
 
 
 def _warmup(s: _VPlan) -> None:
@@ -185,51 +158,142 @@ def _warmup(s: _VPlan) -> None:
             chunk = 1 - chunk
 
 
-def _b_chunk(s: _VPlan, r: int) -> int:
-    if s.n(_B, 0, r) >= s.n(_B, 1, r):
-        return 1
-    return 0 if s.n(_B, 1, r) >= s.m or s.placed(r, _B, 0) else 1
-
-
-def _f_chunk(s: _VPlan, r: int) -> int | None:
-    nf0, nf1 = s.n(_F, 0, r), s.n(_F, 1, r)
-    if nf1 >= s.m:
-        return None
-    if nf1 >= nf0:
-        return 0
-    if s.placed(r, _F, 1):
-        return 1
-    return 0 if nf0 < s.m and s.placed(r, _F, 0) else None
-
-
 def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
-    chunks = [_b_chunk(s, r) for r in range(s.p)]
-    order = [r for r in range(s.p - 1, -1, -1) if chunks[r] == 0] + [r for r in range(s.p) if chunks[r] == 1]
+    """One round of rule 2: a B on every rank, then an F.
+
+    B chunk: 1 while the rank has run as many chunk-0 as chunk-1 backwards, or while the
+    chunk-0 input (from rank r + 1) is not placed and chunk-1 backwards remain; else 0.
+    F chunk: none once all chunk-1 forwards ran; 0 while chunk 1 has caught up with chunk
+    0; 1 when its input (from rank r + 1; the last rank's own chunk-0 F) is placed; else 0
+    when chunk-0 forwards remain and their input is placed; else no F this round. Before
+    each pass, pending W fill the gap to its cross-rank input (module docstring, rule 2).
+    :meth:`_VPlan.put` and ``put_w`` are inlined with the state in locals (this loop is
+    most of a ZB-V build: 2m rounds of 2p passes per run, up to 32 runs per build); the
+    construction as it was before that is ``tests/_zbv_reference.py``, which it must
+    equal. Layout of ``end``: slot ``2 * kind + chunk``, then rank, then micro-batch."""
+    p, m, comm, end = s.p, s.m, s.comm, s.end
+    count = s.count
+    nf0, nf1, nb0, nb1 = count[0], count[1], count[2], count[3]
+    free, idle, mem, rows, pending = s.free, s.idle, s.mem, s.rows, s.pending
+    tf, tb, tw = s.dur
+    allowance, max_allowance = s.allowance, s.max_allowance
+    pm, last = p * m, p - 1
+    fbase, bbase = (0, pm), (2 * pm, 3 * pm)  # end[] base of F / B of chunk 0, 1
+
+    def fill(r: int, arrival: int, partial: bool) -> None:  # _VPlan.fill with put_w inlined
+        pend = pending[r]
+        while pend and arrival >= free[r] + tw:
+            c, i = pend.popleft()
+            count[4 + c][r] += 1
+            free[r] += tw
+            mem[r] -= 1
+            rows[r].append((_W, i, c))
+        if partial and pend:
+            if arrival - free[r] > max(s.max_idle, max_allowance - allowance[r]) - idle[r]:
+                c, i = pend.popleft()
+                count[4 + c][r] += 1
+                free[r] += tw
+                mem[r] -= 1
+                rows[r].append((_W, i, c))
+
+    chunks = []
+    for r in range(p):  # _b_chunk
+        if nb0[r] >= nb1[r] or (nb1[r] < m and r < last and end[bbase[0] + (r + 1) * m + nb0[r]] < 0):
+            chunks.append(1)
+        else:
+            chunks.append(0)
+    order = [r for r in range(last, -1, -1) if chunks[r] == 0] + [r for r in range(p) if chunks[r] == 1]
     for r in order:
         c = chunks[r]
-        if s.n(_B, c, r) >= s.m:
-            raise ScheduleError(f"ZBVPP: rank {r} ran out of chunk-{c} backwards (p={s.p}, m={s.m})")
-        s.fill(r, s.arrival(r, _B, c), c == 0 or fill_b)
-        s.put(r, _B, c)
-    for r in range(s.p):
-        c = _f_chunk(s, r)
-        if c is None:
+        cnt = nb1 if c else nb0
+        i = cnt[r]
+        if i >= m:
+            raise ScheduleError(f"ZBVPP: rank {r} ran out of chunk-{c} backwards (p={p}, m={m})")
+        if c == 0:  # input: B chunk 0 of rank r + 1 (none on the last rank: the V's turn)
+            e = end[bbase[0] + (r + 1) * m + i] if r < last else -1
+            if r < last and e < 0:
+                raise ScheduleError(f"ZBVPP: B{i} chunk 0 on rank {r} placed before its input")
+            if e >= 0 and pending[r]:
+                fill(r, e + comm, True)
+            ok = end[r * m + i] >= 0 and (r != last or end[bbase[1] + r * m + i] >= 0)
+        else:  # input: B chunk 1 of rank r - 1 (none on rank 0: the loss)
+            e = end[bbase[1] + (r - 1) * m + i] if r > 0 else -1
+            if r > 0 and e < 0:
+                raise ScheduleError(f"ZBVPP: B{i} chunk 1 on rank {r} placed before its input")
+            if e >= 0 and pending[r]:
+                fill(r, e + comm, fill_b)
+            ok = end[fbase[1] + r * m + i] >= 0
+        if not ok:
+            raise ScheduleError(f"ZBVPP: B{i} chunk {c} on rank {r} placed before its input")
+        start = fr = free[r]  # _VPlan.put from here
+        if e >= 0 and e + comm > start:
+            start = e + comm
+        end[bbase[c] + r * m + i] = free[r] = start + tb
+        if start > fr and nf0[r]:
+            idle[r] += start - fr
+            if idle[r] > s.max_idle:
+                s.max_idle = idle[r]
+        rows[r].append((_B, i, c))
+        mem[r] -= 1
+        cnt[r] = i + 1
+        pending[r].append((c, i))
+    budget = s.budget - _MEM[_F]
+    for r in range(p):  # _f_chunk
+        n0, n1 = nf0[r], nf1[r]
+        if n1 >= m:
             continue
-        while s.mem[r] + _MEM[_F] > s.budget:
+        if n1 >= n0:
+            c = 0
+        elif r == last or end[fbase[1] + (r + 1) * m + n1] >= 0:
+            c = 1
+        elif n0 < m and (r == 0 or end[(r - 1) * m + n0] >= 0):
+            c = 0
+        else:
+            continue
+        while mem[r] > budget:
             s.put_w(r)
-        s.fill(r, s.arrival(r, _F, c), fill_f)
-        s.put(r, _F, c)
+        if c == 0:  # input: F chunk 0 of rank r - 1 (none on rank 0)
+            i = n0
+            e = end[(r - 1) * m + i] if r > 0 else -1
+            if r > 0 and e < 0:
+                raise ScheduleError(f"ZBVPP: F{i} chunk 0 on rank {r} placed before its input")
+            ok = True
+        else:  # input: F chunk 1 of rank r + 1 (none on the last rank: its own chunk-0 F)
+            i = n1
+            e = end[fbase[1] + (r + 1) * m + i] if r < last else -1
+            if r < last and e < 0:
+                raise ScheduleError(f"ZBVPP: F{i} chunk 1 on rank {r} placed before its input")
+            ok = r != last or end[r * m + i] >= 0
+        if e >= 0 and pending[r]:
+            fill(r, e + comm, fill_f)
+        if not ok:
+            raise ScheduleError(f"ZBVPP: F{i} chunk {c} on rank {r} placed before its input")
+        start = fr = free[r]  # _VPlan.put from here
+        if e >= 0 and e + comm > start:
+            start = e + comm
+        end[fbase[c] + r * m + i] = free[r] = start + tf
+        if start > fr and nf0[r]:
+            idle[r] += start - fr
+            if idle[r] > s.max_idle:
+                s.max_idle = idle[r]
+        rows[r].append((_F, i, c))
+        mem[r] += _MEM[_F]
+        (nf1 if c else nf0)[r] = i + 1
 
 
 def zbv_plan(p: int, m: int, times: tuple[int, int, int], comm: int, fill_b: bool, fill_f: bool,
-             allowance: list[int] | None = None) -> _VPlan:
+             allowance: list[int] | None = None, stop: int | None = None) -> _VPlan | None:
     """One run of the ZB-V heuristic (module docstring); ``times`` are per-chunk (T_F, T_B,
     T_W) ns, ``comm`` T_comm ns. The result has ``actions()`` (per-rank actions) and ``idle``
-    (per-rank bubble, ns). Raises ScheduleError if the construction gets stuck."""
+    (per-rank bubble, ns). With ``stop``, None as soon as the worst bubble reaches ``stop``
+    (it never shrinks: a rank's idle time only grows). Raises ScheduleError if the
+    construction gets stuck."""
     s = _VPlan(p, m, times, comm, allowance)
     _warmup(s)
     for _ in range(2 * m):
         _round(s, fill_b, fill_f)
+        if stop is not None and s.max_idle >= stop:
+            return None
     for r in range(p):
         while s.pending[r]:
             s.put_w(r)
@@ -237,11 +301,23 @@ def zbv_plan(p: int, m: int, times: tuple[int, int, int], comm: int, fill_b: boo
 
 
 def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VPlan, tuple[bool, bool]]:
+    """The best run (smallest worst bubble, the first on ties) over the four switch settings,
+    each re-run with the previous run's bubbles as allowance while that lowers its worst
+    bubble (at most ``_MAX_RERUNS``); stops at zero bubble.
+
+    A re-run is abandoned once its worst bubble reaches both the best so far and the
+    allowance's worst: from then on it can neither be chosen nor lead to another re-run
+    (the loop would stop after it), so the choice is that of running it to the end
+    (tests/test_sched_fastpaths.py compares with the unabandoned search). A first run of a
+    setting is never abandoned: its bubbles are the next run's allowance."""
     best: tuple[_VPlan, tuple[bool, bool]] | None = None
     for switches in ((True, True), (True, False), (False, True), (False, False)):
         allowance = None
         for _ in range(_MAX_RERUNS):
-            plan = zbv_plan(p, m, times, comm, *switches, allowance)
+            stop = None if allowance is None else max(best[0].max_idle, max(allowance))
+            plan = zbv_plan(p, m, times, comm, *switches, allowance, stop)
+            if plan is None:
+                break
             if best is None or plan.max_idle < best[0].max_idle:
                 best = (plan, switches)
             if best[0].max_idle == 0 or (allowance is not None and plan.max_idle >= max(allowance)):
