@@ -22,9 +22,10 @@ fused gradient buckets (``meshplan::O bucket<i> all_reduce``) sum their gradient
 all_reduce (its result read only by ``shadow_output``: the executor posts it
 asynchronously, its span holds the issue only) is kind ``other``, not fitted.
 
-Each span's seconds are its duration less the profiler's own cost inside it: ``eps`` per
-recorded event (:func:`event_cost`, measured by the executor while it profiled) times the
-events the span encloses (itself included).
+Each span's seconds are its duration less the recording's own cost inside it: ``eps`` per
+recorded event (:func:`event_cost`, measured by the executor in the same run: the span
+recorder's cost per span for its spans, ``executor.span_trace``, the profiler's per event
+for a profiler trace) times the events the span encloses (itself included).
 """
 
 from __future__ import annotations
@@ -132,18 +133,32 @@ def plan_labels(plan: Any, rank: int) -> dict[str, Target]:
     return out
 
 
-def event_cost(meta: dict) -> float:
-    """Seconds the profiler added per recorded event (the executor's metadata
-    ``profiler_event_s``, ``executor.profile.profiler_event_cost``); 0 when absent."""
-    eps = meta.get("profiler_event_s") if isinstance(meta, dict) else None
+def event_cost(meta: dict, key: str = "profiler_event_s") -> float:
+    """Seconds the recording added per event: the executor's metadata ``key``
+    (``profiler_event_s``: the profiler's, ``executor.profile.profiler_event_cost``;
+    ``span_event_s``: the span recorder's, ``executor.span_trace.span_cost``); 0 when
+    absent or not a positive number."""
+    eps = meta.get(key) if isinstance(meta, dict) else None
     return float(eps) if isinstance(eps, (int, float)) and eps > 0 else 0.0
 
 
+def recorded_spans(events: list[dict]) -> list[dict]:
+    """The span recorder's events of a trace (``cat`` ``executor.span_trace.SPAN_CAT``)."""
+    from executor.span_trace import SPAN_CAT
+
+    return [e for e in events if e.get("cat") == SPAN_CAT]
+
+
 def _thread_events(events: list[dict]) -> dict[Any, list[dict]]:
+    """Per (pid, tid, recorder's or not), the events sorted by start: the recorder's spans
+    and the profiler's events of one thread never enclose each other."""
+    from executor.span_trace import SPAN_CAT
+
     out: dict[Any, list[dict]] = {}
     for e in events:
-        if e.get("cat") in ("cpu_op", "user_annotation"):
-            out.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        cat = e.get("cat")
+        if cat in ("cpu_op", "user_annotation", SPAN_CAT):
+            out.setdefault((e.get("pid"), e.get("tid"), cat == SPAN_CAT), []).append(e)
     for evs in out.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
     return out

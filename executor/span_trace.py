@@ -1,0 +1,105 @@
+"""A lightweight span recorder: ``time.perf_counter_ns`` around each plan op the executor
+runs, written as Chrome-trace complete events, the timings ``meshplan calibrate
+--from-trace`` fits.
+
+Why not the profiler's spans: on this project's 2-core host, two gloo ranks under
+``torch.profiler.profile(record_shapes=True)`` spent 22% to 27% more CPU per step than
+the same steps unprofiled with no other process on the cores (per-thread CPU time from
+``/proc/self/task``, issue 19), while the per-event probe of ``executor.profile`` put the
+profiler's cost at 7%: the recorded ops are not the ops a timed step runs. A recorded span
+costs two clock reads and one list append (:func:`span_cost` measures it in the same
+run, well under a microsecond per span on that host against ops of tens of microseconds), and the
+aten ops inside run unobserved, exactly as in a timed step.
+
+Events (:meth:`SpanRecorder.events`): ``{"ph": "X", "cat": SPAN_CAT, "name", "pid",
+"tid", "ts", "dur"}``, ``ts`` and ``dur`` in microseconds (the Chrome trace format's
+unit), ``ts`` relative to the recorder's first span plus the ``offset`` given. Names are
+the ones the profiler spans had (``executor.profile.item_label`` ...), so
+``executor.trace_match`` matches either.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: ``cat`` of every event the recorder writes (``executor.trace_match`` keeps them apart
+#: from the profiler's ``cpu_op`` / ``user_annotation`` events of the same thread)
+SPAN_CAT = "meshplan_span"
+#: spans per timing of :func:`span_cost`, and timings (the fastest kept)
+COST_SPANS, COST_REPEATS = 2000, 7
+
+
+class _Span:
+    __slots__ = ("out", "name", "clock", "t0")
+
+    def __init__(self, out: list, name: str, clock: Any) -> None:
+        self.out, self.name, self.clock = out, name, clock
+
+    def __enter__(self) -> None:
+        self.t0 = self.clock()
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.out.append((self.name, self.t0, self.clock()))
+        return False
+
+
+class SpanRecorder:
+    """Collects ``(name, start_ns, end_ns)`` of every :meth:`span`, in the order the spans
+    end; ``clock``: integer nanoseconds (``time.perf_counter_ns``, the clock ``time``
+    documents for measuring short durations)."""
+
+    def __init__(self, clock: Any = time.perf_counter_ns) -> None:
+        self.spans: list[tuple[str, int, int]] = []
+        self.clock = clock
+
+    def span(self, name: str) -> _Span:
+        """A context manager recording the time from its entry to its exit as ``name``
+        (also when the body raises)."""
+        return _Span(self.spans, name, self.clock)
+
+    def clear(self) -> None:
+        """Forget every recorded span."""
+        self.spans.clear()
+
+    def events(self, pid: int, tid: int, offset_us: float = 0.0) -> list[dict[str, Any]]:
+        """The spans as Chrome-trace complete events (module docstring), sorted by start;
+        [] when nothing was recorded."""
+        if not self.spans:
+            return []
+        t_first = min(t0 for _, t0, _ in self.spans)
+        return [{"ph": "X", "cat": SPAN_CAT, "name": n, "pid": pid, "tid": tid,
+                 "ts": offset_us + (t0 - t_first) / 1e3, "dur": (t1 - t0) / 1e3}
+                for n, t0, t1 in sorted(self.spans, key=lambda s: (s[1], -s[2]))]
+
+
+def _noop() -> None:
+    return None
+
+
+def span_cost(spans: int = COST_SPANS, repeats: int = COST_REPEATS) -> float:
+    """Seconds one recorded span adds to the time around it: the fastest of ``repeats``
+    timings of ``spans`` calls of a no-op wrapped in a span, as the executor wraps an op
+    (a closure entering a :class:`SpanRecorder` span), less the same calls unwrapped, over
+    ``spans``; >= 0. Raises ValueError for ``spans`` or ``repeats`` < 1."""
+    if spans < 1 or repeats < 1:
+        raise ValueError(f"span_cost needs spans >= 1 and repeats >= 1, got {spans}, {repeats}")
+    rec = SpanRecorder()
+
+    def wrapped(f: Any) -> None:
+        with rec.span("meshplan::probe"):
+            f()
+
+    def best(call: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            rec.clear()
+            t0 = time.perf_counter()
+            for _ in range(spans):
+                call()
+            times.append(time.perf_counter() - t0)
+        return min(times)  # other work on the core only ever adds time
+
+    cost = (best(lambda: wrapped(_noop)) - best(_noop)) / spans
+    rec.clear()
+    return max(0.0, cost)
