@@ -281,12 +281,39 @@ def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     return rest + [min(group, key=lambda s: s.seconds) for group in zip(*colls, strict=True)]
 
 
+def median_round(metas: list[dict]) -> int | None:
+    """Index of the recorded round of median step time, a round's time being its slowest
+    rank's (``span_steps_s`` of every rank's metadata, ``executor.profile``; with an even
+    count the shorter middle one): the round the measured step (the median of the
+    slowest rank's unrecorded steps) stands next to. None when a rank has no rounds."""
+    runs = [m.get("span_steps_s") or [] for m in metas]
+    n = min((len(r) for r in runs), default=0)
+    if n == 0:
+        return None
+    slowest = [max(r[i] for r in runs) for i in range(n)]
+    return sorted(range(n), key=lambda i: slowest[i])[(n - 1) // 2]
+
+
+def round_step(events: list[dict], i: int) -> list[dict]:
+    """The events inside the recorded step ``i`` (the span ``meshplan-step <i>``,
+    ``executor.profile.step_label``). Raises TraceMatchError when the trace has no such
+    span."""
+    from executor.profile import step_label
+
+    name = step_label(i)
+    step = next((e for e in events if e.get("name") == name), None)
+    if step is None:
+        raise TraceMatchError(f"the trace has no span {name!r}: its recorded rounds do not match "
+                              f"its metadata's span_steps_s")
+    return [e for e in events if e is not step and _encloses(step, e)]
+
+
 def median_step(events: list[dict]) -> list[dict]:
-    """The events of the profiled step of median duration (``meshplan-step <i>`` spans,
+    """The events of the recorded step of median duration (``meshplan-step <i>`` spans,
     ``executor.profile.step_label``; with an even count the shorter middle one): the
-    step a trace stands for, as the measured step is the median of the timed ones (a
-    profiled step now and then runs far slower than the others: one step's mean would
-    carry it). All events when the trace has no step spans."""
+    step a trace stands for, as the measured step is the median of the unrecorded ones (a
+    step on a shared host now and then runs far slower than the others: one step's mean
+    would carry it). All events when the trace has no step spans."""
     from executor.profile import STEP_PREFIX
 
     steps = sorted((e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)),

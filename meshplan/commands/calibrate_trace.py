@@ -103,10 +103,12 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from executor.trace_match import (
         event_cost,
         match_trace,
+        median_round,
         median_step,
         merge_collectives,
         plan_labels,
         recorded_spans,
+        round_step,
         slowest_ranks,
         stream_samples,
     )
@@ -122,11 +124,13 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
 
     plan = Plan.load(plan_file)
     metas, per_rank, streams, sigs = [], [], [], []
-    for f in files:
-        meta, events = _meta(f)
+    loaded = [_meta(f) for f in files]
+    rnd = median_round([m for m, _ in loaded])  # the same round on every rank
+    for meta, events in loaded:
         spans = recorded_spans(events)
         if spans:  # the span recorder's steps; the profiler pass for the streaming ops' shapes
-            timed, eps = median_step(spans), event_cost(meta, "span_event_s")
+            timed = median_step(spans) if rnd is None else round_step(spans, rnd)
+            eps = event_cost(meta, "span_event_s")
             shaped = [e for e in events if e.get("cat") == "cpu_op"]
         else:  # a trace of profiler spans only (recorded before the span recorder)
             timed = shaped = median_step(events)
