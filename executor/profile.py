@@ -206,8 +206,10 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     2. ``pairs`` rounds of one unrecorded step and one step with every executed item, unit
        call and gradient bucket in a :class:`~executor.span_trace.SpanRecorder` span
        (names as the module docstring; each recorded step in ``meshplan-step <i>``),
-       every step after a barrier: the op times the fit reads, taken as a timed step runs
-       its ops, next to unrecorded steps of the same moments of the host.
+       every step after a barrier, the unrecorded one first in even rounds and second in
+       odd ones (so that neither kind is always the one right after the other): the op
+       times the fit reads, taken as a timed step runs its ops, next to unrecorded steps
+       of the same moments of the host.
 
     ``step_times``: this rank's timed steps (seconds), kept in the metadata with ``layers``
     (the run's layers per stage). Returns the path. Raises OSError when the directory
@@ -248,17 +250,23 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
         with rec.span(unit_label(key, mb)):
             return run_unit(key, mb, env, left)
 
-    cost = span_cost()
-    plain, recorded = [], []
-    for i in range(pairs):
-        plain.append(_timed_step(ex, actions))
+    def recorded_step(i: int) -> float:
         ex.exec_item, ex.run_unit, ex.bucket_span = named_item, named_unit, rec.span
         try:
             _barrier()
             with rec.span(step_label(i)):
-                recorded.append(float(ex.run_step(actions)[-1][-1]))
+                return float(ex.run_step(actions)[-1][-1])
         finally:
             ex.exec_item, ex.run_unit, ex.bucket_span = run_item, run_unit, None
+
+    cost = span_cost()
+    plain, recorded = [], []
+    for i in range(pairs):  # ABBA: the unrecorded step first in even rounds, second in odd ones
+        if i % 2 == 0:
+            plain.append(_timed_step(ex, actions))
+        recorded.append(recorded_step(i))
+        if i % 2 == 1:
+            plain.append(_timed_step(ex, actions))
     import os
     import threading
 
