@@ -13,9 +13,9 @@ after a barrier (as ``executor.run.rank_main`` times its steps), and writes it a
 (``cat`` :data:`~executor.span_trace.SPAN_CAT`) appended after them.
 
 Why two passes (issue 19): the profiler's spans and per-op events slowed the steps they
-named (on 2 gloo ranks of a 2-layer LLaMA on this project's 2-core host, with no other
-process on the cores, the profiled steps took 22% to 27% more CPU than the unprofiled
-ones, per-thread CPU times from ``/proc``; the per-event probe explained 7%), and the
+named (on 2 gloo ranks of a 2-layer LLaMA on this project's 2-core host the profiled steps
+took 12% to 34% more CPU time of the rank's own threads than the unprofiled ones, from
+``/proc/self/task``; the per-event probe explained 3% to 7%), and the
 profiled steps ran at other moments than the timed ones, while other work on a shared host
 comes and goes within seconds. The recorder costs well under a microsecond per span
 (measured in the same run, :func:`~executor.span_trace.span_cost`, and taken off every span

@@ -3,13 +3,14 @@ runs, written as Chrome-trace complete events, the timings ``meshplan calibrate
 --from-trace`` fits.
 
 Why not the profiler's spans: on this project's 2-core host, two gloo ranks under
-``torch.profiler.profile(record_shapes=True)`` spent 22% to 27% more CPU per step than
-the same steps unprofiled with no other process on the cores (per-thread CPU time from
-``/proc/self/task``, issue 19), while the per-event probe of ``executor.profile`` put the
-profiler's cost at 7%: the recorded ops are not the ops a timed step runs. A recorded span
-costs two clock reads and one list append (:func:`span_cost` measures it in the same
-run, well under a microsecond per span on that host against ops of tens of microseconds), and the
-aten ops inside run unobserved, exactly as in a timed step.
+``torch.profiler.profile(record_shapes=True)`` spent 12% to 34% more CPU time of their own
+threads per step than the same steps unprofiled (from ``/proc/self/task``, which other
+processes' load does not add to; issue 19), while the per-event probe of
+``executor.profile`` put the profiler's cost at 3% to 7%: the recorded ops are not the ops
+a timed step runs. A recorded span costs two clock reads, one small object and one list
+append (:func:`span_cost` measures it in the same run: 1 to 2 microseconds per span on that
+host under load, 0.2% to 0.5% of the loop plan's step), and the aten ops inside run
+unobserved, exactly as in a timed step.
 
 Events (:meth:`SpanRecorder.events`): ``{"ph": "X", "cat": SPAN_CAT, "name", "pid",
 "tid", "ts", "dur"}``, ``ts`` and ``dur`` in microseconds (the Chrome trace format's
