@@ -48,6 +48,9 @@ steps), ``profiled_steps_s`` (the profiler pass's steps), ``profiler_event_s`` (
 profiler costs per recorded op, :func:`profiler_event_cost`, taken off the streaming ops)
 with ``probe_events`` (the events the probe left in the trace), ``paired_steps_s`` and
 ``span_steps_s`` (the unrecorded and the recorded steps of the rounds, in order),
+``paired_cpu_s`` and ``span_cpu_s`` (the CPU time of the rank's thread in each of them,
+``time.thread_time``: what the recording costs, which other processes' load does not add
+to),
 ``span_event_s`` (the recorder's cost per span) and ``span_count``. Step times are as
 ``rank_main`` counts them: from the step's start to the end of its optimizer phase.
 """
@@ -260,13 +263,19 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
             ex.exec_item, ex.run_unit, ex.bucket_span = run_item, run_unit, None
 
     cost = span_cost()
-    plain, recorded = [], []
+    plain, recorded, plain_cpu, recorded_cpu = [], [], [], []
+
+    def cpu_timed(step: Any, walls: list, cpus: list) -> None:
+        c0 = time.thread_time()
+        walls.append(step())
+        cpus.append(time.thread_time() - c0)
+
     for i in range(pairs):  # ABBA: the unrecorded step first in even rounds, second in odd ones
         if i % 2 == 0:
-            plain.append(_timed_step(ex, actions))
-        recorded.append(recorded_step(i))
+            cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
+        cpu_timed(lambda i=i: recorded_step(i), recorded, recorded_cpu)
         if i % 2 == 1:
-            plain.append(_timed_step(ex, actions))
+            cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
     import os
     import threading
 
@@ -275,5 +284,6 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
             layers_per_stage=layers, step_times_s=[float(t) for t in step_times],
             profiled_steps_s=wall, profiler_event_s=eps,
             probe_events=PROBE_REPEATS * PROBE_CALLS * per_mix, paired_steps_s=plain,
-            span_steps_s=recorded, span_event_s=cost, span_count=len(rec.spans))
+            span_steps_s=recorded, paired_cpu_s=plain_cpu, span_cpu_s=recorded_cpu,
+            span_event_s=cost, span_count=len(rec.spans))
     return out

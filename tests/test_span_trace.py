@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from executor import span_trace
 from executor.span_trace import SPAN_CAT, SpanRecorder, span_cost
 from executor.trace_match import Target, event_cost, match_trace, recorded_spans
-from meshplan.commands.calibrate_trace import measured_step, recording_cost
+from meshplan.commands.calibrate_trace import cpu_medians, measured_step, recording_cost
 
 
 def _clock(*ticks_ns: int):
@@ -101,6 +101,11 @@ def test_measured_step_is_the_median_of_the_alternating_unrecorded_steps():
     old = [{"step_times_s": [0.2, 0.5, 0.3]}, {"step_times_s": [0.25, 0.1, 0.3]}]
     assert measured_step(old) == pytest.approx(0.3) and recording_cost(old) is None
     assert measured_step([{}]) is None
+    # CPU time of the rounds, per round the larger rank's: recorded (0.07, 0.09, 0.06) ->
+    # 0.07 s, unrecorded (0.07, 0.08, 0.05) -> 0.07 s
+    cpu = [{"span_cpu_s": [0.07, 0.09, 0.05], "paired_cpu_s": [0.07, 0.08, 0.04]},
+           {"span_cpu_s": [0.06, 0.08, 0.06], "paired_cpu_s": [0.06, 0.07, 0.05]}]
+    assert cpu_medians(cpu) == pytest.approx((0.07, 0.07)) and cpu_medians(old) is None
 
 
 @settings(max_examples=30, deadline=None)
@@ -138,6 +143,8 @@ def test_one_process_run_records_spans_and_the_profiler_pass(tmp_path):
     meta = doc["meshplan"]
     assert len(meta["profiled_steps_s"]) == PROFILE_STEPS and len(meta["step_times_s"]) == 2
     assert len(meta["paired_steps_s"]) == len(meta["span_steps_s"]) == PAIRED_STEPS
+    assert len(meta["paired_cpu_s"]) == len(meta["span_cpu_s"]) == PAIRED_STEPS
+    assert all(0 < c for c in meta["paired_cpu_s"] + meta["span_cpu_s"])
     assert meta["span_event_s"] >= 0 and meta["span_count"] > PAIRED_STEPS
     events = load_trace(tmp_path / "rank0.json")
     mm = [e for e in events if e.get("name") == "aten::mm"]

@@ -90,6 +90,7 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
     assert traced == pytest.approx(same_run * 1e3, abs=1e-3)
     assert float(rec.group(2)) == pytest.approx(traced, abs=1e-3)
     assert 0.0 <= float(rec.group(3)) < 3.0  # the recorder's cost, % of the step
+    assert "CPU time of the ranks' threads: median" in out
     from clusters import load_cluster
 
     spec = load_cluster(str(cal)).spec

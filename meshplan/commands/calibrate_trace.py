@@ -66,6 +66,19 @@ def measured_step(metas: list[dict]) -> float | None:
     return None
 
 
+def cpu_medians(metas: list[dict]) -> tuple[float, float] | None:
+    """(recorded, unrecorded) median over the rounds of the slowest rank's CPU time of its
+    thread in the round's step (``span_cpu_s``, ``paired_cpu_s``; seconds), or None without
+    them: the recorder's cost apart from the host's other work, which adds wall time only."""
+    rec = [m.get("span_cpu_s") or [] for m in metas]
+    plain = [m.get("paired_cpu_s") or [] for m in metas]
+    n = min((len(r) for r in rec + plain), default=0)
+    if n == 0:
+        return None
+    return (statistics.median(max(x[i] for x in rec) for i in range(n)),
+            statistics.median(max(x[i] for x in plain) for i in range(n)))
+
+
 def recording_cost(metas: list[dict]) -> tuple[float, float, float] | None:
     """(median recorded step, median unrecorded step of the same rounds, the recorder's
     cost per step) in seconds, per step the slowest rank's; None without the span
@@ -176,6 +189,11 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         typer.echo(f"recorded steps: median {rec * 1e3:.3f} ms vs {plain * 1e3:.3f} ms unrecorded, "
                    f"alternating ({rec / plain - 1:+.1%}); the recorder's cost per span accounts for "
                    f"{per_step / plain:+.1%} and is taken off the spans")
+    cpu = cpu_medians(metas)
+    if cpu is not None and cpu[1] > 0:
+        typer.echo(f"CPU time of the ranks' threads: median {cpu[0] * 1e3:.3f} ms recorded vs "
+                   f"{cpu[1] * 1e3:.3f} ms unrecorded ({cpu[0] / cpu[1] - 1:+.1%}; the host's other "
+                   f"work adds wall time only)")
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
