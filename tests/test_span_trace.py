@@ -124,6 +124,7 @@ def test_every_span_becomes_one_event_with_its_duration(ticks):
                                                                 for i in range(len(ticks) // 2)))
 
 
+@pytest.mark.slow  # the first torch.profiler session of a process imports torch._dynamo & co: 8-20 s here
 def test_one_process_run_records_spans_and_the_profiler_pass(tmp_path):
     """The MLP plan on one process with ``profile_dir``: the trace holds the profiler
     pass's aten ops with shapes and PAIRED_STEPS recorded steps of spans the plan's labels
