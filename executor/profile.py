@@ -1,39 +1,58 @@
-"""Record a PyTorch profiler (Kineto) Chrome trace of a few steps of a rank, with every
-executed op of the plan named, so ``executor.trace_match`` can match the trace's time to
-the plan's ops.
+"""Record the trace of a rank that ``meshplan calibrate --from-trace`` fits: the plan's
+ops, each named, timed as a timed step runs them (``executor.span_trace``), and one short
+PyTorch profiler (Kineto) pass for the aten ops' shapes.
 
-:func:`profile_step` runs :data:`PROFILE_STEPS` more steps of a
-:class:`~executor.rank_exec.RankExecutor` under ``torch.profiler.profile(activities=[CPU
-(+ CUDA)], record_shapes=True)`` and writes them to ``DIR/rank<R>.json``. They are extra
-steps after the timed ones (the profiler's own per-event work slows them, so they are
-never measured steps); several, because one step on a shared host is one draw of its
-noise. One more step runs first under the profiler's warm-up (``torch.profiler.schedule(
-warmup=1)``: recorded and discarded): the first profiled step of a process is slower
-than the next ones (in this project's runs up to 2x: the profiler's first-use costs). Each
-executed item of the rank plan is wrapped in a profiler span (:func:`span`) whose name
-(:func:`item_label`) is ``meshplan::<phase> #<program op index> <op type>`` (phase F, B,
-W or O, the unit it ran in), each F/B/W unit call in ``meshplan::unit <phase><chunk>
-mb<m>`` and each fused gradient all_reduce bucket of the step in ``meshplan::O bucket<i>
-all_reduce`` (its i-th bucket, ``RankExecutor.gradient_buckets`` order), each profiled
-step in ``meshplan-step <i>``. The aten ops
-(``cpu_op``) that an item launched lie inside its span on the same thread.
+:func:`profile_step` runs, after a rank's timed steps, (1) :data:`PROFILE_STEPS` steps
+under ``torch.profiler.profile(activities=[CPU (+ CUDA)], record_shapes=True)`` (after one
+warm-up step it discards, ``torch.profiler.schedule(warmup=1)``: the first profiled step of
+a process is slower, the profiler's first-use costs), each in a span ``meshplan-profiled-step
+<i>``, then (2) :data:`PAIRED_STEPS` rounds of one unrecorded step and one step whose
+executed items are each in a :class:`~executor.span_trace.SpanRecorder` span, every step
+after a barrier (as ``executor.run.rank_main`` times its steps), and writes it all to
+``DIR/rank<R>.json``: the profiler's Chrome trace with the recorder's events
+(``cat`` :data:`~executor.span_trace.SPAN_CAT`) appended after them.
+
+Why two passes (issue 19): the profiler's spans and per-op events slowed the steps they
+named (on 2 gloo ranks of a 2-layer LLaMA on this project's 2-core host the profiled steps
+took 12% to 34% more CPU time of the rank's own threads than the unprofiled ones, from
+``/proc/self/task``; the per-event probe explained 3% to 7%), and the
+profiled steps ran at other moments than the timed ones, while other work on a shared host
+comes and goes within seconds. The recorder costs well under a microsecond per span
+(measured in the same run, :func:`~executor.span_trace.span_cost`, and taken off every span
+by ``executor.trace_match``), and its steps alternate with unrecorded ones, whose median is
+the step the fit is checked against. The profiler pass is read only for what needs aten
+shapes (the in-place streaming ops' bytes, ``executor.trace_match.stream_samples``; a
+foreign trace's GEMMs). Threads: each rank runs ``torch.set_num_threads(cores // ranks)``
+intra-op threads (``executor.launch``; torchrun sets ``OMP_NUM_THREADS=1`` per process
+itself); the executor issues no inter-op work, and gloo's two threads per rank
+(``gloo_tcp_loop``, ``pt_gloo_runloop``) took under 1% of a core in those measurements.
+
+Span names: each executed item of the rank plan ``meshplan::<phase> #<program op index>
+<op type>`` (:func:`item_label`; phase F, B, W or O, the unit it ran in), each F/B/W unit
+call ``meshplan::unit <phase><chunk> mb<m>``, each fused gradient all_reduce bucket of the
+step ``meshplan::O bucket<i> all_reduce`` (its i-th bucket, ``RankExecutor.gradient_buckets``
+order), each recorded step ``meshplan-step <i>``.
 
 Why names instead of the profiler's own collective records: on torch 2.13 with gloo on
 CPU the profiler records no ``record_param_comms`` event with message sizes; a gloo
 collective shows as a ``c10d::allreduce_`` (etc.) ``cpu_op`` that only enqueues the work
 (tens of microseconds) and a ``gloo:all_reduce`` annotation on gloo's worker thread, with
 neither group size nor the wait. The item's span (issue to completion on the rank's
-thread) and the plan's op (group and local bytes) give both: the bytes are the plan's, matched by
-the span's name (its op index), not by order. Pipeline sends and receives get no span.
+thread) and the plan's op (group and local bytes) give both: the bytes are the plan's,
+matched by the span's name (its op index), not by order. Pipeline sends and receives get
+no span.
 
-The trace's metadata (``prof.add_metadata_json``) key :data:`META_KEY` holds ``rank``,
-``world_size``, ``layers_per_stage`` (the layer split the run used), ``step_times_s``
-(this rank's timed steps, unprofiled), ``profiled_steps_s`` (the profiled steps' wall
-times) and ``profiler_event_s``: what the profiler itself costs per recorded op, measured
-by :func:`profiler_event_cost` in the same session (``executor.trace_match`` takes it off
-every span), with ``probe_events``, the events the probe itself left in the trace, and
-``after_step_s``: one more step right after, unprofiled (its time against the profiled
-steps' tells the profiler's slowdown from the host's at that moment).
+The trace's top-level key :data:`META_KEY` holds ``rank``, ``world_size``,
+``layers_per_stage`` (the layer split the run used), ``step_times_s`` (this rank's timed
+steps), ``profiled_steps_s`` (the profiler pass's steps), ``profiler_event_s`` (what the
+profiler costs per recorded op, :func:`profiler_event_cost`, taken off the streaming ops)
+with ``probe_events`` (the events the probe left in the trace), ``paired_steps_s`` and
+``span_steps_s`` (the unrecorded and the recorded steps of the rounds, in order),
+``paired_cpu_s`` and ``span_cpu_s`` (the CPU time of the rank's thread in each of them,
+``time.thread_time``: what the recording costs, which other processes' load does not add
+to),
+``span_event_s`` (the recorder's cost per span) and ``span_count``. Step times are as
+``rank_main`` counts them: from the step's start to the end of its optimizer phase.
 """
 
 from __future__ import annotations
@@ -49,8 +68,10 @@ import torch
 PREFIX = "meshplan::"
 #: Prefix of a unit call's span name
 UNIT_PREFIX = f"{PREFIX}unit "
-#: Prefix of a profiled step's span name
+#: Prefix of a recorded step's span name
 STEP_PREFIX = "meshplan-step "
+#: Prefix of the span name of a step of the profiler pass
+PROFILED_PREFIX = "meshplan-profiled-step "
 #: Top-level key of the trace metadata the executor adds
 META_KEY = "meshplan"
 
@@ -75,7 +96,7 @@ def item_label(key: Any, index: int, op_type: str) -> str:
 
 
 def step_label(i: int) -> str:
-    """The span name of the ``i``-th profiled step (``meshplan-step 0``; not under
+    """The span name of the ``i``-th recorded step (``meshplan-step 0``; not under
     :data:`PREFIX`: it is no op of the plan)."""
     return f"{STEP_PREFIX}{i}"
 
@@ -97,9 +118,14 @@ def trace_path(directory: str | Path, rank: int) -> Path:
 
 #: calls of the probe mix per timing, and timings (the fastest kept) of :func:`profiler_event_cost`
 PROBE_CALLS, PROBE_REPEATS = 40, 7
-#: steps one trace records (their samples are pooled: one step on a shared host is one
-#: draw of its noise)
-PROFILE_STEPS = 3
+#: steps of the profiler pass (their streaming ops are pooled)
+PROFILE_STEPS = 2
+#: rounds of (unrecorded step, recorded step): one step on a shared host is one draw of
+#: its noise; the fit takes the recorded step of median time, the measured step is the
+#: median of the unrecorded ones; odd, so that both medians are steps that ran (an even
+#: count's two middle steps, averaged, may be far apart on a loaded host: 193 and 288 ms
+#: in one run of issue 19)
+PAIRED_STEPS = 9
 
 
 def _probe_mix(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> None:
@@ -146,63 +172,118 @@ def profiler_event_cost(unprofiled: float, per_mix: int) -> float:
     return 0.0 if per_mix <= 0 else max(0.0, _probe_seconds() - unprofiled) / per_mix
 
 
-def _add_meta(path: Path, **kv: Any) -> None:
+def _finish(path: Path, rec: Any, pid: int, tid: int, **meta: Any) -> None:
+    """Add ``meta`` under :data:`META_KEY` and the recorder's span events (placed 1 ms
+    after the profiler's last event on the trace's timeline) to the trace file."""
     doc = json.loads(path.read_text(encoding="utf-8"))
-    doc.setdefault(META_KEY, {}).update(kv)
+    events = doc.setdefault("traceEvents", [])
+    end = max((e["ts"] + e.get("dur", 0) for e in events
+               if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))), default=0.0)
+    events.extend(rec.events(pid, tid, offset_us=float(end) + 1e3))
+    doc.setdefault(META_KEY, {}).update(meta)
     path.write_text(json.dumps(doc), encoding="utf-8")
 
 
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _timed_step(ex: Any, actions: Any) -> float:
+    """One step of ``ex``, after a barrier as ``executor.run.rank_main`` times its steps;
+    returns its time as rank_main counts it (step start to the optimizer phase's end)."""
+    _barrier()
+    return float(ex.run_step(actions)[-1][-1])
+
+
 def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[float],
-                 layers: Any = None, steps: int = PROFILE_STEPS) -> Path:
-    """Run ``steps`` steps of ``ex`` (a RankExecutor) over ``actions`` under the profiler,
-    every item, unit call and gradient bucket named (module docstring), and write their
-    trace to ``DIR/rank<R>.json`` (the directory is created). ``step_times``: this rank's
-    timed steps (seconds), kept in the metadata with ``layers`` (the run's layers per
-    stage). Returns the path. Raises OSError when the directory cannot be written."""
+                 layers: Any = None, steps: int = PROFILE_STEPS, pairs: int = PAIRED_STEPS) -> Path:
+    """Record the trace of ``ex`` (a RankExecutor) over ``actions`` that ``meshplan
+    calibrate --from-trace`` reads, to ``DIR/rank<R>.json`` (the directory is created):
+
+    1. ``steps`` steps under ``torch.profiler`` (CPU activity, + CUDA on a GPU;
+       ``record_shapes=True``, no stacks, memory or FLOPs), after one warm-up step it
+       discards: every aten op with its shapes (the GEMMs' dims, the in-place streaming
+       ops the copy bandwidth is fitted to); each step a span ``meshplan-profiled-step
+       <i>``;
+    2. ``pairs`` rounds of one unrecorded step and one step with every executed item, unit
+       call and gradient bucket in a :class:`~executor.span_trace.SpanRecorder` span
+       (names as the module docstring; each recorded step in ``meshplan-step <i>``),
+       every step after a barrier, the unrecorded one first in even rounds and second in
+       odd ones (so that neither kind is always the one right after the other): the op
+       times the fit reads, taken as a timed step runs its ops, next to unrecorded steps
+       of the same moments of the host.
+
+    ``step_times``: this rank's timed steps (seconds), kept in the metadata with ``layers``
+    (the run's layers per stage). Returns the path. Raises OSError when the directory
+    cannot be written, ValueError for ``steps`` or ``pairs`` < 1."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    from executor.span_trace import SpanRecorder, span_cost
+
+    if steps < 1 or pairs < 1:
+        raise ValueError(f"profile_step needs steps >= 1 and pairs >= 1, got {steps}, {pairs}")
     out = trace_path(directory, ex.rank)
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_item, run_unit = ex.exec_item, ex.run_unit
+    acts = [ProfilerActivity.CPU]
+    if ex.device.type == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    per_mix, bare = events_per_mix(), _probe_seconds()
+    sched = schedule(wait=0, warmup=1, active=steps, repeat=1)
+    with profile(activities=acts, record_shapes=True, schedule=sched,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+        _timed_step(ex, actions)  # the profiler's warm-up step: recorded, then discarded
+        prof.step()
+        wall = []
+        for i in range(steps):
+            with span(f"{PROFILED_PREFIX}{i}"):
+                wall.append(_timed_step(ex, actions))
+            if i == steps - 1:  # while recording: the probe
+                eps = profiler_event_cost(bare, per_mix)
+            prof.step()
+    rec, run_item, run_unit = SpanRecorder(), ex.exec_item, ex.run_unit
 
     def named_item(it, mb, env, left, key):
-        with span(item_label(key, it.index, it.op.type)):
+        with rec.span(item_label(key, it.index, it.op.type)):
             run_item(it, mb, env, left, key)
 
     def named_unit(key, mb, env, left):
         if not isinstance(key, tuple):
             return run_unit(key, mb, env, left)
-        with span(unit_label(key, mb)):
+        with rec.span(unit_label(key, mb)):
             return run_unit(key, mb, env, left)
 
-    acts = [ProfilerActivity.CPU]
-    if ex.device.type == "cuda":
-        acts.append(ProfilerActivity.CUDA)
-    per_mix, bare = events_per_mix(), _probe_seconds()
-    ex.exec_item, ex.run_unit, ex.profile_buckets = named_item, named_unit, True
-    try:
-        sched = schedule(wait=0, warmup=1, active=steps, repeat=1)
-        with profile(activities=acts, record_shapes=True, schedule=sched,
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
-            ex.run_step(actions)  # the profiler's warm-up step: recorded, then discarded
-            prof.step()
-            wall = []
-            for i in range(steps):
-                t0 = time.perf_counter()
-                with span(step_label(i)):
-                    ex.run_step(actions)
-                wall.append(time.perf_counter() - t0)
-                if i == steps - 1:  # while recording: the probe and the metadata
-                    eps = profiler_event_cost(bare, per_mix)
-                    prof.add_metadata_json(META_KEY, json.dumps({
-                        "rank": ex.rank, "world_size": torch.distributed.get_world_size()
-                        if torch.distributed.is_initialized() else 1, "layers_per_stage": layers,
-                        "step_times_s": [float(t) for t in step_times], "profiled_steps_s": wall,
-                        "profiler_event_s": eps, "probe_events": PROBE_REPEATS * PROBE_CALLS * per_mix}))
-                prof.step()
-    finally:
-        ex.exec_item, ex.run_unit, ex.profile_buckets = run_item, run_unit, False
-    t0 = time.perf_counter()  # one unprofiled step after: the profiler's cost vs the moment's
-    ex.run_step(actions)
-    _add_meta(out, after_step_s=time.perf_counter() - t0)
+    def recorded_step(i: int) -> float:
+        ex.exec_item, ex.run_unit, ex.bucket_span = named_item, named_unit, rec.span
+        try:
+            _barrier()
+            with rec.span(step_label(i)):
+                return float(ex.run_step(actions)[-1][-1])
+        finally:
+            ex.exec_item, ex.run_unit, ex.bucket_span = run_item, run_unit, None
+
+    cost = span_cost()
+    plain, recorded, plain_cpu, recorded_cpu = [], [], [], []
+
+    def cpu_timed(step: Any, walls: list, cpus: list) -> None:
+        c0 = time.thread_time()
+        walls.append(step())
+        cpus.append(time.thread_time() - c0)
+
+    for i in range(pairs):  # ABBA: the unrecorded step first in even rounds, second in odd ones
+        if i % 2 == 0:
+            cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
+        cpu_timed(lambda i=i: recorded_step(i), recorded, recorded_cpu)
+        if i % 2 == 1:
+            cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
+    import os
+    import threading
+
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    _finish(out, rec, os.getpid(), threading.get_native_id(), rank=ex.rank, world_size=world,
+            layers_per_stage=layers, step_times_s=[float(t) for t in step_times],
+            profiled_steps_s=wall, profiler_event_s=eps,
+            probe_events=PROBE_REPEATS * PROBE_CALLS * per_mix, paired_steps_s=plain,
+            span_steps_s=recorded, paired_cpu_s=plain_cpu, span_cpu_s=recorded_cpu,
+            span_event_s=cost, span_count=len(rec.spans))
     return out

@@ -119,8 +119,9 @@ class RankExecutor:
         #: called with the action's index in the row before each action (progress for
         #: ``executor.watchdog``); None: nothing is reported
         self.on_action: Any = None
-        #: name each fused gradient bucket in the profiler (``executor.profile``)
-        self.profile_buckets = False
+        #: ``name -> context manager`` wrapping each fused gradient bucket in a named span
+        #: (``executor.profile``: a ``SpanRecorder.span``); None: no span
+        self.bucket_span: Any = None
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -391,11 +392,10 @@ class RankExecutor:
         done: set[int] = set()
         for b, ((group, rtype, _), its) in enumerate(buckets.items()):
             span = contextlib.nullcontext()
-            if self.profile_buckets:
+            if self.bucket_span is not None:
                 from executor.profile import bucket_label
-                from executor.profile import span as profile_span
 
-                span = profile_span(bucket_label(b))
+                span = self.bucket_span(bucket_label(b))
             with span:
                 ins = [env[id(it.op.operands[0])] for it in its]
                 flat = torch.cat([t.reshape(-1) for t in ins])

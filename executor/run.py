@@ -141,9 +141,9 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
               profile_dir: str | None = None) -> dict[str, Any]:
     """One rank's run; ``rows``: the schedule's per-stage actions (None: one stage);
     ``progress``: optional ``(step, action index) -> None`` called before each action;
-    ``profile_dir``: after the timed steps, a few more steps run under the profiler and their
-    Chrome trace is written to ``DIR/rank<R>.json`` (:mod:`executor.profile`; never one
-    of the timed steps)."""
+    ``profile_dir``: after the timed steps, a few more steps run under the profiler and the
+    span recorder and their Chrome trace is written to ``DIR/rank<R>.json``
+    (:mod:`executor.profile`; never one of the timed steps)."""
     from executor.collectives import Groups
     from executor.p2p_order import send_orders
     from executor.program import build_program
@@ -285,7 +285,7 @@ def run_plan(plan: Any, nproc: int, backend: str = "gloo", steps: int = 10, warm
         schedule: the pipeline schedule, read duck-typed (:mod:`executor.actions`: an
             object with ``actions`` or per-stage rows of actions); required when pp > 1.
             ``meshplan.validation.run_plan`` builds it with ``simulator.build_schedule``.
-        profile_dir: each rank records a profiler trace of a few extra (untimed) steps to
+        profile_dir: each rank records a trace of a few extra (unreported) steps to
             ``DIR/rank<R>.json`` (:mod:`executor.profile`).
     Raises:
         PlanMismatchError / LaunchError before launch (world size, backend);

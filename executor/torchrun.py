@@ -116,7 +116,7 @@ def run_rank(env: RankEnv, plan: Any, rows: Any, steps: int, warmup: int = 0, se
     ``executor.run.plan_rows``) for ``warmup + steps`` steps; every rank's result is
     gathered on rank 0, which returns the :class:`~executor.run.Measurement` (others return
     None). ``watchdog`` gets the progress; ``profile_dir``: each rank also records a
-    profiler trace of a few extra (untimed) steps there (``executor.profile``). Raises what the
+    trace of a few extra (unreported) steps there (``executor.profile``). Raises what the
     per-rank code raises."""
     progress = watchdog.progress if watchdog is not None else None
     res = rank_main(env.rank, env.world_size, plan, steps, warmup, seed, False, params,

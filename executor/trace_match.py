@@ -22,9 +22,10 @@ fused gradient buckets (``meshplan::O bucket<i> all_reduce``) sum their gradient
 all_reduce (its result read only by ``shadow_output``: the executor posts it
 asynchronously, its span holds the issue only) is kind ``other``, not fitted.
 
-Each span's seconds are its duration less the profiler's own cost inside it: ``eps`` per
-recorded event (:func:`event_cost`, measured by the executor while it profiled) times the
-events the span encloses (itself included).
+Each span's seconds are its duration less the recording's own cost inside it: ``eps`` per
+recorded event (:func:`event_cost`, measured by the executor in the same run: the span
+recorder's cost per span for its spans, ``executor.span_trace``, the profiler's per event
+for a profiler trace) times the events the span encloses (itself included).
 """
 
 from __future__ import annotations
@@ -132,18 +133,32 @@ def plan_labels(plan: Any, rank: int) -> dict[str, Target]:
     return out
 
 
-def event_cost(meta: dict) -> float:
-    """Seconds the profiler added per recorded event (the executor's metadata
-    ``profiler_event_s``, ``executor.profile.profiler_event_cost``); 0 when absent."""
-    eps = meta.get("profiler_event_s") if isinstance(meta, dict) else None
+def event_cost(meta: dict, key: str = "profiler_event_s") -> float:
+    """Seconds the recording added per event: the executor's metadata ``key``
+    (``profiler_event_s``: the profiler's, ``executor.profile.profiler_event_cost``;
+    ``span_event_s``: the span recorder's, ``executor.span_trace.span_cost``); 0 when
+    absent or not a positive number."""
+    eps = meta.get(key) if isinstance(meta, dict) else None
     return float(eps) if isinstance(eps, (int, float)) and eps > 0 else 0.0
 
 
+def recorded_spans(events: list[dict]) -> list[dict]:
+    """The span recorder's events of a trace (``cat`` ``executor.span_trace.SPAN_CAT``)."""
+    from executor.span_trace import SPAN_CAT
+
+    return [e for e in events if e.get("cat") == SPAN_CAT]
+
+
 def _thread_events(events: list[dict]) -> dict[Any, list[dict]]:
+    """Per (pid, tid, recorder's or not), the events sorted by start: the recorder's spans
+    and the profiler's events of one thread never enclose each other."""
+    from executor.span_trace import SPAN_CAT
+
     out: dict[Any, list[dict]] = {}
     for e in events:
-        if e.get("cat") in ("cpu_op", "user_annotation"):
-            out.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        cat = e.get("cat")
+        if cat in ("cpu_op", "user_annotation", SPAN_CAT):
+            out.setdefault((e.get("pid"), e.get("tid"), cat == SPAN_CAT), []).append(e)
     for evs in out.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
     return out
@@ -266,12 +281,39 @@ def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     return rest + [min(group, key=lambda s: s.seconds) for group in zip(*colls, strict=True)]
 
 
+def median_round(metas: list[dict]) -> int | None:
+    """Index of the recorded round of median step time, a round's time being its slowest
+    rank's (``span_steps_s`` of every rank's metadata, ``executor.profile``; with an even
+    count the shorter middle one): the round the measured step (the median of the
+    slowest rank's unrecorded steps) stands next to. None when a rank has no rounds."""
+    runs = [m.get("span_steps_s") or [] for m in metas]
+    n = min((len(r) for r in runs), default=0)
+    if n == 0:
+        return None
+    slowest = [max(r[i] for r in runs) for i in range(n)]
+    return sorted(range(n), key=lambda i: slowest[i])[(n - 1) // 2]
+
+
+def round_step(events: list[dict], i: int) -> list[dict]:
+    """The events inside the recorded step ``i`` (the span ``meshplan-step <i>``,
+    ``executor.profile.step_label``). Raises TraceMatchError when the trace has no such
+    span."""
+    from executor.profile import step_label
+
+    name = step_label(i)
+    step = next((e for e in events if e.get("name") == name), None)
+    if step is None:
+        raise TraceMatchError(f"the trace has no span {name!r}: its recorded rounds do not match "
+                              f"its metadata's span_steps_s")
+    return [e for e in events if e is not step and _encloses(step, e)]
+
+
 def median_step(events: list[dict]) -> list[dict]:
-    """The events of the profiled step of median duration (``meshplan-step <i>`` spans,
+    """The events of the recorded step of median duration (``meshplan-step <i>`` spans,
     ``executor.profile.step_label``; with an even count the shorter middle one): the
-    step a trace stands for, as the measured step is the median of the timed ones (a
-    profiled step now and then runs far slower than the others: one step's mean would
-    carry it). All events when the trace has no step spans."""
+    step a trace stands for, as the measured step is the median of the unrecorded ones (a
+    step on a shared host now and then runs far slower than the others: one step's mean
+    would carry it). All events when the trace has no step spans."""
     from executor.profile import STEP_PREFIX
 
     steps = sorted((e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)),

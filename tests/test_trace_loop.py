@@ -1,20 +1,29 @@
 """The calibration loop of a real CPU executor trace, through the CLI (issue 19): a shrunk
 LLaMA (2 layers, hidden 128) on 2 gloo ranks runs under ``meshplan validate
---profile-trace`` (each rank records extra, untimed profiled steps with ``record_shapes``),
-``meshplan calibrate --from-trace`` fits the plan's cluster to them, and ``meshplan
-validate --cluster`` predicts with the fitted YAML (the README's three commands). Asserted:
-the traces hold what the fit needs, the fit is written with its provenance and the
-optimizer op's rate, and the second validate predicts exactly what calibrate printed.
+--profile-trace`` (each rank, after its timed steps, records a short ``torch.profiler``
+pass with shapes and then rounds of one unrecorded step and one step whose plan ops are
+timed by the span recorder, ``executor.profile``), ``meshplan calibrate --from-trace`` fits
+the plan's cluster to the recorded steps, and ``meshplan validate --cluster`` predicts with
+the fitted YAML (the README's three commands). Asserted: the traces hold what the fit
+needs (aten GEMMs with shapes, the recorder's named spans, both step series), the
+recorder costs under 3% of a step, the measured step calibrate prints is the median of the
+unrecorded rounds (recomputed here from the traces), the fit is written with its
+provenance and the optimizer op's rate, and the second validate predicts exactly what
+calibrate printed.
 
-Not asserted, because it does not hold on this host (issue 19, open): the re-predicted
-step within 10% of the measured one. On 2 ranks on 2 cores the profiled steps run 1.4x to
-2.3x as long as the timed ones, while the per-event probe explains a few percent, so the
-fit keeps the rest; the test prints the figures (``-s``) instead of passing on them."""
+The 10% band of the re-predicted step is asserted in ``benchmarks/bench_trace_loop.py``
+(8 trials, each waiting for the host's load to fall below its 2 cores; results in
+``benchmarks/RESULTS.md``), not here: with the full suite on 2 pytest workers and other
+work on this 2-core host the load reaches 5 to 8, the steps of one run then range over
+2.5x, and the medians of the 9 unrecorded and the 9 recorded steps of one run differ by up
+to 18% on their own (measured, issue 19: 6 of 8 runs within 10% at loads of 5 to 6); the
+test prints the error (``-s``)."""
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 
 import pytest
 
@@ -24,11 +33,16 @@ MODEL = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128, "num
          "num_key_value_heads": 4, "intermediate_size": 352, "vocab_size": 1000,
          "max_position_embeddings": 64}
 STEP = re.compile(r"step \(ms\): measured ([\d.]+) .*predicted before ([\d.]+) \(.*\), after ([\d.]+)")
-#: the target of issue 19: the re-predicted step within 10% of the measured one
+RECORDED = re.compile(r"recorded steps: median ([\d.]+) ms vs ([\d.]+) ms unrecorded.*accounts for "
+                      r"\+?(-?[\d.]+)%")
+#: the target of issue 19 (asserted by benchmarks/bench_trace_loop.py): the re-predicted
+#: step within 10% of the measured one
 BAND = 0.10
 
 
-def _plan(tmp_path) -> str:
+def loop_plan(tmp_path) -> str:
+    """The loop's plan (``MODEL`` dp 2, fp32, SGD, micro-batch 2, global batch 8, sequence
+    64) saved as ``tmp_path/plan.json``; returns its path."""
     from meshplan.plan import Plan
     from meshplan.strategy import Strategy
 
@@ -41,31 +55,42 @@ def _plan(tmp_path) -> str:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
-    plan, traces, cal = _plan(tmp_path), tmp_path / "traces", tmp_path / "fitted.yaml"
+    from executor.profile import PAIRED_STEPS, PROFILE_STEPS
+    from executor.span_trace import SPAN_CAT
+
+    plan, traces, cal = loop_plan(tmp_path), tmp_path / "traces", tmp_path / "fitted.yaml"
     csv = str(tmp_path / "v.csv")
     rc, out, err = run_main(capsys, "validate", plan, "--steps", "5", "--repeats", "3", "--no-verify",
                             "--json", "--csv", csv, "--profile-trace", str(traces))
     assert rc == 0, err
     got = json.loads(out)
-    measured = got["measured_step_time_ms"]
-    for r in (0, 1):  # one trace per rank, of one step beyond the 5 timed ones, with shapes
+    metas = []
+    for r in (0, 1):  # one trace per rank: the profiler pass with shapes, then the recorded rounds
         doc = json.loads((traces / f"rank{r}.json").read_text())
-        assert doc["meshplan"]["rank"] == r and len(doc["meshplan"]["step_times_s"]) == 5
-        assert len(doc["meshplan"]["profiled_steps_s"]) == 3 and doc["meshplan"]["after_step_s"] > 0
+        meta = doc["meshplan"]
+        metas.append(meta)
+        assert meta["rank"] == r and len(meta["step_times_s"]) == 5
+        assert len(meta["profiled_steps_s"]) == PROFILE_STEPS
+        assert len(meta["paired_steps_s"]) == len(meta["span_steps_s"]) == PAIRED_STEPS
         mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"]
         assert mm and all(e["args"]["Input Dims"] for e in mm)
-        assert any(e.get("name") == "meshplan::O bucket0 all_reduce" for e in doc["traceEvents"])
+        spans = [e for e in doc["traceEvents"] if e.get("cat") == SPAN_CAT]
+        assert sum(e["name"] == "meshplan::O bucket0 all_reduce" for e in spans) == PAIRED_STEPS
+        assert sum(e["name"].startswith("meshplan-step ") for e in spans) == PAIRED_STEPS
     assert got["profile_trace"] == str(traces)
 
     rc, out, err = run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", plan,
                             "-o", str(cal))
     assert rc == 0, err
     assert "kernel class" in out and "gemm" in out and "collective" in out
-    m = STEP.search(out)
-    assert m, out
-    slow = next((ln for ln in out.splitlines() if ln.startswith("profiled steps:")), "")
-    assert slow, out
+    m, rec = STEP.search(out), RECORDED.search(out)
+    assert m and rec, out
     traced, before, after = (float(x) for x in m.groups())
+    same_run = statistics.median(max(x["paired_steps_s"][i] for x in metas) for i in range(PAIRED_STEPS))
+    assert traced == pytest.approx(same_run * 1e3, abs=1e-3)
+    assert float(rec.group(2)) == pytest.approx(traced, abs=1e-3)
+    assert 0.0 <= float(rec.group(3)) < 3.0  # the recorder's cost, % of the step
+    assert "CPU time of the ranks' threads: median" in out
     from clusters import load_cluster
 
     spec = load_cluster(str(cal)).spec
@@ -79,8 +104,10 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
 
     load = got["host_load"]
     worst = max(load["before"], load["after"])
-    error = (after - measured) / measured
-    print(f"measured {measured:.1f} ms (traced run {traced:.1f}), predicted before {before:.1f} ms "
-          f"({(before - measured) / measured:+.1%}), after {after:.1f} ms ({error:+.1%}); load "
-          f"{worst:.2f} on {load['cores']} cores; {slow} (the {BAND:.0%} band is issue 19's open item)")
+    error = (after - traced) / traced
+    print(f"measured {traced:.1f} ms (unrecorded rounds of the traced run; validate's median of "
+          f"repeats {got['measured_step_time_ms']:.1f}), predicted before {before:.1f} ms "
+          f"({(before - traced) / traced:+.1%}), after {after:.1f} ms ({error:+.1%}); recorded steps "
+          f"{rec.group(1)} ms; load {worst:.2f} on {load['cores']} cores (the {BAND:.0%} band: "
+          f"benchmarks/bench_trace_loop.py)")
     assert after > 0 and before > 0

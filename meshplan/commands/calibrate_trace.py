@@ -54,36 +54,45 @@ def _meta(path: Path) -> tuple[dict, list[dict]]:
 
 
 def measured_step(metas: list[dict]) -> float | None:
-    """The traced run's step time: per timed step the slowest rank's, median (seconds)."""
-    runs = [m.get("step_times_s") or [] for m in metas]
-    n = min((len(r) for r in runs), default=0)
+    """The step the fit is checked against (seconds): per step the slowest rank's, median,
+    of the unrecorded steps that alternated with the recorded ones (``paired_steps_s``,
+    ``executor.profile``: the same moments of the host as the fitted steps), else of the
+    rank's timed steps (``step_times_s``, an older trace); None without either."""
+    for key in ("paired_steps_s", "step_times_s"):
+        runs = [m.get(key) or [] for m in metas]
+        n = min((len(r) for r in runs), default=0)
+        if n:
+            return statistics.median(max(r[i] for r in runs) for i in range(n))
+    return None
+
+
+def cpu_medians(metas: list[dict]) -> tuple[float, float] | None:
+    """(recorded, unrecorded) median over the rounds of the slowest rank's CPU time of its
+    thread in the round's step (``span_cpu_s``, ``paired_cpu_s``; seconds), or None without
+    them: the recorder's cost apart from the host's other work, which adds wall time only."""
+    rec = [m.get("span_cpu_s") or [] for m in metas]
+    plain = [m.get("paired_cpu_s") or [] for m in metas]
+    n = min((len(r) for r in rec + plain), default=0)
     if n == 0:
         return None
-    return statistics.median(max(r[i] for r in runs) for i in range(n))
+    return (statistics.median(max(x[i] for x in rec) for i in range(n)),
+            statistics.median(max(x[i] for x in plain) for i in range(n)))
 
 
-def profiler_slowdown(metas: list[dict], files: list[Path]) -> tuple[float, float, float] | None:
-    """(median profiled step, median timed step, probe's cost per step) in seconds of the
-    slowest rank's trace (by profiled step), or None without the metadata: how much the
-    profiler slowed the steps, and how much of it the per-event probe explains (its cost
-    per event x the events of one profiled step)."""
-    from executor.trace_calibrate import load_trace
-
-    best = None
-    for meta, f in zip(metas, files, strict=True):
-        prof, timed = meta.get("profiled_steps_s") or [], meta.get("step_times_s") or []
-        if not prof or not timed:
-            continue
-        p, t = statistics.median(prof), statistics.median(timed)
-        if best is None or p > best[0]:
-            best = (p, t, meta, f)
-    if best is None:
+def recording_cost(metas: list[dict]) -> tuple[float, float, float] | None:
+    """(median recorded step, median unrecorded step of the same rounds, the recorder's
+    cost per step) in seconds, per step the slowest rank's; None without the span
+    recorder's metadata. The cost per step is ``span_event_s`` x the spans of one
+    recorded step (``span_count`` over the rounds), the largest over the ranks."""
+    rec = [m.get("span_steps_s") or [] for m in metas]
+    plain = [m.get("paired_steps_s") or [] for m in metas]
+    n = min((len(r) for r in rec + plain), default=0)
+    if n == 0:
         return None
-    p, t, meta, f = best
-    events = sum(1 for e in load_trace(f) if e.get("cat") in ("cpu_op", "user_annotation"))
-    events -= int(meta.get("probe_events") or 0)  # the probe's own, outside the steps
-    eps = float(meta.get("profiler_event_s") or 0.0)
-    return p, t, eps * events / max(len(meta["profiled_steps_s"]), 1)
+    r = statistics.median(max(x[i] for x in rec) for i in range(n))
+    p = statistics.median(max(x[i] for x in plain) for i in range(n))
+    cost = max(float(m.get("span_event_s") or 0.0) * int(m.get("span_count") or 0) / n for m in metas)
+    return r, p, cost
 
 
 def _run_plan(plan: Any, meta: dict) -> Any:
@@ -107,9 +116,12 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from executor.trace_match import (
         event_cost,
         match_trace,
+        median_round,
         median_step,
         merge_collectives,
         plan_labels,
+        recorded_spans,
+        round_step,
         slowest_ranks,
         stream_samples,
     )
@@ -125,14 +137,22 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
 
     plan = Plan.load(plan_file)
     metas, per_rank, streams, sigs = [], [], [], []
-    for f in files:
-        meta, events = _meta(f)
-        events = median_step(events)
+    loaded = [_meta(f) for f in files]
+    rnd = median_round([m for m, _ in loaded])  # the same round on every rank
+    for meta, events in loaded:
+        spans = recorded_spans(events)
+        if spans:  # the span recorder's steps; the profiler pass for the streaming ops' shapes
+            timed = median_step(spans) if rnd is None else round_step(spans, rnd)
+            eps = event_cost(meta, "span_event_s")
+            shaped = [e for e in events if e.get("cat") == "cpu_op"]
+        else:  # a trace of profiler spans only (recorded before the span recorder)
+            timed = shaped = median_step(events)
+            eps = event_cost(meta)
         run = _run_plan(plan, meta)
         labels = plan_labels(run, meta["rank"])
-        per_rank.append(match_trace(events, labels, event_cost(meta)))
+        per_rank.append(match_trace(timed, labels, eps))
         sigs.append(frozenset(labels.items()))
-        streams += stream_samples(events, event_cost(meta))
+        streams += stream_samples(shaped, event_cost(meta))
         metas.append(meta)
     # collectives at their shortest rank, the other ops of each set of replicas from the slowest
     colls = merge_collectives(per_rank)
@@ -163,19 +183,23 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         if cls != "other":
             typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
                        f"{after.get(cls, 0) * 1e3:>13.3f}")
-    slow = profiler_slowdown(metas, files)
-    if slow is not None:
-        prof, timed, probe = slow
-        after = [m["after_step_s"] for m in metas if isinstance(m.get("after_step_s"), (int, float))]
-        typer.echo(f"profiled steps: median {prof * 1e3:.3f} ms vs {timed * 1e3:.3f} ms timed "
-                   f"({prof / timed - 1:+.1%}; one unprofiled step right after: "
-                   f"{min(after) * 1e3 if after else float('nan'):.3f} ms); the profiler's per-event "
-                   f"cost (probe) accounts for {probe / timed:+.1%} and is taken off the spans, the "
-                   f"rest stays in the fit")
+    cost = recording_cost(metas)
+    if cost is not None:
+        rec, plain, per_step = cost
+        typer.echo(f"recorded steps: median {rec * 1e3:.3f} ms vs {plain * 1e3:.3f} ms unrecorded, "
+                   f"alternating ({rec / plain - 1:+.1%}); the recorder's cost per span accounts for "
+                   f"{per_step / plain:+.1%} and is taken off the spans")
+    cpu = cpu_medians(metas)
+    if cpu is not None and cpu[1] > 0:
+        typer.echo(f"CPU time of the ranks' threads: median {cpu[0] * 1e3:.3f} ms recorded vs "
+                   f"{cpu[1] * 1e3:.3f} ms unrecorded ({cpu[0] / cpu[1] - 1:+.1%}; the host's other "
+                   f"work adds wall time only)")
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
-        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of the traced run's timed steps); "
+        what = ("the unrecorded steps alternating with the recorded ones" if cost is not None
+                else "the traced run's timed steps")
+        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of {what}); "
                    f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
                    f"{p1 * 1e3:.3f} ({(p1 - step) / step:+.1%})")
 

@@ -12,10 +12,11 @@ and an fp32 plan is verified (``executor.verify``: losses and parameters against
 process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
 reported as not checked: rounding differences exceed that tolerance).
 
-``--profile-trace DIR``: after the last repeat's timed steps every rank runs 3 more steps
-under ``torch.profiler`` (``record_shapes=True``) and writes their Chrome trace to
-``DIR/rank<R>.json`` (``executor.profile``; those steps are not timed), the input of
-``meshplan calibrate --from-trace``.
+``--profile-trace DIR``: after the last repeat's timed steps every rank runs 2 steps under
+``torch.profiler`` (``record_shapes=True``: the aten ops' shapes) and 9 rounds of one
+unrecorded step and one whose plan ops are timed by the span recorder, and writes it all as
+a Chrome trace to ``DIR/rank<R>.json`` (``executor.profile``; none of these steps is in the
+report), the input of ``meshplan calibrate --from-trace``.
 
 ``--launcher torchrun`` runs nothing: it prints the torchrun command that runs the plan on
 a cluster (``meshplan.executor.run``, one process per rank, any number of nodes).
@@ -112,8 +113,9 @@ def validate_cmd(
     rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint",
                                       help="HOST:PORT of the rendezvous (with --launcher torchrun)."),
     profile_trace: str = typer.Option("", "--profile-trace",
-                                      help="Directory each rank writes a profiler trace of 3 extra "
-                                           "(untimed) steps to (rank<R>.json)."),
+                                      help="Directory each rank writes the trace calibrate "
+                                           "--from-trace fits to (rank<R>.json; extra steps "
+                                           "after the reported ones)."),
 ) -> None:
     """Run a plan, print predicted vs measured (median of repeats) with relative errors."""
     from meshplan.plan import Plan

@@ -55,8 +55,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-after", type=float, default=120.0,
                    help="Seconds without progress on any rank after which the hung one is named.")
     p.add_argument("--profile-trace", default=None,
-                   help="Directory each rank writes a profiler trace of 3 extra (untimed) steps "
-                        "to (rank<R>.json), for meshplan calibrate --from-trace.")
+                   help="Directory each rank writes the trace meshplan calibrate --from-trace "
+                        "fits to (rank<R>.json): after the timed steps, 2 profiler steps (shapes) "
+                        "and 9 rounds of an unrecorded and a span-recorded step.")
     p.add_argument("--progress-dir", default=None,
                    help="Directory each rank writes its progress file rank<R>.json to.")
     return p
