@@ -156,7 +156,7 @@ def auto_k(mode: str, sampler: str, size: int) -> int:
 
 
 def _evaluated(study: optuna.Study) -> set[str]:
-    from tuner.study import history_cache
+    from tuner.result import history_cache
 
     return set(history_cache(study))
 

@@ -206,7 +206,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    incumbent: Callable[[], float] | None = None,
                    tick: Callable[[], None] | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
-    reusing the records in ``history`` (plan_key -> record, ``tuner.study.history_cache``)
+    reusing the records in ``history`` (plan_key -> record, ``tuner.result.history_cache``)
     and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
     search unproven, also while it is still bounding.
 

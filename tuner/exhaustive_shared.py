@@ -284,7 +284,7 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
             incumbent.post(float(rec["time_s"]))
 
     stopped: ExhaustiveReport | None = None
-    from tuner.study import history_cache
+    from tuner.result import history_cache
 
     while deadline is None or time.monotonic() < deadline:
         t = claim(cs, s)

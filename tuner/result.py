@@ -360,3 +360,20 @@ class ProgressReporter:
             self.best = (ua["time_s"], plan_label(ua["plan"]))
         desc = "best: -" if self.best is None else f"best {self.best[0] * 1e3:.1f} ms  {self.best[1]}"
         self.bar.advance(1, note=desc)
+
+
+def history_cache(study: optuna.Study) -> dict[str, dict[str, Any]]:
+    """plan_key -> the record of a plan the study already scored: its score fields (a
+    COMPLETE trial with the whole record) or ``{"error": message}`` (a trial pruned because
+    the scorer refused the plan)."""
+    out = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        ua = t.user_attrs
+        k = ua.get("plan_key")
+        if k is None:
+            continue
+        if t.state == TrialState.COMPLETE and scored(ua):
+            out[k] = dict(ua)
+        elif t.state == TrialState.PRUNED and "error" in ua and k not in out:
+            out[k] = {"error": ua["error"]}
+    return out

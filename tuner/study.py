@@ -52,7 +52,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs, scored
+from tuner.result import MEMORY_CONSTRAINT, history_cache, memory_constraint, record_attrs
 from tuner.space import Candidate, SearchSpace
 from tuner.storage import (
     WORKER_ATTR,
@@ -245,23 +245,6 @@ def trial_counts(study: optuna.Study) -> tuple[int, int]:
     ts = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
     done = sum(t.state in FINISHED for t in ts)
     return done, len(ts) - done
-
-
-def history_cache(study: optuna.Study) -> dict[str, dict[str, Any]]:
-    """plan_key -> the record of a plan the study already scored: its score fields (a
-    COMPLETE trial with the whole record) or ``{"error": message}`` (a trial pruned because
-    the scorer refused the plan)."""
-    out = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        ua = t.user_attrs
-        k = ua.get("plan_key")
-        if k is None:
-            continue
-        if t.state == TrialState.COMPLETE and scored(ua):
-            out[k] = dict(ua)
-        elif t.state == TrialState.PRUNED and "error" in ua and k not in out:
-            out[k] = {"error": ua["error"]}
-    return out
 
 
 #: Longest wait (s) for a live peer that is scoring the same plan; then score it here.
