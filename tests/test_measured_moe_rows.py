@@ -63,7 +63,8 @@ def test_rows_file_keeps_the_csv_columns_and_cites_its_source():
 def test_row_1001_is_the_published_layout(row1001):
     """25.11 table row: Qwen3_30B_a3B, 16 GPUs, FP8-CS, GBS 512, MBS 2, seq 4096, TP 1,
     PP 2, VP 24, EP 8, GA 32, 5275 tokens/s/GPU. dp = 16 / (1 * 2) = 8 = ep; GA = 512 /
-    (2 * 8) = 32 micro-batches; measured step = 512 * 4096 / (5275 * 16) = 24.848 s."""
+    (2 * 8) = 32 micro-batches; measured step = 512 * 4096 / (5275 * 16) = 24.848 s. No
+    recompute and the distributed optimizer from the Megatron-Bridge v0.2.0 recipe."""
     s = row1001.strategy
     assert (s.dp, s.tp, s.pp, s.ep, s.vpp, s.schedule) == (8, 1, 2, 8, 24, "VPP")
     assert (s.micro_batch_size, s.global_batch_size, s.num_microbatches) == (2, 512, 32)
@@ -72,6 +73,10 @@ def test_row_1001_is_the_published_layout(row1001):
     assert row1001.step_time_s == pytest.approx(512 * 4096 / (5275 * 16), rel=1e-12)
     assert row1001.step_time_s == pytest.approx(24.848, abs=5e-4)
     assert any("current scaling" in a for a in row1001.approximations)
+    # the recipe's distributed optimizer (ZeRO-1) is stated, and modelled as zero 0 with ep 8
+    assert "distributed optimizer" in load_rows(MOE_CSV)[0]["zero_fsdp"]
+    assert any(a.startswith("distributed optimizer (ZeRO-1) with ep > 1 modelled as zero 0")
+               for a in row1001.approximations)
 
 
 def test_row_model_is_qwen3_30b_a3b(row1001):
