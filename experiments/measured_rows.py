@@ -22,6 +22,13 @@ What meshplan cannot express is decided by one table, :data:`UNSUPPORTED`, so th
 work that adds a feature deletes one entry (FP8 GEMMs and squared-ReLU MLPs were lifted by
 issue 17: :data:`FP8_PRECISIONS`, :data:`FFN_TYPES`).
 No row raises: a cell that cannot be read is a refusal naming the column.
+
+Rows measured after the CSV was frozen live in the repository (:data:`EXTRA_CSVS`, e.g.
+``experiments/data/measured_runs_moe.csv``: mixture-of-experts runs): the CSV's columns plus
+the optional :data:`MOE_COLUMNS` (experts, top-k, expert width, ...) and ``ep``; each row
+names its own source (``source_id``, ``source_url``, ``locator``). :func:`parse_measured`
+parses the CSV and them; :func:`parse_all` the CSV alone (what the fits read:
+``experiments.fit_constants``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ from experiments.base import ExperimentError
 
 #: the development set, beside the repository (``../shared/data/measured_runs.csv``)
 DATA_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured_runs.csv"
+
+#: rows files kept in the repository beside the read-only CSV (same columns, plus
+#: :data:`MOE_COLUMNS` and ``ep``; row ids above 1000 so they never collide with the CSV's)
+EXTRA_CSVS: tuple[Path, ...] = (Path(__file__).resolve().parent / "data" / "measured_runs_moe.csv",)
 
 #: catalog cluster for the torchtitan rows (``clusters/catalog/grand-teton-h100-96g.yaml``)
 GRAND_TETON = "grand-teton-h100-96g"
@@ -132,9 +143,11 @@ class RunSpec:
 
     @property
     def layout(self) -> str:
-        """One-line layout summary, e.g. ``dp32 tp1 pp1 mbs16 gbs512 zero0 rc=full fp16``."""
+        """One-line layout summary, e.g. ``dp32 tp1 pp1 mbs16 gbs512 zero0 rc=full fp16``
+        (``cp`` and ``ep`` when above 1)."""
         s = self.strategy
         parts = [f"dp{s.dp}", f"tp{s.tp}", f"pp{s.pp}"] + ([f"cp{s.cp}"] if s.cp > 1 else [])
+        parts += [f"ep{s.ep}"] if s.ep > 1 else []
         if s.vpp > 1:
             parts.append(f"vpp{s.vpp}")
         parts += [f"mbs{s.micro_batch_size}", f"gbs{s.global_batch_size}", f"zero{s.zero}"]
@@ -262,6 +275,35 @@ FFN_TYPES: tuple[FfnType, ...] = (
 )
 
 
+def _float_cell(text: str, name: str) -> float:
+    """A cell as a float; RowError naming column ``name`` when it is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        raise RowError(name, f"not a number: {text!r}") from None
+
+
+#: optional columns of the rows files (:data:`EXTRA_CSVS`) -> (``ModelConfig`` field, reader):
+#: the mixture-of-experts fields (``completion.models.config.ModelConfig``: routed experts,
+#: top-k, expert width, load-balancing loss weight) and the attention head size and q/k
+#: norm that a model like Qwen3 needs; an empty or absent cell leaves the field's default
+#: (the CSV's dense rows have none of them)
+MOE_COLUMNS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "num_experts": ("num_experts", _leading_int),
+    "experts_per_token": ("experts_per_token", _leading_int),
+    "moe_ffn_hidden_size": ("moe_ffn_hidden_size", _leading_int),
+    "router_aux_loss_coef": ("router_aux_loss_coef", _float_cell),
+    "kv_channels": ("kv_channels", _leading_int),
+    "qk_norm": ("qk_norm", lambda text, name: text),
+}
+
+
+def _moe_fields(row: Row) -> dict[str, object]:
+    """The ModelConfig fields the row's :data:`MOE_COLUMNS` cells set (empty for a CSV row)."""
+    return {fld: read(_cell(row, col), col) for col, (fld, read) in MOE_COLUMNS.items()
+            if _cell(row, col)}
+
+
 def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
     """(ModelConfig, seq_len) of a row; family, activation and norm from ffn_type
     (:data:`FFN_TYPES`)."""
@@ -313,7 +355,7 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
                           num_heads=_int(row, "n_heads"), num_kv_heads=kv,
                           ffn_hidden_size=_int(row, "ffn_hidden_size"), vocab_size=vocab,
                           seq_len=seq, tie_word_embeddings=tied,
-                          activation=ffn.activation, norm=ffn.norm)
+                          activation=ffn.activation, norm=ffn.norm, **_moe_fields(row))
     except ModelConfigError as e:
         raise RowError("model", str(e)) from None
     return cfg, seq
@@ -392,12 +434,16 @@ def _recompute(text: str) -> str:
 
 #: FP8 ``precision`` cells (lower case; first match wins) -> (the FP8 recipe of
 #: ``completion.strategy.FP8_RECIPES``, a note when the cell leaves the recipe implicit):
-#: NeMo's "FP8 hybrid (Transformer Engine, delayed scaling)"; Composer's ``amp_fp8``
+#: Megatron-Bridge's "FP8-CS" (Transformer Engine current scaling; no recipe of its own here,
+#: see the note); NeMo's "FP8 hybrid (Transformer Engine, delayed scaling)"; Composer's ``amp_fp8``
 #: (composer 0.2x ``core/precision.py``: ``te.fp8_autocast`` with a ``DelayedScaling``
 #: recipe, hybrid format); torchtitan's torchao Float8 (dynamic tensorwise scaling, the
 #: default ``Float8LinearConfig`` of torchao in December 2024, and the only recipe
 #: torchtitan 9dec370 ``float8.py`` configured)
 FP8_PRECISIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("current scaling", "te-delayed", "approximation: Transformer Engine FP8 current scaling "
+     "(Float8CurrentScaling, per-tensor scale from this step's amax) modelled as delayed "
+     "scaling (te-delayed): the extra amax pass over each cast tensor is not costed"),
     ("transformer engine", "te-delayed", None),
     ("amp_fp8", "te-delayed", "amp_fp8: Composer runs Transformer Engine fp8_autocast with "
      "DelayedScaling (te-delayed)"),
@@ -414,7 +460,9 @@ def _precision(text: str, notes: _Notes) -> tuple[str, str | None]:
     if "fp8" in t:
         for needle, recipe, note in FP8_PRECISIONS:
             if needle in t:
-                if note:
+                if note and note.startswith("approximation: "):
+                    notes.approximations.append(note.removeprefix("approximation: "))
+                elif note:
                     notes.assumptions.append(note)
                 return "bfloat16", recipe
         raise RowError("precision", f"FP8 recipe not recognised in {text!r}")
@@ -464,10 +512,11 @@ def _cp_comm(cp: int, framework: str, notes: _Notes) -> str:
 
 
 def _strategy(row: Row, notes: _Notes) -> Strategy:
-    """The Strategy of a row: layout, schedule (VPP when vpp > 1), batches, recompute,
-    ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
+    """The Strategy of a row: layout (``ep`` where a rows file gives it), schedule (VPP
+    when vpp > 1), batches, recompute, ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
     dp, tp, pp = _int(row, "dp"), _int(row, "tp"), _int(row, "pp")
     cp = _int(row, "cp") if _cell(row, "cp") else 1
+    ep = _int(row, "ep") if _cell(row, "ep") else 1  # rows files only (Strategy.ep)
     vpp_text = _cell(row, "vpp") or "1"
     if _not_stated(vpp_text):
         raise RowError("vpp", f"interleaving degree {vpp_text!r}")
@@ -497,6 +546,12 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         else:
             notes.approximations.append(
                 f"FSDP shard group {n} is no proper divisor of dp {dp}: modelled as ZeRO-3 over dp")
+    if ep > 1 and zero == 1:  # Strategy refuses ZeRO with ep > 1 (expert-data-parallel sharding)
+        zero = 0
+        notes.approximations.append(
+            "distributed optimizer (ZeRO-1) with ep > 1 modelled as zero 0: the same gradient "
+            "bytes on the ring (reduce-scatter + all-gather = all-reduce); the dense part's "
+            "optimizer states counted unsharded (expert ones have no dp replica: dp / ep = 1)")
     other = _cell(row, "other_opts").lower()
     if "torch.compile" in other and "torch.compile=no" not in other:
         notes.approximations.append("torch.compile: fused as the fsdp2 profile says (elementwise "
@@ -518,7 +573,7 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
     dtype, fp8 = _precision(precision, notes)
     try:
-        return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=_cp_comm(cp, framework, notes),
+        return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, cp_comm=_cp_comm(cp, framework, notes),
                         vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
@@ -621,6 +676,21 @@ def parse_all(path: str | Path | None = None) -> list[RunSpec | Refused]:
     return [parse_row(r) for r in load_rows(path)]
 
 
-__all__ = ["DATA_CSV", "FFN_TYPES", "FP8_PRECISIONS", "GRAND_TETON", "UNSUPPORTED", "FfnType", "Refused", "RowError",
-           "RunSpec", "Unsupported", "load_rows", "parse_all", "parse_row", "read_peak_memory",
+def parse_measured(extra: tuple[str | Path, ...] | None = None) -> list[RunSpec | Refused]:
+    """:func:`parse_all` of the CSV, then every row of the rows files ``extra`` (default
+    :data:`EXTRA_CSVS`), in file order. Raises FileNotFoundError naming a missing file, and
+    ExperimentError naming a row id that two files share."""
+    out = parse_all()
+    for path in EXTRA_CSVS if extra is None else extra:
+        out += parse_all(path)
+    seen: set[int] = set()
+    for p in out:
+        if p.row_id in seen and p.row_id != -1:
+            raise ExperimentError(f"measured runs: row_id {p.row_id} appears twice")
+        seen.add(p.row_id)
+    return out
+
+
+__all__ = ["DATA_CSV", "EXTRA_CSVS", "MOE_COLUMNS", "FFN_TYPES", "FP8_PRECISIONS", "GRAND_TETON", "UNSUPPORTED", "FfnType", "Refused", "RowError",
+           "RunSpec", "Unsupported", "load_rows", "parse_all", "parse_measured", "parse_row", "read_peak_memory",
            "read_vocab"]

@@ -1,6 +1,9 @@
 """``measured_runs``: predicted vs measured step time (and peak memory) of the published
 training runs in ``shared/data/measured_runs.csv`` -- the feedback loop of the cost model.
 
+Rows measured after the CSV was frozen (``experiments.measured_rows.EXTRA_CSVS``: the
+mixture-of-experts rows of ``experiments/data/measured_runs_moe.csv``, Megatron-Bridge's
+Qwen3-30B-A3B on DGX-H100) are read beside it and form their own source in the tables.
 Every row is parsed by :func:`experiments.measured_rows.parse_row` into a model
 (``ModelConfig``), a catalog cluster and node count, and a ``Strategy`` that carries the
 row's own layout, framework profile (``megatron-2021``, ``megatron-core``, ``fsdp2``,
@@ -59,8 +62,8 @@ if __name__ == "__main__":
 
 NAME = "measured_runs"
 TITLE = "Measured training runs: predicted vs measured step time"
-#: quick mode (CI): 1-2 rows per source, small and fast to cost
-QUICK_ROWS = (15, 368, 60, 130, 296)
+#: quick mode (CI): 1-2 rows per source, small and fast to cost (1001: the MoE rows file)
+QUICK_ROWS = (15, 368, 60, 130, 296, 1001)
 #: the band drawn around y = x, and counted in the notes
 BAND = 0.15
 GIB = 2**30
@@ -277,11 +280,13 @@ def _source_line(rec: pd.Series) -> str:
 
 @register_experiment(NAME, TITLE)
 def run(quick: bool, out_dir: Path) -> ExperimentResult:
-    """Parse every row, predict the expressible ones (quick: :data:`QUICK_ROWS`), write the
+    """Parse every row (the CSV and the repository's rows files,
+    ``experiments.measured_rows.parse_measured``), predict the expressible ones (quick:
+    :data:`QUICK_ROWS`), write the
     per-source table, the plot and the not-expressible list into ``out_dir``."""
     rows_mod = require(NAME, "experiments.measured_rows")
     try:
-        parsed = rows_mod.parse_all()
+        parsed = rows_mod.parse_measured()
     except FileNotFoundError as e:
         raise ExperimentError(f"experiment {NAME!r}: {e}") from None
     specs = [p for p in parsed if p.expressible]
@@ -325,7 +330,9 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
     notes.append(_fits_text())
     desc = (
         f"{'Quick mode: rows ' + ', '.join(map(str, QUICK_ROWS)) + ' only. ' if quick else ''}"
-        "Rows of `shared/data/measured_runs.csv` (see shared/reference/measured_runs.md), "
+        "Rows of `shared/data/measured_runs.csv` (see shared/reference/measured_runs.md) and "
+        "of the repository's rows files (`experiments/data/measured_runs_moe.csv`: MoE runs, "
+        "each row with its source URL and locator), "
         "parsed by `experiments.measured_rows.parse_row` into a `ModelConfig`, a catalog "
         "cluster with the row's node count and a `Strategy` with the row's layout, framework "
         "profile and attention kernel; predicted by `Engine(model, cluster, strategy, "
