@@ -123,6 +123,10 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+#: exit code of an interrupted command (typer: KeyboardInterrupt -> Exit(130), 128 + SIGINT)
+INTERRUPTED = 130
+
+
 def _click_exceptions():
     """click's exceptions module: typer >= 0.2x vendors click as ``typer._click``."""
     try:
@@ -170,6 +174,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     try:
         # standalone_mode=False: click returns a command's typer.Exit code instead of exiting
         rc = app(args=argv, prog_name=prog_name, standalone_mode=False)
+        if rc == INTERRUPTED:  # typer's code for Ctrl-C (KeyboardInterrupt)
+            typer.echo("interrupted: a tune with --output or --storage keeps every finished "
+                       "trial; run the same command again to resume", err=True)
         if isinstance(rc, int) and not isinstance(rc, bool) and rc:
             return rc
     except typer.Exit as e:

@@ -254,3 +254,28 @@ def test_a_typed_vpp_of_one_with_vpp_is_refused(capsys, flag):
     line = one_line_error(*run_main(capsys, *BASE, "--pp", "2", "--global-batch", "16", "--schedule", "VPP",
                                            flag, "1"))
     assert f"{flag} 1 with --schedule VPP" in line and "1F1B" in line
+
+
+@pytest.mark.parametrize("args, first, second", [
+    (["--tp", "2", "--tensor-model-parallel-size", "1"], "--tp 2", "--tensor-model-parallel-size 1"),
+    (["--global-batch-size", "16"], "--global-batch 8", "--global-batch-size 16"),
+    (["--layers", "4", "--num-layers=8"], "--layers 4", "--num-layers 8"),
+])
+def test_one_setting_typed_twice_with_different_values_is_refused(capsys, args, first, second):
+    """click keeps the last of two aliases silently (``--tp 2 --tensor-model-parallel-size
+    1`` ran tp = 1); now both flags are named and nothing runs. The same value twice is
+    accepted."""
+    rc, out, err = run_main(capsys, *BASE, "--global-batch", "8", *args)
+    assert rc == 2 and f"{first} and {second} set the same thing" in err and not out
+    assert opt.conflicting_flags(["--tp", "2", "--mp", "2", "--pp=4", "--pp", "4"]) is None
+
+
+def test_an_interrupted_command_says_how_to_resume(capsys, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) exits 130, as typer maps it, with one line saying that a
+    stored search resumes; it used to exit silently."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(meshplan.engine, "Engine", interrupted)
+    rc, out, err = run_main(capsys, *BASE, "--global-batch", "8")
+    assert rc == 130 and err.startswith("interrupted:") and "resume" in err and not out

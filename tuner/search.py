@@ -38,7 +38,10 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    run_worker(study_name, storage, n_trials, timeout, study_dir)
+    try:
+        run_worker(study_name, storage, n_trials, timeout, study_dir)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the lead reports it
+        raise SystemExit(130) from None
 
 
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,

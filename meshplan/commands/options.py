@@ -212,9 +212,42 @@ class StrategyCommand(TyperCommand):
     invalid strategy names the flag the user typed (:func:`flag_error`)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        """Record ``args`` in ``ctx.meta``, then parse them as typer does."""
+        """Record ``args`` in ``ctx.meta``, refuse one setting typed twice with different
+        values (:func:`conflicting_flags`), then parse them as typer does."""
         ctx.meta[ARGS_KEY] = tuple(args)
+        clash = conflicting_flags(args)
+        if clash:
+            from meshplan.cli import _click_exceptions
+
+            raise _click_exceptions().UsageError(clash, ctx)
         return super().parse_args(ctx, args)
+
+
+#: every flag of :data:`FLAGS` and :data:`SIZE_FLAGS` -> its field
+_FIELD_OF = {f: name for table in (FLAGS, SIZE_FLAGS) for name, flags in table.items() for f in flags}
+
+
+def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
+    """The message for a setting given twice with different values (``--tp 2
+    --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
+    flags as typed; None when every setting is given once or consistently."""
+    seen: dict[str, tuple[str, str]] = {}
+    for i, tok in enumerate(args):
+        if tok == "--":
+            break
+        flag, eq, val = tok.partition("=")
+        field = _FIELD_OF.get(flag)
+        if field is None:
+            continue
+        if not eq:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            val = "" if nxt.startswith("-") and not nxt[1:2].isdigit() else nxt
+        if field in seen and seen[field][1] != val:
+            f0, v0 = seen[field]
+            return (f"{f0} {v0} and {flag} {val} set the same thing ({field.replace('_', ' ')}); "
+                    f"give one of them")
+        seen.setdefault(field, (flag, val))
+    return None
 
 
 def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("inf"),
