@@ -364,9 +364,11 @@ def _one_line(err: ValidationError, source: str) -> str:
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown field {field!r}"
     msg = first["msg"].replace("\n", " ").removeprefix("Value error, ")
-    if not first["loc"]:  # a whole-spec check: the input is the whole mapping, not shown
-        return f"{source}: {msg.removeprefix('Value error, ')}"
-    return f"{source}: field {field!r}: {msg} (got {first.get('input')!r})"
+    got = first.get("input")
+    if not first["loc"] or isinstance(got, dict | list):  # a check of a whole section:
+        where = f"field {field!r}: " if first["loc"] else ""  # its input is not shown
+        return f"{source}: {where}{msg.removeprefix('Value error, ')}"
+    return f"{source}: field {field!r}: {msg} (got {got!r})"
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:

@@ -87,7 +87,7 @@ def check_plan(plan: Any, nproc: int) -> None:
     need = s.world_size
     if need != nproc:
         cp = f"*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp}" if s.cp > 1 else f" = {s.dp}*{s.tp}*{s.pp}"
-        raise PlanMismatchError(f"plan needs dp*mp*pp{cp} = {need} ranks but nproc is {nproc}")
+        raise PlanMismatchError(f"plan needs dp*tp*pp{cp} = {need} ranks but --nproc is {nproc}")
 
 
 class PlanScheduleError(PlanMismatchError, ActionOrderError):

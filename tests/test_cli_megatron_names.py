@@ -135,7 +135,7 @@ def test_megatron_spelling_costs_the_same(capsys):
         assert rc == 0, err
         out.append(json.loads(text))
     assert out[0] == out[1]
-    assert out[0]["layout"] == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "vpp": 2, "schedule": "VPP",
+    assert out[0]["layout"] == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "vpp": 2, "schedule": "VPP",
                                 "micro_batch_size": 2, "global_batch_size": 16,
                                 "recompute": "full", "zero": 1, "sequence_parallel": False}
     rc, text, _ = run_main(capsys, *BASE, *MEGATRON)

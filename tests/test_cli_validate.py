@@ -25,7 +25,7 @@ def _plan(tmp_path, **kw):
 def test_validate_refuses_a_world_size_mismatch(tmp_path, capsys):
     plan = _plan(tmp_path, dp=2, micro_batch_size=2, global_batch_size=4)
     assert main(["validate", plan, "--nproc", "3", "--csv", str(tmp_path / "v.csv")]) == 2
-    assert "needs dp*mp*pp = 2*1*1 = 2 ranks but nproc is 3" in capsys.readouterr().err
+    assert "needs dp*tp*pp = 2*1*1 = 2 ranks but --nproc is 3" in capsys.readouterr().err
 
 
 @pytest.mark.distributed

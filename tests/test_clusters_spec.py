@@ -304,3 +304,21 @@ def test_a_peak_rate_typed_in_tflops_is_refused(tmp_path):
     p.write_text(yaml.safe_dump(doc))
     with pytest.raises(Exception, match=r"device\.peak_flops\.bf16\.value.*FLOP/s"):
         load_cluster(str(p))
+
+
+def test_a_section_check_does_not_print_the_whole_section(tmp_path):
+    """A check across a section's fields (the driver reserve above the memory) names the
+    section and the two values; it used to append the whole device mapping (~3 KB)."""
+    import yaml
+
+    from clusters import load_cluster
+
+    doc = yaml.safe_load((Path(clusters.__file__).parent / "catalog" / "dgx-h100.yaml").read_text())
+    doc["device"]["memory_bytes"]["value"] = 8e7
+    p = tmp_path / "small.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception) as e:
+        load_cluster(str(p))
+    msg = str(e.value)
+    assert "field 'device'" in msg and "memory_reserved_bytes" in msg and "{" not in msg
+    assert len(msg) < 300

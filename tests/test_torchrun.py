@@ -206,7 +206,7 @@ def test_a_bad_plan_under_torchrun_is_one_error_and_exit_2(tmp_path):
                           capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert proc.returncode != 0
     errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
-    assert errors == ["error: plan needs dp*mp*pp = 2*1*1 = 2 ranks but WORLD_SIZE is 1"], errors
+    assert errors == ["error: plan needs dp*tp*pp = 2*1*1 = 2 ranks but WORLD_SIZE is 1"], errors
 
 
 @pytest.mark.distributed

@@ -67,7 +67,7 @@ def software(engine: object) -> dict[str, object]:
 #: time-breakdown key -> what its line means (the critical rank's step, seconds)
 TIME_TERMS = {
     "compute": "kernels of its stages (forward, backward, recompute)",
-    "tp_comm": "collectives inside its stages (TP, CP, ZeRO-3 gathers and reduces), all issued",
+    "tp_comm": "collectives inside its stages (TP, CP, EP all_to_all, ZeRO-3 gathers and reduces), all issued",
     "overlapped": "of tp_comm, the part that ran beside compute (not on the critical path)",
     "pp_comm": "sends and receives between pipeline stages (synchronous sends: busy time; "
                "asynchronous: a delay inside the bubble)",
@@ -78,7 +78,7 @@ TIME_TERMS = {
 
 
 #: the layout fields ``cost`` reports, in Megatron's short names (``layout`` in --json)
-LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "vpp", "schedule", "micro_batch_size",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "vpp", "schedule", "micro_batch_size",
                  "global_batch_size", "recompute", "zero", "sequence_parallel")
 
 
@@ -89,8 +89,10 @@ def layout(strategy: object) -> dict[str, object]:
 
 
 def layout_line(lay: dict[str, object]) -> str:
-    """``plan: dp=4 tp=4 pp=2 cp=1 vpp=2 VPP, mbs 1, gbs 64, recompute full, zero 1, sp off``."""
-    return (f"plan: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} vpp={lay['vpp']} "
+    """``plan: dp=4 tp=4 pp=2 cp=1 vpp=2 VPP, mbs 1, gbs 64, recompute full, zero 1, sp off``
+    (``ep=N`` after cp when expert parallelism is on)."""
+    ep = f"ep={lay['ep']} " if lay.get("ep", 1) != 1 else ""
+    return (f"plan: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} {ep}vpp={lay['vpp']} "
             f"{lay['schedule']}, mbs {lay['micro_batch_size']}, gbs {lay['global_batch_size']}, "
             f"recompute {lay['recompute']}, zero {lay['zero']}, "
             f"sp {'on' if lay['sequence_parallel'] else 'off'}")

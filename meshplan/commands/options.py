@@ -228,9 +228,10 @@ _FIELD_OF = {f: name for table in (FLAGS, SIZE_FLAGS) for name, flags in table.i
 
 
 def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
-    """The message for a setting given twice with different values (``--tp 2
-    --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
-    flags as typed; None when every setting is given once or consistently."""
+    """The message for a setting given by two of its aliases with different values (``--tp
+    2 --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
+    flags as typed; None when every setting is given once or consistently. One flag typed
+    twice keeps the last value, as click and argparse do (an override)."""
     seen: dict[str, tuple[str, str]] = {}
     for i, tok in enumerate(args):
         if tok == "--":
@@ -242,7 +243,7 @@ def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
         if not eq:
             nxt = args[i + 1] if i + 1 < len(args) else ""
             val = "" if nxt.startswith("-") and not nxt[1:2].isdigit() else nxt
-        if field in seen and seen[field][1] != val:
+        if field in seen and seen[field][1] != val and seen[field][0] != flag:
             f0, v0 = seen[field]
             return (f"{f0} {v0} and {flag} {val} set the same thing ({field.replace('_', ' ')}); "
                     f"give one of them")
@@ -344,9 +345,10 @@ def value(choice: Any) -> Any:
 
 def build_strategy(ctx: Any, **knobs: Any) -> Any:
     """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. An
-    interleaved schedule (``completion.strategy.INTERLEAVED``: VPP, ZBVPP) without a typed
-    ``--vpp`` runs 2 model chunks per rank (``compare`` does the same); a typed ``--vpp 1``
-    with one is refused, since one chunk per rank is plain 1F1B. Raises StrategyError
+    interleaved schedule (``completion.strategy.INTERLEAVED``: VPP, ZBVPP) on pp > 1 without
+    a typed ``--vpp`` runs 2 model chunks per rank (``compare`` does the same); a typed
+    ``--vpp 1`` with one is refused, since one chunk per rank is plain 1F1B (pp = 1 has no
+    pipeline to interleave: vpp stays as given). Raises StrategyError
     naming the flag the user typed (:func:`flag_error`)."""
     from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
     from meshplan.strategy import Strategy, StrategyError
@@ -354,7 +356,7 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
     sched = SCHEDULE_ALIASES.get(sched.lower(), sched) if isinstance(sched, str) else sched
-    if sched in INTERLEAVED and knobs.get("vpp") == 1:
+    if sched in INTERLEAVED and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
         typed = given_flags(ctx, "vpp")
         if typed:
             raise StrategyError(f"{typed[0]} 1 with --schedule {sched} runs one model chunk per "

@@ -92,7 +92,7 @@ def prepare(a: argparse.Namespace, world: int) -> tuple:
         return "ok", run, plan_rows(run, sched), pred
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        return "error", " ".join(str(msg).split()).replace("nproc is", "WORLD_SIZE is")
+        return "error", " ".join(str(msg).split()).replace("--nproc is", "WORLD_SIZE is")
 
 
 def broken_collective(e: BaseException) -> bool:
