@@ -214,3 +214,26 @@ def test_a_mixed_dense_and_moe_layer_pattern_is_costed_layer_by_layer(tmp_path):
     uniform = Engine(str(tmp_path / "u.json"), "dgx-h100", Strategy(micro_batch_size=1, global_batch_size=1),
                      seq_len=32, num_layers=6)
     assert uniform.step_model().costs.layer_keys == [0, 1, 1, 1, 1, 2]  # first, middle, last stand for all
+
+
+def test_compare_and_export_take_ep(capsys, tmp_path):
+    """``--ep`` on compare (a comma list, an ``ep`` column) and export (Megatron-LM's
+    ``--expert-model-parallel-size``), as on cost (new-user trial: they had no such option)."""
+    import json as _json
+
+    from tests._cli import run_main
+
+    cfg = tmp_path / "tiny-mixtral.json"
+    cfg.write_text(_json.dumps({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64,
+                                "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "intermediate_size": 128, "vocab_size": 256,
+                                "max_position_embeddings": 64, "num_local_experts": 4,
+                                "num_experts_per_tok": 2}))
+    base = ["--model", str(cfg), "--cluster", "dgx-h100", "--dp", "2", "--tp", "2",
+            "--global-batch", "4", "--seq-len", "32"]
+    rc, out, err = run_main(capsys, "compare", *base, "--ep", "1,2", "--json")
+    assert rc == 0, err
+    assert [p["ep"] for p in _json.loads(out)] == [1, 2]
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--ep", "2")
+    assert rc == 0, err
+    assert "--expert-model-parallel-size 2" in out

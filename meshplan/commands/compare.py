@@ -55,7 +55,7 @@ def _choices(flag: str, enum: type[Enum]) -> Any:
 #: Strategy field -> parser of one list item (``FLAGS[field][0]`` names it in errors)
 PARSERS = {
     "dp": _ints("--dp", 1), "tp": _ints("--tp", 1), "pp": _ints("--pp", 1),
-    "cp": _ints("--cp", 1), "vpp": _ints("--vpp", 1),
+    "cp": _ints("--cp", 1), "ep": _ints("--ep", 1), "vpp": _ints("--vpp", 1),
     "micro_batch_size": _ints("--micro-batch-size", 1),
     "global_batch_size": _ints("--global-batch", 1), "zero": _ints("--zero", 0),
     "schedule": _choices("--schedule", opt.Schedule), "recompute": _choices("--recompute", opt.Recompute),
@@ -64,7 +64,7 @@ PARSERS = {
     "attention": _choices("--attention", opt.Attention),
 }
 #: column heads of the knobs in the table
-HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "micro_batch_size": "mbs",
+HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "mbs",
          "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
          "recompute": "recompute", "cp_comm": "cp comm", "dtype": "dtype",
          "framework": "framework", "attention": "attention"}
@@ -162,6 +162,7 @@ def compare_cmd(
     pp: str = _list_option("pp", "1", "Pipeline stages"),
     cp: str = _list_option("cp", "1", "Context-parallel degree"),
     cp_comm: str = _list_option("cp_comm", "p2p", "Context-parallel K/V exchange: p2p or all_gather"),
+    ep: str = _list_option("ep", "1", "Expert-parallel degree (MoE models; 1 or dp)"),
     vpp: str | None = _list_option("vpp", None, "Model chunks per pipeline rank (default: 2 "
                                    "for VPP and ZBVPP, else 1)"),
     schedule: str = _list_option("schedule", "1F1B", "Pipeline schedule (names as for cost)"),
@@ -187,7 +188,7 @@ def compare_cmd(
 
     if global_batch is None:
         raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
-    raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp,
+    raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
            "dtype": dtype, "framework": framework, "attention": attention}

@@ -75,6 +75,7 @@ def export_cmd(
     pp: int = opt.PP,
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
+    ep: int = opt.EP,
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
@@ -107,7 +108,7 @@ def export_cmd(
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
                                 "strategy options")
-        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp,
+        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
                  "schedule": schedule, "micro_batch_size": micro_batch_size,
                  "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
                  "sequence_parallel": sequence_parallel, "dtype": dtype,
