@@ -158,9 +158,9 @@ SCHEDULE = typer.Option(
          f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
 MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
 GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
-SEQ_LEN = typer.Option(None, *SIZE_FLAGS["seq_len"], max=MAX_SEQ_LEN,
+SEQ_LEN = typer.Option(None, *SIZE_FLAGS["seq_len"], min=1, max=MAX_SEQ_LEN,
                        help="Tokens per sequence (default: the model's).")
-LAYERS = typer.Option(None, *SIZE_FLAGS["num_layers"], max=MAX_LAYERS,
+LAYERS = typer.Option(None, *SIZE_FLAGS["num_layers"], min=1, max=MAX_LAYERS,
                       help="Override the layer count.")
 RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
                          help="Activation recompute.")
