@@ -144,7 +144,7 @@ def test_exhaustive_equals_brute_force(tiny):
     res = search(_cfg(space, kinds), "ex", storage="memory")
     rep = res.exhaustive
     assert rep.proven and rep.space_size == len(cands)
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == len(cands)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(cands)
     assert rep.best_time_s == optimum
     _, rec = TuneResult(res.study, 32).best()
     assert rec["time_s"] == optimum
@@ -192,7 +192,7 @@ def test_exhaustive_equals_brute_force_on_random_spaces(pp, schedules, mbs, reco
     feasible = [s.time_s for s in brute if s.feasible]
     study, _ = open_study(_cfg(space, kinds), "rnd", None, None)
     rep = run_exhaustive(study, cands, scorer, {})
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == len(cands)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(cands)
     assert rep.best_time_s == (min(feasible) if feasible else None)
 
 
