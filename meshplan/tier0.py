@@ -11,8 +11,12 @@ Memory: the peak of a rank is its model states plus non-negative terms
 (``simulator.step_memory.rank_memory``), and every state model of
 ``simulator.model_states`` is non-decreasing in the rank's parameter elements P with its
 buffer terms >= 0. Tensor rank 0 holds at least ``1 / tp`` of each parameter (the shards
-cover it; the first is the largest), so the pipeline ranks of tensor rank 0 hold at least
-``P_total / tp`` together and the fullest at least ``P_total / (tp * pp)``. The bound is
+cover it; the first is the largest) -- and all of each parameter its annotation places
+``Replicate()`` on the tensor mesh dim (a pattern candidate's ``replicated`` templates,
+``tuner.patterns.apply_templates``; completion keeps a user's placement) -- so the
+pipeline ranks of tensor rank 0 hold at least ``P_rank0 = sum over parameters of
+(elements if replicated else elements / tp)`` together and the fullest at least
+``P_rank0 / pp``. The bound is
 the state model of the framework profile at that P, sharded over ``N`` = the ZeRO shard
 degree of the folded strategy (``dp * cp``, or ``fsdp_shard_size * cp``), with every buffer
 term (largest tensor, FSDP root and blocks) at 0.
@@ -25,6 +29,7 @@ from typing import Any
 
 from clusters import load_cluster
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
+from completion.models import get_model_config
 from completion.models.source import resolve_model
 from completion.plan_program import build_plan_program
 from completion.strategy import Strategy
@@ -58,6 +63,8 @@ class Tier0Bound:
         self.rf, self.profile, self.attention = e.roofline, e.profile, e.strategy.attention
         sm = e.step_model()
         self.params, self.step_cfg = sm.rank_params([0]), sm.cfg  # every parameter, once
+        self.layers = self.num_layers or get_model_config(self.model).num_layers
+        self._rank_params: dict[tuple[int, tuple], int] = {}
         self._works: dict[tuple[int, int], tuple[list[BlockWork], BlockWork | None, BlockWork | None]] = {}
 
     def works(self, mbs: int, cp: int) -> tuple[list[BlockWork], BlockWork | None, BlockWork | None]:
@@ -83,12 +90,43 @@ class Tier0Bound:
                                num_microbatches=c.num_microbatches(self.gb), recompute=c.recompute,
                                fused_backward=fused_backward(c.schedule, c.vpp))
 
+    def rank_params(self, c: Candidate) -> int:
+        """A lower bound on the parameter elements tensor rank 0 holds over all its
+        pipeline ranks (module docstring): a template candidate's replicated parameters
+        whole, every other one split ``tp`` ways (a parameter of the one-layer template
+        program named ``...layers.0...`` stands for every layer)."""
+        if c.tp == 1:
+            return self.params
+        if c.annotation != "templates":
+            return self.params // c.tp
+        key = (c.tp, c.templates)
+        if key not in self._rank_params:
+            from meshplan.tuning import template_program
+            from tuner.patterns import apply_templates
+
+            prog, pats = template_program(self.model, self.seq)
+            ann = apply_templates(prog, pats, c.template_dict())
+            whole = shard = 0.0
+            for v in prog.parameters():
+                n = 1
+                for d in v.shape:
+                    n *= d
+                n *= self.layers if ".layers.0." in (v.name or "") else 1
+                pl = ann.get(v.name or "")
+                if pl is not None and len(pl) == 2 and pl[1].startswith("Replicate"):
+                    whole += n
+                else:
+                    shard += n
+            # never above the step model's own count (tied tables, a program of other shape)
+            self._rank_params[key] = int(min(self.params, whole + shard / c.tp))
+        return self._rank_params[key]
+
     def memory_bytes(self, c: Candidate) -> int:
         """The tier-0 memory bound (bytes) of candidate ``c`` (module docstring)."""
         x = self.step_cfg
         n = (c.fsdp_shard_size or c.dp) * c.cp
         states = model_states(self.profile.memory.model_states.value,
-                              StateInputs(params=self.params // (c.tp * c.pp), dp=n, zero=c.zero,
+                              StateInputs(params=self.rank_params(c) // c.pp, dp=n, zero=c.zero,
                                           param_bytes=x.param_bytes, grad_bytes=x.grad_bytes,
                                           optimizer_bytes=x.optimizer_bytes))
         return int(states.total)

@@ -159,3 +159,21 @@ def test_prove_tiered_refuses_nan_and_stops_at_a_deadline():
         prove_tiered([math.nan], [0.0], [1.0], lambda i: (0, 0, 1), lambda i: None)
     rep = prove_tiered([1.0], [0.0], [1.0], lambda i: (1, 0, 1), lambda i: (1, 0, 1), deadline=0.0)
     assert not rep.proven and rep.open_bound_s == 1.0
+
+
+def test_rank_params_by_hand(spaces):
+    """llama2-7b with 4 layers (h 4096, ffn 11008, vocab 32000, untied head): 2 x 131,072,000
+    embedding + head, 4096 final norm, per layer 4 x 4096^2 attention + 3 x 4096 x 11008 MLP
+    + 2 x 4096 norms = 1,071,681,536 elements. tp = 2 with the MLP and norms replicated:
+    4 x 135,266,304 + 4 x 8192 + 4096 whole, the other 530,579,456 halved."""
+    cands, _, t0 = spaces["megatron-a100"]
+    assert t0.params == 1_071_681_536
+    mlp_rep = [c for c in cands if c.tp == 2 and c.annotation == "templates"
+               and c.template_dict().get("mlp") == "replicated"
+               and c.template_dict().get("norm") == "replicated"
+               and all(c.template_dict().get(k) != "replicated" for k in ("attention", "embedding", "lm_head"))]
+    assert mlp_rep
+    whole = 4 * 135_266_304 + 4 * 8192 + 4096
+    assert t0.rank_params(mlp_rep[0]) == whole + (1_071_681_536 - whole) // 2
+    one = next(c for c in cands if c.tp == 1)
+    assert t0.rank_params(one) == 1_071_681_536

@@ -19,9 +19,10 @@ runs a best-first search over both:
 Why the answer is the optimum: every entry's key is a lower bound on its candidate's
 simulated time (both bounds are, so is their max), and a candidate leaves the heap only
 when simulated, pruned by a memory bound (it cannot fit), or when its key is at least a
-feasible time found -- so no pruned candidate is faster than the best found. The first
-candidates simulated are those of smallest tight bound among the smallest cheap bounds:
-the best cheap candidates' layouts are costed first and give the incumbent that prunes.
+feasible time found -- so no pruned candidate is faster than the best found. Until a
+feasible plan is known, a candidate is simulated as soon as it is tight-bounded (a dive:
+the best cheap candidates give the first incumbent, which then prunes, and a search
+stopped by its timeout has a plan to report); after that, in key order.
 The counts ``simulated + pruned_memory + pruned_time + pruned_cheap`` add up to the space.
 """
 
@@ -84,9 +85,11 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
                 raise TunerError(f"the tight lower bound of candidate {i} is NaN")
             if m > c:
                 rep.pruned_memory += 1
-            else:
+                continue
+            if math.isfinite(best) or (incumbent is not None and math.isfinite(incumbent())):
                 heapq.heappush(heap, (max(key, t), 1, i))
-            continue
+                continue
+            # no feasible plan known yet: simulate it now (a dive) for a first incumbent
         rec = evaluate(i)
         rep.simulated += 1
         if rec is None:
