@@ -177,3 +177,32 @@ def test_rank_params_by_hand(spaces):
     assert t0.rank_params(mlp_rep[0]) == whole + (1_071_681_536 - whole) // 2
     one = next(c for c in cands if c.tp == 1)
     assert t0.rank_params(one) == 1_071_681_536
+
+
+
+def test_prove_tiered_dives_and_reports_the_best_when_stopped():
+    """No feasible plan known: the first tight-bounded candidate is simulated at once (a
+    dive) before any other is tight-bounded; a search stopped right after reports it."""
+    import time as _time
+
+    calls = []
+    tights = {0: (1.5, 0, 1), 1: (6.0, 0, 1)}
+
+    def tight(i):
+        calls.append(("tight", i))
+        return tights[i]
+
+    def evaluate(i):
+        calls.append(("sim", i))
+        return (5.0, 0, 1)
+
+    rep = prove_tiered([1.0, 1.2], [0.0, 0.0], [1.0, 1.0], tight, evaluate)
+    assert calls == [("tight", 0), ("sim", 0), ("tight", 1)]
+    assert (rep.simulated, rep.pruned_time, rep.best_index, rep.best_time_s) == (1, 1, 0, 5.0)
+
+    def slow(i):
+        _time.sleep(0.05)
+        return (5.0, 0, 1)
+
+    rep = prove_tiered([1.0, 1.2], [0.0, 0.0], [1.0, 1.0], tight, slow, deadline=_time.monotonic() + 0.01)
+    assert not rep.proven and rep.best_time_s == 5.0 and rep.open_bound_s == 1.2

@@ -164,6 +164,7 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
         if deadline is not None and time.monotonic() > deadline:
             rep.open_bound_s = float(t_lb[i])
             rep.pruned_time = 0
+            rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         rec = evaluate(int(i))
         rep.simulated += 1
