@@ -204,5 +204,8 @@ def test_prove_tiered_dives_and_reports_the_best_when_stopped():
         _time.sleep(0.05)
         return (5.0, 0, 1)
 
-    rep = prove_tiered([1.0, 1.2], [0.0, 0.0], [1.0, 1.0], tight, slow, deadline=_time.monotonic() + 0.01)
+    # a third candidate over the memory limit by its cheap bound stays pruned when stopped
+    rep = prove_tiered([1.0, 1.2, 0.0], [0.0, 0.0, 2.0], [1.0] * 3, tight, slow,
+                       deadline=_time.monotonic() + 0.01)
     assert not rep.proven and rep.best_time_s == 5.0 and rep.open_bound_s == 1.2
+    assert (rep.simulated, rep.pruned_cheap, rep.pruned_time) == (1, 1, 0)

@@ -76,7 +76,7 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             break
         if deadline is not None and time.monotonic() > deadline:
             rep.open_bound_s = key
-            rep.pruned_cheap = rep.pruned_time = 0
+            rep.pruned_cheap, rep.pruned_time = int((~fits).sum()), 0  # memory prunes stand
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         heapq.heappop(heap)
