@@ -65,18 +65,19 @@ class Tier0Bound:
         self.params, self.step_cfg = sm.rank_params([0]), sm.cfg  # every parameter, once
         self.layers = self.num_layers or get_model_config(self.model).num_layers
         self._rank_params: dict[tuple[int, tuple], int] = {}
-        self._works: dict[tuple[int, int], tuple[list[BlockWork], BlockWork | None, BlockWork | None]] = {}
+        self._works: dict[tuple[int, int, bool], tuple[list[BlockWork], BlockWork | None, BlockWork | None]] = {}
 
-    def works(self, mbs: int, cp: int) -> tuple[list[BlockWork], BlockWork | None, BlockWork | None]:
-        """(per model layer, pre, post) works of micro-batch ``mbs`` of ``seq_len / cp``
-        tokens (built once per pair)."""
-        key = (mbs, cp)
+    def works(self, mbs: int, cp: int, fp8: bool = False
+              ) -> tuple[list[BlockWork], BlockWork | None, BlockWork | None]:
+        """(per model layer, pre, post) works in seconds of micro-batch ``mbs`` of
+        ``seq_len / cp`` tokens at the peak of an ``fp8`` plan or not (built once per key)."""
+        key = (mbs, cp, fp8)
         if key not in self._works:
             src = resolve_model(self.model, self.seq // cp, None, self.num_layers)
             s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=mbs, global_batch_size=mbs, dtype=self.dtype,
                          framework=self.framework, attention=self.attention)
             prog = build_plan_program(src, s, representative=True, resolve_reshards=False).program
-            w = block_work(prog, self.rf, self.profile)
+            w = block_work(prog, self.rf, self.profile, compute_peak(self.rf, fp8))
             ids = sorted(k for k in w if isinstance(k, int))
             layers = [w[k] for k in layer_roles(ids, src.num_layers)] if ids else []
             self._works[key] = (layers, w.get("pre"), w.get("post"))
@@ -84,9 +85,8 @@ class Tier0Bound:
 
     def time_s(self, c: Candidate) -> float:
         """The tier-0 time bound (s) of candidate ``c``."""
-        layers, pre, post = self.works(c.micro_batch_size, c.cp)
-        peak = compute_peak(self.rf, c.fp8 is not None)
-        return tier0_step_time(layers, pre, post, peak=peak, tp=c.tp, pp=c.pp, vpp=c.vpp,
+        layers, pre, post = self.works(c.micro_batch_size, c.cp, c.fp8 is not None)
+        return tier0_step_time(layers, pre, post, peak=1.0, tp=c.tp, pp=c.pp, vpp=c.vpp,
                                num_microbatches=c.num_microbatches(self.gb), recompute=c.recompute,
                                fused_backward=fused_backward(c.schedule, c.vpp))
 

@@ -22,6 +22,11 @@ with ``P`` the largest peak the plan's kernels can run at (:func:`compute_peak`)
   FLOPs, ``simulator.fusion.FusionPlan.kernel``): ``max(exec_flops / P_dtype, ...) >=
   exec_flops / P``: efficiency 1.
 
+Every kernel's time is also at least its memory term ``bytes / (B * m_k)`` (``B`` the HBM
+bandwidth, ``m_k`` its memory efficiency, at most :func:`max_memory_efficiency`), so
+``t_k >= max(exec_flops_k / (P e_k), bytes_k / (B m_max))``; both terms shrink at most
+``tp``-fold on a shard (bytes of operands and results, like FLOPs, cover the tensor).
+
 :func:`max_efficiency` gives ``e_k`` per kind: so a GEMM or attention kernel is charged
 ``>= exec_flops / (P * e_kind)``; a kernel of a fused group ``>= exec_flops / P``. Each phase time of a block is
 at least the sum of its kernels' times (``BlockCost.times``: in-stage collectives add
@@ -100,8 +105,8 @@ def compute_peak(rf: Roofline, fp8: bool) -> float:
 
 @dataclass
 class BlockWork:
-    """Lower bounds in peak-seconds (seconds times the peak: divide by ``P``) of one block's
-    kernels per micro-batch in the unsharded program: ``phase[F|B|W]`` and ``recompute``
+    """Lower bounds in seconds (at the ``peak`` given to :func:`block_work`; 1.0: in
+    peak-seconds) of one block's kernels per micro-batch in the unsharded program: ``phase[F|B|W]`` and ``recompute``
     (policy -> its forward kernels again; ``full``: the whole forward)."""
 
     phase: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -119,17 +124,27 @@ class BlockWork:
         return self.fbw + self.recompute.get(mode, 0.0)
 
 
-def block_work(program: Any, rf: Roofline, profile: Any = None) -> dict[BlockKey, BlockWork]:
+def max_memory_efficiency(rf: Roofline) -> float:
+    """The largest fraction of the HBM bandwidth any kernel's memory term reaches on ``rf``:
+    of ``mem_efficiency`` (GEMM, attention), ``memory_kernel_efficiency`` and every
+    ``by_op`` value (memory-bound kernels, ``Roofline.memory_time``)."""
+    vals = [rf.mem_efficiency, *([rf.memory_kernel_efficiency] if rf.memory_kernel_efficiency else []),
+            *rf.by_op.values()]
+    return float(max(vals))
+
+
+def block_work(program: Any, rf: Roofline, profile: Any = None, peak: float = 1.0) -> dict[BlockKey, BlockWork]:
     """Per block (``"pre"``, layer index, ``"post"``) of an unsharded one-rank program (rank
     0's local shapes are its global ones), its :class:`BlockWork`: for each kernel the
     roofline charges (the framework's eager kernels, ``StageCoster._kernels``),
-    ``exec_flops / e`` with ``e = max_efficiency(rf, kind)`` for GEMM and attention
+    ``max(exec_flops / (peak * e), bytes / (bandwidth * max_memory_efficiency))`` with ``e = max_efficiency(rf, kind)`` for GEMM and attention
     kernels outside a fused group and 1 for the rest (module docstring)."""
     blocks = assign_blocks(program)
     coster = StageCoster(program, None, rf, rank=0, profile=profile)
     plan = FusionPlan.of(program, profile, blocks)
     rec = {mode: recomputed_ops(program.ops, blocks, mode) for mode in PARTIAL_RECOMPUTE}
     eff_of = {kind: max_efficiency(rf, kind) for kind in COMPUTE_KINDS}
+    bw = rf.mem_bandwidth * max_memory_efficiency(rf)
     out: dict[BlockKey, BlockWork] = {}
     for op in program.ops:
         blk = blocks.get(id(op))
@@ -143,7 +158,7 @@ def block_work(program: Any, rf: Roofline, profile: Any = None) -> dict[BlockKey
             if k.phase not in PHASES:
                 continue
             eff = eff_of[k.kind] if k.kind in COMPUTE_KINDS and k.phase != fused_phase else 1.0
-            ps = k.exec_flops / eff
+            ps = max(k.exec_flops / (eff * peak), k.bytes / bw)
             w.phase[k.phase] += ps
             if k.phase == "F" and fused_phase != "F":
                 for mode, ids in rec.items():
@@ -158,7 +173,8 @@ def tier0_step_time(layers: list[BlockWork], pre: BlockWork | None, post: BlockW
     """Seconds <= the simulated step time of a plan whose unsharded program has the per
     model layer ``layers`` (model order) and ``pre`` / ``post`` works (module docstring's
     inequality), on ``tp`` x ``pp`` (``vpp`` chunks) ranks at ``peak`` FLOP/s, with
-    ``num_microbatches`` micro-batches and ``recompute`` applied to the layers.
+    ``num_microbatches`` micro-batches and ``recompute`` applied to the layers (works in
+    peak-seconds with ``peak`` the FLOP/s, or in seconds with ``peak`` 1).
 
     Raises SimulatorError for a degree or micro-batch count below 1 or fewer layers than
     virtual stages."""

@@ -15,7 +15,13 @@ from meshplan.tier0 import Tier0Bound
 from meshplan.tuning import make_scorer, search_problem, template_kinds
 from simulator.errors import SimulatorError
 from simulator.roofline import Roofline
-from simulator.tier0_bound import BlockWork, compute_peak, max_efficiency, tier0_step_time
+from simulator.tier0_bound import (
+    BlockWork,
+    compute_peak,
+    max_efficiency,
+    max_memory_efficiency,
+    tier0_step_time,
+)
 from tuner.exhaustive_tiered import prove_tiered
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
@@ -77,6 +83,8 @@ def test_efficiencies_and_peaks_by_hand():
     assert max_efficiency(rf, "memory") == 1.0
     assert max_efficiency(_rf(), "attention") == 0.6  # no attention value: gemm's
     assert compute_peak(rf, fp8=False) == 1e15 and compute_peak(rf, fp8=True) == 2e15
+    assert max_memory_efficiency(rf) == 0.9  # mem_efficiency beats by_op's 0.7
+    assert max_memory_efficiency(_rf(memory_kernel_efficiency=0.95)) == 0.95
 
 
 def _work(f, b, w, sel=0.0):
