@@ -31,7 +31,7 @@ CONFIGS = {
                       "seq_len": 4096, "num_layers": 4},
     "fsdp2-h100": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 1, "global_batch_size": 32,
                    "seq_len": 4096, "num_layers": 4, "framework": "fsdp2"},
-    "deepspeed-h100-cp": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 2, "global_batch_size": 64,
+    "deepspeed-h100-cp": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 1, "global_batch_size": 32,
                           "seq_len": 8192, "num_layers": 4, "framework": "deepspeed"},
 }
 
