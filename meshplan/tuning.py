@@ -114,6 +114,24 @@ def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
                 num_layers=config.get("num_layers"))
 
 
+class _LazyTier0:
+    """``meshplan.tier0.Tier0Bound(config)``, built on its first call (a scorer that never
+    runs an exhaustive search never builds it)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config, self.bound = config, None
+
+    def __call__(self, c: Candidate) -> Bound:
+        if self.bound is None:
+            from meshplan.tier0 import Tier0Bound
+
+            try:
+                self.bound = Tier0Bound(self.config)
+            except ValueError:  # the engine refuses the model's one-rank plan: no cheap bound
+                self.bound = lambda _c: Bound(0.0, 0, 1 << 62)
+        return self.bound(c)
+
+
 def make_scorer(config: Mapping[str, Any]):
     """A scorer ``candidate -> Score`` running ``Engine.simulate()``.
 
@@ -146,6 +164,7 @@ def make_scorer(config: Mapping[str, Any]):
         return Bound(t, mem, cap)
 
     score.bound = bound  # what ``--sampler exhaustive`` prunes with (tuner.exhaustive)
+    score.cheap_bound = _LazyTier0(config)  # and first, with no completion (meshplan.tier0)
 
     return score
 

@@ -144,7 +144,7 @@ def test_exhaustive_equals_brute_force(tiny):
     res = search(_cfg(space, kinds), "ex", storage="memory")
     rep = res.exhaustive
     assert rep.proven and rep.space_size == len(cands)
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == len(cands)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(cands)
     assert rep.best_time_s == optimum
     _, rec = TuneResult(res.study, 32).best()
     assert rec["time_s"] == optimum
@@ -192,7 +192,7 @@ def test_exhaustive_equals_brute_force_on_random_spaces(pp, schedules, mbs, reco
     feasible = [s.time_s for s in brute if s.feasible]
     study, _ = open_study(_cfg(space, kinds), "rnd", None, None)
     rep = run_exhaustive(study, cands, scorer, {})
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == len(cands)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(cands)
     assert rep.best_time_s == (min(feasible) if feasible else None)
 
 
@@ -223,7 +223,7 @@ def test_killed_search_resumes_without_simulating_again(piped, tmp_path):
         scored.append(plan_key(c))
         return base(c)
 
-    scorer.bound = base.bound
+    scorer.bound, scorer.cheap_bound = base.bound, base.cheap_bound  # the two-tier search
     study, _ = open_study(_cfg(space, kinds), "resume", journal, None)
     with pytest.raises(_Killed):
         run_exhaustive(study, cands, scorer, history_cache(study))
@@ -235,7 +235,7 @@ def test_killed_search_resumes_without_simulating_again(piped, tmp_path):
         scored.append(plan_key(c))
         return base(c)
 
-    scorer2.bound = base.bound
+    scorer2.bound, scorer2.cheap_bound = base.bound, base.cheap_bound
     study, _ = open_study(_cfg(space, kinds), "resume", journal, None)
     rep = run_exhaustive(study, cands, scorer2, history_cache(study))
     assert not set(first) & set(scored)
@@ -243,7 +243,8 @@ def test_killed_search_resumes_without_simulating_again(piped, tmp_path):
     ref = run_exhaustive(open_study(_cfg(space, kinds), "ref", None, None)[0], cands, base, {})
     assert ref.simulated >= 2  # the kill came before the search was done
     assert rep.best_time_s == ref.best_time_s and rep.simulated == ref.simulated
-    assert (rep.pruned_memory, rep.pruned_time) == (ref.pruned_memory, ref.pruned_time)
+    assert ((rep.pruned_memory, rep.pruned_time, rep.pruned_cheap)
+            == (ref.pruned_memory, ref.pruned_time, ref.pruned_cheap))
 
 
 def test_exhaustive_needs_a_bound(tiny):

@@ -112,7 +112,7 @@ def test_two_local_workers_equal_one_worker_and_brute_force(piped, tmp_path):
     assert rep.proven and rep.slices == rep.slices_done == 8  # SLICES_PER_WORKER * 2
     assert rep.best_time_s == one.best_time_s == brute
     assert res.best()[1]["time_s"] == brute
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == rep.space_size == len(cands)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == rep.space_size == len(cands)
     keys = [k for _, k in _calls(calls)]
     assert len(keys) == len(set(keys)) == rep.simulated  # nothing scored twice
     # one trial per scored plan in the search's study; the slices live in their own study
@@ -150,7 +150,7 @@ def test_two_workers_share_the_slices(tmp_path):
     rep = res.exhaustive
     optimum, n = _toy_brute()
     assert rep.proven and rep.best_time_s == optimum and rep.space_size == n
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == n
     got = _calls(calls)
     by_pid = collections.Counter(pid for pid, _ in got)
     assert len(by_pid) == 2 and rep.workers == 2, by_pid
@@ -195,7 +195,7 @@ def test_killed_search_is_finished_on_resume(tmp_path):
     rep = res.exhaustive
     optimum, n = _toy_brute()
     assert rep.proven and rep.best_time_s == optimum
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == n
     assert rep.resumed >= 1  # the dead worker's finished plans of its slice, read back
     keys = [t.user_attrs["plan_key"] for t in res.study.trials]
     assert len(keys) == len(set(keys)) == rep.simulated  # one trial per plan, none repeated
@@ -216,7 +216,7 @@ def test_timeout_leaves_slices_open_and_a_rerun_proves(tmp_path):
     rep = search(_toy_cfg(calls), "late", study_dir=tmp_path).exhaustive
     optimum, n = _toy_brute()
     assert rep.proven and rep.best_time_s == optimum and rep.slices_done == rep.slices
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == n
     keys = [k for _, k in _calls(calls)]
     assert len(keys) == len(set(keys))
 
@@ -262,7 +262,7 @@ def test_a_killed_workers_slice_is_finished_by_the_lead(tmp_path):
     rep = out["rep"]
     optimum, n = _toy_brute()
     assert rep.proven and rep.best_time_s == optimum
-    assert rep.simulated + rep.pruned_memory + rep.pruned_time == n
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == n
     got = _calls(calls)
     assert sum(pid != me for pid, _ in got) >= 5  # the worker did score plans before it died
     study = optuna.load_study(study_name="peer", storage=journal)

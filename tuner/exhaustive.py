@@ -62,6 +62,9 @@ class ExhaustiveReport:
     refused: int = 0
     pruned_memory: int = 0
     pruned_time: int = 0
+    pruned_cheap: int = 0
+    """Candidates pruned by the scorer's cheap (tier-0) bound, time or memory, before their
+    layout was costed (``scorer.cheap_bound``; 0 without one)."""
     best_index: int | None = None
     best_time_s: float | None = None
     proven: bool = False
@@ -91,7 +94,7 @@ class ExhaustiveReport:
     @property
     def decided(self) -> int:
         """Candidates simulated or pruned by a proven bound."""
-        return self.simulated + self.pruned_memory + self.pruned_time
+        return self.simulated + self.pruned_memory + self.pruned_time + self.pruned_cheap
 
     def summary(self) -> str:
         """One line for the tune report."""
@@ -113,7 +116,8 @@ class ExhaustiveReport:
                   f"; {self.slices_done} of {self.slices} slices finished by {self.workers or 0} worker(s)")
         return (f"exhaustive: {self.space_size} candidates = {self.simulated} simulated "
                 f"({self.resumed} resumed from the study, {self.refused} refused by the engine) "
-                f"+ {self.pruned_memory} pruned by memory + {self.pruned_time} pruned by time; "
+                f"+ {self.pruned_memory} pruned by memory + {self.pruned_time} pruned by time "
+                f"+ {self.pruned_cheap} pruned by the cheap bound; "
                 f"{best}; {state}{shared}; {self.seconds:.1f} s ({rate:.0f} decided/s)")
 
 
@@ -160,6 +164,7 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
         if deadline is not None and time.monotonic() > deadline:
             rep.open_bound_s = float(t_lb[i])
             rep.pruned_time = 0
+            rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         rec = evaluate(int(i))
         rep.simulated += 1
@@ -199,6 +204,16 @@ def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, 
     study.add_trial(trial)
 
 
+def _bounds(bound: Callable[[Any], Bound], c: Any) -> tuple[float, float, float]:
+    """(time, memory, limit) of ``bound(c)``; a ValueError (a plan the engine refuses)
+    gives no bound: (-inf, 0, 1), simulated early and refused by the scorer the same way."""
+    try:
+        b = bound(c)
+    except ValueError:
+        return -math.inf, 0.0, 1.0
+    return float(b.time_s), float(b.memory_bytes), float(b.memory_limit_bytes)
+
+
 def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    history: dict[str, dict[str, Any]], timeout: float | None = None,
                    on_scored: Callable[[int], None] | None = None,
@@ -216,7 +231,11 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     scored (a worker's heartbeat). The report's ``space_size`` is the number of members
     and ``best_index`` indexes ``candidates``.
 
-    Raises TunerError when the scorer has no ``bound``; a ValueError of the bound marks the
+    A scorer that also carries ``cheap_bound`` (a bound needing no layout costs) is
+    searched best-first over both (:func:`tuner.exhaustive_tiered.prove_tiered`): every
+    candidate cheap-bounded, ``bound`` computed only for those the cheap bound cannot prune.
+
+    Raises TunerError when the scorer has no ``bound``; a ValueError of a bound marks the
     candidate unbounded (it is simulated, and the scorer refuses it the same way)."""
     bound = getattr(scorer, "bound", None)
     if bound is None:
@@ -225,20 +244,16 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     deadline = None if timeout is None else t0 + timeout
     idx = list(range(len(candidates))) if members is None else [int(i) for i in members]
     n = len(idx)
+    cheap = getattr(scorer, "cheap_bound", None)
     t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
     bounded = None
     for i, j in enumerate(idx):
         if deadline is not None and time.monotonic() > deadline:
-            bounded = i  # the rest stay unbounded (-inf): prove_best stops before simulating them
+            bounded = i  # the rest stay unbounded (-inf): the search stops before simulating them
             break
-        if tick is not None:
+        if tick is not None and (cheap is None or i % 1024 == 0):
             tick()
-        c = candidates[j]
-        try:
-            b = bound(c)
-            t_lb[i], m_lb[i], cap[i] = b.time_s, b.memory_bytes, b.memory_limit_bytes
-        except ValueError:
-            t_lb[i], m_lb[i], cap[i] = -math.inf, 0.0, 1.0
+        t_lb[i], m_lb[i], cap[i] = _bounds(cheap or bound, candidates[j])
     resumed = 0
 
     def evaluate(i: int) -> tuple[float, int, int] | None:
@@ -266,7 +281,17 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
             return None
         return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
-    rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent)
+    if cheap is None:
+        rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent)
+    else:
+        from tuner.exhaustive_tiered import prove_tiered
+
+        def tight(i: int) -> tuple[float, float, float]:
+            if tick is not None:
+                tick()
+            return _bounds(bound, candidates[idx[i]])
+
+        rep = prove_tiered(t_lb, m_lb, cap, tight, evaluate, deadline, incumbent)
     if rep.best_index is not None:
         rep.best_index = idx[rep.best_index]
     rep.resumed = resumed

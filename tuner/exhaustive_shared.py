@@ -252,7 +252,7 @@ def merged_report(cs: optuna.Study, n_slices: int, space_size: int) -> Exhaustiv
         w = t.system_attrs.get(WORKER_ATTR)
         owners.add(worker_token(w) if w else str(t.number))
     for r in seen.values():
-        for f in ("simulated", "resumed", "refused", "pruned_memory", "pruned_time"):
+        for f in ("simulated", "resumed", "refused", "pruned_memory", "pruned_time", "pruned_cheap"):
             setattr(rep, f, getattr(rep, f) + getattr(r, f))
         if r.best_time_s is not None and (rep.best_time_s is None or r.best_time_s < rep.best_time_s):
             rep.best_time_s, rep.best_index = r.best_time_s, r.best_index

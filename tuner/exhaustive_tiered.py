@@ -1,0 +1,107 @@
+"""Branch and bound with two bounds: a cheap one for every candidate, the tight one on demand.
+
+The tight bound of :mod:`tuner.exhaustive` (``scorer.bound``) needs the candidate's layout
+costed (a completion per distinct layer layout, 0.15-0.4 s). A scorer may also carry
+``cheap_bound`` (``meshplan.tier0.Tier0Bound``: no completion, microseconds) whose time and
+memory are also lower bounds on the simulated ones, usually looser. :func:`prove_tiered`
+runs a best-first search over both:
+
+1. every candidate is cheap-bounded; one whose cheap memory bound exceeds its limit is
+   pruned (``pruned_cheap``) without costing its layout;
+2. a heap holds each open candidate under its best known time bound (cheap, then
+   ``max(cheap, tight)`` once tight-bounded). The smallest entry is taken: a cheap one is
+   tight-bounded (memory over the limit: ``pruned_memory``; else back on the heap under
+   its tight bound), a tight one is simulated;
+3. once the smallest entry is at least the best feasible time found (or the
+   ``incumbent``), every entry left is at least it: those still cheap are pruned by the
+   cheap bound (``pruned_cheap``: their layouts are never costed), the others by time.
+
+Why the answer is the optimum: every entry's key is a lower bound on its candidate's
+simulated time (both bounds are, so is their max), and a candidate leaves the heap only
+when simulated, pruned by a memory bound (it cannot fit), or when its key is at least a
+feasible time found -- so no pruned candidate is faster than the best found. Until a
+feasible plan is known, a candidate is simulated as soon as it is tight-bounded (a dive:
+the best cheap candidates give the first incumbent, which then prunes, and a search
+stopped by its timeout has a plan to report); after that, in key order.
+The counts ``simulated + pruned_memory + pruned_time + pruned_cheap`` add up to the space.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.exhaustive import Evaluate, ExhaustiveReport
+
+#: tight(i) -> (time_s, memory_bytes, memory_limit_bytes) lower bounds of candidate i
+Tight = Callable[[int], "tuple[float, float, float]"]
+
+
+def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], memory_limit: Sequence[float],
+                 tight: Tight, evaluate: Evaluate, deadline: float | None = None,
+                 incumbent: Callable[[], float] | None = None) -> ExhaustiveReport:
+    """Best-first branch and bound over candidates ``0 .. n-1`` (module docstring).
+
+    Args:
+        cheap_time, cheap_memory, memory_limit: per candidate its cheap bounds and limit.
+        tight: the tight bounds of candidate i (a time of -inf: unbounded, simulated next).
+        evaluate: scores candidate i (``tuner.exhaustive.Evaluate``).
+        deadline, incumbent: as :func:`tuner.exhaustive.prove_best`.
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0). Raises TunerError on arrays
+    of different shapes or a NaN bound."""
+    t0 = np.asarray(cheap_time, dtype=float)
+    m0 = np.asarray(cheap_memory, dtype=float)
+    cap = np.asarray(memory_limit, dtype=float)
+    if not t0.shape == m0.shape == cap.shape or t0.ndim != 1:
+        raise TunerError(f"bounds of different shapes: {t0.shape}, {m0.shape}, {cap.shape}")
+    if np.isnan(t0).any() or np.isnan(m0).any():
+        raise TunerError("a cheap lower bound is NaN")
+    rep = ExhaustiveReport(space_size=len(t0))
+    fits = m0 <= cap
+    rep.pruned_cheap = int((~fits).sum())
+    heap: list[tuple[float, int, int]] = [(float(t0[i]), 0, int(i)) for i in np.flatnonzero(fits)]
+    heapq.heapify(heap)
+    best = math.inf
+    while heap:
+        key, tier, i = heap[0]
+        if key >= (best if incumbent is None else min(best, incumbent())):
+            cheap_left = sum(1 for e in heap if e[1] == 0)
+            rep.pruned_cheap += cheap_left
+            rep.pruned_time += len(heap) - cheap_left
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            rep.open_bound_s = key
+            rep.pruned_cheap, rep.pruned_time = int((~fits).sum()), 0  # memory prunes stand
+            rep.best_time_s = None if rep.best_index is None else best  # the best so far
+            return rep
+        heapq.heappop(heap)
+        if tier == 0:
+            t, m, c = tight(i)
+            if math.isnan(t) or math.isnan(m):
+                raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+            if m > c:
+                rep.pruned_memory += 1
+                continue
+            if math.isfinite(best) or (incumbent is not None and math.isfinite(incumbent())):
+                heapq.heappush(heap, (max(key, t), 1, i))
+                continue
+            # no feasible plan known yet: simulate it now (a dive) for a first incumbent
+        rec = evaluate(i)
+        rep.simulated += 1
+        if rec is None:
+            rep.refused += 1
+            continue
+        ts, mem, limit = rec
+        if mem <= limit and ts < best:
+            best, rep.best_index = ts, i
+    rep.best_time_s = None if rep.best_index is None else best
+    rep.proven = True
+    return rep
+
+
+__all__ = ["Tight", "prove_tiered"]
