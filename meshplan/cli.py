@@ -128,12 +128,10 @@ INTERRUPTED = 130
 
 
 def _click_exceptions():
-    """click's exceptions module: typer >= 0.2x vendors click as ``typer._click``."""
-    try:
-        from typer._click import exceptions
-    except ImportError:  # older typer depends on the click distribution
-        from click import exceptions  # type: ignore[no-redef]
-    return exceptions
+    """click's exceptions module (:func:`meshplan.errors.click_exceptions`)."""
+    from meshplan.errors import click_exceptions
+
+    return click_exceptions()
 
 
 def _is_run_failure(e: BaseException) -> bool:

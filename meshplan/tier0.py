@@ -101,7 +101,7 @@ class Tier0Bound:
             return self.params // c.tp
         key = (c.tp, c.templates)
         if key not in self._rank_params:
-            from meshplan.tuning import template_program
+            from meshplan.templates import template_program
             from tuner.patterns import apply_templates
 
             prog, pats = template_program(self.model, self.seq)

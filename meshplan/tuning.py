@@ -15,32 +15,23 @@ of a one-layer program; the plan pipeline repeats layer 0's layouts on every lay
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 from clusters import load_cluster
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
-from completion.ir import Program
-from completion.models import build_model, get_model_config
+from completion.models import get_model_config
 from meshplan.engine import Engine
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
+from meshplan.templates import template_program
 from tuner.exhaustive import Bound
-from tuner.patterns import apply_templates, find_patterns, random_annotation, template_choices
+from tuner.patterns import apply_templates, random_annotation, template_choices
 from tuner.space import Candidate, ModelDims, SearchProblem
 from tuner.study import Score
 from tuner.suggest import MEGATRON_BASE, PATTERN, RANDOM
 
 SCORER_FACTORY = "meshplan.tuning:make_scorer"
-
-
-@functools.lru_cache(maxsize=8)
-def template_program(model: str, seq_len: int) -> tuple[Program, tuple]:
-    """The one-layer program annotations are written against (batch 2, so the batch dim of
-    every data input is told apart from size-1 dims) and its patterns."""
-    prog = build_model(model, 2, seq_len, num_layers=1)
-    return prog, tuple(find_patterns(prog))
 
 
 def template_kinds(model: str, seq_len: int) -> dict[str, tuple[str, ...]]:

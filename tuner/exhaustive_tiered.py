@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.exhaustive import Evaluate, ExhaustiveReport
+from tuner.exhaustive_report import Evaluate, ExhaustiveReport
 
 #: tight(i) -> (time_s, memory_bytes, memory_limit_bytes) lower bounds of candidate i
 Tight = Callable[[int], "tuple[float, float, float]"]

@@ -217,9 +217,9 @@ class StrategyCommand(TyperCommand):
         ctx.meta[ARGS_KEY] = tuple(args)
         clash = conflicting_flags(args)
         if clash:
-            from meshplan.cli import _click_exceptions
+            from meshplan.errors import click_exceptions
 
-            raise _click_exceptions().UsageError(clash, ctx)
+            raise click_exceptions().UsageError(clash, ctx)
         return super().parse_args(ctx, args)
 
 
