@@ -160,3 +160,16 @@ def test_cli_refuses_seeds_for_a_sampler_that_takes_none(tmp_path, capsys, sampl
                                     "--storage", "memory", "--output", str(tmp_path)))
     assert "--seed-from-bound applies to the tpe and random samplers; --sampler " + sampler in line
     assert not (tmp_path / "journal.log").exists()
+
+
+def test_refused_exhaustive_pareto_leaves_no_output_directory(capsys, tmp_path):
+    """``--sampler exhaustive --pareto`` is refused before ``--output`` is created (it left
+    an empty directory behind: new-user trial)."""
+    from tests._cli import one_line_error, run_main
+
+    out = tmp_path / "runs" / "x"
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster",
+                                    "dgx-a100-80g", "--nodes", "1", "--global-batch", "32",
+                                    "--layers", "4", "--sampler", "exhaustive", "--pareto",
+                                    "--output", str(out)))
+    assert "--pareto" in line and not out.exists() and not out.parent.exists()

@@ -302,3 +302,14 @@ def test_readme_export_command_in_megatron_names(capsys):
         # 32 layers / (pp 2 x 8) = 2 chunks, interleaved; ZeRO 1 has no FSDP2 form (a note)
         assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in out
         assert "tensor_parallel_degree = 4" in out and "note: zero:" in err
+
+
+def test_megatron_chunks_with_a_one_chunk_schedule_name_the_megatron_flag(capsys):
+    """``--schedule 1F1B --num-layers-per-virtual-pipeline-stage 8`` named ``--vpp``, a flag
+    not typed; now the message names the Megatron flag and the way out."""
+    from tests._cli import one_line_error
+
+    line = one_line_error(*run_main(capsys, *BASE, "--global-batch", "16", "--pp", "2",
+                                    "--schedule", "1F1B",
+                                    "--num-layers-per-virtual-pipeline-stage", "4"))
+    assert line.startswith("error: --num-layers-per-virtual-pipeline-stage gives") and "--vpp " not in line

@@ -79,7 +79,7 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     check_seed_option(cfg.sampler_name, seed_from_bound)
     exhaustive = cfg.sampler_name == "exhaustive"
     if exhaustive:
-        _check_exhaustive(cfg)
+        check_exhaustive(cfg)
     sdir = None if in_memory else (Path(study_dir) if study_dir is not None else None)
     url = None if storage == MEMORY else storage
     study, cfg = open_study(cfg, study_name, url, sdir)
@@ -129,7 +129,7 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
     return res
 
 
-def _check_exhaustive(cfg: TuneConfig) -> None:
+def check_exhaustive(cfg: TuneConfig) -> None:
     """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")

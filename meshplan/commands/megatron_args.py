@@ -191,6 +191,14 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
         megatron_vpp = ["--num-layers-per-virtual-pipeline-stage"]
     if megatron_vpp and int(out.get("vpp") or 1) > 1 and not opt.given_flags(ctx, "schedule"):
         out["schedule"] = "VPP"  # Megatron-LM runs interleaved 1F1B whenever vpp > 1
+    elif megatron_vpp and int(out.get("vpp") or 1) > 1:
+        from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
+
+        sched = str(opt.value(out.get("schedule")))
+        if SCHEDULE_ALIASES.get(sched.lower(), sched) not in INTERLEAVED:
+            raise MeshplanError(f"{megatron_vpp[0]} gives {out['vpp']} model chunks per pipeline "
+                                f"rank, but --schedule {sched} runs one: use --schedule VPP (or "
+                                f"ZBVPP), or drop {megatron_vpp[0]}")
 
     def layers_per_chunk() -> int:
         return max(1, num_layers() // (pp * int(out.get("vpp") or 1)))

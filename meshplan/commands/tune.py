@@ -302,6 +302,10 @@ def tune_cmd(
     from tuner.bound_seed import check_seed_option
 
     check_seed_option(cfg.sampler_name, seed_from_bound)  # before any output directory is made
+    if cfg.sampler_name == "exhaustive":
+        from tuner.search import check_exhaustive
+
+        check_exhaustive(cfg)  # (--pareto): refused before any output directory is made too
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:

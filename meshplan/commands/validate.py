@@ -172,7 +172,7 @@ def validate_cmd(
     typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
     typer.echo(f"numerics: {num['summary']}")
     if profile_trace:
-        typer.echo(f"profiler traces: {profile_trace}/rank<R>.json (meshplan calibrate --from-trace "
+        typer.echo(f"profiler traces: {str(profile_trace).rstrip('/')}/rank<R>.json (meshplan calibrate --from-trace "
                    f"{profile_trace} --plan {plan_file} -o FITTED.yaml)")
 
 
