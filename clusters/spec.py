@@ -33,7 +33,7 @@ A spec file looks like::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -91,11 +91,19 @@ class _Number(_Quantity):
     def _strict(cls, v: Any) -> Any:
         return _yaml_number(v)
 
+    #: unit-slip guard of a subclass (:class:`Bandwidth`, ...): the smallest and largest
+    #: plausible value in its unit, and the message naming the unit and how to write it
+    floor: ClassVar[float | None] = None
+    ceiling: ClassVar[float | None] = None
+    slip: ClassVar[str] = ""
+
     @field_validator("value", mode="after", check_fields=False)
     @classmethod
     def _not_tiny(cls, v: Any) -> Any:
         if not issubclass(cls, NonNegative) and 0 < v < MIN_POSITIVE:
             raise ValueError(f"must be at least {MIN_POSITIVE:g} (clusters.spec.MIN_POSITIVE)")
+        if (cls.floor is not None and v < cls.floor) or (cls.ceiling is not None and v > cls.ceiling):
+            raise ValueError(cls.slip)
         return v
 
 
@@ -124,52 +132,34 @@ class Bandwidth(Positive):
     figure is a unit slip (``400`` meant as 400 Gb/s, ``2.4`` as 2.4 TB/s), which would
     otherwise cost every transfer a million times too long."""
 
-    @field_validator("value", mode="after")
-    @classmethod
-    def _bytes_per_second(cls, v: float) -> float:
-        if v < MIN_BANDWIDTH:
-            raise ValueError(f"is in bytes/s and must be at least {MIN_BANDWIDTH:.0e} (1 MB/s): "
-                             f"write e.g. 50 GB/s as 5.0e+10")
-        return v
+    floor = MIN_BANDWIDTH
+    slip = f"is in bytes/s and must be at least {MIN_BANDWIDTH:.0e} (1 MB/s): write e.g. 50 GB/s as 5.0e+10"
 
 
 class FlopRate(Positive):
     """A peak rate in FLOP/s, at least :data:`MIN_FLOP_RATE` (1 GFLOP/s): a smaller figure
     is a unit slip (``989`` meant as 989 TFLOP/s)."""
 
-    @field_validator("value", mode="after")
-    @classmethod
-    def _flops_per_second(cls, v: float) -> float:
-        if v < MIN_FLOP_RATE:
-            raise ValueError(f"is in FLOP/s and must be at least {MIN_FLOP_RATE:.0e} (1 GFLOP/s): "
-                             f"write e.g. 989 TFLOP/s as 9.89e+14")
-        return v
+    floor = MIN_FLOP_RATE
+    slip = (f"is in FLOP/s and must be at least {MIN_FLOP_RATE:.0e} (1 GFLOP/s): write e.g. "
+            f"989 TFLOP/s as 9.89e+14")
 
 
 class ByteSize(Positive):
     """A memory size in bytes, at least :data:`MIN_MEMORY_BYTES` (1 MiB): a smaller figure
     is a unit slip (``80`` meant as 80 GiB)."""
 
-    @field_validator("value", mode="after")
-    @classmethod
-    def _bytes(cls, v: float) -> float:
-        if v < MIN_MEMORY_BYTES:
-            raise ValueError(f"is in bytes and must be at least {MIN_MEMORY_BYTES} (1 MiB): "
-                             f"write e.g. 80 GiB as 8.589934592e+10")
-        return v
+    floor = MIN_MEMORY_BYTES
+    slip = (f"is in bytes and must be at least {MIN_MEMORY_BYTES} (1 MiB): write e.g. 80 GiB "
+            f"as 8.589934592e+10")
 
 
 class Latency(NonNegative):
     """A latency or overhead in seconds, at most :data:`MAX_LATENCY_S` (1 s): a larger
     figure is a unit slip (``3.4`` meant as 3.4 us)."""
 
-    @field_validator("value", mode="after")
-    @classmethod
-    def _seconds(cls, v: float) -> float:
-        if v > MAX_LATENCY_S:
-            raise ValueError(f"is in seconds and must be at most {MAX_LATENCY_S:g}: "
-                             f"write e.g. 3.4 us as 3.4e-06")
-        return v
+    ceiling = MAX_LATENCY_S
+    slip = f"is in seconds and must be at most {MAX_LATENCY_S:g}: write e.g. 3.4 us as 3.4e-06"
 
 
 class Count(_Quantity):
