@@ -33,7 +33,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.exhaustive_report import Bound, Evaluate, ExhaustiveReport
+from tuner.exhaustive_report import Bound, Evaluate, ExhaustiveReport, bound_arrays
 from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs
 
 
@@ -55,13 +55,7 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
             plan faster than the best of the union (:mod:`tuner.exhaustive_shared`).
     Returns an :class:`ExhaustiveReport` (``resumed`` left 0: the caller counts it).
     Raises TunerError on arrays of different lengths or a NaN bound."""
-    t_lb = np.asarray(time_lb, dtype=float)
-    m_lb = np.asarray(memory_lb, dtype=float)
-    cap = np.asarray(memory_limit, dtype=float)
-    if not t_lb.shape == m_lb.shape == cap.shape or t_lb.ndim != 1:
-        raise TunerError(f"bounds of different shapes: {t_lb.shape}, {m_lb.shape}, {cap.shape}")
-    if np.isnan(t_lb).any() or np.isnan(m_lb).any():
-        raise TunerError("a lower bound is NaN")
+    t_lb, m_lb, cap = bound_arrays(time_lb, memory_lb, memory_limit)
     rep = ExhaustiveReport(space_size=len(t_lb))
     fits = m_lb <= cap
     rep.pruned_memory = int((~fits).sum())

@@ -11,6 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from tuner.errors import TunerError
+
 
 class Bound(NamedTuple):
     """Lower bounds of one candidate: ``time_s`` (s) <= its simulated step time,
@@ -99,3 +103,18 @@ class ExhaustiveReport:
 #: evaluate(i) -> (time_s, memory_bytes, memory_limit_bytes), or None when the scorer
 #: refused candidate i (it then never counts as the best)
 Evaluate = Callable[[int], "tuple[float, int, int] | None"]
+
+
+def bound_arrays(time_lb: Any, memory_lb: Any, memory_limit: Any,
+                 what: str = "a lower bound") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-candidate time bounds, memory bounds and memory limits as float arrays of
+    one length. Raises TunerError naming the shapes when they differ, or ``what`` when a
+    bound is NaN."""
+    t = np.asarray(time_lb, dtype=float)
+    m = np.asarray(memory_lb, dtype=float)
+    cap = np.asarray(memory_limit, dtype=float)
+    if not t.shape == m.shape == cap.shape or t.ndim != 1:
+        raise TunerError(f"bounds of different shapes: {t.shape}, {m.shape}, {cap.shape}")
+    if np.isnan(t).any() or np.isnan(m).any():
+        raise TunerError(f"{what} is NaN")
+    return t, m, cap

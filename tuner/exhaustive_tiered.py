@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.exhaustive_report import Evaluate, ExhaustiveReport
+from tuner.exhaustive_report import Evaluate, ExhaustiveReport, bound_arrays
 
 #: tight(i) -> (time_s, memory_bytes, memory_limit_bytes) lower bounds of candidate i
 Tight = Callable[[int], "tuple[float, float, float]"]
@@ -54,13 +54,7 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
         deadline, incumbent: as :func:`tuner.exhaustive.prove_best`.
     Returns an :class:`ExhaustiveReport` (``resumed`` left 0). Raises TunerError on arrays
     of different shapes or a NaN bound."""
-    t0 = np.asarray(cheap_time, dtype=float)
-    m0 = np.asarray(cheap_memory, dtype=float)
-    cap = np.asarray(memory_limit, dtype=float)
-    if not t0.shape == m0.shape == cap.shape or t0.ndim != 1:
-        raise TunerError(f"bounds of different shapes: {t0.shape}, {m0.shape}, {cap.shape}")
-    if np.isnan(t0).any() or np.isnan(m0).any():
-        raise TunerError("a cheap lower bound is NaN")
+    t0, m0, cap = bound_arrays(cheap_time, cheap_memory, memory_limit, "a cheap lower bound")
     rep = ExhaustiveReport(space_size=len(t0))
     fits = m0 <= cap
     rep.pruned_cheap = int((~fits).sum())
