@@ -20,3 +20,8 @@ def one_line_error(rc: int, out: str, err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     return lines[0]
+
+
+class Stopped(ValueError):
+    """Raised by a stand-in Engine or search once it has what the command built (the CLI
+    prints it as a one-line error with exit code 2)."""

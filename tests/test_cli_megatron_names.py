@@ -15,29 +15,12 @@ from pathlib import Path
 
 import pytest
 
-import meshplan.engine
-from tests._cli import one_line_error, run_main
+from tests._cli import Stopped, one_line_error, run_main
 
 #: megatron-1.7b: 24 layers, so pp 2 has 12 layers per stage
 BASE = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
         "--dp", "2"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Stop(ValueError):
-    """Raised by the stand-in Engine / search once it has what the command built."""
-
-
-@pytest.fixture
-def strategies(monkeypatch):
-    got = []
-
-    def engine(model, cluster, strategy, **kw):
-        got.append(strategy)
-        raise _Stop("stopped before simulating")
-
-    monkeypatch.setattr(meshplan.engine, "Engine", engine)
-    return got
 
 
 def _strategy(capsys, strategies, *args):
@@ -158,7 +141,7 @@ def searches(monkeypatch):
 
     def search(cfg, name, **kw):
         seen.append((cfg.to_dict(), name))
-        raise _Stop("stopped before searching")
+        raise Stopped("stopped before searching")
 
     monkeypatch.setattr(search_module, "search", search)
     return seen
@@ -307,8 +290,6 @@ def test_readme_export_command_in_megatron_names(capsys):
 def test_megatron_chunks_with_a_one_chunk_schedule_name_the_megatron_flag(capsys):
     """``--schedule 1F1B --num-layers-per-virtual-pipeline-stage 8`` named ``--vpp``, a flag
     not typed; now the message names the Megatron flag and the way out."""
-    from tests._cli import one_line_error
-
     line = one_line_error(*run_main(capsys, *BASE, "--global-batch", "16", "--pp", "2",
                                     "--schedule", "1F1B",
                                     "--num-layers-per-virtual-pipeline-stage", "4"))

@@ -12,26 +12,9 @@ import meshplan.engine
 from completion import strategy as cs
 from meshplan.cli import main
 from meshplan.commands import options as opt
-from tests._cli import one_line_error, run_main
+from tests._cli import Stopped, one_line_error, run_main
 
 BASE = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1"]
-
-
-class _Stop(ValueError):
-    """Raised by the stand-in Engine once it has the Strategy."""
-
-
-@pytest.fixture
-def strategies(monkeypatch):
-    """The Strategy every ``meshplan cost`` passes to Engine (which then stops the command)."""
-    got = []
-
-    def engine(model, cluster, strategy, **kw):
-        got.append(strategy)
-        raise _Stop("stopped before simulating")
-
-    monkeypatch.setattr(meshplan.engine, "Engine", engine)
-    return got
 
 
 def _strategy(capsys, strategies, *args):
@@ -164,7 +147,7 @@ def test_tune_passes_plain_choices_to_the_search(monkeypatch, capsys, tmp_path):
 
     def search(cfg, name, **kw):
         seen.update(mode=cfg.mode, dtype=cfg.scorer_config["dtype"], name=name)
-        raise _Stop("stopped before searching")
+        raise Stopped("stopped before searching")
 
     monkeypatch.setattr(search_module, "search", search)
     rc, _, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
