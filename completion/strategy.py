@@ -118,6 +118,13 @@ class StrategyError(CompletionError):
     """An invalid strategy; the message names the field at fault."""
 
 
+def interleaved(name: Any) -> bool:
+    """Whether schedule ``name`` (any spelling or alias) runs several model chunks per
+    pipeline rank (:data:`INTERLEAVED`: VPP, ZBVPP); False for an unknown name (the
+    Strategy then names it)."""
+    return _SCHEDULE_BY_LOWER.get(str(name).strip().lower()) in INTERLEAVED
+
+
 def canonical_schedule(name: Any) -> str:
     """The canonical spelling of a schedule name (case-insensitive; aliases such as
     ``GPipe`` -> ``FThenB``, ``ZB-V`` -> ``ZBVPP``). Raises StrategyError for an unknown one."""

@@ -106,9 +106,9 @@ def label(knobs: dict[str, Any], varied: list[str]) -> str:
 def chunks_for(schedule: str) -> int:
     """Model chunks per rank a plan of ``schedule`` (a name or alias) runs when ``--vpp``
     is not given: 2 for ``completion.strategy.INTERLEAVED``, else 1."""
-    from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
+    from completion.strategy import interleaved
 
-    return 2 if SCHEDULE_ALIASES.get(schedule.lower(), schedule) in INTERLEAVED else 1
+    return 2 if interleaved(schedule) else 1
 
 
 def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,

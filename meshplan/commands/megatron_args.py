@@ -192,10 +192,10 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
     if megatron_vpp and int(out.get("vpp") or 1) > 1 and not opt.given_flags(ctx, "schedule"):
         out["schedule"] = "VPP"  # Megatron-LM runs interleaved 1F1B whenever vpp > 1
     elif megatron_vpp and int(out.get("vpp") or 1) > 1:
-        from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
+        from completion.strategy import interleaved
 
         sched = str(opt.value(out.get("schedule")))
-        if SCHEDULE_ALIASES.get(sched.lower(), sched) not in INTERLEAVED:
+        if not interleaved(sched):
             raise MeshplanError(f"{megatron_vpp[0]} gives {out['vpp']} model chunks per pipeline "
                                 f"rank, but --schedule {sched} runs one: use --schedule VPP (or "
                                 f"ZBVPP), or drop {megatron_vpp[0]}")

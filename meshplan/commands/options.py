@@ -350,18 +350,17 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
     ``--vpp 1`` with one is refused, since one chunk per rank is plain 1F1B (pp = 1 has no
     pipeline to interleave: vpp stays as given). Raises StrategyError
     naming the flag the user typed (:func:`flag_error`)."""
-    from completion.strategy import INTERLEAVED, SCHEDULE_ALIASES
+    from completion.strategy import canonical_schedule, interleaved
     from meshplan.strategy import Strategy, StrategyError
 
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
-    sched = SCHEDULE_ALIASES.get(sched.lower(), sched) if isinstance(sched, str) else sched
-    if sched in INTERLEAVED and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
+    if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
         typed = given_flags(ctx, "vpp")
         if typed:
-            raise StrategyError(f"{typed[0]} 1 with --schedule {sched} runs one model chunk per "
-                                f"pipeline rank, which is 1F1B: give {typed[0]} 2 or more, or "
-                                f"--schedule 1F1B")
+            raise StrategyError(f"{typed[0]} 1 with --schedule {canonical_schedule(sched)} runs "
+                                f"one model chunk per pipeline rank, which is 1F1B: give "
+                                f"{typed[0]} 2 or more, or --schedule 1F1B")
         knobs["vpp"] = 2
     try:
         return Strategy(**knobs)
