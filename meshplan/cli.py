@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from meshplan import __version__
+from meshplan.errors import click_exceptions
 
 # One entry per command module; each defines register(app: typer.Typer) -> None.
 COMMAND_MODULES = [
@@ -127,13 +128,6 @@ for _name in COMMAND_MODULES:
 INTERRUPTED = 130
 
 
-def _click_exceptions():
-    """click's exceptions module (:func:`meshplan.errors.click_exceptions`)."""
-    from meshplan.errors import click_exceptions
-
-    return click_exceptions()
-
-
 def _is_run_failure(e: BaseException) -> bool:
     """True for an ``executor`` error of a run (a rank that died or hung): the executor is
     loaded only when a command ran it, so its module is looked up, not imported."""
@@ -194,7 +188,7 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
         typer.echo(f"error: {' '.join(str(e.strerror or e).split())}{where}", err=True)
         return 2
     except Exception as e:  # click usage errors (bad option, missing argument, range)
-        click_exc = _click_exceptions()
+        click_exc = click_exceptions()
         if isinstance(e, click_exc.BadParameter):  # a value outside a choice or a range
             typer.echo(f"error: {e.format_message().replace('Value error, ', '')}", err=True)
             return 2
