@@ -298,6 +298,13 @@ def workspace_bytes(program: Program, ops: Iterable[Operation] | None = None) ->
     return best
 
 
+def activation_delta(kind: str, mb: float, mw: float) -> float:
+    """Bytes of activations an action of ``kind`` adds (F: +M_B) or frees (B: M_B - M_W,
+    W: M_W, a fused BW: M_B), for a chunk saving ``mb`` = M_B and keeping ``mw`` = M_W for
+    its W."""
+    return {"F": mb, "B": -(mb - mw), "W": -mw}.get(kind, -mb)
+
+
 def activation_changes(timeline: Iterable, num_ranks: int,
                        per_chunk: dict[tuple[int, int], tuple[float, float]]
                        ) -> list[list[tuple[int, int, float]]]:
@@ -308,15 +315,11 @@ def activation_changes(timeline: Iterable, num_ranks: int,
     = (M_B, M_W)`` bytes per micro-batch."""
     changes: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
     for e in timeline:
-        mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
+        d = activation_delta(e.kind, *per_chunk.get((e.rank, e.chunk), (0.0, 0.0)))
         if e.kind == "F":
-            changes[e.rank].append((e.start, 1, mb))
-        elif e.kind == "B":
-            changes[e.rank].append((e.end, 0, -(mb - mw)))
-        elif e.kind == "W":
-            changes[e.rank].append((e.end, 0, -mw))
+            changes[e.rank].append((e.start, 1, d))
         else:
-            changes[e.rank].append((e.end, 0, -mb))
+            changes[e.rank].append((e.end, 0, d))
     for ch in changes:
         ch.sort()
     return changes

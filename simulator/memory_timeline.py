@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from simulator.memory import activation_changes
+from simulator.memory import activation_changes, activation_delta
 
 #: breakdown lines that last one op (drawn as the gap between the curve and the peak)
 TRANSIENT_LINES = ("recompute", "loss_temporaries", "op_workspace")
@@ -57,8 +57,7 @@ def activation_ramps(timeline: Iterable[Any], num_ranks: int,
     and fall."""
     acts: list[list[tuple[int, int, float]]] = [[] for _ in range(num_ranks)]
     for e in timeline:
-        mb, mw = per_chunk.get((e.rank, e.chunk), (0.0, 0.0))
-        delta = {"F": mb, "B": -(mb - mw), "W": -mw}.get(e.kind, -mb)
+        delta = activation_delta(e.kind, *per_chunk.get((e.rank, e.chunk), (0.0, 0.0)))
         acts[e.rank].append((int(e.start), int(e.end), delta))
     curves = []
     for rank_acts in acts:
