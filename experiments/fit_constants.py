@@ -13,7 +13,7 @@ with that provenance, into the cluster YAMLs of the device (``clusters/catalog``
 ``experiments.measured_runs.FITS`` by hand.
 
 Run: ``python -m experiments.fit_constants`` (a few minutes); ``--unfitted`` prints the
-error over every row with the physical defaults the fit replaces (:data:`UNFITTED`).
+error over every row with the physical defaults the fit replaces (:func:`unfitted`).
 """
 
 from __future__ import annotations
@@ -68,14 +68,32 @@ FIT_PLAN: tuple[Constant, ...] = tuple(
     for field in ("gemm", "attention_kernels.triton"))
 
 
-#: the physical defaults the fit replaces (the "no fitted constant" check of issue 14):
-#: GEMM plateau 0.65 (shared/reference: Paddle's cost model, FLOPs / (0.65 x peak)); the
-#: Triton FlashAttention kernel at the device's published FlashAttention-2 efficiency
-#: (the algorithm it implements; the catalog's ``attention_kernels.flash2``)
-UNFITTED: dict[str, dict[str, float]] = {
-    "A100": {"gemm": 0.65, "attention_kernels.triton": 0.55},
-    "H100": {"gemm": 0.65, "attention_kernels.triton": 0.33},
-}
+#: FlashAttention-1 / FlashAttention-2 throughput: FA2 is "2x faster than FlashAttention"
+#: (Dao 2023, FlashAttention-2, abstract; FA1 reached 25-40% of an A100's peak), and
+#: llm-foundry's Triton kernel (flash-attn's ``flash_attn/flash_attn_triton.py``, FA1's
+#: algorithm in pre-MLIR Triton) is, per that file's docstring, "slightly slower than CUDA
+#: forward + backward" of FA1. So the physical default of the Triton kernel is half the
+#: device's FlashAttention-2 efficiency.
+TRITON_OVER_FLASH2 = 0.5
+
+#: the physical GEMM plateau default (shared/reference: Paddle's cost model charges
+#: FLOPs / (0.65 x peak))
+GEMM_DEFAULT = 0.65
+
+
+def _flash2(device: str) -> float:
+    """The catalog's FlashAttention-2 efficiency of ``device`` (its first cluster)."""
+    load = require("fit_constants", "clusters", "load_cluster")
+    return float(load(DEVICES[device][0]).device.efficiency.attention_kernels["flash2"].value)
+
+
+def unfitted() -> dict[str, dict[str, float]]:
+    """The physical defaults the fit replaces (the "no fitted constant" check of issue 14),
+    per device type: GEMM plateau :data:`GEMM_DEFAULT`, Triton FlashAttention at
+    :data:`TRITON_OVER_FLASH2` x the device's FlashAttention-2 efficiency (A100: 0.5 x 0.55 =
+    0.275; H100: 0.5 x 0.33 = 0.165)."""
+    return {d: {"gemm": GEMM_DEFAULT, "attention_kernels.triton": TRITON_OVER_FLASH2 * _flash2(d)}
+            for d in DEVICES}
 
 
 def device_of(cluster: str) -> str | None:
@@ -173,7 +191,7 @@ def report(values: dict[str, dict[str, float]], plan: Sequence[Constant] = FIT_P
 
 def report_all(values: dict[str, dict[str, float]]) -> str:
     """MAPE, worst row and count over every expressible row with the per-device
-    ``values`` (e.g. :data:`UNFITTED`)."""
+    ``values`` (e.g. :func:`unfitted`)."""
     errs = [(s.row_id, row_error(s, values.get(device_of(s.cluster) or "", {})))
             for s in parse_all() if isinstance(s, RunSpec)]
     ok = [(r, e) for r, e in errs if math.isfinite(e)]
@@ -184,13 +202,14 @@ def report_all(values: dict[str, dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Fit and print (see module docstring); ``--unfitted``: only the error over every row
-    with the physical defaults (:data:`UNFITTED`)."""
+    with the physical defaults (:func:`unfitted`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--unfitted" in args:
+        defaults = unfitted()
         print("physical defaults only (" + "; ".join(
-            f"{d}: " + ", ".join(f"{k} = {v}" for k, v in vals.items())
-            for d, vals in UNFITTED.items()) + ")")
-        print(report_all(UNFITTED))
+            f"{d}: " + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items())
+            for d, vals in defaults.items()) + ")")
+        print(report_all(defaults))
         return 0
     values = fit()
     print(report(values))

@@ -293,3 +293,16 @@ def test_recorded_fits_are_the_fit_plan_and_the_cluster_yamls():
             assert node.value == f.value, (name, field)
             assert node.provenance.startswith("FITTED")
             assert ",".join(map(str, f.rows)) in node.provenance
+
+
+def test_unfitted_defaults_are_the_physical_values():
+    """The "no fitted constant" check uses the GEMM plateau 0.65 and the Triton kernel at half
+    the device's FlashAttention-2 efficiency (FA2 is 2x FA1; the Triton kernel is FA1-class):
+    by hand A100 0.5 x 0.55 = 0.275, H100 0.5 x 0.33 = 0.165 -- never a fitted value."""
+    from experiments.fit_constants import unfitted
+
+    got = unfitted()
+    assert got["A100"] == pytest.approx({"gemm": 0.65, "attention_kernels.triton": 0.275})
+    assert got["H100"] == pytest.approx({"gemm": 0.65, "attention_kernels.triton": 0.165})
+    fitted = {(f.device, f.constant.removeprefix("device.efficiency.")): f.value for f in mr.FITS}
+    assert all(got[d][k] != v for (d, k), v in fitted.items())
