@@ -64,6 +64,8 @@ from typing import Any
 
 import torch
 
+from executor.quiet_stderr import kineto_quiet
+
 #: Prefix of every name the executor gives a profiler span
 PREFIX = "meshplan::"
 #: Prefix of a unit call's span name
@@ -158,7 +160,7 @@ def events_per_mix() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     x, y, a = torch.zeros(4), torch.zeros(4), torch.zeros(4, 4)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with kineto_quiet(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         _probe_mix(x, y, a)
     return len(prof.events())
 
@@ -230,8 +232,8 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
         acts.append(ProfilerActivity.CUDA)
     per_mix, bare = events_per_mix(), _probe_seconds()
     sched = schedule(wait=0, warmup=1, active=steps, repeat=1)
-    with profile(activities=acts, record_shapes=True, schedule=sched,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+    with kineto_quiet(), profile(activities=acts, record_shapes=True, schedule=sched,
+                                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
         _timed_step(ex, actions)  # the profiler's warm-up step: recorded, then discarded
         prof.step()
         wall = []
