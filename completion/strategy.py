@@ -74,7 +74,7 @@ RECOMPUTE = ("none", "selective", "selective-op", "full")
 DTYPES = ("bfloat16", "float16", "float32")
 #: software profiles that run a plan (``simulator/profiles/catalog/*.yaml``, one per name)
 FRAMEWORKS = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2", "fsdp2-eager",
-              "llm-foundry", "deepspeed", "eager")
+              "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 #: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
 #: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,
 #: else the framework's default
@@ -90,8 +90,8 @@ CP_COMMS = ("p2p", "all_gather")
 #: per row, as torchtitan's ``--float8`` runs it under FSDP2)
 FP8_RECIPES: dict[str, tuple[str, ...]] = {
     "te-delayed": ("megatron-core", "llm-foundry"),
-    "tensorwise": ("fsdp2", "fsdp2-eager"),
-    "rowwise": ("fsdp2", "fsdp2-eager"),
+    "tensorwise": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
+    "rowwise": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
 }
 #: ``dtype`` spellings of the FP8 recipes (``--dtype fp8-delayed``): dtype bfloat16 + ``fp8``
 FP8_DTYPES = {"fp8-delayed": "te-delayed", "fp8-te": "te-delayed", "fp8-tensorwise": "tensorwise",
@@ -209,8 +209,10 @@ class Strategy:
                 raise StrategyError(f"strategy field 'fp8' must be one of {list(FP8_RECIPES)} or "
                                     f"null (no FP8), got {self.fp8!r}")
             if self.framework not in FP8_RECIPES[self.fp8]:
+                *first, last = FP8_RECIPES[self.fp8]
+                names = f"{', '.join(first)} or {last}" if first else last
                 raise StrategyError(f"strategy field 'fp8' {self.fp8!r} runs under framework "
-                                    f"{' or '.join(FP8_RECIPES[self.fp8])}, not {self.framework!r}")
+                                    f"{names}, not {self.framework!r}")
             if self.dtype != "bfloat16":
                 raise StrategyError(f"strategy field 'fp8' {self.fp8!r} keeps BF16 outside the "
                                     f"FP8 GEMMs; 'dtype' must be bfloat16, got {self.dtype!r}")

@@ -382,9 +382,9 @@ def _cluster(row: Row, notes: _Notes) -> tuple[str, int]:
         if mem == 96 or "grand teton" in gpu_l:
             name = GRAND_TETON
             notes.approximations.append(
-                f"{GRAND_TETON}: peak bf16 of the 500 W HBM2e H100 not published; the "
-                "midpoint of the SXM (989) and NVL (835) peaks, 912 TFLOP/s, used (approx.: "
-                "the torchtitan page puts it between them)")
+                f"{GRAND_TETON}: peak bf16 of the 500 W HBM2e H100 not published; the SXM "
+                "peak 989 TFLOP/s x 0.734, the measured 500 W / 700 W ratio of one bf16 GEMM "
+                "(FBGEMM PR 2546 vs a 700 W H100 SXM), 726 TFLOP/s, used (approx.)")
         elif mem == 80:
             name = "dgx-h100"
         else:
@@ -564,6 +564,8 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
     framework = _framework(_cell(row, "framework"))
     if framework == "fsdp2" and "torch.compile=no" in other:
         framework = "fsdp2-eager"
+    elif framework == "fsdp2" and "async tp" in other:  # torchtitan's experimental async TP
+        framework = "fsdp2-async-tp"
     if framework == "megatron-2021" and pp == 1:
         framework = "megatron-2021-torch-ddp"
         notes.assumptions.append("--DDP-impl torch, as Megatron-LM 6985e58 examples/sc21/"

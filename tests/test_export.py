@@ -155,6 +155,7 @@ TORCHTITAN_FIELDS = {
     "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
               "print_after_conversion"},
     "quantize": {"linear", "grouped_mm"},
+    "compile": {"enable", "components", "backend"},
 }
 #: fields of torchtitan 238fa99 ``Float8Linear`` ([quantize.linear.float8])
 FLOAT8_FIELDS = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
@@ -476,3 +477,17 @@ def test_fp8_plans_export_their_recipe_or_say_why_not():
     for plan in (te, tw):
         for target in TARGETS:
             _check_round_trip(plan, target)
+
+
+def test_torchtitan_compile_and_async_tp_follow_the_profile():
+    """fsdp2 is costed compiled: [compile] enable; fsdp2-eager is not; fsdp2-async-tp with tp 2
+    also turns on parallelism.enable_async_tensor_parallel, and with tp 1 notes why not."""
+    docs = {fw: tomllib.loads(export_plan(_plan(framework=fw), "torchtitan").text)
+            for fw in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")}
+    assert docs["fsdp2"]["compile"] == {"enable": True, "components": ["model"]}
+    assert "compile" not in docs["fsdp2-eager"]
+    assert "enable_async_tensor_parallel" not in docs["fsdp2"]["parallelism"]
+    assert docs["fsdp2-async-tp"]["parallelism"]["enable_async_tensor_parallel"] is True
+    out = export_plan(_plan(framework="fsdp2-async-tp", tp=1, sequence_parallel=False), "torchtitan")
+    assert "enable_async_tensor_parallel" not in tomllib.loads(out.text)["parallelism"]
+    assert any(n.knob == "framework" and "tp > 1" in n.text for n in out.notes)

@@ -28,7 +28,7 @@ def test_strategy_takes_recipes_and_dtype_spellings():
     assert Strategy.from_dict(Strategy(fp8="rowwise", framework="fsdp2").to_dict()).fp8 == "rowwise"
     assert set(FP8_DTYPES.values()) == set(FP8_RECIPES)
     for kw, needle in (({"fp8": "e4m3"}, "'fp8' must be one of"),
-                       ({"fp8": "tensorwise"}, "runs under framework fsdp2 or fsdp2-eager"),
+                       ({"fp8": "tensorwise"}, "runs under framework fsdp2, fsdp2-eager or fsdp2-async-tp"),
                        ({"fp8": "te-delayed", "dtype": "float16"}, "must be bfloat16"),
                        ({"dtype": "fp8-delayed", "fp8": "rowwise"}, "means fp8 'te-delayed'")):
         with pytest.raises(StrategyError, match=needle):
@@ -194,7 +194,7 @@ def test_cli_dtype_fp8(capsys, tmp_path):
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-a100-80g", "--dtype", "fp8-delayed"))
     assert "device 'A100-SXM-80GB'" in line
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-tensorwise"))
-    assert "runs under framework fsdp2 or fsdp2-eager, not 'megatron-core'" in line
+    assert "runs under framework fsdp2, fsdp2-eager or fsdp2-async-tp, not 'megatron-core'" in line
 
 
 def test_cli_warns_one_line_per_unmodelled_key(tmp_path):

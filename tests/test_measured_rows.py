@@ -306,3 +306,26 @@ def test_unfitted_defaults_are_the_physical_values():
     assert got["H100"] == pytest.approx({"gemm": 0.65, "attention_kernels.triton": 0.165})
     fitted = {(f.device, f.constant.removeprefix("device.efficiency.")): f.value for f in mr.FITS}
     assert all(got[d][k] != v for (d, k), v in fitted.items())
+
+
+def test_async_tp_rows_and_the_power_capped_peak():
+    """torchtitan row 71 ("2D + AsyncTP") runs the fsdp2-async-tp profile, its twin row 70
+    plain fsdp2; the Grand Teton bf16 peak is the SXM peak scaled by the measured 500 W /
+    700 W ratio of one GEMM: 989 x 585.2 / 797.5 = 725.7 TFLOP/s (3 significant digits)."""
+    from experiments import measured_rows as rows_mod
+
+    rows = {r["row_id"]: r for r in rows_mod.load_rows()}
+    s70, s71 = (rows_mod.parse_row(rows[k]) for k in ("70", "71"))
+    assert (s70.strategy.framework, s71.strategy.framework) == ("fsdp2", "fsdp2-async-tp")
+    peak = load_cluster(rows_mod.GRAND_TETON).device.peak_flops["bf16"].value
+    assert peak == pytest.approx(989e12 * 585.2 / 797.5, rel=2e-3)
+    st = s70.strategy.replace(global_batch_size=s70.strategy.dp * 16)
+    plain = Engine(s70.model, s70.cluster, st, nodes=s70.nodes, seq_len=s70.seq_len,
+                   num_layers=4).simulate()
+    asyn = Engine(s70.model, s70.cluster, st.replace(framework="fsdp2-async-tp"), nodes=s70.nodes,
+                  seq_len=s70.seq_len, num_layers=4).simulate()
+    a, b = plain.time_breakdown, asyn.time_breakdown
+    assert a["compute"] == pytest.approx(b["compute"]) and a["tp_comm"] == pytest.approx(b["tp_comm"])
+    assert b["overlapped"] > a["overlapped"]  # the TP all_gather / reduce_scatter beside GEMMs
+    # pp = 1: step = compute + tp_comm - overlapped + the rest, so the step shrinks by the overlap
+    assert plain.step_time - asyn.step_time == pytest.approx(b["overlapped"] - a["overlapped"], rel=1e-6)

@@ -40,7 +40,7 @@ from typing import Any
 from meshplan.commands.export_targets import Export, Note, framework_note, layout
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
-FAMILIES = ("fsdp2", "fsdp2-eager")
+FAMILIES = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
 #: plan schedule -> torch.distributed.pipelining schedule name
 SCHEDULES = {"FThenB": "GPipe", "1F1B": "1F1B", "VPP": "Interleaved1F1B", "ZBVPP": "ZBVZeroBubble"}
 #: torch pipelining schedules that run one stage per rank
@@ -174,6 +174,24 @@ def _float8(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
     return {"recipe_name": fp8, "filter_fqns": ["output"], "enable_fsdp_float8_all_gather": False}
 
 
+#: profiles whose cost model assumes torchtitan's per-block torch.compile
+COMPILED = ("fsdp2", "fsdp2-async-tp")
+
+
+def _compile_and_async_tp(framework: str, eff: dict[str, Any], notes: list[Note],
+                          par: dict[str, Any]) -> bool:
+    """True when the plan's profile is costed compiled (``[compile] enable``, job_config.py
+    ``Compile`` at 238fa99); for ``fsdp2-async-tp`` with tp > 1 also sets
+    ``parallelism.enable_async_tensor_parallel`` (which torchtitan runs only compiled); with
+    tp 1 there is no TP collective to overlap: noted, not written."""
+    if framework == "fsdp2-async-tp":
+        if eff["tp"] > 1:
+            par["enable_async_tensor_parallel"] = True
+        else:
+            notes.append(Note("framework", "async tensor parallel needs tp > 1; not written"))
+    return framework in COMPILED
+
+
 def export(plan: Any) -> Export:
     """A torchtitan job TOML for ``plan`` (see the module docstring for the mapping); notes
     are ``#`` comments at the top."""
@@ -200,9 +218,12 @@ def export(plan: Any) -> Export:
             f"{eff['dp'] * eff['tp'] * eff['pp']} ranks; set [model] name and flavor"]
     head += [f"# note: {n}" for n in notes]
     fp8 = _float8(eff, notes)
+    compiled = _compile_and_async_tp(plan.strategy.framework, eff, notes, par)
     body = _section("training", tr) + _section("parallelism", par)
     body += _section("activation_checkpoint", ac)
     body += _section("optimizer", {"name": OPTIMIZERS[eff["optimizer"]]})
+    if compiled:
+        body += _section("compile", {"enable": True, "components": ["model"]})  # loss eager, as costed
     if fp8:
         body += _section("model", {"converters": ["quantize.linear.float8"]})
         body += _section("quantize.linear.float8", fp8)

@@ -131,7 +131,7 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 #: framework profiles (``completion.strategy.FRAMEWORKS``, the catalog of
 #: ``simulator.profiles``; tests/test_cli_options.py checks that they agree)
 FRAMEWORK_NAMES = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2",
-                   "fsdp2-eager", "llm-foundry", "deepspeed", "eager")
+                   "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 
 MODEL = typer.Option(..., "--model", "-m",
                      help="Built-in model name, or a file: a Hugging Face config.json (cost: also "
