@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator import cp_torch
-from simulator.context_parallel import cp_comm_time
+from simulator.context_parallel import cp_comm_time, cp_workspace_bytes
 from simulator.errors import SimulatorError
 from simulator.op_signature import OpSig
 
@@ -36,12 +36,15 @@ class CpImpl:
             (exposed, alone) seconds of the op's exchange.
         merge_bytes: (sig, compiled) -> bytes of the op's merge / accumulation kernels
             (memory-bound, charged at the roofline's memory rate to the op's phase).
+        workspace_bytes: sig -> extra bytes the op holds while it runs (K/V buffers,
+            accumulators) beyond its operands and results.
         source: where the code is.
     """
 
     name: str
     comm_time: Callable[[OpSig, float, Any, int, int, bool], tuple[float, float]]
     merge_bytes: Callable[[OpSig, bool], float]
+    workspace_bytes: Callable[[OpSig], int]
     source: str
 
 
@@ -51,9 +54,9 @@ def _te_comm(sig: OpSig, attention_s: float, cluster: Any, rank: int, offset: in
 
 
 CP_IMPLS: dict[str, CpImpl] = {i.name: i for i in (
-    CpImpl("transformer-engine", _te_comm, lambda sig, compiled: 0.0,
+    CpImpl("transformer-engine", _te_comm, lambda sig, compiled: 0.0, cp_workspace_bytes,
            "Megatron-LM / Transformer Engine attention with context parallelism (simulator.context_parallel)"),
-    CpImpl("torchtitan-sdpa", cp_torch.comm_time, cp_torch.merge_bytes,
+    CpImpl("torchtitan-sdpa", cp_torch.comm_time, cp_torch.merge_bytes, cp_torch.workspace_bytes,
            "torch 1963fc8 torch/distributed/tensor/experimental/_attention.py under torchtitan 9dec370 "
            "(simulator.cp_torch)"),
 )}

@@ -137,6 +137,23 @@ def merge_bytes(sig: OpSig, compiled: bool) -> float:
     return float((10 + 10 * cp) * o + (56 + 42 * (cp - 1)) * k)
 
 
+def workspace_bytes(sig: OpSig) -> int:
+    """Extra bytes one attention op holds while the ring runs (beyond its own operands and
+    results); 0 for cp = 1. K/V: ``all_gather`` the gathered buffer of cp
+    :func:`kv_block_bytes` blocks (``_AllGatherRotater``), ``p2p`` the block received and
+    the concatenated one being sent (2 blocks). Forward: the fp32 merged output and the
+    fp32 upcast block (2 * 4 O bytes). Backward: the fp32 dq, dk, dv accumulators (4 O +
+    8 K) and the dK/dV blocks sent and received (2 :func:`dkv_block_bytes`)."""
+    cp, comm, _ = cp_settings(sig)
+    if cp == 1:
+        return 0
+    kv = (cp if comm == "all_gather" else 2) * kv_block_bytes(sig)
+    o = out_elems(sig)
+    if not sig.type.endswith("_grad"):
+        return kv + 2 * F32 * o
+    return kv + F32 * o + 2 * F32 * kv_elems(sig) + 2 * dkv_block_bytes(sig)
+
+
 def _group(sig: OpSig, rank: int, offset: int) -> list[int]:
     cp, _, stride = cp_settings(sig)
     return [r + offset for r in cp_group(rank, cp, stride)]
@@ -181,4 +198,4 @@ def comm_time(sig: OpSig, attention_s: float, cluster: Any, rank: int, offset: i
 
 
 __all__ = ["F32", "comm_time", "dkv_block_bytes", "exchanged_heads", "kv_block_bytes",
-           "kv_elems", "merge_bytes", "out_elems"]
+           "kv_elems", "merge_bytes", "out_elems", "workspace_bytes"]

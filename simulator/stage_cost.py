@@ -33,7 +33,7 @@ from completion.ir import Operation, OpRole, Program
 from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
-from simulator.context_parallel import CP_PHASE, cp_settings, cp_workspace_bytes
+from simulator.context_parallel import CP_PHASE, cp_settings
 from simulator.cp_impls import cp_impl
 from simulator.eager_ops import eager_kernels, eager_settings, impl_for
 from simulator.fp8 import cast_kernels, fp8_state_bytes
@@ -397,7 +397,7 @@ class StageCoster:
                 for d in t.shape:
                     n *= d
                 own += n * DTYPE_BYTES.get(t.dtype, 4)
-        bc.workspace = max(bc.workspace, own + cp_workspace_bytes(sig))
+        bc.workspace = max(bc.workspace, own + impl.workspace_bytes(sig))
         return exposed + merge
 
     def _params_and_workspace(self, op: Operation, sig: OpSig, bc: BlockCost) -> None:

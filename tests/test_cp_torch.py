@@ -24,6 +24,7 @@ from simulator.cp_torch import (
     kv_elems,
     merge_bytes,
     out_elems,
+    workspace_bytes,
 )
 from simulator.errors import SimulatorError
 from simulator.op_signature import op_signature
@@ -207,3 +208,38 @@ def test_profiles_select_the_implementation():
 
     with pytest.raises(SimulatorError, match="kernels.cp_attention: 'nope'"):
         cp_impl(_Odd())
+
+
+def test_workspace_bytes_by_hand():
+    """cp 4 (O = K = 8,388,608, a bf16 K/V block 32 MiB, an fp32 dK/dV block 64 MiB):
+    all_gather forward holds the 4 gathered blocks (128 MiB) and the fp32 output and block
+    (2 * 32 MiB): 192 MiB; backward the gathered blocks, fp32 dq (32 MiB), dk and dv
+    (64 MiB) and two dK/dV blocks (128 MiB): 352 MiB; the alltoall rotation 2 blocks of
+    K/V instead of 4."""
+    mib = 2**20
+    fwd, bwd = _attention(4)
+    assert workspace_bytes(fwd) == 192 * mib and workspace_bytes(bwd) == 352 * mib
+    fp, bp = _attention(4, "p2p")
+    assert workspace_bytes(fp) == 128 * mib and workspace_bytes(bp) == 288 * mib
+    assert workspace_bytes(_attention(1)[0]) == 0
+
+
+def test_engine_charges_the_torch_ring():
+    """A 2-layer Llama (16 heads of 64, 4 KV heads) at 4096 tokens on cp 2 of one DGX H100,
+    all_gather: under fsdp2 (compiled) a layer's forward communication is the exposed
+    all_gather of 2 blocks of K/V repeated to 16 heads (2 * 2 * 2048 * 16 * 64 * 2 bytes
+    each) and its forward compute grows by the merge kernels at the memory rate; under
+    megatron-core the all_gather of the 4-head blocks (Transformer Engine)."""
+    cfg = ModelConfig(name="m", family="llama", num_layers=2, hidden_size=1024, num_heads=16,
+                      num_kv_heads=4, ffn_hidden_size=2816, vocab_size=32000, seq_len=4096)
+    from meshplan.engine import Engine
+
+    base = Strategy(cp=2, cp_comm="all_gather", micro_batch_size=1, global_batch_size=1, attention="flash")
+    cl = load_cluster("dgx-h100", 1)
+    block16, block4 = 2 * 2048 * 16 * 64 * 2, 2 * 2048 * 4 * 64 * 2
+    ft = Engine(cfg, cl, base.replace(framework="fsdp2"), nodes=1)
+    mc = Engine(cfg, cl, base.replace(framework="megatron-core"), nodes=1)
+    lf, lm = ft.program_costs().layers[0], mc.program_costs().layers[0]
+    assert lf.comm["F"] == pytest.approx(cl.collective_time("all_gather", 2 * block16, [0, 1]))
+    assert lm.comm["F"] == pytest.approx(cl.collective_time("all_gather", 2 * block4, [0, 1]))
+    assert lf.cp_hidden["F"] == lm.cp_hidden["F"] == 0.0
