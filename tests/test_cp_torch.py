@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from clusters import load_cluster
@@ -243,3 +245,30 @@ def test_engine_charges_the_torch_ring():
     assert lf.comm["F"] == pytest.approx(cl.collective_time("all_gather", 2 * block16, [0, 1]))
     assert lm.comm["F"] == pytest.approx(cl.collective_time("all_gather", 2 * block4, [0, 1]))
     assert lf.cp_hidden["F"] == lm.cp_hidden["F"] == 0.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(cp=st.sampled_from([2, 4, 8]), attn=st.floats(0.0, 10.0), comm=st.sampled_from(["all_gather", "p2p"]))
+def test_exposure_and_merge_properties(cp, attn, comm):
+    """For any attention time: the exposed exchange never exceeds the exchange alone,
+    compiled exposes it all, eager exposes at least the last dK/dV permute and no more
+    than compiled; fusing never moves more bytes than eager."""
+    cl = _DGX
+    for sig in _attention_cached(cp, comm):
+        c_exp, c_alone = comm_time(sig, attn, cl, 0, compiled=True)
+        e_exp, e_alone = comm_time(sig, attn, cl, 0, compiled=False)
+        assert c_exp == c_alone == pytest.approx(e_alone)
+        assert 0.0 <= e_exp <= c_exp + 1e-15
+        if sig.type.endswith("_grad"):
+            assert e_exp >= cl.p2p_time(dkv_block_bytes(sig), 0, 1) - 1e-15
+        assert 0 < merge_bytes(sig, True) <= merge_bytes(sig, False)
+
+
+_DGX = load_cluster("dgx-h100", 1)
+_SIGS: dict[tuple[int, str], tuple] = {}
+
+
+def _attention_cached(cp: int, comm: str) -> tuple:
+    if (cp, comm) not in _SIGS:
+        _SIGS[cp, comm] = _attention(cp, comm)
+    return _SIGS[cp, comm]
