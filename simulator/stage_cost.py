@@ -33,7 +33,8 @@ from completion.ir import Operation, OpRole, Program
 from completion.ops.registry import op_traits
 from completion.reshard import plan_reshard
 from simulator.blocks import assign_blocks
-from simulator.context_parallel import CP_PHASE, cp_comm_time, cp_settings, cp_workspace_bytes
+from simulator.context_parallel import CP_PHASE, cp_settings
+from simulator.cp_impls import cp_impl
 from simulator.eager_ops import eager_kernels, eager_settings, impl_for
 from simulator.fp8 import cast_kernels, fp8_state_bytes
 from simulator.fusion import FusionPlan
@@ -371,15 +372,21 @@ class StageCoster:
             bc.comm_count[phase] += 1
 
     def _context_parallel(self, sig: OpSig, times: dict[Phase, float], bc: BlockCost) -> float:
-        """Context-parallel attention (``simulator.context_parallel``): the exposed part of
-        its ring sends (or its K/V all_gather) charged to the op's phase, and its K/V
-        buffers added to its working set. Returns the exposed seconds (0 without cp): a
-        recompute policy that reruns a forward attention reruns its exchange too."""
+        """Context-parallel attention as the profile's implementation runs it
+        (``kernels.cp_attention``, ``simulator.cp_impls``): the exposed part of its K/V
+        exchange charged to the op's phase as communication, its merge kernels as compute,
+        and its K/V buffers added to its working set. Returns the exposed and merge seconds
+        (0 without cp): a recompute policy that reruns a forward attention reruns both."""
         cp, _, _ = cp_settings(sig)
         if cp == 1:
             return 0.0
         phase = CP_PHASE[sig.type]
-        exposed, alone = cp_comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank, self.offset)
+        impl = cp_impl(self.profile)
+        compiled = self.profile is not None and bool(self.profile.kernels.compile.value)
+        exposed, alone = impl.comm_time(sig, times.get(phase, 0.0), self.cluster, self.rank,
+                                        self.offset, compiled)
+        merge = self.roofline.memory_time(impl.merge_bytes(sig, compiled))
+        bc.compute[phase] += merge
         bc.comm[phase] += exposed
         bc.cp_hidden[phase] += max(0.0, alone - exposed)
         bc.comm_count[phase] += cp - 1
@@ -390,8 +397,8 @@ class StageCoster:
                 for d in t.shape:
                     n *= d
                 own += n * DTYPE_BYTES.get(t.dtype, 4)
-        bc.workspace = max(bc.workspace, own + cp_workspace_bytes(sig))
-        return exposed
+        bc.workspace = max(bc.workspace, own + impl.workspace_bytes(sig))
+        return exposed + merge
 
     def _params_and_workspace(self, op: Operation, sig: OpSig, bc: BlockCost) -> None:
         """Record the parameters a forward op reads (local elements and bytes) and the op's

@@ -9,7 +9,9 @@ catalog is ``simulator/profiles/catalog/*.yaml``. Units: bytes, seconds.
 Sections:
 
 - ``kernels``: which memory-bound ops run fused (:data:`FUSION_GROUPS`), whether
-  torch.compile fuses every elementwise chain, the default attention implementation;
+  torch.compile fuses every elementwise chain, the default attention implementation, the
+  context-parallel attention implementation (``cp_attention``, ``simulator.cp_impls``;
+  absent: Transformer Engine's);
 - ``overlap``: which collectives run on their own stream beside which compute
   (tensor-parallel backward / forward, data-parallel gradient reduce and parameter
   gather, FSDP prefetch depth), and the SMs a collective kernel holds while it runs
@@ -87,6 +89,22 @@ class AttentionKernel(_Quantity):
     value: Literal["flash2", "cudnn", "triton", "flash3"]
 
 
+class CpAttention(_Quantity):
+    """The context-parallel attention implementation a framework runs
+    (``simulator.cp_impls.CP_IMPLS``): how its K/V exchange and merge kernels cost."""
+
+    value: str = Field(min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from simulator.cp_impls import CP_IMPLS
+
+        if v not in CP_IMPLS:
+            raise ValueError(f"unknown cp attention implementation {v!r}; known: {sorted(CP_IMPLS)}")
+        return v
+
+
 class AttentionChoice(_Quantity):
     """An attention implementation: ``flash`` or ``unfused``."""
 
@@ -150,7 +168,9 @@ _NO_EAGER = EagerMap(value=(), provenance="no eager decomposition: each op one k
 
 
 class Kernels(BaseModel):
-    """Kernel-level facts: fusion, eager implementations and attention."""
+    """Kernel-level facts: fusion, eager implementations, attention and its
+    context-parallel implementation (``cp_attention``; None: ``simulator.cp_impls``'s
+    default)."""
 
     model_config = _STRICT
     fused: Groups
@@ -158,6 +178,7 @@ class Kernels(BaseModel):
     attention: AttentionChoice
     attention_kernel: AttentionKernel
     eager: EagerMap = _NO_EAGER
+    cp_attention: CpAttention | None = None
 
     @field_validator("eager")
     @classmethod
