@@ -107,6 +107,10 @@ class PlanProgram:
     representative: bool = False
     annotated: bool = True
     context_parallel: int = 1
+    replicas: int = 1
+    """Data-parallel copies of the program besides its own mesh: dp / ep for a
+    representative program of a plan with 1 < ep < dp (:func:`expert_group_strategy`), 1
+    otherwise. Its costs are those of every rank; its model FLOPs are one copy's."""
 
 
 def stage_mesh(strategy: Strategy) -> ProcessMesh:
@@ -289,6 +293,13 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     check_plan(source, strategy)
     cp = strategy.cp
     s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
+    plan_s, replicas = s, 1
+    if 1 < s.ep < s.dp:
+        if not representative:
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep} below dp = {s.dp}: expert data "
+                                   "parallelism is costed (the cost model's representative "
+                                   "program), not yet executed; run with ep = dp or ep = 1")
+        s, replicas = expert_group_strategy(s), s.dp // s.ep
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
     prog = _forward(source, s, batch, representative, attention)
@@ -312,8 +323,22 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         if resolve_reshards:
             apply_reshard_pass(prog)
     prog.renumber()
-    return PlanProgram(prog, s, batch, s.num_microbatches, s.world_size, representative, annotated,
-                       cp)
+    return PlanProgram(prog, plan_s, batch, plan_s.num_microbatches, plan_s.world_size, representative,
+                       annotated, cp, replicas)
+
+
+def expert_group_strategy(s: Strategy) -> Strategy:
+    """The strategy a representative program of ``s`` is built for when 1 < ep < dp: one
+    ep group (``dp = ep``, the global batch scaled by ep / dp so the micro-batches stay
+    the same). Each of the dp / ep expert-data-parallel copies of that group runs the
+    same program on its own data, so rank 0's local shapes, its all_to_all on the ep
+    group (ranks 0 .. ep*tp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
+    ``simulator.expert_parallel``) and its activations are those of the whole plan; the
+    step model (``simulator.step``, built from the plan's own strategy) reduces dense
+    gradients over dp and expert ones over dp / ep. ``s`` itself otherwise."""
+    if not 1 < s.ep < s.dp:
+        return s
+    return replace(s, dp=s.ep, global_batch_size=s.global_batch_size * s.ep // s.dp)
 
 
 def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:

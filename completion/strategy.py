@@ -15,11 +15,15 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   before the attention, ``--cp-comm-type all_gather``); ``completion.context_parallel``;
 - ``ep``: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed
   experts of a mixture-of-experts model split over ``ep`` ranks, tokens sent to their
-  experts' ranks by all_to_all and back (``completion.spmd.moe``). Here the experts split
-  over the data-parallel ranks: ``ep`` is 1 or ``dp`` (Megatron-Core's expert-data-parallel
-  size dp * cp * tp / (ep * etp) is then 1 with etp = tp: every expert weight lives on one
-  dp rank, split like a dense MLP over tp; ``completion.plan_program.check_plan`` checks the
-  model);
+  experts' ranks by all_to_all and back (``completion.spmd.moe``). ``ep`` divides ``dp``:
+  an ep group is ``ep`` consecutive data-parallel ranks (Megatron-Core's expert rank order
+  ``tp-ep-dp-pp``, ``megatron/core/parallel_state.py`` ``RankGenerator`` with
+  ``expert_tensor_parallel_size`` = tp here), and the ``dp / ep`` ranks holding the same
+  experts form the expert-data-parallel group (Megatron-Core's size
+  dp * cp * tp / (ep * etp), cp = 1 and etp = tp here) over which expert gradients are
+  reduced and, with the distributed optimizer (``zero`` 1), expert optimizer states
+  sharded; dense ones over dp (``simulator.expert_parallel``). Not with cp > 1 nor zero >
+  1; ``completion.plan_program.check_plan`` checks the model (ep divides the experts);
 - ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
@@ -234,16 +238,17 @@ class Strategy:
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
-        if self.ep > 1 and self.ep != self.dp:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} must be 1 or dp = {self.dp} "
-                                "(experts split over the data-parallel ranks)")
+        if self.ep > 1 and self.dp % self.ep:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} must divide dp = {self.dp} "
+                                "(experts split over ep of the data-parallel ranks)")
         if self.ep > 1 and self.cp > 1:
             raise StrategyError(f"strategy field 'ep' = {self.ep} with 'cp' = {self.cp}: experts split "
                                 "over the data- and context-parallel ranks are not modelled; use cp 1")
-        if self.ep > 1 and self.zero:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: ZeRO "
-                                "of expert-parallel weights (over the expert-data-parallel group) "
-                                "is not modelled; use zero 0")
+        if self.ep > 1 and self.zero > 1:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: only the "
+                                "distributed optimizer (zero 1, optimizer states sharded over the "
+                                "expert-data-parallel group for experts) is modelled with experts; "
+                                "use zero 0 or 1")
         if self.cp > 1 and self.attention == "unfused":
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "
