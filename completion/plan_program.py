@@ -108,9 +108,10 @@ class PlanProgram:
     annotated: bool = True
     context_parallel: int = 1
     replicas: int = 1
-    """Data-parallel copies of the program besides its own mesh: dp / ep for a
-    representative program of a plan with 1 < ep < dp (:func:`expert_group_strategy`), 1
-    otherwise. Its costs are those of every rank; its model FLOPs are one copy's."""
+    """Data-parallel copies of the program besides its own mesh: dp / ep for a plan with
+    1 < ep < dp (:func:`expert_group_strategy`), 1 otherwise. Its costs are those of every
+    rank; its model FLOPs are one copy's; the executor runs the copies side by side
+    (``executor.expert_copies``)."""
 
 
 def stage_mesh(strategy: Strategy) -> ProcessMesh:
@@ -294,11 +295,7 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     cp = strategy.cp
     s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
     plan_s, replicas = s, 1
-    if 1 < s.ep < s.dp:
-        if not representative:
-            raise PlanProgramError(f"strategy field 'ep' = {s.ep} below dp = {s.dp}: expert data "
-                                   "parallelism is costed (the cost model's representative "
-                                   "program), not yet executed; run with ep = dp or ep = 1")
+    if 1 < s.ep < s.dp:  # one ep group's program, run as dp / ep copies (executor.expert_copies)
         s, replicas = expert_group_strategy(s), s.dp // s.ep
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)

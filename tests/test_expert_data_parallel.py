@@ -119,5 +119,25 @@ def test_bad_ep_layouts_are_refused_naming_the_field(tiny):
         Strategy(dp=4, ep=2, zero=3, global_batch_size=4)
     with pytest.raises(StrategyError, match="'ep' = 2 with 'cp' = 2"):
         Strategy(dp=4, ep=2, cp=2, global_batch_size=4)
-    with pytest.raises(PlanProgramError, match="'ep' = 2 below dp = 4: .* not yet executed"):
-        build_plan_program(resolve_model(tiny, 32), Strategy(dp=4, ep=2, global_batch_size=4))
+    with pytest.raises(PlanProgramError, match="'ep' = 3 does not divide model .* num_experts = 4"):
+        build_plan_program(resolve_model(tiny, 32), Strategy(dp=6, ep=3, global_batch_size=6))
+
+
+def test_the_executor_runs_ep_below_dp_as_copies_of_one_ep_group(tiny):
+    """dp 4, ep 2: the whole program is the ep group's (ranks 0, 1; batch 2 of the 4 rows a
+    micro-batch has) with 2 copies; world rank 3 runs program rank 1 of copy 1, its
+    collectives on world ranks 2, 3, and its gradients are averaged with world rank 1's
+    (tests/test_moe_verify.py runs it on 4 gloo ranks). With pp 2 the copies are refused,
+    naming the fields."""
+    from executor.expert_copies import ExpertCopyError, copies_of
+
+    pp = build_plan_program(resolve_model(tiny, 32), Strategy(dp=4, ep=2, micro_batch_size=1, global_batch_size=8))
+    meshes = {op.dist_attr.process_mesh.process_ids for op in pp.program.ops if op.dist_attr is not None}
+    assert meshes == {(0, 1)} and (pp.replicas, pp.batch, pp.strategy.dp) == (2, 2, 4)
+    c = copies_of(pp, 3)
+    assert (c.copy, c.program_rank(3), c.copy_group(1)) == (1, 1, (1, 3))
+    assert c.world_groups([(0, 1)]) == [(0, 1), (0, 2), (1, 3), (2, 3)]
+    pp2 = build_plan_program(resolve_model(tiny, 32), Strategy(dp=4, ep=2, pp=2, micro_batch_size=1,
+                                                               global_batch_size=8))
+    with pytest.raises(ExpertCopyError, match="'ep' = 2 below dp = 4 with 'pp' = 2"):
+        copies_of(pp2, 0)
