@@ -299,7 +299,7 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         s, replicas = expert_group_strategy(s), s.dp // s.ep
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
-    prog = _forward(source, s, batch, representative, attention)
+    prog = _forward(with_expert_slots(source, s), s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
@@ -322,6 +322,21 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     prog.renumber()
     return PlanProgram(prog, plan_s, batch, plan_s.num_microbatches, plan_s.world_size, representative,
                        annotated, cp, replicas)
+
+
+def with_expert_slots(source: ModelSource, s: Strategy) -> ModelSource:
+    """``source`` whose config builds its dispatch / combine with ``s.expert_slot_factor``
+    (``ModelConfig.expert_slot_factor``: the busiest expert's load, capped by the capacity
+    when tokens are dropped; ``completion.strategy``); ``source`` itself at factor 1.
+    Raises PlanProgramError for a given program (its slots are its own)."""
+    f = s.expert_slot_factor
+    if f == 1.0:
+        return source
+    if source.config is None:
+        raise PlanProgramError(f"strategy fields 'moe_capacity_factor' / 'moe_load_imbalance' "
+                               f"(slot factor {f}) need a model built from a config; model "
+                               f"{source.name!r} is a given program")
+    return replace(source, config=source.config.replace(expert_slot_factor=f))
 
 
 def expert_group_strategy(s: Strategy) -> Strategy:

@@ -24,6 +24,16 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   reduced and, with the distributed optimizer (``zero`` 1), expert optimizer states
   sharded; dense ones over dp (``simulator.expert_parallel``). Not with cp > 1 nor zero >
   1; ``completion.plan_program.check_plan`` checks the model (ep divides the experts);
+- ``moe_capacity_factor``: expert capacity of a mixture-of-experts model (Megatron-Core's
+  ``--moe-expert-capacity-factor``; GShard, Lepikhin et al. 2021, sec. 2.2): each expert
+  takes at most ``ceil(c * s * k / E)`` (token, choice) pairs per sequence and drops the
+  rest; None (default): dropless, as Megatron-Core's default;
+- ``moe_load_imbalance``: tokens of the busiest expert over the mean, f >= 1 (1: uniform
+  routing, as Megatron-Core's ``moe_router_force_load_balancing`` runs it). The step waits
+  for the busiest expert's rank, so every expert is costed with ``ceil(min(c, f) * s * k /
+  E)`` slots per sequence (:attr:`Strategy.expert_slot_factor`; the dispatch / combine
+  ``capacity_factor``, ``completion.ops.moe``): its grouped GEMMs and its all_to_all grow
+  with f, up to the capacity when tokens are dropped;
 - ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
@@ -173,6 +183,8 @@ class Strategy:
     fp8: str | None = None
     fsdp_shard_size: int | None = None
     ep: int = 1
+    moe_capacity_factor: float | None = None
+    moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
@@ -249,6 +261,7 @@ class Strategy:
                                 "distributed optimizer (zero 1, optimizer states sharded over the "
                                 "expert-data-parallel group for experts) is modelled with experts; "
                                 "use zero 0 or 1")
+        self._check_moe_routing()
         if self.cp > 1 and self.attention == "unfused":
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "
@@ -330,6 +343,25 @@ class Strategy:
                 f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
                 f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
                 f"of pp = {self.pp}")
+
+    def _check_moe_routing(self) -> None:
+        """moe_capacity_factor None or a number in (0, 64]; moe_load_imbalance in [1, 64]."""
+        c, f = self.moe_capacity_factor, self.moe_load_imbalance
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 64):
+            raise StrategyError(f"strategy field 'moe_capacity_factor' must be a number in (0, 64] "
+                                f"(None: dropless), got {c!r}")
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 1 <= f <= 64:
+            raise StrategyError(f"strategy field 'moe_load_imbalance' must be a number in [1, 64] "
+                                f"(the busiest expert's tokens over the mean), got {f!r}")
+
+    @property
+    def expert_slot_factor(self) -> float:
+        """The slots per expert per sequence the plan builds and costs, over the uniform
+        ``s * k / E``: ``min(moe_capacity_factor, moe_load_imbalance)`` when tokens are
+        dropped, ``moe_load_imbalance`` when dropless (module docstring)."""
+        f = float(self.moe_load_imbalance)
+        c = self.moe_capacity_factor
+        return f if c is None else min(float(c), f)
 
     @property
     def world_size(self) -> int:
