@@ -107,6 +107,11 @@ class PlanProgram:
     representative: bool = False
     annotated: bool = True
     context_parallel: int = 1
+    replicas: int = 1
+    """Data-parallel copies of the program besides its own mesh: dp / ep for a plan with
+    1 < ep < dp (:func:`expert_group_strategy`), 1 otherwise. Its costs are those of every
+    rank; its model FLOPs are one copy's; the executor runs the copies side by side
+    (``executor.expert_copies``)."""
 
 
 def stage_mesh(strategy: Strategy) -> ProcessMesh:
@@ -289,9 +294,12 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     check_plan(source, strategy)
     cp = strategy.cp
     s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
+    plan_s, replicas = s, 1
+    if 1 < s.ep < s.dp:  # one ep group's program, run as dp / ep copies (executor.expert_copies)
+        s, replicas = expert_group_strategy(s), s.dp // s.ep
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
-    prog = _forward(source, s, batch, representative, attention)
+    prog = _forward(with_expert_slots(source, s), s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
@@ -312,8 +320,37 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
         if resolve_reshards:
             apply_reshard_pass(prog)
     prog.renumber()
-    return PlanProgram(prog, s, batch, s.num_microbatches, s.world_size, representative, annotated,
-                       cp)
+    return PlanProgram(prog, plan_s, batch, plan_s.num_microbatches, plan_s.world_size, representative,
+                       annotated, cp, replicas)
+
+
+def with_expert_slots(source: ModelSource, s: Strategy) -> ModelSource:
+    """``source`` whose config builds its dispatch / combine with ``s.expert_slot_factor``
+    (``ModelConfig.expert_slot_factor``: the busiest expert's load, capped by the capacity
+    when tokens are dropped; ``completion.strategy``); ``source`` itself at factor 1.
+    Raises PlanProgramError for a given program (its slots are its own)."""
+    f = s.expert_slot_factor
+    if f == 1.0:
+        return source
+    if source.config is None:
+        raise PlanProgramError(f"strategy fields 'moe_capacity_factor' / 'moe_load_imbalance' "
+                               f"(slot factor {f}) need a model built from a config; model "
+                               f"{source.name!r} is a given program")
+    return replace(source, config=source.config.replace(expert_slot_factor=f))
+
+
+def expert_group_strategy(s: Strategy) -> Strategy:
+    """The strategy a representative program of ``s`` is built for when 1 < ep < dp: one
+    ep group (``dp = ep``, the global batch scaled by ep / dp so the micro-batches stay
+    the same). Each of the dp / ep expert-data-parallel copies of that group runs the
+    same program on its own data, so rank 0's local shapes, its all_to_all on the ep
+    group (ranks 0 .. ep*tp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
+    ``simulator.expert_parallel``) and its activations are those of the whole plan; the
+    step model (``simulator.step``, built from the plan's own strategy) reduces dense
+    gradients over dp and expert ones over dp / ep. ``s`` itself otherwise."""
+    if not 1 < s.ep < s.dp:
+        return s
+    return replace(s, dp=s.ep, global_batch_size=s.global_batch_size * s.ep // s.dp)
 
 
 def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:

@@ -15,11 +15,25 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   before the attention, ``--cp-comm-type all_gather``); ``completion.context_parallel``;
 - ``ep``: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed
   experts of a mixture-of-experts model split over ``ep`` ranks, tokens sent to their
-  experts' ranks by all_to_all and back (``completion.spmd.moe``). Here the experts split
-  over the data-parallel ranks: ``ep`` is 1 or ``dp`` (Megatron-Core's expert-data-parallel
-  size dp * cp * tp / (ep * etp) is then 1 with etp = tp: every expert weight lives on one
-  dp rank, split like a dense MLP over tp; ``completion.plan_program.check_plan`` checks the
-  model);
+  experts' ranks by all_to_all and back (``completion.spmd.moe``). ``ep`` divides ``dp``:
+  an ep group is ``ep`` consecutive data-parallel ranks (Megatron-Core's expert rank order
+  ``tp-ep-dp-pp``, ``megatron/core/parallel_state.py`` ``RankGenerator`` with
+  ``expert_tensor_parallel_size`` = tp here), and the ``dp / ep`` ranks holding the same
+  experts form the expert-data-parallel group (Megatron-Core's size
+  dp * cp * tp / (ep * etp), cp = 1 and etp = tp here) over which expert gradients are
+  reduced and, with the distributed optimizer (``zero`` 1), expert optimizer states
+  sharded; dense ones over dp (``simulator.expert_parallel``). Not with cp > 1 nor zero >
+  1; ``completion.plan_program.check_plan`` checks the model (ep divides the experts);
+- ``moe_capacity_factor``: expert capacity of a mixture-of-experts model (Megatron-Core's
+  ``--moe-expert-capacity-factor``; GShard, Lepikhin et al. 2021, sec. 2.2): each expert
+  takes at most ``ceil(c * s * k / E)`` (token, choice) pairs per sequence and drops the
+  rest; None (default): dropless, as Megatron-Core's default;
+- ``moe_load_imbalance``: tokens of the busiest expert over the mean, f >= 1 (1: uniform
+  routing, as Megatron-Core's ``moe_router_force_load_balancing`` runs it). The step waits
+  for the busiest expert's rank, so every expert is costed with ``ceil(min(c, f) * s * k /
+  E)`` slots per sequence (:attr:`Strategy.expert_slot_factor`; the dispatch / combine
+  ``capacity_factor``, ``completion.ops.moe``): its grouped GEMMs and its all_to_all grow
+  with f, up to the capacity when tokens are dropped;
 - ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
@@ -169,6 +183,8 @@ class Strategy:
     fp8: str | None = None
     fsdp_shard_size: int | None = None
     ep: int = 1
+    moe_capacity_factor: float | None = None
+    moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
@@ -236,16 +252,18 @@ class Strategy:
                                 f"{self.schedule!r} runs one chunk per rank; use VPP")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
-        if self.ep > 1 and self.ep != self.dp:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} must be 1 or dp = {self.dp} "
-                                "(experts split over the data-parallel ranks)")
+        if self.ep > 1 and self.dp % self.ep:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} must divide dp = {self.dp} "
+                                "(experts split over ep of the data-parallel ranks)")
         if self.ep > 1 and self.cp > 1:
             raise StrategyError(f"strategy field 'ep' = {self.ep} with 'cp' = {self.cp}: experts split "
                                 "over the data- and context-parallel ranks are not modelled; use cp 1")
-        if self.ep > 1 and self.zero:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: ZeRO "
-                                "of expert-parallel weights (over the expert-data-parallel group) "
-                                "is not modelled; use zero 0")
+        if self.ep > 1 and self.zero > 1:
+            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: only the "
+                                "distributed optimizer (zero 1, optimizer states sharded over the "
+                                "expert-data-parallel group for experts) is modelled with experts; "
+                                "use zero 0 or 1")
+        self._check_moe_routing()
         if self.cp > 1 and self.attention == "unfused":
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "
@@ -327,6 +345,25 @@ class Strategy:
                 f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
                 f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
                 f"of pp = {self.pp}")
+
+    def _check_moe_routing(self) -> None:
+        """moe_capacity_factor None or a number in (0, 64]; moe_load_imbalance in [1, 64]."""
+        c, f = self.moe_capacity_factor, self.moe_load_imbalance
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 64):
+            raise StrategyError(f"strategy field 'moe_capacity_factor' must be a number in (0, 64] "
+                                f"(None: dropless), got {c!r}")
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 1 <= f <= 64:
+            raise StrategyError(f"strategy field 'moe_load_imbalance' must be a number in [1, 64] "
+                                f"(the busiest expert's tokens over the mean), got {f!r}")
+
+    @property
+    def expert_slot_factor(self) -> float:
+        """The slots per expert per sequence the plan builds and costs, over the uniform
+        ``s * k / E``: ``min(moe_capacity_factor, moe_load_imbalance)`` when tokens are
+        dropped, ``moe_load_imbalance`` when dropless (module docstring)."""
+        f = float(self.moe_load_imbalance)
+        c = self.moe_capacity_factor
+        return f if c is None else min(float(c), f)
 
     @property
     def world_size(self) -> int:

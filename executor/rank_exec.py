@@ -122,6 +122,11 @@ class RankExecutor:
         #: ``name -> context manager`` wrapping each fused gradient bucket in a named span
         #: (``executor.profile``: a ``SpanRecorder.span``); None: no span
         self.bucket_span: Any = None
+        #: (copy index, rows of a whole global micro-batch, copy group's process group,
+        #: copies) of a plan run as expert-data-parallel copies (``executor.expert_copies``):
+        #: the copy's rows of each micro-batch, gradients and losses averaged over the
+        #: copies; None otherwise
+        self.expert_copy: tuple[int, int, Any, int] | None = None
 
     # -- values ----------------------------------------------------------------------------
     def _source(self, v: Value, env: dict | None, mb: int) -> torch.Tensor:
@@ -143,15 +148,20 @@ class RankExecutor:
 
     def _input(self, v: Value, mb: int) -> torch.Tensor:
         batched = is_batch_input(v, self.batch)
+        copy = self.expert_copy
         if id(v) not in self._step_inputs:
-            shape = (v.shape[0] * self.m, *v.shape[1:]) if batched else v.shape
+            rows = copy[1] if copy is not None and batched else v.shape[0]
+            shape = (rows * self.m, *v.shape[1:]) if batched else v.shape
             if self.context_parallel is None:
                 self._step_inputs[id(v)] = input_value(self.seed, v, shape)
             else:
                 cp, mbs, tp = self.context_parallel
                 self._step_inputs[id(v)] = cp_input(self.seed, v, shape, batched, self.rank, cp, mbs, tp)
         glob = self._step_inputs[id(v)]
-        if batched:
+        if batched and copy is not None:  # copy g's rows of the whole micro-batch
+            start = mb * copy[1] + copy[0] * self.batch
+            glob = glob[start:start + self.batch]
+        elif batched:
             glob = glob[mb * self.batch:(mb + 1) * self.batch]
         return local_block(glob, value_layout(v), self.rank)
 
@@ -462,6 +472,8 @@ class RankExecutor:
         step_env = {}
         for k, t in self.accum.items():  # mean over micro-batches, in place (owned)
             step_env[k] = t.div_(self.m) if self.m > 1 else t
+        if self.expert_copy is not None:
+            self._average_over_copies(step_env)
         self.run_unit("step", 0, step_env, None)
         for w, _ in self.pending:
             wait_work(w)
@@ -473,6 +485,31 @@ class RankExecutor:
                 self.mem.remove(t)
         self.accum = {}
         return times
+
+    def _average_over_copies(self, env: dict) -> None:
+        """Average the step's floating tensors of ``env`` (the gradients the update reads)
+        over the expert-data-parallel copies, one fused all_reduce (``executor.expert_copies``)."""
+        _, _, pg, n = self.expert_copy
+        # the same order on every copy: by the program's value id (object ids differ per process)
+        keys = sorted((k for k, t in env.items() if t.is_floating_point()),
+                      key=lambda k: self.plan.values[k].id if k in self.plan.values else -1)
+        if not keys or n < 2:
+            return
+        flat = torch.cat([env[k].reshape(-1) for k in keys])
+        out = all_reduce(flat, pg, n, "avg")
+        offset = 0
+        for k in keys:
+            t = env[k]
+            t.copy_(out[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+    def average_losses_over_copies(self) -> None:
+        """Average this step's per-micro-batch losses over the copies (in place)."""
+        if self.expert_copy is None or self.expert_copy[3] < 2:
+            return
+        _, _, pg, n = self.expert_copy
+        for mb, t in self.losses.items():
+            self.losses[mb] = all_reduce(t, pg, n, "avg")
 
     def parameters(self) -> dict[str, tuple[Any, Any]]:
         """name -> (local block as numpy, layout, global shape) of every parameter this rank

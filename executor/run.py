@@ -145,6 +145,7 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
     span recorder and their Chrome trace is written to ``DIR/rank<R>.json``
     (:mod:`executor.profile`; never one of the timed steps)."""
     from executor.collectives import Groups
+    from executor.expert_copies import CopyGroups, copies_of
     from executor.p2p_order import send_orders
     from executor.program import build_program
     from executor.rank_exec import RankExecutor
@@ -152,14 +153,23 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
 
     pp = build_program(plan, single_process=single, adam_epsilon=adam_epsilon)
     s = pp.strategy
-    groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
+    copies = None if single else copies_of(pp, rank)  # ep < dp: copies of one ep group's program
+    if copies is None:
+        groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
+        prank = rank
+    else:
+        world_groups = Groups(copies.world_groups(program_groups(pp.program)), timeout=STEP_TIMEOUT)
+        groups, prank = CopyGroups(world_groups, copies), copies.program_rank(rank)
     if rows is None:
         rows = single_stage_order(pp.num_microbatches)
     stage = rank // (s.dp * s.tp)
     dist_on = not single and torch.distributed.is_initialized()
     device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
-    rplan = build_rank_plan(pp.program, rank)
+    rplan = build_rank_plan(pp.program, prank)
     ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
+    if copies is not None:
+        ex.expert_copy = (copies.copy, s.micro_batch_size * s.dp,
+                          world_groups.get(copies.copy_group(prank)), copies.count)
     if pp.context_parallel > 1:
         ex.context_parallel = (pp.context_parallel, s.micro_batch_size, s.tp)
     if s.pp > 1:  # send to each peer in its receive order (NCCL matches p2p by order)
@@ -175,6 +185,7 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
         if progress is not None:
             ex.on_action = lambda a, step=i: progress(step, a)
         times = ex.run_step(rows[stage])
+        ex.average_losses_over_copies()
         if i >= warmup:
             step_times.append(times[-1][-1])
             losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
@@ -191,7 +202,8 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
     return {"step_times": step_times, "losses": losses, "times": times, "peak": int(peak),
             "loss_layout": value_layout(loss_v) if loss_v is not None else None,
             "loss_shape": tuple(loss_v.shape) if loss_v is not None else (),
-            "params": ex.parameters() if want_params else {}, "p2p_log": list(ex.p2p_log)}
+            "params": ex.parameters() if want_params else {}, "p2p_log": list(ex.p2p_log),
+            "program_rank": prank, "copy": copies.copy if copies is not None else 0}
 
 
 def _rank_main_many(rank: int, nproc: int, jobs: list[tuple]) -> list[dict[str, Any]]:
@@ -240,7 +252,9 @@ def run_plans(plans: list[Any], nproc: int, backend: str = "gloo", steps: int = 
 
 def _losses(results: list[dict], m_steps: int) -> list[float]:
     out = []
-    holders = [(r, res) for r, res in enumerate(results) if res["losses"] and res["losses"][0]]
+    # expert-data-parallel copies (executor.expert_copies): copy 0's ranks, by program rank
+    holders = [(res.get("program_rank", r), res) for r, res in enumerate(results)
+               if res["losses"] and res["losses"][0] and not res.get("copy", 0)]
     if not holders:
         return out
     layout, shape = holders[0][1]["loss_layout"], holders[0][1]["loss_shape"]
@@ -258,8 +272,10 @@ def _collect_params(results: list[dict]) -> tuple[dict[str, np.ndarray], float]:
     blocks: dict[str, dict[int, Any]] = {}
     layouts: dict[str, Any] = {}
     for r, res in enumerate(results):
+        if res.get("copy", 0):  # a later expert-data-parallel copy holds copy 0's values
+            continue
         for name, (arr, lay, shape) in res["params"].items():
-            blocks.setdefault(name, {})[r] = arr
+            blocks.setdefault(name, {})[res.get("program_rank", r)] = arr
             layouts[name] = (lay, shape)
     out, drift = {}, 0.0
     for name, bl in blocks.items():

@@ -546,12 +546,6 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         else:
             notes.approximations.append(
                 f"FSDP shard group {n} is no proper divisor of dp {dp}: modelled as ZeRO-3 over dp")
-    if ep > 1 and zero == 1:  # Strategy refuses ZeRO with ep > 1 (expert-data-parallel sharding)
-        zero = 0
-        notes.approximations.append(
-            "distributed optimizer (ZeRO-1) with ep > 1 modelled as zero 0: the same gradient "
-            "bytes on the ring (reduce-scatter + all-gather = all-reduce); the dense part's "
-            "optimizer states counted unsharded (expert ones have no dp replica: dp / ep = 1)")
     other = _cell(row, "other_opts").lower()
     if "torch.compile" in other and "torch.compile=no" not in other:
         notes.approximations.append("torch.compile: fused as the fsdp2 profile says (elementwise "

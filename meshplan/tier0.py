@@ -19,7 +19,10 @@ pipeline ranks of tensor rank 0 hold at least ``P_rank0 = sum over parameters of
 ``P_rank0 / pp``. The bound is
 the state model of the framework profile at that P, sharded over ``N`` = the ZeRO shard
 degree of the folded strategy (``dp * cp``, or ``fsdp_shard_size * cp``), with every buffer
-term (largest tensor, FSDP root and blocks) at 0.
+term (largest tensor, FSDP root and blocks) at 0. With expert parallelism (``ep`` > 1) a
+rank holds 1 / ep of the experts and all of the dense parameters, at least ``P / ep``
+elements, and its expert states shard over dp / ep ranks (``simulator.expert_parallel``):
+the bound takes ``P_rank0 / (pp * ep)`` sharded over N, below both.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ class Tier0Bound:
         x = self.step_cfg
         n = (c.fsdp_shard_size or c.dp) * c.cp
         states = model_states(self.profile.memory.model_states.value,
-                              StateInputs(params=self.rank_params(c) // c.pp, dp=n, zero=c.zero,
+                              StateInputs(params=self.rank_params(c) // c.pp // c.ep, dp=n, zero=c.zero,
                                           param_bytes=x.param_bytes, grad_bytes=x.grad_bytes,
                                           optimizer_bytes=x.optimizer_bytes))
         return int(states.total)

@@ -79,7 +79,7 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
     return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, vpp=c.vpp, schedule=c.schedule,
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
                     recompute=c.recompute, zero=c.zero, fsdp_shard_size=c.fsdp_shard_size,
-                    sequence_parallel=c.sequence_parallel, dtype=dtype,
+                    sequence_parallel=c.sequence_parallel, dtype=dtype, ep=c.ep,
                     annotation=annotation_of(c, model, seq_len, user_annotation),
                     framework=framework, attention=attention,
                     **({"fp8": c.fp8} if c.fp8 is not None else {}))

@@ -36,10 +36,14 @@ Around each FP8 linear, memory-bound cast kernels move, per element of the tenso
   transposed copy (read 2 + write 1 + 2) and a second cast (read 2 + write 1); the weight
   also a BF16 transpose (read 2 + write 2) in backward.
 
-FLOPs of the casts are not counted (they are bandwidth-bound). What is not modelled: the
-activations saved for backward stay at their BF16 size (Transformer Engine saves the FP8
-cast of a linear's input instead; torchao saves BF16), FSDP's float8 all-gather of weights
-(torchao ``enable_fsdp_float8_all_gather``) gathers at BF16 size.
+FLOPs of the casts are not counted (they are bandwidth-bound). Activations saved for
+backward (``simulator.memory.saved_activations``): a linear's input that only FP8 weight
+gradients read is kept as its FP8 copy under a recipe with ``saved_input_bytes``
+(Transformer Engine, :class:`Fp8Recipe`), beside its compute-dtype self when another
+backward op reads it too (e.g. the attention output, which flash attention's backward
+reads in BF16); every other activation stays in the compute dtype. Not modelled: FSDP's
+float8 all-gather of weights (torchao ``enable_fsdp_float8_all_gather``) gathers at BF16
+size.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from simulator.op_signature import OpSig, TensorSig
 from simulator.types import Phase
 
 __all__ = ["AMAX_TENSORS", "FP8_DTYPE", "RECIPES", "CastKernel", "Fp8Recipe", "cast_kernels",
-           "fp8_state_bytes", "recipe_of"]
+           "fp8_state_bytes", "recipe_of", "saved_input_bytes"]
 
 
 @dataclass(frozen=True)
@@ -87,13 +91,23 @@ class Fp8Recipe:
     grad_output: tuple[CastKernel, ...]
     weight_copy_bytes: float = 0.0
     amax_history_len: int = 0
+    saved_input_bytes: float = 0.0
+    """Bytes per element of the FP8 copy of a linear's input that the framework saves for
+    the weight gradient instead of the compute-dtype input (0: it saves the input in the
+    compute dtype). Transformer Engine 1 byte: ``_Linear.forward`` saves ``inputmat`` (the
+    FP8 cast) or its FP8 transpose when ``fp8`` and wgrad is not overridden to high
+    precision, ``inputmat_no_fp8`` otherwise (NVIDIA/TransformerEngine 0004dbd
+    ``transformer_engine/pytorch/module/linear.py``); ``_GroupedLinear.forward`` (the MoE
+    experts' grouped GEMMs) saves its ``fused_multi_quantize``d inputs (3ea1356 /
+    0069563 ``module/grouped_linear.py``). torchao ``Float8Linear`` saves BF16."""
 
 
 #: recipe name -> its costs (module docstring for the sources)
 RECIPES: dict[str, Fp8Recipe] = {
     "te-delayed": Fp8Recipe(
         input=(CastKernel("F", 4.0),), weight=(CastKernel("O", 4.0),),
-        grad_output=(CastKernel("B", 4.0),), weight_copy_bytes=2.0, amax_history_len=1024),
+        grad_output=(CastKernel("B", 4.0),), weight_copy_bytes=2.0, amax_history_len=1024,
+        saved_input_bytes=1.0),
     "tensorwise": Fp8Recipe(
         input=(CastKernel("F", 2.0, 0.0), CastKernel("F", 4.0)),
         weight=(CastKernel("F", 2.0), CastKernel("F", 3.0), CastKernel("B", 3.0)),
@@ -171,3 +185,13 @@ def fp8_state_bytes(sig: OpSig) -> float:
     hist = AMAX_TENSORS * (rec.amax_history_len + 2) * 4 if rec.amax_history_len else 0
     copies = rec.weight_copy_bytes * _elems(sig.ins[1]) if sig.attr("fp8_weight_cache", False) else 0.0
     return copies + hist
+
+
+def saved_input_bytes(op: object) -> float:
+    """Bytes per element at which FP8 weight-gradient op ``op`` (a ``matmul_grad`` with an
+    ``fp8`` attribute) holds its saved input x (:attr:`Fp8Recipe.saved_input_bytes`); 0 for
+    any other op, an unknown recipe or a recipe that saves the compute dtype."""
+    if getattr(op, "type", None) != "matmul_grad":
+        return 0.0
+    rec = RECIPES.get(str((getattr(op, "attrs", None) or {}).get("fp8") or ""))
+    return rec.saved_input_bytes if rec is not None else 0.0

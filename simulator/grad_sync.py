@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from completion.optimizer import OPTIMIZERS
-from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_degree, shard_group
+from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_group
+from simulator.expert_parallel import sharded_elements
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import reduce_bytes, stream_time
@@ -151,7 +152,7 @@ def grad_copy_bytes(cfg: Any) -> int:
     return 0
 
 
-def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> float:
+def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1, *, expert: int = 0) -> float:
     """Seconds of the memory-bound update of the rank's (ZeRO-sharded) parameters: read and
     write the parameter and optimizer states (fp32 master weights and Adam moments:
     ``cfg.optimizer_bytes``), read the gradient (:func:`main_grad_bytes`), first copied to
@@ -164,8 +165,10 @@ def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> flo
     The update moves its bytes at the efficiency of the optimizer's update op where the
     device lists one (``by_op["sgd_:O"]`` etc., ``completion.optimizer.OPTIMIZERS``:
     ``meshplan calibrate`` measures it on that op), else the memory-bound kernels'. The ZeRO
-    shard is params / dp, under HSDP params / N (:func:`simulator.dp_groups.shard_degree`)."""
-    shard = -(-params // shard_degree(cfg)) if cfg.zero >= 1 else params
+    shard is params / dp, under HSDP params / N (:func:`simulator.dp_groups.shard_degree`);
+    of those, ``expert`` expert-parallel elements are sharded over dp / ep
+    (:func:`simulator.expert_parallel.sharded_elements`)."""
+    shard = sharded_elements(cfg, params, expert)
     nbytes = shard * (2 * (cfg.param_bytes + cfg.optimizer_bytes) + main_grad_bytes(cfg)
                       + grad_copy_bytes(cfg))
     fused = cfg.profile is None or cfg.profile.optimizer.fused.value
@@ -178,7 +181,7 @@ def optimizer_time(cfg: Any, rf: Roofline, params: int, tensors: int = 1) -> flo
 
 
 def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
-               tied_elems: int = 0) -> float:
+               tied_elems: int = 0, *, expert: int = 0) -> float:
     """Per-iteration work outside the layers under the profile's ``fixed`` section:
 
     - gradient norm and clip: one read of the rank's (sharded) gradients as the optimizer
@@ -191,11 +194,12 @@ def fixed_time(cfg: Any, cluster: Any, rf: Roofline, stage: int, params: int,
       local elements on the first and last stage): an all_reduce of that gradient between
       the two stages' ranks (Megatron ``finalize_model_grads``).
 
-    0 without a profile."""
+    0 without a profile. ``expert``: of ``params``, the expert-parallel elements, sharded
+    over dp / ep under ZeRO (:func:`simulator.expert_parallel.sharded_elements`)."""
     prof = cfg.profile
     if prof is None:
         return 0.0
-    grads = (-(-params // shard_degree(cfg)) if cfg.zero >= 1 else params) * optimizer_grad_bytes(cfg)
+    grads = sharded_elements(cfg, params, expert) * optimizer_grad_bytes(cfg)
     t = 0.0
     if prof.fixed.grad_norm_clip.value:
         t += stream_time(rf, grads) + rf.kernel_overhead

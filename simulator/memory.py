@@ -13,7 +13,10 @@ the shape of (Paddle ``backward.yaml`` ``no_need_buffer``, the grad op's
 ``OpTraits.no_need_buffer`` in ``completion.ops``). Views (ops whose traits have ``view``:
 reshape, squeeze, unsqueeze) share their input's storage and are counted once; the result
 of a forward all_gather (sequence parallelism) is kept as its sharded input
-(:func:`is_regather`).
+(:func:`is_regather`). Under an FP8 recipe that saves FP8 copies of linear inputs
+(Transformer Engine: ``simulator.fp8.Fp8Recipe.saved_input_bytes``) a value that FP8 weight
+gradients read as their input is kept as that 1-byte copy, plus its compute-dtype self when
+another backward op reads it too.
 Recompute (``simulator.recompute`` policies): ``full`` keeps only each layer's input
 (Korthikanti et al. 2022, "Reducing Activation Recomputation"); ``selective`` drops what
 only the attention core (QK^T, softmax, dropout, attention over V, or a flash_attention
@@ -33,6 +36,7 @@ from completion.ir import Operation, OpRole, Program, Value
 from completion.ops.registry import op_traits
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
+from simulator.fp8 import saved_input_bytes
 from simulator.op_signature import local_tensor, op_signature
 from simulator.recompute import (
     RECOMPUTE_POLICIES,
@@ -178,14 +182,19 @@ class StageActivations:
         d[block] = d.get(block, 0) + nbytes
 
 
-def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Operation]]]:
-    """Storage roots read by backward ops, and their backward consumers."""
+def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Operation]],
+                                            dict[int, list[Operation]]]:
+    """Storage roots read by backward ops, their backward consumers, and of those the FP8
+    weight-gradient ops that read the root as their input x (operand 0) under a recipe
+    that saves an FP8 copy of it (``simulator.fp8.saved_input_bytes``)."""
     roots: dict[int, Value] = {}
     users: dict[int, list[Operation]] = {}
+    fp8_x: dict[int, list[Operation]] = {}
     for op in program.ops:
         if op.role != OpRole.BACKWARD:
             continue
         skip = op_traits(op.type).no_need_buffer
+        fp8 = saved_input_bytes(op) > 0
         for i, v in enumerate(op.operands):
             if v is None or i in skip or v.op is None:
                 continue
@@ -196,7 +205,26 @@ def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Ope
                 continue
             roots[id(r)] = r
             users.setdefault(id(r), []).append(op)
-    return roots, users
+            if fp8 and i == 0:
+                fp8_x.setdefault(id(r), []).append(op)
+    return roots, users, fp8_x
+
+
+def _kept_bytes(r: Value, readers: list[Operation], fp8_readers: list[Operation]) -> int:
+    """Bytes a saved root ``r`` holds: its compute-dtype bytes when some backward reader
+    needs it as it is, plus one FP8 copy (``saved_input_bytes`` per element, the largest of
+    its FP8 readers': TE casts a shared input once) when FP8 weight gradients read it
+    (module ``simulator.fp8``)."""
+    if not fp8_readers:
+        return _nbytes(r)
+    t = local_tensor(r, None)
+    elems = 1
+    for s in t.shape:
+        elems *= s
+    copy = int(round(elems * max(saved_input_bytes(op) for op in fp8_readers)))
+    fp8_ids = {id(op) for op in fp8_readers}
+    plain = any(id(op) not in fp8_ids for op in readers)
+    return copy + (_nbytes(r) if plain else 0)
 
 
 def _w_ops(program: Program, names: frozenset[str]) -> list[Operation]:
@@ -215,7 +243,7 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
         raise SimulatorError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     names = frozenset(p.name for p in program.parameters() if p.name)
     blocks = assign_blocks(program)
-    roots, users = _saved_roots(program)
+    roots, users, fp8_x = _saved_roots(program)
     w_ops = _w_ops(program, names)
     w_ids = {id(_root(v)) for op in w_ops for v in op.operands if v is not None and not v.is_parameter}
     out: dict[StageKey, StageActivations] = {}
@@ -223,7 +251,7 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
     rec = recomputed_ops(program.ops, blocks, recompute)
     for rid, r in roots.items():
         st = out.setdefault(stage_key(r.op), StageActivations())
-        nb, blk = _nbytes(r), blocks.get(id(r.op), "pre")
+        nb, blk = _kept_bytes(r, users[rid], fp8_x.get(rid, [])), blocks.get(id(r.op), "pre")
         # a partial policy that keeps no layer inputs (selective) drops a value only when
         # every backward reader is inside the recomputed region too
         drop = id(r.op) in rec and (policy.keeps_layer_inputs

@@ -144,7 +144,9 @@ class ProgramCosts:
         if not keys and s.pp > 1:
             raise ProgramCostError(f"pp={s.pp} needs decoder layers (struct names "
                                    f"'...layers.<i>...'); the program has none")
-        reps = 1 if plan_program.annotated else s.dp
+        # an annotated program holds every dp replica of its mesh; with 1 < ep < dp it is one
+        # of dp / ep expert-data-parallel copies (PlanProgram.replicas)
+        reps = getattr(plan_program, "replicas", 1) if plan_program.annotated else s.dp
         flops = block_model_flops(prog, blocks, s.recompute, reps)
         model_flops = {k: v for k, v in flops.items()
                        if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}

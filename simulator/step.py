@@ -17,12 +17,13 @@ its forward and its backward (:meth:`simulator.stage_timing.StageTimer.zero3_gat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
+from simulator.expert_parallel import expert_sync_time
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
@@ -40,7 +41,7 @@ from simulator.roofline import Roofline
 from simulator.schedules import Schedule, build_schedule
 from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import PHASES, BlockCost
-from simulator.stage_timing import StageTimer, block_time
+from simulator.stage_timing import StageTimer, block_time, reduce_bytes
 from simulator.step_memory import RankParams, rank_memory, vstage_activation_bytes
 
 
@@ -83,6 +84,9 @@ class StepConfig:
     """HSDP shard group (``Strategy.fsdp_shard_size``): ZeRO-3 gathers and reduce_scatters
     within groups of this many consecutive dp ranks and all_reduces the sharded gradients
     across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
+    ep: int = 1
+    """Expert-parallel ranks (``Strategy.ep``, a divisor of dp): expert gradients are reduced
+    and their ZeRO-1 states sharded over dp / ep ranks (:mod:`simulator.expert_parallel`)."""
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
@@ -111,7 +115,7 @@ class StepConfig:
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
-                   optimizer=str(getattr(s, "optimizer", "") or ""))
+                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""))
 
 
 @dataclass
@@ -412,30 +416,35 @@ class StepModel:
         vstages = list(sched.vstage[r])
         rank_layers = sorted({i for vs in vstages for i in self.vs_layers[vs]})
         params = self.rank_params(vstages)
+        synced = self.rank_params(vstages, synced=True)
+        expert = params - synced  # expert-parallel experts: reduced over dp / ep (expert_parallel)
         layer_blocks: list[BlockCost] = [self.costs.layers[i] for i in rank_layers]
         blocks = [b for vs in vstages for b in self.timer.blocks(vs)]
         tensors = len({name for b in blocks for name in b.params})
         if c.profile is None:
-            sync = sync_time(c, self.cluster, r, self.rank_params(vstages, synced=True), layer_blocks,
-                             times[vstages[0]]["B"])
+            sync = sync_time(c, self.cluster, r, synced, layer_blocks, times[vstages[0]]["B"])
+            sync += expert_sync_time(c, self.cluster, r, expert, c.grad_bytes)
             fixed = 0.0
             tail = {"end": end, "grad_sync": sync}
         else:
             tail = {"end": end, "dp_wait": max(0.0, dp_end - end),
                     "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
-                    "param_gather": param_gather_time(c, self.cluster, r, params,
+                    "param_gather": param_gather_time(c, self.cluster, r, synced,
                                                       times[vstages[0]]["F"])}
-            sync = tail["dp_wait"] + tail["tail_collectives"] + tail["param_gather"]
-            fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems())
+            if expert and c.ep < c.dp:
+                tail["expert_sync"] = expert_sync_time(c, self.cluster, r, expert, reduce_bytes(c))
+            sync = tail["dp_wait"] + tail["tail_collectives"] + tail["param_gather"] + tail.get("expert_sync", 0.0)
+            fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems(), expert=expert)
         # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
-        opt = optimizer_time(c, self.rf, params, tensors) + fixed + sum(b.per_step for b in layer_blocks)
+        opt = optimizer_time(c, self.rf, params, tensors, expert=expert) + fixed + sum(b.per_step for b in layer_blocks)
         tail["optimizer"] = opt
         m = c.num_microbatches
         compute = m * sum(parts[vs]["compute"] for vs in vstages)
         # issued in-stage collectives: what the actions carry plus the context-parallel
         # exchange hidden beside attention (it is then all "overlapped")
         comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
-        memory = rank_memory(c, self.rank_param_facts(vstages, params, layer_blocks, blocks), act_peak,
+        facts = replace(self.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert)
+        memory = rank_memory(c, facts, act_peak,
                              self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
                              loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
                              tied=self.tied_elems() > 0)

@@ -36,6 +36,7 @@ carries the per-pass host overhead), so the peak is at least the largest chunk's
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 from simulator.grad_sync import (
@@ -90,18 +91,19 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
         n_actions = m * len(vstages) * (2 if fused else 3)
         rank_layers = sorted({i for vs in vstages for i in model.vs_layers[vs]})
         params = model.rank_params(vstages)
+        synced = model.rank_params(vstages, synced=True)
+        expert = params - synced  # as StepModel._rank (simulator.expert_parallel)
         layer_blocks: list[BlockCost] = [model.costs.layers[i] for i in rank_layers]
         blocks = [b for vs in vstages for b in model.timer.blocks(vs)]
         tensors = len({name for b in blocks for name in b.params})
         if prof is None:
-            sync = sync_time(c, model.cluster, r, model.rank_params(vstages, synced=True), layer_blocks,
-                             times[vstages[0]]["B"])
+            sync = sync_time(c, model.cluster, r, synced, layer_blocks, times[vstages[0]]["B"])
             fixed = 0.0
         else:
             sync = tail_collectives(c, model.cluster, r, layer_blocks)
-            sync += param_gather_time(c, model.cluster, r, params, times[vstages[0]]["F"])
-            fixed = fixed_time(c, model.cluster, model.rf, r, params, model.tied_elems())
-        opt = optimizer_time(c, model.rf, params, tensors) + fixed
+            sync += param_gather_time(c, model.cluster, r, synced, times[vstages[0]]["F"])
+            fixed = fixed_time(c, model.cluster, model.rf, r, params, model.tied_elems(), expert=expert)
+        opt = optimizer_time(c, model.rf, params, tensors, expert=expert) + fixed
         first = min(vstages)
         lb = chain[first] + m * per_mb + sync + opt - (n_actions + hops[first]) * NS
         best_t = max(best_t, lb)
@@ -111,7 +113,8 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
             act = max(act, vstage_activation_bytes(model.costs.activations, "by_block", *args))
         # the same memory terms as StepModel.run (model states by profile, the loss's
         # temporaries on its rank, FP8 weight copies): only the activation peak is a bound
-        mem = rank_memory(c, model.rank_param_facts(vstages, params, layer_blocks, blocks), act,
+        facts = replace(model.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert)
+        mem = rank_memory(c, facts, act,
                           model.costs.activations, model.costs.layer_keys, rank_layers, blocks,
                           loss_elements=model.costs.loss.elements, loss_block=model.costs.post,
                           tied=model.tied_elems() > 0)

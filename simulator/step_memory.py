@@ -37,11 +37,12 @@ Outside the allocator (in ``nvidia-smi``, not in ``torch.cuda.memory_reserved``)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.dp_groups import replicate_degree, shard_degree
-from simulator.memory import StageActivations, zero_model_states
+from simulator.expert_parallel import expert_dp_degree
+from simulator.memory import ModelStates, StageActivations, zero_model_states
 from simulator.model_states import StateInputs, model_states
 from simulator.stage_cost import BlockCost
 
@@ -89,13 +90,30 @@ class RankParams:
     largest_block: int = 0
     root: int = 0
     holds_loss: bool = False
+    expert: int = 0
+    """Of ``total``, the expert-parallel elements (``BlockCost.dp_split``), whose ZeRO
+    states are sharded over dp / ep (:mod:`simulator.expert_parallel`)."""
 
 
 def _states(cfg: Any, rp: RankParams) -> Any:
-    """The rank's model states, sharded over dp, or over the shard group under HSDP
-    (:func:`simulator.dp_groups.shard_degree`)."""
+    """The rank's model states: the dense parameters sharded over dp, or over the shard
+    group under HSDP (:func:`simulator.dp_groups.shard_degree`), and the ``rp.expert``
+    expert-parallel ones over the expert-data-parallel group, dp / ep ranks (Megatron-Core's
+    separate distributed optimizer of the expert parameter groups,
+    :mod:`simulator.expert_parallel`): the sum of the two states (the expert part has no
+    FSDP / ZeRO-3 buffers: zero <= 1 with ep > 1, ``Strategy``)."""
+    if not rp.expert:
+        return _states_over(cfg, rp, shard_degree(cfg))
+    dense = _states_over(cfg, replace(rp, total=rp.total - rp.expert, expert=0), shard_degree(cfg))
+    exp = _states_over(cfg, RankParams(rp.expert), expert_dp_degree(cfg))
+    return ModelStates(params=dense.params + exp.params, grads=dense.grads + exp.grads,
+                       optimizer=dense.optimizer + exp.optimizer, buffers=dense.buffers)
+
+
+def _states_over(cfg: Any, rp: RankParams, degree: int) -> ModelStates:
+    """The states of ``rp.total`` elements sharded over ``degree`` ranks by the profile's
+    state model (no profile: the ZeRO paper's)."""
     prof = cfg.profile
-    degree = shard_degree(cfg)
     if prof is None:
         return zero_model_states(rp.total, degree, cfg.zero, cfg.param_bytes, cfg.grad_bytes,
                                  cfg.optimizer_bytes)

@@ -165,8 +165,29 @@ def test_te_weight_copies_in_memory_by_hand():
     bf, f8 = _run(None), _run("te-delayed")
     want = 2 * 2 * 202_375_168 + 14 * 3 * 1026 * 4
     assert f8.memory_breakdown["fp8_weights"] == want
-    assert f8.max_memory_bytes - bf.max_memory_bytes == want
+    saved = bf.memory_breakdown["activations"] - f8.memory_breakdown["activations"]
+    assert saved == 61_865_984  # test_te_keeps_fp8_copies_of_linear_inputs_by_hand
+    frag = bf.memory_breakdown["fragmentation"] - f8.memory_breakdown["fragmentation"]
+    assert frag == round(0.05 * saved)  # megatron-core's fragmentation share of the saving
+    assert f8.max_memory_bytes - bf.max_memory_bytes == want - saved - frag
     assert f8.step_time < bf.step_time
+
+
+def test_te_keeps_fp8_copies_of_linear_inputs_by_hand():
+    """Transformer Engine saves the FP8 cast of a linear's input for its weight gradient
+    (``simulator.fp8.Fp8Recipe.saved_input_bytes``). llama2-7b, s 2048, mbs 1, one
+    micro-batch in flight, per layer: the input norm's output [2048, 4096] (read only by
+    the q/k/v weight gradients) 2 -> 1 byte: -8,388,608; the attention output (read by the
+    o_proj weight gradient and by flash attention's backward) keeps BF16 and adds its FP8
+    copy: +8,388,608; the post-attention norm's output (gate/up) -8,388,608; the SwiGLU
+    output [2048, 11008] (down) -22,544,384: 30,932,992 a layer, 61,865,984 for 2.
+    torchao's tensorwise recipe saves BF16: no change."""
+    bf, te, tw = _run(None), _run("te-delayed"), _run("tensorwise", framework="fsdp2")
+    per_layer = 2048 * 4096 - 2048 * 4096 + 2048 * 4096 + 2048 * 11008
+    assert per_layer == 30_932_992
+    assert bf.memory_breakdown["activations"] - te.memory_breakdown["activations"] == 2 * per_layer
+    bf2 = _run(None, framework="fsdp2")
+    assert tw.memory_breakdown["activations"] == bf2.memory_breakdown["activations"]
 
 
 def test_te_weight_cast_is_once_per_step():

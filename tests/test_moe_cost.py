@@ -150,18 +150,19 @@ def test_ep_strategy_places_experts_and_skips_their_gradient_sync(tiny_moe):
 def test_ep_errors_name_the_field(tiny_moe, capsys):
     from completion.strategy import StrategyError
 
-    with pytest.raises(StrategyError, match="'ep' = 3 must be 1 or dp = 4"):
+    with pytest.raises(StrategyError, match="'ep' = 3 must divide dp = 4"):
         Strategy(dp=4, ep=3, global_batch_size=4)
-    with pytest.raises(StrategyError, match="'ep' = 2 with 'zero' = 1"):
-        Strategy(dp=2, ep=2, zero=1, global_batch_size=2)
+    with pytest.raises(StrategyError, match="'ep' = 2 with 'zero' = 2: only the distributed optimizer"):
+        Strategy(dp=2, ep=2, zero=2, global_batch_size=2)
+    assert Strategy(dp=4, ep=2, zero=1, global_batch_size=4).ep == 2  # ep < dp, ZeRO-1: legal
     with pytest.raises(ValueError, match="'ep' = 2: model 'llama2-7b' has no experts"):
         Engine("llama2-7b", "dgx-h100", Strategy(dp=2, ep=2, global_batch_size=2), seq_len=64).cost()
     cfg8 = TINY | {"num_experts": 6}
     with pytest.raises(ValueError, match="'ep' = 4 does not divide model .* num_experts = 6"):
         Engine(config_from_hf_dict(cfg8), "dgx-h100", Strategy(dp=4, ep=4, global_batch_size=4), seq_len=32).cost()
     rc, out, err = run_main(capsys, "cost", "--model", tiny_moe, "--cluster", "dgx-h100", "--dp", "4",
-                            "--ep", "2", "--global-batch", "4", "--seq-len", "32")
-    assert rc == 2 and "--ep = 2 must be 1 or --dp = 4" in err
+                            "--ep", "3", "--global-batch", "4", "--seq-len", "32")
+    assert rc == 2 and "--ep = 3 must divide --dp = 4" in err
 
 
 def test_ep_exports_to_each_framework():

@@ -39,3 +39,28 @@ def test_moe_plans_verify_on_two_gloo_ranks(tmp_path):
     assert not bad, "\n".join(bad)
     for r in results:
         assert len(r.losses) == 2 and r.losses[1] != r.losses[0] and r.param_errors
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_moe_plans_verify_on_four_gloo_ranks(tmp_path):
+    """4 gloo ranks, fixed routing (the deterministic top-k of the seeded router, no aux
+    loss): ep 2 below dp 4 -- two expert-data-parallel copies of the ep group's program
+    (dp ranks 0-1 and 2-3, executor.expert_copies), each on its own rows, gradients averaged
+    over the copies -- and ep 2 x tp 2 (dp 2 = ep, experts split over dp and each expert's
+    GEMMs over tp) match one process: loss at both steps and every parameter (fp32 SGD)."""
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({**TINY, "router_aux_loss_coef": 0.0}))
+
+    def plan(**kw):
+        return Plan(str(plain), "cpu-local", Strategy(dtype="float32", optimizer="sgd", **kw), seq_len=32)
+
+    cases = {
+        "dp4 ep2": plan(dp=4, ep=2, micro_batch_size=1, global_batch_size=8),
+        "dp2 ep2 tp2": plan(dp=2, ep=2, tp=2, micro_batch_size=1, global_batch_size=4),
+    }
+    results = verify_many(list(cases.values()), 4)
+    bad = [f"{n}: {r.summary()}" for n, r in zip(cases, results, strict=True) if not r.ok]
+    assert not bad, "\n".join(bad)
+    for r in results:
+        assert len(r.losses) == 2 and r.losses[1] != r.losses[0] and r.param_errors and not r.missing

@@ -252,7 +252,7 @@ def test_no_need_buffer_keeps_layer_norm_bias_input_out_of_saved_activations():
     pb.op("shadow_output", [loss], {"output_name": "loss"}, "loss")
     prog = pb.program
     append_backward(prog)
-    roots, _ = mem._saved_roots(prog)
+    roots, _, _ = mem._saved_roots(prog)
     saved = {id(v) for v in roots.values()}
     ln_grad = next(op for op in prog.ops if op.type == "layer_norm_grad")
     assert ln_grad.operands[2] is b  # the grad op does get the bias value ...

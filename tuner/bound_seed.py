@@ -71,7 +71,7 @@ def candidate_params(c: Candidate, space: SearchSpace, mode: str) -> dict[str, A
     p: dict[str, Any] = {"tp": c.tp, "pp": c.pp, "cp": c.cp, "schedule": c.schedule, "vpp": c.vpp,
                          "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,
                          "zero": c.zero, f"fsdp_shard_size_dp{c.dp}": c.fsdp_shard_size,
-                         "fp8": c.fp8}
+                         "fp8": c.fp8, f"ep_dp{c.dp}": c.ep}
     if mode == PATTERN:
         p.update({f"template_{k}": v for k, v in c.templates})
     else:

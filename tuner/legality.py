@@ -13,7 +13,8 @@ sequence, Megatron ``get_batch_on_this_cp_rank``). Two more rules only remove du
 ``schedule_needs_pipeline`` (with pp = 1 every schedule is the same step, kept as 1F1B) and
 ``zero_needs_dp`` (a ZeRO stage over a data-parallel group of one rank is stage 0).
 ``hsdp_shard_group`` takes ``completion.strategy.Strategy``'s HSDP check: a shard group
-only with ZeRO-3, dividing dp, 2 <= N < dp.
+only with ZeRO-3, dividing dp, 2 <= N < dp; ``ep_layout`` its expert-parallel one (ep
+divides dp and the experts, cp 1, ZeRO <= 1).
 """
 
 from __future__ import annotations
@@ -185,6 +186,23 @@ def hsdp_shard_group(c: Candidate, p: SearchProblem) -> str | None:
     return None
 
 
+def ep_layout(c: Candidate, p: SearchProblem) -> str | None:
+    """Expert parallelism (``completion.strategy.Strategy.ep``): only for a model with
+    experts, ep | dp and ep | num_experts (each rank an equal share of the experts:
+    Megatron-Core's ``num_moe_experts % expert_model_parallel_size``), cp = 1 and ZeRO
+    <= 1 (the modelled layouts)."""
+    if c.ep == 1:
+        return None
+    e = p.model.num_experts
+    if e <= 1:
+        return f"ep={c.ep}: model {p.model.name} has no experts"
+    if c.dp % c.ep or e % c.ep:
+        return f"ep={c.ep} must divide dp={c.dp} and num_experts={e}"
+    if c.cp > 1 or c.zero > 1:
+        return f"ep={c.ep} needs cp=1 and ZeRO <= 1, got cp={c.cp}, zero={c.zero}"
+    return None
+
+
 #: Every rule, in check order (cheap mesh rules first).
 RULES: tuple[Rule, ...] = (
     mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
@@ -192,7 +210,7 @@ RULES: tuple[Rule, ...] = (
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
-    zero_needs_dp, hsdp_shard_group,
+    zero_needs_dp, hsdp_shard_group, ep_layout,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).

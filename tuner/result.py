@@ -249,6 +249,8 @@ def plan_label(plan: Mapping[str, Any]) -> str:
         s += f" hsdp{plan['fsdp_shard_size']}"
     if plan.get("fp8"):
         s += f" fp8={plan['fp8']}"
+    if plan.get("ep", 1) > 1:
+        s += f" ep{plan['ep']}"
     return s + (" sp" if plan["sequence_parallel"] else "")
 
 

@@ -41,7 +41,7 @@ MODES = ("pattern-based", "full_random", "semi-auto")
 FIXABLE: dict[str, type] = {
     "dp": int, "tp": int, "pp": int, "vpp": int, "schedule": str, "micro_batch_size": int,
     "recompute": str, "zero": int, "sequence_parallel": bool, "cp": int, "fsdp_shard_size": int,
-    "fp8": str,
+    "fp8": str, "ep": int,
 }
 _FIX_ALIASES = {"hsdp": "fsdp_shard_size", "mbs": "micro_batch_size", "sharding_stage": "zero", "sp": "sequence_parallel",
                 "schedule_mode": "schedule", "mp": "tp", "context_parallel_size": "cp"}
@@ -56,7 +56,8 @@ class ModelDims:
     """The model sizes legality needs (a view of ``completion.models.ModelConfig``).
 
     Attributes: num_layers (l), hidden_size (h), num_heads (a), num_kv_heads, ffn_hidden_size,
-    vocab_size (V); name for messages.
+    vocab_size (V); num_experts (E: routed experts of a mixture-of-experts model, 0 for a
+    dense one); name for messages.
     """
 
     name: str
@@ -66,12 +67,14 @@ class ModelDims:
     num_kv_heads: int
     ffn_hidden_size: int
     vocab_size: int
+    num_experts: int = 0
 
     @classmethod
     def of(cls, cfg: Any) -> ModelDims:
         """From any object with ModelConfig's attribute names."""
         return cls(str(cfg.name), cfg.num_layers, cfg.hidden_size, cfg.num_heads,
-                   cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size)
+                   cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size,
+                   int(getattr(cfg, "num_experts", None) or 0))
 
 
 #: Largest value of each SearchProblem size (issue 16 item 8): ranks as a cluster may have
@@ -113,8 +116,12 @@ class SearchProblem:
                                  f"{PROBLEM_BOUNDS[name]} (tuner.space.PROBLEM_BOUNDS)")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (JSON-ready; ``model`` as a nested dict)."""
-        return asdict(self)
+        """Plain-dict form (JSON-ready; ``model`` as a nested dict, without
+        ``num_experts`` for a dense model, as studies written before MoE hold it)."""
+        d = asdict(self)
+        if not d["model"].get("num_experts"):
+            d["model"].pop("num_experts", None)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SearchProblem:
@@ -132,7 +139,8 @@ class Candidate:
     None for semi-auto (the user's annotation, ``annotation`` names it).
     ``fsdp_shard_size``: the HSDP shard group of ZeRO-3 (``completion.strategy``), None:
     shard over all of dp. ``fp8``: the FP8 training recipe of the decoder linears
-    (``completion.strategy.FP8_RECIPES``), None: none.
+    (``completion.strategy.FP8_RECIPES``), None: none. ``ep``: expert-parallel ranks of a
+    mixture-of-experts model (``completion.strategy.Strategy.ep``; 1 for a dense one).
     """
 
     dp: int
@@ -150,6 +158,7 @@ class Candidate:
     cp: int = 1
     fsdp_shard_size: int | None = None
     fp8: str | None = None
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -177,6 +186,8 @@ class Candidate:
         for opt_in in ("fsdp_shard_size", "fp8"):  # opt-in knobs: absent when unset
             if d[opt_in] is None:
                 del d[opt_in]
+        if d["ep"] == 1:  # absent for a dense plan, as in studies written before MoE
+            del d["ep"]
         return d
 
     @classmethod
@@ -196,7 +207,7 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
             c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp,
-            c.fsdp_shard_size, c.fp8)
+            c.fsdp_shard_size, c.fp8, c.ep)
 
 
 def divisors(n: int) -> list[int]:
@@ -364,6 +375,19 @@ class SearchSpace:
             return [None]
         return [None] + [n for n in divisors(dp) if 2 <= n < dp]
 
+    def ep_choices(self, dp: int, cp: int, zero: int) -> list[int]:
+        """Expert-parallel degrees to try for a candidate with ``dp``, ``cp`` and ZeRO stage
+        ``zero``: the fixed value; else, for a mixture-of-experts model, every divisor of
+        dp that divides its experts (an ep group inside the data-parallel ranks of a
+        stage: the ``ep | dp`` restriction of Megatron-Core's ep within dp x cp x tp,
+        ``completion.strategy``) where cp = 1 and zero <= 1; else [1]."""
+        if "ep" in self.fix:
+            return [self.fix["ep"]]
+        experts = self.problem.model.num_experts
+        if experts <= 1 or cp > 1 or zero > 1:
+            return [1]
+        return [e for e in divisors(dp) if experts % e == 0]
+
     def fp8_choices(self) -> list[str | None]:
         """FP8 recipes to try: the fixed value (``--fix fp8=te-delayed``; ``none``: None),
         else :attr:`fp8_recipes`."""
@@ -414,6 +438,7 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
                     space.sp_choices()):
-                for shard, fp8 in itertools.product(space.shard_choices(dp, z), space.fp8_choices()):
+                for shard, fp8, ep in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
+                                                        space.ep_choices(dp, cp, z)):
                     yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp,
-                                    fsdp_shard_size=shard, fp8=fp8)
+                                    fsdp_shard_size=shard, fp8=fp8, ep=ep)

@@ -5,7 +5,8 @@ search space): the mesh first (``tp``, ``pp``; dp follows from the world
 size), then ``schedule`` only when pp > 1, ``vpp`` only for VPP (ZBVPP is always 2),
 ``micro_batch_size``, ``recompute``, ``zero`` only when dp > 1, the HSDP shard group
 only with ZeRO-3 and a choice (``fsdp_shard_size_dp{dp}``: one parameter per dp, so its
-choices are the same in every trial that suggests it), and the
+choices are the same in every trial that suggests it), a mixture-of-experts model's ``ep``
+where it has a choice (``ep_dp{dp}``, the same way), and the
 annotation knobs only when tp > 1. Every categorical has the same choices in every trial
 (Optuna requires it); choices that can never be legal for the problem (a tp that does not
 divide the heads, a pp that does not divide the layers) are filtered out up front, the
@@ -123,6 +124,8 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     shard = _cat(trial, f"fsdp_shard_size_dp{dp}", shards) if len(shards) > 1 else shards[0]
     fp8s = space.fp8_choices()  # suggested only when there is a choice (trials stay as before)
     fp8 = _cat(trial, "fp8", fp8s) if len(fp8s) > 1 else fp8s[0]
+    eps = space.ep_choices(dp, cp, zero)  # a MoE model's expert parallelism, one name per dp
+    ep = _cat(trial, f"ep_dp{dp}", eps) if len(eps) > 1 else eps[0]
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
@@ -134,7 +137,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
-                     cp, shard, fp8)
+                     cp, shard, fp8, ep)
     pinned = _sp_pin_violation(space, cand)
     return pinned or L.first_violation(cand, p) or cand
 

@@ -155,6 +155,10 @@ class ModelConfig:
         router_aux_loss_coef: weight of the load-balancing loss added to the LM loss
             (Switch Transformer, Fedus et al. 2022, eq. 4-6; 0: no aux loss op).
         norm_topk_prob: the top-k routing weights are renormalised to sum to 1.
+        expert_slot_factor: slots per expert per sequence over the uniform ``s * k / E``
+            (the dispatch / combine ``capacity_factor``, ``completion.ops.moe``); set by the
+            plan pipeline from ``Strategy.expert_slot_factor`` (capacity factor, load
+            imbalance), 1 by default.
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -194,6 +198,7 @@ class ModelConfig:
     dense_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.0
     norm_topk_prob: bool = True
+    expert_slot_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -261,6 +266,10 @@ class ModelConfig:
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < 1e3:
             raise ModelConfigError(f"model {self.name!r}: router_aux_loss_coef must be a number in "
                                    f"[0, 1000), got {c!r}")
+        sf = self.expert_slot_factor
+        if isinstance(sf, bool) or not isinstance(sf, (int, float)) or not 0 < sf <= 64:
+            raise ModelConfigError(f"model {self.name!r}: expert_slot_factor must be a number in "
+                                   f"(0, 64], got {sf!r}")
         for f in ("norm_topk_prob", "shared_expert_gate"):
             if not isinstance(getattr(self, f), bool):
                 raise ModelConfigError(f"model {self.name!r}: {f} must be true or false")

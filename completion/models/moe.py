@@ -68,7 +68,7 @@ def moe_mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, pre: str) -> Value:
     res = pb.op("moe_topk", [probs], {"k": k, "normalize": cfg.norm_topk_prob}, f"{pre}.router")
     weights, idx = res[0], res[1]
     assert weights is not None and idx is not None
-    moe = {"num_experts": e, "capacity_factor": 1.0}
+    moe = {"num_experts": e, "capacity_factor": float(cfg.expert_slot_factor)}
     xe = pb.op1("moe_dispatch", [x, idx], moe, f"{pre}.experts")
     ye = _experts(pb, cfg, xe, f"{pre}.experts")
     y = pb.op1("moe_combine", [ye, weights, idx], moe, f"{pre}.experts")

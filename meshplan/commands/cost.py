@@ -147,6 +147,8 @@ def cost_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
+    moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
@@ -184,6 +186,8 @@ def cost_cmd(
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
                            "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len, layers))
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm, ep=ep,
+                                  moe_capacity_factor=moe_capacity_factor,
+                                  moe_load_imbalance=moe_load_imbalance,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,

@@ -108,6 +108,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "pp": ("--pp", "--pipeline-model-parallel-size"),
     "cp": ("--cp", "--context-parallel-size"),
     "ep": ("--ep", "--expert-model-parallel-size"),
+    "moe_capacity_factor": ("--moe-capacity-factor", "--moe-expert-capacity-factor"),
+    "moe_load_imbalance": ("--moe-load-imbalance",),
     "cp_comm": ("--cp-comm", "--cp-comm-type"),
     "vpp": ("--vpp", "--num-virtual-stages-per-pipeline-rank"),
     "schedule": ("--schedule",),
@@ -147,8 +149,16 @@ PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
 CP = typer.Option(1, *FLAGS["cp"],
                   help="Context-parallel degree: each sequence split over CP ranks (ring attention).")
 EP = typer.Option(1, *FLAGS["ep"],
-                  help="Expert-parallel degree of a mixture-of-experts model: 1, or dp (the "
-                       "experts split over the data-parallel ranks, tokens sent by all_to_all).")
+                  help="Expert-parallel degree of a mixture-of-experts model, a divisor of dp (the "
+                       "experts split over ep data-parallel ranks, tokens sent by all_to_all; "
+                       "expert gradients reduced over dp / ep).")
+MOE_CAPACITY_FACTOR = typer.Option(None, *FLAGS["moe_capacity_factor"],
+                                   help="Expert capacity factor c: each expert keeps at most "
+                                        "ceil(c * s * k / E) tokens per sequence and drops the "
+                                        "rest (default: dropless).")
+MOE_LOAD_IMBALANCE = typer.Option(1.0, *FLAGS["moe_load_imbalance"],
+                                  help="Tokens of the busiest expert over the mean (>= 1; 1: uniform "
+                                       "routing); experts are costed at that load, capped by the capacity.")
 CP_COMM = typer.Option(CpComm.p2p, *FLAGS["cp_comm"], case_sensitive=False,
                        help="Context-parallel K/V exchange: p2p (ring) or all_gather.")
 VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")

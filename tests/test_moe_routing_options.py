@@ -1,0 +1,76 @@
+"""Capacity factor / token dropping and a load imbalance factor as plan options (issue 21):
+the expert slots a plan builds, costs and executes are ceil(min(c, f) * s * k / E) per
+expert per sequence (``completion.strategy.Strategy.expert_slot_factor``)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from completion.models.source import resolve_model
+from completion.plan_program import build_plan_program
+from completion.strategy import Strategy, StrategyError
+from tests._cli import run_main
+from tests.test_moe_program import TINY
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    p = tmp_path_factory.mktemp("routing") / "moe.json"
+    p.write_text(json.dumps({**TINY, "router_aux_loss_coef": 0.0}))
+    return str(p)
+
+
+def _a2a(tiny: str, **kw) -> list[int]:
+    s = Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4, **kw)
+    prog = build_plan_program(resolve_model(tiny, 32), s, representative=True).program
+    return [op.attrs["nbytes"] for op in prog.ops if op.type == "all_to_all"]
+
+
+@pytest.mark.parametrize(("kw", "slots"), [
+    ({}, 16),                                                      # ceil(32 * 2 / 4)
+    ({"moe_load_imbalance": 1.5}, 24),                             # dropless, busiest at 1.5x
+    ({"moe_load_imbalance": 1.5, "moe_capacity_factor": 1.25}, 20),  # capped by the capacity
+    ({"moe_capacity_factor": 0.5}, 8),                             # drops half the pairs
+])
+def test_expert_slots_and_all_to_all_bytes_by_hand(tiny, kw, slots):
+    """TINY (E 4, top-2, h 64) at s 32, mbs 1, dp = ep = 2: C = ceil(min(c, f) * 32 * 2 / 4)
+    slots per expert per sequence; the dispatch all_to_all leaves [E/ep 2, ep x C, 64] bf16
+    on each rank: 2 * 2C * 64 * 2 bytes (8,192 at C = 16), each of the 8 a step."""
+    s = Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4, **kw)
+    assert math.ceil(s.expert_slot_factor * 32 * 2 / 4) == slots
+    assert _a2a(tiny, **kw) == [2 * (2 * slots) * 64 * 2] * 8
+
+
+def test_cost_cli_takes_the_routing_options(tiny, capsys):
+    base = ["cost", "--model", tiny, "--cluster", "dgx-h100", "--dp", "2", "--ep", "2",
+            "--global-batch", "4", "--seq-len", "32", "--json"]
+    rc, out, err = run_main(capsys, *base)
+    assert rc == 0, err
+    even = json.loads(out)["step_time_ms"]
+    rc, out, err = run_main(capsys, *base, "--moe-load-imbalance", "2")
+    assert rc == 0, err
+    assert json.loads(out)["step_time_ms"] > even
+    rc, out, err = run_main(capsys, *base, "--moe-load-imbalance", "0.5")
+    assert rc == 2 and "--moe-load-imbalance" in err and "[1, 64]" in err
+    rc, out, err = run_main(capsys, *base, "--moe-expert-capacity-factor", "0")
+    assert rc == 2 and "--moe-expert-capacity-factor" in err
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.one_of(st.none(), st.floats(0.05, 64)), f=st.floats(1, 64))
+def test_slot_factor_is_the_load_capped_by_the_capacity(c, f):
+    s = Strategy(moe_capacity_factor=c, moe_load_imbalance=f)
+    assert s.expert_slot_factor == (f if c is None else min(c, f))
+    assert Strategy.from_dict(s.to_dict()) == s
+
+
+def test_bad_routing_fields_are_refused_naming_them():
+    with pytest.raises(StrategyError, match="'moe_capacity_factor' must be a number in"):
+        Strategy(moe_capacity_factor=-1.0)
+    with pytest.raises(StrategyError, match="'moe_load_imbalance' must be a number in"):
+        Strategy(moe_load_imbalance=True)

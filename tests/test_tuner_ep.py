@@ -1,0 +1,60 @@
+"""Expert parallelism as a tune dimension (issue 21): a mixture-of-experts model's ep is
+searched over the divisors of dp that divide its experts (cp 1, ZeRO <= 1); the legality
+rule names what breaks it; a dense model's space is unchanged."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner import legality as L
+from tuner.space import Candidate, ModelDims, SearchProblem, SearchSpace, iter_base_candidates
+from tuner.suggest import enumerate_candidates
+
+#: a Qwen-MoE-like toy: 60 experts (divisible by 1, 2, 4 of dp 8's divisors, not 8)
+MOE = ModelDims("toy-moe", 4, 1024, 16, 4, 4096, 32000, num_experts=60)
+DENSE = ModelDims("toy", 4, 1024, 16, 4, 4096, 32000)
+
+
+def _space(dims: ModelDims, **kw) -> SearchSpace:
+    prob = SearchProblem(dims, world_size=8, devices_per_node=8, global_batch_size=64, seq_len=1024)
+    fix = {"tp": 1, "pp": 1, **kw.pop("fix", {})}
+    return SearchSpace(prob, micro_batch_sizes=(1,), recompute=("none",), sequence_parallel=(False,),
+                       fix=fix, **kw)
+
+
+def test_ep_choices_are_divisors_of_dp_dividing_the_experts():
+    """dp 8: divisors 1, 2, 4, 8; 60 experts take 1, 2, 4 (60 % 8 = 4). ZeRO-2/3 or cp > 1:
+    ep 1 only; a dense model: 1; --fix ep=2: 2."""
+    sp = _space(MOE)
+    assert sp.ep_choices(8, 1, 0) == [1, 2, 4] == sp.ep_choices(8, 1, 1)
+    assert sp.ep_choices(8, 1, 2) == [1] == sp.ep_choices(8, 2, 0)
+    assert _space(DENSE).ep_choices(8, 1, 0) == [1]
+    assert _space(MOE, fix={"ep": 2}).ep_choices(8, 1, 0) == [2]
+
+
+def test_the_enumerated_space_holds_each_legal_ep_once():
+    """pp 1, tp 1, dp 8, ZeRO 0-3: ZeRO 0 and 1 with ep 1, 2, 4 and ZeRO 2, 3 with ep 1: 8
+    plans; the dense model: the 4 ZeRO stages."""
+    moe = enumerate_candidates(_space(MOE), "semi-auto")
+    assert sorted((c.zero, c.ep) for c in moe) == [(0, 1), (0, 2), (0, 4), (1, 1), (1, 2), (1, 4), (2, 1), (3, 1)]
+    assert sorted(c.zero for c in enumerate_candidates(_space(DENSE), "semi-auto")) == [0, 1, 2, 3]
+    assert all(c.to_dict().get("ep", 1) == c.ep and ("ep" in c.to_dict()) == (c.ep > 1) for c in moe)
+
+
+def test_ep_layout_rule_names_the_numbers():
+    p = _space(MOE).problem
+    assert L.ep_layout(Candidate(8, 1, 1, ep=4), p) is None
+    assert "ep=8 must divide dp=8 and num_experts=60" in L.ep_layout(Candidate(8, 1, 1, ep=8), p)
+    assert "needs cp=1 and ZeRO <= 1" in L.ep_layout(Candidate(8, 1, 1, zero=2, ep=2), p)
+    assert "has no experts" in L.ep_layout(Candidate(8, 1, 1, ep=2), _space(DENSE).problem)
+
+
+@settings(max_examples=30, deadline=None)
+@given(experts=st.integers(2, 64), zero=st.integers(0, 3))
+def test_every_enumerated_ep_passes_the_rule(experts, zero):
+    dims = ModelDims("m", 4, 1024, 16, 4, 4096, 32000, num_experts=experts)
+    sp = _space(dims, zero_stages=(zero,))
+    for c in iter_base_candidates(sp):
+        assert L.ep_layout(c, sp.problem) is None
+        assert experts % c.ep == 0 and c.dp % c.ep == 0
