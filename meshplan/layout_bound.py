@@ -37,6 +37,7 @@ candidates of several spaces and frameworks (``tests/test_layout_bound.py``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,7 +58,10 @@ from simulator.program_costs import (
     merged_activations,
 )
 from simulator.stage_cost import BlockCost, StageCoster
+from simulator.step_bound import fused_backward
 from tuner.exhaustive_report import Bound
+
+NS = 1e-9
 
 #: the data-parallel degree the shared program of a layout is built at (module docstring)
 SHARED_DP = 2
@@ -98,6 +102,7 @@ class LayoutCosts:
         self.loss_bytes = _dp_loss_bytes(pp.program, blocks, engine.strategy.tp)
         self._acts: dict[str, StageActivations] = {}
         self._posts: dict[int, BlockCost | None] = {}
+        self._work: dict[tuple[str, bool], tuple[float, float, float]] = {}
 
     def activations(self, recompute: str) -> StageActivations:
         """Saved activation bytes per block under ``recompute`` (``ProgramCosts.of``'s)."""
@@ -119,6 +124,30 @@ class LayoutCosts:
             comm["F"] += delta
             self._posts[dp] = dataclasses.replace(self.post, comm=comm)
         return self._posts[dp]
+
+    def work(self, recompute: str, fused: bool) -> tuple[float, float, float]:
+        """(W, F_min, F_pre) seconds per micro-batch for :meth:`SharedLayoutBound.layout_time`:
+        W = the sum over every model layer of its phase times as the stage timer charges them
+        (``BlockCost.times`` under the profile's overlap flags, F + BW for a fused backward
+        else F + B + W, plus ``recompute``'s rerun: full the forward again, a partial policy
+        its ``recompute_f``) + the pre block's + the post block's kernels alone (its comm
+        varies with dp; every phase time is at least its kernels'), F_min the smallest layer
+        forward, F_pre the pre block's forward."""
+        key = (recompute, fused)
+        if key not in self._work:
+            def phases(blk: BlockCost, layer: bool) -> tuple[float, float]:
+                t = blk.times(self.profile, 0.0)
+                extra = 0.0
+                if layer:
+                    extra = t["F"] if recompute == "full" else blk.recompute_time(recompute)
+                return t["F"] + (t["BW"] if fused else t["B"] + t["W"]) + extra, t["F"]
+            per = {id(b): phases(b, True) for b in self.layers}
+            total = sum(per[id(b)][0] for b in self.layers)
+            f_min = min((per[id(b)][1] for b in self.layers), default=0.0)
+            pre = (0.0, 0.0) if self.pre is None else phases(self.pre, False)
+            post = 0.0 if self.post is None else sum(self.post.compute.values())
+            self._work[key] = (total + pre[0] + post, f_min, pre[1])
+        return self._work[key]
 
     def costs(self, dp: int, tp: int, recompute: str) -> ProgramCosts:
         """The ProgramCosts of a plan of this layout at ``dp`` replicas under ``recompute``
@@ -156,20 +185,60 @@ class SharedLayoutBound:
     def __init__(self, config: Mapping[str, Any], strategy_of: Any, cluster: Cluster, cap: int) -> None:
         self.config, self.strategy_of, self.cluster, self.cap = config, strategy_of, cluster, cap
         self.layouts: dict[Any, LayoutCosts] = {}
+        self._of_candidate: dict[tuple, LayoutCosts | None] = {}
 
-    def __call__(self, c: Any) -> Bound:
-        s = self.strategy_of(c)
-        e = Engine(self.config["model"], self.cluster, s, seq_len=int(self.config["seq_len"]),
+    def _layout(self, c: Any) -> tuple[Engine, LayoutCosts | None]:
+        e = Engine(self.config["model"], self.cluster, self.strategy_of(c), seq_len=int(self.config["seq_len"]),
                    num_layers=self.config.get("num_layers"))
-        if not shares_layout(e.strategy) or e.source.is_program:
-            t, mem = e.lower_bound()
-        else:
+        lay = None
+        if shares_layout(e.strategy) and not e.source.is_program:
             key = _hashable(layout_key(e.strategy))
             lay = self.layouts.get(key)
             if lay is None:
                 lay = self.layouts[key] = LayoutCosts(e, e.num_layers or e.source.num_layers)
+        self._of_candidate[candidate_layout(c)] = lay
+        return e, lay
+
+    def __call__(self, c: Any) -> Bound:
+        e, lay = self._layout(c)
+        if lay is None:
+            t, mem = e.lower_bound()
+        else:
             t, mem = e.lower_bound(lay.costs(e.strategy.dp, e.strategy.tp, e.strategy.recompute))
         return Bound(t, mem, self.cap)
+
+    def layout_time(self, c: Any) -> float:
+        """A time bound (s) of candidate ``c`` from its layout's block costs alone, between
+        the tier-0 bound and :meth:`__call__`'s: a few operations once the layout is costed
+        (``-inf`` for a candidate whose layout is not shared). As in ``simulator.step_bound``
+        each pipeline rank r ends no earlier than ``chain_r + busy_r``; ``sum_r busy_r >= m
+        * W`` (every block on one rank, each stage time at least the sum of its blocks'
+        phase times: ZeRO-3 chains, scatter-gather, accumulation and host overheads add >=
+        0) and ``chain_r >= r * F_min + F_pre`` for r >= 1 (``LayoutCosts.work``), so::
+
+            step >= (m * W + sum_{r=1}^{pp-1} (r * F_min + F_pre)) / pp - actions * 1 ns
+
+        with ``m`` micro-batches and ``actions = m * nvs * 3 + 2 * nvs + 2`` (the rounding
+        slack of the rank the step bound subtracts it for). Raises ValueError as
+        :meth:`__call__` does."""
+        key = candidate_layout(c)
+        if key not in self._of_candidate:
+            self._layout(c)
+        lay = self._of_candidate[key]
+        if lay is None:
+            return -math.inf
+        gb = int(self.config["global_batch_size"])
+        m, nvs = c.num_microbatches(gb), c.pp * c.vpp
+        w, f_min, f_pre = lay.work(c.recompute, fused_backward(c.schedule, c.vpp))
+        chains = sum(r * f_min + f_pre for r in range(1, c.pp))
+        return (m * w + chains) / c.pp - (m * nvs * 3 + 2 * nvs + 2) * NS
+
+
+def candidate_layout(c: Any) -> tuple:
+    """The fields of a tuner Candidate its shared layout depends on (``layout_key`` of its
+    strategy drops dp >= 2, pp, vpp, schedule, ZeRO, the HSDP group and recompute)."""
+    return (c.tp, c.micro_batch_size, c.sequence_parallel, c.templates, c.annotation,
+            c.annotation_seed, c.cp, c.fp8, c.dp >= SHARED_DP)
 
 
 def _hashable(s: Strategy) -> Any:
@@ -179,4 +248,4 @@ def _hashable(s: Strategy) -> Any:
     return (s.replace(annotation="none"), ann)
 
 
-__all__ = ["LayoutCosts", "SharedLayoutBound", "layout_key", "shares_layout"]
+__all__ = ["LayoutCosts", "SharedLayoutBound", "candidate_layout", "layout_key", "shares_layout"]

@@ -16,6 +16,7 @@ from meshplan.layout_bound import (
     SHARED_DP,
     LayoutCosts,
     SharedLayoutBound,
+    candidate_layout,
     layout_key,
     shares_layout,
 )
@@ -126,3 +127,79 @@ def test_one_program_per_layout():
     s = _strategy_of(sc)(group[0])
     assert layout_key(s).dp == SHARED_DP and layout_key(s).recompute == "none"
     assert not shares_layout(s.replace(cp=2, dp=s.dp // 2))
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(sorted(CONFIGS)), rnd=st.randoms(use_true_random=False))
+def test_layout_time_is_below_the_tight_bound_and_the_simulation(name, rnd):
+    """tier-0 <= layout_time <= the tight bound <= the simulated step, on random candidates."""
+    sc, cands, scorer = _space(name)
+    c = rnd.choice(cands)
+    try:
+        mid = scorer.bound.layout_time(c)
+        tight = scorer.bound(c).time_s
+        sim = scorer(c).time_s
+    except ValueError:
+        return
+    assert mid <= tight <= sim
+    if mid != float("-inf"):
+        assert mid > 0
+
+
+def test_layout_time_by_hand():
+    """The formula on a costed layout: (m * W + sum_{r=1}^{pp-1} (r * F_min + F_pre)) / pp
+    less 1 ns per action, W from the layout's own block times."""
+    sc, cands, scorer = _space("megatron-a100")
+    c = next(c for c in cands if c.tp == 2 and c.pp == 2 and c.dp == 4 and c.schedule == "1F1B"
+             and c.recompute == "none")
+    sb = scorer.bound
+    got = sb.layout_time(c)
+    lay = sb._of_candidate[candidate_layout(c)]
+    t = [b.times(lay.profile) for b in lay.layers]
+    w = sum(x["F"] + x["BW"] for x in t) + sum(lay.pre.times(lay.profile)[p] for p in ("F", "BW"))
+    w += sum(lay.post.compute.values())
+    m = 64 // (4 * c.micro_batch_size)
+    chains = 1 * min(x["F"] for x in t) + lay.pre.times(lay.profile)["F"]
+    assert got == pytest.approx((m * w + chains) / 2 - (m * 2 * 3 + 2 * 2 + 2) * 1e-9, rel=1e-12)
+
+
+point = st.tuples(st.floats(0.5, 10.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0),
+                  st.floats(0.0, 1.0), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(point, min_size=1, max_size=40), st.floats(0.2, 1.0))
+def test_prove_tiered_with_a_middle_bound_equals_brute_force(points, limit):
+    """cheap <= middle <= tight <= time on random candidates: the three-tier search finds
+    the brute-force optimum, its counts add up, and it tight-bounds no more candidates
+    than the two-tier search."""
+    from tuner.exhaustive_tiered import prove_tiered
+
+    time_s = [p[0] for p in points]
+    cheap_t = [p[0] * p[1] for p in points]
+    mid_t = [c + (t - c) * p[2] for c, t, p in zip(cheap_t, time_s, points, strict=True)]
+    tight_t = [m + (t - m) * p[4] for m, t, p in zip(mid_t, time_s, points, strict=True)]
+    mem = [p[3] for p in points]
+    refused = [p[5] and i % 3 == 0 for i, p in enumerate(points)]
+    calls = {"tight": 0, "middle": 0}
+
+    def tight(i):
+        calls["tight"] += 1
+        return tight_t[i], mem[i] * 0.9, limit
+
+    def middle(i):
+        calls["middle"] += 1
+        return mid_t[i]
+
+    def evaluate(i):
+        return None if refused[i] else (time_s[i], mem[i], limit)
+
+    rep = prove_tiered(cheap_t, [0.0] * len(points), [limit] * len(points), tight, evaluate, middle=middle)
+    feasible = [t for t, m, r in zip(time_s, mem, refused, strict=True) if m <= limit and not r]
+    assert rep.proven
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(points)
+    assert rep.best_time_s == (min(feasible) if feasible else None)
+    n_tight = calls["tight"]
+    calls["tight"] = 0
+    two = prove_tiered(cheap_t, [0.0] * len(points), [limit] * len(points), tight, evaluate)
+    assert two.best_time_s == rep.best_time_s and n_tight <= calls["tight"]
