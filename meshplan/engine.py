@@ -195,12 +195,14 @@ class Engine:
 
         return COSTS.get(key, build)
 
-    def step_model(self, accumulate_grads: bool | None = None) -> StepModel:
+    def step_model(self, accumulate_grads: bool | None = None,
+                   costs: ProgramCosts | None = None) -> StepModel:
         """The :class:`simulator.step.StepModel` of this plan under its framework profile.
         ``accumulate_grads`` overrides the profile's gradient accumulation (see
-        ``StepConfig.accumulate_grads``). Raises EngineError for a split the pipeline
-        cannot take."""
-        costs = self.program_costs()
+        ``StepConfig.accumulate_grads``); ``costs`` replaces :meth:`program_costs` (the
+        same layout's costs from elsewhere: ``meshplan.layout_bound``). Raises EngineError
+        for a split the pipeline cannot take."""
+        costs = self.program_costs() if costs is None else costs
         # a cp plan steps as its folded strategy: dp * cp replicas of seq_len / cp tokens
         # (completion.context_parallel); the identity for cp = 1
         cfg = StepConfig.of(fold_strategy(self.strategy), self.roofline,
@@ -219,13 +221,14 @@ class Engine:
         memory breakdowns, the schedule it played (see ``simulator.step.StepResult``)."""
         return self.step_model().run()
 
-    def lower_bound(self) -> tuple[float, int]:
+    def lower_bound(self, costs: ProgramCosts | None = None) -> tuple[float, int]:
         """``(seconds, bytes)`` no greater than :meth:`simulate`'s step time and peak memory,
         from the stage times alone (``simulator.step_bound.step_lower_bound``: no schedule
-        is built or played). Raises EngineError as :meth:`step_model` does."""
+        is built or played); ``costs`` as in :meth:`step_model`. Raises EngineError as
+        :meth:`step_model` does."""
         from simulator.step_bound import step_lower_bound
 
-        return step_lower_bound(self.step_model())
+        return step_lower_bound(self.step_model(costs=costs))
 
     def cost(self, mode: str = "train") -> tuple[float, int]:
         """``(step time in ms, max memory over ranks in bytes)`` of one training step,

@@ -68,6 +68,7 @@ class Tier0Bound:
         self.params, self.step_cfg = sm.rank_params([0]), sm.cfg  # every parameter, once
         self.layers = self.num_layers or get_model_config(self.model).num_layers
         self._rank_params: dict[tuple[int, tuple], int] = {}
+        self._times: dict[tuple, float] = {}
         self._works: dict[tuple[int, int, bool], tuple[list[BlockWork], BlockWork | None, BlockWork | None]] = {}
 
     def works(self, mbs: int, cp: int, fp8: bool = False
@@ -87,11 +88,18 @@ class Tier0Bound:
         return self._works[key]
 
     def time_s(self, c: Candidate) -> float:
-        """The tier-0 time bound (s) of candidate ``c``."""
-        layers, pre, post = self.works(c.micro_batch_size, c.cp, c.fp8 is not None)
-        return tier0_step_time(layers, pre, post, peak=1.0, tp=c.tp, pp=c.pp, vpp=c.vpp,
-                               num_microbatches=c.num_microbatches(self.gb), recompute=c.recompute,
-                               fused_backward=fused_backward(c.schedule, c.vpp))
+        """The tier-0 time bound (s) of candidate ``c``: a function of (micro-batch, cp, FP8
+        or not, tp, pp, vpp, micro-batches, recompute, fused backward) only, computed once
+        per such key (candidates differing in ZeRO, SP, templates or dp share it)."""
+        m, fused = c.num_microbatches(self.gb), fused_backward(c.schedule, c.vpp)
+        key = (c.micro_batch_size, c.cp, c.fp8 is not None, c.tp, c.pp, c.vpp, m, c.recompute, fused)
+        t = self._times.get(key)
+        if t is None:
+            layers, pre, post = self.works(c.micro_batch_size, c.cp, c.fp8 is not None)
+            t = self._times[key] = tier0_step_time(layers, pre, post, peak=1.0, tp=c.tp, pp=c.pp, vpp=c.vpp,
+                                                   num_microbatches=m, recompute=c.recompute,
+                                                   fused_backward=fused)
+        return t
 
     def rank_params(self, c: Candidate) -> int:
         """A lower bound on the parameter elements tensor rank 0 holds over all its

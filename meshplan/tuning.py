@@ -22,6 +22,7 @@ from clusters import load_cluster
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
 from completion.models import get_model_config
 from meshplan.engine import Engine
+from meshplan.layout_bound import SharedLayoutBound
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from meshplan.templates import template_program
@@ -140,21 +141,19 @@ def make_scorer(config: Mapping[str, Any]):
     dtype = config.get("dtype", "bfloat16")
 
     def score(c: Candidate) -> Score:
-        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
-                        **_software(config))
+        s = strategy_of(c)
         r = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).simulate()
         return Score(r.step_time, r.max_memory_bytes, cap,
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
                       "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})
 
-    def bound(c: Candidate) -> Bound:
-        """Lower bounds on ``score(c)``'s time and memory (``Engine.lower_bound``)."""
-        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
-                        **_software(config))
-        t, mem = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).lower_bound()
-        return Bound(t, mem, cap)
+    def strategy_of(c: Candidate) -> Any:
+        return to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
+                           **_software(config))
 
-    score.bound = bound  # what ``--sampler exhaustive`` prunes with (tuner.exhaustive)
+    # what ``--sampler exhaustive`` prunes with (tuner.exhaustive): ``Engine.lower_bound``,
+    # one costed program per layout shared by its dp degrees and recompute modes
+    score.bound = SharedLayoutBound(config, strategy_of, cl, cap)
     score.cheap_bound = _LazyTier0(config)  # and first, with no completion (meshplan.tier0)
 
     return score

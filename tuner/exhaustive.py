@@ -138,7 +138,9 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
 
     A scorer that also carries ``cheap_bound`` (a bound needing no layout costs) is
     searched best-first over both (:func:`tuner.exhaustive_tiered.prove_tiered`): every
-    candidate cheap-bounded, ``bound`` computed only for those the cheap bound cannot prune.
+    candidate cheap-bounded, ``bound`` computed only for those the cheap bound cannot prune
+    (and, when ``bound`` has a ``layout_time`` -- ``meshplan.layout_bound`` --, that
+    layout-level bound in between).
 
     Raises TunerError when the scorer has no ``bound``; a ValueError of a bound marks the
     candidate unbounded (it is simulated, and the scorer refuses it the same way)."""
@@ -196,7 +198,16 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                 tick()
             return _bounds(bound, candidates[idx[i]])
 
-        rep = prove_tiered(t_lb, m_lb, cap, tight, evaluate, deadline, incumbent)
+        layout = getattr(bound, "layout_time", None)
+
+        def middle(i: int) -> float:
+            try:
+                return float(layout(candidates[idx[i]]))
+            except ValueError:  # the engine refuses it: no layout bound (its tight one says so)
+                return -math.inf
+
+        rep = prove_tiered(t_lb, m_lb, cap, tight, evaluate, deadline, incumbent,
+                           None if layout is None else middle)
     if rep.best_index is not None:
         rep.best_index = idx[rep.best_index]
     rep.resumed = resumed

@@ -24,6 +24,11 @@ feasible plan is known, a candidate is simulated as soon as it is tight-bounded 
 the best cheap candidates give the first incumbent, which then prunes, and a search
 stopped by its timeout has a plan to report); after that, in key order.
 The counts ``simulated + pruned_memory + pruned_time + pruned_cheap`` add up to the space.
+
+An optional middle bound (``middle``: a layout-level bound, cheap once the layout is costed)
+adds a tier between the two: once a feasible plan is known, a cheap entry taken from the
+heap goes back under ``max(cheap, middle)`` and is tight-bounded only when it comes up
+again; the argument above holds unchanged (every key is still a lower bound).
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ Tight = Callable[[int], "tuple[float, float, float]"]
 
 def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], memory_limit: Sequence[float],
                  tight: Tight, evaluate: Evaluate, deadline: float | None = None,
-                 incumbent: Callable[[], float] | None = None) -> ExhaustiveReport:
+                 incumbent: Callable[[], float] | None = None,
+                 middle: Callable[[int], float] | None = None) -> ExhaustiveReport:
     """Best-first branch and bound over candidates ``0 .. n-1`` (module docstring).
 
     Args:
@@ -52,6 +58,12 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
         tight: the tight bounds of candidate i (a time of -inf: unbounded, simulated next).
         evaluate: scores candidate i (``tuner.exhaustive.Evaluate``).
         deadline, incumbent: as :func:`tuner.exhaustive.prove_best`.
+        middle: an optional time bound of candidate i between the cheap and the tight one
+            (``meshplan.layout_bound.SharedLayoutBound.layout_time``: cheap once its layout
+            is costed). Once a feasible plan is known, a cheap entry taken from the heap
+            gets it first and goes back under ``max(cheap, middle)``; only when that
+            entry comes up again is it tight-bounded. An entry pruned while at this tier
+            counts as pruned by time.
     Returns an :class:`ExhaustiveReport` (``resumed`` left 0). Raises TunerError on arrays
     of different shapes or a NaN bound."""
     t0, m0, cap = bound_arrays(cheap_time, cheap_memory, memory_limit, "a cheap lower bound")
@@ -74,15 +86,22 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         heapq.heappop(heap)
-        if tier == 0:
+        known = math.isfinite(best) or (incumbent is not None and math.isfinite(incumbent()))
+        if tier == 0 and middle is not None and known:
+            t = middle(i)
+            if math.isnan(t):
+                raise TunerError(f"the layout lower bound of candidate {i} is NaN")
+            heapq.heappush(heap, (max(key, t), 1, i))
+            continue
+        if tier <= 1:
             t, m, c = tight(i)
             if math.isnan(t) or math.isnan(m):
                 raise TunerError(f"the tight lower bound of candidate {i} is NaN")
             if m > c:
                 rep.pruned_memory += 1
                 continue
-            if math.isfinite(best) or (incumbent is not None and math.isfinite(incumbent())):
-                heapq.heappush(heap, (max(key, t), 1, i))
+            if known:
+                heapq.heappush(heap, (max(key, t), 2, i))
                 continue
             # no feasible plan known yet: simulate it now (a dive) for a first incumbent
         rec = evaluate(i)
