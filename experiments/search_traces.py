@@ -100,6 +100,8 @@ class Trace:
     trials: int = 0
     seconds: float = 0.0
     report: dict[str, Any] | None = None
+    cpu_s: float = 0.0
+    """CPU seconds of the run's process over the run (on a loaded host, wall > CPU)."""
     load: tuple[float, float] = (math.nan, math.nan)
     """1-minute load average of the host at the start and at the end of the run."""
 
@@ -210,9 +212,9 @@ def run_trace(spec: SpaceSpec, method: str, seed: int = 0) -> Trace:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trace = Trace(spec.label, method, seed, spec.budget_s)
-    start = os.getloadavg()[0]
+    start, cpu = os.getloadavg()[0], time.process_time()
     trace = RUNNERS[method](spec, trace)
-    trace.load = (start, os.getloadavg()[0])
+    trace.load, trace.cpu_s = (start, os.getloadavg()[0]), time.process_time() - cpu
     trace.seconds = trace.points[-1][0] if trace.points else 0.0
     return trace
 
