@@ -188,6 +188,7 @@ def plot(groups: dict[str, list[Trace]], refs: dict[str, Reference], path: Path)
         ax.axvline(traces[0].budget_s, color="gray", linewidth=0.8, linestyle=":", label="budget")
         low = min(0.99, ref.lower_bound_s / ref.optimum_s - 0.01) if math.isfinite(ref.lower_bound_s) else 0.99
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels overlap on a short span
         ax.set_ylim(low, top * 1.02)
         state = "proven optimum" if ref.proven else "best known, not proven"
         ax.set(xlabel="wall time (s, log scale)", ylabel="best feasible step time / reference",
