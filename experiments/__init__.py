@@ -32,6 +32,7 @@ EXPERIMENT_MODULES = [
     "experiments.zb_throughput",
     "experiments.megatron_table1",
     "experiments.search_quality",
+    "experiments.search_quality_time",
     "experiments.local_validation",
     "experiments.measured_runs",
     "experiments.memory",
