@@ -84,6 +84,7 @@ class Completer:
         self.sweeps: dict[str, int] = {}
         self._done: set[str] = set()
         self._prepared = False
+        self._phases: list[tuple[Operation, OpRole]] | None = None
 
     # -- public API ---------------------------------------------------------------------
     @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
@@ -142,6 +143,7 @@ class Completer:
     def _prepare(self) -> None:
         if self._prepared:
             return
+        self._phases = None
         prog = self.program
         derived: set[Value] = getattr(prog, DERIVED_ATTR, set())
         derived_ops: set[Operation] = getattr(prog, DERIVED_OPS_ATTR, set())
@@ -229,20 +231,27 @@ class Completer:
 
     # -- phases -------------------------------------------------------------------------
     def _phase_ops(self, phase: str) -> list[Operation]:
+        """The ops of ``phase`` in program order (:meth:`_op_phases`: computed once per
+        preparation and op count; completion itself inserts no op)."""
+        if self._phases is None or len(self._phases) != len(self.program.ops):
+            self._phases = self._op_phases()
         roles = PHASES[phase]
+        return [op for op, role in self._phases if role in roles]
+
+    def _op_phases(self) -> list[tuple[Operation, OpRole]]:
+        """Each op with the role that puts it in a phase: its own, except a source (no
+        operands, some results) takes the role of its first user (forward when unused or
+        first used by the loss)."""
         ops = self.program.ops
         pos = {id(op): i for i, op in enumerate(ops)}
         out = []
         for op in ops:
             if op.operands or not op.results:
-                if op.role in roles:
-                    out.append(op)
+                out.append((op, op.role))
                 continue
             first = min((u for r in op.results if r is not None for u, _ in r.uses),
                         key=lambda u: pos[id(u)], default=None)
-            role = OpRole.FORWARD if first is None or first.role == OpRole.LOSS else first.role
-            if role in roles:
-                out.append(op)
+            out.append((op, OpRole.FORWARD if first is None or first.role == OpRole.LOSS else first.role))
         return out
 
     def _run(self, phase: str) -> None:

@@ -147,12 +147,14 @@ class Propagator:
         return ins, tuple(outs)
 
     def infer(self, op: Operation) -> SpmdResult:
-        """The rule's answer for ``op`` in the current state (cached by its inputs)."""
+        """The rule's answer for ``op`` in the current state (cached by its inputs: the op
+        type, its frozen attrs unless the rule declares it ignores them
+        (``SpmdRule.reads_attrs``), the mesh and the operand / result tuples)."""
         mesh = self.op_mesh[id(op)]
         ins, outs = self._inputs(op, mesh)
         akey = self.attr_keys.get(id(op))
-        if akey is None:
-            akey = self.attr_keys[id(op)] = freeze(op.attrs)
+        if akey is None:  # a rule that ignores attrs answers alike for all of them
+            akey = self.attr_keys[id(op)] = freeze(op.attrs) if get_spmd_rule(op.type).reads_attrs else ()
         key = (op.type, akey, mesh, ins, outs)
         res = self.cache.get(key)
         if res is None:

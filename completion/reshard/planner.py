@@ -96,22 +96,49 @@ def plan_reshard(
             layouts.
     """
     shape = tuple(int(s) for s in global_shape)
+    key = (src, dst, shape, dtype)
     try:
-        s, d = Layout.of(src), Layout.of(dst)
-        for a in (src, dst):
-            if isinstance(a, TensorDistAttr):
-                a.check_shape(shape, value)
-        s.check(shape)
-        d.check(shape)
-        itemsize = dtype_bytes(dtype)
-    except (DistAttrError, ValueError) as e:
-        raise ReshardError(f"cannot reshard {value} of shape {list(shape)} from {src!r} to {dst!r}: {e}") from None
+        hit = _CHECKED.get(key)
+    except TypeError:  # an unhashable spec: the checks below name it
+        key, hit = None, None
+    if hit is None:
+        try:
+            s, d = Layout.of(src), Layout.of(dst)
+            for a in (src, dst):
+                if isinstance(a, TensorDistAttr):
+                    a.check_shape(shape, value)
+            s.check(shape)
+            d.check(shape)
+            itemsize = dtype_bytes(dtype)
+        except (DistAttrError, ValueError) as e:
+            raise ReshardError(f"cannot reshard {value} of shape {list(shape)} from {src!r} to {dst!r}: {e}") from None
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.pop(next(iter(_CHECKED)))
+            _CHECKED[key] = (s, d, itemsize)
+    else:
+        s, d, itemsize = hit
     if s.mesh != d.mesh and not cross_mesh:
         raise ReshardError(
             f"cannot reshard {value} from {src!r} to {dst!r}: the meshes {list(s.mesh.process_ids)} and "
             f"{list(d.mesh.process_ids)} differ and no cross-mesh path is allowed"
         )
     return _plan(s, d, shape, dtype, itemsize, cost or default_step_cost)
+
+
+#: (src, dst, shape, dtype) -> (src Layout, dst Layout, itemsize) of specs that passed the
+#: checks of :func:`plan_reshard`: the partition and reshard passes plan the same few
+#: layout pairs for every layer (both specs are frozen, so the checks' answer is fixed).
+#: Bounded, oldest dropped first; :func:`clear_plan_caches` empties it with the plans.
+_CHECKED: dict[tuple, tuple[Layout, Layout, int]] = {}
+_CHECKED_MAX = 8192
+
+
+def clear_plan_caches() -> None:
+    """Forget every memoised plan and check of :func:`plan_reshard` (benchmarks time cold
+    planning)."""
+    _CHECKED.clear()
+    _plan.cache_clear()
 
 
 @lru_cache(maxsize=8192)

@@ -49,7 +49,7 @@ def reshard(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notati
     return Notation([lt], [lt], keep_all_partial=True)
 
 
-register_spmd_rule("source", source)
+register_spmd_rule("source", source, reads_attrs=False)  # the notation never reads attrs
 register_spmd_rule("sink", sink)
 register_spmd_rule("add_n", add_n)
 register_spmd_rule("reshard", reshard)

@@ -37,6 +37,10 @@ class SpmdRule:
     #: whether results that are null in the program still get an attr (grad ops: yes,
     #: as Paddle prints them; forward ops: no)
     attrs_for_null_results = False
+    #: whether the answer depends on the op's attrs; False lets the Completer's rule cache
+    #: share one answer between ops that differ only in attrs (e.g. ``parameter`` ops,
+    #: whose attrs name each parameter)
+    reads_attrs = True
 
     def __init__(self, op_type: str) -> None:
         self.op_type = op_type
@@ -212,15 +216,22 @@ _CACHE: dict[str, SpmdRule] = {}
 
 
 def register_spmd_rule(key: str, factory: Callable[[str], SpmdRule] | NotationFn,
-                       einsum: bool = True) -> None:
+                       einsum: bool = True, reads_attrs: bool = True) -> None:
     """Register a rule for an op type or an op family. ``factory`` is a notation function
-    (``einsum=True``) or a callable ``op_type -> SpmdRule``. Raises CompletionError on a
-    duplicate key."""
+    (``einsum=True``) or a callable ``op_type -> SpmdRule``. ``reads_attrs=False`` (notation
+    functions only) declares that the notation ignores the op's attrs
+    (:attr:`SpmdRule.reads_attrs`). Raises CompletionError on a duplicate key."""
     if key in _RULES:
         raise CompletionError(f"SPMD rule {key!r} is registered twice")
     if einsum:
         fn = factory
-        _RULES[key] = lambda t: EinsumRule(t, fn)  # type: ignore[arg-type]
+
+        def make(t: str) -> SpmdRule:
+            rule = EinsumRule(t, fn)  # type: ignore[arg-type]
+            rule.reads_attrs = reads_attrs
+            return rule
+
+        _RULES[key] = make
     else:
         _RULES[key] = factory  # type: ignore[assignment]
     _CACHE.clear()

@@ -18,6 +18,7 @@ import numpy as np
 
 from completion.gc_pause import gc_paused
 from simulator.errors import ScheduleError
+from simulator.schedules.columns import actions_complete, columns
 from simulator.schedules.p2p import check_p2p, send_plan
 
 KINDS = ("F", "B", "W", "BW")
@@ -91,7 +92,10 @@ class Schedule:
 
         Raises ScheduleError naming the first missing/duplicated/misplaced action, the bad
         placement, or the pair of ranks and the first message that do not match. A
-        schedule that passed is not checked again (its fields are immutable tuples)."""
+        schedule that passed is not checked again (its fields are immutable tuples). The
+        per-action checks run vectorised over the actions' integer columns
+        (``simulator.schedules.columns``, kept on the schedule for the engine's plan); the
+        plain walk (:meth:`_check_actions`) runs only to name a defect."""
         if self.__dict__.get("_validated"):
             return
         p, m, v = self.num_stages, self.num_microbatches, self.num_chunks
@@ -102,6 +106,19 @@ class Schedule:
         if any(len(row) != v for row in self.vstage) or placed != list(range(p * v)):
             raise ScheduleError(f"{self.name}: vstage must place each virtual stage 0..{p * v - 1} on "
                                 f"exactly one (rank, chunk), {v} per rank; got {self.vstage!r}")
+        cols = columns(self.actions)  # None below columns.MIN_ACTIONS or for a malformed action
+        if cols is not None and actions_complete(cols, p, m, v):
+            object.__setattr__(self, "_columns", cols)  # read by check_p2p and the engine's plan
+        else:  # the plain walk names the first bad action
+            self._check_actions()
+        check_p2p(self)
+        object.__setattr__(self, "_validated", True)
+
+    def _check_actions(self) -> None:
+        """The per-action checks of :meth:`validate` one action at a time (kind, rank,
+        chunk and micro-batch ranges, duplicates, a complete backward per F); raises
+        ScheduleError naming the first bad action."""
+        m, v = self.num_microbatches, self.num_chunks
         code_of = _KIND_CODE
         bad = None
         for r, row in enumerate(self.actions):
@@ -130,16 +147,15 @@ class Schedule:
                 f"{self.name}: rank {r} chunk {c} micro-batch {mb} lacks an F or a "
                 f"complete backward (BW, or B and W)"
             )
-        check_p2p(self)
-        object.__setattr__(self, "_validated", True)
 
     def with_meta(self, **meta: Any) -> Schedule:
         """A copy with ``meta`` replaced by ``meta`` (same actions and placement), validated
         already when this one is."""
         out = Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
                        self.actions, self.vstage, dict(meta))
-        if self.__dict__.get("_validated"):
-            object.__setattr__(out, "_validated", True)
+        for key in ("_validated", "_columns"):
+            if key in self.__dict__:
+                object.__setattr__(out, key, self.__dict__[key])
         return out
 
     def send_plan(self) -> tuple:

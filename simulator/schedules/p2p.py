@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from simulator.errors import ScheduleError
+from simulator.schedules.columns import sends_match_consumption
 
 #: a ``simulator.schedules.base.Schedule`` (read duck-typed: ``actions``, ``vstage``,
 #: ``num_vstages``, ``name``; base imports this module, so not the other way round)
@@ -151,6 +152,9 @@ def _sends_match_consumption(s: Schedule) -> bool:
     chunk's four message lists (F sends up, F consumes from below, B sends down, B
     consumes from above; None where that neighbour is on the same rank or absent) are
     looked up once per rank, and an action appends to them directly."""
+    cols = getattr(s, "__dict__", {}).get("_columns")
+    if cols is not None:  # a schedule whose actions passed the vectorised checks
+        return sends_match_consumption(cols, s.vstage, s.num_vstages, s.num_microbatches)
     nvs, m = s.num_vstages, s.num_microbatches
     own = [0] * nvs
     for r, row in enumerate(s.vstage):

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from functools import partial
+from itertools import repeat
 
 from simulator.schedules.base import (
     Action,
@@ -123,8 +125,12 @@ class _Plan:
                    - (self.end[_F][r][0] - tf) for r in range(self.p))
 
     def actions(self) -> list[list[Action]]:
-        m, new = self.m, tuple.__new__  # Action(...) without the NamedTuple constructor's call
-        return [[new(Action, ("FBW"[code // m], r, code % m, 0)) for code in row] for r, row in enumerate(self.rows)]
+        m = self.m
+        kind = ["F"] * m + ["B"] * m + ["W"] * m  # by code kind * m + micro-batch
+        mb = list(range(m)) * 3
+        act = partial(tuple.__new__, Action)  # Action(...) without the NamedTuple constructor's call
+        return [list(map(act, zip(map(kind.__getitem__, row), repeat(r), map(mb.__getitem__, row), repeat(0))))
+                for r, row in enumerate(self.rows)]
 
 
 def _warmup(s: _Plan, gap_ok: bool) -> None:
