@@ -6,7 +6,8 @@ quick mode) unless ``MESHPLAN_CLUSTER`` names a calibrated YAML already. Each pl
 runs in its own ``meshplan validate PLAN.json --nproc 2 --steps S --json --cluster YAML``
 subprocess, which prints ``predicted_step_time_ms``, ``measured_step_time_ms`` and
 ``relative_error``; its CSV rows go to ``<out>/local_validation_plans/validate.csv``.
-``--quick`` (CI) runs the dp=2 and tp=2 plans for 3 steps; the full run all four for 10.
+``--quick`` (CI) runs the dp=2 and tp=2 plans for 3 steps, one repeat; the full run all
+four for 10, with validate's repeats.
 
 Plans (issue 9's validation set, as ``benchmarks/plans/``): a LLaMA-style model (hidden
 256, 4 heads, seq 128, vocabulary 1000, fp32; 2 layers, 4 for ZBVPP which needs
@@ -59,11 +60,14 @@ def write_plans(out_dir: Path, cluster: str) -> dict[str, Path]:
 QUICK_PLANS = ("dp=2", "tp=2")
 
 
-def validate(plan: Path, steps: int, cluster_yaml: str | None) -> dict:
-    """Run ``meshplan validate PLAN --nproc 2 --json`` in a subprocess; its JSON."""
+def validate(plan: Path, steps: int, cluster_yaml: str | None, repeats: int | None = None) -> dict:
+    """Run ``meshplan validate PLAN --nproc 2 --json [--repeats R]`` in a subprocess; its
+    JSON (``repeats`` None: validate's default)."""
     require(NAME, "executor", "run_plan", issue="issue 9")
     cmd = [sys.executable, "-m", "meshplan", "validate", str(plan), "--nproc", "2",
            "--steps", str(steps), "--json", "--csv", str(plan.parent / "validate.csv")]
+    if repeats is not None:
+        cmd += ["--repeats", str(repeats)]
     if cluster_yaml:
         cmd += ["--cluster", cluster_yaml]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -100,7 +104,7 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
     for label, path in plans.items():
         if quick and label not in QUICK_PLANS:
             continue
-        got = validate(path, 3 if quick else 10, cluster_yaml)
+        got = validate(path, 3 if quick else 10, cluster_yaml, 1 if quick else None)
         pred, meas = float(got["predicted_step_time_ms"]), float(got["measured_step_time_ms"])
         records.append({"plan": label, "predicted_step_time_ms": pred,
                         "measured_step_time_ms": meas, "relative_error": pred / meas - 1})

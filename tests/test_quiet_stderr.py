@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 
-from executor.quiet_stderr import drop_kineto_lines
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from executor.quiet_stderr import drop_kineto_lines, kineto_quiet
 
 USDT = "USDT:2026-12-01 21:54:16 10258:10258 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
 STAGE = "STAGE:2026-12-01 21:57:09 11579:11579 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n"
@@ -16,26 +19,23 @@ def test_drop_kineto_lines_keeps_the_rest_in_order():
     assert drop_kineto_lines(text) == "a warning\nUSDT is a word here\nlast"
 
 
-def test_a_profiled_block_prints_no_kineto_line_but_keeps_real_stderr():
-    """In a child process: a torch.profiler session inside kineto_quiet() leaves stderr with
-    the C-level and Python-level lines written inside the block, and no USDT/STAGE line
-    (which torch 2.13's libkineto writes without it: checked by the same script unwrapped)."""
-    code = (
-        "import os, sys, torch\n"
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "from executor.quiet_stderr import kineto_quiet\n"
-        "wrap = sys.argv[1] == 'quiet'\n"
-        "import contextlib\n"
-        "ctx = kineto_quiet() if wrap else contextlib.nullcontext()\n"
-        "with ctx:\n"
-        "    os.write(2, b'c-level line\\n')\n"
-        "    with profile(activities=[ProfilerActivity.CPU]):\n"
-        "        torch.ones(3) + 1\n"
-        "    print('python line', file=sys.stderr)\n")
-    runs = {m: subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True,
-                              timeout=120) for m in ("quiet", "plain")}
-    assert all(r.returncode == 0 for r in runs.values()), {m: r.stderr for m, r in runs.items()}
-    assert "profiler_start" in runs["plain"].stderr  # what the wrapper exists to remove
-    err = runs["quiet"].stderr
-    assert "USDT:" not in err and "STAGE:" not in err
-    assert err.index("c-level line") < err.index("python line")
+def _session() -> None:
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.ones(3) + 1
+
+
+def test_a_profiled_block_prints_no_kineto_line_but_keeps_real_stderr(capfd):
+    """At the file-descriptor level (capfd): a torch.profiler session prints libkineto's
+    ``profiler_start`` line to fd 2 (what the wrapper exists to remove); inside
+    kineto_quiet() it does not, while the C-level writes around it inside the block still
+    reach stderr, in order, and a Python write too."""
+    _session()
+    assert "profiler_start" in capfd.readouterr().err
+    with kineto_quiet():
+        os.write(2, b"first c-level line\n")
+        _session()
+        os.write(2, b"second c-level line\n")
+        print("python line", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "USDT:" not in err and "STAGE:" not in err and "python line" in err
+    assert 0 <= err.index("first c-level line") < err.index("second c-level line")
