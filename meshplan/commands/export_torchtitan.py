@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.commands.export_targets import Export, Note, framework_note, layout
+from simulator.profiles import load_profile
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 FAMILIES = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
@@ -174,22 +175,21 @@ def _float8(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
     return {"recipe_name": fp8, "filter_fqns": ["output"], "enable_fsdp_float8_all_gather": False}
 
 
-#: profiles whose cost model assumes torchtitan's per-block torch.compile
-COMPILED = ("fsdp2", "fsdp2-async-tp")
-
-
 def _compile_and_async_tp(framework: str, eff: dict[str, Any], notes: list[Note],
                           par: dict[str, Any]) -> bool:
-    """True when the plan's profile is costed compiled (``[compile] enable``, job_config.py
-    ``Compile`` at 238fa99); for ``fsdp2-async-tp`` with tp > 1 also sets
-    ``parallelism.enable_async_tensor_parallel`` (which torchtitan runs only compiled); with
-    tp 1 there is no TP collective to overlap: noted, not written."""
-    if framework == "fsdp2-async-tp":
+    """True when the plan's profile is costed compiled (its ``kernels.compile``: then
+    ``[compile] enable``, job_config.py ``Compile`` at 238fa99). A profile that overlaps the
+    forward TP collectives with the GEMMs beside them (``overlap.tp_forward``: torchtitan's
+    async TP, ``fsdp2-async-tp``) also sets ``parallelism.enable_async_tensor_parallel``
+    with tp > 1 (torchtitan runs it only compiled); with tp 1 there is no TP collective to
+    overlap: noted, not written."""
+    prof = load_profile(framework)
+    if prof.overlap.tp_forward.value and framework in FAMILIES:
         if eff["tp"] > 1:
             par["enable_async_tensor_parallel"] = True
         else:
             notes.append(Note("framework", "async tensor parallel needs tp > 1; not written"))
-    return framework in COMPILED
+    return bool(prof.kernels.compile.value)
 
 
 def export(plan: Any) -> Export:
