@@ -63,7 +63,8 @@ def _mutate(rows: list[list], how: str, r: int, i: int, j: int, m: int) -> None:
     elif how == "mb":
         row[i] = Action(kind, stage, (mb + 1 + j) % (m + 1), c)
     elif how == "kind":
-        row[i] = Action({"F": "B", "B": "BW", "W": "F", "BW": "X"}[kind], stage, mb, c)
+        # an unknown kind ("X") cycles back to "F", so two "kind" mutations of one action are valid input
+        row[i] = Action({"F": "B", "B": "BW", "W": "F", "BW": "X"}.get(kind, "F"), stage, mb, c)
     elif how == "float":
         row[i] = Action(kind, stage, float(mb), c)
     elif how == "huge":
