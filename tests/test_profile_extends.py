@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,11 +35,11 @@ def _write(path: Path, data: dict) -> Path:
     return path
 
 
-def _leaves(data: dict, prefix: str = "") -> dict[str, object]:
+def _leaves(data: dict, prefix: str = "") -> dict[str, Any]:
     """dotted path -> value of every leaf of a raw profile mapping: a mapping with a
     ``value`` key is one leaf (a {value, provenance} pair), as is a plain scalar. An
     implementation independent of the schema walk of simulator.profiles.inherit."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict) and "value" not in value:
             out.update(_leaves(value, f"{prefix}{key}."))
@@ -47,7 +48,7 @@ def _leaves(data: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def _unflatten(leaves: dict[str, object]) -> dict:
+def _unflatten(leaves: dict[str, Any]) -> dict:
     out: dict = {}
     for dotted, value in leaves.items():
         *path, last = dotted.split(".")
@@ -105,7 +106,8 @@ def test_a_pair_is_replaced_whole_and_an_optional_field_can_be_cleared():
                       "<mine>")
     cleared = parse_profile({"extends": "fsdp2", "name": "x", "kernels": {"cp_attention": None}})
     assert cleared.kernels.cp_attention is None
-    assert load_profile("fsdp2").kernels.cp_attention.value == "torchtitan-sdpa"
+    inherited = load_profile("fsdp2").kernels.cp_attention
+    assert inherited is not None and inherited.value == "torchtitan-sdpa"
 
 
 def test_a_typo_inside_a_pair_is_still_refused_by_the_schema(tmp_path):
