@@ -86,7 +86,10 @@ _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 INTERLEAVED = ("VPP", "ZBVPP")
 RECOMPUTE = ("none", "selective", "selective-op", "full")
 DTYPES = ("bfloat16", "float16", "float32")
-#: software profiles that run a plan (``simulator/profiles/catalog/*.yaml``, one per name)
+#: software profiles that run a plan: the one list of their names (the Strategy validates
+#: against it, ``FP8_RECIPES`` names its entries; ``simulator.profiles.check_catalog`` checks that
+#: ``simulator/profiles/catalog/*.yaml`` holds exactly these files, each ``name:`` its file
+#: name; ``meshplan.commands.options.FRAMEWORK_NAMES`` mirrors it, see there)
 FRAMEWORKS = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2", "fsdp2-eager",
               "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 #: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
@@ -97,15 +100,21 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 #: how a context-parallel attention gets the other ranks' keys and values (Megatron-LM
 #: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
 CP_COMMS = ("p2p", "all_gather")
+#: the framework profiles that run Transformer Engine FP8 / torchao ``Float8Linear``
+_TE_FP8 = ("megatron-core", "llm-foundry")
+_TORCHAO_FP8 = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
 #: FP8 training recipes -> the framework profiles that run them: ``te-delayed``
 #: (Transformer Engine ``DelayedScaling``: per-tensor scales from an amax history; NVIDIA
 #: Megatron-Core / NeMo ``--fp8-format hybrid``, Composer/llm-foundry ``amp_fp8``),
 #: ``tensorwise`` and ``rowwise`` (torchao ``Float8Linear`` dynamic scaling per tensor or
-#: per row, as torchtitan's ``--float8`` runs it under FSDP2)
+#: per row, as torchtitan's ``--float8`` runs it under FSDP2). The tuples name
+#: :data:`FRAMEWORKS` entries (tests/test_fp8.py checks it); they are not read from the
+#: profiles because the Strategy checks ``fp8`` against its framework and ``completion``
+#: does not import ``simulator``.
 FP8_RECIPES: dict[str, tuple[str, ...]] = {
-    "te-delayed": ("megatron-core", "llm-foundry"),
-    "tensorwise": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
-    "rowwise": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
+    "te-delayed": _TE_FP8,
+    "tensorwise": _TORCHAO_FP8,
+    "rowwise": _TORCHAO_FP8,
 }
 #: ``dtype`` spellings of the FP8 recipes (``--dtype fp8-delayed``): dtype bfloat16 + ``fp8``
 FP8_DTYPES = {"fp8-delayed": "te-delayed", "fp8-te": "te-delayed", "fp8-tensorwise": "tensorwise",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from clusters import load_cluster
 from completion.fp8 import is_fp8_linear, mark_fp8_linears
 from completion.models import build_model, get_model_config
-from completion.strategy import FP8_DTYPES, FP8_RECIPES, Strategy, StrategyError
+from completion.strategy import FP8_DTYPES, FP8_RECIPES, FRAMEWORKS, Strategy, StrategyError
 from meshplan import Engine
 from meshplan.engine import EngineError
 from simulator.errors import SimulatorError
@@ -33,6 +33,29 @@ def test_strategy_takes_recipes_and_dtype_spellings():
                        ({"dtype": "fp8-delayed", "fp8": "rowwise"}, "means fp8 'te-delayed'")):
         with pytest.raises(StrategyError, match=needle):
             Strategy(**kw)
+
+
+def test_recipe_frameworks_are_catalog_names():
+    """FP8_RECIPES and the weight-cache list name FRAMEWORKS entries (the catalog's names,
+    simulator.profiles.check_catalog), and a Strategy takes a recipe exactly under them:
+    Transformer Engine under megatron-core and llm-foundry, torchao under the FSDP2 three."""
+    from completion.fp8 import WEIGHT_CACHE_FRAMEWORKS
+
+    named = {f for fws in FP8_RECIPES.values() for f in fws} | set(WEIGHT_CACHE_FRAMEWORKS)
+    assert named <= set(FRAMEWORKS)
+    ok = {(r, f) for r in FP8_RECIPES for f in FRAMEWORKS
+          if not _refused(lambda r=r, f=f: Strategy(fp8=r, framework=f))}
+    assert ok == {("te-delayed", "megatron-core"), ("te-delayed", "llm-foundry"),
+                  *((r, f) for r in ("tensorwise", "rowwise")
+                    for f in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"))}
+
+
+def _refused(make) -> bool:
+    try:
+        make()
+    except StrategyError:
+        return True
+    return False
 
 
 def _llama(layers: int = 2):

@@ -130,8 +130,10 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
     "num_layers": ("--layers", "--num-layers", "-l"),
 }
 
-#: framework profiles (``completion.strategy.FRAMEWORKS``, the catalog of
-#: ``simulator.profiles``; tests/test_cli_options.py checks that they agree)
+#: framework profiles: a mirror of ``completion.strategy.FRAMEWORKS`` (the one list;
+#: ``simulator.profiles.check_catalog`` checks the catalog against it), not an import of it:
+#: importing ``completion`` here would load numpy and pydantic on ``meshplan --help``
+#: (tests/test_cli_structure.py). tests/test_cli_options.py checks that they are equal.
 FRAMEWORK_NAMES = ("megatron-core", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2",
                    "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 

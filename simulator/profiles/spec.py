@@ -25,15 +25,27 @@ Sections:
   gradient sync between the first and last pipeline stages);
 - ``memory``: how model states are held (:data:`STATE_MODELS`), allocator fragmentation,
   CUDA context and library workspaces, NCCL buffers per communicator.
+
+Inheritance: a profile file may start from another and state only what it changes,
+``extends: <parent>`` -- a catalog name (``fsdp2``) or a YAML file (a path ending in
+``.yaml``/``.yml``, relative to the child file's directory); the parent may itself extend
+another. The child's fields go over the parent's (``simulator.profiles.inherit``): a section
+(``kernels``, ``overlap``...) merges key by key, at any depth; a ``{value, provenance}`` pair
+(or a plain field) is replaced whole, so a changed value comes with its own provenance. The
+child states its own ``name`` (the parent's is never inherited). The merged mapping is then
+validated as a whole profile, unknown keys still refused. Errors (ProfileError naming the
+child file): an unknown parent, a profile that extends itself, a cycle (a extends b extends
+a), a child field that the parent's schema does not have (naming the dotted field), a child
+without ``name``; a bad parent is reported against the parent's file. Reading:
+``simulator.profiles.loader``. In the catalog, ``fsdp2-eager`` and ``fsdp2-async-tp``
+extend ``fsdp2`` and ``megatron-2021-torch-ddp`` extends ``megatron-2021``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clusters.spec import Count, Fraction, NonNegative, Positive
 from simulator.errors import SimulatorError
@@ -279,38 +291,3 @@ class ProfileSpec(BaseModel):
     optimizer: Optimizer
     fixed: Fixed
     memory: Memory
-
-
-def _one_line(err: ValidationError, source: str) -> str:
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "<root>"
-    if first["type"] == "missing":
-        return f"{source}: missing field {field!r}"
-    if first["type"] == "extra_forbidden":
-        return f"{source}: unknown field {field!r}"
-    msg = first["msg"].replace("\n", " ").removeprefix("Value error, ")
-    return f"{source}: field {field!r}: {msg} (got {first.get('input')!r})"
-
-
-def parse_profile(data: Any, source: str = "<profile>") -> ProfileSpec:
-    """Validate a mapping as a :class:`ProfileSpec`. Raises ProfileError naming ``source``
-    and the first bad field."""
-    if not isinstance(data, dict):
-        raise ProfileError(f"{source}: a profile must be a mapping, got {type(data).__name__}")
-    try:
-        return ProfileSpec.model_validate(data)
-    except ValidationError as e:
-        raise ProfileError(_one_line(e, source)) from None
-
-
-def load_profile_file(path: str | Path) -> ProfileSpec:
-    """Read and validate one profile YAML. Raises ProfileError for a missing file, bad
-    YAML or a bad field (naming the file)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ProfileError(f"framework profile file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{p}: not valid YAML: {e}") from None
-    return parse_profile(data, str(p))
