@@ -4,8 +4,6 @@ simulator/profiles/inherit.py, loader.py) and the catalog's one list of names
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -235,19 +233,6 @@ def test_a_catalog_delta_equals_an_independent_flat_merge(name):
     raw_child.pop("extends")
     flat = {**_leaves(raw_parent), **_leaves(raw_child)}
     assert ProfileSpec.model_validate(_unflatten(flat)) == load_profile(name)
-
-
-#: every catalog profile's model_dump() taken before the catalog used extends (not in the
-#: repository: written once by the engineer who made the change)
-BEFORE = Path(os.environ.get("MESHPLAN_PROFILES_BEFORE", "/tmp/prof_before.json"))
-
-
-@pytest.mark.skipif(not BEFORE.is_file(), reason=f"no snapshot {BEFORE} of the catalog before extends")
-def test_every_catalog_profile_equals_its_snapshot_from_before_extends():
-    before = json.loads(BEFORE.read_text())
-    assert sorted(before) == list_profiles()
-    for name, dump in before.items():
-        assert load_profile(name).model_dump(mode="json") == dump, name
 
 
 # one list of names
