@@ -90,8 +90,12 @@ def test_table_is_recomputed_from_the_traces(quick):
             assert row["gap_at_budget_pct"] == pytest.approx((at[-1] - opt) / opt * 100, abs=1e-9)
         else:
             assert math.isnan(row["gap_at_budget_pct"])
-        if m != "exhaustive":  # the samplers stop at the budget (a trial in flight finishes)
-            assert row["seconds"] <= row["budget_s"] + 1.0
+        if m != "exhaustive":  # the samplers stop at the budget: no trial starts after it
+            # (one point per finished trial; the last trial starts where the one before ended
+            # and runs to its end, however long a loaded host makes it; 0.5 s for the set-up
+            # between the trace's clock and Optuna's)
+            assert len(g) < 2 or t[-2] <= row["budget_s"] + 0.5
+            assert row["seconds"] == pytest.approx(t[-1])
             assert row["trials"] == len(g)
     ex = df[df["method"] == "exhaustive (bounds)"].iloc[0]
     assert ex["trials"] == len(tr[tr["method"] == "exhaustive"]) - 1  # one point per simulation + the end
