@@ -202,3 +202,24 @@ def test_row_1001_memory_by_hand(run1001):
     assert chunk0 == acts.by_block[0] + acts.by_block["pre"] == 804_192_272
     assert r0["activations"] == 4 * chunk0 + 45 * layer
     assert res.max_memory_bytes == max(r0["total"], r1["total"]) < 80e9
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_a_bad_moe_probs_value_names_the_field(tmp_path):
+    from simulator.profiles.loader import load_profile_file
+    from simulator.profiles.spec import ProfileError
+
+    f = tmp_path / "mine.yaml"
+    f.write_text("extends: megatron-core\nname: mine\nkernels:\n"
+                 "  moe_probs: {value: router, provenance: test}\n")
+    with pytest.raises(ProfileError, match="moe_probs"):
+        load_profile_file(f)
+
+
+def test_an_uneven_layer_count_is_a_refusal_naming_n_layers():
+    from experiments.measured_rows import EXTRA_CSVS, load_rows, parse_row
+
+    row = next(r for r in load_rows(EXTRA_CSVS[0]) if r["row_id"] == "1001")
+    bad = parse_row({**row, "n_layers": "47"})
+    assert not bad.expressible and bad.why.startswith("n_layers") and "pp x vpp = 48" in bad.why
