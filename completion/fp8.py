@@ -8,7 +8,9 @@ Megatron-Core builds its ``TransformerLayer`` with the TE spec) and torchao
 layers' linears in FP8: their three GEMMs (forward ``y = x W``, input gradient ``dx = dy
 W^T``, weight gradient ``dW = x^T dy``). Everything else stays in the compute dtype: the
 attention core (no weights), the embedding, and the LM head (Megatron's ``output_layer`` is
-a plain ``ColumnParallelLinear``, torchtitan filters ``output``).
+a plain ``ColumnParallelLinear``, torchtitan filters ``output``); under Transformer Engine
+also a MoE layer's router GEMM (:data:`BF16_ROUTER_RECIPES`: Megatron-Core's router is a
+torch matmul, not a TE module).
 
 :func:`mark_fp8_linears` records the choice on the program as op attributes, so that the
 cost model (``simulator.fp8``) and any printer see it:
@@ -19,6 +21,16 @@ cost model (``simulator.fp8``) and any printer see it:
   to Transformer Engine modules, which then cast the weight on the first micro-batch only:
   :data:`WEIGHT_CACHE_FRAMEWORKS`) or casts it in every forward (Composer's ``amp_fp8``
   calls TE modules without it; torchao's dynamic scaling always does);
+- ``fp8_param``: on a forward ``matmul``, whether the weight itself is an FP8 parameter
+  (Megatron ``--fp8-param-gather``, which Megatron-Bridge 7af9601's
+  ``bf16_with_fp8_current_scaling_mixed`` sets: ``fp8_param_gather = True``): Megatron-LM
+  d98e8a64 ``megatron/core/distributed/param_and_grad_buffer.py`` stores such parameters
+  as ``torch.uint8`` (1 byte) and ``megatron/core/fp8_utils.py``
+  ``post_all_gather_processing`` makes their transposed (columnwise) copy after the
+  distributed optimizer's all-gather (tensorwise scaling on Hopper): 1 + 1 bytes per weight
+  element that replace the 16-bit weight, with no FP8 cache beside it
+  (:data:`FP8_PARAM_FRAMEWORKS`; the once-per-step cast is the optimizer's, of the updated
+  master weights);
 - ``fp8_cast_x``: on a forward ``matmul``, whether it casts its input itself (True) or
   reads the cast another FP8 linear of the same input made (False). Transformer Engine
   runs q/k/v as one fused ``linear_qkv`` GEMM (and the MLP's gate and up as one ``fc1``)
@@ -51,7 +63,25 @@ SHARED_INPUT_CAST = ("te-delayed",)
 #: tensorwise scaling"), so those all-gathers move FP8 (``simulator.fp8``)
 TP_FLOAT8_GATHER = ("tensorwise",)
 #: frameworks that cast each FP8 weight once per step (module docstring)
-WEIGHT_CACHE_FRAMEWORKS = ("megatron-core",)
+WEIGHT_CACHE_FRAMEWORKS = ("megatron-core", "megatron-bridge")
+#: frameworks whose FP8 linears keep their weights as FP8 parameters (module docstring,
+#: ``fp8_param``)
+FP8_PARAM_FRAMEWORKS = ("megatron-bridge",)
+
+
+#: struct name of a MoE layer's router GEMM (``completion.models.moe.moe_mlp``: ``...mlp.gate``)
+_ROUTER = re.compile(r"\.mlp\.gate$")
+#: recipes whose framework runs the MoE router GEMM outside FP8: Megatron-LM d98e8a64
+#: ``megatron/core/transformer/moe/router.py`` ``TopKRouter.gating`` calls
+#: ``router_gating_linear`` (``moe_utils.py``: a torch matmul in a custom autograd
+#: function, not a Transformer Engine module), so ``fp8_autocast`` does not quantise it and
+#: its backward keeps its 16-bit input
+BF16_ROUTER_RECIPES = ("te-delayed",)
+
+
+def is_router(op) -> bool:
+    """True for a MoE router's GEMM (struct name ``...mlp.gate``)."""
+    return bool(op.struct_name and _ROUTER.search(op.struct_name))
 
 
 def is_fp8_linear(op) -> bool:
@@ -70,7 +100,7 @@ def shares_input_cast(recipe: str, tp: int) -> bool:
 
 
 def mark_fp8_linears(program: Program, recipe: str, framework: str = "", tp: int = 1) -> int:
-    """Set the ``fp8`` (and ``fp8_cast_x``, ``fp8_weight_cache``) attributes (module
+    """Set the ``fp8`` (and ``fp8_cast_x``, ``fp8_weight_cache``, ``fp8_param``) attributes (module
     docstring) on the FP8 linears of ``program`` (forward and, when present, backward) as
     ``framework`` runs ``recipe`` with ``tp`` tensor-parallel ranks; returns how many forward
     GEMMs were marked. Raises CompletionError for an unknown recipe."""
@@ -79,13 +109,14 @@ def mark_fp8_linears(program: Program, recipe: str, framework: str = "", tp: int
     cast: set[int] = set()
     n = 0
     for op in program.ops:
-        if not is_fp8_linear(op):
+        if not is_fp8_linear(op) or (recipe in BF16_ROUTER_RECIPES and is_router(op)):
             continue
         op.attrs["fp8"] = recipe
         if op.type == "matmul" and op.role == OpRole.FORWARD:
             x = op.operands[0]
             op.attrs["fp8_cast_x"] = not shares_input_cast(recipe, tp) or id(x) not in cast
             op.attrs["fp8_weight_cache"] = framework in WEIGHT_CACHE_FRAMEWORKS
+            op.attrs["fp8_param"] = framework in FP8_PARAM_FRAMEWORKS
             cast.add(id(x))
             n += 1
     return n

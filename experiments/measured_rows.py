@@ -478,6 +478,8 @@ def _framework(text: str) -> str:
     t = text.lower()
     if "megatron" in t and "2021" in t:
         return "megatron-2021"
+    if "megatron-bridge" in t:
+        return "megatron-bridge"
     if t.startswith("nemo") or "megatron-core" in t or "mcore" in t:
         return "megatron-core"
     if t.startswith("torchtitan"):
@@ -568,8 +570,10 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
     if _cell(row, "assumptions"):
         notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
     dtype, fp8 = _precision(precision, notes)
+    split = _uniform_split(row, framework, pp * vpp, notes)
     try:
         return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, cp_comm=_cp_comm(cp, framework, notes),
+                        layers_per_stage=split,
                         vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
@@ -578,6 +582,32 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
                         attention=_attention(_cell(row, "attention_impl")), fp8=fp8)
     except StrategyError as e:
         raise RowError("strategy", str(e)) from None
+
+
+#: frameworks whose rows split the decoder layers evenly over the pp x vpp virtual stages
+#: (the row's recipe sets no uneven split): Megatron-LM d98e8a64
+#: ``megatron/core/transformer/transformer_block.py`` ``get_num_layers_to_build`` gives each
+#: pipeline rank ``num_layers // pp`` layers (plus one each for
+#: ``account_for_embedding/loss_in_pipeline_split``) and each model chunk that over vpp,
+#: unless ``num_layers_in_first/last_pipeline_stage`` is set; Megatron-Bridge 7af9601c
+#: ``src/megatron/bridge/recipes/qwen/qwen3_moe.py`` ``qwen3_30b_a3b_pretrain_config``
+#: sets none of them (the 235B recipe sets both account_for flags)
+UNIFORM_SPLIT_FRAMEWORKS = ("megatron-bridge",)
+
+
+def _uniform_split(row: Row, framework: str, vstages: int, notes: _Notes) -> tuple[int, ...] | None:
+    """The even layer split of :data:`UNIFORM_SPLIT_FRAMEWORKS` rows over ``vstages``
+    virtual stages (None for other rows: the cost-balanced split, or when it is 1). Raises
+    RowError when ``n_layers`` does not divide evenly (Megatron-Core asserts it)."""
+    if framework not in UNIFORM_SPLIT_FRAMEWORKS or vstages == 1:
+        return None
+    n = _int(row, "n_layers")
+    if n % vstages:
+        raise RowError("n_layers", f"{n} layers do not split evenly over pp x vpp = {vstages} "
+                       f"virtual stages (Megatron-Core get_num_layers_to_build)")
+    notes.assumptions.append(f"layers split evenly, {n // vstages} per virtual stage "
+                             f"(Megatron-Core get_num_layers_to_build; no uneven split in the recipe)")
+    return (n // vstages,) * vstages
 
 
 def _step_time(row: Row, gpus: int) -> tuple[float, str]:

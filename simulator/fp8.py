@@ -176,14 +176,17 @@ def cast_kernels(sig: OpSig, compiled: bool = False) -> list[KernelCost]:
 def fp8_state_bytes(sig: OpSig) -> float:
     """Persistent bytes an FP8 linear's forward op keeps (module docstring): the recipe's
     FP8 weight copies (``weight_copy_bytes`` per local weight element, where the framework
-    caches them: ``fp8_weight_cache``) and amax histories
+    caches them: ``fp8_weight_cache``, and the weight is not itself an FP8 parameter,
+    ``fp8_param``: then its 1 + 1 FP8 bytes are the parameter, counted as the 16-bit
+    weight's 2 in the model states, ``completion.fp8``) and amax histories
     (:data:`AMAX_TENSORS` x ``amax_history_len`` float32, plus a scale and its inverse per
     tensor). 0 for other ops and for backward ops."""
     rec = recipe_of(sig)
     if rec is None or sig.type != "matmul":
         return 0.0
     hist = AMAX_TENSORS * (rec.amax_history_len + 2) * 4 if rec.amax_history_len else 0
-    copies = rec.weight_copy_bytes * _elems(sig.ins[1]) if sig.attr("fp8_weight_cache", False) else 0.0
+    cached = sig.attr("fp8_weight_cache", False) and not sig.attr("fp8_param", False)
+    copies = rec.weight_copy_bytes * _elems(sig.ins[1]) if cached else 0.0
     return copies + hist
 
 

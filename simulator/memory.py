@@ -49,6 +49,34 @@ from simulator.types import BlockKey
 RECOMPUTE_MODES = tuple(RECOMPUTE_POLICIES)
 StageKey = tuple[tuple[int, ...], int]
 
+#: where a framework multiplies the MoE router weights into the expert outputs (profile
+#: ``kernels.moe_probs``) -> the (grad op, operand index) reads it does not keep for
+#: backward. ``combine``: the program's own ``moe_combine`` weights the expert outputs, its
+#: grad reads them (``completion.ops.moe``). ``activation``: Megatron-LM d98e8a64
+#: ``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward`` passes the
+#: permuted probs to the activation (``weighted_bias_swiglu_impl``: the SwiGLU output
+#: times the probs, before ``linear_fc2``), and ``token_dispatcher.py``
+#: ``MoEAlltoAllTokenDispatcher.combine_postprocess`` calls ``unpermute`` without probs: a
+#: gather whose backward needs only the permutation map. So the expert outputs
+#: (``moe_combine_grad`` operand 0, ``y``) are not saved; what the weighted SwiGLU's backward
+#: reads beside its saved input is the permuted probs, one value per (token, choice) like
+#: the top-k weights the combine grad still reads (operand 1), so the count is unchanged.
+MOE_PROBS: dict[str, frozenset[tuple[str, int]]] = {
+    "combine": frozenset(),
+    "activation": frozenset({("moe_combine_grad", 0)}),
+}
+
+
+def moe_unsaved(profile: object) -> frozenset[tuple[str, int]]:
+    """The (grad op type, operand index) reads that ``profile``'s ``kernels.moe_probs``
+    (:data:`MOE_PROBS`; absent: ``combine``) does not keep. Raises SimulatorError for a
+    value outside the registry."""
+    field_ = getattr(getattr(profile, "kernels", None), "moe_probs", None)
+    name = "combine" if field_ is None else field_.value
+    if name not in MOE_PROBS:
+        raise SimulatorError(f"kernels.moe_probs: {name!r} is none of {sorted(MOE_PROBS)}")
+    return MOE_PROBS[name]
+
 
 @dataclass(frozen=True)
 class ModelStates:
@@ -182,18 +210,19 @@ class StageActivations:
         d[block] = d.get(block, 0) + nbytes
 
 
-def _saved_roots(program: Program) -> tuple[dict[int, Value], dict[int, list[Operation]],
-                                            dict[int, list[Operation]]]:
+def _saved_roots(program: Program, unsaved: frozenset[tuple[str, int]] = frozenset()
+                 ) -> tuple[dict[int, Value], dict[int, list[Operation]], dict[int, list[Operation]]]:
     """Storage roots read by backward ops, their backward consumers, and of those the FP8
     weight-gradient ops that read the root as their input x (operand 0) under a recipe
-    that saves an FP8 copy of it (``simulator.fp8.saved_input_bytes``)."""
+    that saves an FP8 copy of it (``simulator.fp8.saved_input_bytes``). ``unsaved``:
+    (grad op type, operand index) reads the framework does not keep (:data:`MOE_PROBS`)."""
     roots: dict[int, Value] = {}
     users: dict[int, list[Operation]] = {}
     fp8_x: dict[int, list[Operation]] = {}
     for op in program.ops:
         if op.role != OpRole.BACKWARD:
             continue
-        skip = op_traits(op.type).no_need_buffer
+        skip = set(op_traits(op.type).no_need_buffer) | {i for t, i in unsaved if t == op.type}
         fp8 = saved_input_bytes(op) > 0
         for i, v in enumerate(op.operands):
             if v is None or i in skip or v.op is None:
@@ -233,9 +262,12 @@ def _w_ops(program: Program, names: frozenset[str]) -> list[Operation]:
             and any(op_signature(op, None, names).weights)]
 
 
-def saved_activations(program: Program, recompute: str = "none") -> dict[StageKey, StageActivations]:
+def saved_activations(program: Program, recompute: str = "none",
+                      unsaved: frozenset[tuple[str, int]] = frozenset()) -> dict[StageKey, StageActivations]:
     """Activation bytes per micro-batch for every (stage mesh, chunk) of ``program``, per
     block (largest shard of each value on the stage's mesh, i.e. the heaviest rank).
+    ``unsaved``: (grad op type, operand index) reads the framework keeps nothing for
+    (:func:`moe_unsaved`).
 
     ``program`` must contain its backward ops (``append_backward``). Raises ValueError for
     an unknown ``recompute`` mode."""
@@ -243,7 +275,7 @@ def saved_activations(program: Program, recompute: str = "none") -> dict[StageKe
         raise SimulatorError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     names = frozenset(p.name for p in program.parameters() if p.name)
     blocks = assign_blocks(program)
-    roots, users, fp8_x = _saved_roots(program)
+    roots, users, fp8_x = _saved_roots(program, unsaved)
     w_ops = _w_ops(program, names)
     w_ids = {id(_root(v)) for op in w_ops for v in op.operands if v is not None and not v.is_parameter}
     out: dict[StageKey, StageActivations] = {}

@@ -13,6 +13,10 @@ parameter tensor on the rank. Sources (FN = shared/reference/fidelity_notes.md):
   fp32 main gradients, 18 bytes per parameter = 2 (16-bit weight) + 4 (fp32 gradient) + 4
   (fp32 main weight) + 8 (Adam); the distributed optimizer (ZeRO-1 here) 6 + 12/N. ZeRO-2
   and -3 shard the fp32 gradients and then the weights the same way (2 + 16/N, 18/N).
+- ``megatron-ddp`` -- Megatron-Core's DDP gradient buffer in the dtype it is reduced in
+  (``grad_reduce_in_fp32``: 4, else the 16-bit weight's 2; :func:`megatron_ddp_states`):
+  (2 + g + 12/N)P with the distributed optimizer, e.g. 4 + 12/N under Megatron-Bridge's
+  performance recipes (``grad_reduce_in_fp32 = False``).
 - ``deepspeed`` -- FN "DeepSpeed's ZeRO estimators" (``estimate_zero2_model_states_mem_needs``,
   ``estimate_zero3_model_states_mem_needs``, no offload): ZeRO-2 keeps the full 2P
   half-precision weights plus 18P/N (the 16-bit and fp32 gradient partitions, 2 + 4, and
@@ -98,6 +102,24 @@ def megatron_states(x: StateInputs) -> ModelStates:
                              x.optimizer_bytes)
 
 
+def megatron_ddp_states(x: StateInputs) -> ModelStates:
+    """Megatron-Core's DDP with its contiguous gradient buffer in the reduce dtype: 16-bit
+    weights, a gradient buffer of ``reduce_bytes`` per element (fp32 only with
+    ``grad_reduce_in_fp32``) and 12 bytes of fp32 master + Adam, the distributed optimizer
+    (zero >= 1) sharding the 12 over N: ``(2 + g + 12/N) P``.
+
+    Source: Megatron-LM d98e8a64 ``megatron/core/distributed/distributed_data_parallel.py``
+    (``group_params_for_buffers(..., ddp_config.grad_reduce_in_fp32)``: the buffer holds
+    fp32 gradients only with that flag, else the parameter dtype). With a 16-bit buffer the
+    distributed optimizer copies its shard's gradients to fp32 in the step
+    (``megatron/core/optimizer/distrib_optimizer.py`` ``_copy_model_grads_to_main_grads``:
+    ``shard_main_param.grad = shard_model_grad.float()``), 4/N bytes per parameter that live
+    only while the optimizer runs, after every activation is freed, so not at the peak
+    this breakdown describes."""
+    return zero_model_states(x.params, x.dp, x.zero, x.param_bytes, x.reduce_bytes,
+                             x.optimizer_bytes)
+
+
 def deepspeed_states(x: StateInputs) -> ModelStates:
     """DeepSpeed's estimators: ZeRO-2 2P + 18P/N, ZeRO-3 4L + 18P/N (module docstring)."""
     p, n = x.params, x.dp
@@ -134,6 +156,7 @@ def fsdp_states(x: StateInputs) -> ModelStates:
 STATE_MODELS: dict[str, Callable[[StateInputs], ModelStates]] = {
     "plain": plain_states,
     "megatron": megatron_states,
+    "megatron-ddp": megatron_ddp_states,
     "deepspeed": deepspeed_states,
     "fsdp": fsdp_states,
 }

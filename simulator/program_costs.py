@@ -21,7 +21,13 @@ from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole, Program
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
-from simulator.memory import LossLogits, StageActivations, loss_logits, saved_activations
+from simulator.memory import (
+    LossLogits,
+    StageActivations,
+    loss_logits,
+    moe_unsaved,
+    saved_activations,
+)
 from simulator.op_cost import op_cost
 from simulator.op_signature import local_tensor, op_signature
 from simulator.recompute import recomputed_ops
@@ -155,7 +161,8 @@ class ProgramCosts:
             if ("recompute", key) in flops:
                 model_flops[("recompute", i)] = flops[("recompute", key)]
         loss = loss_logits(prog)
-        acts = framework_activations(merged_activations(prog, s.recompute), loss, profile)
+        acts = framework_activations(merged_activations(prog, s.recompute, moe_unsaved(profile)),
+                                     loss, profile)
         return cls([costs[k] for k in keys], costs.get("pre"), costs.get("post"), keys,
                    acts, model_flops, boundary_bytes(prog, blocks), loss)
 
@@ -216,11 +223,13 @@ def framework_activations(acts: StageActivations, loss: LossLogits, profile: Any
     return out
 
 
-def merged_activations(prog: Program, recompute: str) -> StageActivations:
+def merged_activations(prog: Program, recompute: str,
+                       unsaved: frozenset[tuple[str, int]] = frozenset()) -> StageActivations:
     """Activation bytes saved for backward per block, summed over the program's stage
-    meshes (``simulator.memory.saved_activations``)."""
+    meshes (``simulator.memory.saved_activations``; ``unsaved``: the framework's reads that
+    keep nothing, ``simulator.memory.moe_unsaved``)."""
     merged = StageActivations()
-    for st in saved_activations(prog, recompute).values():
+    for st in saved_activations(prog, recompute, unsaved).values():
         for table in ("by_block", "w_by_block", "dropped_by_block"):
             for k, v in getattr(st, table).items():
                 merged.add(table, k, v)

@@ -68,7 +68,7 @@ def test_row_1001_is_the_published_layout(row1001):
     s = row1001.strategy
     assert (s.dp, s.tp, s.pp, s.ep, s.vpp, s.schedule) == (8, 1, 2, 8, 24, "VPP")
     assert (s.micro_batch_size, s.global_batch_size, s.num_microbatches) == (2, 512, 32)
-    assert (s.zero, s.recompute, s.fp8, s.framework) == (1, "none", "te-delayed", "megatron-core")
+    assert (s.zero, s.recompute, s.fp8, s.framework) == (1, "none", "te-delayed", "megatron-bridge")
     assert (row1001.cluster, row1001.nodes, row1001.num_gpus) == ("dgx-h100", 2, 16)
     assert row1001.step_time_s == pytest.approx(512 * 4096 / (5275 * 16), rel=1e-12)
     assert row1001.step_time_s == pytest.approx(24.848, abs=5e-4)
@@ -107,7 +107,8 @@ def test_all_to_all_on_the_ep_group_by_hand(row1001):
     from simulator.roofline import Roofline
     from simulator.stage_cost import StageCoster
 
-    s = row1001.strategy.replace(pp=1, vpp=1, schedule="1F1B", global_batch_size=16)
+    s = row1001.strategy.replace(pp=1, vpp=1, schedule="1F1B", global_batch_size=16,
+                                 layers_per_stage=None)
     src = resolve_model(row1001.model.replace(num_layers=1), 4096)
     prog = build_plan_program(src, s).program
     a2a = [(op.role.name, op.attrs["nbytes"], op.attrs["groups"]) for op in prog.ops if op.type == "all_to_all"]

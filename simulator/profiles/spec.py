@@ -145,7 +145,17 @@ class GradDtype(_Quantity):
 class StateModel(_Quantity):
     """How model states are held (:data:`STATE_MODELS`)."""
 
-    value: Literal["megatron", "deepspeed", "fsdp", "plain"]
+    value: Literal["megatron", "megatron-ddp", "deepspeed", "fsdp", "plain"]
+
+
+class MoeProbs(_Quantity):
+    """Where a mixture-of-experts layer multiplies the router weights into the expert
+    outputs (``simulator.memory.MOE_PROBS``): ``combine`` (the combine weights the expert
+    outputs, so its backward reads them) or ``activation`` (the experts' activation
+    multiplies them before the second GEMM, Megatron-Core's ``weighted_bias_swiglu``: the
+    combine is a plain unpermute that keeps nothing for backward)."""
+
+    value: Literal["combine", "activation"]
 
 
 class EagerMap(_Quantity):
@@ -182,7 +192,7 @@ _NO_EAGER = EagerMap(value=(), provenance="no eager decomposition: each op one k
 class Kernels(BaseModel):
     """Kernel-level facts: fusion, eager implementations, attention and its
     context-parallel implementation (``cp_attention``; None: ``simulator.cp_impls``'s
-    default)."""
+    default), where MoE router weights are applied (``moe_probs``; None: ``combine``)."""
 
     model_config = _STRICT
     fused: Groups
@@ -191,6 +201,7 @@ class Kernels(BaseModel):
     attention_kernel: AttentionKernel
     eager: EagerMap = _NO_EAGER
     cp_attention: CpAttention | None = None
+    moe_probs: MoeProbs | None = None
 
     @field_validator("eager")
     @classmethod
