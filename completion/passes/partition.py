@@ -43,6 +43,14 @@ def layout_key(attr: TensorDistAttr) -> tuple:
     return (attr.process_mesh, attr.dims_mapping, attr.partial)
 
 
+def same_layout(a: TensorDistAttr, b: TensorDistAttr) -> bool:
+    """``layout_key(a) == layout_key(b)`` without building the keys (the pass compares
+    every operand and result of the program; completion shares attr objects between
+    identical layers, so identity answers most of them)."""
+    return a is b or (a.dims_mapping == b.dims_mapping and a.partial == b.partial
+                      and a.process_mesh == b.process_mesh)
+
+
 @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def apply_partition_pass(program: Program) -> Program:
     """Insert reshard ops into ``program`` in place (and return it, renumbered): before
@@ -56,19 +64,15 @@ def apply_partition_pass(program: Program) -> Program:
     cache: dict[tuple[int, tuple], Value] = {}
     edits = OpSplicer(program)
     for op in list(program.ops):
-        if op.dist_attr is None:
+        da = op.dist_attr
+        if da is None:
             continue
-        for j, r in enumerate(op.results):
-            have = op.dist_attr.results[j] if j < len(op.dist_attr.results) else None
+        for j, (r, have) in enumerate(zip(op.results, da.results, strict=False)):
             if r is not None and have is not None and r.dist_attr is not None \
-                    and layout_key(have) != layout_key(r.dist_attr):
+                    and not same_layout(have, r.dist_attr):
                 _reshard_result(edits, op, j, have)
-        required = op.dist_attr.operands
-        for i, v in enumerate(op.operands):
-            want = required[i] if i < len(required) else None
-            if v is None or want is None or v.dist_attr is None:
-                continue
-            if layout_key(v.dist_attr) == layout_key(want):
+        for i, (v, want) in enumerate(zip(op.operands, da.operands, strict=False)):
+            if v is None or want is None or v.dist_attr is None or same_layout(v.dist_attr, want):
                 continue
             key = (id(v), layout_key(want))
             if key not in cache:

@@ -148,6 +148,7 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
     ctxs = tuple(
         Ctx(m, shape, itemsize, tuple(tuple(m.groups(k)) for k in range(m.ndim))) for m in meshes
     )
+    options = (Replicate(), *(Shard(e) for e in range(len(shape))), *(Partial(r) for r in types))
     start, goal = (0, src.placements), (1 if src.mesh != dst.mesh else 0, dst.placements)
     tick = itertools.count()
     best: dict = {start: (0.0, 0)}
@@ -159,7 +160,7 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
             break
         if (c, k) > best[state]:
             continue
-        for nxt, step in _neighbors(state, ctxs, len(shape), types, dst.mesh):
+        for nxt, step in _neighbors(state, ctxs, options, types, dst.mesh):
             emitted = isinstance(step, ReshardStep)
             key = (c + (cost(step) if emitted else 0.0), k + emitted)
             if key < best.get(nxt, (float("inf"), 0)):
@@ -183,7 +184,9 @@ def _reduce_types(placements: tuple[Placement, ...]) -> tuple[str, ...]:
     return tuple(sorted(types))
 
 
-def _neighbors(state, ctxs, ndim: int, types, dst_mesh: ProcessMesh):
+def _neighbors(state, ctxs, options: tuple[Placement, ...], types, dst_mesh: ProcessMesh):
+    """The states one transition from ``state`` and the step (or ``"relabel"``) to each;
+    ``options`` are the placements a mesh dim may take (built once per search)."""
     side, pl = state
     ctx = ctxs[side]
     if side == 0 and ctxs[0].mesh != dst_mesh:
@@ -194,7 +197,6 @@ def _neighbors(state, ctxs, ndim: int, types, dst_mesh: ProcessMesh):
     for m, p in enumerate(pl):
         if isinstance(p, Shard):
             sharders.setdefault(p.dim, []).append(m)
-    options = [Replicate()] + [Shard(e) for e in range(ndim)] + [Partial(r) for r in types]
     for m, cur in enumerate(pl):
         if isinstance(cur, Shard) and sharders[cur.dim][-1] != m:
             continue  # not the innermost mesh dim on its tensor dim: cannot leave
