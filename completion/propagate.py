@@ -35,7 +35,7 @@ differ from its producer's result attr (the partition pass inserts a reshard at 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from completion.dist_attr import OperatorDistAttr, TensorDistAttr
@@ -166,6 +166,7 @@ class Propagator:
         self.cache: dict[Hashable, _Entry] = {}
         self.hint_attr: dict[tuple, TensorDistAttr] = {}
         self.sigs: dict[Hashable, int] = {}
+        self.merged: dict[tuple, tuple[int, ...] | None] = {}
         self.sites: list[_Site | None] = [None] * len(ops)
         self.sweeps = 0
 
@@ -365,25 +366,17 @@ class Propagator:
         return [v.op] if self._hint(v, req.dims_mapping) else []
 
     def _hint(self, v: Value, dims: tuple[int, ...]) -> bool:
-        """Merge ``dims`` into ``v``'s hint (first wins, -1 -> mesh dim only, size-1 dims
-        stay -1, a mesh dim at most once); True when the hint changed."""
-        old = self.hints.get(id(v))
-        shape = v.type.shape
-        if old is None:
-            if all(m < 0 for m in dims):
-                return False
-            new = tuple(-1 if shape[d] == 1 else m for d, m in enumerate(dims))
-        else:
-            cur = list(old)
-            used = {m for m in cur if m >= 0}
-            for d, m in enumerate(dims):
-                if m >= 0 and cur[d] < 0 and m not in used and shape[d] != 1:
-                    cur[d] = m
-                    used.add(m)
-            new = tuple(cur)
+        """Merge ``dims`` into ``v``'s hint; True when the hint changed (:func:`merge_hint`,
+        memoised per (hint, dims, shape): identical layers merge the same hints)."""
+        vid = id(v)
+        old = self.hints.get(vid)
+        key = (old, dims, v.type.shape)
+        new = self.merged.get(key)
+        if new is None:
+            new = self.merged[key] = merge_hint(old, dims, v.type.shape)
         if new == old:
             return False
-        self.hints[id(v)] = new
+        self.hints[vid] = new
         return True
 
     # -- the fixed point ----------------------------------------------------------------
@@ -422,6 +415,24 @@ class Propagator:
             f"sharding propagation did not reach a fixed point after {self.max_sweeps} sweeps; "
             f"values still changing: {', '.join(vals) or 'none'}; ops still queued: {', '.join(ops)}"
         )
+
+
+def merge_hint(old: tuple[int, ...] | None, dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+    """A value's hint after a consumer asks for ``dims``: with no hint yet, ``dims`` (None
+    when it shards nothing); else ``old`` with each -1 entry taken from ``dims`` when that
+    mesh dim is not used yet (first wins, entries only go from -1 to a mesh dim). Size-1
+    tensor dims stay -1. Hints only grow, so propagation terminates (module docstring)."""
+    if old is None:
+        if all(m < 0 for m in dims):
+            return None
+        return tuple(-1 if shape[d] == 1 else m for d, m in enumerate(dims))
+    cur = list(old)
+    used = {m for m in cur if m >= 0}
+    for d, m in enumerate(dims):
+        if m >= 0 and cur[d] < 0 and m not in used and shape[d] != 1:
+            cur[d] = m
+            used.add(m)
+    return tuple(cur)
 
 
 def gives_annotation(op: Operation) -> bool:

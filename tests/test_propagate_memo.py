@@ -5,6 +5,8 @@ shared between ops never carries one op's mesh object into another's op dist att
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from completion import apply_partition_pass, apply_reshard_pass, build_model, propagate
 from completion.annotate import set_annotation, shard_megatron
@@ -86,3 +88,44 @@ def test_equal_meshes_with_other_dim_names_keep_their_own_mesh():
         assert mm.dist_attr.process_mesh.dim_names == mesh.dim_names
         assert list(y.dist_attr.dims_mapping) == [0, 1]  # x split on dp, w on mp: [dp, mp]
         assert mm.dist_attr.operands[1].dims_mapping == (-1, 1)
+
+
+def test_merge_hint_by_hand():
+    from completion.propagate import merge_hint
+
+    assert merge_hint(None, (-1, -1), (4, 8)) is None  # shards nothing: no hint
+    assert merge_hint(None, (0, 1), (1, 8)) == (-1, 1)  # a size-1 dim stays replicated
+    assert merge_hint((0, -1), (1, 0), (4, 8)) == (0, -1)  # first wins; mesh dim 0 is used
+    assert merge_hint((-1, -1, 1), (0, 1, -1), (4, 8, 2)) == (0, -1, 1)  # 1 already used
+
+
+DIMS = st.lists(st.integers(-1, 2), min_size=1, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), first=DIMS)
+def test_merge_hint_is_monotone_and_idempotent(data, first):
+    """Hints only grow (-1 -> mesh dim, set entries kept), never name a mesh dim twice,
+    and merging the same request again changes nothing: why the memoised merge and a
+    revisit that repeats a request are safe."""
+    from completion.propagate import merge_hint
+
+    n = len(first)
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)))
+    first = tuple(m if first.index(m) == i or m < 0 else -1 for i, m in enumerate(first))  # as a dims_mapping
+    h = merge_hint(None, first, shape)
+    for _ in range(3):
+        req = data.draw(st.lists(st.integers(-1, 2), min_size=n, max_size=n))
+        req = tuple(m if req.index(m) == i or m < 0 else -1 for i, m in enumerate(req))
+        new = merge_hint(h, req, shape)
+        if h is None:
+            assert new is None or all(new[d] in (-1, req[d]) for d in range(n))
+        else:
+            assert all(h[d] < 0 or new[d] == h[d] for d in range(n))
+            assert all(new[d] == h[d] or (h[d] < 0 and new[d] == req[d]) for d in range(n))
+        if new is not None:
+            used = [m for m in new if m >= 0]
+            assert len(used) == len(set(used))
+            assert all(new[d] < 0 for d in range(n) if shape[d] == 1)
+        assert merge_hint(new, req, shape) == new
+        h = new

@@ -46,9 +46,12 @@ def layout_key(attr: TensorDistAttr) -> tuple:
 def same_layout(a: TensorDistAttr, b: TensorDistAttr) -> bool:
     """``layout_key(a) == layout_key(b)`` without building the keys (the pass compares
     every operand and result of the program; completion shares attr objects between
-    identical layers, so identity answers most of them)."""
-    return a is b or (a.dims_mapping == b.dims_mapping and a.partial == b.partial
-                      and a.process_mesh == b.process_mesh)
+    identical layers, so identity answers many of them; ``==`` on meshes would call the
+    dataclass ``__eq__`` even for the same mesh object, hence the identity test first)."""
+    if a is b:
+        return True
+    ma, mb = a.process_mesh, b.process_mesh
+    return a.dims_mapping == b.dims_mapping and a.partial == b.partial and (ma is mb or ma == mb)
 
 
 @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
@@ -86,7 +89,7 @@ def apply_partition_pass(program: Program) -> Program:
 def _insert_reshard(edits: OpSplicer, consumer: Operation, v: Value, want: TensorDistAttr) -> Value:
     src = v.dist_attr
     assert src is not None
-    if src.process_mesh == want.process_mesh:
+    if src.process_mesh is want.process_mesh or src.process_mesh == want.process_mesh:
         op, out = _reshard_op(consumer, v, src, want, want.process_mesh)
         edits.insert_before(consumer, op)
         return out

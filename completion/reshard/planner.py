@@ -118,7 +118,7 @@ def plan_reshard(
             _CHECKED[key] = (s, d, itemsize)
     else:
         s, d, itemsize = hit
-    if s.mesh != d.mesh and not cross_mesh:
+    if not cross_mesh and s.mesh != d.mesh:
         raise ReshardError(
             f"cannot reshard {value} from {src!r} to {dst!r}: the meshes {list(s.mesh.process_ids)} and "
             f"{list(d.mesh.process_ids)} differ and no cross-mesh path is allowed"
