@@ -95,16 +95,20 @@ def on_mesh(attr: TensorDistAttr | None, mesh: ProcessMesh) -> TensorDistAttr | 
 class _Site:
     """What visiting one op needs that stays fixed for a run (built on the op's first
     visit by :meth:`Propagator._site`): the op, its mesh, chunk and rule, its signature
-    (the static part of its rule-cache key), its non-null operands, its free (non-null,
-    not fixed) results with the positions of their users in the phase, and per operand
-    position the position of the producer that takes its hints (-1: none)."""
+    (the static part of its rule-cache key, interned to an int), per operand and per result
+    the static fields the rule sees (``ins`` / ``outs``), the operands whose attr may change
+    during the run (produced by an op of the phase, not fixed), the free (non-null, not
+    fixed) results with the positions of their users in the phase, and per operand position
+    the position of the producer that takes its hints (-1: none)."""
 
-    __slots__ = ("op", "mesh", "chunk", "rule", "sig", "operands", "free", "users", "hint_from", "reshard")
+    __slots__ = ("op", "mesh", "chunk", "rule", "sig", "ins", "outs", "dynamic", "free", "users",
+                 "hint_from", "reshard")
 
-    def __init__(self, op: Operation, mesh: ProcessMesh, rule: Any, sig: int, operands: list,
-                 free: list, users: list, hint_from: list) -> None:
+    def __init__(self, op: Operation, mesh: ProcessMesh, rule: Any, sig: int, ins: tuple, outs: tuple,
+                 dynamic: list, free: list, users: list, hint_from: list) -> None:
         self.op, self.mesh, self.chunk, self.rule, self.sig = op, mesh, op.chunk_id, rule, sig
-        self.operands, self.free, self.users, self.hint_from = operands, free, users, hint_from
+        self.ins, self.outs, self.dynamic = ins, outs, dynamic
+        self.free, self.users, self.hint_from = free, users, hint_from
         self.reshard = op.type == "reshard"
 
 
@@ -144,13 +148,17 @@ class Propagator:
 
     The rule cache (``cache``) is keyed by an op's signature (op type, frozen attrs unless
     the rule declares it ignores them (``SpmdRule.reads_attrs``), mesh, per operand its
-    shape and priority, per result its shape and, when fixed, its attr and priority) and
-    the attrs that change during the run (each operand's attr seen from the op's mesh, each
-    free result's hint attr): the same information as the ``(shape, attr, priority)``
-    tuples the rule sees, so ops of identical layers share one answer. The outcome of an
-    answer (the op dist attr, result attrs and operand hints it implies) is a function of
-    the key and the op's chunk, memoised in the same entry; ``fixed`` and the program's
-    values must not change while :meth:`run` runs, except through it.
+    shape, priority and, when it cannot change during the run (fixed, or produced outside
+    the phase), its attr seen from the op's mesh; per result its shape and, when fixed, its
+    attr and priority) and the attrs that do change (each other operand's attr seen from
+    the op's mesh, each free result's hint attr): the same information as the ``(shape,
+    attr, priority)`` tuples the rule sees, so ops of identical layers share one answer.
+    The outcome of an answer (the op dist attr, result attrs and operand hints it implies)
+    is a function of the key and the op's chunk, memoised in the same entry. The result
+    attrs it gives are canonical (one object per equal attr and mesh object, ``canon``) and
+    hint attrs are shared per (mesh, hint), so keys mostly compare by identity rather than
+    by the dataclass ``__eq__``. ``fixed`` and the program's values must not change while
+    :meth:`run` runs, except through it; the caches live and die with the Propagator.
     """
 
     def __init__(self, ops: list[Operation], op_mesh: dict[int, ProcessMesh],
@@ -162,17 +170,20 @@ class Propagator:
         self.fixed = fixed
         self.fixed_ops = fixed_ops
         self.max_sweeps = max_sweeps
-        self.hints: dict[int, tuple[int, ...]] = {}
+        self.hints: dict[Value, tuple[int, ...]] = {}  # by the value itself: no id() call
         self.cache: dict[Hashable, _Entry] = {}
         self.hint_attr: dict[tuple, TensorDistAttr] = {}
         self.sigs: dict[Hashable, int] = {}
         self.merged: dict[tuple, tuple[int, ...] | None] = {}
+        self.canon: dict[tuple, TensorDistAttr] = {}
         self.sites: list[_Site | None] = [None] * len(ops)
         self.sweeps = 0
 
     # -- one op -------------------------------------------------------------------------
     def _site(self, i: int) -> _Site:
-        """The :class:`_Site` of ``ops[i]`` (built on its first visit)."""
+        """The :class:`_Site` of ``ops[i]`` (built on its first visit). An operand whose
+        producer is outside the phase, or that is fixed, keeps its attr for the whole run:
+        its attr goes into the signature, the others into each visit's key."""
         site = self.sites[i]
         if site is not None:
             return site
@@ -181,18 +192,22 @@ class Propagator:
         mesh = self.op_mesh[id(op)]
         rule = get_spmd_rule(op.type)
         ins: list = []
-        operands: list[Value] = []
+        dynamic: list[Value] = []
         hint_from: list[int] = []
         for v in op.operands:  # plain loops: this runs once per op of the phase
             if v is None:
                 ins.append(None)
                 hint_from.append(-1)
                 continue
-            operands.append(v)
             prio = fixed.get(id(v))
-            ins.append((v.type.shape, 0 if prio is None else prio))
             src = v.op
-            hint_from.append(pos.get(id(src), -1) if prio is None and src is not None else -1)
+            j = -1 if prio is not None or src is None else pos.get(id(src), -1)
+            hint_from.append(j)
+            if j < 0:  # static for the run
+                ins.append((v.type.shape, 0 if prio is None else prio, on_mesh(v.dist_attr, mesh)))
+            else:
+                ins.append((v.type.shape, 0))
+                dynamic.append(v)
         outs: list = []
         free: list[Value] = []
         users: list[list[int]] = []
@@ -202,9 +217,9 @@ class Propagator:
                 continue
             prio = fixed.get(id(r))
             if prio is not None:
-                outs.append((r.type.shape, on_mesh(r.dist_attr, mesh), prio))
+                outs.append((r.type.shape, prio, on_mesh(r.dist_attr, mesh)))
                 continue
-            outs.append((r.type.shape,))
+            outs.append((r.type.shape, -1))
             free.append(r)
             us = []
             for u, _ in r.uses:
@@ -213,48 +228,40 @@ class Propagator:
                     us.append(k)
             users.append(us)
         akey = freeze(op.attrs) if rule.reads_attrs else ()
-        sig_key = (op.type, akey, mesh, tuple(ins), tuple(outs))
-        sig = self.sigs.setdefault(sig_key, len(self.sigs))
-        site = self.sites[i] = _Site(op, mesh, rule, sig, operands, free, users, hint_from)
+        ins_t, outs_t = tuple(ins), tuple(outs)
+        sig = self.sigs.setdefault((op.type, akey, mesh, ins_t, outs_t), len(self.sigs))
+        site = self.sites[i] = _Site(op, mesh, rule, sig, ins_t, outs_t, dynamic, free, users, hint_from)
         return site
 
-    def _key(self, site: _Site) -> tuple:
-        """The rule-cache key of ``site`` in the current state (class docstring)."""
+    def _entry(self, site: _Site) -> _Entry:
+        """The cache entry for ``site`` in the current state (its key: the signature, each
+        dynamic operand's attr seen from the op's mesh, each free result's hint attr); runs
+        the rule on a miss."""
         mesh, hints, hint_attr = site.mesh, self.hints, self.hint_attr
-        key: list = [site.sig]
-        for v in site.operands:
+        parts: list = [site.sig]
+        for v in site.dynamic:
             a = v.dist_attr
             if a is not None and a.process_mesh is not mesh:
                 a = on_mesh(a, mesh)
-            key.append(a)
+            parts.append(a)
         for r in site.free:
-            h = hints.get(id(r))
+            h = hints.get(r)
             if h is None:
-                key.append(None)
+                parts.append(None)
             else:
                 a = hint_attr.get((mesh, h))
                 if a is None:
                     a = hint_attr[(mesh, h)] = TensorDistAttr(mesh, h)
-                key.append(a)
-        return tuple(key)
-
-    def _entry(self, site: _Site) -> _Entry:
-        """The cache entry for ``site`` in the current state; runs the rule on a miss."""
-        key = self._key(site)
+                parts.append(a)
+        key = tuple(parts)
         entry = self.cache.get(key)
         if entry is None:
-            op, mesh, fixed = site.op, site.mesh, self.fixed
-            it = iter(key[1:])
-            ins = [None if v is None else DistTensor(v.type.shape, next(it), fixed.get(id(v), 0))
-                   for v in op.operands]
-            outs = []
-            for r in op.results:
-                if r is None:
-                    outs.append(None)
-                elif id(r) in fixed:
-                    outs.append(DistTensor(r.type.shape, on_mesh(r.dist_attr, mesh), fixed[id(r)]))
-                else:
-                    outs.append(DistTensor(r.type.shape, next(it), -1))
+            op, mesh = site.op, site.mesh
+            it = iter(key[1:])  # the dynamic operand attrs, then the free results' hints
+            ins = [None if t is None else DistTensor(t[0], t[2] if len(t) == 3 else next(it), t[1])
+                   for t in site.ins]
+            outs = [None if t is None else DistTensor(t[0], t[2] if len(t) == 3 else next(it), t[1])
+                    for t in site.outs]
             try:
                 res = site.rule.infer(ins, outs, op.attrs, mesh)
             except CompletionError as e:
@@ -286,12 +293,15 @@ class Propagator:
         results: list[TensorDistAttr | None] = []
         free: list[TensorDistAttr | None] = []
         nres = len(res.results)
+        canon = self.canon
         for j, r in enumerate(op.results):
             a = _chunk(res.results[j], chunk) if j < nres else None
             if r is not None and id(r) in fixed:
                 if a is None or given_source:
                     a = on_mesh(r.dist_attr, mesh) or a
             elif r is not None:
+                if a is not None:  # one object per equal attr (and mesh object): the
+                    a = canon.setdefault((id(a.process_mesh), a), a)  # keys compare by identity
                 free.append(a)
             results.append(a)
         hints = []
@@ -324,13 +334,17 @@ class Propagator:
                 entry.outcomes[site.chunk] = out
         op.dist_attr = out.op_attr
         todo: list[int] = []
-        for r, a, users in zip(site.free, out.free_attrs, site.users, strict=True):
+        free_attrs, users = out.free_attrs, site.users
+        k = 0  # (a counter, not a zip per visit)
+        for r in site.free:
+            a = free_attrs[k]
             if a is not None:
                 ra = r.dist_attr
-                if ra is not a and ra != a:
+                if ra is None or (ra is not a and ra != a):
                     r.dist_attr = a
                     changed.append(r)
-                    todo += users
+                    todo += users[k]
+            k += 1
         if out.hints:
             shape = site.mesh.shape
             for i, dims in out.hints:
@@ -368,15 +382,14 @@ class Propagator:
     def _hint(self, v: Value, dims: tuple[int, ...]) -> bool:
         """Merge ``dims`` into ``v``'s hint; True when the hint changed (:func:`merge_hint`,
         memoised per (hint, dims, shape): identical layers merge the same hints)."""
-        vid = id(v)
-        old = self.hints.get(vid)
+        old = self.hints.get(v)
         key = (old, dims, v.type.shape)
         new = self.merged.get(key)
         if new is None:
             new = self.merged[key] = merge_hint(old, dims, v.type.shape)
         if new == old:
             return False
-        self.hints[vid] = new
+        self.hints[v] = new
         return True
 
     # -- the fixed point ----------------------------------------------------------------

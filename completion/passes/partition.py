@@ -70,12 +70,18 @@ def apply_partition_pass(program: Program) -> Program:
         da = op.dist_attr
         if da is None:
             continue
-        for j, (r, have) in enumerate(zip(op.results, da.results, strict=False)):
-            if r is not None and have is not None and r.dist_attr is not None \
-                    and not same_layout(have, r.dist_attr):
+        produced, required = da.results, da.operands
+        for j, r in enumerate(op.results):  # (indexing: a zip per op costs more than it saves)
+            if r is None or j >= len(produced):
+                continue
+            have, a = produced[j], r.dist_attr
+            if have is not None and a is not None and have is not a and not same_layout(have, a):
                 _reshard_result(edits, op, j, have)
-        for i, (v, want) in enumerate(zip(op.operands, da.operands, strict=False)):
-            if v is None or want is None or v.dist_attr is None or same_layout(v.dist_attr, want):
+        for i, v in enumerate(op.operands):
+            if v is None or i >= len(required):
+                continue
+            want, a = required[i], v.dist_attr
+            if want is None or a is None or want is a or same_layout(a, want):
                 continue
             key = (id(v), layout_key(want))
             if key not in cache:
