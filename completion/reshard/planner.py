@@ -148,8 +148,13 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
     ctxs = tuple(
         Ctx(m, shape, itemsize, tuple(tuple(m.groups(k)) for k in range(m.ndim))) for m in meshes
     )
+    # every placement of the search is one of these (plan_reshard checked the specs); the
+    # search keys its states by their indices: int tuples hash and compare in C, where
+    # tuples of placement dataclasses call a Python __hash__ / __eq__ per entry
     options = (Replicate(), *(Shard(e) for e in range(len(shape))), *(Partial(r) for r in types))
-    start, goal = (0, src.placements), (1 if src.mesh != dst.mesh else 0, dst.placements)
+    index = {p: i for i, p in enumerate(options)}
+    start = (0, tuple(index[p] for p in src.placements))
+    goal = (1 if src.mesh != dst.mesh else 0, tuple(index[p] for p in dst.placements))
     tick = itertools.count()
     best: dict = {start: (0.0, 0)}
     prev: dict = {start: None}
@@ -160,7 +165,7 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
             break
         if (c, k) > best[state]:
             continue
-        for nxt, step in _neighbors(state, ctxs, options, types, dst.mesh):
+        for nxt, step in _neighbors(state, ctxs, options, index, dst.mesh):
             emitted = isinstance(step, ReshardStep)
             key = (c + (cost(step) if emitted else 0.0), k + emitted)
             if key < best.get(nxt, (float("inf"), 0)):
@@ -184,15 +189,18 @@ def _reduce_types(placements: tuple[Placement, ...]) -> tuple[str, ...]:
     return tuple(sorted(types))
 
 
-def _neighbors(state, ctxs, options: tuple[Placement, ...], types, dst_mesh: ProcessMesh):
-    """The states one transition from ``state`` and the step (or ``"relabel"``) to each;
-    ``options`` are the placements a mesh dim may take (built once per search)."""
-    side, pl = state
+def _neighbors(state, ctxs, options: tuple[Placement, ...], index: dict, dst_mesh: ProcessMesh):
+    """The states one transition from ``state`` and the step (or ``"relabel"``) to each.
+    A state is ``(side, codes)``: ``codes[m]`` is the index in ``options`` (the placements
+    a mesh dim may take, built once per search; ``index`` inverts it) of mesh dim m's
+    placement."""
+    side, codes = state
+    pl = tuple(options[c] for c in codes)
     ctx = ctxs[side]
     if side == 0 and ctxs[0].mesh != dst_mesh:
         if dst_mesh.shape == ctx.mesh.shape or all(isinstance(p, Replicate) for p in pl):
             step = cross_mesh_step(Layout(ctx.mesh, pl), dst_mesh, ctx.shape, ctx.itemsize)
-            yield (1, step.dst), step
+            yield (1, tuple(index[p] for p in step.dst)), step
     sharders: dict[int, list[int]] = {}
     for m, p in enumerate(pl):
         if isinstance(p, Shard):
@@ -200,18 +208,20 @@ def _neighbors(state, ctxs, options: tuple[Placement, ...], types, dst_mesh: Pro
     for m, cur in enumerate(pl):
         if isinstance(cur, Shard) and sharders[cur.dim][-1] != m:
             continue  # not the innermost mesh dim on its tensor dim: cannot leave
-        for tgt in options:
-            if tgt == cur:
+        here = codes[m]
+        for t, tgt in enumerate(options):
+            if t == here:
                 continue
             if isinstance(tgt, Shard) and any(x > m for x in sharders.get(tgt.dim, ()) if x != m):
                 continue  # would not be innermost on its tensor dim
             new = pl[:m] + (tgt,) + pl[m + 1 :]
             if not partial_types_ok(new):
                 continue
+            nxt = (side, codes[:m] + (t,) + codes[m + 1 :])
             if ctx.mesh.shape[m] == 1:
-                yield (side, new), "relabel"
+                yield nxt, "relabel"
                 continue
             builder = TRANSITIONS.get((type(cur), type(tgt)))
             res = builder(ctx, m, pl, new) if builder else None
             if res is not None:
-                yield (side, new), res
+                yield nxt, res
