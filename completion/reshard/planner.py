@@ -112,25 +112,32 @@ def plan_reshard(
             itemsize = dtype_bytes(dtype)
         except (DistAttrError, ValueError) as e:
             raise ReshardError(f"cannot reshard {value} of shape {list(shape)} from {src!r} to {dst!r}: {e}") from None
+        plans: dict = {}
         if key is not None:
             if len(_CHECKED) >= _CHECKED_MAX:
                 _CHECKED.pop(next(iter(_CHECKED)))
-            _CHECKED[key] = (s, d, itemsize)
+            _CHECKED[key] = (s, d, itemsize, plans)
     else:
-        s, d, itemsize = hit
+        s, d, itemsize, plans = hit
     if not cross_mesh and s.mesh != d.mesh:
         raise ReshardError(
             f"cannot reshard {value} from {src!r} to {dst!r}: the meshes {list(s.mesh.process_ids)} and "
             f"{list(d.mesh.process_ids)} differ and no cross-mesh path is allowed"
         )
-    return _plan(s, d, shape, dtype, itemsize, cost or default_step_cost)
+    cost = cost or default_step_cost
+    plan = plans.get(cost)
+    if plan is None:
+        plan = plans[cost] = _plan(s, d, shape, dtype, itemsize, cost)
+    return plan
 
 
-#: (src, dst, shape, dtype) -> (src Layout, dst Layout, itemsize) of specs that passed the
-#: checks of :func:`plan_reshard`: the partition and reshard passes plan the same few
-#: layout pairs for every layer (both specs are frozen, so the checks' answer is fixed).
-#: Bounded, oldest dropped first; :func:`clear_plan_caches` empties it with the plans.
-_CHECKED: dict[tuple, tuple[Layout, Layout, int]] = {}
+#: (src, dst, shape, dtype) -> (src Layout, dst Layout, itemsize, plans by step cost) of
+#: specs that passed the checks of :func:`plan_reshard`: the partition and reshard passes
+#: plan the same few layout pairs for every layer (both specs are frozen, so the checks'
+#: answer is fixed, and so is the plan for a cost; keeping it here spares hashing the two
+#: Layouts for ``_plan``'s cache on every call). Bounded, oldest dropped first;
+#: :func:`clear_plan_caches` empties it with the plans.
+_CHECKED: dict[tuple, tuple[Layout, Layout, int, dict]] = {}
 _CHECKED_MAX = 8192
 
 
