@@ -66,6 +66,8 @@ def freeze(x: Any) -> Hashable:
                 return tuple(freeze(e) for e in x)
         return tuple(x)
     if t is dict:
+        if not x:
+            return ()
         items = []
         for k, v in x.items():
             items.append((k if type(k) is str else str(k), v if type(v) in _SCALARS else freeze(v)))
@@ -176,6 +178,7 @@ class Propagator:
         self.sigs: dict[Hashable, int] = {}
         self.merged: dict[tuple, tuple[int, ...] | None] = {}
         self.canon: dict[tuple, TensorDistAttr] = {}
+        self.rules: dict[str, Any] = {}  # op type -> SPMD rule
         self.sites: list[_Site | None] = [None] * len(ops)
         self.sweeps = 0
 
@@ -190,7 +193,9 @@ class Propagator:
         op = self.ops[i]
         fixed, pos = self.fixed, self.pos
         mesh = self.op_mesh[id(op)]
-        rule = get_spmd_rule(op.type)
+        rule = self.rules.get(op.type)
+        if rule is None:
+            rule = self.rules[op.type] = get_spmd_rule(op.type)
         ins: list = []
         dynamic: list[Value] = []
         hint_from: list[int] = []
