@@ -150,7 +150,9 @@ class Completer:
         derived_ops: set[Operation] = getattr(prog, DERIVED_OPS_ATTR, set())
         self.fixed, self.fixed_ops = {}, set()
         targets: list[Value] = []  # results that take a given reshard's target
-        for op in prog.ops:
+        fixed = self.fixed
+        annotated: list[Value] = []
+        for op in prog.ops:  # one pass: an op's step touches only its own results
             if op.type == "reshard" and op.dist_attr is not None and op not in derived_ops:
                 # a given reshard: its source and target are facts (module docstring)
                 self.fixed_ops.add(id(op))
@@ -161,10 +163,7 @@ class Completer:
                         targets.append(r)
             else:
                 op.dist_attr = None
-        fixed = self.fixed
-        annotated: list[Value] = []
-        for op in prog.ops:  # every value, in definition order (Program.values, inlined)
-            for v in op.results:
+            for v in op.results:  # every value, in definition order (Program.values, inlined)
                 if v is None:
                     continue
                 if v.dist_attr is not None and v not in derived:
@@ -286,9 +285,11 @@ class Completer:
         derived = getattr(self.program, DERIVED_ATTR)
         derived_ops = getattr(self.program, DERIVED_OPS_ATTR)
         fixed, fixed_ops = self.fixed, self.fixed_ops
+        if fixed_ops:
+            derived_ops.update(op for op in ops if id(op) not in fixed_ops)
+        else:
+            derived_ops.update(ops)
         for op in ops:
-            if id(op) not in fixed_ops:
-                derived_ops.add(op)
             for r in op.results:
                 if r is not None and id(r) not in fixed:
                     if r.dist_attr is None:
