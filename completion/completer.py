@@ -84,7 +84,8 @@ class Completer:
         self.sweeps: dict[str, int] = {}
         self._done: set[str] = set()
         self._prepared = False
-        self._phases: list[tuple[Operation, OpRole]] | None = None
+        self._phases: tuple[int, dict[str, list[Operation]]] | None = None
+        self._annotated: list[Value] = []  # the values fixed by _prepare, in definition order
 
     # -- public API ---------------------------------------------------------------------
     @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
@@ -149,7 +150,9 @@ class Completer:
         derived_ops: set[Operation] = getattr(prog, DERIVED_OPS_ATTR, set())
         self.fixed, self.fixed_ops = {}, set()
         targets: list[Value] = []  # results that take a given reshard's target
-        for op in prog.ops:
+        fixed = self.fixed
+        annotated: list[Value] = []
+        for op in prog.ops:  # one pass: an op's step touches only its own results
             if op.type == "reshard" and op.dist_attr is not None and op not in derived_ops:
                 # a given reshard: its source and target are facts (module docstring)
                 self.fixed_ops.add(id(op))
@@ -160,11 +163,15 @@ class Completer:
                         targets.append(r)
             else:
                 op.dist_attr = None
-        for v in prog.values():
-            if v.dist_attr is not None and v not in derived:
-                self.fixed[id(v)] = 2 if v.is_parameter else 1
-            else:
-                v.dist_attr = None
+            for v in op.results:  # every value, in definition order (Program.values, inlined)
+                if v is None:
+                    continue
+                if v.dist_attr is not None and v not in derived:
+                    fixed[id(v)] = 2 if v.is_parameter else 1
+                    annotated.append(v)
+                else:
+                    v.dist_attr = None
+        self._annotated = annotated
         # fixed now, but derived from their op: a later completion takes the op's target again
         setattr(prog, DERIVED_ATTR, set(targets))
         setattr(prog, DERIVED_OPS_ATTR, set())
@@ -172,12 +179,12 @@ class Completer:
         self._prepared = True
 
     def _annotated_meshes(self) -> list[ProcessMesh]:
+        """The meshes of the annotations, in the order their values are defined."""
         out: list[ProcessMesh] = []
-        for v in self.program.values():
-            if id(v) in self.fixed and v.dist_attr is not None:
-                m = v.dist_attr.process_mesh
-                if m not in out:
-                    out.append(m)
+        for v in self._annotated:  # the fixed values, as _prepare found them
+            m = v.dist_attr.process_mesh  # type: ignore[union-attr]
+            if m not in out:
+                out.append(m)
         if not out:
             raise CompletionError("cannot complete: no value is annotated with a process mesh "
                                   "(annotate at least one value, e.g. a parameter)")
@@ -191,13 +198,21 @@ class Completer:
             self.op_mesh = {id(op): stages[self.chunks.stage.get(id(op), 0)] for op in ops}
             self._rehome(stages)
             return
+        fixed = self.fixed
         found: list[ProcessMesh | None] = []
         vmesh: dict[int, ProcessMesh] = {}
-        for op in ops:
-            m = next((r.dist_attr.process_mesh for r in op.results
-                      if r is not None and id(r) in self.fixed and r.dist_attr is not None), None)
+        for op in ops:  # plain loops: this runs once per op of the program
+            m = None
+            for r in op.results:
+                if r is not None and id(r) in fixed and r.dist_attr is not None:
+                    m = r.dist_attr.process_mesh
+                    break
             if m is None:
-                m = next((vmesh[id(v)] for v in op.operands if v is not None and id(v) in vmesh), None)
+                for v in op.operands:
+                    if v is not None:
+                        m = vmesh.get(id(v))
+                        if m is not None:
+                            break
             found.append(m)
             if m is not None:
                 for r in op.results:
@@ -205,13 +220,14 @@ class Completer:
                         vmesh[id(r)] = m
         nxt = next(m for m in found if m is not None)
         prev = None
+        op_mesh, fixed_ops = self.op_mesh, self.fixed_ops
         for i, op in enumerate(ops):
             if found[i] is None:
                 found[i] = prev or next((m for m in found[i:] if m is not None), nxt)
             prev = found[i]
-            self.op_mesh[id(op)] = found[i]  # type: ignore[assignment]
-            if id(op) in self.fixed_ops:  # a given reshard runs where it was given
-                self.op_mesh[id(op)] = op.dist_attr.process_mesh  # type: ignore[union-attr]
+            op_mesh[id(op)] = found[i]  # type: ignore[assignment]
+            if id(op) in fixed_ops:  # a given reshard runs where it was given
+                op_mesh[id(op)] = op.dist_attr.process_mesh  # type: ignore[union-attr]
 
     def _rehome(self, stages: list[ProcessMesh]) -> None:
         """Move annotations onto the stage mesh (and chunk) of the op that defines them."""
@@ -233,25 +249,32 @@ class Completer:
     def _phase_ops(self, phase: str) -> list[Operation]:
         """The ops of ``phase`` in program order (:meth:`_op_phases`: computed once per
         preparation and op count; completion itself inserts no op)."""
-        if self._phases is None or len(self._phases) != len(self.program.ops):
-            self._phases = self._op_phases()
-        roles = PHASES[phase]
-        return [op for op, role in self._phases if role in roles]
+        if self._phases is None or self._phases[0] != len(self.program.ops):
+            self._phases = (len(self.program.ops), self._op_phases())
+        return self._phases[1][phase]
 
-    def _op_phases(self) -> list[tuple[Operation, OpRole]]:
-        """Each op with the role that puts it in a phase: its own, except a source (no
-        operands, some results) takes the role of its first user (forward when unused or
-        first used by the loss)."""
+    def _op_phases(self) -> dict[str, list[Operation]]:
+        """Per phase, its ops in program order. An op is in the phase of its own role,
+        except a source (no operands, some results), which takes the role of its first
+        user (forward when unused or first used by the loss)."""
         ops = self.program.ops
         pos = {id(op): i for i, op in enumerate(ops)}
-        out = []
+        of_role = {role: name for name, roles in PHASES.items() for role in roles}
+        out: dict[str, list[Operation]] = {name: [] for name in PHASES}
         for op in ops:
-            if op.operands or not op.results:
-                out.append((op, op.role))
-                continue
-            first = min((u for r in op.results if r is not None for u, _ in r.uses),
-                        key=lambda u: pos[id(u)], default=None)
-            out.append((op, OpRole.FORWARD if first is None or first.role == OpRole.LOSS else first.role))
+            role = op.role
+            if not op.operands and op.results:
+                first = -1
+                for r in op.results:
+                    if r is not None:
+                        for u, _ in r.uses:
+                            k = pos[id(u)]
+                            if first < 0 or k < first:
+                                first = k
+                role = OpRole.FORWARD if first < 0 or ops[first].role == OpRole.LOSS else ops[first].role
+            name = of_role.get(role)
+            if name is not None:
+                out[name].append(op)
         return out
 
     def _run(self, phase: str) -> None:
@@ -261,11 +284,14 @@ class Completer:
         self.sweeps[phase] = prop.run()
         derived = getattr(self.program, DERIVED_ATTR)
         derived_ops = getattr(self.program, DERIVED_OPS_ATTR)
+        fixed, fixed_ops = self.fixed, self.fixed_ops
+        if fixed_ops:
+            derived_ops.update(op for op in ops if id(op) not in fixed_ops)
+        else:
+            derived_ops.update(ops)
         for op in ops:
-            if id(op) not in self.fixed_ops:
-                derived_ops.add(op)
             for r in op.results:
-                if r is not None and id(r) not in self.fixed:
+                if r is not None and id(r) not in fixed:
                     if r.dist_attr is None:
                         r.dist_attr = TensorDistAttr.replicated(self.op_mesh[id(op)], r.ndim)
                     derived.add(r)

@@ -35,7 +35,7 @@ differ from its producer's result attr (the partition pass inserts a reshard at 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from completion.dist_attr import OperatorDistAttr, TensorDistAttr
@@ -66,6 +66,8 @@ def freeze(x: Any) -> Hashable:
                 return tuple(freeze(e) for e in x)
         return tuple(x)
     if t is dict:
+        if not x:
+            return ()
         items = []
         for k, v in x.items():
             items.append((k if type(k) is str else str(k), v if type(v) in _SCALARS else freeze(v)))
@@ -92,6 +94,48 @@ def on_mesh(attr: TensorDistAttr | None, mesh: ProcessMesh) -> TensorDistAttr | 
     return None
 
 
+class _Site:
+    """What visiting one op needs that stays fixed for a run (built on the op's first
+    visit by :meth:`Propagator._site`): the op, its mesh, chunk and rule, its signature
+    (the static part of its rule-cache key, interned to an int), per operand and per result
+    the static fields the rule sees (``ins`` / ``outs``), the operands whose attr may change
+    during the run (produced by an op of the phase, not fixed), the free (non-null, not
+    fixed) results with the positions of their users in the phase, and per operand position
+    the position of the producer that takes its hints (-1: none)."""
+
+    __slots__ = ("op", "mesh", "chunk", "rule", "sig", "ins", "outs", "dynamic", "free", "users",
+                 "hint_from", "reshard")
+
+    def __init__(self, op: Operation, mesh: ProcessMesh, rule: Any, sig: int, ins: tuple, outs: tuple,
+                 dynamic: list, free: list, users: list, hint_from: list) -> None:
+        self.op, self.mesh, self.chunk, self.rule, self.sig = op, mesh, op.chunk_id, rule, sig
+        self.ins, self.outs, self.dynamic = ins, outs, dynamic
+        self.free, self.users, self.hint_from = free, users, hint_from
+        self.reshard = op.type == "reshard"
+
+
+class _Outcome:
+    """What the rule's answer means for one op signature and chunk (memoised beside the
+    answer in the rule cache): the op dist attr to store, per free result the attr it gets
+    (None: unchanged), and the ``(operand position, dims_mapping)`` hints for operands
+    (only those that can refine a hint: of the operand's rank, some dim sharded)."""
+
+    __slots__ = ("op_attr", "free_attrs", "hints")
+
+    def __init__(self, op_attr: OperatorDistAttr, free_attrs: tuple, hints: tuple) -> None:
+        self.op_attr, self.free_attrs, self.hints = op_attr, free_attrs, hints
+
+
+class _Entry:
+    """A rule-cache entry: the rule's answer and its outcomes by chunk id."""
+
+    __slots__ = ("res", "outcomes")
+
+    def __init__(self, res: SpmdResult) -> None:
+        self.res = res
+        self.outcomes: dict[int, _Outcome] = {}
+
+
 class Propagator:
     """Propagates over ``ops`` (a phase of the program) to a fixed point.
 
@@ -103,6 +147,20 @@ class Propagator:
         max_sweeps: bound on sweeps (CompletionError beyond it).
         fixed_ops: ids of ops whose ``dist_attr`` is a given fact (``reshard`` ops with a
             given source and target): never re-inferred or changed.
+
+    The rule cache (``cache``) is keyed by an op's signature (op type, frozen attrs unless
+    the rule declares it ignores them (``SpmdRule.reads_attrs``), mesh, per operand its
+    shape, priority and, when it cannot change during the run (fixed, or produced outside
+    the phase), its attr seen from the op's mesh; per result its shape and, when fixed, its
+    attr and priority) and the attrs that do change (each other operand's attr seen from
+    the op's mesh, each free result's hint attr): the same information as the ``(shape,
+    attr, priority)`` tuples the rule sees, so ops of identical layers share one answer.
+    The outcome of an answer (the op dist attr, result attrs and operand hints it implies)
+    is a function of the key and the op's chunk, memoised in the same entry. The result
+    attrs it gives are canonical (one object per equal attr and mesh object, ``canon``) and
+    hint attrs are shared per (mesh, hint), so keys mostly compare by identity rather than
+    by the dataclass ``__eq__``. ``fixed`` and the program's values must not change while
+    :meth:`run` runs, except through it; the caches live and die with the Propagator.
     """
 
     def __init__(self, ops: list[Operation], op_mesh: dict[int, ProcessMesh],
@@ -114,99 +172,196 @@ class Propagator:
         self.fixed = fixed
         self.fixed_ops = fixed_ops
         self.max_sweeps = max_sweeps
-        self.hints: dict[int, tuple[int, ...]] = {}
-        self.cache: dict[Hashable, SpmdResult] = {}
-        self.attr_keys: dict[int, Hashable] = {}
+        self.hints: dict[Value, tuple[int, ...]] = {}  # by the value itself: no id() call
+        self.cache: dict[Hashable, _Entry] = {}
         self.hint_attr: dict[tuple, TensorDistAttr] = {}
+        self.sigs: dict[Hashable, int] = {}
+        self.merged: dict[tuple, tuple[int, ...] | None] = {}
+        self.canon: dict[tuple, TensorDistAttr] = {}
+        self.rules: dict[str, Any] = {}  # op type -> SPMD rule
+        self.sites: list[_Site | None] = [None] * len(ops)
         self.sweeps = 0
 
     # -- one op -------------------------------------------------------------------------
-    def _inputs(self, op: Operation, mesh: ProcessMesh) -> tuple[tuple, tuple]:
-        """Per operand and per result ``(shape, attr, priority)`` (None for a null one): the
-        DistTensor fields the rule sees (dtype is always the default here). Plain tuples key
-        the rule cache; the DistTensors are built only when the rule runs. A result's hint
-        attr is built once per (mesh, hint)."""
-        fixed, hints, hint_attr = self.fixed, self.hints, self.hint_attr
-        ins = tuple(None if v is None else (v.type.shape, on_mesh(v.dist_attr, mesh), fixed.get(id(v), 0))
-                    for v in op.operands)
+    def _site(self, i: int) -> _Site:
+        """The :class:`_Site` of ``ops[i]`` (built on its first visit). An operand whose
+        producer is outside the phase, or that is fixed, keeps its attr for the whole run:
+        its attr goes into the signature, the others into each visit's key."""
+        site = self.sites[i]
+        if site is not None:
+            return site
+        op = self.ops[i]
+        fixed, pos = self.fixed, self.pos
+        mesh = self.op_mesh[id(op)]
+        rule = self.rules.get(op.type)
+        if rule is None:
+            rule = self.rules[op.type] = get_spmd_rule(op.type)
+        ins: list = []
+        dynamic: list[Value] = []
+        hint_from: list[int] = []
+        for v in op.operands:  # plain loops: this runs once per op of the phase
+            if v is None:
+                ins.append(None)
+                hint_from.append(-1)
+                continue
+            prio = fixed.get(id(v))
+            src = v.op
+            j = -1 if prio is not None or src is None else pos.get(id(src), -1)
+            hint_from.append(j)
+            if j < 0:  # static for the run
+                ins.append((v.type.shape, 0 if prio is None else prio, on_mesh(v.dist_attr, mesh)))
+            else:
+                ins.append((v.type.shape, 0))
+                dynamic.append(v)
         outs: list = []
+        free: list[Value] = []
+        users: list[list[int]] = []
         for r in op.results:
             if r is None:
                 outs.append(None)
-            elif id(r) in fixed:
-                outs.append((r.type.shape, on_mesh(r.dist_attr, mesh), fixed[id(r)]))
-            else:
-                h = hints.get(id(r))
-                if h is None:
-                    outs.append((r.type.shape, None, -1))
-                else:
-                    a = hint_attr.get((mesh, h))
-                    if a is None:
-                        a = hint_attr[(mesh, h)] = TensorDistAttr(mesh, h)
-                    outs.append((r.type.shape, a, -1))
-        return ins, tuple(outs)
+                continue
+            prio = fixed.get(id(r))
+            if prio is not None:
+                outs.append((r.type.shape, prio, on_mesh(r.dist_attr, mesh)))
+                continue
+            outs.append((r.type.shape, -1))
+            free.append(r)
+            us = []
+            for u, _ in r.uses:
+                k = pos.get(id(u))
+                if k is not None:
+                    us.append(k)
+            users.append(us)
+        akey = freeze(op.attrs) if rule.reads_attrs else ()
+        ins_t, outs_t = tuple(ins), tuple(outs)
+        sig = self.sigs.setdefault((op.type, akey, mesh, ins_t, outs_t), len(self.sigs))
+        site = self.sites[i] = _Site(op, mesh, rule, sig, ins_t, outs_t, dynamic, free, users, hint_from)
+        return site
 
-    def infer(self, op: Operation) -> SpmdResult:
-        """The rule's answer for ``op`` in the current state (cached by its inputs: the op
-        type, its frozen attrs unless the rule declares it ignores them
-        (``SpmdRule.reads_attrs``), the mesh and the operand / result tuples)."""
-        mesh = self.op_mesh[id(op)]
-        ins, outs = self._inputs(op, mesh)
-        akey = self.attr_keys.get(id(op))
-        if akey is None:  # a rule that ignores attrs answers alike for all of them
-            akey = self.attr_keys[id(op)] = freeze(op.attrs) if get_spmd_rule(op.type).reads_attrs else ()
-        key = (op.type, akey, mesh, ins, outs)
-        res = self.cache.get(key)
-        if res is None:
-            tensors = [[None if t is None else DistTensor(*t) for t in side] for side in (ins, outs)]
+    def _entry(self, site: _Site) -> _Entry:
+        """The cache entry for ``site`` in the current state (its key: the signature, each
+        dynamic operand's attr seen from the op's mesh, each free result's hint attr); runs
+        the rule on a miss."""
+        mesh, hints, hint_attr = site.mesh, self.hints, self.hint_attr
+        parts: list = [site.sig]
+        for v in site.dynamic:
+            a = v.dist_attr
+            if a is not None and a.process_mesh is not mesh:
+                a = on_mesh(a, mesh)
+            parts.append(a)
+        for r in site.free:
+            h = hints.get(r)
+            if h is None:
+                parts.append(None)
+            else:
+                a = hint_attr.get((mesh, h))
+                if a is None:
+                    a = hint_attr[(mesh, h)] = TensorDistAttr(mesh, h)
+                parts.append(a)
+        key = tuple(parts)
+        entry = self.cache.get(key)
+        if entry is None:
+            op, mesh = site.op, site.mesh
+            it = iter(key[1:])  # the dynamic operand attrs, then the free results' hints
+            ins = [None if t is None else DistTensor(t[0], t[2] if len(t) == 3 else next(it), t[1])
+                   for t in site.ins]
+            outs = [None if t is None else DistTensor(t[0], t[2] if len(t) == 3 else next(it), t[1])
+                    for t in site.outs]
             try:
-                res = get_spmd_rule(op.type).infer(tensors[0], tensors[1], op.attrs, mesh)
+                res = site.rule.infer(ins, outs, op.attrs, mesh)
             except CompletionError as e:
                 raise CompletionError(f"{op.label()}: {e}") from None
             except (ValueError, IndexError, KeyError, TypeError) as e:
                 raise CompletionError(f"{op.label()}: SPMD rule failed: {e}") from None
-            self.cache[key] = res
-        return res
+            entry = _Entry(res)
+            self.cache[key] = entry
+        return entry
 
-    def process(self, op: Operation, changed: list[Value]) -> list[Operation]:
-        """Apply the rule to ``op``; returns the ops to revisit."""
-        if id(op) in self.fixed_ops:
-            return self._process_fixed(op)
-        res = self.infer(op)
-        mesh = self.op_mesh[id(op)]
-        chunk = op.chunk_id
-        fixed, pos = self.fixed, self.pos
-        operands = [a if a is None or a.chunk_id == chunk else a.replace(chunk_id=chunk) for a in res.operands]
-        if op.type == "reshard":  # a reshard moves data: it takes its operand as it is
+    def infer(self, op: Operation) -> SpmdResult:
+        """The rule's answer for ``op`` (one of ``ops``) in the current state (cached:
+        class docstring)."""
+        return self._entry(self._site(self.pos[id(op)])).res
+
+    def _outcome(self, site: _Site, res: SpmdResult) -> _Outcome:
+        """What ``res`` means for ``site`` (:class:`_Outcome`). Operand attrs take the op's
+        chunk; a reshard op takes its operand as it is laid out (it moves data); a fixed
+        result keeps its annotation as the op's result attr when the rule gives none or
+        the op is a source given its data, else the op's result attr is what it computes
+        (the partition pass reshards it: never a relabel)."""
+        op, mesh, chunk, fixed = site.op, site.mesh, site.chunk, self.fixed
+        operands = [_chunk(a, chunk) for a in res.operands]
+        if site.reshard:  # a reshard moves data: it takes its operand as it is
             operands = [_chunk(on_mesh(v.dist_attr, mesh) or v.dist_attr, chunk)
                         if v is not None and v.dist_attr is not None else a
                         for v, a in zip(op.operands, operands, strict=False)]
         given_source = not op.operands and gives_annotation(op)
         results: list[TensorDistAttr | None] = []
-        todo: list[Operation] = []
+        free: list[TensorDistAttr | None] = []
         nres = len(res.results)
+        canon = self.canon
         for j, r in enumerate(op.results):
             a = _chunk(res.results[j], chunk) if j < nres else None
             if r is not None and id(r) in fixed:
                 if a is None or given_source:
                     a = on_mesh(r.dist_attr, mesh) or a
-                # else: the op computes ``a``; the value keeps its annotation and the
-                # partition pass reshards the result (never a relabel)
-            elif r is not None and a is not None and r.dist_attr != a:
-                r.dist_attr = a
-                changed.append(r)
-                todo.extend(u for u, _ in r.uses if id(u) in pos)
+            elif r is not None:
+                if a is not None:  # one object per equal attr (and mesh object): the
+                    a = canon.setdefault((id(a.process_mesh), a), a)  # keys compare by identity
+                free.append(a)
             results.append(a)
-        results += [None] * (len(op.results) - len(results))
-        op.dist_attr = OperatorDistAttr(mesh, tuple(operands), tuple(results), chunk)
-        nops = len(res.operands)
-        for i, v in enumerate(op.operands):
-            if v is None or i >= nops or id(v) in fixed:
-                continue
-            req = res.operands[i]
-            if req is None or v.op is None or id(v.op) not in pos:  # _hint_operand's early outs
-                continue
-            todo += self._hint_operand(v, req, mesh)
+        hints = []
+        for i, (v, req) in enumerate(zip(op.operands, res.operands, strict=False)):
+            if v is not None and req is not None and len(req.dims_mapping) == v.ndim \
+                    and any(m >= 0 for m in req.dims_mapping):  # else no hint can change
+                hints.append((i, req.dims_mapping))
+        return _Outcome(OperatorDistAttr(mesh, tuple(operands), tuple(results), chunk), tuple(free), tuple(hints))
+
+    def process(self, op: Operation, changed: list[Value]) -> list[Operation]:
+        """Apply the rule to ``op``; returns the ops to revisit."""
+        return [self.ops[j] for j in self._visit(self.pos[id(op)], changed)]
+
+    def _visit(self, i: int, changed: list[Value]) -> list[int]:
+        """:meth:`process`, returning positions in ``ops``: store the op dist attr, set each
+        free result's attr (queueing its users when it changes) and merge the required
+        operand dims_mappings into their producers' hints (queueing a producer whose hint
+        changes)."""
+        op = self.ops[i]
+        if id(op) in self.fixed_ops:
+            return [self.pos[id(o)] for o in self._process_fixed(op)]
+        site = self.sites[i] or self._site(i)
+        entry = self._entry(site)
+        out = None if site.reshard else entry.outcomes.get(site.chunk)
+        if out is None or out.op_attr.process_mesh is not site.mesh:
+            # a reshard's outcome reads its operand's layout; an equal mesh of other dim
+            # names shares the rule's answer but keeps its own op dist attr
+            out = self._outcome(site, entry.res)
+            if not site.reshard and site.chunk not in entry.outcomes:
+                entry.outcomes[site.chunk] = out
+        op.dist_attr = out.op_attr
+        todo: list[int] = []
+        free_attrs, users = out.free_attrs, site.users
+        k = 0  # (a counter, not a zip per visit)
+        for r in site.free:
+            a = free_attrs[k]
+            if a is not None:
+                ra = r.dist_attr
+                if ra is None or (ra is not a and ra != a):
+                    r.dist_attr = a
+                    changed.append(r)
+                    todo += users[k]
+            k += 1
+        if out.hints:
+            shape = site.mesh.shape
+            for i, dims in out.hints:
+                j = site.hint_from[i]
+                if j < 0:
+                    continue
+                v = op.operands[i]
+                a = v.dist_attr
+                if a is not None and a.process_mesh.shape != shape:
+                    continue
+                if self._hint(v, dims):
+                    todo.append(j)
         return todo
 
     def _process_fixed(self, op: Operation) -> list[Operation]:
@@ -230,23 +385,16 @@ class Propagator:
         return [v.op] if self._hint(v, req.dims_mapping) else []
 
     def _hint(self, v: Value, dims: tuple[int, ...]) -> bool:
-        old = self.hints.get(id(v))
-        shape = v.type.shape
-        if old is None:
-            if all(m < 0 for m in dims):
-                return False
-            new = tuple(-1 if shape[d] == 1 else m for d, m in enumerate(dims))
-        else:
-            cur = list(old)
-            used = {m for m in cur if m >= 0}
-            for d, m in enumerate(dims):
-                if m >= 0 and cur[d] < 0 and m not in used and shape[d] != 1:
-                    cur[d] = m
-                    used.add(m)
-            new = tuple(cur)
+        """Merge ``dims`` into ``v``'s hint; True when the hint changed (:func:`merge_hint`,
+        memoised per (hint, dims, shape): identical layers merge the same hints)."""
+        old = self.hints.get(v)
+        key = (old, dims, v.type.shape)
+        new = self.merged.get(key)
+        if new is None:
+            new = self.merged[key] = merge_hint(old, dims, v.type.shape)
         if new == old:
             return False
-        self.hints[id(v)] = new
+        self.hints[v] = new
         return True
 
     # -- the fixed point ----------------------------------------------------------------
@@ -254,6 +402,7 @@ class Propagator:
         """Propagate to a fixed point; returns the number of sweeps."""
         pending = set(range(len(self.ops)))
         direction = 1
+        visit = self._visit
         while pending:
             self.sweeps += 1
             changed: list[Value] = []
@@ -266,8 +415,7 @@ class Propagator:
             while heap:
                 i = direction * heapq.heappop(heap)
                 queued.discard(i)
-                for nxt in self.process(self.ops[i], changed):
-                    j = self.pos[id(nxt)]
+                for j in visit(i, changed):
                     if (j - i) * direction > 0:
                         if j not in queued:
                             queued.add(j)
@@ -287,6 +435,22 @@ class Propagator:
         )
 
 
+def merge_hint(old: tuple[int, ...] | None, dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+    """A value's hint after a consumer asks for ``dims``: with no hint yet, ``dims`` (None
+    when it shards nothing); else ``old`` with each -1 entry taken from ``dims`` when that
+    mesh dim is not used yet (first wins, entries only go from -1 to a mesh dim). Size-1
+    tensor dims stay -1. Hints only grow, so propagation terminates (module docstring)."""
+    if old is None:
+        if all(m < 0 for m in dims):
+            return None
+        return tuple(-1 if shape[d] == 1 else m for d, m in enumerate(dims))
+    cur = list(old)
+    used = {m for m in cur if m >= 0}
+    for d, m in enumerate(dims):
+        if m >= 0 and cur[d] < 0 and m not in used and shape[d] != 1:
+            cur[d] = m
+            used.add(m)
+    return tuple(cur)
 
 
 def gives_annotation(op: Operation) -> bool:

@@ -17,7 +17,7 @@ def test_cached_checks_give_the_cold_plan():
     planner.clear_plan_caches()
     cold = plan_reshard(src, dst, (8, 16), "bfloat16")
     assert (src, dst, (8, 16), "bfloat16") in planner._CHECKED
-    planner._plan.cache_clear()  # the plan searched again, the checks from the memo
+    planner._plan.cache_clear()  # the checks (and the plan for this cost) from the memo
     warm = plan_reshard(TensorDistAttr(MESH, (0, 1)), TensorDistAttr(MESH, (0, -1)), [8, 16], "bfloat16")
     assert warm == cold and [s.kind for s in warm.steps] == ["all_gather"]
     # the same specs on another shape are checked again: a 1-d tensor cannot take (0, 1)
@@ -32,3 +32,25 @@ def test_a_failing_spec_is_not_cached():
         with pytest.raises(ReshardError, match=f"cannot reshard {name} of shape"):
             plan_reshard(src, dst, (8, 16), value=name)
     assert not planner._CHECKED
+
+
+def test_the_memo_keeps_one_plan_per_step_cost():
+    """The plan kept beside a checked spec is the search's answer for that cost: the
+    default cost of all_gather over mp (4 ranks) of a (8, 16) bfloat16 tensor split (dp, mp)
+    is 3/4 of the gathered 4 x (4 x 4) x 2 = 128 bytes plus the 65,536-byte step overhead;
+    a unit cost per step gets its own entry (cost 1.0), and clear_plan_caches forgets both."""
+    src, dst = TensorDistAttr(MESH, (0, 1)), TensorDistAttr(MESH, (0, -1))
+    planner.clear_plan_caches()
+    first = plan_reshard(src, dst, (8, 16), "bfloat16")
+    assert first.cost == 0.75 * 128 + 65536.0 and [s.kind for s in first.steps] == ["all_gather"]
+    assert plan_reshard(src, dst, (8, 16), "bfloat16") is first
+
+    def unit(step):
+        return 1.0
+
+    other = plan_reshard(src, dst, (8, 16), "bfloat16", cost=unit)
+    assert other.cost == 1.0 and other is not first
+    assert plan_reshard(src, dst, (8, 16), "bfloat16") is first
+    planner.clear_plan_caches()
+    again = plan_reshard(src, dst, (8, 16), "bfloat16")
+    assert again == first and again is not first

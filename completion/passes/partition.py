@@ -43,6 +43,17 @@ def layout_key(attr: TensorDistAttr) -> tuple:
     return (attr.process_mesh, attr.dims_mapping, attr.partial)
 
 
+def same_layout(a: TensorDistAttr, b: TensorDistAttr) -> bool:
+    """``layout_key(a) == layout_key(b)`` without building the keys (the pass compares
+    every operand and result of the program; completion shares attr objects between
+    identical layers, so identity answers many of them; ``==`` on meshes would call the
+    dataclass ``__eq__`` even for the same mesh object, hence the identity test first)."""
+    if a is b:
+        return True
+    ma, mb = a.process_mesh, b.process_mesh
+    return a.dims_mapping == b.dims_mapping and a.partial == b.partial and (ma is mb or ma == mb)
+
+
 @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def apply_partition_pass(program: Program) -> Program:
     """Insert reshard ops into ``program`` in place (and return it, renumbered): before
@@ -56,19 +67,21 @@ def apply_partition_pass(program: Program) -> Program:
     cache: dict[tuple[int, tuple], Value] = {}
     edits = OpSplicer(program)
     for op in list(program.ops):
-        if op.dist_attr is None:
+        da = op.dist_attr
+        if da is None:
             continue
-        for j, r in enumerate(op.results):
-            have = op.dist_attr.results[j] if j < len(op.dist_attr.results) else None
-            if r is not None and have is not None and r.dist_attr is not None \
-                    and layout_key(have) != layout_key(r.dist_attr):
-                _reshard_result(edits, op, j, have)
-        required = op.dist_attr.operands
-        for i, v in enumerate(op.operands):
-            want = required[i] if i < len(required) else None
-            if v is None or want is None or v.dist_attr is None:
+        produced, required = da.results, da.operands
+        for j, r in enumerate(op.results):  # (indexing: a zip per op costs more than it saves)
+            if r is None or j >= len(produced):
                 continue
-            if layout_key(v.dist_attr) == layout_key(want):
+            have, a = produced[j], r.dist_attr
+            if have is not None and a is not None and have is not a and not same_layout(have, a):
+                _reshard_result(edits, op, j, have)
+        for i, v in enumerate(op.operands):
+            if v is None or i >= len(required):
+                continue
+            want, a = required[i], v.dist_attr
+            if want is None or a is None or want is a or same_layout(a, want):
                 continue
             key = (id(v), layout_key(want))
             if key not in cache:
@@ -82,7 +95,7 @@ def apply_partition_pass(program: Program) -> Program:
 def _insert_reshard(edits: OpSplicer, consumer: Operation, v: Value, want: TensorDistAttr) -> Value:
     src = v.dist_attr
     assert src is not None
-    if src.process_mesh == want.process_mesh:
+    if src.process_mesh is want.process_mesh or src.process_mesh == want.process_mesh:
         op, out = _reshard_op(consumer, v, src, want, want.process_mesh)
         edits.insert_before(consumer, op)
         return out

@@ -51,6 +51,7 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
     unreachable layout, CompletionError for a reshard op without a dist attr."""
     program.renumber()  # error messages name values by id
     edits = OpSplicer(program)
+    attrs: dict = {}  # _step_attrs's answers in this pass
     for op in [o for o in program.ops if o.type == "reshard"]:
         v, out = op.operands[0], op.results[0]
         if op.dist_attr is None or v is None or out is None:
@@ -60,7 +61,7 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
         plan = plan_reshard(src, dst, v.shape, v.dtype, cost=cost, value=v.label())
         cur = v
         for step in plan.steps:
-            cur = _emit(edits, op, step, cur)
+            cur = _emit(edits, op, step, cur, attrs)
         if cur is not v:
             cur.dist_attr = dst
         for user, j in list(out.uses):
@@ -72,23 +73,39 @@ def apply_reshard_pass(program: Program, cost: StepCost | None = None) -> Progra
 
 
 def _attr(mesh: ProcessMesh, pl: tuple[Placement, ...], ndim: int, chunk: int) -> TensorDistAttr | None:
+    """The TensorDistAttr of placements ``pl`` on ``mesh`` for a rank-``ndim`` tensor, None
+    when ``pl`` nests two mesh dims on one tensor dim (the op's ``placements`` attr then
+    carries the layout)."""
     try:
         return TensorDistAttr.from_placements(mesh, pl, ndim, chunk)
     except DistAttrError:
-        return None  # nested sharding: the op's ``placements`` attr carries the layout
+        return None
 
 
-def _emit(edits: OpSplicer, rs: Operation, step: ReshardStep, cur: Value) -> Value:
+def _step_attrs(step: ReshardStep, ndim: int, chunk: int, memo: dict) -> tuple:
+    """``step``'s source and target attrs (:func:`_attr`; the target on ``dst_mesh`` for a
+    send_recv). ``memo`` keeps them for one pass by the step object: plans are memoised, so
+    every layer's reshard of one layout pair emits the same step objects, and attrs are
+    immutable, so values may share them. The step is kept in the entry, so its id is not
+    reused while the memo lives."""
+    key = (id(step), ndim, chunk)
+    hit = memo.get(key)
+    if hit is None or hit[0] is not step:
+        dst_mesh = step.dst_mesh if step.kind == "send_recv" else step.mesh
+        hit = memo[key] = (step, _attr(step.mesh, step.src, ndim, chunk), _attr(dst_mesh, step.dst, ndim, chunk))
+    return hit[1], hit[2]
+
+
+def _emit(edits: OpSplicer, rs: Operation, step: ReshardStep, cur: Value, memo: dict) -> Value:
     """The op(s) of one plan step, placed before the reshard op ``rs``; returns the value
-    they define."""
+    they define. ``memo``: :func:`_step_attrs`'s answers in this pass."""
     chunk, shape = rs.chunk_id, cur.shape
+    a_src, a_dst = _step_attrs(step, len(shape), chunk, memo)
     attrs = {"nbytes": step.nbytes, "placements": repr(list(step.dst))}
     common = {"role": rs.role, "struct_name": rs.struct_name, "chunk_id": chunk}
     if step.kind == "send_recv":
         assert step.dst_mesh is not None
         pairs = [list(p) for p in step.groups]
-        a_src = _attr(step.mesh, step.src, len(shape), chunk)
-        a_dst = _attr(step.dst_mesh, step.dst, len(shape), chunk)
         send = Operation("dist_op.send", [cur], [], {**attrs, "pairs": pairs}, **common,
                          dist_attr=OperatorDistAttr(step.mesh, (a_src,), (), chunk))
         out = Value(cur.type, dist_attr=a_dst, stop_gradient=cur.stop_gradient)
@@ -104,8 +121,6 @@ def _emit(edits: OpSplicer, rs: Operation, step: ReshardStep, cur: Value) -> Val
             attrs[key] = getattr(step, key)
     if step.kind == "scale":
         attrs["factor"] = step.factor
-    a_src = _attr(step.mesh, step.src, len(shape), chunk)
-    a_dst = _attr(step.mesh, step.dst, len(shape), chunk)
     out = Value(cur.type, dist_attr=a_dst, stop_gradient=cur.stop_gradient)
     op = Operation(f"dist_op.{STEP_OPS[step.kind]}", [cur], [out], attrs, **common,
                    dist_attr=OperatorDistAttr(step.mesh, (a_src,), (a_dst,), chunk))

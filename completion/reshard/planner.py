@@ -112,25 +112,32 @@ def plan_reshard(
             itemsize = dtype_bytes(dtype)
         except (DistAttrError, ValueError) as e:
             raise ReshardError(f"cannot reshard {value} of shape {list(shape)} from {src!r} to {dst!r}: {e}") from None
+        plans: dict = {}
         if key is not None:
             if len(_CHECKED) >= _CHECKED_MAX:
                 _CHECKED.pop(next(iter(_CHECKED)))
-            _CHECKED[key] = (s, d, itemsize)
+            _CHECKED[key] = (s, d, itemsize, plans)
     else:
-        s, d, itemsize = hit
-    if s.mesh != d.mesh and not cross_mesh:
+        s, d, itemsize, plans = hit
+    if not cross_mesh and s.mesh != d.mesh:
         raise ReshardError(
             f"cannot reshard {value} from {src!r} to {dst!r}: the meshes {list(s.mesh.process_ids)} and "
             f"{list(d.mesh.process_ids)} differ and no cross-mesh path is allowed"
         )
-    return _plan(s, d, shape, dtype, itemsize, cost or default_step_cost)
+    cost = cost or default_step_cost
+    plan = plans.get(cost)
+    if plan is None:
+        plan = plans[cost] = _plan(s, d, shape, dtype, itemsize, cost)
+    return plan
 
 
-#: (src, dst, shape, dtype) -> (src Layout, dst Layout, itemsize) of specs that passed the
-#: checks of :func:`plan_reshard`: the partition and reshard passes plan the same few
-#: layout pairs for every layer (both specs are frozen, so the checks' answer is fixed).
-#: Bounded, oldest dropped first; :func:`clear_plan_caches` empties it with the plans.
-_CHECKED: dict[tuple, tuple[Layout, Layout, int]] = {}
+#: (src, dst, shape, dtype) -> (src Layout, dst Layout, itemsize, plans by step cost) of
+#: specs that passed the checks of :func:`plan_reshard`: the partition and reshard passes
+#: plan the same few layout pairs for every layer (both specs are frozen, so the checks'
+#: answer is fixed, and so is the plan for a cost; keeping it here spares hashing the two
+#: Layouts for ``_plan``'s cache on every call). Bounded, oldest dropped first;
+#: :func:`clear_plan_caches` empties it with the plans.
+_CHECKED: dict[tuple, tuple[Layout, Layout, int, dict]] = {}
 _CHECKED_MAX = 8192
 
 
@@ -148,7 +155,13 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
     ctxs = tuple(
         Ctx(m, shape, itemsize, tuple(tuple(m.groups(k)) for k in range(m.ndim))) for m in meshes
     )
-    start, goal = (0, src.placements), (1 if src.mesh != dst.mesh else 0, dst.placements)
+    # every placement of the search is one of these (plan_reshard checked the specs); the
+    # search keys its states by their indices: int tuples hash and compare in C, where
+    # tuples of placement dataclasses call a Python __hash__ / __eq__ per entry
+    options = (Replicate(), *(Shard(e) for e in range(len(shape))), *(Partial(r) for r in types))
+    index = {p: i for i, p in enumerate(options)}
+    start = (0, tuple(index[p] for p in src.placements))
+    goal = (1 if src.mesh != dst.mesh else 0, tuple(index[p] for p in dst.placements))
     tick = itertools.count()
     best: dict = {start: (0.0, 0)}
     prev: dict = {start: None}
@@ -159,7 +172,7 @@ def _plan(src: Layout, dst: Layout, shape, dtype, itemsize, cost) -> ReshardPlan
             break
         if (c, k) > best[state]:
             continue
-        for nxt, step in _neighbors(state, ctxs, len(shape), types, dst.mesh):
+        for nxt, step in _neighbors(state, ctxs, options, index, dst.mesh):
             emitted = isinstance(step, ReshardStep)
             key = (c + (cost(step) if emitted else 0.0), k + emitted)
             if key < best.get(nxt, (float("inf"), 0)):
@@ -183,33 +196,39 @@ def _reduce_types(placements: tuple[Placement, ...]) -> tuple[str, ...]:
     return tuple(sorted(types))
 
 
-def _neighbors(state, ctxs, ndim: int, types, dst_mesh: ProcessMesh):
-    side, pl = state
+def _neighbors(state, ctxs, options: tuple[Placement, ...], index: dict, dst_mesh: ProcessMesh):
+    """The states one transition from ``state`` and the step (or ``"relabel"``) to each.
+    A state is ``(side, codes)``: ``codes[m]`` is the index in ``options`` (the placements
+    a mesh dim may take, built once per search; ``index`` inverts it) of mesh dim m's
+    placement."""
+    side, codes = state
+    pl = tuple(options[c] for c in codes)
     ctx = ctxs[side]
     if side == 0 and ctxs[0].mesh != dst_mesh:
         if dst_mesh.shape == ctx.mesh.shape or all(isinstance(p, Replicate) for p in pl):
             step = cross_mesh_step(Layout(ctx.mesh, pl), dst_mesh, ctx.shape, ctx.itemsize)
-            yield (1, step.dst), step
+            yield (1, tuple(index[p] for p in step.dst)), step
     sharders: dict[int, list[int]] = {}
     for m, p in enumerate(pl):
         if isinstance(p, Shard):
             sharders.setdefault(p.dim, []).append(m)
-    options = [Replicate()] + [Shard(e) for e in range(ndim)] + [Partial(r) for r in types]
     for m, cur in enumerate(pl):
         if isinstance(cur, Shard) and sharders[cur.dim][-1] != m:
             continue  # not the innermost mesh dim on its tensor dim: cannot leave
-        for tgt in options:
-            if tgt == cur:
+        here = codes[m]
+        for t, tgt in enumerate(options):
+            if t == here:
                 continue
             if isinstance(tgt, Shard) and any(x > m for x in sharders.get(tgt.dim, ()) if x != m):
                 continue  # would not be innermost on its tensor dim
             new = pl[:m] + (tgt,) + pl[m + 1 :]
             if not partial_types_ok(new):
                 continue
+            nxt = (side, codes[:m] + (t,) + codes[m + 1 :])
             if ctx.mesh.shape[m] == 1:
-                yield (side, new), "relabel"
+                yield nxt, "relabel"
                 continue
             builder = TRANSITIONS.get((type(cur), type(tgt)))
             res = builder(ctx, m, pl, new) if builder else None
             if res is not None:
-                yield (side, new), res
+                yield nxt, res

@@ -130,22 +130,33 @@ class ReshardPlan:
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a transition builder needs besides the placements."""
+    """What a transition builder needs besides the placements. ``blocks`` memoises
+    :func:`_block` for this mesh and shape (a search asks for the same placements from
+    many states); it takes no part in equality."""
 
     mesh: ProcessMesh
     shape: tuple[int, ...]
     itemsize: int
     groups: tuple[tuple[tuple[int, ...], ...], ...]  # per mesh dim
+    blocks: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def _block(ctx: Ctx, placements: tuple[Placement, ...]) -> tuple[tuple[int, ...], int]:
+    """The padded local block of ``ctx.shape`` under ``placements`` and its bytes."""
+    hit = ctx.blocks.get(placements)
+    if hit is None:
+        shape = padded_local_shape(ctx.shape, ctx.mesh.shape, placements)
+        hit = ctx.blocks[placements] = (shape, numel(shape) * ctx.itemsize)
+    return hit
 
 
 def _block_bytes(ctx: Ctx, placements: tuple[Placement, ...]) -> int:
-    return numel(padded_local_shape(ctx.shape, ctx.mesh.shape, placements)) * ctx.itemsize
+    return _block(ctx, placements)[1]
 
 
 def _step(ctx: Ctx, kind: str, m: int, src, dst, nbytes: int, **kw) -> ReshardStep:
     return ReshardStep(
-        kind, ctx.mesh, m, ctx.groups[m], int(nbytes), src, dst, ctx.shape,
-        padded_local_shape(ctx.shape, ctx.mesh.shape, dst), **kw,
+        kind, ctx.mesh, m, ctx.groups[m], int(nbytes), src, dst, ctx.shape, _block(ctx, dst)[0], **kw,
     )  # fmt: skip
 
 
@@ -178,8 +189,7 @@ def _all_to_all(ctx, m, src, dst):
     if d == e:
         return None
     n = ctx.mesh.shape[m]
-    both = padded_local_shape(ctx.shape, ctx.mesh.shape, src)
-    block = list(both)
+    block = list(_block(ctx, src)[0])
     block[e] = -(-block[e] // n)
     return _step(ctx, "all_to_all", m, src, dst, n * numel(block) * ctx.itemsize, src_dim=d, dst_dim=e)
 
