@@ -177,6 +177,13 @@ class Count(_Quantity):
         return v
 
 
+class Flag(_Quantity):
+    """A yes/no fact with its provenance: a YAML boolean (``true``/``false``), never a
+    string or a number."""
+
+    value: bool = Field(strict=True)
+
+
 class Efficiency(BaseModel):
     """Achieved fractions of peak, read by the op cost model (simulator): GEMM time is
     ``flops / (gemm * peak_flops[dtype])``, memory time ``bytes / (memory_bandwidth *
@@ -250,6 +257,13 @@ class DeviceSpec(BaseModel):
     Multiplication Background" user's guide, ch. 3); absent (CPUs, specs written before
     the field): the smooth size model ``F / (F + gemm_half_flops)``, as before.
     ``meshplan calibrate --device cuda`` reads it from the GPU."""
+    gemm_epilogue_exposed: Flag | None = None
+    """Optional, with ``sm_count``: whether a GEMM thread block writes its output tile
+    after its main loop with the SM's tensor cores idle (true: the non-persistent
+    threadblock-scoped kernels of CUTLASS 2.x / cuBLAS on Ampere and the cooperative
+    kernels on Hopper), so each wave of the wave model also pays the tile's store
+    (``simulator.roofline``, "epilogue"); false or absent: the store is hidden behind
+    other tiles' main loops (e.g. CUTLASS's sm90 ping-pong kernels), as before."""
 
     @field_validator("peak_flops")
     @classmethod

@@ -51,6 +51,28 @@ written as ``simulator.op_cost`` counts them. ``S`` is ``sm_count``, or fewer SM
 collective running beside the GEMM holds some (``sms_available``). A GEMM whose shape is
 aligned to the tiles and whose tile count is a multiple of ``S`` runs at exactly ``gemm``
 (no size factor); a spec without ``sm_count`` keeps the smooth size factor above.
+
+Epilogue (devices whose spec sets ``device.gemm_epilogue_exposed``). A thread block of a
+threadblock-scoped GEMM kernel runs its main loop over ``k``, then its epilogue: the
+accumulators go through shared memory to the output tile in global memory (CUTLASS
+``include/cutlass/epilogue/threadblock/epilogue.h``, "Epilogue for threadblock scoped
+GEMMs": the result is rearranged through shared memory to the tensor layout in global
+memory; ``media/docs/efficient_gemm.md``, the mainloop / epilogue structure), and the
+SM's tensor cores have no other tile to work on meanwhile. Every SM of a wave stores at
+once, so each gets ``1 / sm_count`` of the achieved HBM bandwidth, and a wave takes::
+
+    wave = 2 * tm * tn * k / (peak[dtype] / sm_count * gemm)
+         + tm * tn * out_bytes / (mem_bandwidth * mem_eff / sm_count)
+
+(``out_bytes``: 4 for an fp32 GEMM, else 2: bf16/fp16 outputs, and FP8 GEMMs write bf16).
+The store is a fixed cost per tile against a main loop that grows with ``k``, so a
+GEMM's efficiency falls with its inner dimension as ``k / (k + k_0)``, ``k_0 = out_bytes *
+per_sm_rate / (2 * per_sm_bandwidth)`` -- about 150 on an A100 and 240 on an H100 for bf16
+at the catalog's constants: the inner dimension 64-128 of attention's batched GEMMs runs at
+a quarter to a half of the plateau, as shared/reference/fidelity_notes.md ("GEMM
+efficiency") says they reach much less, while a 4096-deep projection loses 3-6%. Kernels that overlap one tile's
+epilogue with another's main loop (CUTLASS ``sm90_gemm_tma_warpspecialized_pingpong.hpp``:
+two consumer warp groups alternate) leave the flag false.
 """
 
 from __future__ import annotations
@@ -96,7 +118,9 @@ class GemmTiling:
         tiles: thread blocks, ``batch * ceil(m / tm) * ceil(n / tn)``.
         waves: ``ceil(tiles / sms)``.
         sms: SMs the blocks ran on.
-        compute_s: ``waves * 2 * tm * tn * k / (peak / sm_count * gemm)`` seconds.
+        compute_s: ``waves * 2 * tm * tn * k / (peak / sm_count * gemm)`` seconds, plus
+            ``waves * tm * tn * out_bytes / (mem_bandwidth * mem_eff / sm_count)`` when the
+            device's epilogue is exposed (module docstring, "Epilogue").
     """
 
     tile: tuple[int, int]
@@ -132,6 +156,8 @@ class Roofline:
             a ``gemm_shape`` are timed by the wave model (module docstring); None: the
             smooth size model.
         gemm_tiles: candidate output tiles of the wave model (:data:`GEMM_TILES`).
+        epilogue_exposed: each wave also stores its output tiles (module docstring,
+            "Epilogue"; ``device.gemm_epilogue_exposed``; default False).
     """
 
     peak_flops: dict[str, float]
@@ -147,6 +173,7 @@ class Roofline:
     action_overhead: float = 0.0
     sm_count: int | None = None
     gemm_tiles: tuple[tuple[int, int], ...] = GEMM_TILES
+    epilogue_exposed: bool = False
 
     def __post_init__(self) -> None:
         if self.sm_count is not None and (isinstance(self.sm_count, bool) or self.sm_count < 1):
@@ -171,6 +198,7 @@ class Roofline:
         by_op = {k: float(v.value) for k, v in (getattr(eff, "by_op", None) or {}).items()}
         action = getattr(eff, "action_overhead_s", None)
         sms = getattr(device, "sm_count", None)
+        epilogue = getattr(device, "gemm_epilogue_exposed", None)
         return cls(
             peak_flops={k: float(v.value) for k, v in device.peak_flops.items()},
             gemm_efficiency=float(eff.gemm.value if gemm_efficiency is None else gemm_efficiency),
@@ -184,6 +212,7 @@ class Roofline:
             by_op=by_op,
             action_overhead=0.0 if action is None else float(action.value),
             sm_count=None if sms is None else int(sms.value),
+            epilogue_exposed=bool(epilogue is not None and epilogue.value),
         )
 
     def peak(self, dtype: str) -> float:
@@ -225,6 +254,7 @@ class Roofline:
         """The wave model's best tile for a ``(batch, m, n, k)`` GEMM (module docstring):
         for each tile of :attr:`gemm_tiles`, ``waves = ceil(batch * ceil(m/tm) *
         ceil(n/tn) / S)`` and ``compute = waves * 2 tm tn k / (peak / sm_count * gemm)``
+        (plus each wave's tile store when :attr:`epilogue_exposed`: module docstring)
         with ``S`` = ``sms_available`` (default ``sm_count``); the smallest compute time
         wins, ties to the earlier (larger) tile. A GEMM with a zero dimension has no
         tiles and no compute. Raises SimulatorError when the device has no
@@ -235,15 +265,25 @@ class Roofline:
             raise SimulatorError(f"roofline: GEMM shape (batch, m, n, k) must be >= 0, got {shape}")
         assert self.sm_count is not None  # _check_sms
         per_sm = self.peak(dtype) / self.sm_count * self.gemm_efficiency
+        # seconds per output element of one SM's epilogue store (0: hidden)
+        store = (self.output_bytes(dtype) * self.sm_count / (self.mem_bandwidth * self.mem_efficiency)
+                 if self.epilogue_exposed else 0.0)
         best: GemmTiling | None = None
         for tm, tn in self.gemm_tiles:
             tiles = batch * _ceil_div(m, tm) * _ceil_div(n, tn)
             waves = _ceil_div(tiles, sms)
-            t = waves * 2.0 * tm * tn * k / per_sm
+            t = waves * tm * tn * (2.0 * k / per_sm + store)
             if best is None or t < best.compute_s:
                 best = GemmTiling((tm, tn), tiles, waves, sms, t)
         assert best is not None  # gemm_tiles is not empty (__post_init__)
         return best
+
+    @staticmethod
+    def output_bytes(dtype: str) -> int:
+        """Bytes per output element of a GEMM in ``dtype``: 4 for fp32 (``float32``,
+        ``tf32``...), else 2 (bf16 / fp16; FP8 GEMMs write bf16: Transformer Engine and
+        torchao ``_scaled_mm`` keep a high-precision output)."""
+        return 4 if dtype in _DTYPE_ALIASES["float32"] else 2
 
     def gemm_time(self, k: KernelCost, sms_available: int | None = None) -> float:
         """Seconds of one GEMM kernel: ``max(compute, bytes / (mem_bandwidth * mem_eff)) +
