@@ -16,10 +16,7 @@ with ``P`` the largest peak the plan's kernels can run at (:func:`compute_peak`)
 
 * a GEMM: smooth model ``gemm * F / (F + F_half) <= gemm``; wave model ``waves * 2 tm tn k /
   (P / S_max * gemm)`` with ``waves >= tiles / S`` and ``tiles * tm * tn >= batch m n``,
-  ``S <= S_max``, so ``>= 2 batch m n k / (P * gemm)`` = ``exec_flops / (P * gemm)``; with
-  the device's epilogue exposed each wave also stores ``tm tn`` outputs per SM at ``B * m /
-  S_max`` (``Roofline.gemm_tiling``), so the kernel adds ``>= batch m n * out_bytes / (B *
-  m)`` (``m`` = ``mem_efficiency``; fewer SMs only add waves);
+  ``S <= S_max``, so ``>= 2 batch m n k / (P * gemm)`` = ``exec_flops / (P * gemm)``;
 * an attention kernel: ``attention`` efficiency or a ``by_op`` entry (:func:`max_efficiency`);
 * a memory-bound kernel, and a fused group's one kernel (kind ``memory``, its members'
   FLOPs, ``simulator.fusion.FusionPlan.kernel``): ``max(exec_flops / P_dtype, ...) >=
@@ -148,8 +145,6 @@ def block_work(program: Any, rf: Roofline, profile: Any = None, peak: float = 1.
     rec = {mode: recomputed_ops(program.ops, blocks, mode) for mode in PARTIAL_RECOMPUTE}
     eff_of = {kind: max_efficiency(rf, kind) for kind in COMPUTE_KINDS}
     bw = rf.mem_bandwidth * max_memory_efficiency(rf)
-    # seconds per output element of a GEMM's exposed epilogue, summed over the SMs
-    store = 1.0 / (rf.mem_bandwidth * rf.mem_efficiency) if rf.epilogue_exposed and rf.sm_count else 0.0
     out: dict[BlockKey, BlockWork] = {}
     for op in program.ops:
         blk = blocks.get(id(op))
@@ -163,11 +158,7 @@ def block_work(program: Any, rf: Roofline, profile: Any = None, peak: float = 1.
             if k.phase not in PHASES:
                 continue
             eff = eff_of[k.kind] if k.kind in COMPUTE_KINDS and k.phase != fused_phase else 1.0
-            compute = k.exec_flops / (eff * peak)
-            if store and k.kind == "gemm" and k.gemm_shape is not None and k.phase != fused_phase:
-                b, m, n, _ = k.gemm_shape
-                compute += b * m * n * rf.output_bytes(k.dtype) * store
-            ps = max(compute, k.bytes / bw)
+            ps = max(k.exec_flops / (eff * peak), k.bytes / bw)
             w.phase[k.phase] += ps
             if k.phase == "F" and fused_phase != "F":
                 for mode, ids in rec.items():
