@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from completion import apply_partition_pass, apply_reshard_pass, build_model, propagate
+from completion import apply_partition_pass, apply_reshard_pass, build_model
 from completion.annotate import set_annotation, shard_megatron
 from completion.backward import append_backward
 from completion.completer import Completer
@@ -17,6 +17,7 @@ from completion.mesh import ProcessMesh
 from completion.models.builder import ProgramBuilder
 from completion.optimizer import apply_optimizer
 from completion.pir.printer import print_program
+from tests._rule_cache import disable_rule_cache
 
 MESH = ProcessMesh.of(2, 4, dim_names=("dp", "mp"))
 
@@ -41,17 +42,7 @@ def test_memo_equals_running_every_rule(monkeypatch, sp, zero, pp, vpp):
     outcome)."""
     memo = _printed(sp, zero, pp, vpp)
 
-    class NoCache(dict):
-        def __setitem__(self, key, value):  # never stores
-            pass
-
-    init = propagate.Propagator.__init__
-
-    def no_cache_init(self, *a, **k):
-        init(self, *a, **k)
-        self.cache = NoCache()
-
-    monkeypatch.setattr(propagate.Propagator, "__init__", no_cache_init)
+    disable_rule_cache(monkeypatch)  # every infer runs the rule
     assert _printed(sp, zero, pp, vpp) == memo
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import tests._zbv_reference as zbv_ref
 from simulator.schedules import zbv
+from tests._rule_cache import disable_rule_cache
 
 TIMES = st.tuples(*[st.integers(1, 60)] * 3)
 SWITCHES = st.sampled_from([(True, True), (True, False), (False, True), (False, False)])
@@ -100,7 +101,7 @@ def test_completion_with_the_rule_cache_equals_without(monkeypatch):
     """The rule cache's keys (plain (shape, attr, priority) tuples, shared hint attrs) give
     the printed program that calling the rule every time gives: zb-gpt-6.2b, 2 layers,
     Megatron dp2 x mp4, pipeline of 2, after partition and reshard."""
-    from completion import apply_partition_pass, apply_reshard_pass, build_model, propagate
+    from completion import apply_partition_pass, apply_reshard_pass, build_model
     from completion.annotate import shard_megatron
     from completion.backward import append_backward
     from completion.completer import Completer
@@ -120,17 +121,7 @@ def test_completion_with_the_rule_cache_equals_without(monkeypatch):
 
     cached = printed()
 
-    class NoCache(dict):
-        def __setitem__(self, key, value):  # never stores: every infer runs the rule
-            pass
-
-    init = propagate.Propagator.__init__
-
-    def no_cache_init(self, *a, **k):
-        init(self, *a, **k)
-        self.cache = NoCache()
-
-    monkeypatch.setattr(propagate.Propagator, "__init__", no_cache_init)
+    disable_rule_cache(monkeypatch)  # every infer runs the rule
     assert printed() == cached
 
 
