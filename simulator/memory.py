@@ -219,10 +219,15 @@ def _saved_roots(program: Program, unsaved: frozenset[tuple[str, int]] = frozens
     roots: dict[int, Value] = {}
     users: dict[int, list[Operation]] = {}
     fp8_x: dict[int, list[Operation]] = {}
+    extra: dict[str, set[int]] = {}  # op type -> operand indices ``unsaved`` names
+    for t, i in unsaved:
+        extra.setdefault(t, set()).add(i)
     for op in program.ops:
         if op.role != OpRole.BACKWARD:
             continue
-        skip = set(op_traits(op.type).no_need_buffer) | {i for t, i in unsaved if t == op.type}
+        skip = op_traits(op.type).no_need_buffer
+        if op.type in extra:
+            skip = set(skip) | extra[op.type]
         fp8 = saved_input_bytes(op) > 0
         for i, v in enumerate(op.operands):
             if v is None or i in skip or v.op is None:
