@@ -223,3 +223,16 @@ def test_an_uneven_layer_count_is_a_refusal_naming_n_layers():
     row = next(r for r in load_rows(EXTRA_CSVS[0]) if r["row_id"] == "1001")
     bad = parse_row({**row, "n_layers": "47"})
     assert not bad.expressible and bad.why.startswith("n_layers") and "pp x vpp = 48" in bad.why
+
+
+def test_the_state_model_names_agree_in_the_schema_and_the_registry():
+    """``simulator.profiles.spec.STATE_MODELS`` (documented names), the schema's Literal and
+    ``simulator.model_states.STATE_MODELS`` (the functions) name the same state models, so a
+    profile can name ``megatron-ddp`` and the docs list it."""
+    from typing import get_args
+
+    from simulator import model_states
+    from simulator.profiles import spec
+
+    literal = get_args(spec.StateModel.model_fields["value"].annotation)
+    assert set(spec.STATE_MODELS) == set(literal) == set(model_states.STATE_MODELS)

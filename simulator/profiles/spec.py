@@ -56,7 +56,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 FUSION_GROUPS = ("bias_gelu", "bias_dropout_add", "scale_mask_softmax", "norm", "rope",
                  "swiglu", "cross_entropy", "residual_add")
 #: how model states are counted (``simulator.model_states``)
-STATE_MODELS = ("megatron", "deepspeed", "fsdp", "plain")
+STATE_MODELS = ("megatron", "megatron-ddp", "deepspeed", "fsdp", "plain")
 
 
 class ProfileError(SimulatorError):
