@@ -79,6 +79,7 @@ from executor.calibrate_fit import (
     fit_overhead,
     fit_plateau,
     fit_ratio,
+    split_representable,
     wave_flops,
 )
 from executor.errors import ExecutorError
@@ -162,6 +163,9 @@ class Calibration:
     memory_kernel_efficiency: float | None = None
     op_counts: dict[str, int] = field(default_factory=dict)
     by_op: dict[str, tuple[float, int]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    """``op:phase`` keys fitted below ``clusters.spec.MIN_POSITIVE`` and left out of ``by_op``
+    (``calibrate_fit.split_representable``)."""
     memory_bytes: float = 0.0
     collective_fits: dict[str, tuple[float, float]] = field(default_factory=dict)
     intra_latency: float = 0.0
@@ -390,7 +394,8 @@ def _fit_compute(cal: Calibration, ops: list, gemm: dict, copy_bw: float) -> Non
         cal.action_overhead = statistics.median(s.seconds for s in by["action"])
     cal.memory_kernel_efficiency = min(mem / copy_bw, 1.0)
     cal.attention_efficiency = min(attn / rate, 1.0)
-    cal.by_op = fit_by_op(by["memory"] + by["attention"], o, copy_bw, rate)
+    cal.by_op, cal.dropped = split_representable(
+        fit_by_op(by["memory"] + by["attention"], o, copy_bw, rate))
     cal.gemm_points = gemm
     square_fp32 = max(f / t for f, t in gemm["fp32"])
     for name, pts in gemm.items():  # other dtypes: square-matmul rate x executor/square fp32

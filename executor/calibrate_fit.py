@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clusters.spec import MIN_POSITIVE
 from executor.errors import ExecutorError
 
 
@@ -97,6 +98,16 @@ def fit_by_op(samples: Sequence, o: float, bandwidth: float, rate: float
             continue
         out[key] = (r / (rate if attention else bandwidth), len(group))
     return out
+
+
+def split_representable(by_op: dict[str, tuple]) -> tuple[dict[str, tuple], list[str]]:
+    """``(kept, dropped)`` of a ``fit_by_op`` result (values ``(efficiency, ...)``): an
+    efficiency below ``clusters.spec.MIN_POSITIVE`` is an op of a few bytes whose time is
+    overhead, not bytes (``full_like`` of a scalar: ~1e-7 of the copy bandwidth); a cluster
+    spec cannot hold it (parse_spec refuses it), so it is dropped and the overall
+    memory-bound (attention) efficiency applies to that op. ``dropped`` is sorted."""
+    kept = {k: v for k, v in by_op.items() if v[0] >= MIN_POSITIVE}
+    return kept, sorted(k for k in by_op if k not in kept)
 
 
 def collective_terms(kind: str, n: int) -> tuple[float, float]:

@@ -46,7 +46,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusters.spec import MIN_POSITIVE
 from executor.calibrate_fit import (
     FitError,
     collective_terms,
@@ -54,6 +53,7 @@ from executor.calibrate_fit import (
     fit_gemm,
     fit_links,
     fit_ratio,
+    split_representable,
 )
 from executor.errors import ExecutorError
 
@@ -228,13 +228,10 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
         eff["attention"] = _q(min(fit.attention_rate / peak, 1.0),
                               f"{prov}: {n.get('attention', 0)} attention ops, executed FLOP/s "
                               f"beyond o over peak_flops.{key}")
-    fit.dropped = []
-    if fit.by_op:
+    kept, fit.dropped = split_representable(fit.by_op)
+    if kept:
         by_op = dict(eff.get("by_op") or {})
-        for k, (v, cnt, kind) in sorted(fit.by_op.items()):
-            if v < MIN_POSITIVE:  # an op of almost no bytes whose time is not its bytes':
-                fit.dropped.append(k)  # the spec cannot hold it; the overall rate applies
-                continue
+        for k, (v, cnt, kind) in sorted(kept.items()):
             over = f"peak_flops.{key}" if kind == "attention" else "memory_bandwidth"
             by_op[k] = _q(v, f"{prov}: {cnt} samples, {'FLOP/s' if kind == 'attention' else 'bytes/s'} "
                              f"beyond o over {over}")

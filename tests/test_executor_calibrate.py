@@ -129,3 +129,22 @@ def test_fit_by_op_is_the_time_weighted_rate_per_op_and_phase():
     assert got["rms_norm_grad:W"][1] == 2
     assert got["rms_norm_grad:B"][0] == pytest.approx(1e6 / 1e-4 / bw)  # 1.0
     assert got["flash_attention:F"][0] == pytest.approx(2e6 / 1e-3 / rate)  # 0.02
+
+
+def test_an_efficiency_below_the_spec_minimum_is_dropped_not_written():
+    """CI of stop 26: ``full_like:B`` (a scalar's 4 bytes in ~6 us on a loaded host) fitted
+    6.3e-7 of the copy bandwidth, below clusters.spec.MIN_POSITIVE (1e-6), and the written
+    YAML failed to load. Such a key is dropped; the overall memory-bound rate applies."""
+    from clusters.spec import MIN_POSITIVE
+    from executor.calibrate_fit import fit_by_op, split_representable
+    from executor.calibrate_ops import OpSample
+
+    o, bw, rate = 1e-5, 1e10, 1e11
+    samples = [OpSample("memory", "full_like", 0.0, 4.0, 1e-5 + 1e-3, "B"),
+               OpSample("memory", "rms_norm", 0.0, 1e6, 1e-5 + 1e-4, "F")]
+    got = fit_by_op(samples, o, bw, rate)
+    assert got["full_like:B"][0] == pytest.approx(4.0 / 1e-3 / bw)  # 4e-10 < 1e-6
+    kept, dropped = split_representable(got)
+    assert dropped == ["full_like:B"]
+    assert set(kept) == {"rms_norm:F"} and kept["rms_norm:F"] == got["rms_norm:F"]
+    assert all(v[0] >= MIN_POSITIVE for v in kept.values())

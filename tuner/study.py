@@ -17,9 +17,9 @@ out-of-memory plan is never a failed trial — and the user attrs ``feasible``,
 (:func:`record_attrs`). Identical plans are scored once per study,
 whichever process scores them: the cache includes the study's history (scores and scorer
 errors), so a resumed search or a second worker reuses it, and a worker that draws a plan
-another live worker is scoring right now (a RUNNING trial with the same ``plan_key`` and a
-lower number) waits for that score instead of computing it again (at most
-:data:`PEER_WAIT_S`; a dead peer is not waited for).
+another live worker is scoring right now (a RUNNING trial with the same ``plan_key``) waits
+for that score instead of computing it again (the claim protocol of
+:meth:`_Objective._claim`; at most :data:`PEER_WAIT_S`; a dead peer is not waited for).
 
 Samplers (seeded): ``random`` (RandomSampler; full_random's default), ``tpe``
 (multivariate grouped TPESampler, Watanabe 2023; pattern-based and semi-auto default),
@@ -251,6 +251,8 @@ def trial_counts(study: optuna.Study) -> tuple[int, int]:
 PEER_WAIT_S = 600.0
 #: Poll interval (s) while waiting for a peer's score.
 PEER_POLL_S = 0.05
+#: Trial user attr: this worker's decision on a plan a live peer also drew (:meth:`_Objective._claim`).
+CLAIM_ATTR = "plan_claim"
 
 
 class _Objective:
@@ -269,15 +271,10 @@ class _Objective:
             raise optuna.TrialPruned(str(got))
         key = json.dumps(got.to_dict(), sort_keys=True)
         trial.set_user_attr("plan", got.to_dict())
-        # claimed_at before plan_key: a peer that sees the key sees when it was claimed
-        trial.set_user_attr("claimed_at", time.time())
-        trial.set_user_attr("plan_key", key)
+        trial.set_user_attr("plan_key", key)  # the claim: written before this worker looks
         rec = self.cache.get(key)
         if rec is None:
-            self.cache.update(history_cache(self.study))
-            rec = self.cache.get(key)
-        if rec is None:
-            rec = self._wait_for_peer(trial, key)
+            rec = self._claim(trial, key)
         if rec is not None and "error" in rec:
             trial.set_user_attr("cached", True)
             trial.set_user_attr("error", rec["error"])
@@ -306,26 +303,57 @@ class _Objective:
             return rec["time_s"], float(rec["memory_bytes"])
         return rec["time_s"]
 
-    def _wait_for_peer(self, trial: optuna.Trial, key: str) -> dict[str, Any] | None:
-        """The record of ``key`` once a live peer that claimed it first is done scoring it
-        (a RUNNING trial of another worker with the same plan_key and an earlier
-        ``(claimed_at, number)``); None when there is no such peer, it died or failed, or
-        :data:`PEER_WAIT_S` passed (then this worker scores the plan). Each worker writes
-        its claim before it looks, so of two drawing one plan at once exactly the later
-        claim waits (a total order: no two workers wait for each other)."""
+    def _claim(self, trial: optuna.Trial, key: str) -> dict[str, Any] | None:
+        """The record of ``key`` when the study has it or a live peer scores it meanwhile;
+        None when this worker is to score the plan itself.
+
+        Peers are the RUNNING trials of other live workers whose ``plan_key`` is ``key``.
+        The storage is linearizable (a journal file is one ordered log; an RDB commits), and
+        each worker writes its key before it reads, so of two workers that draw one plan at
+        once the later writer always sees the earlier one; the earlier may not see the later.
+        Seeing is therefore what decides, with the trial number as the tie-break and a
+        published decision (user attr :data:`CLAIM_ATTR`: ``"scoring"`` or ``"waiting"``)
+        for the case where only one of them sees the other:
+
+        - a visible peer that is ``"scoring"``, or any visible peer of lower number: wait
+          (publish ``"waiting"``) until the record appears or the reason is gone;
+        - a visible peer of higher number that has not decided yet: poll until it decides
+          (it only ever waits on lower numbers or on a scorer, so polling upward cannot
+          deadlock);
+        - otherwise score (publish ``"scoring"`` when any peer is visible).
+
+        Two workers never both score one plan while both live: if the later writer W saw
+        the other, V, then V has a lower number (W waits) or a higher one (W scores only
+        once V published ``"waiting"``, and V leaves ``"waiting"`` only by writing
+        ``"deciding"`` and reading again, which then sees W, a lower number, and waits).
+        A peer that dies is not waited for; after :data:`PEER_WAIT_S` this worker scores.
+        """
         me = worker_token()
-        mine = (float(trial.user_attrs.get("claimed_at", 0.0)), trial.number)
+        published: str | None = None
         deadline = time.monotonic() + PEER_WAIT_S
         while True:
             peers = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                      if t.number != trial.number and t.user_attrs.get("plan_key") == key
-                     and (float(t.user_attrs.get("claimed_at", 0.0)), t.number) < mine
                      and (owners := trial_owners(t))
                      and all(worker_token(w) != me for w in owners)
                      and any(worker_alive(w) is not False for w in owners)]
-            if not peers:
-                self.cache.update(history_cache(self.study))
-                return self.cache.get(key)
+            # read after the RUNNING trials: a peer that finished before that read is in it
+            self.cache.update(history_cache(self.study))
+            rec = self.cache.get(key)
+            if rec is not None:
+                return rec
+            states = [(t.number, t.user_attrs.get(CLAIM_ATTR)) for t in peers]
+            wait = any(s == "scoring" or n < trial.number for n, s in states)
+            undecided = any(s not in ("scoring", "waiting") for _, s in states)
+            if not wait and not undecided:
+                if published == "waiting":  # a peer may have read it: retract, then look again
+                    trial.set_user_attr(CLAIM_ATTR, published := "deciding")
+                    continue
+                if peers:
+                    trial.set_user_attr(CLAIM_ATTR, "scoring")
+                return None
+            if wait and published != "waiting":
+                trial.set_user_attr(CLAIM_ATTR, published := "waiting")
             if time.monotonic() > deadline:
                 return None
             time.sleep(PEER_POLL_S)

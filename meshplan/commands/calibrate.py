@@ -68,6 +68,8 @@ def calibrate_cmd(
         typer.echo(f"  memory-bound kernels: {e.memory_kernels.value:.0%} of it; attention: "
                    f"{e.attention.value:.0%} of the fp32 GEMM rate; GEMM half-rate size "
                    f"{e.gemm_half_flops.value / 1e6:.2f} MFLOP")
+    if cal.dropped:
+        typer.echo(f"  not fitted per op (efficiency below the spec's minimum): {', '.join(cal.dropped)}")
     n = c.spec.node
     typer.echo(f"  collectives: step latency {n.intra_latency.value * 1e6:.1f} us, "
                f"bandwidth {n.intra_bandwidth.value / 1e9:.2f} GB/s")
