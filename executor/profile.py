@@ -51,7 +51,10 @@ with ``probe_events`` (the events the probe left in the trace), ``paired_steps_s
 ``paired_cpu_s`` and ``span_cpu_s`` (the CPU time of the rank's thread in each of them,
 ``time.thread_time``: what the recording costs, which other processes' load does not add
 to),
-``span_event_s`` (the recorder's cost per span) and ``span_count``. Step times are as
+``span_event_s`` (the recorder's cost per span), ``span_count``, ``host`` (the host name)
+and ``span_origin_ns`` / ``span_offset_us`` (a span's ``perf_counter_ns`` clock time is
+``span_origin_ns + (ts - span_offset_us) * 1000``: the ranks of one host share that clock,
+``executor.trace_match.round_alignment``). Step times are as
 ``rank_main`` counts them: from the step's start to the end of its optimizer phase.
 """
 
@@ -181,8 +184,11 @@ def _finish(path: Path, rec: Any, pid: int, tid: int, **meta: Any) -> None:
     events = doc.setdefault("traceEvents", [])
     end = max((e["ts"] + e.get("dur", 0) for e in events
                if isinstance(e, dict) and isinstance(e.get("ts"), (int, float))), default=0.0)
-    events.extend(rec.events(pid, tid, offset_us=float(end) + 1e3))
-    doc.setdefault(META_KEY, {}).update(meta)
+    offset = float(end) + 1e3
+    events.extend(rec.events(pid, tid, offset_us=offset))
+    # a span's clock time is span_origin_ns + (ts - span_offset_us) * 1e3: comparable
+    # between the ranks of one host (trace_match.round_alignment)
+    doc.setdefault(META_KEY, {}).update(meta, span_origin_ns=rec.origin_ns, span_offset_us=offset)
     path.write_text(json.dumps(doc), encoding="utf-8")
 
 
@@ -279,6 +285,7 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
         if i % 2 == 1:
             cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
     import os
+    import socket
     import threading
 
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
@@ -287,5 +294,5 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
             profiled_steps_s=wall, profiler_event_s=eps,
             probe_events=PROBE_REPEATS * PROBE_CALLS * per_mix, paired_steps_s=plain,
             span_steps_s=recorded, paired_cpu_s=plain_cpu, span_cpu_s=recorded_cpu,
-            span_event_s=cost, span_count=len(rec.spans))
+            span_event_s=cost, span_count=len(rec.spans), host=socket.gethostname())
     return out

@@ -308,6 +308,50 @@ def round_step(events: list[dict], i: int) -> list[dict]:
     return [e for e in events if e is not step and _encloses(step, e)]
 
 
+@dataclass(frozen=True)
+class RoundAlignment:
+    """The recorded rounds of several ranks on one clock (seconds, one entry per round):
+    ``skew`` = latest minus earliest start of the round's step over the ranks (how far
+    apart they left the barrier before it), ``slowest`` = the longest of the ranks' own
+    step durations (what ``executor.run.gathered_measurement`` reports per step), ``synced``
+    = latest end minus latest start (the step from the moment every rank was in it)."""
+
+    skew: list[float]
+    slowest: list[float]
+    synced: list[float]
+
+
+def round_alignment(traces: list[tuple[dict, list[dict]]]) -> RoundAlignment | None:
+    """Line up the recorded steps (``meshplan-step <i>`` spans) of ``traces``, each
+    ``(metadata, span events)`` of one rank (``executor.profile``), on the host's clock: a
+    span's clock time is ``span_origin_ns + (ts - span_offset_us) * 1000`` ns. None unless
+    there are at least two ranks, all on one host (the same ``host``; other hosts' clocks
+    are not comparable) with ``span_origin_ns`` recorded (older traces lack it), and some
+    round recorded on every rank."""
+    from executor.profile import STEP_PREFIX
+
+    if len(traces) < 2 or len({m.get("host") for m, _ in traces}) != 1 or traces[0][0].get("host") is None:
+        return None
+    per_rank = []
+    for meta, events in traces:
+        origin, offset = meta.get("span_origin_ns"), meta.get("span_offset_us")
+        if origin is None or offset is None:
+            return None
+        per_rank.append({e["name"]: (origin / 1e9 + (e["ts"] - offset) / 1e6, e["dur"] / 1e6)
+                         for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)})
+    names = sorted(set.intersection(*(set(r) for r in per_rank)), key=lambda n: int(n.split()[-1]))
+    if not names:
+        return None
+    out = RoundAlignment([], [], [])
+    for n in names:
+        starts = [r[n][0] for r in per_rank]
+        ends = [r[n][0] + r[n][1] for r in per_rank]
+        out.skew.append(max(starts) - min(starts))
+        out.slowest.append(max(r[n][1] for r in per_rank))
+        out.synced.append(max(ends) - max(starts))
+    return out
+
+
 def median_step(events: list[dict]) -> list[dict]:
     """The events of the recorded step of median duration (``meshplan-step <i>`` spans,
     ``executor.profile.step_label``; with an even count the shorter middle one): the

@@ -35,8 +35,9 @@ def test_events_of_nested_spans_in_microseconds():
     assert got == [
         {"ph": "X", "cat": SPAN_CAT, "name": "meshplan::unit F0 mb0", "pid": 7, "tid": 9, "ts": 500.0, "dur": 11.0},
         {"ph": "X", "cat": SPAN_CAT, "name": "meshplan::F #3 matmul", "pid": 7, "tid": 9, "ts": 502.0, "dur": 4.0}]
+    assert rec.origin_ns == 1000  # the clock time that ts = offset stands for
     rec.clear()
-    assert rec.events(1, 1) == []
+    assert rec.events(1, 1) == [] and rec.origin_ns is None
 
 
 def test_a_span_is_recorded_when_its_body_raises():

@@ -91,6 +91,9 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
     assert float(rec.group(2)) == pytest.approx(traced, abs=1e-3)
     assert 0.0 <= float(rec.group(3)) < 3.0  # the recorder's cost, % of the step
     assert "CPU time of the ranks' threads: median" in out
+    # both ranks ran on this host and recorded their clock origin: the rounds are lined up
+    assert len({x["host"] for x in metas}) == 1 and all(x["span_origin_ns"] > 0 for x in metas)
+    assert "ranks' start of each recorded step (one host's clock): up to" in out
     from clusters import load_cluster
 
     spec = load_cluster(str(cal)).spec

@@ -287,3 +287,40 @@ def test_median_step_keeps_the_events_of_the_median_profiled_step():
     got = median_step(ev)
     assert [(e["name"], e["ts"]) for e in got] == [("meshplan::F #3 matmul", 610), ("aten::mm", 612)]
     assert median_step(ev[1:2]) == ev[1:2]
+
+
+def _steps(origin_ns: int, offset_us: float, host: str | None, steps: list[tuple[float, float]]):
+    """(metadata, events) of a rank whose recorded steps start and end at the given clock
+    times (seconds); the events' ts counted from the first start, shifted by offset_us."""
+    from executor.profile import step_label
+
+    t0 = min(a for a, _ in steps)
+    meta = {"host": host, "span_origin_ns": origin_ns, "span_offset_us": offset_us}
+    ev = [{"name": step_label(i), "ph": "X", "ts": offset_us + (a - t0) * 1e6, "dur": (b - a) * 1e6}
+          for i, (a, b) in enumerate(steps)]
+    return meta, ev
+
+
+def test_round_alignment_puts_the_ranks_on_one_clock():
+    """Rank 0 starts its rounds at clock 10.000 s and 10.100 s, rank 1 at 10.004 s and
+    10.099 s (each trace counts ts from its own first span and its own offset): skews 4 ms
+    and 1 ms; slowest own durations max(40, 36) = 40 ms and max(30, 33) = 33 ms; from the
+    last start to the last end: 10.040 - 10.004 = 36 ms and 10.132 - 10.100 = 32 ms."""
+    from executor.trace_match import round_alignment
+
+    r0 = _steps(10_000_000_000, 5e5, "h", [(10.000, 10.040), (10.100, 10.130)])
+    r1 = _steps(10_004_000_000, 9e5, "h", [(10.004, 10.040), (10.099, 10.132)])
+    got = round_alignment([r0, r1])
+    assert got.skew == pytest.approx([0.004, 0.001], abs=1e-9)
+    assert got.slowest == pytest.approx([0.040, 0.033], abs=1e-9)
+    assert got.synced == pytest.approx([0.036, 0.032], abs=1e-9)
+
+
+def test_round_alignment_needs_one_host_and_the_clock_origin():
+    from executor.trace_match import round_alignment
+
+    r0 = _steps(10_000_000_000, 0.0, "a", [(10.0, 10.04)])
+    assert round_alignment([r0, _steps(10_000_000_000, 0.0, "b", [(10.0, 10.04)])]) is None
+    assert round_alignment([r0]) is None
+    old = ({"host": "a"}, r0[1])  # a trace written before span_origin_ns was recorded
+    assert round_alignment([r0, old]) is None

@@ -121,6 +121,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         merge_collectives,
         plan_labels,
         recorded_spans,
+        round_alignment,
         round_step,
         slowest_ranks,
         stream_samples,
@@ -194,6 +195,13 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         typer.echo(f"CPU time of the ranks' threads: median {cpu[0] * 1e3:.3f} ms recorded vs "
                    f"{cpu[1] * 1e3:.3f} ms unrecorded ({cpu[0] / cpu[1] - 1:+.1%}; the host's other "
                    f"work adds wall time only)")
+    align = round_alignment([(m, recorded_spans(ev)) for m, ev in loaded])
+    if align is not None:
+        typer.echo(f"ranks' start of each recorded step (one host's clock): up to {max(align.skew) * 1e3:.3f} ms "
+                   f"apart (median {statistics.median(align.skew) * 1e3:.3f} ms); median step "
+                   f"{statistics.median(align.slowest) * 1e3:.3f} ms as the slowest rank's own duration "
+                   f"(the measured step's rule), {statistics.median(align.synced) * 1e3:.3f} ms from the "
+                   f"last rank's start (the model starts every rank together)")
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
