@@ -143,6 +143,7 @@ def _emit_grad(program: Program, op: Operation, od: OpDef, grads: _Grads) -> Ope
         else:
             raise OpError(f"{op.full_type}: grad input {g!r} names no operand or result")
     attrs: dict[str, Any] = {k: op.attrs.get(k, d) for k, d in gdef.attrs.items()}
+    attrs.update({k: op.attrs[k] for k in gdef.carried_attrs if k in op.attrs})
     tags = {k: t for k, t in {**gdef.attr_tags, **op.attr_tags}.items() if k in attrs}
     types = [v.type if v is not None else None for v in operands]
     try:

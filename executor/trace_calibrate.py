@@ -120,9 +120,17 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _numel(dims: Any) -> int:
+    """Elements of one ``Input Dims`` entry; TraceError naming it when it is not a list of
+    non-negative integers."""
     n = 1
-    for d in dims:
-        n *= int(d)
+    try:
+        for d in dims:
+            if isinstance(d, bool) or int(d) != d or d < 0:
+                raise ValueError
+            n *= int(d)
+    except (TypeError, ValueError):
+        raise TraceError(f"an event's 'Input Dims' entry {dims!r} is not a list of "
+                         f"non-negative integers") from None
     return n
 
 

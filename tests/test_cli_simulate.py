@@ -47,3 +47,25 @@ def test_cli_simulate_via_main_and_bad_input(capsys):
     rc = main(["simulate", "--schedule", "VPP", "--stages", "4", "--microbatches", "6", "--tf", "1", "--tb", "1"])
     assert rc == 2
     assert "multiple of num_stages" in capsys.readouterr().err
+
+
+def test_simulate_takes_the_schedule_spellings_cost_takes(capsys):
+    """ZB-1p / ZB-2p are the ZB heuristic at a memory limit of p / 2p M_B (Qi et al. 2024,
+    sec. 4): the same result as ``--schedule ZB --memory-limit p`` / ``2p``; aliases and case
+    as ``cost`` (canonical_schedule); an unknown name is refused naming --schedule."""
+    from meshplan.cli import main
+
+    base = ["--stages", "4", "--microbatches", "16", "--tf", "10", "--tb", "10", "--tw", "10", "--json"]
+
+    def run(*extra):
+        assert main(["simulate", *extra, *base]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert run("--schedule", "ZB-1p") == run("--schedule", "ZB", "--memory-limit", "4")
+    assert run("--schedule", "zb-2p") == run("--schedule", "ZB", "--memory-limit", "8")
+    assert run("--schedule", "ZB-H1") == run("--schedule", "ZBH1")
+    assert run("--schedule", "gpipe") == run("--schedule", "FThenB")
+    assert max(run("--schedule", "ZB-1p")["peak_memory"]) <= 4.0
+    assert main(["simulate", "--schedule", "ZB-3p", *base]) == 2
+    err = capsys.readouterr().err
+    assert "--schedule" in err and "'ZB-3p'" in err

@@ -148,3 +148,19 @@ def test_an_efficiency_below_the_spec_minimum_is_dropped_not_written():
     assert dropped == ["full_like:B"]
     assert set(kept) == {"rms_norm:F"} and kept["rms_norm:F"] == got["rms_norm:F"]
     assert all(v[0] >= MIN_POSITIVE for v in kept.values())
+
+
+def test_a_bad_device_is_refused_before_any_rank_starts(capsys):
+    from meshplan.cli import main
+
+    assert main(["calibrate", "--device", "tpu", "--quick", "--output", "/nonexistent/o.yaml"]) == 2
+    assert "'--device'" in capsys.readouterr().err
+    assert main(["calibrate", "--device", "cuda:x", "--quick", "--output", "/nonexistent/o.yaml"]) == 2
+
+
+def test_a_trace_dimension_that_is_not_an_integer_is_named():
+    from executor.trace_calibrate import TraceError, memory_bytes
+
+    assert memory_bytes([[2, 3], [3]], ["float", "float"]) == (24 + 12) + 24
+    with pytest.raises(TraceError, match=r"'Input Dims' entry \['a'\]"):
+        memory_bytes([["a"], [3]], ["float", "float"])

@@ -24,7 +24,7 @@ from completion.models import (
 )
 from completion.models.hf_types import MODEL_TYPES
 from simulator.op_cost import op_cost
-from simulator.op_signature import OpSig, TensorSig
+from simulator.op_signature import OpSig, TensorSig, op_signature
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
@@ -337,3 +337,29 @@ def test_a_long_context_window_is_not_the_default_training_length():
         warnings.simplefilter("error")
         kept = resolve_model(str(CONFIGS / "llama-3.1-8b.json"), seq_len=131072)
         assert (kept.seq_len, kept.context_window) == (131072, 0)
+
+
+def test_the_backward_of_windowed_attention_keeps_the_window(tmp_path):
+    """flash_attention_grad takes over the forward's sliding_window (OpDef.carried_attrs),
+    so the backward is costed on the same band: its model FLOPs are twice the forward's
+    (4 b h s min(w, s) d each way; found by a new-user check: Mistral-7B at 16k had its
+    backward charged as full causal attention, 6.50e16 model FLOPs a step instead of 5.15e16)."""
+    from meshplan import Engine, Strategy
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(_tiny("mistral")))  # window 16
+    prog = Engine(str(f), "dgx-h100", Strategy(global_batch_size=1), seq_len=32).plan_program().program
+    fwd = [op for op in prog.ops if op.type == "flash_attention"]
+    bwd = [op for op in prog.ops if op.type == "flash_attention_grad"]
+    assert len(fwd) == len(bwd) == 2
+    assert [op.attrs.get("sliding_window") for op in bwd] == [16, 16]
+    for a, g in zip(fwd, bwd, strict=True):
+        fa = op_cost(op_signature(a, None, frozenset(), global_shapes=True))[0]
+        ga = op_cost(op_signature(g, None, frozenset(), global_shapes=True))[0]
+        assert ga.flops == pytest.approx(2 * fa.flops)
+        b, s, h, d = a.operands[0].type.shape
+        assert fa.flops == pytest.approx(4.0 * b * h * s * 16 * d)
+    # a model without a window: the grad op carries no such attribute (dumps unchanged)
+    f.write_text(json.dumps(_tiny("llama")))
+    prog = Engine(str(f), "dgx-h100", Strategy(global_batch_size=1), seq_len=32).plan_program().program
+    assert all("sliding_window" not in op.attrs for op in prog.ops if op.type == "flash_attention_grad")

@@ -38,6 +38,7 @@ read (Paddle's ``backward.yaml`` ``no_need_buffer``), stored as operand indices:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +99,7 @@ def defop(
     grad_infer: InferFn | None = None,
     grad_attrs: dict[str, Any] | None = None,
     grad_attr_tags: dict[str, str] | None = None,
+    grad_carries: Sequence[str] = (),
     kernel: KernelKind | None = "memory",
     view: bool = False,
     optimizer: bool = False,
@@ -113,7 +115,8 @@ def defop(
 ) -> OpDef:
     """Register op ``name`` and, when ``grad_inputs`` is given, its grad op.
 
-    Args: as :class:`OpDef` (traits as :class:`~completion.ops.registry.OpTraits`);
+    Args: as :class:`OpDef` (traits as :class:`~completion.ops.registry.OpTraits`;
+    ``grad_carries`` becomes the grad op's ``carried_attrs``);
     ``grad`` defaults to ``name + "_grad"``; ``no_need_buffer`` names grad inputs of the
     derived grad op (module docstring). Returns the forward OpDef. Raises OpError if a name
     is registered twice, or ``no_need_buffer`` names something that is not a grad input of
@@ -150,6 +153,8 @@ def defop(
         gradient_sum=gradient_sum,
     )
     gdef = _grad_opdef(od, grad_infer, grad_attrs, grad_attr_tags, no_need_buffer) if derive else None
+    if gdef is not None and grad_carries:
+        gdef = dataclasses.replace(gdef, carried_attrs=tuple(grad_carries))
     register_op(od)
     if gdef is not None:
         register_op(gdef)

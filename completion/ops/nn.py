@@ -305,7 +305,7 @@ defop("flash_attention", ("q", "k", "v"), ("out", "softmax", "softmax_lse", "see
       attrs={"dropout": 0.0, "causal": True, "return_softmax": False, "is_test": False},
       attr_tags={"dropout": _F}, family="flash_attention",
       kernel="attention", attention_core=True, pattern_role="attention", grad_inputs=("q", "k", "v", "out", "softmax_lse", "seed_offset", "out@GRAD"),
-      grad_infer=_infer_flash_attention_grad)
+      grad_infer=_infer_flash_attention_grad, grad_carries=("sliding_window",))
 defop("fused_rotary_position_embedding", ("q", "k?", "v?", "sin?", "cos?", "position_ids?"),
       ("out_q", "out_k", "out_v"), _infer_rope,
       attrs={"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": 10000.0},

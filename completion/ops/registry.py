@@ -174,6 +174,10 @@ class OpDef(OpTraits):
         internal_attrs: attributes used by inference/builders but not printed in PIR text
             (e.g. a parameter's ``shape``/``dtype``, which the text carries in its type).
         forward: for a ``*_grad`` op, the forward op type it differentiates.
+        carried_attrs: for a ``*_grad`` op, optional forward attributes (not declared, so
+            absent unless a builder sets them) that the grad op takes over when the forward
+            op carries them (``flash_attention``'s ``sliding_window``: the backward kernel
+            skips the same key blocks, ``simulator.op_cost``).
         variadic_results: the last result repeats (``split``).
         kernel, view, optimizer, input, weight_passthrough, weight_alias, attention_core,
             no_need_buffer, pattern_role, fusable, random, gradient_sum: the op's traits, see :class:`OpTraits`.
@@ -193,6 +197,7 @@ class OpDef(OpTraits):
     internal_attrs: tuple[str, ...] = ()
     forward: str | None = None
     variadic_results: bool = False
+    carried_attrs: tuple[str, ...] = ()
 
 
 OP_REGISTRY: dict[str, OpDef] = {}

@@ -50,6 +50,7 @@ def calibrate_cmd(
     )
     from meshplan import terminal
 
+    _check_device(device)
     phases = calibration_phases(device)
     with terminal.Progress(len(phases), f"calibrating on {nproc} ranks",
                            enabled=terminal.progress_enabled()) as bar:
@@ -75,6 +76,22 @@ def calibrate_cmd(
                f"bandwidth {n.intra_bandwidth.value / 1e9:.2f} GB/s")
     if cal.gemm_curve:
         typer.echo(format_gemm_curve(cal))
+
+
+def _check_device(device: str) -> None:
+    """Refuse a ``--device`` the calibration cannot time on (before any rank starts):
+    ``cpu``, or ``cuda`` / ``cuda:N`` with a CUDA build of torch that sees that GPU."""
+    import torch
+
+    kind, _, idx = device.partition(":")
+    if kind not in ("cpu", "cuda") or (idx and not idx.isdigit()) or (kind == "cpu" and idx):
+        raise typer.BadParameter(f"must be cpu or cuda[:N], got {device!r}", param_hint="'--device'")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter(f"{device!r}: this torch ({torch.__version__}) sees no CUDA device",
+                                 param_hint="'--device'")
+    if kind == "cuda" and idx and int(idx) >= torch.cuda.device_count():
+        raise typer.BadParameter(f"{device!r}: this host has {torch.cuda.device_count()} CUDA device(s)",
+                                 param_hint="'--device'")
 
 
 def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> None:

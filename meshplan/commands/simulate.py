@@ -13,7 +13,8 @@ MAX_TIME_MS = opt.MAX_TIME_S * 1e3
 
 
 def simulate_cmd(
-    schedule: str = typer.Option(..., "--schedule", help="FThenB, 1F1B, VPP, ZBH1, ZBH2, ZBVPP or ZB."),
+    schedule: str = typer.Option(..., "--schedule", help="FThenB, 1F1B, VPP, ZBH1, ZBH2, ZBVPP, ZB, ZB-1p or "
+                                 "ZB-2p (case-insensitive; cost's aliases too: GPipe, 1F1B-I, ZB-H1, ZB-V ...)."),
     stages: int = typer.Option(..., "--stages", min=1, max=opt.MAX_ACTIONS // 3, help="Pipeline stages p."),
     microbatches: int = typer.Option(..., "--microbatches", min=1, max=opt.MAX_ACTIONS // 3,
                                      help="Micro-batches m per step."),
@@ -42,6 +43,9 @@ def simulate_cmd(
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
+    schedule, zb_limit = _builder(schedule, stages)
+    if memory_limit is None:
+        memory_limit = zb_limit
     v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
     sched = build_schedule(schedule, stages, microbatches, v, memory_limit, **opts)
@@ -67,3 +71,18 @@ def simulate_cmd(
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` command to ``app``."""
     app.command("simulate")(simulate_cmd)
+
+
+def _builder(name: str, stages: int) -> tuple[str, float | None]:
+    """(registered builder name, ZB memory limit in M_B or None) of a schedule spelled as
+    ``cost`` takes it (``completion.strategy.canonical_schedule``: case-insensitive, aliases;
+    ZB-1p / ZB-2p are the ZB heuristic at a limit of p / 2p M_B, Qi et al. 2024 sec. 4).
+    Raises typer.BadParameter naming ``--schedule`` for an unknown name."""
+    from completion.strategy import StrategyError, canonical_schedule
+
+    try:
+        canon = canonical_schedule(name)
+    except StrategyError as e:
+        raise typer.BadParameter(str(e).replace("strategy field 'schedule'", "it"),
+                                 param_hint="'--schedule'") from None
+    return {"ZB-1p": ("ZB", float(stages)), "ZB-2p": ("ZB", float(2 * stages))}.get(canon, (canon, None))
