@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -38,6 +39,8 @@ from meshplan.commands.export_torchtitan import even_split, module_fqns
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from tests._cli import one_line_error, run_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # -- Megatron-LM --------------------------------------------------------------------------
 
@@ -283,7 +286,7 @@ def plans(draw) -> Plan:
                  optimizer=draw(st.sampled_from(["adamw", "adam", "sgd"])),
                  attention=draw(st.sampled_from([None, "flash"] + (["unfused"] if cp == 1 else []))),
                  layers_per_stage=lps, framework=framework)
-    return Plan(model=model, cluster="dgx-a100", strategy=s, num_layers=num_layers,
+    return Plan(model=model, cluster="dgx-a100-80g", strategy=s, num_layers=num_layers,
                 seq_len=draw(st.one_of(st.none(), st.sampled_from([1024, 2048]))))
 
 
@@ -325,7 +328,7 @@ def _plan(**kw) -> Plan:
     base = dict(dp=2, tp=2, pp=4, vpp=2, schedule="VPP", micro_batch_size=1, global_batch_size=16,
                 recompute="full", zero=1, sequence_parallel=True)
     base.update(kw)
-    return Plan(model="llama2-7b", cluster="dgx-a100", strategy=Strategy(**base))
+    return Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=Strategy(**base), nodes=4)
 
 
 def test_megatron_arguments_of_a_known_plan():
@@ -422,7 +425,7 @@ def test_context_parallel_plan_exports():
     """cp 2: Megatron's --context-parallel-size and torchtitan's context_parallel_degree; the
     launch covers dp x tp x pp x cp ranks; DeepSpeed (no ring attention) says so in a note."""
     s = Strategy(dp=2, tp=2, cp=2, global_batch_size=8)
-    plan = Plan(model="llama2-7b", cluster="dgx-a100", strategy=s, seq_len=4096)
+    plan = Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s, seq_len=4096)
     meg = export_plan(plan, "megatron")
     assert "--context-parallel-size 2" in meg.text and "dp 2 = 8 / (tp 2 x pp 1 x cp 2)" in meg.text
     assert parse_megatron(meg.text, 8)["cp"] == 2
@@ -491,3 +494,33 @@ def test_torchtitan_compile_and_async_tp_follow_the_profile():
     out = export_plan(_plan(framework="fsdp2-async-tp", tp=1, sequence_parallel=False), "torchtitan")
     assert "enable_async_tensor_parallel" not in tomllib.loads(out.text)["parallelism"]
     assert any(n.knob == "framework" and "tp > 1" in n.text for n in out.notes)
+
+
+def test_the_command_refuses_what_cost_refuses_and_exports_the_costed_split(tmp_path, capsys):
+    """Found by a bad-input hunt: export turned layouts ``cost`` refuses into launch
+    arguments. Now the command runs cost's checks first (each error names the field), and a
+    plan without a layer split exports the split that was costed: llama2-7b's 32 layers on
+    pp 4 x vpp 3 do not divide (Megatron's get_num_layers_to_build refuses 8 % 3), so the
+    Megatron arguments carry the costed 12-stage layout, whose stages sum to 32."""
+    tiny = str(ROOT / "benchmarks" / "plans" / "llama_l2.json")  # 2 layers, 4 heads
+    base = ["export", "--to", "megatron", "--cluster", "dgx-h100", "--global-batch", "2"]
+    for extra, what in ((["--tp", "3"], "'tp' = 3 does not divide"), (["--pp", "4"], "cannot fill 4 pipeline"),
+                        (["--dp", "2", "--cp", "3"], "'cp' = 3")):
+        line = one_line_error(*run_main(capsys, *base, "--model", tiny, *extra))
+        assert what in line, line
+    line = one_line_error(*run_main(capsys, "export", "--to", "megatron", "--cluster", "dgx-h100",
+                                    "--global-batch", "64", "--model", "llama2-7b", "--dp", "64"))
+    assert "64 ranks exceeds cluster 'dgx-h100' with 8" in line
+    code, out, err = run_main(capsys, "export", "--to", "megatron", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                              "--global-batch", "64", "--seq-len", "1024", "--pp", "4", "--vpp", "3",
+                              "--schedule", "VPP", "--dp", "2")
+    assert code == 0, err
+    layout_arg = re.search(r"--pipeline-model-parallel-layout '([^']*)'", out).group(1)
+    stages = layout_arg.split("|")
+    assert len(stages) == 12
+    assert sum(int(t.split("*")[1]) if "*" in t else 1 for st_ in stages for t in st_.split(",")
+               if t.startswith("t")) == 32
+    # validate --launcher torchrun refuses such a plan too, before printing a command
+    bad = Plan(model=tiny, cluster="dgx-h100", strategy=Strategy(tp=3, global_batch_size=2)).save(tmp_path / "p.json")
+    line = one_line_error(*run_main(capsys, "validate", str(bad), "--launcher", "torchrun"))
+    assert "'tp' = 3 does not divide" in line

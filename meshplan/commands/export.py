@@ -117,7 +117,7 @@ def export_cmd(
                                    recompute_num_layers, recompute_activations,
                                    use_distributed_optimizer)
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron)
-    out = export_plan(plan, to.value)
+    out = export_plan(costed_plan(plan), to.value)
     for note in out.notes:
         typer.echo(f"note: {note}", err=True)
     if output:
@@ -127,6 +127,20 @@ def export_cmd(
         typer.echo(f"wrote {path} ({to.value}, {len(out.notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)
+
+
+def costed_plan(plan: Any) -> Any:
+    """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
+    sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
+    errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
+    pipeline layer split the cost model used when the plan fixes none
+    (``meshplan.validation.predicted_plan``): what is exported or launched is what was
+    costed, never a layout the framework would refuse at start-up."""
+    from meshplan.engine import Engine
+    from meshplan.validation import predicted_plan
+
+    res = Engine.from_plan(plan, None).step_model().run()
+    return predicted_plan(plan, {"layers_per_vstage": list(res.layers_per_vstage)})
 
 
 def register(app: typer.Typer) -> None:

@@ -125,6 +125,9 @@ def validate_cmd(
     plan = Plan.load(plan_file)
     world = plan.strategy.world_size
     if launcher == "torchrun":
+        from meshplan.commands.export import costed_plan
+
+        costed_plan(plan)  # refuse here what every rank would refuse at start-up
         typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
         return
     nproc = nproc or world
