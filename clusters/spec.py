@@ -85,6 +85,26 @@ MIN_MEMORY_BYTES = 2**20
 MAX_LATENCY_S = 1.0
 
 
+#: dtype names a ``device.peak_flops`` key may have: the spellings ``simulator.roofline``
+#: looks up (its ``_DTYPE_ALIASES``; tests/test_cluster_spec_keys.py keeps the two equal)
+#: and int8 (integer GEMMs); any other key would never be read
+PEAK_FLOPS_DTYPES = ("bf16", "bfloat16", "fp16", "float16", "f16", "fp32", "float32", "tf32", "f32",
+                     "fp8", "float8", "int8")
+#: attention kernel implementations a ``device.efficiency.attention_kernels`` key may name:
+#: the ones a framework profile's ``kernels.attention_kernel`` can select
+#: (``simulator.profiles.spec.AttentionKernel``; the test above keeps them equal)
+ATTENTION_KERNELS = ("flash2", "cudnn", "triton", "flash3")
+#: phases of a ``device.efficiency.by_op`` key ``op:phase`` (``simulator.op_cost``)
+BY_OP_PHASES = ("F", "B", "W", "O")
+
+
+def _keys_in(v: dict[str, Any] | None, known: tuple[str, ...], what: str) -> None:
+    bad = sorted(k for k in (v or {}) if k not in known)
+    if bad:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(known)} "
+                         f"(an unknown key would never be read)")
+
+
 class _Number(_Quantity):
     @field_validator("value", mode="before", check_fields=False)
     @classmethod
@@ -220,6 +240,24 @@ class Efficiency(BaseModel):
     exceed 1 where the kernel moves fewer bytes than the model counts (a gradient passed
     through as a view) and is far below ``memory_kernels`` for kernels that make several
     passes over their data. ``meshplan calibrate`` measures it per op of the executor."""
+    @field_validator("attention_kernels")
+    @classmethod
+    def _known_kernels(cls, v: dict[str, Fraction] | None) -> dict[str, Fraction] | None:
+        _keys_in(v, ATTENTION_KERNELS, "attention kernel(s)")
+        return v
+
+    @field_validator("by_op")
+    @classmethod
+    def _op_phase_keys(cls, v: dict[str, Positive] | None) -> dict[str, Positive] | None:
+        """Keys ``op`` or ``op:phase`` (phase F, B, W or O); whether ``op`` is an op type is
+        checked where the op registry is known (``simulator.roofline.Roofline.from_device``)."""
+        for k in v or {}:
+            op, sep, phase = k.partition(":")
+            if not op or (sep and phase not in BY_OP_PHASES):
+                raise ValueError(f"key {k!r} must be 'op' or 'op:phase' with phase one of "
+                                 f"{', '.join(BY_OP_PHASES)}")
+        return v
+
     action_overhead_s: Latency | None = None
     """Optional: seconds of host work per pipeline action pass (F, B or W; a fused BW
     pays it twice, once per pass) outside its kernels -- the framework's per-action
@@ -270,6 +308,7 @@ class DeviceSpec(BaseModel):
     def _some_dtype(cls, v: dict[str, FlopRate]) -> dict[str, FlopRate]:
         if not v:
             raise ValueError("needs at least one dtype")
+        _keys_in(v, PEAK_FLOPS_DTYPES, "dtype(s)")
         return v
 
     @model_validator(mode="after")

@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any, Literal
 
+from completion.ops.registry import get_opdef
 from simulator.errors import SimulatorError
 from simulator.op_cost import KernelCost
 from simulator.types import Phase
@@ -196,6 +197,10 @@ class Roofline:
         if attention_kernel is not None and attention_kernel in kernels:
             attn = kernels[attention_kernel]
         by_op = {k: float(v.value) for k, v in (getattr(eff, "by_op", None) or {}).items()}
+        unknown = sorted(k for k in by_op if get_opdef(k.partition(":")[0]) is None)
+        if unknown:  # a typo would never be read: the kind's average would apply silently
+            raise SimulatorError(f"device.efficiency.by_op: {', '.join(map(repr, unknown))} "
+                                 f"name(s) no op type (completion.ops)")
         action = getattr(eff, "action_overhead_s", None)
         sms = getattr(device, "sm_count", None)
         epilogue = getattr(device, "gemm_epilogue_exposed", None)
@@ -217,8 +222,10 @@ class Roofline:
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``, ``float8_e4m3fn`` finds
-        ``fp8``). Integer and unknown dtypes use the largest listed 16-bit rate; FP8 never
-        does. Raises SimulatorError if none is listed or FP8 has no peak."""
+        ``fp8``; bf16 and fp16 stand in for each other). Integer and unknown dtypes use the
+        largest listed 16-bit rate, else the largest rate; FP8 never falls back. Raises
+        SimulatorError if none is listed, FP8 has no peak, or a 16-bit float dtype finds no
+        16-bit peak (it would otherwise run at the fp32 rate without a word)."""
         for alias in _DTYPE_ALIASES.get(dtype, (dtype,)):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]
@@ -228,6 +235,9 @@ class Roofline:
         for alias in ("bf16", "fp16", "bfloat16", "float16"):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]
+        if dtype in ("bfloat16", "float16"):  # never at another precision's rate, silently
+            raise SimulatorError(f"roofline: {dtype} GEMMs need a 16-bit peak (device.peak_flops "
+                                 f"bf16 or fp16); it lists {', '.join(sorted(self.peak_flops)) or 'none'}")
         if not self.peak_flops:
             raise SimulatorError("roofline: the device lists no peak_flops")
         return max(self.peak_flops.values())

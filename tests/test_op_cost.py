@@ -133,3 +133,21 @@ def test_roofline_per_op_efficiency_replaces_the_kind_average():
 def test_op_cost_tags_kernels_with_their_op_type():
     sig = OpSig("rms_norm", (T(2, 8, 16), T(16)), (T(2, 8, 16), T(2, 8)))
     assert {k.op for k in op_cost(sig)} == {"rms_norm"}
+
+
+def test_a_16_bit_dtype_never_runs_at_the_fp32_rate_silently():
+    """bf16 and fp16 stand in for each other; with neither listed a 16-bit GEMM is refused
+    naming the field (found by a bad-input hunt: a cluster YAML with only an fp32 peak costed
+    llama2-7b's bf16 GEMMs at the fp32 rate, 88 ms instead of 14 ms, without a word).
+    Integer dtypes still take the largest listed rate."""
+    from simulator.errors import SimulatorError
+
+    kw = dict(gemm_efficiency=1.0, gemm_half_flops=1.0, mem_bandwidth=1e10, mem_efficiency=1.0,
+              kernel_overhead=1e-5)
+    assert Roofline(peak_flops={"fp16": 3e14, "fp32": 2e13}, **kw).peak("bfloat16") == 3e14
+    assert Roofline(peak_flops={"bf16": 3e14, "fp32": 2e13}, **kw).peak("float16") == 3e14
+    only32 = Roofline(peak_flops={"fp32": 2e13}, **kw)
+    for dt in ("bfloat16", "float16"):
+        with pytest.raises(SimulatorError, match=rf"{dt} GEMMs need a 16-bit peak .*it lists fp32"):
+            only32.peak(dt)
+    assert only32.peak("float32") == 2e13 and only32.peak("int64") == 2e13
