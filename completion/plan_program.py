@@ -155,19 +155,29 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
         if s.annotation != "megatron":
             raise PlanProgramError(f"strategy field 'ep' = {s.ep} needs annotation 'megatron' "
                                    f"(the layout that places the experts), got {s.annotation!r}")
-    if cfg is not None and s.tp > 1 and s.annotation == "megatron":
-        for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
-            if n % s.tp:
-                raise PlanProgramError(f"strategy field 'tp' = {s.tp} does not divide model "
-                                       f"{cfg.name!r} {field_} = {n}")
-        if s.sequence_parallel and (source.seq_len // s.cp) % s.tp:
-            per_rank = f" / cp = {s.cp}" if s.cp > 1 else ""
-            raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {source.seq_len}"
-                                   f"{per_rank} is not divisible by tp = {s.tp}")
+    if cfg is not None and s.annotation == "megatron":
+        check_tensor_parallel(cfg, s.tp, source.seq_len, s.sequence_parallel, s.cp)
     if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
         raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
                                f"to {sum(s.layers_per_stage)}, but model {source.name!r} has "
                                f"{source.num_layers} layers")
+
+
+def check_tensor_parallel(cfg: Any, tp: int, seq_len: int, sequence_parallel: bool, cp: int = 1) -> None:
+    """Megatron's tensor-parallel layout of model config ``cfg`` on ``tp`` ranks: whole
+    attention heads and KV heads per rank (Megatron-LM ``divide(num_attention_heads,
+    world_size)``), and with sequence parallelism the (per-cp-rank) sequence split over
+    tp. Raises PlanProgramError naming the strategy field and the model value."""
+    if tp <= 1:
+        return
+    for field_, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads)):
+        if n % tp:
+            raise PlanProgramError(f"strategy field 'tp' = {tp} does not divide model "
+                                   f"{cfg.name!r} {field_} = {n}")
+    if sequence_parallel and (seq_len // cp) % tp:
+        per_rank = f" / cp = {cp}" if cp > 1 else ""
+        raise PlanProgramError(f"strategy field 'sequence_parallel': seq_len {seq_len}"
+                               f"{per_rank} is not divisible by tp = {tp}")
 
 
 def _needs_annotation(source: ModelSource, s: Strategy, representative: bool) -> bool:

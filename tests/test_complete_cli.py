@@ -3,6 +3,8 @@ file, and clear errors."""
 
 from __future__ import annotations
 
+import pytest
+
 from completion.pir import parse_program
 from meshplan.cli import main
 
@@ -55,3 +57,21 @@ def test_annotate_option_reproduces_the_seed_golden(capsys, shared_dir):
     assert [g.rstrip() for g in got[: len(want)]] == [w.rstrip() for w in want]
     assert main(["complete", "--program", str(bare), "--mesh", "d0=2", "-a", "parameter_0"]) == 2
     assert "NAME=DIMS_MAPPING" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--dp", "2", "--tp", "3"], "'tp' = 3 does not divide model 'llama2-7b' num_heads = 32"),
+    (["--tp", "2", "--sequence-parallel", "-s", "63"], "seq_len 63 is not divisible by tp = 2"),
+])
+def test_megatron_layout_that_cost_refuses_is_refused(capsys, extra, what):
+    """Found by a bad-input hunt: ``complete --megatron`` split 32 heads over tp 3 (each
+    rank a non-whole head) where ``cost`` refuses; both now run
+    ``check_tensor_parallel``. (Uneven shards of a program's own annotations stay legal:
+    DTensor's ceil-sized chunks, completion.dist_attr.)"""
+    from meshplan.cli import main
+
+    args = ["complete", "--model", "llama2-7b", "--layers", "1", "--megatron", "--summary-only", "-b", "4"]
+    if "-s" not in extra:
+        args += ["-s", "64"]
+    assert main([*args, *extra]) == 2
+    assert what in capsys.readouterr().err

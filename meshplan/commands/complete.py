@@ -94,6 +94,26 @@ def parse_annotation(spec: str) -> tuple[str, list[int]]:
     return name.strip(), dims
 
 
+def program_seq_len(program: Any) -> int:
+    """Tokens per sequence of a built model program: dim 1 of its first data input."""
+    for op in program.ops:
+        if op.type == "data" and op.results and op.results[0].ndim >= 2:
+            return int(op.results[0].shape[1])
+    return 0
+
+
+def _check_megatron(model: Any, mesh: Any, seq_len: int, sequence_parallel: bool,
+                    layers: int | None) -> None:
+    """What ``cost`` checks of a Megatron layout (``completion.plan_program.
+    check_tensor_parallel``): whole heads per tp rank, the sequence over tp with sp."""
+    from completion.models.source import resolve_model
+    from completion.plan_program import check_tensor_parallel
+
+    cfg = resolve_model(model, seq_len or None, num_layers=layers).config
+    if cfg is not None:
+        check_tensor_parallel(cfg, mesh.shape[mesh.dim_names.index("tp")], seq_len, sequence_parallel)
+
+
 def build_program(program_file: str | None, model: str | None, mesh: Any, megatron: bool,
                   sequence_parallel: bool, annotated: bool, batch_size: int,
                   seq_len: int | None, layers: int | None) -> Any:
@@ -121,6 +141,7 @@ def build_program(program_file: str | None, model: str | None, mesh: Any, megatr
     if megatron:
         if "dp" not in mesh.dim_names or "tp" not in mesh.dim_names:
             raise CompletionError("--megatron needs a mesh with dp and tp, e.g. --dp 2 --tp 2")
+        _check_megatron(model, mesh, seq_len or program_seq_len(program), sequence_parallel, layers)
         shard_megatron(program, mesh, "dp", "tp", sequence_parallel)
     else:
         _data_parallel(program, mesh)
