@@ -133,14 +133,17 @@ def costed_plan(plan: Any) -> Any:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
-    pipeline layer split the cost model used when the plan fixes none
-    (``meshplan.validation.predicted_plan``): what is exported or launched is what was
+    pipeline layer split the cost model used when the plan fixes none and the layers do not
+    divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
+    ``get_num_layers_to_build`` refuses that without a layout): what is exported or launched is what was
     costed, never a layout the framework would refuse at start-up."""
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
 
-    res = Engine.from_plan(plan, None).step_model().run()
-    return predicted_plan(plan, {"layers_per_vstage": list(res.layers_per_vstage)})
+    split = list(Engine.from_plan(plan, None).step_model().run().layers_per_vstage)
+    if sum(split) % len(split) == 0:  # the framework's own even split runs (its arguments say it)
+        return plan
+    return predicted_plan(plan, {"layers_per_vstage": split})
 
 
 def register(app: typer.Typer) -> None:
