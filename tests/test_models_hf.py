@@ -363,3 +363,25 @@ def test_the_backward_of_windowed_attention_keeps_the_window(tmp_path):
     f.write_text(json.dumps(_tiny("llama")))
     prog = Engine(str(f), "dgx-h100", Strategy(global_batch_size=1), seq_len=32).plan_program().program
     assert all("sliding_window" not in op.attrs for op in prog.ops if op.type == "flash_attention_grad")
+
+
+def test_a_near_miss_of_a_key_is_named_once_other_unread_keys_pass():
+    """Found by a bad-input hunt: ``num_key_value_head`` (for ``num_key_value_heads``) was
+    ignored without a word and the model silently became full multi-head attention. An
+    unread key that is a near miss of a key the parser looked for and did not find warns
+    once, naming both; keys with no cost effect (``foo_bar``, token ids) stay silent, as do
+    the bundled published configs."""
+    raw = _tiny("llama") | {"foo_bar": 1, "bos_token_id": 1}
+    raw["num_key_value_head"] = raw.pop("num_key_value_heads", 2)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        cfg = config_from_hf_dict(raw, "typo.json")
+    msgs = [str(w.message) for w in got if issubclass(w.category, ModelConfigWarning)]
+    assert msgs == ["typo.json: key 'num_key_value_head' is not read; did you mean "
+                    "'num_key_value_heads'? (absent: its default applies)"]
+    assert cfg.num_kv_heads == cfg.num_heads  # what the warning says happened
+    for f in sorted(CONFIGS.glob("*.json")):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            load_hf_config(f)
+        assert not [w for w in got if "is not read" in str(w.message)], f.name

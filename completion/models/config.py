@@ -535,6 +535,47 @@ class ModelConfigWarning(ModelConfigError, UserWarning):
     issued with ``warnings.warn`` (a UserWarning in the package's error family)."""
 
 
+class _Lookups(dict):  # type: ignore[type-arg]
+    """A config dict that records every key the parser looks up, present or not
+    (``get``, ``[]``, ``in``), for :func:`_warn_near_misses`."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        super().__init__(raw)
+        self.asked: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.asked.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+
+#: how alike (difflib ratio) an unread key must be to a key the parser looked for and did
+#: not find to be named as its likely misspelling (num_key_value_head ~ num_key_value_heads: 0.97)
+NEAR_MISS_RATIO = 0.85
+
+
+def _warn_near_misses(raw: _Lookups, name: str) -> None:
+    """One warning line per key the parser never read that is a near miss of a key it looked
+    for and did not find (``num_key_value_head`` for ``num_key_value_heads``: the default,
+    full multi-head attention, would apply without a word). Other unread keys (token ids,
+    ``torch_dtype``, ``architectures`` ...) have no cost effect and pass silently."""
+    import difflib
+
+    absent = sorted(k for k in raw.asked if isinstance(k, str) and not dict.__contains__(raw, k))
+    for key in sorted(k for k in dict.keys(raw) if k not in raw.asked):
+        close = difflib.get_close_matches(str(key), absent, n=1, cutoff=NEAR_MISS_RATIO)
+        if close:
+            warnings.warn(f"{name}: key {key!r} is not read; did you mean {close[0]!r}? (absent: "
+                          f"its default applies)", ModelConfigWarning, stacklevel=3)
+
+
 def _warn_unmodelled(raw: dict[str, Any], name: str, mt: str, spec: HFModelType) -> None:
     """One warning line per key of ``spec.unmodelled`` present with an effect."""
     for u in spec.unmodelled:
@@ -660,7 +701,9 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
 
     Raises ModelConfigError naming the file and key (an unknown ``model_type`` lists the
     known ones); warns (:class:`ModelConfigWarning`, one line per key) for keys known but
-    not modelled."""
+    not modelled and for unread keys that are near misses of keys it looked for
+    (:func:`_warn_near_misses`)."""
+    raw = _Lookups(raw)
     mt = raw.get("model_type")
     if isinstance(mt, str) and mt in REFUSED_MODEL_TYPES:
         field, why = REFUSED_MODEL_TYPES[mt]
@@ -686,7 +729,7 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         head_dim = None  # the default, stated
     qkv_bias, o_bias, mlp_bias = _biases(raw, name, spec)
     _warn_unmodelled(raw, name, mt, spec)
-    return ModelConfig(
+    cfg = ModelConfig(
         name=name,
         family=family,
         num_layers=layers,
@@ -711,6 +754,8 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         sliding_window_every=spec.sliding_every,
         **moe,
     )
+    _warn_near_misses(raw, name)
+    return cfg
 
 
 def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelConfig:
