@@ -74,3 +74,22 @@ def test_out_of_memory_is_reported(capsys):
     # ZeRO-3 over 8 ranks: 16 x 6.74e9 / 8 = 13.5 GB of model states, it fits
     assert main(args + ["--dp", "8", "--zero", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits_in_memory"] is True
+
+
+def test_json_warnings_carry_the_models_warnings(capsys):
+    """Found by a new-user check: Gemma-2's two soft-capping keys (known, not modelled)
+    warned on stderr but --json's ``warnings`` list was empty; now the list holds them (and
+    stderr still shows each once)."""
+    from pathlib import Path
+
+    from meshplan.cli import main
+
+    cfg = Path(__file__).resolve().parent / "data" / "hf_configs" / "gemma-2-9b.json"
+    args = ["cost", "--model", str(cfg), "--cluster", "dgx-h100", "--dp", "8", "--global-batch", "64",
+            "--seq-len", "4096", "--json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)["warnings"]
+    soft = [w for w in got if "softcapping" in w]
+    assert len(soft) == 2 and any("attn_logit_softcapping=50.0" in w for w in soft)
+    assert sum("softcapping" in ln for ln in err.splitlines()) == 2

@@ -23,6 +23,7 @@ Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` a
 from __future__ import annotations
 
 import json
+import warnings
 
 import typer
 
@@ -192,11 +193,17 @@ def cost_cmd(
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention, **knobs)
-    try:  # the Engine checks the strategy against the model and cluster
-        engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
-        res = engine.simulate()
-    except ValueError as e:
-        raise opt.flag_error(ctx, e) from None
+    # the model's warnings (config.json keys not modelled, ...) also go into --json's list
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:  # the Engine checks the strategy against the model and cluster
+            engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
+            res = engine.simulate()
+        except ValueError as e:
+            _replay(caught)
+            raise opt.flag_error(ctx, e) from None
+    if not as_json:
+        _replay(caught)
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -214,12 +221,19 @@ def cost_cmd(
         typer.echo(f"wrote {', '.join(written)}", err=as_json)
     inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
     if as_json:
+        inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"]
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
                                "layout": layout(engine.strategy)}, sort_keys=True))
         for w in inputs["warnings"]:
             typer.echo(f"warning: {w}", err=True)
     else:
         typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy)))
+
+
+def _replay(caught: list[warnings.WarningMessage]) -> None:
+    """Show recorded warnings as they would have shown (one ``warning:`` line each, cli)."""
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def register(app: typer.Typer) -> None:
