@@ -30,7 +30,7 @@ def test_show_llama_two_layers(capsys):
     assert counts["pd_op.matmul"] == 15 and counts["pd_op.rms_norm"] == 5
     assert counts["pd_op.flash_attention"] == 2 and counts["builtin.parameter"] == 2 * 9 + 3
     assert summary[-1] == "// parameters: 666,914,816 (0.667 B)"
-    assert "llama2-7b (llama), 2 layers, batch 2, seq 32" in summary[0]
+    assert "llama2-7b (llama builder: rms_norm pre, swiglu, rope positions), 2 layers, batch 2, seq 32" in summary[0]
 
 
 def test_summary_only_gpt(capsys):
@@ -67,3 +67,16 @@ def test_bad_values_are_one_line_errors(capsys):
     assert "--layers" in line and "greater than or equal to 1" in line  # names the flag
     line = one_line_error(*run_main(capsys, "program", "show", "--model", "llama2-7b", "--batch-size", "0"))
     assert "batch_size must be a positive int, got 0" in line
+
+
+def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
+    """Found by a new-user check: every config.json summary read "(llama)" (the builder
+    family), Gemma-2 included; it now names the norm and its placement, the MLP activation
+    and the positions the config resolved to."""
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parent / "data" / "hf_configs" / "gemma-2-9b.json"
+    assert main(["program", "show", "--model", str(cfg), "--batch-size", "1", "--seq-len", "16",
+                 "--summary-only"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "(llama builder: rms_norm sandwich, geglu_tanh, rope positions), 42 layers" in first

@@ -52,7 +52,11 @@ def show_cmd(
         typer.echo(print_program(program).rstrip("\n"))
     n_layers = layers if layers is not None else cfg.num_layers
     s = seq_len if seq_len is not None else cfg.seq_len
-    title = (f"{cfg.name} ({cfg.family}), {n_layers} layers, batch {batch_size}, seq {s}, {dtype}")
+    # the builder family and what sets the architecture apart (a Gemma or Qwen config.json
+    # builds through the llama family: the family alone would name it "llama")
+    arch = (f"{cfg.family} builder: {cfg.resolved_norm} {cfg.norm_placement}, {cfg.mlp_activation}, "
+            f"{cfg.resolved_positions} positions")
+    title = f"{cfg.name} ({arch}), {n_layers} layers, batch {batch_size}, seq {s}, {dtype}"
     typer.echo("\n".join(summary_lines(program, title)))
 
 
