@@ -76,7 +76,8 @@ def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parent / "data" / "hf_configs" / "gemma-2-9b.json"
-    assert main(["program", "show", "--model", str(cfg), "--batch-size", "1", "--seq-len", "16",
-                 "--summary-only"]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    rc, out, err = run_main(capsys, "program", "show", "--model", str(cfg), "--batch-size", "1",
+                            "--seq-len", "16", "--summary-only")
+    assert rc == 0, err
+    first = out.splitlines()[0]
     assert "(llama builder: rms_norm sandwich, geglu_tanh, rope positions), 42 layers" in first
