@@ -239,3 +239,19 @@ def test_time_breakdown_adds_up_to_the_step(schedule, framework, tp, zero, sp):
              + t["optimizer"] + (t["pp_comm"] if framework == "megatron-2021" else 0.0))
     assert 0.0 <= t["overlapped"] <= t["tp_comm"]
     assert total == pytest.approx(res.step_time, rel=1e-9)
+
+
+def test_plan_label_names_templates_that_differ_from_megatron():
+    """Found by a new-user check: a tune report's line for dp8 tp2 pp2 read like the ``cost``
+    plan with the same knobs (15.0 s) at 22.9 s: its MLP and LM head were replicated. The
+    label now names the templates that differ from Megatron's layout (tp > 1 only)."""
+    from tuner.result import plan_label
+
+    p = {"dp": 8, "tp": 2, "pp": 2, "schedule": "1F1B", "vpp": 1, "micro_batch_size": 1,
+         "recompute": "none", "zero": 1, "sequence_parallel": False,
+         "templates": {"attention": "megatron", "embedding": "vocab_parallel", "lm_head": "replicated",
+                       "mlp": "replicated", "norm": "replicated", "loss": "follow_head"}}
+    assert plan_label(p) == "dp8 tp2 pp2 1F1B mbs1 rc=none zero1 [lm_head=replicated mlp=replicated]"
+    std = dict(p, templates=dict(p["templates"], lm_head="tied", mlp="megatron"))
+    assert plan_label(std) == "dp8 tp2 pp2 1F1B mbs1 rc=none zero1"
+    assert plan_label(dict(p, tp=1)) == "dp8 tp1 pp2 1F1B mbs1 rc=none zero1"

@@ -92,7 +92,9 @@ def why_best(result: TuneResult) -> list[str]:
 
 def _per_shape(result: TuneResult, best: optuna.trial.FrozenTrial) -> list[str]:
     """The best plan of every mesh shape other than the winner's, fastest first; shapes
-    with nothing feasible after them, lightest first."""
+    with no scored plan that fits after them, lightest first, with how many plans of that
+    shape were scored (a sampled search leaves others unscored; an exhaustive one prunes
+    those that cannot fit or cannot win)."""
     mine = mesh_shape(best.user_attrs["plan"])
     bt = best.user_attrs["time_s"]
     fits: dict[MeshShape, optuna.trial.FrozenTrial] = {}
@@ -113,9 +115,14 @@ def _per_shape(result: TuneResult, best: optuna.trial.FrozenTrial) -> list[str]:
                      f"{(u['time_s'] - bt) / bt:+8.2%}  {plan_label(u['plan'])}")
     for s in none_fit:
         t = _lightest(tried[s])
-        lines.append(f"  {mesh_name(s):<18} no plan fits: the lightest, "
+        n = len({_key(x) for x in tried[s]})
+        lines.append(f"  {mesh_name(s):<18} none of its {n} scored plan(s) fits: the lightest, "
                      f"{plan_label(t.user_attrs['plan'])}, {_over(t)}")
     return lines
+
+
+def _key(t: optuna.trial.FrozenTrial) -> str:
+    return str(t.user_attrs.get("plan_key") or sorted(t.user_attrs["plan"].items()))
 
 
 def why_none(result: TuneResult) -> list[str]:

@@ -251,7 +251,24 @@ def plan_label(plan: Mapping[str, Any]) -> str:
         s += f" fp8={plan['fp8']}"
     if plan.get("ep", 1) > 1:
         s += f" ep{plan['ep']}"
-    return s + (" sp" if plan["sequence_parallel"] else "")
+    s += " sp" if plan["sequence_parallel"] else ""
+    off = _off_megatron(plan)
+    return s + (f" [{' '.join(f'{k}={v}' for k, v in off)}]" if off else "")
+
+
+def _off_megatron(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The pattern templates of a pattern-based plan with tp > 1 that differ from Megatron's
+    layout (``tuner.patterns.megatron_templates``; the norm's variant is the ``sp`` flag, a
+    tied head has one choice): what sets it apart from ``meshplan cost`` with the same
+    knobs, which lays the model out the Megatron way."""
+    from tuner.patterns import megatron_templates
+
+    templates = plan.get("templates") or {}
+    if plan.get("tp", 1) <= 1 or not templates:
+        return []
+    std = megatron_templates()
+    return [(k, v) for k, v in sorted(templates.items())
+            if k in std and k not in ("norm", "loss") and v not in (std[k], "tied")]
 
 
 TOP_COLUMNS = ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
