@@ -69,3 +69,22 @@ def test_simulate_takes_the_schedule_spellings_cost_takes(capsys):
     assert main(["simulate", "--schedule", "ZB-3p", *base]) == 2
     err = capsys.readouterr().err
     assert "--schedule" in err and "'ZB-3p'" in err
+
+
+def test_output_options_that_cannot_be_written_are_named(capsys, tmp_path):
+    """Found by a bad-input hunt: an image suffix matplotlib cannot write failed after the
+    work (``Format 'xyz' is not supported``, no option named) and an unwritable --trace
+    printed a bare errno line. Both now name the option and the path; the image is checked
+    before anything runs, so no other output of the command is written."""
+    from meshplan.cli import main
+
+    base = ["--stages", "2", "--microbatches", "4", "--tf", "1", "--tb", "1"]
+    assert main(["simulate", "--schedule", "1F1B", *base, "--plot", str(tmp_path / "g.xyz"),
+                 "--trace", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "g.xyz" in err and ".png" in err
+    assert not (tmp_path / "t.json").exists()
+    assert main(["simulate", "--schedule", "1F1B", *base, "--trace", "/proc/nope/t.json"]) == 2
+    assert "--trace '/proc/nope/t.json': cannot write it" in capsys.readouterr().err
+    assert main(["clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "1GiB", "--ranks", "5-2"]) == 2
+    assert "range 5-2 runs backwards" in capsys.readouterr().err

@@ -79,6 +79,10 @@ def parse_ranks(text: str) -> list[int]:
             parts.append((int(lo), int(hi) if sep else int(lo)))
     except ValueError:
         raise ClusterError(f"invalid --ranks {text!r}: expected e.g. 0-7 or 0,1,8,9") from None
+    for lo, hi in parts:
+        if hi < lo:
+            raise ClusterError(f"invalid --ranks {text!r}: range {lo}-{hi} runs backwards "
+                               f"(write {hi}-{lo})")
     count = sum(max(0, hi - lo + 1) for lo, hi in parts)
     if count > MAX_RANKS:
         raise ClusterError(f"--ranks names {count} ranks, above the limit of {MAX_RANKS}")

@@ -193,6 +193,8 @@ def cost_cmd(
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention, **knobs)
+    opt.image_path("--plot", plot)
+    opt.image_path("--memory-png", memory_png)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
@@ -209,13 +211,13 @@ def cost_cmd(
         from simulator import memory_timeline, step_trace
 
         if trace is not None:
-            step_trace.write_trace(res, trace)
+            opt.write_output("--trace", trace, lambda: step_trace.write_trace(res, trace))
         if memory_png is not None:
-            memory_timeline.plot(res, memory_png)
+            opt.write_output("--memory-png", memory_png, lambda: memory_timeline.plot(res, memory_png))
     if plot is not None:
         from simulator.gantt import plot_steps
 
-        plot_steps([(f"{model} on {cluster}", res)], plot)
+        opt.write_output("--plot", plot, lambda: plot_steps([(f"{model} on {cluster}", res)], plot))
     written = [p for p in (trace, memory_png, plot) if p is not None]
     if written:  # on stderr under --json: stdout stays one JSON document
         typer.echo(f"wrote {', '.join(written)}", err=as_json)

@@ -278,6 +278,32 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
     return x
 
 
+#: file suffixes matplotlib writes (``FigureCanvasBase.get_supported_filetypes`` of the Agg,
+#: PDF, PS and SVG backends), for the PNG options (``--plot``, ``--memory-png``)
+IMAGE_SUFFIXES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp",
+                  "raw", "rgba")
+
+
+def image_path(flag: str, path: str | None) -> None:
+    """Refuse, before any work, an image option whose file suffix matplotlib cannot write
+    (ValueError naming ``flag``); None passes."""
+    if path is None:
+        return
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    if suffix not in IMAGE_SUFFIXES:
+        raise ValueError(f"{flag} {path!r}: the file name must end in one of "
+                         f".{', .'.join(IMAGE_SUFFIXES)} (got {('.' + suffix) if suffix else 'no suffix'})")
+
+
+def write_output(flag: str, path: str, write: Any) -> None:
+    """Run ``write()`` (which writes ``path``), turning an OSError into a ValueError that
+    names ``flag`` and the path (``--trace /proc/x.json: cannot write it: ...``)."""
+    try:
+        write()
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
+
+
 def ensure_dir(path: Any) -> None:
     """Create directory ``path`` (and its missing parents) when it does not exist, saying so
     in one line ``created DIR`` on stderr (stdout stays the command's output, e.g. JSON):

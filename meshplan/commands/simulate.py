@@ -42,6 +42,7 @@ def simulate_cmd(
     for flag, x in (("--tw", tw), ("--tcomm", tcomm)):
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
+    opt.image_path("--plot", plot)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     schedule, zb_limit = _builder(schedule, stages)
     if memory_limit is None:
@@ -55,9 +56,9 @@ def simulate_cmd(
     res = simulate_pipeline(sched, st, tcomm * 1e-3, memory={"M_B": 1.0, "M_W": 0.5},
                             p2p_sync=p2p == "sync")
     if trace is not None:
-        res.to_chrome_trace(trace)
+        opt.write_output("--trace", trace, lambda: res.to_chrome_trace(trace))
     if plot is not None:
-        res.plot_timeline(plot)
+        opt.write_output("--plot", plot, lambda: res.plot_timeline(plot))
     if as_json:
         out = {"step_time_ms": res.step_time * 1e3, "bubble_ratio": res.bubble_ratio,
                "peak_memory": res.peak_memory, "framework": opt.value(framework), "p2p": p2p}
