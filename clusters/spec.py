@@ -83,6 +83,10 @@ MIN_BANDWIDTH = 1e6
 MIN_FLOP_RATE = 1e9
 MIN_MEMORY_BYTES = 2**20
 MAX_LATENCY_S = 1.0
+#: the other side of the guard: a thousand times today's fastest (HBM3e 4.8e12 B/s; FP8
+#: dense 1.98e15 FLOP/s): a larger figure is a slip or a calibration from a broken trace
+MAX_BANDWIDTH = 1e16
+MAX_FLOP_RATE = 1e19
 
 
 #: dtype names a ``device.peak_flops`` key may have: the spellings ``simulator.roofline``
@@ -150,19 +154,20 @@ class Fraction(_Number):
 class Bandwidth(Positive):
     """A bandwidth in bytes per second, at least :data:`MIN_BANDWIDTH` (1 MB/s): a smaller
     figure is a unit slip (``400`` meant as 400 Gb/s, ``2.4`` as 2.4 TB/s), which would
-    otherwise cost every transfer a million times too long."""
+    otherwise cost every transfer a million times too long; at most :data:`MAX_BANDWIDTH`."""
 
-    floor = MIN_BANDWIDTH
-    slip = f"is in bytes/s and must be at least {MIN_BANDWIDTH:.0e} (1 MB/s): write e.g. 50 GB/s as 5.0e+10"
+    floor, ceiling = MIN_BANDWIDTH, MAX_BANDWIDTH
+    slip = (f"is in bytes/s and must be between {MIN_BANDWIDTH:.0e} (1 MB/s) and {MAX_BANDWIDTH:.0e}: "
+            f"write e.g. 50 GB/s as 5.0e+10")
 
 
 class FlopRate(Positive):
     """A peak rate in FLOP/s, at least :data:`MIN_FLOP_RATE` (1 GFLOP/s): a smaller figure
-    is a unit slip (``989`` meant as 989 TFLOP/s)."""
+    is a unit slip (``989`` meant as 989 TFLOP/s); at most :data:`MAX_FLOP_RATE`."""
 
-    floor = MIN_FLOP_RATE
-    slip = (f"is in FLOP/s and must be at least {MIN_FLOP_RATE:.0e} (1 GFLOP/s): write e.g. "
-            f"989 TFLOP/s as 9.89e+14")
+    floor, ceiling = MIN_FLOP_RATE, MAX_FLOP_RATE
+    slip = (f"is in FLOP/s and must be between {MIN_FLOP_RATE:.0e} (1 GFLOP/s) and {MAX_FLOP_RATE:.0e}: "
+            f"write e.g. 989 TFLOP/s as 9.89e+14")
 
 
 class ByteSize(Positive):

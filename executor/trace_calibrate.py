@@ -38,6 +38,7 @@ the plan (``executor.trace_match``) and fitted as ``meshplan calibrate`` fits it
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,8 +116,13 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise TraceError(f"{p}: no 'traceEvents' list (not a Chrome trace)")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-            and isinstance(e.get("dur"), (int, float)) and e["dur"] > 0]
+    out = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+           and isinstance(e.get("dur"), (int, float)) and e["dur"] > 0]
+    for e in out:  # JSON's Infinity / NaN parse as floats: a time no fit can use
+        if not all(isinstance(e.get(k, 0), (int, float)) and math.isfinite(e.get(k, 0)) for k in ("ts", "dur")):
+            raise TraceError(f"{p}: event {e.get('name')!r} has a non-finite time "
+                             f"(ts {e.get('ts')!r}, dur {e.get('dur')!r})")
+    return out
 
 
 def _numel(dims: Any) -> int:
@@ -128,7 +134,7 @@ def _numel(dims: Any) -> int:
             if isinstance(d, bool) or int(d) != d or d < 0:
                 raise ValueError
             n *= int(d)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(f"an event's 'Input Dims' entry {dims!r} is not a list of "
                          f"non-negative integers") from None
     return n

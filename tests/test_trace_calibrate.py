@@ -157,3 +157,30 @@ def test_calibrate_from_trace_command(tmp_path, capsys):
     line = one_line_error(main(["calibrate", "--from-trace", trace, "--output", str(out)]),
                           *capsys.readouterr())
     assert "exactly one of --plan" in line
+
+
+def test_absurd_traces_are_refused_naming_the_trace(tmp_path, capsys):
+    """Found by a bad-input hunt: an event of 1e30 elements in 10 us fitted a CPU's memory
+    bandwidth at 8e35 B/s and wrote it; an Infinity duration blamed the output file. Now a
+    non-finite time or dimension is a TraceError naming the event, a bandwidth or FLOP rate
+    above the spec's ceiling (1e16 B/s, 1e19 FLOP/s: a thousand times today's fastest) is
+    refused, and calibrate says the fit to the trace is implausible and writes nothing."""
+    from clusters.errors import ClusterSpecError
+    from meshplan.cli import main
+
+    p = tmp_path / "t.json"
+    ev = {"ph": "X", "name": "aten::add", "cat": "cpu_op", "ts": 0, "dur": 10,
+          "args": {"Input Dims": [[3]], "Input type": ["float"]}}
+    p.write_text(json.dumps({"traceEvents": [dict(ev, dur=float("inf"))]}))
+    with pytest.raises(TraceError, match="event 'aten::add' has a non-finite time"):
+        load_trace(p)
+    spec = load_cluster("dgx-h100").spec.model_dump(exclude_none=True)
+    spec["device"]["memory_bandwidth"]["value"] = 8e35
+    with pytest.raises(ClusterSpecError, match="must be between 1e\\+06 .* and 1e\\+16"):
+        parse_spec(spec, "x.yaml")
+    p.write_text(json.dumps({"traceEvents": [dict(ev, args={"Input Dims": [[1e30]], "Input type": ["float"]})]}))
+    out = tmp_path / "o.yaml"
+    assert main(["calibrate", "--from-trace", str(p), "--cluster", "cpu-local", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"the fit to {p} is implausible, {out} not written" in err and "memory_bandwidth" in err
+    assert not out.exists()
