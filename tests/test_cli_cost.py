@@ -93,3 +93,23 @@ def test_json_warnings_carry_the_models_warnings(capsys):
     soft = [w for w in got if "softcapping" in w]
     assert len(soft) == 2 and any("attn_logit_softcapping=50.0" in w for w in soft)
     assert sum("softcapping" in ln for ln in err.splitlines()) == 2
+
+
+def test_a_model_that_warns_with_a_refused_strategy_errors_at_once():
+    """Found by a review: the warnings were replayed inside catch_warnings(record=True),
+    which recorded each again, so the replay never ended (a hang) for a config that warns
+    (Llama-3.1's context window) and a strategy cost refuses. Both the warning and the one
+    error line now come out (a process of its own: pytest records warnings in-process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = root / "tests" / "data" / "hf_configs" / "llama-3.1-8b.json"
+    for extra in ([], ["--json"]):
+        p = subprocess.run([sys.executable, "-m", "meshplan.cli", "cost", "--model", str(cfg), "--cluster",
+                            "dgx-h100", "--tp", "3", "--global-batch", "8", *extra],
+                           cwd=root, capture_output=True, text=True, timeout=60)
+        err = p.stderr.splitlines()
+        assert p.returncode == 2 and err[-1].startswith("error: --tp = 3 does not divide"), p.stderr
+        assert [ln for ln in err[:-1] if ln.startswith("warning: ") and "context window" in ln], p.stderr

@@ -69,6 +69,11 @@ def test_simulate_takes_the_schedule_spellings_cost_takes(capsys):
     assert main(["simulate", "--schedule", "ZB-3p", *base]) == 2
     err = capsys.readouterr().err
     assert "--schedule" in err and "'ZB-3p'" in err
+    # ZB-1p is a memory limit already: another one beside it is refused, not silently dropped
+    assert main(["simulate", "--schedule", "ZB-1p", "--memory-limit", "8", *base]) == 2
+    assert "ZB-1p is ZB at a memory limit of 4 M_B" in capsys.readouterr().err
+    assert main(["simulate", "--schedule", "ZB-2p", *base[:-1]]) == 0
+    assert capsys.readouterr().out.startswith("ZB at a memory limit of 8 M_B p=4 m=16")
 
 
 def test_output_options_that_cannot_be_written_are_named(capsys, tmp_path):
@@ -86,5 +91,11 @@ def test_output_options_that_cannot_be_written_are_named(capsys, tmp_path):
     assert not (tmp_path / "t.json").exists()
     assert main(["simulate", "--schedule", "1F1B", *base, "--trace", "/proc/nope/t.json"]) == 2
     assert "--trace '/proc/nope/t.json': cannot write it" in capsys.readouterr().err
+    assert main(["simulate", "--schedule", "1F1B", *base, "--plot", str(tmp_path / "g.gif")]) == 0
+    assert (tmp_path / "g.gif").stat().st_size > 0  # any format matplotlib writes
+    capsys.readouterr()
+    assert main(["compare", "-m", "llama2-7b", "--cluster", "dgx-h100", "--global-batch", "8", "--tp", "1,2",
+                 "--plot", str(tmp_path / "c.bmp")]) == 2
+    assert "--plot" in capsys.readouterr().err
     assert main(["clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "1GiB", "--ranks", "5-2"]) == 2
     assert "range 5-2 runs backwards" in capsys.readouterr().err

@@ -96,7 +96,7 @@ def _check_device(device: str) -> None:
                                  param_hint="'--device'")
 
 
-def _check_fit(spec: dict, out: Any, trace: str) -> None:
+def check_fit(spec: dict, out: Any, trace: str) -> None:
     """``parse_spec`` of a fitted spec before it is written; a constant outside the spec's
     bounds is the trace's doing, so the error names the trace and nothing is written."""
     from clusters.errors import ClusterSpecError
@@ -145,7 +145,7 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
     out = Path(output)
     spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
     spec["name"] = name or out.stem
-    _check_fit(spec, out, trace)
+    check_fit(spec, out, trace)
     out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "
                    f"see executor/trace_calibrate.py.\n" + yaml.safe_dump(spec, sort_keys=False, width=200))
     typer.echo(f"wrote {out} (cluster {cluster} calibrated from {trace}; {samples.counts})")

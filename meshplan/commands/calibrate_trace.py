@@ -112,7 +112,6 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     ``plan_file``, write ``output`` and print the comparison."""
     import yaml
 
-    from clusters.spec import parse_spec
     from executor.trace_match import (
         event_cost,
         match_trace,
@@ -169,7 +168,9 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     src = ", ".join(f.name for f in files)
     spec = apply_plan_fit(base, fit, dtype, src)
     spec["name"] = name or out.stem
-    parse_spec(spec, str(out))
+    from meshplan.commands.calibrate import check_fit
+
+    check_fit(spec, out, ", ".join(str(f) for f in files))
     out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
                    f"{plan_file}; see executor/trace_plan_fit.py.\n"
                    + yaml.safe_dump(spec, sort_keys=False, width=200))

@@ -188,6 +188,7 @@ def compare_cmd(
 
     if global_batch is None:
         raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
+    opt.image_path("--plot", plot)
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
@@ -215,7 +216,7 @@ def compare_cmd(
     if plot is not None:
         from simulator.gantt import plot_steps
 
-        plot_steps(panels, plot)
+        opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
     if as_json:
         typer.echo(json.dumps(rows))
         return

@@ -196,16 +196,19 @@ def cost_cmd(
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
+    refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:  # the Engine checks the strategy against the model and cluster
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
         except ValueError as e:
-            _replay(caught)
-            raise opt.flag_error(ctx, e) from None
-    if not as_json:
+            refused = e
+    # replayed outside the block: inside it, each shown warning would be recorded again
+    if refused is not None or not as_json:
         _replay(caught)
+    if refused is not None:
+        raise opt.flag_error(ctx, refused) from None
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -233,7 +236,8 @@ def cost_cmd(
 
 
 def _replay(caught: list[warnings.WarningMessage]) -> None:
-    """Show recorded warnings as they would have shown (one ``warning:`` line each, cli)."""
+    """Show recorded warnings as they would have shown (one ``warning:`` line each, cli).
+    Call it outside ``catch_warnings(record=True)``, which would record them again."""
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 

@@ -278,21 +278,20 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
     return x
 
 
-#: file suffixes matplotlib writes (``FigureCanvasBase.get_supported_filetypes`` of the Agg,
-#: PDF, PS and SVG backends), for the PNG options (``--plot``, ``--memory-png``)
-IMAGE_SUFFIXES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp",
-                  "raw", "rgba")
-
-
 def image_path(flag: str, path: str | None) -> None:
     """Refuse, before any work, an image option whose file suffix matplotlib cannot write
-    (ValueError naming ``flag``); None passes."""
+    (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, gif, ...; ValueError
+    naming ``flag``); None passes."""
     if path is None:
         return
-    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
-    if suffix not in IMAGE_SUFFIXES:
-        raise ValueError(f"{flag} {path!r}: the file name must end in one of "
-                         f".{', .'.join(IMAGE_SUFFIXES)} (got {('.' + suffix) if suffix else 'no suffix'})")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    known = sorted(FigureCanvasBase.get_supported_filetypes())
+    name = path.rsplit("/", 1)[-1]
+    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if suffix not in known:
+        raise ValueError(f"{flag} {path!r}: the file name must end in one of .{', .'.join(known)} "
+                         f"(got {('.' + suffix) if suffix else 'no suffix'})")
 
 
 def write_output(flag: str, path: str, write: Any) -> None:

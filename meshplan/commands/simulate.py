@@ -44,8 +44,13 @@ def simulate_cmd(
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
     opt.image_path("--plot", plot)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
+    asked = schedule
     schedule, zb_limit = _builder(schedule, stages)
-    if memory_limit is None:
+    if zb_limit is not None:
+        if memory_limit is not None:
+            raise typer.BadParameter(f"{asked} is ZB at a memory limit of {zb_limit:g} M_B; give "
+                                     f"--schedule ZB with --memory-limit {memory_limit:g} instead",
+                                     param_hint="'--memory-limit'")
         memory_limit = zb_limit
     v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
@@ -64,7 +69,8 @@ def simulate_cmd(
                "peak_memory": res.peak_memory, "framework": opt.value(framework), "p2p": p2p}
         typer.echo(json.dumps(out))
     else:
-        typer.echo(f"{schedule} p={stages} m={microbatches} v={v}: step {res.step_time * 1e3:.3f} ms, "
+        limit = f" at a memory limit of {memory_limit:g} M_B" if schedule == "ZB" and memory_limit else ""
+        typer.echo(f"{schedule}{limit} p={stages} m={microbatches} v={v}: step {res.step_time * 1e3:.3f} ms, "
                    f"bubble ratio {res.bubble_ratio:.4f}, max peak memory {res.max_peak_memory:g} M_B "
                    f"(framework {opt.value(framework)}: {p2p} p2p)")
 
