@@ -38,9 +38,26 @@ def plain_schedule(plan: Any) -> Schedule:
     return build_schedule(name, s.pp, _num_microbatches(s), s.vpp, limit)
 
 
+#: the ZeRO stage whose memory the executor holds: it runs ZeRO-2/3's collectives (the
+#: gradient reduce-scatter, the blockwise update and gather) but keeps every gradient and
+#: parameter whole (README, Limits), so a plan of stage 2 or 3 is predicted as stage 1
+EXECUTOR_MAX_ZERO = 1
+
+
+def zero_note(plan: Any) -> str | None:
+    """The line ``validate`` prints when the plan's ZeRO stage is above what the executor
+    holds in memory (:data:`EXECUTOR_MAX_ZERO`); None otherwise."""
+    z = plan.strategy.zero
+    if z <= EXECUTOR_MAX_ZERO:
+        return None
+    return (f"the plan is ZeRO-{z}; the executor keeps gradients and parameters whole (ZeRO-"
+            f"{EXECUTOR_MAX_ZERO} memory), so the prediction compared here is ZeRO-{EXECUTOR_MAX_ZERO}'s")
+
+
 def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     """The simulator's prediction for ``plan`` on ``cluster`` (default: the plan's own)
-    and the schedule it played (``StepResult.schedule``).
+    and the schedule it played (``StepResult.schedule``), as the executor runs it: under
+    the ``eager`` profile and at most ZeRO-1 (:data:`EXECUTOR_MAX_ZERO`).
 
     Returns ``({"step_time": s, "max_memory_bytes": B (the heaviest rank's tensors, as
     the executor measures them), "stage_times": [{F, B, W} s per virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
@@ -49,8 +66,10 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     from meshplan.engine import Engine
 
     # the executor runs the plan: its profile is "eager" (separate gradient accumulation
-    # and the 1/m scaling, nothing fused or overlapped), whatever framework the plan names
-    eager = dataclasses.replace(plan, strategy=plan.strategy.replace(framework="eager"))
+    # and the 1/m scaling, nothing fused or overlapped), whatever framework the plan names,
+    # and its memory is ZeRO-1's at most (EXECUTOR_MAX_ZERO: whole gradients and parameters)
+    s = plan.strategy
+    eager = dataclasses.replace(plan, strategy=s.replace(framework="eager", zero=min(s.zero, EXECUTOR_MAX_ZERO)))
     res = Engine.from_plan(eager, cluster).step_model().run()
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}

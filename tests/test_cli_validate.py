@@ -61,3 +61,25 @@ def test_load_warning_and_spread():
     assert load_warning(None, None, 2) is None
     assert spread([10.0, 12.0, 11.0]) == pytest.approx(2.0 / 11.0)
     assert spread([5.0]) == 0.0
+
+
+def test_a_zero_2_plan_is_predicted_as_the_executor_runs_it(tmp_path, capsys):
+    """Found by a bad-input hunt: validate compared a ZeRO-2/3 prediction (gradients and
+    parameters sharded) with the executor's run, which keeps them whole, and printed the gap
+    (-13% / -24% peak memory) as prediction error. The prediction is now the executor's
+    (ZeRO-1 memory, validation.EXECUTOR_MAX_ZERO), with a note; a --csv that is a directory
+    is refused before any rank runs."""
+    from meshplan.validation import predict, zero_note
+
+    z1 = Plan(MLP, "cpu-local", Strategy(dtype="float32", optimizer="adamw", dp=2, micro_batch_size=2,
+                                         global_batch_size=8, zero=1))
+    z1_mem = predict(z1)[0]["max_memory_bytes"]
+    for z in (2, 3):
+        plan = Plan(MLP, "cpu-local", z1.strategy.replace(zero=z))
+        assert predict(plan)[0]["max_memory_bytes"] == z1_mem
+        assert zero_note(plan).startswith(f"the plan is ZeRO-{z}; the executor keeps gradients")
+    assert zero_note(z1) is None
+    plan = _plan(tmp_path, dp=2, micro_batch_size=2, global_batch_size=4)
+    assert main(["validate", plan, "--csv", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--csv '{tmp_path}' is a directory" in err

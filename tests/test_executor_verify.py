@@ -1,7 +1,7 @@
 """executor.verify: distributed runs compute what one process computes (loss at every step
 and every parameter after the updates within 1e-5 relative, fp32), for the seed MLP and a
 LLaMA-style model under dp, mp (Megatron), sequence parallel, pipelines (1F1B, ZBH1, VPP,
-ZBVPP), dp x mp on 4 ranks, ZeRO-1 and a full_random annotation. Plans of one world size
+ZBVPP), dp x mp on 4 ranks, ZeRO-1 (Adam), ZeRO-2/3 (SGD) and a full_random annotation. Plans of one world size
 share one launch (verify_many)."""
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def test_verify_two_rank_plans(llama):
                                   global_batch_size=4, schedule="ZBVPP"),
         "llama zero1 dp=2": _plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4,
                                   optimizer="adamw", zero=1),
+        # SGD under ZeRO-2/3: the gradient is a reduce-scattered block (found by a bad-input
+        # hunt: sgd_ took the block for the whole parameter and the run failed mid-step)
+        "llama zero2 sgd dp=2": _plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4, zero=2),
+        "llama zero3 sgd dp=2": _plan(llama[2], 64, dp=2, micro_batch_size=1, global_batch_size=4, zero=3),
     }
     _check(list(cases), verify_many(list(cases.values()), 2))
 

@@ -10,8 +10,9 @@ decoupled decay): p <- p (1 - lr lr_ratio coeff) before the Adam update (when ``
 Arithmetic is done in float32 (or float64 for float64 params) and written back in place;
 a ``master_param`` (fp32 copy of a 16-bit param) is updated instead and cast into param.
 ZeRO (Rajbhandari et al. 2020): when the moments hold only a block of the parameter (stage
-1/2, ``completion.zero``), the rank updates that block of the parameter and the blocks are
-all-gathered back into the whole parameter (``KernelContext.all_reduce_over(..., "gather")``).
+1/2, ``completion.zero``), or SGD's gradient does (stage 2/3: reduce-scattered, SGD has no
+moments), the rank updates that block of the parameter and the blocks are all-gathered
+back into the whole parameter (``KernelContext.all_reduce_over(..., "gather")``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ def _sgd(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     master = ins[3] if len(ins) > 3 else None
     target = master if master is not None else p
     dt = _work_dtype(target)
-    new = target.to(dt) - lr.to(dt).reshape(()) * g.to(dt)
-    target.copy_(new)
+    # ZeRO-2/3: the gradient may hold one block of the parameter (reduce-scattered); update
+    # that block and gather the blocks back into the whole parameter, as Adam does
+    start = [ctx.offset(2, i) - ctx.offset(0, i) for i in range(g.ndim)]
+    w_blk, d = _zero_block(target, g, start)
+    new = w_blk.to(dt) - lr.to(dt).reshape(()) * g.to(dt)
+    if d is None:
+        target.copy_(new)
+    else:
+        target.copy_(ctx.all_reduce_over(new.to(target.dtype), 2, d, "gather"))
     if master is not None:
         p.copy_(master)
     return [p, master]

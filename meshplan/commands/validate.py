@@ -132,7 +132,10 @@ def validate_cmd(
         return
     nproc = nproc or world
     from meshplan import terminal
-    from meshplan.validation import run_repeated, verify
+    from meshplan.validation import run_repeated, verify, zero_note
+
+    if Path(csv_path).is_dir():  # refused before the ranks run: a measurement is never lost
+        raise ValueError(f"--csv {csv_path!r} is a directory: give the CSV file's name")
 
     cores, before = host_cores(), host_load()
     fp32 = plan.strategy.dtype == "float32"
@@ -151,7 +154,10 @@ def validate_cmd(
     warning = load_warning(before, after, cores)
     if warning:
         typer.echo(f"warning: {warning}", err=True)
-    append_csv(Path(csv_path), plan_file, plan, meas)
+    note = zero_note(plan)
+    if note:
+        typer.echo(f"note: {note}", err=True)
+    opt.write_output("--csv", csv_path, lambda: append_csv(Path(csv_path), plan_file, plan, meas))
     rows = report_rows(plan, meas)
     num = {"checked": numerics is not None, "ok": None if numerics is None else bool(numerics.ok),
            "summary": numerics.summary() if numerics is not None else
@@ -164,7 +170,7 @@ def validate_cmd(
             "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
             "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": spread(times),
             "host_load": {"before": before, "after": after, "cores": cores},
-            "load_warning": warning, "numerics": num, "profile_trace": profile_trace or None,
+            "load_warning": warning, "zero_note": note, "numerics": num, "profile_trace": profile_trace or None,
             "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
         return
     print_table(rows)
