@@ -223,14 +223,14 @@ class Strategy:
     def _check_choices(self) -> None:
         for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
                               ("framework", FRAMEWORKS), ("cp_comm", CP_COMMS)):
-            if getattr(self, name) not in allowed:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in allowed:
                 raise StrategyError(f"strategy field {name!r} must be one of {list(allowed)}, "
                                     f"got {getattr(self, name)!r}")
-        if self.attention is not None and self.attention not in ATTENTIONS:
+        if self.attention is not None and (not isinstance(self.attention, str) or self.attention not in ATTENTIONS):
             raise StrategyError(f"strategy field 'attention' must be one of {list(ATTENTIONS)} or "
                                 f"null (the model's own), got {self.attention!r}")
         if self.fp8 is not None:
-            if self.fp8 not in FP8_RECIPES:
+            if not isinstance(self.fp8, str) or self.fp8 not in FP8_RECIPES:
                 raise StrategyError(f"strategy field 'fp8' must be one of {list(FP8_RECIPES)} or "
                                     f"null (no FP8), got {self.fp8!r}")
             if self.framework not in FP8_RECIPES[self.fp8]:
@@ -241,7 +241,7 @@ class Strategy:
             if self.dtype != "bfloat16":
                 raise StrategyError(f"strategy field 'fp8' {self.fp8!r} keeps BF16 outside the "
                                     f"FP8 GEMMs; 'dtype' must be bfloat16, got {self.dtype!r}")
-        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
             raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise StrategyError(f"strategy field 'sequence_parallel' must be true or false, "
@@ -328,7 +328,7 @@ class Strategy:
         lps = self.layers_per_stage
         if lps is None:
             return
-        if isinstance(lps, (str, bytes)) or not hasattr(lps, "__iter__"):
+        if isinstance(lps, (str, bytes, dict)) or not hasattr(lps, "__iter__"):
             raise StrategyError(f"strategy field 'layers_per_stage' must be a list of integers, got {lps!r}")
         vals = tuple(lps)
         if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_LAYERS for x in vals):

@@ -93,6 +93,14 @@ class Engine:
                  overlap_dp_sync: bool = False, layers_per_stage: list[int] | None = None,
                  example_inputs: Any = None, num_layers: int | None = None,
                  gemm_efficiency: float | None = None) -> None:
+        if strategy is not None and not isinstance(strategy, Strategy):
+            raise EngineError(f"strategy must be a meshplan.Strategy (Strategy.from_dict makes one "
+                              f"from a mapping), got {type(strategy).__name__}")
+        for name, v in (("overlap", overlap), ("gemm_efficiency", gemm_efficiency)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise EngineError(f"{name} must be a number, got {v!r}")
+        if overlap is None:
+            raise EngineError("overlap must be a number in [0, 1], got None")
         s = strategy or Strategy()
         if layers_per_stage is not None:
             s = s.replace(layers_per_stage=tuple(layers_per_stage))

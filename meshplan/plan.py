@@ -38,7 +38,8 @@ class PlanError(MeshplanError):
 
 
 def _annotations(data: Mapping[str, Any]) -> dict[str, list[str]]:
-    ann = data.get("annotations") or {}
+    ann = data.get("annotations")
+    ann = {} if ann is None else ann
     if not isinstance(ann, Mapping):
         raise PlanError(f"plan field 'annotations' must be a mapping value name -> placements, "
                         f"got {type(ann).__name__}")
@@ -121,7 +122,8 @@ class Plan:
         for req in ("model", "cluster", "strategy"):
             if req not in data:
                 raise PlanError(f"plan is missing field {req!r}")
-        if data.get("version", PLAN_VERSION) not in READABLE_VERSIONS:
+        version = data.get("version", PLAN_VERSION)
+        if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
             raise PlanError(f"plan field 'version' is {data['version']!r}; this meshplan reads "
                             f"versions {list(READABLE_VERSIONS)}")
         try:

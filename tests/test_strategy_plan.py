@@ -229,3 +229,43 @@ def test_vpp_micro_batches_not_a_multiple_of_pp_is_refused_in_the_strategy():
     ok = s.replace(global_batch_size=16)
     ok.check_micro_batches()
     assert ok.num_microbatches == 8
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"fp8": ["te-delayed"]}, "'fp8' must be one of"), ({"fp8": {}}, "'fp8' must be one of"),
+    ({"zero": 1.0}, "'zero' (ZeRO stage) must be 0, 1, 2 or 3, got 1.0"),
+    ({"pp": 2, "layers_per_stage": {1: 1, 2: 2}}, "'layers_per_stage' must be a list of integers"),
+    ({"recompute": ["full"]}, "'recompute' must be one of"),
+    ({"attention": ["flash"]}, "'attention' must be one of"),
+])
+def test_wrong_types_are_refused_naming_the_field(kw, what):
+    """Found by a bad-input hunt: a list or dict fp8 raised a bare TypeError (unhashable),
+    zero=1.0 passed and reached the DeepSpeed export as "stage": 1.0, a dict's keys were
+    taken for a layer split."""
+    with pytest.raises(StrategyError) as e:
+        Strategy(**kw)
+    assert what in str(e.value)
+
+
+def test_plan_version_and_annotations_types():
+    from meshplan.plan import Plan, PlanError
+
+    base = {"model": "llama2-7b", "cluster": "dgx-h100", "strategy": {"global_batch_size": 4}}
+    for version in (True, 1.0):
+        with pytest.raises(PlanError, match="plan field 'version' is"):
+            Plan.from_dict({**base, "version": version})
+    for ann in (False, 0):
+        with pytest.raises(PlanError, match="'annotations' must be a mapping"):
+            Plan.from_dict({**base, "annotations": ann})
+    assert Plan.from_dict({**base, "annotations": None}).annotations == {}
+
+
+def test_engine_options_of_the_wrong_type_are_engine_errors():
+    from meshplan.engine import Engine, EngineError
+
+    for kw, what in (({"overlap": "0.5"}, "overlap must be a number"), ({"overlap": None}, "overlap must be"),
+                     ({"gemm_efficiency": "0.5"}, "gemm_efficiency must be a number")):
+        with pytest.raises(EngineError, match=what):
+            Engine("llama2-7b", "dgx-a100-80g", Strategy(), **kw)
+    with pytest.raises(EngineError, match="strategy must be a meshplan.Strategy .* got dict"):
+        Engine("llama2-7b", "dgx-a100-80g", {"dp": 2})

@@ -128,3 +128,29 @@ def test_alone_it_scores_without_publishing_a_decision():
     obj = S._Objective(study, cfg(), scorer=lambda c: pytest.fail("no scorer call here"))
     assert obj._claim(mine, KEY) is None
     assert S.CLAIM_ATTR not in study.trials[mine.number].user_attrs
+
+
+def test_optunas_warnings_about_an_interrupted_trial_are_dropped():
+    """Found by a bad-input hunt: Ctrl-C during tune printed Optuna's traceback of the
+    trial it stopped (2 of 4 runs); the CLI's one ``interrupted:`` line is what remains.
+    Other failed trials keep their warnings."""
+    import logging
+    import sys
+
+    f = S._InterruptedTrialFilter()
+
+    def rec(msg, exc=None):
+        info = None
+        if exc is not None:
+            try:
+                raise exc
+            except BaseException:
+                info = sys.exc_info()
+        return logging.LogRecord("optuna.study._optimize", logging.WARNING, __file__, 1, msg, None, info)
+
+    assert not f.filter(rec("Trial 25 failed with parameters: {} because of the following error: "
+                            "KeyboardInterrupt().", KeyboardInterrupt()))
+    assert not f.filter(rec("Trial 25 failed with value None."))
+    assert f.filter(rec("Trial 26 failed with parameters: {} because of the following error: "
+                        "ZeroDivisionError().", ZeroDivisionError()))
+    assert f.filter(rec("Trial 26 failed with value None."))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import re
 import time
 import warnings
@@ -388,8 +389,34 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
         if d + r >= n_trials:
             st.stop()
 
-    study.optimize(objective, timeout=timeout, callbacks=[callback])
+    quiet = _InterruptedTrialFilter()
+    log = logging.getLogger("optuna.study._optimize")
+    log.addFilter(quiet)
+    try:
+        study.optimize(objective, timeout=timeout, callbacks=[callback])
+    finally:
+        log.removeFilter(quiet)
     return ran
+
+
+class _InterruptedTrialFilter(logging.Filter):
+    """Drops Optuna's two warnings about a trial that Ctrl-C stopped (its traceback and
+    "failed with value None"): the trial is left FAIL, a resumed search redoes it
+    (:func:`tuner.storage.recover_interrupted`), and the CLI prints one ``interrupted:``
+    line instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[0] if record.exc_info else None
+        msg = record.getMessage()
+        number = msg.split(" ", 2)[1] if msg.startswith("Trial ") else ""
+        if exc is not None and issubclass(exc, KeyboardInterrupt):
+            self.dropped.add(number)
+            return False
+        return not (number in self.dropped and msg.endswith("failed with value None."))
 
 
 def run_worker(study_name: str, storage: str | None, n_trials: int | None = None,
