@@ -255,3 +255,30 @@ def test_plan_label_names_templates_that_differ_from_megatron():
     std = dict(p, templates=dict(p["templates"], lm_head="tied", mlp="megatron"))
     assert plan_label(std) == "dp8 tp2 pp2 1F1B mbs1 rc=none zero1"
     assert plan_label(dict(p, tp=1)) == "dp8 tp1 pp2 1F1B mbs1 rc=none zero1"
+
+
+def test_why_no_size_qualifies_tells_refused_from_out_of_memory():
+    """Found by a bad-input hunt: with every point refused by legality rules the size search
+    said no plan fits in memory."""
+    from tuner.sizing import SizeOutcome
+    from tuner.sizing import why_none as sizes_why_none
+
+    refused = [SizeOutcome(1, 8, None, None, 1000, scored=0), SizeOutcome(2, 16, None, None, 1000, scored=0)]
+    assert sizes_why_none(refused, None).startswith("no size has a plan to score: legality rules")
+    oom = [SizeOutcome(1, 8, None, None, 1000, scored=3)]
+    assert sizes_why_none(oom, None) == "no size has a plan that fits in memory"
+
+
+def test_an_empty_exhaustive_space_is_named_as_such(tmp_path, capsys):
+    """Found by a bad-input hunt: dp 8 x micro-batch 3 cannot divide a global batch of 32,
+    so the enumeration is empty; the report told the user to raise --trials, which does not
+    apply to exhaustive search."""
+    from meshplan.cli import main
+
+    rc = main(["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "32",
+               "--seq-len", "2048", "--layers", "4", "--sampler", "exhaustive", "--no-progress",
+               "--fix", "tp=1,pp=1,dp=8,micro_batch_size=3", "--output", str(tmp_path / "e")])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc == 1  # no plan: the command's failure code, not a usage error
+    assert "the search space holds no legal plan" in text and "--trials" not in text.split("no feasible plan:")[-1]

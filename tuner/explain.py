@@ -150,8 +150,13 @@ def why_none(result: TuneResult) -> list[str]:
         parts.append("legality rules pruned " + ", ".join(f"{n} by {r}" for r, n in rules.most_common()))
     if errors:
         parts.append(f"the engine refused {len(errors)} (first: {errors[0]})")
+    if result.exhaustive is not None and not parts:  # the enumeration itself was empty
+        return ["no feasible plan: the search space holds no legal plan (the exhaustive "
+                "enumeration found no candidate); widen --fix (a fixed dp x micro-batch must "
+                "divide the global batch, tp x pp x dp x cp must fit the cluster)"]
     why = "; ".join(parts) or f"no trial finished ({len(result.trials())} in the study)"
-    return [f"no feasible plan: no plan was scored -- {why}; widen --fix or raise --trials"]
+    more = "" if result.exhaustive is not None else " or raise --trials"
+    return [f"no feasible plan: no plan was scored -- {why}; widen --fix{more}"]
 
 
 __all__ = ["mesh_name", "mesh_shape", "why_best", "why_none"]

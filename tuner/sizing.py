@@ -105,6 +105,9 @@ class SizeOutcome:
     tokens_per_step: int
     label: str = ""
     study: str = ""
+    scored: int | None = None
+    """Plans the size's search scored (None: not counted); 0 means every point it drew was
+    refused by a legality rule or the scorer, before any memory was known."""
 
     @property
     def feasible(self) -> bool:
@@ -144,10 +147,14 @@ def choose(outcomes: Sequence[SizeOutcome], objective: str = "cost",
 
 
 def why_none(outcomes: Sequence[SizeOutcome], max_step_time: float | None) -> str:
-    """Why :func:`choose` found nothing: no size had a plan that fits, or the fastest
-    feasible step misses the deadline (by how much)."""
+    """Why :func:`choose` found nothing: no size scored any plan (every point refused by a
+    legality rule or the scorer), no size had a plan that fits, or the fastest feasible
+    step misses the deadline (by how much)."""
     feas = [o for o in outcomes if o.step_time_s is not None]
     if not feas:
+        if outcomes and all(o.scored == 0 for o in outcomes):
+            return ("no size has a plan to score: legality rules or the scorer refused every point "
+                    "drawn (each size's report names the rules; loosen --fix or the search space)")
         return "no size has a plan that fits in memory"
     best = min(feas, key=lambda o: o.step_time_s)
     return (f"the fastest feasible step ({best.step_time_s:.3f} s on {best.gpus} GPUs) misses "

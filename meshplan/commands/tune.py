@@ -322,6 +322,8 @@ def tune_cmd(
                       progress_bar=terminal.Progress, seed_from_bound=seed_from_bound)
 
     check_single(objective, max_step_time)
+    if gpus is not None and nodes is not None:  # each size sets its own node count
+        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
     if gpus is not None:
         def run_one(n: int | None, study_name: str, d: Path) -> Any:
             cfg_n = config_for(n)

@@ -25,9 +25,12 @@ def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str) -> Any
     from tuner.result import plan_label
     from tuner.sizing import SizeOutcome
 
+    from tuner.result import scored
+
     best = result.best()
     if best is None:
-        return SizeOutcome(nodes, gpus, None, None, tokens, "no feasible plan", study)
+        n = sum(t.state.name == "COMPLETE" and scored(t.user_attrs) for t in result.trials())
+        return SizeOutcome(nodes, gpus, None, None, tokens, "no feasible plan", study, scored=n)
     cand, rec = best
     label = plan_label(cand.to_dict())
     return SizeOutcome(nodes, gpus, float(rec["time_s"]), float(rec["memory_bytes"]), tokens,
