@@ -22,10 +22,8 @@ from meshplan.errors import MeshplanError
 
 
 def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str) -> Any:
-    from tuner.result import plan_label
+    from tuner.result import plan_label, scored
     from tuner.sizing import SizeOutcome
-
-    from tuner.result import scored
 
     best = result.best()
     if best is None:
