@@ -103,12 +103,26 @@ def run_experiments(out_dir: str | Path, quick: bool = False, only: list[str] | 
         records.append(rec)
         if on_done is not None:
             on_done(rec)
-    write_readme(records, out, quick)
+    write_readme(records, out, quick, earlier=only is not None)
     return records
 
 
-def write_readme(records: list[RunRecord], out_dir: Path, quick: bool) -> Path:
-    """Combined report: every experiment's section, then any failures."""
+def _earlier_section(name: str, out_dir: Path) -> str | None:
+    """The README section of experiment ``name`` from an earlier run in ``out_dir`` (its
+    ``<name>.md``, heading demoted one level), or None when there is none."""
+    md = out_dir / f"{name}.md"
+    if not md.is_file():
+        return None
+    text = md.read_text()
+    if text.startswith("# "):
+        text = "#" + text
+    return text.rstrip() + f"\n_{name}: from an earlier run into this folder (`{md.name}`)_\n"
+
+
+def write_readme(records: list[RunRecord], out_dir: Path, quick: bool, earlier: bool = False) -> Path:
+    """Combined report: every experiment's section, then any failures. ``earlier`` (a run of
+    some experiments, ``--only``): the sections of other registered experiments that an
+    earlier run left in ``out_dir`` stay, in registry order, marked as such."""
     from meshplan import __version__
 
     mode = "quick (small sizes)" if quick else "full"
@@ -120,11 +134,16 @@ def write_readme(records: list[RunRecord], out_dir: Path, quick: bool) -> Path:
         "beside this file.",
         "",
     ]
-    for rec in records:
-        if rec.result is not None:
+    ran = {rec.name: rec for rec in records}
+    order = list(EXPERIMENTS) + [n for n in ran if n not in EXPERIMENTS]
+    for name in order:
+        rec = ran.get(name)
+        if rec is not None and rec.result is not None:
             lines.append(experiment_markdown(rec.result, heading="##"))
             lines.append(f"_{rec.name}: {rec.seconds:.1f} s; files: "
                          + ", ".join(f"`{f.name}`" for f in rec.files) + "_\n")
+        elif rec is None and earlier and (section := _earlier_section(name, out_dir)) is not None:
+            lines.append(section)
     failed = [r for r in records if r.error]
     if failed:
         lines += ["## Failed experiments", ""]

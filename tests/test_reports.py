@@ -282,3 +282,19 @@ def test_an_empty_exhaustive_space_is_named_as_such(tmp_path, capsys):
     text = out.out + out.err
     assert rc == 1  # no plan: the command's failure code, not a usage error
     assert "the search space holds no legal plan" in text and "--trials" not in text.split("no feasible plan:")[-1]
+
+
+def test_report_only_keeps_the_sections_an_earlier_run_left(tmp_path):
+    """Found by a bad-input hunt: ``report --only A`` then ``--only B`` into one folder left a
+    README describing B alone, though A's CSV and Markdown were still beside it."""
+    from experiments.base import EXPERIMENTS
+    from experiments.runner import write_readme
+
+    first, second = list(EXPERIMENTS)[:2]
+    (tmp_path / f"{first}.md").write_text(f"# Title of {first}\n\nbody of {first}\n")
+    text = write_readme([], tmp_path, quick=True, earlier=True).read_text()
+    assert f"## Title of {first}" in text and f"body of {first}" in text
+    assert f"_{first}: from an earlier run into this folder (`{first}.md`)_" in text
+    assert second not in text  # nothing of an experiment that never ran here
+    text = write_readme([], tmp_path, quick=True, earlier=False).read_text()  # a full run: its own only
+    assert f"body of {first}" not in text
