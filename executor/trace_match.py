@@ -268,6 +268,45 @@ def slowest_ranks(per_rank: list[list[OpSample]], signatures: list[Any]) -> list
     return [per_rank[i] for i in keep]
 
 
+def _segments(samples: list[OpSample]) -> list[list[OpSample]]:
+    """A rank's non-collective samples, in trace order, cut at each collective: segment k
+    holds what the rank ran between its k-th and (k+1)-th collective."""
+    segs: list[list[OpSample]] = [[]]
+    for smp in samples:
+        if smp.kind == COLLECTIVE:
+            segs.append([])
+        else:
+            segs[-1].append(smp)
+    return segs
+
+
+def slowest_segments(per_rank: list[list[OpSample]], signatures: list[Any]) -> list[list[OpSample]]:
+    """Of ranks with the same ``signature`` (replicas running the same ops), segment by
+    segment (:func:`_segments`: the work between two collectives) the samples of the
+    replica that took longest in it; ranks with a signature of their own stay whole.
+
+    Replicas meet at every collective, so a step takes, segment after segment, the slowest
+    replica's time plus the collective (the executor's step time is the slowest rank's,
+    ``executor.run.gathered_measurement``): one replica's ops for the whole step
+    (:func:`slowest_ranks`) miss the segments in which another replica was slower (issue
+    19: rank 1's optimizer segment after the gradient all_reduce 3.5 ms longer than that of
+    rank 0, the busiest rank of the round). Replicas whose segment counts differ fall back
+    to :func:`slowest_ranks`. Collective samples are not returned (``merge_collectives``)."""
+    groups: dict[Any, list[int]] = {}
+    for i, sig in enumerate(signatures):
+        groups.setdefault(sig, []).append(i)
+    out = []
+    for idx in sorted(groups.values()):
+        segs = [_segments(per_rank[i]) for i in idx]
+        if len({len(s) for s in segs}) != 1:
+            out += [[x for x in r if x.kind != COLLECTIVE] for r in slowest_ranks([per_rank[i] for i in idx],
+                                                                                 [0] * len(idx))]
+            continue
+        out.append([x for k in range(len(segs[0]))
+                    for x in max((s[k] for s in segs), key=lambda seg: sum(y.seconds for y in seg))])
+    return out
+
+
 def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     """Every rank's samples, each collective taken once, at its shortest span over the
     ranks: a collective's span on a rank also holds the wait for peers still computing,

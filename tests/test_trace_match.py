@@ -324,3 +324,24 @@ def test_round_alignment_needs_one_host_and_the_clock_origin():
     assert round_alignment([r0]) is None
     old = ({"host": "a"}, r0[1])  # a trace written before span_origin_ns was recorded
     assert round_alignment([r0, old]) is None
+
+
+def test_slowest_segments_takes_each_segment_from_its_slowest_replica():
+    """Replicas a (ranks 0, 1) meet at one all_reduce: before it rank 0 took 3 ms and rank 1
+    2 + 0.5 ms, after it rank 0 1 ms and rank 1 4 ms; the step is max(3, 2.5) + max(1, 4) =
+    7 ms of ops (rank 0's whole 4 ms and rank 1's 6.5 ms each miss one segment). Rank 2 runs
+    other ops and stays whole; replicas whose segment counts differ fall back to the busiest."""
+    from executor.trace_match import slowest_segments
+
+    def g(t, ph="F"):
+        return OpSample("gemm", "matmul", 1e6, 0.0, t, ph)
+
+    c = OpSample("collective", "all_reduce/2", 0.0, 8e6, 1.0, "O")
+    r0 = [g(3e-3), c, g(1e-3, "O")]
+    r1 = [g(2e-3), g(0.5e-3), c, g(4e-3, "O")]
+    r2 = [g(1e-3)]
+    got = slowest_segments([r0, r1, r2], ["a", "a", "b"])
+    assert got == [[r0[0], r1[3]], r2]
+    assert sum(x.seconds for x in got[0]) == pytest.approx(7e-3)
+    uneven = slowest_segments([r0, [g(9e-3)]], ["a", "a"])  # no collective on rank 1
+    assert uneven == [[g(9e-3)]]

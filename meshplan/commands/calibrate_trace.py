@@ -122,7 +122,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         recorded_spans,
         round_alignment,
         round_step,
-        slowest_ranks,
+        slowest_segments,
         stream_samples,
     )
     from executor.trace_plan_fit import (
@@ -155,8 +155,9 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         streams += stream_samples(shaped, event_cost(meta))
         metas.append(meta)
     # collectives at their shortest rank, the other ops of each set of replicas from the slowest
+    # replica of each segment between collectives
     colls = merge_collectives(per_rank)
-    samples = [s for r in slowest_ranks(per_rank, sigs) for s in r if s.kind != "collective"]
+    samples = [s for r in slowest_segments(per_rank, sigs) for s in r]
     samples += [s for s in colls if s.kind == "collective"]
     run = _run_plan(plan, metas[0])
     dtype = run.strategy.dtype
