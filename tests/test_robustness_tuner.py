@@ -138,3 +138,13 @@ def test_journal_in_a_missing_directory_is_not_created_by_the_library(tmp_path):
     with pytest.raises(StorageError, match="does not exist"):
         open_storage(str(tmp_path / "nope" / "j.log"), None)
     assert not (tmp_path / "nope").exists()
+
+
+def test_a_worker_on_a_missing_journal_creates_nothing(tmp_path, capsys):
+    """Found by a bad-input hunt: ``worker --storage missing.log`` said the study was
+    missing but left an empty journal file behind."""
+    from tests._cli import one_line_error
+
+    line = one_line_error(main(["worker", "--study", "s", "--storage", str(tmp_path / "none.log")]),
+                          *capsys.readouterr())
+    assert "no such journal file" in line and list(tmp_path.iterdir()) == []

@@ -362,6 +362,10 @@ def worker_cmd(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_study_name(study)
+    journal = storage[len("journal:"):] if storage.startswith("journal:") else storage
+    if "://" not in journal and not Path(journal).is_file():  # joining: nothing to create
+        raise MeshplanError(f"--storage {storage!r}: no such journal file; a worker joins a study "
+                            f"that `meshplan tune --storage` started")
     n = run_worker(study, storage, trials, timeout)
     typer.echo(f"worker ran {n} trials on study {study}")
 
