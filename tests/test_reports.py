@@ -298,3 +298,16 @@ def test_report_only_keeps_the_sections_an_earlier_run_left(tmp_path):
     assert second not in text  # nothing of an experiment that never ran here
     text = write_readme([], tmp_path, quick=True, earlier=False).read_text()  # a full run: its own only
     assert f"body of {first}" not in text
+
+
+def test_a_gpu_count_above_the_limit_is_refused_before_any_size_is_searched(tmp_path, capsys):
+    """Found by a bad-input hunt: ``--gpus 8,<huge>`` searched the 8-GPU size first and then
+    failed with a message that did not name --gpus."""
+    from meshplan.cli import main
+
+    rc = main(["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "64",
+               "--seq-len", "2048", "--layers", "4", "--trials", "3", "--no-progress",
+               "--gpus", "8,8000000000000", "--output", str(tmp_path / "h")])
+    out = capsys.readouterr()
+    assert rc == 2 and "--gpus '8,8000000000000': 8000000000000 GPUs is above" in out.err
+    assert "--- 8 GPUs" not in out.out  # nothing searched

@@ -61,6 +61,12 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     spec = load_cluster(cluster).spec
     gpn = spec.node.devices_per_node.value
     sizes = cluster_sizes(gpus_spec, gpn)
+    from clusters.spec import MAX_WORLD_SIZE
+
+    too_big = [n * gpn for n in sizes if n * gpn > MAX_WORLD_SIZE]
+    if too_big:  # before any size is searched
+        raise ValueError(f"--gpus {gpus_spec!r}: {too_big[0]} GPUs is above meshplan's limit of "
+                         f"{MAX_WORLD_SIZE} ranks (clusters.spec.MAX_WORLD_SIZE)")
     outcomes = []
     for nodes in sizes:
         g = nodes * gpn
