@@ -213,12 +213,15 @@ def compare_cmd(
         panels.append((label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]
-    if plot is not None:
-        from simulator.gantt import plot_steps
+    def write_plot() -> None:  # after the table: a plot that cannot be written loses no result
+        if plot is not None:
+            from simulator.gantt import plot_steps
 
-        opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
+            opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
+
     if as_json:
         typer.echo(json.dumps(rows))
+        write_plot()
         return
     title = f"{model} on {cluster}: {len(rows)} plans"
     used = sorted({r["gpus"] for r in rows if r["error"] is None})
@@ -231,6 +234,7 @@ def compare_cmd(
     reasons = [r["error"] for r in rows if r["error"] is not None]
     for i, why in enumerate(reasons, 1):
         typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
+    write_plot()
     if plot is not None:
         typer.echo(f"wrote {plot}")
 
