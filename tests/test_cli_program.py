@@ -71,8 +71,8 @@ def test_bad_values_are_one_line_errors(capsys):
 
 def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
     """Found by a new-user check: every config.json summary read "(llama)" (the builder
-    family), Gemma-2 included; it now names the norm and its placement, the MLP activation
-    and the positions the config resolved to."""
+    family), Gemma-2 included; it now names the norm and its placement, the MLP activation,
+    the positions, grouped KV heads, qk-norm, a sliding window and MoE routing."""
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parent / "data" / "hf_configs" / "gemma-2-9b.json"
@@ -80,4 +80,10 @@ def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
                             "--seq-len", "16", "--summary-only")
     assert rc == 0, err
     first = out.splitlines()[0]
-    assert "(llama builder: rms_norm sandwich, geglu_tanh, rope positions), 42 layers" in first
+    assert ("(llama builder: rms_norm sandwich, geglu_tanh, rope positions, GQA 16/8 heads, "
+            "sliding window 4096 every 2nd layer), 42 layers") in first
+    cfg = cfg.with_name("qwen3-30b-a3b.json")  # qk-norm and routing are named too
+    rc, out, err = run_main(capsys, "program", "show", "--model", str(cfg), "--layers", "1",
+                            "--batch-size", "1", "--seq-len", "16", "--summary-only")
+    assert rc == 0, err
+    assert "GQA 32/4 heads, qk-norm, MoE 128 experts top-8)" in out.splitlines()[0]

@@ -504,13 +504,13 @@ def test_the_command_refuses_what_cost_refuses_and_exports_the_costed_split(tmp_
     Megatron arguments carry the costed 12-stage layout, whose stages sum to 32."""
     tiny = str(ROOT / "benchmarks" / "plans" / "llama_l2.json")  # 2 layers, 4 heads
     base = ["export", "--to", "megatron", "--cluster", "dgx-h100", "--global-batch", "2"]
-    for extra, what in ((["--tp", "3"], "'tp' = 3 does not divide"), (["--pp", "4"], "cannot fill 4 pipeline"),
-                        (["--dp", "2", "--cp", "3"], "'cp' = 3")):
+    for extra, what in ((["--tp", "3"], "--tp = 3 does not divide"), (["--pp", "4"], "cannot fill 4 pipeline"),
+                        (["--dp", "2", "--cp", "3"], "--cp = 3")):
         line = one_line_error(*run_main(capsys, *base, "--model", tiny, *extra))
         assert what in line, line
     line = one_line_error(*run_main(capsys, "export", "--to", "megatron", "--cluster", "dgx-h100",
                                     "--global-batch", "64", "--model", "llama2-7b", "--dp", "64"))
-    assert "64 ranks exceeds cluster 'dgx-h100' with 8" in line
+    assert "= 64 ranks exceeds cluster 'dgx-h100' with 8" in line
     code, out, err = run_main(capsys, "export", "--to", "megatron", "--model", "llama2-7b", "--cluster", "dgx-h100",
                               "--global-batch", "64", "--seq-len", "1024", "--pp", "4", "--vpp", "3",
                               "--schedule", "VPP", "--dp", "2")
@@ -524,3 +524,26 @@ def test_the_command_refuses_what_cost_refuses_and_exports_the_costed_split(tmp_
     bad = Plan(model=tiny, cluster="dgx-h100", strategy=Strategy(tp=3, global_batch_size=2)).save(tmp_path / "p.json")
     line = one_line_error(*run_main(capsys, "validate", str(bad), "--launcher", "torchrun"))
     assert "'tp' = 3 does not divide" in line
+
+
+def test_export_names_the_flags_as_typed_and_notes_an_out_of_memory_plan(capsys):
+    """Found by a new-user check: export's refusals named strategy fields where cost names
+    the flags as typed, and a plan cost calls OUT OF MEMORY was exported without a word."""
+    base = ["export", "--to", "megatron", "--cluster", "dgx-a100-80g"]
+    line = one_line_error(*run_main(capsys, *base, "--model", "llama2-7b", "--tensor-model-parallel-size", "3",
+                                    "--dp", "1", "--global-batch", "8"))
+    assert line.startswith("error: --tensor-model-parallel-size = 3 does not divide")
+    code, out, err = run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8")
+    assert code == 0 and "--tensor-model-parallel-size 1" in out
+    assert "note: OUT OF MEMORY as costed: the plan needs" in err and "GiB limit" in err
+
+
+def test_torchrun_command_keeps_one_rank_per_gpu(tmp_path, capsys):
+    """Found by a new-user check: a dp 32 plan on 4 nodes of 8 GPUs printed
+    ``--nproc-per-node 32`` for --nnodes 1."""
+    p = Plan(model="llama2-7b", cluster="dgx-a100-80g", nodes=4, seq_len=4096,
+             strategy=Strategy(dp=32, global_batch_size=512, zero=1)).save(tmp_path / "p.json")
+    line = one_line_error(*run_main(capsys, "validate", str(p), "--launcher", "torchrun", "--nnodes", "1"))
+    assert "32 ranks a node, but a node of cluster 'dgx-a100-80g' has 8 GPUs (one rank each); use --nnodes 4" in line
+    code, out, _ = run_main(capsys, "validate", str(p), "--launcher", "torchrun", "--nnodes", "4")
+    assert code == 0 and "--nnodes 4 --nproc-per-node 8" in out

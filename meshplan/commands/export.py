@@ -117,8 +117,12 @@ def export_cmd(
                                    recompute_num_layers, recompute_activations,
                                    use_distributed_optimizer)
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron)
-    out = export_plan(costed_plan(plan), to.value)
-    for note in out.notes:
+    try:
+        checked, fit_note = costed_plan(plan, with_memory=True)
+    except ValueError as e:  # the user's flags named as typed, as cost names them
+        raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
+    out = export_plan(checked, to.value)
+    for note in ([fit_note] if fit_note else []) + [str(n) for n in out.notes]:
         typer.echo(f"note: {note}", err=True)
     if output:
         path = Path(output)
@@ -129,21 +133,33 @@ def export_cmd(
         typer.echo(out.text, nl=False)
 
 
-def costed_plan(plan: Any) -> Any:
+def costed_plan(plan: Any, with_memory: bool = False) -> Any:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
     pipeline layer split the cost model used when the plan fixes none and the layers do not
     divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
     ``get_num_layers_to_build`` refuses that without a layout): what is exported or launched is what was
-    costed, never a layout the framework would refuse at start-up."""
+    costed, never a layout the framework would refuse at start-up. ``with_memory``: return
+    ``(plan, note)``, the note (None when it fits) saying that the costed peak memory is over
+    the device's limit with the default headroom, as ``cost`` prints OUT OF MEMORY."""
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
 
-    split = list(Engine.from_plan(plan, None).step_model().run().layers_per_vstage)
-    if sum(split) % len(split) == 0:  # the framework's own even split runs (its arguments say it)
+    engine = Engine.from_plan(plan, None)
+    res = engine.step_model().run()
+    split = list(res.layers_per_vstage)
+    if sum(split) % len(split) != 0:  # else the framework's own even split runs (its arguments say it)
+        plan = predicted_plan(plan, {"layers_per_vstage": split})
+    if not with_memory:
         return plan
-    return predicted_plan(plan, {"layers_per_vstage": split})
+    limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
+    note = None
+    if res.max_memory_bytes > limit:
+        note = (f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "
+                f"the {limit / 2**30:.2f} GiB limit (meshplan cost shows the breakdown)")
+    return plan, note
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,22 @@ import typer
 from meshplan.commands import options as opt
 
 
+def _features(cfg: Any) -> str:
+    """What else sets an architecture apart, as ``, ...`` (empty when nothing does): grouped
+    KV heads, qk-norm, a sliding window, mixture-of-experts routing."""
+    parts = []
+    if cfg.num_kv_heads != cfg.num_heads:
+        parts.append(f"GQA {cfg.num_heads}/{cfg.num_kv_heads} heads")
+    if cfg.qk_norm:
+        parts.append("qk-norm")
+    if cfg.sliding_window is not None:
+        every = "" if cfg.sliding_window_every == 1 else f" every {cfg.sliding_window_every}nd layer"
+        parts.append(f"sliding window {cfg.sliding_window}{every}")
+    if getattr(cfg, "num_experts", None):
+        parts.append(f"MoE {cfg.num_experts} experts top-{cfg.experts_per_token}")
+    return "".join(f", {p}" for p in parts)
+
+
 def summary_lines(program: Any, title: str) -> list[str]:
     """The summary block of a ``completion.ir.Program``: op count by role, ops by type (most
     frequent first), parameters."""
@@ -55,7 +71,7 @@ def show_cmd(
     # the builder family and what sets the architecture apart (a Gemma or Qwen config.json
     # builds through the llama family: the family alone would name it "llama")
     arch = (f"{cfg.family} builder: {cfg.resolved_norm} {cfg.norm_placement}, {cfg.mlp_activation}, "
-            f"{cfg.resolved_positions} positions")
+            f"{cfg.resolved_positions} positions{_features(cfg)}")
     title = f"{cfg.name} ({arch}), {n_layers} layers, batch {batch_size}, seq {s}, {dtype}"
     typer.echo("\n".join(summary_lines(program, title)))
 

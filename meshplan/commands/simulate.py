@@ -52,6 +52,9 @@ def simulate_cmd(
                                      f"--schedule ZB with --memory-limit {memory_limit:g} instead",
                                      param_hint="'--memory-limit'")
         memory_limit = zb_limit
+    if chunks is not None and chunks > 1 and schedule not in ("ZBVPP", "VPP"):
+        raise typer.BadParameter(f"{asked} runs one chunk per rank; --chunks {chunks} needs VPP or ZBVPP",
+                                 param_hint="'--chunks'")
     v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
     sched = build_schedule(schedule, stages, microbatches, v, memory_limit, **opts)
@@ -89,7 +92,10 @@ def _builder(name: str, stages: int) -> tuple[str, float | None]:
 
     try:
         canon = canonical_schedule(name)
-    except StrategyError as e:
-        raise typer.BadParameter(str(e).replace("strategy field 'schedule'", "it"),
+    except StrategyError:
+        from completion.strategy import SCHEDULE_ALIASES, SCHEDULES
+
+        raise typer.BadParameter(f"{name!r} is none of {', '.join(SCHEDULES)} (case-insensitive) "
+                                 f"or their aliases {', '.join(sorted(SCHEDULE_ALIASES))}",
                                  param_hint="'--schedule'") from None
     return {"ZB-1p": ("ZB", float(stages)), "ZB-2p": ("ZB", float(2 * stages))}.get(canon, (canon, None))

@@ -30,6 +30,7 @@ import json
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -80,6 +81,21 @@ def spread(times: list[float]) -> float:
     return (max(times) - min(times)) / med if med > 0 else 0.0
 
 
+def _check_gpus_per_node(plan: Any, world: int, nnodes: int) -> None:
+    """On a GPU cluster (its device states ``sm_count``) each rank takes one GPU: refuse an
+    ``--nnodes`` that puts more ranks on a node than it has GPUs, naming the count that
+    fits. CPU clusters (gloo) take any number of processes a node."""
+    from clusters import load_cluster
+
+    cl = load_cluster(plan.cluster, plan.nodes)
+    gpn = int(cl.devices_per_node)
+    if cl.spec.device.sm_count is None or world % nnodes or world // nnodes <= gpn:
+        return
+    need = -(-world // gpn)
+    raise ValueError(f"--nnodes {nnodes}: {world // nnodes} ranks a node, but a node of cluster "
+                     f"{cl.name!r} has {gpn} GPUs (one rank each); use --nnodes {need}")
+
+
 def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
                      endpoint: str = "") -> str:
     """The torchrun command that runs the plan on ``nnodes`` nodes of ``world / nnodes``
@@ -128,6 +144,7 @@ def validate_cmd(
         from meshplan.commands.export import costed_plan
 
         costed_plan(plan)  # refuse here what every rank would refuse at start-up
+        _check_gpus_per_node(plan, world, nnodes)
         typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
         return
     nproc = nproc or world
