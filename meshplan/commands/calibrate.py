@@ -22,8 +22,6 @@ simulator's step before and after calibration."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
 
@@ -96,19 +94,6 @@ def _check_device(device: str) -> None:
                                  param_hint="'--device'")
 
 
-def check_fit(spec: dict, out: Any, trace: str) -> None:
-    """``parse_spec`` of a fitted spec before it is written; a constant outside the spec's
-    bounds is the trace's doing, so the error names the trace and nothing is written."""
-    from clusters.errors import ClusterSpecError
-    from clusters.spec import parse_spec
-
-    try:
-        parse_spec(spec, str(out))
-    except ClusterSpecError as e:
-        raise ClusterSpecError(f"the fit to {trace} is implausible, {out} not written: "
-                               f"{str(e).removeprefix(f'{out}: ')}") from None
-
-
 def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> None:
     """``--from-trace``: fit, write the YAML, print measured vs predicted per kernel class."""
     from pathlib import Path
@@ -145,6 +130,8 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
     out = Path(output)
     spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
     spec["name"] = name or out.stem
+    from meshplan.commands.calibrate_trace import check_fit
+
     check_fit(spec, out, trace)
     out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "
                    f"see executor/trace_calibrate.py.\n" + yaml.safe_dump(spec, sort_keys=False, width=200))

@@ -17,6 +17,19 @@ import typer
 MAX_TRACES = 64
 
 
+def check_fit(spec: dict, out: Any, trace: str) -> None:
+    """``parse_spec`` of a fitted spec before it is written; a constant outside the spec's
+    bounds is the trace's doing, so the error names the trace and nothing is written."""
+    from clusters.errors import ClusterSpecError
+    from clusters.spec import parse_spec
+
+    try:
+        parse_spec(spec, str(out))
+    except ClusterSpecError as e:
+        raise ClusterSpecError(f"the fit to {trace} is implausible, {out} not written: "
+                               f"{str(e).removeprefix(f'{out}: ')}") from None
+
+
 def executor_traces(trace: str) -> list[Path]:
     """The executor trace files of ``trace``: a directory's ``rank*.json`` (sorted by
     rank), or the file itself when it carries the executor's metadata; [] for any other
@@ -169,8 +182,6 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     src = ", ".join(f.name for f in files)
     spec = apply_plan_fit(base, fit, dtype, src)
     spec["name"] = name or out.stem
-    from meshplan.commands.calibrate import check_fit
-
     check_fit(spec, out, ", ".join(str(f) for f in files))
     out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
                    f"{plan_file}; see executor/trace_plan_fit.py.\n"
