@@ -70,8 +70,10 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     # the executor runs the plan: its profile is "eager" (separate gradient accumulation
     # and the 1/m scaling, nothing fused or overlapped), whatever framework the plan names,
     # and its memory is ZeRO-1's at most (EXECUTOR_MAX_ZERO: whole gradients and parameters)
-    s = plan.strategy
-    eager = dataclasses.replace(plan, strategy=s.replace(framework="eager", zero=min(s.zero, EXECUTOR_MAX_ZERO)))
+    s = plan.strategy.replace(framework="eager")
+    if s.zero > EXECUTOR_MAX_ZERO:  # an HSDP group goes with ZeRO-3
+        s = s.replace(zero=EXECUTOR_MAX_ZERO, fsdp_shard_size=None)
+    eager = dataclasses.replace(plan, strategy=s)
     res = Engine.from_plan(eager, cluster).step_model().run()
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
