@@ -84,6 +84,10 @@ SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 #: schedules that run more than one model chunk per rank
 INTERLEAVED = ("VPP", "ZBVPP")
+#: the Zero Bubble paper's named memory limits: schedule -> limit in units of p M_B (p the
+#: pipeline stages) of the automatic ZB schedule (Qi et al. 2024, sec. 4); "ZB" alone
+#: runs at ZB-2p's (``Strategy.registered_schedule``; ``meshplan simulate``)
+ZB_LIMITS = {"ZB-1p": 1, "ZB-2p": 2}
 RECOMPUTE = ("none", "selective", "selective-op", "full")
 DTYPES = ("bfloat16", "float16", "float32")
 #: software profiles that run a plan: the one list of their names (the Strategy validates
@@ -392,10 +396,8 @@ class Strategy:
     def registered_schedule(self) -> tuple[str, float | None]:
         """(registered schedule builder name, ZB memory limit in units of M_B or None):
         ZB-1p -> ("ZB", pp), ZB-2p and ZB -> ("ZB", 2 pp) (Qi et al. 2024, sec. 4)."""
-        if self.schedule == "ZB-1p":
-            return "ZB", float(self.pp)
-        if self.schedule in ("ZB-2p", "ZB"):
-            return "ZB", float(2 * self.pp)
+        if self.schedule in ZB_LIMITS or self.schedule == "ZB":
+            return "ZB", float(ZB_LIMITS.get(self.schedule, ZB_LIMITS["ZB-2p"]) * self.pp)
         return self.schedule, None
 
     @property

@@ -118,7 +118,7 @@ def export_cmd(
                                    use_distributed_optimizer)
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron)
     try:
-        checked, fit_note = costed_plan(plan, with_memory=True)
+        checked, fit_note = costed_plan(plan)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     out = export_plan(checked, to.value)
@@ -133,16 +133,16 @@ def export_cmd(
         typer.echo(out.text, nl=False)
 
 
-def costed_plan(plan: Any, with_memory: bool = False) -> Any:
+def costed_plan(plan: Any) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
     pipeline layer split the cost model used when the plan fixes none and the layers do not
     divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
     ``get_num_layers_to_build`` refuses that without a layout): what is exported or launched is what was
-    costed, never a layout the framework would refuse at start-up. ``with_memory``: return
-    ``(plan, note)``, the note (None when it fits) saying that the costed peak memory is over
-    the device's limit with the default headroom, as ``cost`` prints OUT OF MEMORY."""
+    costed, never a layout the framework would refuse at start-up. Returns ``(plan, note)``:
+    the note (None when it fits) says that the costed peak memory is over the device's limit
+    with the default headroom, as ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
@@ -152,8 +152,6 @@ def costed_plan(plan: Any, with_memory: bool = False) -> Any:
     split = list(res.layers_per_vstage)
     if sum(split) % len(split) != 0:  # else the framework's own even split runs (its arguments say it)
         plan = predicted_plan(plan, {"layers_per_vstage": split})
-    if not with_memory:
-        return plan
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
     note = None
     if res.max_memory_bytes > limit:

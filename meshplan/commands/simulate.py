@@ -88,7 +88,7 @@ def _builder(name: str, stages: int) -> tuple[str, float | None]:
     ``cost`` takes it (``completion.strategy.canonical_schedule``: case-insensitive, aliases;
     ZB-1p / ZB-2p are the ZB heuristic at a limit of p / 2p M_B, Qi et al. 2024 sec. 4).
     Raises typer.BadParameter naming ``--schedule`` for an unknown name."""
-    from completion.strategy import StrategyError, canonical_schedule
+    from completion.strategy import ZB_LIMITS, StrategyError, canonical_schedule
 
     try:
         canon = canonical_schedule(name)
@@ -98,4 +98,6 @@ def _builder(name: str, stages: int) -> tuple[str, float | None]:
         raise typer.BadParameter(f"{name!r} is none of {', '.join(SCHEDULES)} (case-insensitive) "
                                  f"or their aliases {', '.join(sorted(SCHEDULE_ALIASES))}",
                                  param_hint="'--schedule'") from None
-    return {"ZB-1p": ("ZB", float(stages)), "ZB-2p": ("ZB", float(2 * stages))}.get(canon, (canon, None))
+    if canon in ZB_LIMITS:
+        return "ZB", float(ZB_LIMITS[canon] * stages)
+    return canon, None

@@ -143,7 +143,7 @@ def validate_cmd(
     if launcher == "torchrun":
         from meshplan.commands.export import costed_plan
 
-        costed_plan(plan)  # refuse here what every rank would refuse at start-up
+        costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
         _check_gpus_per_node(plan, world, nnodes)
         typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
         return
