@@ -33,6 +33,7 @@ TRIALS = 8
 QUIET_LOAD = 2.0
 QUIET_WAIT_S = 60.0
 STEP = re.compile(r"step \(ms\): measured ([\d.]+) .*predicted before ([\d.]+) \(.*\), after ([\d.]+)")
+RECORDED = re.compile(r"recorded steps: median ([\d.]+) ms vs")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Trial:
     after_ms: float
     load_before: float
     load_after: float
+    recorded_ms: float = float("nan")
 
     @property
     def error(self) -> float:
@@ -75,7 +77,9 @@ def trial(workdir: Path) -> Trial:
     if m is None:
         raise RuntimeError(f"calibrate printed no step line: {out[-2000:]}")
     measured, before, after = (float(x) for x in m.groups())
-    return Trial(measured, before, after, load0, os.getloadavg()[0])
+    rec = RECORDED.search(out)
+    return Trial(measured, before, after, load0, os.getloadavg()[0],
+                 float(rec.group(1)) if rec else float("nan"))
 
 
 def run() -> list[BenchResult]:
@@ -87,7 +91,8 @@ def run() -> list[BenchResult]:
     ranked = sorted(trials, key=lambda t: t.error)
     mid = ranked[(len(ranked) - 1) // 2]
     within = sum(abs(t.error) <= TARGET for t in trials)
-    notes = "; ".join(f"{t.error:+.1%} (load {t.load_before:.2f}->{t.load_after:.2f})" for t in trials)
+    notes = "; ".join(f"{t.error:+.1%} (recorded {t.recorded_ms / t.measured_ms - 1:+.1%}, load "
+                      f"{t.load_before:.2f}->{t.load_after:.2f})" for t in trials)
     extra = (f"re-predicted {mid.after_ms:.1f} ms vs measured {mid.measured_ms:.1f} ms, error "
              f"{mid.error:+.1%}; {within} of {len(trials)} trials within {TARGET:.0%}: {notes}")
     return [ErrorResult("calibrate --from-trace, re-predicted step (dp2, 2 ranks)", mid.measured_ms / 1e3,

@@ -126,11 +126,14 @@ PROBE_CALLS, PROBE_REPEATS = 40, 7
 #: steps of the profiler pass (their streaming ops are pooled)
 PROFILE_STEPS = 2
 #: rounds of (unrecorded step, recorded step): one step on a shared host is one draw of
-#: its noise; the fit takes the recorded step of median time, the measured step is the
-#: median of the unrecorded ones; odd, so that both medians are steps that ran (an even
-#: count's two middle steps, averaged, may be far apart on a loaded host: 193 and 288 ms
-#: in one run of issue 19)
-PAIRED_STEPS = 9
+#: its noise; the fit pools the middle third of the recorded rounds by time
+#: (``executor.trace_rounds.middle_rounds``), the measured step is the median of the
+#: unrecorded ones; odd, so that both medians are steps that ran (an even count's two
+#: middle steps, averaged, may be far apart on a loaded host: 193 and 288 ms in one run of
+#: issue 19). 31, not 9: with per-step noise of +-15-20% the medians of 9 recorded and 9
+#: unrecorded steps differed by up to 9% on their own; 31 rounds of the 2-layer test plan
+#: add about 2.5 s a rank (issue 19, benchmarks/RESULTS.md)
+PAIRED_STEPS = 31
 
 
 def _probe_mix(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> None:

@@ -320,19 +320,6 @@ def merge_collectives(per_rank: list[list[OpSample]]) -> list[OpSample]:
     return rest + [min(group, key=lambda s: s.seconds) for group in zip(*colls, strict=True)]
 
 
-def median_round(metas: list[dict]) -> int | None:
-    """Index of the recorded round of median step time, a round's time being its slowest
-    rank's (``span_steps_s`` of every rank's metadata, ``executor.profile``; with an even
-    count the shorter middle one): the round the measured step (the median of the
-    slowest rank's unrecorded steps) stands next to. None when a rank has no rounds."""
-    runs = [m.get("span_steps_s") or [] for m in metas]
-    n = min((len(r) for r in runs), default=0)
-    if n == 0:
-        return None
-    slowest = [max(r[i] for r in runs) for i in range(n)]
-    return sorted(range(n), key=lambda i: slowest[i])[(n - 1) // 2]
-
-
 def round_step(events: list[dict], i: int) -> list[dict]:
     """The events inside the recorded step ``i`` (the span ``meshplan-step <i>``,
     ``executor.profile.step_label``). Raises TraceMatchError when the trace has no such

@@ -158,17 +158,18 @@ def test_one_process_run_records_spans_and_the_profiler_pass(tmp_path):
     assert sum(s.kind == "gemm" for s in samples) >= 2 and all(s.seconds >= 0 for s in samples)
 
 
-def test_the_fitted_round_is_the_median_round_by_its_slowest_rank():
+def test_the_fitted_rounds_are_the_middle_third_by_the_slowest_rank():
     """Rounds' slowest-rank times (0.30, 0.12, 0.20): round 2 is the median one, on every
     rank, even where that rank's own median round differs (rank 0: round 1 at 0.11 s is
     its median); an even count takes the shorter middle round; round_step keeps only the
     events inside that round's span and names a round the trace lacks."""
-    from executor.trace_match import TraceMatchError, median_round, round_step
+    from executor.trace_match import TraceMatchError, round_step
+    from executor.trace_rounds import middle_rounds
 
     metas = [{"span_steps_s": [0.30, 0.11, 0.10]}, {"span_steps_s": [0.25, 0.12, 0.20]}]
-    assert median_round(metas) == 2
-    assert median_round([{"span_steps_s": [0.4, 0.1, 0.3, 0.2]}]) == 3
-    assert median_round([{}]) is None
+    assert middle_rounds(metas) == [2]
+    assert middle_rounds([{"span_steps_s": [0.4, 0.1, 0.3, 0.2]}], share=0.25) == [3]
+    assert middle_rounds([{}]) == []
     ev = [_ev("meshplan-step 0", 0, 300), _ev("meshplan::F #3 matmul", 10, 20),
           _ev("meshplan-step 2", 500, 200), _ev("meshplan::F #3 matmul", 510, 30)]
     assert round_step(ev, 2) == [ev[3]]

@@ -15,8 +15,8 @@ The 10% band of the re-predicted step is asserted in ``benchmarks/bench_trace_lo
 (8 trials, each waiting for the host's load to fall below its 2 cores; results in
 ``benchmarks/RESULTS.md``), not here: with the full suite on 2 pytest workers and other
 work on this 2-core host the load reaches 5 to 8, the steps of one run then range over
-2.5x, and the medians of the 9 unrecorded and the 9 recorded steps of one run differ by up
-to 18% on their own (measured, issue 19: 6 of 8 runs within 10% at loads of 5 to 6); the
+2.5x, and with 9 rounds (31 since) the medians of the unrecorded and the recorded steps of
+one run differed by up to 18% on their own (measured, issue 19: 6 of 8 runs within 10% at loads of 5 to 6); the
 test prints the error (``-s``)."""
 
 from __future__ import annotations

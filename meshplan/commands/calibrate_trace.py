@@ -128,7 +128,6 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     from executor.trace_match import (
         event_cost,
         match_trace,
-        median_round,
         median_step,
         merge_collectives,
         plan_labels,
@@ -145,33 +144,39 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         fit_plan_samples,
         measured_class_times,
     )
+    from executor.trace_rounds import fold_step_gap, middle_rounds, step_gap, step_span
     from meshplan.plan import Plan
     from meshplan.validation import predict
 
     plan = Plan.load(plan_file)
-    metas, per_rank, streams, sigs = [], [], [], []
     loaded = [_meta(f) for f in files]
-    rnd = median_round([m for m, _ in loaded])  # the same round on every rank
+    metas = [m for m, _ in loaded]
+    # the middle third of the recorded rounds by time, the same rounds on every rank
+    # (executor.trace_rounds); [None]: a trace without rounds, its step of median time
+    rounds: list[int | None] = middle_rounds(metas) or [None]
+    streams, spans_of, labels_of = [], [], []
     for meta, events in loaded:
-        spans = recorded_spans(events)
-        if spans:  # the span recorder's steps; the profiler pass for the streaming ops' shapes
-            timed = median_step(spans) if rnd is None else round_step(spans, rnd)
-            eps = event_cost(meta, "span_event_s")
-            shaped = [e for e in events if e.get("cat") == "cpu_op"]
-        else:  # a trace of profiler spans only (recorded before the span recorder)
-            timed = shaped = median_step(events)
-            eps = event_cost(meta)
-        run = _run_plan(plan, meta)
-        labels = plan_labels(run, meta["rank"])
-        per_rank.append(match_trace(timed, labels, eps))
-        sigs.append(frozenset(labels.items()))
-        streams += stream_samples(shaped, event_cost(meta))
-        metas.append(meta)
-    # collectives at their shortest rank, the other ops of each set of replicas from the slowest
-    # replica of each segment between collectives
-    colls = merge_collectives(per_rank)
-    samples = [s for r in slowest_segments(per_rank, sigs) for s in r]
-    samples += [s for s in colls if s.kind == "collective"]
+        spans_of.append(recorded_spans(events))
+        streams += stream_samples([e for e in events if e.get("cat") == "cpu_op"] if spans_of[-1] else
+                                  median_step(events), event_cost(meta))
+        labels_of.append(plan_labels(_run_plan(plan, meta), meta["rank"]))
+    sigs = [frozenset(labels.items()) for labels in labels_of]
+    samples = []
+    for rnd in rounds:
+        per_rank = []
+        for (meta, events), spans, labels in zip(loaded, spans_of, labels_of, strict=True):
+            if spans and rnd is not None:  # the span recorder's round, its uncovered host time folded in
+                timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
+                gap = step_gap(step_span(spans, rnd), timed, eps)
+                per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
+            else:  # a trace of profiler spans only (recorded before the span recorder)
+                src = spans or events
+                eps = event_cost(meta, "span_event_s") if spans else event_cost(meta)
+                per_rank.append(match_trace(median_step(src), labels, eps))
+        # collectives at their shortest rank, the other ops of each set of replicas from the
+        # slowest replica of each segment between collectives
+        samples += [s for r in slowest_segments(per_rank, sigs) for s in r]
+        samples += [s for s in merge_collectives(per_rank) if s.kind == "collective"]
     run = _run_plan(plan, metas[0])
     dtype = run.strategy.dtype
     key = DTYPE_KEYS.get(dtype, dtype)
@@ -186,10 +191,13 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
                    f"{plan_file}; see executor/trace_plan_fit.py.\n"
                    + yaml.safe_dump(spec, sort_keys=False, width=200))
+    pooled = f"the middle {len(rounds)} of {len(metas[0].get('span_steps_s') or [])} recorded rounds by time" \
+        if rounds != [None] else "the step of median time"
     typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
-               f"{plan_file}; plan ops matched: {fit.counts})")
-    measured, before, after = (measured_class_times(samples), class_times(samples, base, dtype),
-                               class_times(samples, spec, dtype))
+               f"{plan_file}, {pooled}; plan ops matched: {fit.counts})")
+    # per round: the pooled rounds' mean
+    measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
+        measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))
     if fit.dropped:
         typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
     typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")

@@ -1,0 +1,105 @@
+"""Which recorded rounds of an executor trace a calibration fits, and the host time of a
+recorded step that no op span holds (issue 19).
+
+``executor.profile`` records ``PAIRED_STEPS`` rounds, each one step whose plan ops run
+inside named spans (``meshplan-step <i>`` around the whole step). One round is one draw
+of a shared host's noise: per-op CPU time moves by +-30% from step to step on a 2-core
+VM, so a fit to one round (the round of median time) re-predicted the step within 10%
+in only 9 of 12 trials even when that round's time matched the measured median. The
+fit pools the middle third of the rounds by time instead (:func:`middle_rounds`): a
+trimmed mean of the rounds around the median, whose fitted rates move far less from
+trial to trial than one round's.
+
+A recorded step also holds host work outside every top-level span: the executor's
+schedule loop between actions and between the optimizer's ops (3 to 4% of a step of the
+2-layer test plan, measured). The cost model charges serial host work per pipeline
+action pass (``Roofline.action_overhead``, fitted as the mean ``action`` sample of
+``trace_match.match_trace``), so :func:`fold_step_gap` spreads the step's uncovered
+time (:func:`step_gap`) over the step's action samples: the per-pass host time the
+executor spends, inside its unit calls and between them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from executor.calibrate_ops import OpSample
+
+#: the share of the rounds, by time around the median, whose samples a fit pools
+POOLED_SHARE = 1 / 3
+
+
+def round_times(metas: list[dict]) -> list[float]:
+    """Per recorded round, the slowest rank's step time (seconds; ``span_steps_s`` of each
+    rank's metadata, ``executor.profile``), over the rounds every rank recorded."""
+    runs = [m.get("span_steps_s") or [] for m in metas]
+    n = min((len(r) for r in runs), default=0)
+    return [max(float(r[i]) for r in runs) for i in range(n)]
+
+
+def middle_rounds(metas: list[dict], share: float = POOLED_SHARE) -> list[int]:
+    """Indices (ascending) of the recorded rounds a fit pools: the ``ceil(share * n)``
+    rounds (at least one; the count made odd by one more when it is even, so the median
+    round sits at its centre) whose time (:func:`round_times`) ranks around the median,
+    ties broken by round index. [] when a rank recorded no round. Raises ValueError for a
+    share outside (0, 1]."""
+    if not 0 < share <= 1:
+        raise ValueError(f"the pooled share of rounds must be in (0, 1], got {share}")
+    times = round_times(metas)
+    n = len(times)
+    if n == 0:
+        return []
+    k = max(1, math.ceil(share * n - 1e-9))  # 1e-9: 1/3 * 9 is 3.0000000000000004
+    if k % 2 == 0:
+        k = min(n, k + 1)
+    order = sorted(range(n), key=lambda i: (times[i], i))
+    lo = (n - 1) // 2 - (k - 1) // 2
+    lo = max(0, min(lo, n - k))
+    return sorted(order[lo:lo + k])
+
+
+def _top_level(events: list[dict]) -> list[dict]:
+    """The spans of ``events`` that no other of them encloses, in time order."""
+    top: list[dict] = []
+    end = float("-inf")
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        if e["ts"] >= end:
+            top.append(e)
+            end = e["ts"] + e["dur"]
+        else:
+            end = max(end, e["ts"] + e["dur"])
+    return top
+
+
+def step_gap(step: dict, inner: list[dict], eps: float = 0.0) -> float:
+    """Seconds of the recorded step ``step`` (a complete event, ``dur`` in us) outside
+    its top-level inner spans ``inner`` (the events it encloses): the step's duration
+    less theirs, less ``eps`` (the recorder's cost per span, seconds) per top-level span;
+    never below 0."""
+    top = _top_level(inner)
+    return max(0.0, (step["dur"] - sum(e["dur"] for e in top)) * 1e-6 - eps * len(top))
+
+
+def fold_step_gap(samples: list[OpSample], gap: float) -> list[OpSample]:
+    """``samples`` of one rank's recorded step with ``gap`` seconds (:func:`step_gap`)
+    spread evenly over its ``action`` samples (module docstring); unchanged when it has
+    none (the gap then stays out of the fit). Raises ValueError for a negative gap."""
+    if gap < 0:
+        raise ValueError(f"a step's uncovered host time cannot be negative, got {gap} s")
+    n = sum(s.kind == "action" for s in samples)
+    if n == 0 or gap == 0:
+        return list(samples)
+    return [dataclasses.replace(s, seconds=s.seconds + gap / n) if s.kind == "action" else s for s in samples]
+
+
+def step_span(events: list[dict], i: int) -> dict[str, Any] | None:
+    """The span ``meshplan-step <i>`` of ``events`` (``executor.profile.step_label``), or
+    None."""
+    from executor.profile import step_label
+
+    name = step_label(i)
+    return next((e for e in events if e.get("name") == name), None)
+
+
+__all__ = ["POOLED_SHARE", "fold_step_gap", "middle_rounds", "round_times", "step_gap", "step_span"]
