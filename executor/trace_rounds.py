@@ -16,7 +16,9 @@ schedule loop between actions and between the optimizer's ops (3 to 4% of a step
 action pass (``Roofline.action_overhead``, fitted as the mean ``action`` sample of
 ``trace_match.match_trace``), so :func:`fold_step_gap` spreads the step's uncovered
 time (:func:`step_gap`) over the step's action samples: the per-pass host time the
-executor spends, inside its unit calls and between them."""
+executor spends, inside its unit calls and between them. Only for one-stage plans
+(``meshplan calibrate``): with a pipeline the uncovered time also holds the wait for the
+sends to the next stage, which the simulated schedule charges already."""
 
 from __future__ import annotations
 

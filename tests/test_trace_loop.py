@@ -91,6 +91,15 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
     assert float(rec.group(2)) == pytest.approx(traced, abs=1e-3)
     assert 0.0 <= float(rec.group(3)) < 3.0  # the recorder's cost, % of the step
     assert "CPU time of the ranks' threads: median" in out
+    # the executor's host time between its spans, folded into the per-action overhead
+    # (executor.trace_rounds): a few percent of the recorded step, never negative
+    gap = re.search(r"host time outside the recorded spans: median ([\d.]+) ms", out)
+    assert gap and 0.0 <= float(gap.group(1)) < 0.25 * float(rec.group(1)), out
+    from executor.trace_rounds import middle_rounds
+
+    pooled = middle_rounds(metas)
+    assert len(pooled) == -(-PAIRED_STEPS // 3) | 1  # a third of the rounds, odd
+    assert f"the middle {len(pooled)} of {PAIRED_STEPS} recorded rounds by time" in out
     # both ranks ran on this host and recorded their clock origin: the rounds are lined up
     assert len({x["host"] for x in metas}) == 1 and all(x["span_origin_ns"] > 0 for x in metas)
     assert "ranks' start of each recorded step (one host's clock): up to" in out

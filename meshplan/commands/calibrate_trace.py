@@ -161,13 +161,18 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
                                   median_step(events), event_cost(meta))
         labels_of.append(plan_labels(_run_plan(plan, meta), meta["rank"]))
     sigs = [frozenset(labels.items()) for labels in labels_of]
-    samples = []
+    # the host time outside the recorded spans is the executor's own with one stage; with a
+    # pipeline it also holds the wait for the sends to the next stage (RankExecutor.run_step),
+    # which the schedule's simulation already charges
+    fold = _run_plan(plan, metas[0]).strategy.pp == 1
+    samples, gaps = [], []
     for rnd in rounds:
         per_rank = []
         for (meta, events), spans, labels in zip(loaded, spans_of, labels_of, strict=True):
             if spans and rnd is not None:  # the span recorder's round, its uncovered host time folded in
                 timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
-                gap = step_gap(step_span(spans, rnd), timed, eps)
+                gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
+                gaps.append(gap)
                 per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
             else:  # a trace of profiler spans only (recorded before the span recorder)
                 src = spans or events
@@ -205,6 +210,9 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         if cls != "other":
             typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
                        f"{after.get(cls, 0) * 1e3:>13.3f}")
+    if gaps and fold:
+        typer.echo(f"host time outside the recorded spans: median {statistics.median(gaps) * 1e3:.3f} ms a "
+                   f"rank's step, spread over its actions (the per-action overhead)")
     cost = recording_cost(metas)
     if cost is not None:
         rec, plain, per_step = cost
