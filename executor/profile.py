@@ -77,6 +77,13 @@ UNIT_PREFIX = f"{PREFIX}unit "
 STEP_PREFIX = "meshplan-step "
 #: Prefix of the span name of a step of the profiler pass
 PROFILED_PREFIX = "meshplan-profiled-step "
+#: Span names (not under :data:`PREFIX`: no op of the plan, ``trace_match`` skips them) of
+#: a recorded step's work outside its units that the cost model charges elsewhere: the 1/m
+#: scaling of the accumulated gradients (``simulator.grad_sync``'s ``scale``) and the
+#: average over expert-data-parallel copies; in a span, they stay out of the step's
+#: uncovered host time (``executor.trace_rounds.step_gap``)
+GRAD_SCALE_LABEL = "meshplan-aside grad scale"
+COPIES_AVERAGE_LABEL = "meshplan-aside copies average"
 #: Top-level key of the trace metadata the executor adds
 META_KEY = "meshplan"
 

@@ -46,6 +46,7 @@ from executor.data import DEFAULT_LR, input_value, is_batch_input, local_block, 
 from executor.errors import ExecutorError
 from executor.kernels import KernelContext, get_kernel, torch_dtype
 from executor.memory import MemTracker
+from executor.profile import COPIES_AVERAGE_LABEL, GRAD_SCALE_LABEL
 from executor.rank_plan import Item, RankPlan, is_persistent
 from executor.writeback import ALIASES, write_back
 
@@ -395,6 +396,13 @@ class RankExecutor:
                 if it.op.type == "send":
                     self._release(it.op.operands[0], env, left)
 
+    def _aside_span(self, name: str) -> Any:
+        """A recorder span ``name`` (``bucket_span``, set while ``executor.profile`` records
+        a step) around step work that is no op of the plan, else a no-op context: the
+        span keeps that work out of the step's uncovered host time
+        (``executor.trace_rounds.step_gap``), which the cost model charges elsewhere."""
+        return contextlib.nullcontext() if self.bucket_span is None else self.bucket_span(name)
+
     def _bucketed_all_reduce(self, items: list[Item], env: dict) -> set[int]:
         """Fuse the step's gradient all_reduces (operand already in ``env``) into one
         all_reduce per (group, reduce type, dtype); returns the ids of the items done."""
@@ -470,10 +478,12 @@ class RankExecutor:
         self._check_sends_done()
         t0 = self._now()
         step_env = {}
-        for k, t in self.accum.items():  # mean over micro-batches, in place (owned)
-            step_env[k] = t.div_(self.m) if self.m > 1 else t
+        with self._aside_span(GRAD_SCALE_LABEL):
+            for k, t in self.accum.items():  # mean over micro-batches, in place (owned)
+                step_env[k] = t.div_(self.m) if self.m > 1 else t
         if self.expert_copy is not None:
-            self._average_over_copies(step_env)
+            with self._aside_span(COPIES_AVERAGE_LABEL):
+                self._average_over_copies(step_env)
         self.run_unit("step", 0, step_env, None)
         for w, _ in self.pending:
             wait_work(w)

@@ -18,7 +18,9 @@ measured on the plan's real step; the fits are the same (``executor.calibrate_fi
   spec's ``memory_bandwidth``;
 - attention: executed FLOP/s beyond ``o``, overall (``efficiency.attention``) and per
   ``op:phase`` (``by_op``), over the spec's ``peak_flops[dtype]``;
-- ``action_overhead_s``: mean over the unit calls of their time outside named ops (the
+- ``action_overhead_s``: mean over the unit calls of their time outside named ops, with
+  (``meshplan calibrate --from-trace`` of a one-stage plan) each recorded step's host time
+  outside every span spread over its unit calls (``executor.trace_rounds``; the
   mean, as the rates are time-weighted: the fitted model then gives the traced step's
   total; ``meshplan calibrate``'s median of a quiet program would drop the moments the
   core was taken);
@@ -214,7 +216,9 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
     peak = float(dev["peak_flops"][key]["value"])
     if fit.action_overhead is not None:
         eff["action_overhead_s"] = _q(fit.action_overhead, f"{prov}: mean over {n.get('action', 0)} "
-                                                           f"unit calls of their time outside named ops")
+                                                           f"unit calls of their time outside named ops "
+                                                           f"(one-stage plans: with the step's host time "
+                                                           f"outside every span spread over them)")
     if fit.stream_bandwidth is not None:
         dev["memory_bandwidth"] = _q(fit.stream_bandwidth, f"{prov}: {n.get('stream', 0)} in-place streaming "
                                                            f"ops (gradient accumulation, scaling), bytes/s")

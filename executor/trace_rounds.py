@@ -12,12 +12,16 @@ trial to trial than one round's.
 
 A recorded step also holds host work outside every top-level span: the executor's
 schedule loop between actions and between the optimizer's ops (3 to 4% of a step of the
-2-layer test plan, measured). The cost model charges serial host work per pipeline
+2-layer test plan, measured; the 1/m gradient scaling and the expert-copy average, which
+the cost model charges on their own, run inside spans of their own,
+``executor.profile.GRAD_SCALE_LABEL``). Part of it follows the gradient all_reduce, in
+the optimizer's segment, and is folded before it all the same (the segments'
+comparison of replicas in ``trace_match.slowest_segments`` shifts by that much). The cost model charges serial host work per pipeline
 action pass (``Roofline.action_overhead``, fitted as the mean ``action`` sample of
 ``trace_match.match_trace``), so :func:`fold_step_gap` spreads the step's uncovered
 time (:func:`step_gap`) over the step's action samples: the per-pass host time the
 executor spends, inside its unit calls and between them. Only for one-stage plans
-(``meshplan calibrate``): with a pipeline the uncovered time also holds the wait for the
+(``meshplan calibrate --from-trace``): with a pipeline the uncovered time also holds the wait for the
 sends to the next stage, which the simulated schedule charges already."""
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ def round_times(metas: list[dict]) -> list[float]:
 
 def middle_rounds(metas: list[dict], share: float = POOLED_SHARE) -> list[int]:
     """Indices (ascending) of the recorded rounds a fit pools: the ``ceil(share * n)``
-    rounds (at least one; the count made odd by one more when it is even, so the median
-    round sits at its centre) whose time (:func:`round_times`) ranks around the median,
+    rounds (at least one; an even count made odd by one more round where there is one,
+    so the median round sits at its centre) whose time (:func:`round_times`) ranks around the median,
     ties broken by round index. [] when a rank recorded no round. Raises ValueError for a
     share outside (0, 1]."""
     if not 0 < share <= 1:

@@ -55,7 +55,7 @@ def loop_plan(tmp_path) -> str:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
-    from executor.profile import PAIRED_STEPS, PROFILE_STEPS
+    from executor.profile import GRAD_SCALE_LABEL, PAIRED_STEPS, PROFILE_STEPS
     from executor.span_trace import SPAN_CAT
 
     plan, traces, cal = loop_plan(tmp_path), tmp_path / "traces", tmp_path / "fitted.yaml"
@@ -77,6 +77,8 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
         spans = [e for e in doc["traceEvents"] if e.get("cat") == SPAN_CAT]
         assert sum(e["name"] == "meshplan::O bucket0 all_reduce" for e in spans) == PAIRED_STEPS
         assert sum(e["name"].startswith("meshplan-step ") for e in spans) == PAIRED_STEPS
+        # m = 2: the 1/m gradient scaling in a span of its own, out of the uncovered host time
+        assert sum(e["name"] == GRAD_SCALE_LABEL for e in spans) == PAIRED_STEPS
     assert got["profile_trace"] == str(traces)
 
     rc, out, err = run_main(capsys, "calibrate", "--from-trace", str(traces), "--plan", plan,

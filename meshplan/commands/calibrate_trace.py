@@ -144,7 +144,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         fit_plan_samples,
         measured_class_times,
     )
-    from executor.trace_rounds import fold_step_gap, middle_rounds, step_gap, step_span
+    from executor.trace_rounds import fold_step_gap, middle_rounds, round_times, step_gap, step_span
     from meshplan.plan import Plan
     from meshplan.validation import predict
 
@@ -196,10 +196,11 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
                    f"{plan_file}; see executor/trace_plan_fit.py.\n"
                    + yaml.safe_dump(spec, sort_keys=False, width=200))
-    pooled = f"the middle {len(rounds)} of {len(metas[0].get('span_steps_s') or [])} recorded rounds by time" \
+    pooled = f"the middle {len(rounds)} of {len(round_times(metas))} recorded rounds by time" \
         if rounds != [None] else "the step of median time"
+    per_round = {k: (v if k == "stream" else v // len(rounds)) for k, v in fit.counts.items()}
     typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
-               f"{plan_file}, {pooled}; plan ops matched: {fit.counts})")
+               f"{plan_file}, {pooled}; plan ops matched per round: {per_round})")
     # per round: the pooled rounds' mean
     measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
         measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))

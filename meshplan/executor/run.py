@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-trace", default=None,
                    help="Directory each rank writes the trace meshplan calibrate --from-trace "
                         "fits to (rank<R>.json): after the timed steps, 2 profiler steps (shapes) "
-                        "and 9 rounds of an unrecorded and a span-recorded step.")
+                        "and 31 rounds of an unrecorded and a span-recorded step.")
     p.add_argument("--progress-dir", default=None,
                    help="Directory each rank writes its progress file rank<R>.json to.")
     return p
