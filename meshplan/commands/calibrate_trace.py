@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +120,24 @@ def _run_plan(plan: Any, meta: dict) -> Any:
     return plan
 
 
-def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: dict, output: str,
-                        name: str) -> None:
-    """Fit ``base`` (the cluster spec mapping) to the executor traces ``files`` of
-    ``plan_file``, write ``output`` and print the comparison."""
-    import yaml
+@dataclass
+class _Pooled:
+    """What the fit reads from a set of rank traces (:func:`_pooled_samples`)."""
 
+    samples: list  # OpSample, every pooled round's
+    streams: list  # (bytes, seconds) of the profiler pass's in-place streaming ops
+    rounds: list  # the pooled round indices, [None] for traces without rounds
+    gaps: list  # seconds of uncovered host time folded, one per rank and round
+    folded: bool  # whether the uncovered host time was folded (one-stage plans)
+
+
+def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]]) -> _Pooled:
+    """The samples of the middle third of the recorded rounds by time (the same rounds on
+    every rank, ``executor.trace_rounds``), each round's: every rank's ops matched to
+    ``plan`` (a one-stage plan's uncovered host time folded into its actions), the
+    collectives at their shortest rank, the other ops of each set of replicas from the
+    slowest replica of each segment between collectives. A trace without rounds gives
+    its step of median time."""
     from executor.trace_match import (
         event_cost,
         match_trace,
@@ -132,28 +145,14 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         merge_collectives,
         plan_labels,
         recorded_spans,
-        round_alignment,
         round_step,
         slowest_segments,
         stream_samples,
     )
-    from executor.trace_plan_fit import (
-        DTYPE_KEYS,
-        apply_plan_fit,
-        class_times,
-        fit_plan_samples,
-        measured_class_times,
-    )
-    from executor.trace_rounds import fold_step_gap, middle_rounds, round_times, step_gap, step_span
-    from meshplan.plan import Plan
-    from meshplan.validation import predict
+    from executor.trace_rounds import fold_step_gap, middle_rounds, step_gap, step_span
 
-    plan = Plan.load(plan_file)
-    loaded = [_meta(f) for f in files]
     metas = [m for m, _ in loaded]
-    # the middle third of the recorded rounds by time, the same rounds on every rank
-    # (executor.trace_rounds); [None]: a trace without rounds, its step of median time
-    rounds: list[int | None] = middle_rounds(metas) or [None]
+    rounds: list[int | None] = list(middle_rounds(metas)) or [None]
     streams, spans_of, labels_of = [], [], []
     for meta, events in loaded:
         spans_of.append(recorded_spans(events))
@@ -165,55 +164,33 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     # pipeline it also holds the wait for the sends to the next stage (RankExecutor.run_step),
     # which the schedule's simulation already charges
     fold = _run_plan(plan, metas[0]).strategy.pp == 1
-    samples, gaps = [], []
+    out = _Pooled([], streams, rounds, [], fold)
     for rnd in rounds:
         per_rank = []
         for (meta, events), spans, labels in zip(loaded, spans_of, labels_of, strict=True):
-            if spans and rnd is not None:  # the span recorder's round, its uncovered host time folded in
+            if spans and rnd is not None:  # the span recorder's round
                 timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
                 gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
-                gaps.append(gap)
+                out.gaps.append(gap)
                 per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
             else:  # a trace of profiler spans only (recorded before the span recorder)
-                src = spans or events
                 eps = event_cost(meta, "span_event_s") if spans else event_cost(meta)
-                per_rank.append(match_trace(median_step(src), labels, eps))
-        # collectives at their shortest rank, the other ops of each set of replicas from the
-        # slowest replica of each segment between collectives
-        samples += [s for r in slowest_segments(per_rank, sigs) for s in r]
-        samples += [s for s in merge_collectives(per_rank) if s.kind == "collective"]
-    run = _run_plan(plan, metas[0])
-    dtype = run.strategy.dtype
-    key = DTYPE_KEYS.get(dtype, dtype)
-    peak = float(base["device"]["peak_flops"][key]["value"]) if key in base["device"]["peak_flops"] else 0.0
-    fit = fit_plan_samples(samples, float(base["node"]["intra_latency"]["value"]), peak,
-                           float(base["device"]["memory_bandwidth"]["value"]), streams)
-    out = Path(output)
-    src = ", ".join(f.name for f in files)
-    spec = apply_plan_fit(base, fit, dtype, src)
-    spec["name"] = name or out.stem
-    check_fit(spec, out, ", ".join(str(f) for f in files))
-    out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
-                   f"{plan_file}; see executor/trace_plan_fit.py.\n"
-                   + yaml.safe_dump(spec, sort_keys=False, width=200))
-    pooled = f"the middle {len(rounds)} of {len(round_times(metas))} recorded rounds by time" \
-        if rounds != [None] else "the step of median time"
-    per_round = {k: (v if k == "stream" else v // len(rounds)) for k, v in fit.counts.items()}
-    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
-               f"{plan_file}, {pooled}; plan ops matched per round: {per_round})")
-    # per round: the pooled rounds' mean
-    measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
-        measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))
-    if fit.dropped:
-        typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
-    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
-    for cls in sorted(measured):
-        if cls != "other":
-            typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
-                       f"{after.get(cls, 0) * 1e3:>13.3f}")
-    if gaps and fold:
-        typer.echo(f"host time outside the recorded spans: median {statistics.median(gaps) * 1e3:.3f} ms a "
-                   f"rank's step, spread over its actions (the per-action overhead)")
+                per_rank.append(match_trace(median_step(spans or events), labels, eps))
+        out.samples += [x for r in slowest_segments(per_rank, sigs) for x in r]
+        out.samples += [x for x in merge_collectives(per_rank) if x.kind == "collective"]
+    return out
+
+
+def _print_step_diagnostics(loaded: list[tuple[dict, list[dict]]], pooled: _Pooled) -> bool:
+    """Print the recorded rounds' diagnostics (uncovered host time, the recorder's cost,
+    the ranks' CPU time, their alignment on one clock); returns whether the traces hold
+    unrecorded rounds (the measured step's source)."""
+    from executor.trace_match import recorded_spans, round_alignment
+
+    metas = [m for m, _ in loaded]
+    if pooled.gaps and pooled.folded:
+        typer.echo(f"host time outside the recorded spans: median {statistics.median(pooled.gaps) * 1e3:.3f} ms "
+                   f"a rank's step, spread over its actions (the per-action overhead)")
     cost = recording_cost(metas)
     if cost is not None:
         rec, plain, per_step = cost
@@ -232,12 +209,67 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
                    f"{statistics.median(align.slowest) * 1e3:.3f} ms as the slowest rank's own duration "
                    f"(the measured step's rule), {statistics.median(align.synced) * 1e3:.3f} ms from the "
                    f"last rank's start (the model starts every rank together)")
+    return cost is not None
+
+
+def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: dict, output: str,
+                        name: str) -> None:
+    """Fit ``base`` (the cluster spec mapping) to the executor traces ``files`` of
+    ``plan_file`` (:func:`_pooled_samples`), write ``output`` and print the comparison:
+    per kernel class (per pooled round), the rounds' diagnostics and the plan's step,
+    measured and predicted before and after."""
+    import yaml
+
+    from executor.trace_plan_fit import (
+        DTYPE_KEYS,
+        apply_plan_fit,
+        class_times,
+        fit_plan_samples,
+        measured_class_times,
+    )
+    from executor.trace_rounds import round_times
+    from meshplan.plan import Plan
+    from meshplan.validation import predict
+
+    plan = Plan.load(plan_file)
+    loaded = [_meta(f) for f in files]
+    metas = [m for m, _ in loaded]
+    pooled = _pooled_samples(plan, loaded)
+    samples, rounds = pooled.samples, pooled.rounds
+    run = _run_plan(plan, metas[0])
+    dtype = run.strategy.dtype
+    key = DTYPE_KEYS.get(dtype, dtype)
+    peak = float(base["device"]["peak_flops"][key]["value"]) if key in base["device"]["peak_flops"] else 0.0
+    fit = fit_plan_samples(samples, float(base["node"]["intra_latency"]["value"]), peak,
+                           float(base["device"]["memory_bandwidth"]["value"]), pooled.streams)
+    out = Path(output)
+    spec = apply_plan_fit(base, fit, dtype, ", ".join(f.name for f in files))
+    spec["name"] = name or out.stem
+    check_fit(spec, out, ", ".join(str(f) for f in files))
+    out.write_text(f"# Written by `meshplan calibrate --from-trace` from cluster {cluster} and plan "
+                   f"{plan_file}; see executor/trace_plan_fit.py.\n"
+                   + yaml.safe_dump(spec, sort_keys=False, width=200))
+    what = f"the middle {len(rounds)} of {len(round_times(metas))} recorded rounds by time" \
+        if rounds != [None] else "the step of median time"
+    per_round = {k: (v if k == "stream" else v // len(rounds)) for k, v in fit.counts.items()}
+    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
+               f"{plan_file}, {what}; plan ops matched per round: {per_round})")
+    # per round: the pooled rounds' mean
+    measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
+        measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))
+    if fit.dropped:
+        typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
+    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
+    for cls in sorted(measured):
+        if cls != "other":
+            typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
+                       f"{after.get(cls, 0) * 1e3:>13.3f}")
+    paired = _print_step_diagnostics(loaded, pooled)
     step = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
     if step:
-        what = ("the unrecorded steps alternating with the recorded ones" if cost is not None
-                else "the traced run's timed steps")
-        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of {what}); "
+        src = ("the unrecorded steps alternating with the recorded ones" if paired
+               else "the traced run's timed steps")
+        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of {src}); "
                    f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
                    f"{p1 * 1e3:.3f} ({(p1 - step) / step:+.1%})")
-
