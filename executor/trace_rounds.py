@@ -65,26 +65,30 @@ def middle_rounds(metas: list[dict], share: float = POOLED_SHARE) -> list[int]:
     return sorted(order[lo:lo + k])
 
 
-def _top_level(events: list[dict]) -> list[dict]:
-    """The spans of ``events`` that no other of them encloses, in time order."""
-    top: list[dict] = []
-    end = float("-inf")
-    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-        if e["ts"] >= end:
-            top.append(e)
-            end = e["ts"] + e["dur"]
+def _covered(events: list[dict]) -> tuple[float, int]:
+    """(microseconds of the union of the spans ``events``, the number of disjoint runs of
+    overlapping spans in it): spans that nest or partly overlap count once."""
+    covered, runs = 0.0, 0
+    start = end = float("-inf")
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["ts"] > end:
+            covered += max(0.0, end - start) if runs else 0.0
+            start, end, runs = e["ts"], e["ts"] + e["dur"], runs + 1
         else:
             end = max(end, e["ts"] + e["dur"])
-    return top
+    return covered + (max(0.0, end - start) if runs else 0.0), runs
 
 
 def step_gap(step: dict, inner: list[dict], eps: float = 0.0) -> float:
     """Seconds of the recorded step ``step`` (a complete event, ``dur`` in us) outside
-    its top-level inner spans ``inner`` (the events it encloses): the step's duration
-    less theirs, less ``eps`` (the recorder's cost per span, seconds) per top-level span;
-    never below 0."""
-    top = _top_level(inner)
-    return max(0.0, (step["dur"] - sum(e["dur"] for e in top)) * 1e-6 - eps * len(top))
+    the spans ``inner`` (the events it encloses; other step spans among them, a
+    duplicate's, are left out): the step's duration less the union of theirs, less
+    ``eps`` (the recorder's cost per span, seconds) per disjoint run of spans; never
+    below 0."""
+    from executor.profile import STEP_PREFIX
+
+    covered, runs = _covered([e for e in inner if not str(e.get("name", "")).startswith(STEP_PREFIX)])
+    return max(0.0, (step["dur"] - covered) * 1e-6 - eps * runs)
 
 
 def fold_step_gap(samples: list[OpSample], gap: float) -> list[OpSample]:

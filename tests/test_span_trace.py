@@ -96,11 +96,11 @@ def test_measured_step_is_the_median_of_the_alternating_unrecorded_steps():
               "step_times_s": [9.0], "span_event_s": 0.2e-6, "span_count": 750},
              {"paired_steps_s": [0.11, 0.10, 0.25], "span_steps_s": [0.12, 0.10, 0.19],
               "step_times_s": [9.0], "span_event_s": 0.4e-6, "span_count": 750}]
-    assert measured_step(metas) == pytest.approx(0.12)
+    assert measured_step(metas) == (pytest.approx(0.12), "paired_steps_s")
     rec, plain, cost = recording_cost(metas)
     assert (rec, plain, cost) == pytest.approx((0.13, 0.12, 1e-4))
     old = [{"step_times_s": [0.2, 0.5, 0.3]}, {"step_times_s": [0.25, 0.1, 0.3]}]
-    assert measured_step(old) == pytest.approx(0.3) and recording_cost(old) is None
+    assert measured_step(old) == (pytest.approx(0.3), "step_times_s") and recording_cost(old) is None
     assert measured_step([{}]) is None
     # CPU time of the rounds, per round the larger rank's: recorded (0.07, 0.09, 0.06) ->
     # 0.07 s, unrecorded (0.07, 0.08, 0.05) -> 0.07 s

@@ -125,3 +125,52 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
           f"{rec.group(1)} ms; load {worst:.2f} on {load['cores']} cores (the {BAND:.0%} band: "
           f"benchmarks/bench_trace_loop.py)")
     assert after > 0 and before > 0
+
+    # edited copies of the real traces: each defect is one error naming the file and what is
+    # wrong (nothing written), a rank missing is a warning, one rank's file alone is read
+    # as an executor trace (its metadata sits after 7 MB of events)
+    _edited_traces_are_refused(tmp_path, plan, traces, pooled, capsys)
+
+
+def _edit(src, dst, rank: int, change) -> None:
+    import shutil
+
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / f"rank{rank}.json").read_text())
+    change(doc)
+    (dst / f"rank{rank}.json").write_text(json.dumps(doc))
+
+
+def _edited_traces_are_refused(tmp_path, plan, traces, pooled, capsys) -> None:
+    from executor.profile import step_label
+    from tests._cli import one_line_error
+
+    def calibrate(src, out="bad.yaml"):
+        return run_main(capsys, "calibrate", "--from-trace", str(src), "--plan", plan, "-o",
+                        str(tmp_path / out))
+
+    def nan_rounds(doc):
+        doc["meshplan"]["span_steps_s"][3] = float("nan")
+
+    def cut_step(doc):  # the pooled round's step span half as long: ops fall out of it
+        step = next(e for e in doc["traceEvents"] if e.get("name") == step_label(pooled[1]))
+        step["dur"] /= 2
+
+    def as_rank0(doc):
+        doc["meshplan"]["rank"] = 0
+
+    _edit(traces, tmp_path / "nan", 1, nan_rounds)
+    line = one_line_error(*calibrate(tmp_path / "nan"))
+    assert "rank1.json: metadata field 'span_steps_s'" in line and "finite" in line
+    _edit(traces, tmp_path / "cut", 0, cut_step)
+    line = one_line_error(*calibrate(tmp_path / "cut"))
+    assert "rank0.json: round " in line and "other plan ops than round" in line
+    _edit(traces, tmp_path / "dup", 1, as_rank0)
+    assert "both are traces of rank 0" in one_line_error(*calibrate(tmp_path / "dup"))
+    assert not (tmp_path / "bad.yaml").exists()
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "rank0.json").write_bytes((traces / "rank0.json").read_bytes())
+    rc, out, err = calibrate(tmp_path / "one", "one.yaml")
+    assert rc == 0 and "no trace of rank(s) [1] of world size 2" in err, err
+    rc, out, err = calibrate(tmp_path / "one" / "rank0.json", "file.yaml")
+    assert rc == 0 and "executor trace(s)" in out and "plan ops matched per round" in out, out

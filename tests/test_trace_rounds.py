@@ -74,3 +74,14 @@ def test_the_gap_is_spread_over_the_action_samples_only():
     assert fold_step_gap(smp[1:2], 4e-4) == smp[1:2]
     with pytest.raises(ValueError, match="negative"):
         fold_step_gap(smp, -1e-6)
+
+
+def test_partly_overlapping_spans_count_once_and_a_duplicate_step_span_is_no_cover():
+    """Spans 100-300 us and 250-400 us overlap: their union covers 300 us, so a 1,000 us
+    step has 700 us outside them (one run of spans: 10 us of recorder cost off, 690 us).
+    A copy of the step span among the inner events covers nothing."""
+    step = _ev("meshplan-step 0", 0, 1000)
+    inner = [_ev("meshplan::unit F0 mb0", 100, 200), _ev("meshplan::O #9 sgd_", 250, 150)]
+    assert step_gap(step, inner) == pytest.approx(700e-6)
+    assert step_gap(step, inner, eps=10e-6) == pytest.approx(690e-6)
+    assert step_gap(step, [*inner, dict(step)]) == pytest.approx(700e-6)

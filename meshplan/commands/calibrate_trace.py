@@ -49,14 +49,17 @@ def executor_traces(trace: str) -> list[Path]:
         return files
     if not p.is_file():
         raise FileNotFoundError(f"trace file not found: {p}")
-    with p.open("rb") as f:
-        head = f.read(1 << 16)
-    return [p] if f'"{META_KEY}"'.encode() in head or b'"meshplan::' in head else []
+    try:  # the executor writes its metadata after the events: the whole file is read
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return []  # not JSON: the foreign-trace reader names what is wrong with it
+    return [p] if isinstance(doc, dict) and META_KEY in doc else []
 
 
 def _meta(path: Path) -> tuple[dict, list[dict]]:
     from executor.profile import META_KEY
     from executor.trace_calibrate import TraceError, load_trace
+    from executor.trace_meta import check_meta
 
     events = load_trace(path)
     doc = json.loads(path.read_text(encoding="utf-8"))
@@ -64,19 +67,20 @@ def _meta(path: Path) -> tuple[dict, list[dict]]:
     if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
         raise TraceError(f"{path}: no '{META_KEY}' metadata with the rank (not recorded by "
                          f"meshplan validate --profile-trace)")
-    return meta, events
+    return check_meta(meta, path), events
 
 
-def measured_step(metas: list[dict]) -> float | None:
-    """The step the fit is checked against (seconds): per step the slowest rank's, median,
-    of the unrecorded steps that alternated with the recorded ones (``paired_steps_s``,
-    ``executor.profile``: the same moments of the host as the fitted steps), else of the
-    rank's timed steps (``step_times_s``, an older trace); None without either."""
+def measured_step(metas: list[dict]) -> tuple[float, str] | None:
+    """The step the fit is checked against (seconds) and the series it is from: per step
+    the slowest rank's, median, of the unrecorded steps that alternated with the recorded
+    ones (``paired_steps_s``, ``executor.profile``: the same moments of the host as the
+    fitted steps), else of the rank's timed steps (``step_times_s``, an older trace);
+    None without either."""
     for key in ("paired_steps_s", "step_times_s"):
         runs = [m.get(key) or [] for m in metas]
         n = min((len(r) for r in runs), default=0)
         if n:
-            return statistics.median(max(r[i] for r in runs) for i in range(n))
+            return statistics.median(max(r[i] for r in runs) for i in range(n)), key
     return None
 
 
@@ -131,14 +135,19 @@ class _Pooled:
     folded: bool  # whether the uncovered host time was folded (one-stage plans)
 
 
-def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]]) -> _Pooled:
+def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]], files: list[Path]) -> _Pooled:
     """The samples of the middle third of the recorded rounds by time (the same rounds on
     every rank, ``executor.trace_rounds``), each round's: every rank's ops matched to
     ``plan`` (a one-stage plan's uncovered host time folded into its actions), the
     collectives at their shortest rank, the other ops of each set of replicas from the
     slowest replica of each segment between collectives. A trace without rounds gives
-    its step of median time."""
+    its step of median time. Raises TraceError naming the file (and round) for recorder
+    spans without a step span, a pooled round whose plan ops differ from the rank's
+    other pooled rounds, or spans that are no op of the plan."""
+    from executor.profile import PREFIX, STEP_PREFIX
+    from executor.trace_calibrate import TraceError
     from executor.trace_match import (
+        TraceMatchError,
         event_cost,
         match_trace,
         median_step,
@@ -154,8 +163,11 @@ def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]]) -> _Pooled
     metas = [m for m, _ in loaded]
     rounds: list[int | None] = list(middle_rounds(metas)) or [None]
     streams, spans_of, labels_of = [], [], []
-    for meta, events in loaded:
+    for (meta, events), f in zip(loaded, files, strict=True):
         spans_of.append(recorded_spans(events))
+        if spans_of[-1] and not any(str(e.get("name", "")).startswith(STEP_PREFIX) for e in spans_of[-1]):
+            raise TraceError(f"{f}: recorder spans but no '{STEP_PREFIX}<i>' span around a step: not a "
+                             f"trace meshplan validate --profile-trace wrote")
         streams += stream_samples([e for e in events if e.get("cat") == "cpu_op"] if spans_of[-1] else
                                   median_step(events), event_cost(meta))
         labels_of.append(plan_labels(_run_plan(plan, meta), meta["rank"]))
@@ -165,26 +177,36 @@ def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]]) -> _Pooled
     # which the schedule's simulation already charges
     fold = _run_plan(plan, metas[0]).strategy.pp == 1
     out = _Pooled([], streams, rounds, [], fold)
+    names: dict[int, tuple[int, list[str]]] = {}  # per rank: the first pooled round's plan ops
     for rnd in rounds:
         per_rank = []
-        for (meta, events), spans, labels in zip(loaded, spans_of, labels_of, strict=True):
-            if spans and rnd is not None:  # the span recorder's round
-                timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
-                gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
-                out.gaps.append(gap)
-                per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
-            else:  # a trace of profiler spans only (recorded before the span recorder)
-                eps = event_cost(meta, "span_event_s") if spans else event_cost(meta)
-                per_rank.append(match_trace(median_step(spans or events), labels, eps))
+        for i, ((meta, events), spans, labels, f) in enumerate(zip(loaded, spans_of, labels_of, files,
+                                                                   strict=True)):
+            try:
+                if spans and rnd is not None:  # the span recorder's round
+                    timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
+                    ops = sorted(str(e["name"]) for e in timed if str(e.get("name", "")).startswith(PREFIX))
+                    first = names.setdefault(i, (rnd, ops))
+                    if ops != first[1]:
+                        raise TraceError(f"round {rnd} holds other plan ops than round {first[0]} "
+                                         f"({len(ops)} vs {len(first[1])} spans): a step span cut short, "
+                                         f"or spans moved out of it")
+                    gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
+                    out.gaps.append(gap)
+                    per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
+                else:  # a trace of profiler spans only (recorded before the span recorder)
+                    eps = event_cost(meta, "span_event_s") if spans else event_cost(meta)
+                    per_rank.append(match_trace(median_step(spans or events), labels, eps))
+            except (TraceError, TraceMatchError) as e:
+                raise TraceError(f"{f}: {e}") from None
         out.samples += [x for r in slowest_segments(per_rank, sigs) for x in r]
         out.samples += [x for x in merge_collectives(per_rank) if x.kind == "collective"]
     return out
 
 
-def _print_step_diagnostics(loaded: list[tuple[dict, list[dict]]], pooled: _Pooled) -> bool:
+def _print_step_diagnostics(loaded: list[tuple[dict, list[dict]]], pooled: _Pooled) -> None:
     """Print the recorded rounds' diagnostics (uncovered host time, the recorder's cost,
-    the ranks' CPU time, their alignment on one clock); returns whether the traces hold
-    unrecorded rounds (the measured step's source)."""
+    the ranks' CPU time, their alignment on one clock)."""
     from executor.trace_match import recorded_spans, round_alignment
 
     metas = [m for m, _ in loaded]
@@ -209,7 +231,6 @@ def _print_step_diagnostics(loaded: list[tuple[dict, list[dict]]], pooled: _Pool
                    f"{statistics.median(align.slowest) * 1e3:.3f} ms as the slowest rank's own duration "
                    f"(the measured step's rule), {statistics.median(align.synced) * 1e3:.3f} ms from the "
                    f"last rank's start (the model starts every rank together)")
-    return cost is not None
 
 
 def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: dict, output: str,
@@ -220,6 +241,7 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     measured and predicted before and after."""
     import yaml
 
+    from executor.trace_meta import check_ranks
     from executor.trace_plan_fit import (
         DTYPE_KEYS,
         apply_plan_fit,
@@ -234,7 +256,8 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     plan = Plan.load(plan_file)
     loaded = [_meta(f) for f in files]
     metas = [m for m, _ in loaded]
-    pooled = _pooled_samples(plan, loaded)
+    rank_warnings = check_ranks(metas, files)  # printed once the fit stands
+    pooled = _pooled_samples(plan, loaded, files)
     samples, rounds = pooled.samples, pooled.rounds
     run = _run_plan(plan, metas[0])
     dtype = run.strategy.dtype
@@ -254,6 +277,8 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
     per_round = {k: (v if k == "stream" else v // len(rounds)) for k, v in fit.counts.items()}
     typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
                f"{plan_file}, {what}; plan ops matched per round: {per_round})")
+    for line in rank_warnings:
+        typer.echo(f"warning: {line}", err=True)
     # per round: the pooled rounds' mean
     measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
         measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))
@@ -264,11 +289,12 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         if cls != "other":
             typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
                        f"{after.get(cls, 0) * 1e3:>13.3f}")
-    paired = _print_step_diagnostics(loaded, pooled)
-    step = measured_step(metas)
+    _print_step_diagnostics(loaded, pooled)
+    measured = measured_step(metas)
     p0, p1 = predict(run, cluster)[0]["step_time"], predict(run, str(out))[0]["step_time"]
-    if step:
-        src = ("the unrecorded steps alternating with the recorded ones" if paired
+    if measured:
+        step, series = measured
+        src = ("the unrecorded steps alternating with the recorded ones" if series == "paired_steps_s"
                else "the traced run's timed steps")
         typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of {src}); "
                    f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
