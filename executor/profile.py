@@ -130,8 +130,10 @@ def trace_path(directory: str | Path, rank: int) -> Path:
 
 #: calls of the probe mix per timing, and timings (the fastest kept) of :func:`profiler_event_cost`
 PROBE_CALLS, PROBE_REPEATS = 40, 7
-#: steps of the profiler pass (their streaming ops are pooled)
-PROFILE_STEPS = 2
+#: steps of the profiler pass (their streaming ops are pooled); 3, so that each streaming
+#: op's size has at least 3 timings and a median that one preempted op does not move
+#: (``executor.trace_plan_fit.stream_bandwidth``)
+PROFILE_STEPS = 3
 #: rounds of (unrecorded step, recorded step): one step on a shared host is one draw of
 #: its noise; the fit pools the middle third of the recorded rounds by time
 #: (``executor.trace_rounds.middle_rounds``), the measured step is the median of the

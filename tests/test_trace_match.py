@@ -173,6 +173,20 @@ def test_too_few_samples_is_one_clear_error():
         fit_plan_samples([OpSample("view", "reshape", 0.0, 0.0, 1e-5, "F")], 0.0, 1e11, 1e10)
 
 
+def test_a_preempted_streaming_op_does_not_set_the_copy_bandwidth():
+    """Four adds of 1 MB, three at 100 us and one preempted for 10 ms: each takes its
+    size's median, 100 us, so 4 MB over 400 us = 10 GB/s (the plain ratio of the sums:
+    0.39 GB/s); a 2 MB add at 100 us beside them: 6 MB over 500 us."""
+    from executor.trace_plan_fit import stream_bandwidth
+
+    ops = [(1e6, 1e-4), (1e6, 1e-4), (1e6, 1e-2), (1e6, 1e-4)]
+    assert stream_bandwidth(ops) == pytest.approx(4e6 / 4e-4)
+    assert stream_bandwidth([*ops, (2e6, 1e-4)]) == pytest.approx(6e6 / 5e-4)
+    assert sum(b for b, _ in ops) / sum(t for _, t in ops) < 4e8  # the plain ratio: 0.39 GB/s
+    with pytest.raises(ValueError, match="positive time"):
+        stream_bandwidth([(1e6, 0.0)])
+
+
 def test_stream_samples_count_one_pass_per_operand():
     """acc += g of 1000 floats: 3 x 4000 bytes; g /= m (a scalar): 2 x 4000 bytes; the
     profiler's 1 us per event is taken off; other ops are not streams."""

@@ -12,7 +12,7 @@ and an fp32 plan is verified (``executor.verify``: losses and parameters against
 process, 1e-5 relative) so the report says whether the numerics matched (other dtypes are
 reported as not checked: rounding differences exceed that tolerance).
 
-``--profile-trace DIR``: after the last repeat's timed steps every rank runs 2 steps under
+``--profile-trace DIR``: after the last repeat's timed steps every rank runs 3 steps under
 ``torch.profiler`` (``record_shapes=True``: the aten ops' shapes) and 31 rounds of one
 unrecorded step and one whose plan ops are timed by the span recorder, and writes it all as
 a Chrome trace to ``DIR/rank<R>.json`` (``executor.profile``; none of these steps is in the

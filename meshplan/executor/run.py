@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
                    help="Seconds without progress on any rank after which the hung one is named.")
     p.add_argument("--profile-trace", default=None,
                    help="Directory each rank writes the trace meshplan calibrate --from-trace "
-                        "fits to (rank<R>.json): after the timed steps, 2 profiler steps (shapes) "
+                        "fits to (rank<R>.json): after the timed steps, 3 profiler steps (shapes) "
                         "and 31 rounds of an unrecorded and a span-recorded step.")
     p.add_argument("--progress-dir", default=None,
                    help="Directory each rank writes its progress file rank<R>.json to.")
