@@ -119,6 +119,8 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
     out = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
            and isinstance(e.get("dur"), (int, float)) and e["dur"] > 0]
     for e in out:  # JSON's Infinity / NaN parse as floats: a time no fit can use
+        if "ts" not in e:
+            raise TraceError(f"{p}: event {e.get('name')!r} has no 'ts' (start time, us)")
         if not all(isinstance(e.get(k, 0), (int, float)) and math.isfinite(e.get(k, 0)) for k in ("ts", "dur")):
             raise TraceError(f"{p}: event {e.get('name')!r} has a non-finite time "
                              f"(ts {e.get('ts')!r}, dur {e.get('dur')!r})")

@@ -174,6 +174,9 @@ def test_absurd_traces_are_refused_naming_the_trace(tmp_path, capsys):
     p.write_text(json.dumps({"traceEvents": [dict(ev, dur=float("inf"))]}))
     with pytest.raises(TraceError, match="event 'aten::add' has a non-finite time"):
         load_trace(p)
+    p.write_text(json.dumps({"traceEvents": [{k: v for k, v in ev.items() if k != "ts"}]}))
+    with pytest.raises(TraceError, match="event 'aten::add' has no 'ts'"):
+        load_trace(p)
     spec = load_cluster("dgx-h100").spec.model_dump(exclude_none=True)
     spec["device"]["memory_bandwidth"]["value"] = 8e35
     with pytest.raises(ClusterSpecError, match="must be between 1e\\+06 .* and 1e\\+16"):
