@@ -134,7 +134,7 @@ def test_bad_traces_are_one_clear_error(tmp_path):
     p.write_text('{"events": []}')
     with pytest.raises(TraceError, match="no 'traceEvents' list"):
         load_trace(p)
-    p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 3}]}))
+    p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 3}]}))
     with pytest.raises(TraceError, match="no GEMM .* to fit"):
         fit_trace(trace_samples(load_trace(p)))
 
