@@ -104,6 +104,13 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
     """The complete (``ph`` X) events of a Chrome trace file. Raises FileNotFoundError, or
     TraceError naming the file for bad JSON, a missing ``traceEvents`` list or a file
     larger than :data:`MAX_TRACE_BYTES`."""
+    return read_trace(path)[1]
+
+
+def read_trace(path: str | Path) -> tuple[Any, list[dict[str, Any]]]:
+    """``(document, complete events)`` of a Chrome trace file, parsed once: the JSON
+    document as it is (an executor trace's metadata sits beside its events) and
+    :func:`load_trace`'s events. Raises as :func:`load_trace`."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"trace file not found: {p}")
@@ -124,7 +131,7 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
         if not all(isinstance(e.get(k, 0), (int, float)) and math.isfinite(e.get(k, 0)) for k in ("ts", "dur")):
             raise TraceError(f"{p}: event {e.get('name')!r} has a non-finite time "
                              f"(ts {e.get('ts')!r}, dur {e.get('dur')!r})")
-    return out
+    return doc, out
 
 
 def _numel(dims: Any) -> int:

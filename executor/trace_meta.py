@@ -50,9 +50,9 @@ def check_meta(meta: dict, path: Path | str) -> dict:
         v = meta.get(key)
         if v is None:
             continue
-        low = 0.0 if key in CPU_SERIES else None
-        if not isinstance(v, list) or not all(_number(x) and (x >= 0 if low == 0.0 else x > 0) for x in v):
-            raise bad(key, "must be a list of finite seconds " + (">= 0" if low == 0.0 else "> 0"))
+        cpu = key in CPU_SERIES  # CPU time may be 0, a step that ran may not
+        if not isinstance(v, list) or not all(_number(x) and (x >= 0 if cpu else x > 0) for x in v):
+            raise bad(key, "must be a list of finite seconds " + (">= 0" if cpu else "> 0"))
     for key, most in MAX_EVENT_S.items():
         v = meta.get(key)
         if v is not None and not (_number(v) and 0 <= v <= most):

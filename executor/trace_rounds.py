@@ -36,12 +36,21 @@ from executor.calibrate_ops import OpSample
 POOLED_SHARE = 1 / 3
 
 
+def slowest_per_round(metas: list[dict], *keys: str) -> list[list[float]]:
+    """Per metadata series ``keys`` (``executor.profile``: ``span_steps_s``,
+    ``paired_cpu_s`` ...), the slowest rank's value of each round (seconds), over the rounds
+    every rank recorded in every one of them ([] each when a rank has none): the step
+    time a round of several ranks takes, as ``executor.run.gathered_measurement`` counts
+    it."""
+    runs = [[m.get(k) or [] for m in metas] for k in keys]
+    n = min((len(r) for per_key in runs for r in per_key), default=0)
+    return [[max(float(r[i]) for r in per_key) for i in range(n)] for per_key in runs]
+
+
 def round_times(metas: list[dict]) -> list[float]:
     """Per recorded round, the slowest rank's step time (seconds; ``span_steps_s`` of each
     rank's metadata, ``executor.profile``), over the rounds every rank recorded."""
-    runs = [m.get("span_steps_s") or [] for m in metas]
-    n = min((len(r) for r in runs), default=0)
-    return [max(float(r[i]) for r in runs) for i in range(n)]
+    return slowest_per_round(metas, "span_steps_s")[0]
 
 
 def middle_rounds(metas: list[dict], share: float = POOLED_SHARE) -> list[int]:
@@ -112,4 +121,5 @@ def step_span(events: list[dict], i: int) -> dict[str, Any] | None:
     return next((e for e in events if e.get("name") == name), None)
 
 
-__all__ = ["POOLED_SHARE", "fold_step_gap", "middle_rounds", "round_times", "step_gap", "step_span"]
+__all__ = ["POOLED_SHARE", "fold_step_gap", "middle_rounds", "round_times", "slowest_per_round", "step_gap",
+           "step_span"]

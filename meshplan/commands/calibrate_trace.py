@@ -58,11 +58,10 @@ def executor_traces(trace: str) -> list[Path]:
 
 def _meta(path: Path) -> tuple[dict, list[dict]]:
     from executor.profile import META_KEY
-    from executor.trace_calibrate import TraceError, load_trace
+    from executor.trace_calibrate import TraceError, read_trace
     from executor.trace_meta import check_meta
 
-    events = load_trace(path)
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc, events = read_trace(path)
     meta = doc.get(META_KEY) if isinstance(doc, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
         raise TraceError(f"{path}: no '{META_KEY}' metadata with the rank (not recorded by "
@@ -76,11 +75,12 @@ def measured_step(metas: list[dict]) -> tuple[float, str] | None:
     ones (``paired_steps_s``, ``executor.profile``: the same moments of the host as the
     fitted steps), else of the rank's timed steps (``step_times_s``, an older trace);
     None without either."""
+    from executor.trace_rounds import slowest_per_round
+
     for key in ("paired_steps_s", "step_times_s"):
-        runs = [m.get(key) or [] for m in metas]
-        n = min((len(r) for r in runs), default=0)
-        if n:
-            return statistics.median(max(r[i] for r in runs) for i in range(n)), key
+        (steps,) = slowest_per_round(metas, key)
+        if steps:
+            return statistics.median(steps), key
     return None
 
 
@@ -88,13 +88,10 @@ def cpu_medians(metas: list[dict]) -> tuple[float, float] | None:
     """(recorded, unrecorded) median over the rounds of the slowest rank's CPU time of its
     thread in the round's step (``span_cpu_s``, ``paired_cpu_s``; seconds), or None without
     them: the recorder's cost apart from the host's other work, which adds wall time only."""
-    rec = [m.get("span_cpu_s") or [] for m in metas]
-    plain = [m.get("paired_cpu_s") or [] for m in metas]
-    n = min((len(r) for r in rec + plain), default=0)
-    if n == 0:
-        return None
-    return (statistics.median(max(x[i] for x in rec) for i in range(n)),
-            statistics.median(max(x[i] for x in plain) for i in range(n)))
+    from executor.trace_rounds import slowest_per_round
+
+    rec, plain = slowest_per_round(metas, "span_cpu_s", "paired_cpu_s")
+    return (statistics.median(rec), statistics.median(plain)) if rec else None
 
 
 def recording_cost(metas: list[dict]) -> tuple[float, float, float] | None:
@@ -102,15 +99,13 @@ def recording_cost(metas: list[dict]) -> tuple[float, float, float] | None:
     cost per step) in seconds, per step the slowest rank's; None without the span
     recorder's metadata. The cost per step is ``span_event_s`` x the spans of one
     recorded step (``span_count`` over the rounds), the largest over the ranks."""
-    rec = [m.get("span_steps_s") or [] for m in metas]
-    plain = [m.get("paired_steps_s") or [] for m in metas]
-    n = min((len(r) for r in rec + plain), default=0)
-    if n == 0:
+    from executor.trace_rounds import slowest_per_round
+
+    rec, plain = slowest_per_round(metas, "span_steps_s", "paired_steps_s")
+    if not rec:
         return None
-    r = statistics.median(max(x[i] for x in rec) for i in range(n))
-    p = statistics.median(max(x[i] for x in plain) for i in range(n))
-    cost = max(float(m.get("span_event_s") or 0.0) * int(m.get("span_count") or 0) / n for m in metas)
-    return r, p, cost
+    cost = max(float(m.get("span_event_s") or 0.0) * int(m.get("span_count") or 0) / len(rec) for m in metas)
+    return statistics.median(rec), statistics.median(plain), cost
 
 
 def _run_plan(plan: Any, meta: dict) -> Any:
