@@ -364,8 +364,9 @@ def round_alignment(traces: list[tuple[dict, list[dict]]]) -> RoundAlignment | N
         if origin is None or offset is None:
             return None
         per_rank.append({e["name"]: (origin / 1e9 + (e["ts"] - offset) / 1e6, e["dur"] / 1e6)
-                         for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)})
-    names = sorted(set.intersection(*(set(r) for r in per_rank)), key=lambda n: int(n.split()[-1]))
+                         for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)
+                         and str(e["name"])[len(STEP_PREFIX):].isdigit()})  # a round's number
+    names = sorted(set.intersection(*(set(r) for r in per_rank)), key=lambda n: int(n[len(STEP_PREFIX):]))
     if not names:
         return None
     out = RoundAlignment([], [], [])

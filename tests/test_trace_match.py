@@ -328,6 +328,10 @@ def test_round_alignment_puts_the_ranks_on_one_clock():
     assert got.skew == pytest.approx([0.004, 0.001], abs=1e-9)
     assert got.slowest == pytest.approx([0.040, 0.033], abs=1e-9)
     assert got.synced == pytest.approx([0.036, 0.032], abs=1e-9)
+    # a step span whose name carries no round number is no round (it raised on int())
+    bad = {"name": "meshplan-step x", "ph": "X", "ts": 0.0, "dur": 1.0}
+    again = round_alignment([(r0[0], [*r0[1], bad]), (r1[0], [*r1[1], bad])])
+    assert again.skew == pytest.approx(got.skew, abs=1e-9)
 
 
 def test_round_alignment_needs_one_host_and_the_clock_origin():
