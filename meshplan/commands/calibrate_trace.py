@@ -130,6 +130,22 @@ class _Pooled:
     folded: bool  # whether the uncovered host time was folded (one-stage plans)
 
 
+def _recorded_round(meta: dict, spans: list[dict], labels: dict, rnd: int,
+                    fold: bool) -> tuple[list, float, list[str]]:
+    """One rank's recorded round ``rnd``: (its ops matched to ``labels``, with the step's
+    uncovered host time folded into its actions when ``fold``; the seconds folded; the
+    sorted names of its plan-op spans). Raises TraceMatchError as ``round_step`` and
+    ``match_trace`` do."""
+    from executor.profile import PREFIX
+    from executor.trace_match import event_cost, match_trace, round_step
+    from executor.trace_rounds import fold_step_gap, step_gap, step_span
+
+    timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
+    ops = sorted(str(e["name"]) for e in timed if str(e.get("name", "")).startswith(PREFIX))
+    gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
+    return fold_step_gap(match_trace(timed, labels, eps), gap), gap, ops
+
+
 def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]], files: list[Path]) -> _Pooled:
     """The samples of the middle third of the recorded rounds by time (the same rounds on
     every rank, ``executor.trace_rounds``), each round's: every rank's ops matched to
@@ -139,7 +155,7 @@ def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]], files: lis
     its step of median time. Raises TraceError naming the file (and round) for recorder
     spans without a step span, a pooled round whose plan ops differ from the rank's
     other pooled rounds, or spans that are no op of the plan."""
-    from executor.profile import PREFIX, STEP_PREFIX
+    from executor.profile import STEP_PREFIX
     from executor.trace_calibrate import TraceError
     from executor.trace_match import (
         TraceMatchError,
@@ -149,14 +165,13 @@ def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]], files: lis
         merge_collectives,
         plan_labels,
         recorded_spans,
-        round_step,
         slowest_segments,
         stream_samples,
     )
-    from executor.trace_rounds import fold_step_gap, middle_rounds, step_gap, step_span
+    from executor.trace_rounds import middle_rounds
 
     metas = [m for m, _ in loaded]
-    rounds: list[int | None] = list(middle_rounds(metas)) or [None]
+    rounds: list[int | None] = [*middle_rounds(metas)] or [None]
     streams, spans_of, labels_of = [], [], []
     for (meta, events), f in zip(loaded, files, strict=True):
         spans_of.append(recorded_spans(events))
@@ -179,16 +194,14 @@ def _pooled_samples(plan: Any, loaded: list[tuple[dict, list[dict]]], files: lis
                                                                    strict=True)):
             try:
                 if spans and rnd is not None:  # the span recorder's round
-                    timed, eps = round_step(spans, rnd), event_cost(meta, "span_event_s")
-                    ops = sorted(str(e["name"]) for e in timed if str(e.get("name", "")).startswith(PREFIX))
+                    samples, gap, ops = _recorded_round(meta, spans, labels, rnd, fold)
                     first = names.setdefault(i, (rnd, ops))
                     if ops != first[1]:
                         raise TraceError(f"round {rnd} holds other plan ops than round {first[0]} "
                                          f"({len(ops)} vs {len(first[1])} spans): a step span cut short, "
                                          f"or spans moved out of it")
-                    gap = step_gap(step_span(spans, rnd), timed, eps) if fold else 0.0
                     out.gaps.append(gap)
-                    per_rank.append(fold_step_gap(match_trace(timed, labels, eps), gap))
+                    per_rank.append(samples)
                 else:  # a trace of profiler spans only (recorded before the span recorder)
                     eps = event_cost(meta, "span_event_s") if spans else event_cost(meta)
                     per_rank.append(match_trace(median_step(spans or events), labels, eps))
