@@ -282,9 +282,10 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
                    + yaml.safe_dump(spec, sort_keys=False, width=200))
     what = f"the middle {len(rounds)} of {len(round_times(metas))} recorded rounds by time" \
         if rounds != [None] else "the step of median time"
-    per_round = {k: (v if k == "stream" else v // len(rounds)) for k, v in fit.counts.items()}
+    per_round = {k: v // len(rounds) for k, v in fit.counts.items() if k != "stream"}
+    streams = f"; in-place streaming ops of the profiler pass: {fit.counts['stream']}" if "stream" in fit.counts else ""
     typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
-               f"{plan_file}, {what}; plan ops matched per round: {per_round})")
+               f"{plan_file}, {what}; plan ops matched per round: {per_round}{streams})")
     for line in rank_warnings:
         typer.echo(f"warning: {line}", err=True)
     # per round: the pooled rounds' mean
