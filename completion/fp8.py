@@ -30,7 +30,10 @@ cost model (``simulator.fp8``) and any printer see it:
   distributed optimizer's all-gather (tensorwise scaling on Hopper): 1 + 1 bytes per weight
   element that replace the 16-bit weight, with no FP8 cache beside it
   (:data:`FP8_PARAM_FRAMEWORKS`; the once-per-step cast is the optimizer's, of the updated
-  master weights);
+  master weights). NeMo 24.x does the same with ``model.fp8_params`` (NVIDIA
+  dgxc-benchmarking 35a9aecc ``configure.sh`` sets it with FP8; NeMo v2.0.0
+  ``megatron_gpt_model.py`` builds the model under Transformer Engine's ``fp8_model_init``
+  and passes ``fp8_param_gather``);
 - ``fp8_cast_x``: on a forward ``matmul``, whether it casts its input itself (True) or
   reads the cast another FP8 linear of the same input made (False). Transformer Engine
   runs q/k/v as one fused ``linear_qkv`` GEMM (and the MLP's gate and up as one ``fc1``)
@@ -63,10 +66,10 @@ SHARED_INPUT_CAST = ("te-delayed",)
 #: tensorwise scaling"), so those all-gathers move FP8 (``simulator.fp8``)
 TP_FLOAT8_GATHER = ("tensorwise",)
 #: frameworks that cast each FP8 weight once per step (module docstring)
-WEIGHT_CACHE_FRAMEWORKS = ("megatron-core", "megatron-bridge")
+WEIGHT_CACHE_FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo")
 #: frameworks whose FP8 linears keep their weights as FP8 parameters (module docstring,
 #: ``fp8_param``)
-FP8_PARAM_FRAMEWORKS = ("megatron-bridge",)
+FP8_PARAM_FRAMEWORKS = ("megatron-bridge", "nemo")
 
 
 #: struct name of a MoE layer's router GEMM (``completion.models.moe.moe_mlp``: ``...mlp.gate``)

@@ -94,8 +94,8 @@ DTYPES = ("bfloat16", "float16", "float32")
 #: against it, ``FP8_RECIPES`` names its entries; ``simulator.profiles.check_catalog`` checks that
 #: ``simulator/profiles/catalog/*.yaml`` holds exactly these files, each ``name:`` its file
 #: name; ``meshplan.commands.options.FRAMEWORK_NAMES`` mirrors it, see there)
-FRAMEWORKS = ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp", "fsdp2",
-              "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
+FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
+              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 #: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
 #: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,
 #: else the framework's default
@@ -105,7 +105,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 #: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
 CP_COMMS = ("p2p", "all_gather")
 #: the framework profiles that run Transformer Engine FP8 / torchao ``Float8Linear``
-_TE_FP8 = ("megatron-core", "megatron-bridge", "llm-foundry")
+_TE_FP8 = ("megatron-core", "megatron-bridge", "nemo", "llm-foundry")
 _TORCHAO_FP8 = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
 #: FP8 training recipes -> the framework profiles that run them: ``te-delayed``
 #: (Transformer Engine ``DelayedScaling``: per-tensor scales from an amax history; NVIDIA

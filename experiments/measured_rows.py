@@ -480,7 +480,9 @@ def _framework(text: str) -> str:
         return "megatron-2021"
     if "megatron-bridge" in t:
         return "megatron-bridge"
-    if t.startswith("nemo") or "megatron-core" in t or "mcore" in t:
+    if t.startswith("nemo"):  # NeMo 24.x: Apex DistributedFusedAdam, bf16 gradient buffer
+        return "nemo"
+    if "megatron-core" in t or "mcore" in t:
         return "megatron-core"
     if t.startswith("torchtitan"):
         return "fsdp2"

@@ -110,17 +110,20 @@ def fitted_rows(fits: list[Fit] | None = None) -> set[int]:
 def predict(spec: Any) -> dict[str, Any]:
     """Predict one :class:`experiments.measured_rows.RunSpec`: ``{"predicted_s",
     "predicted_mem_bytes", "status"}``. An exception from the Engine becomes
-    ``status = "error: <type>: <message>"`` with NaN predictions."""
+    ``status = "error: <type>: <message>"`` with NaN predictions. ``usable_bytes``: the
+    memory of the GPU the row ran on (``device.usable_bytes``), which its peak fitted."""
     engine_cls = require(NAME, "meshplan.engine", "Engine")
     try:
-        res = engine_cls(spec.model, spec.cluster, spec.strategy, nodes=spec.nodes,
-                         seq_len=spec.seq_len).simulate()
+        engine = engine_cls(spec.model, spec.cluster, spec.strategy, nodes=spec.nodes,
+                            seq_len=spec.seq_len)
+        res = engine.simulate()
         return {"predicted_s": float(res.step_time),
                 "predicted_mem_bytes": float(res.max_memory_bytes),
+                "usable_bytes": float(engine.cluster.device.usable_bytes),
                 "memory_breakdown": dict(res.memory_breakdown), "status": "ok"}
     except Exception as e:  # one row's failure is that row's error, never the experiment's
         msg = " ".join(str(e).split())[:300]
-        return {"predicted_s": math.nan, "predicted_mem_bytes": math.nan,
+        return {"predicted_s": math.nan, "predicted_mem_bytes": math.nan, "usable_bytes": math.nan,
                 "memory_breakdown": {}, "status": f"error: {type(e).__name__}: {msg}"}
 
 
@@ -145,7 +148,9 @@ def compared_memory(pred: dict[str, Any], convention: str) -> float:
 def row_record(spec: Any, pred: dict[str, Any], fitted: set[int]) -> dict[str, Any]:
     """One line of the per-row table: identity, layout, measured and predicted step time
     (s), signed error (%), peak memory measured / predicted (GiB) where measured (the
-    predicted lines the row's convention measures: :func:`compared_memory`)."""
+    predicted lines the row's convention measures: :func:`compared_memory`), and the
+    predicted peak as a share of the GPU's usable memory (``mem_of_gpu_pct``: every row
+    ran, so above 100 the model says a plan that ran does not fit)."""
     meas, got = spec.step_time_s, pred["predicted_s"]
     mem_meas = spec.peak_mem_bytes
     mem_pred = compared_memory(pred, spec.peak_mem_convention) if mem_meas is not None else math.nan
@@ -159,6 +164,7 @@ def row_record(spec: Any, pred: dict[str, Any], fitted: set[int]) -> dict[str, A
         "mem_predicted_GiB": mem_pred / GIB if mem_meas is not None else math.nan,
         "mem_error_pct": 100 * (mem_pred / mem_meas - 1) if has_mem else math.nan,
         "mem_convention": spec.peak_mem_convention,
+        "mem_of_gpu_pct": 100 * pred["predicted_mem_bytes"] / pred.get("usable_bytes", math.nan),
         "fitted": spec.row_id in fitted, "status": pred["status"],
         "measured_from": spec.step_time_origin,
         "approximations": "; ".join(spec.approximations),
@@ -323,6 +329,11 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
         notes.append(f"Peak memory on {len(mem)} rows with a measurement ({mem['mem_convention'].iloc[0]}): "
                      f"mean |error| {mem['mem_error_pct'].abs().mean():.1f} %, signed "
                      f"{mem['mem_error_pct'].mean():+.1f} %.")
+    over = ok[ok["mem_of_gpu_pct"] > 100]
+    notes.append(f"Predicted peak memory above the usable memory of the GPU the row ran on: "
+                 f"{len(over)} of {len(ok)} rows"
+                 + (" (" + ", ".join(f"{r.row_id}: {r.mem_of_gpu_pct:.1f}%" for r in over.itertuples())
+                    + ")" if len(over) else "") + ".")
     failed = df[df["status"] != "ok"]
     if len(failed):
         notes.append(f"{len(failed)} row(s) failed in the Engine: "

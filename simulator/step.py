@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
+from completion.fp8 import FP8_PARAM_FRAMEWORKS
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
 from simulator.expert_parallel import expert_sync_time
@@ -87,6 +88,9 @@ class StepConfig:
     ep: int = 1
     """Expert-parallel ranks (``Strategy.ep``, a divisor of dp): expert gradients are reduced
     and their ZeRO-1 states sharded over dp / ep ranks (:mod:`simulator.expert_parallel`)."""
+    fp8_params: bool = False
+    """The FP8 linears' weights are FP8 parameters (an FP8 recipe under a framework of
+    ``completion.fp8.FP8_PARAM_FRAMEWORKS``): the state model sees no 16-bit weights."""
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
@@ -115,7 +119,9 @@ class StepConfig:
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
-                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""))
+                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""),
+                   fp8_params=getattr(s, "fp8", None) is not None
+                   and s.framework in FP8_PARAM_FRAMEWORKS)
 
 
 @dataclass

@@ -122,7 +122,7 @@ def _states_over(cfg: Any, rp: RankParams, degree: int) -> ModelStates:
                     grad_bytes=cfg.grad_bytes, optimizer_bytes=cfg.optimizer_bytes,
                     largest_param=rp.largest_param, largest_block=rp.largest_block,
                     root_params=rp.root, prefetch=prof.overlap.fsdp_prefetch.value,
-                    reduce_bytes=reduce_bytes)
+                    reduce_bytes=reduce_bytes, fp8_params=bool(getattr(cfg, "fp8_params", False)))
     return model_states(prof.memory.model_states.value, x)
 
 

@@ -38,8 +38,8 @@ def test_strategy_takes_recipes_and_dtype_spellings():
 def test_recipe_frameworks_are_catalog_names():
     """FP8_RECIPES and the weight-cache list name FRAMEWORKS entries (the catalog's names,
     simulator.profiles.check_catalog), and a Strategy takes a recipe exactly under them:
-    Transformer Engine under megatron-core, megatron-bridge and llm-foundry, torchao under
-    the FSDP2 three."""
+    Transformer Engine under megatron-core, megatron-bridge, nemo and llm-foundry, torchao
+    under the FSDP2 three."""
     from completion.fp8 import FP8_PARAM_FRAMEWORKS, WEIGHT_CACHE_FRAMEWORKS
 
     named = ({f for fws in FP8_RECIPES.values() for f in fws} | set(WEIGHT_CACHE_FRAMEWORKS)
@@ -48,7 +48,7 @@ def test_recipe_frameworks_are_catalog_names():
     ok = {(r, f) for r in FP8_RECIPES for f in FRAMEWORKS
           if not _refused(lambda r=r, f=f: Strategy(fp8=r, framework=f))}
     assert ok == {("te-delayed", "megatron-core"), ("te-delayed", "megatron-bridge"),
-                  ("te-delayed", "llm-foundry"),
+                  ("te-delayed", "nemo"), ("te-delayed", "llm-foundry"),
                   *((r, f) for r in ("tensorwise", "rowwise")
                     for f in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"))}
 

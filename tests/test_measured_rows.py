@@ -83,7 +83,7 @@ def test_nemo_gpt3_175b(rows):
     assert (st.dp, st.tp, st.pp, st.vpp, st.schedule) == (4, 4, 8, 12, "VPP")
     assert (st.micro_batch_size, st.global_batch_size, st.num_microbatches) == (1, 256, 64)
     assert (st.zero, st.sequence_parallel, st.recompute, st.dtype) == (1, True, "none", "bfloat16")
-    assert (st.framework, st.attention) == ("megatron-core", "flash")
+    assert (st.framework, st.attention) == ("nemo", "flash")  # NeMo 24.05: Apex DistributedFusedAdam
     assert (s.cluster, s.nodes) == ("dgx-h100", 16)
     assert (s.step_time_s, s.step_time_origin) == (8.91, "step_time_s")
 
@@ -162,7 +162,7 @@ def test_squared_relu_rows_are_expressible(rows):
     (62, "tensorwise", "fsdp2"),       # torchtitan "torchao Float8, dynamic tensorwise"
     (70, "tensorwise", "fsdp2"),       # "torchao Float8": the default recipe (an assumption)
     (162, "te-delayed", "llm-foundry"),  # Composer amp_fp8 = TE delayed scaling
-    (374, "te-delayed", "megatron-core"),  # NeMo FP8 hybrid
+    (374, "te-delayed", "nemo"),  # NeMo FP8 hybrid
 ])
 def test_fp8_rows_carry_their_recipe(rows, rid, recipe, framework):
     s = spec(rows, rid)

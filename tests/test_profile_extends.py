@@ -205,6 +205,8 @@ CATALOG_DELTAS = {
     "fsdp2-async-tp": ("fsdp2", {"name", "description", "overlap.tp_backward", "overlap.tp_forward"}),
     "megatron-2021-torch-ddp": ("megatron-2021", {"name", "description", "overlap.dp_grad_reduce",
                                                   "gradients.bucket_params"}),
+    "nemo": ("megatron-core", {"name", "description", "gradients.main_grad",
+                               "gradients.reduce_dtype", "memory.model_states"}),
     "megatron-bridge": ("megatron-core", {"name", "description", "kernels.moe_probs",
                                           "gradients.main_grad", "gradients.reduce_dtype",
                                           "memory.model_states", "memory.loss_saved_bytes",

@@ -134,7 +134,7 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 #: ``simulator.profiles.check_catalog`` checks the catalog against it), not an import of it:
 #: importing ``completion`` here would load numpy and pydantic on ``meshplan --help``
 #: (tests/test_cli_structure.py). tests/test_cli_options.py checks that they are equal.
-FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp",
+FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
                    "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 
 MODEL = typer.Option(..., "--model", "-m",

@@ -56,7 +56,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 FUSION_GROUPS = ("bias_gelu", "bias_dropout_add", "scale_mask_softmax", "norm", "rope",
                  "swiglu", "cross_entropy", "residual_add")
 #: how model states are counted (``simulator.model_states``)
-STATE_MODELS = ("megatron", "megatron-ddp", "deepspeed", "fsdp", "plain")
+STATE_MODELS = ("megatron", "megatron-ddp", "apex-distributed-adam", "deepspeed", "fsdp", "plain")
 
 
 class ProfileError(SimulatorError):
@@ -145,7 +145,7 @@ class GradDtype(_Quantity):
 class StateModel(_Quantity):
     """How model states are held (:data:`STATE_MODELS`)."""
 
-    value: Literal["megatron", "megatron-ddp", "deepspeed", "fsdp", "plain"]
+    value: Literal["megatron", "megatron-ddp", "apex-distributed-adam", "deepspeed", "fsdp", "plain"]
 
 
 class MoeProbs(_Quantity):
