@@ -306,6 +306,25 @@ def test_a_peak_rate_typed_in_tflops_is_refused(tmp_path):
         load_cluster(str(p))
 
 
+def test_a_slow_calibrated_cpu_rate_is_a_rate_not_a_slip(tmp_path):
+    """``meshplan calibrate`` on a loaded 2-core VM measured bf16 GEMMs at 0.95 GFLOP/s
+    (emulated bf16); the old 1 GFLOP/s floor refused the calibrated YAML. A rate of 1 MFLOP/s
+    or more loads; 989 (TFLOP/s typed as FLOP/s) is still refused."""
+    import yaml
+
+    from clusters import load_cluster
+
+    doc = yaml.safe_load((Path(clusters.__file__).parent / "catalog" / "cpu-local.yaml").read_text())
+    doc["device"]["peak_flops"]["bf16"] = {"value": 954071377.0, "provenance": "measured"}
+    p = tmp_path / "slow.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    assert load_cluster(str(p)).device.peak_flops["bf16"].value == 954071377.0
+    doc["device"]["peak_flops"]["bf16"]["value"] = 989
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match=r"must be between 1e\+06 \(1 MFLOP/s\)"):
+        load_cluster(str(p))
+
+
 def test_a_section_check_does_not_print_the_whole_section(tmp_path):
     """A check across a section's fields (the driver reserve above the memory) names the
     section and the two values; it used to append the whole device mapping (~3 KB)."""
