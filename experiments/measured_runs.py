@@ -110,8 +110,9 @@ def fitted_rows(fits: list[Fit] | None = None) -> set[int]:
 def predict(spec: Any) -> dict[str, Any]:
     """Predict one :class:`experiments.measured_rows.RunSpec`: ``{"predicted_s",
     "predicted_mem_bytes", "status"}``. An exception from the Engine becomes
-    ``status = "error: <type>: <message>"`` with NaN predictions. ``usable_bytes``: the
-    memory of the GPU the row ran on (``device.usable_bytes``), which its peak fitted."""
+    ``status = "error: <type>: <message>"`` with NaN predictions. Also ``usable_bytes``
+    (the memory of the GPU the row ran on, ``device.usable_bytes``, which its peak fitted)
+    and ``memory_breakdown`` (``StepResult.memory_breakdown``)."""
     engine_cls = require(NAME, "meshplan.engine", "Engine")
     try:
         engine = engine_cls(spec.model, spec.cluster, spec.strategy, nodes=spec.nodes,
@@ -330,10 +331,14 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
                      f"mean |error| {mem['mem_error_pct'].abs().mean():.1f} %, signed "
                      f"{mem['mem_error_pct'].mean():+.1f} %.")
     over = ok[ok["mem_of_gpu_pct"] > 100]
+    limit = 100 * (1 - require(NAME, "clusters.spec", "DEFAULT_MEMORY_HEADROOM"))
+    near = ok[ok["mem_of_gpu_pct"] > limit]
     notes.append(f"Predicted peak memory above the usable memory of the GPU the row ran on: "
                  f"{len(over)} of {len(ok)} rows"
                  + (" (" + ", ".join(f"{r.row_id}: {r.mem_of_gpu_pct:.1f}%" for r in over.itertuples())
-                    + ")" if len(over) else "") + ".")
+                    + ")" if len(over) else "")
+                 + f"; above the tuner's default limit ({limit:.0f}% of it, --memory-headroom): "
+                 + (", ".join(f"{r.row_id}" for r in near.itertuples()) or "none") + ".")
     failed = df[df["status"] != "ok"]
     if len(failed):
         notes.append(f"{len(failed)} row(s) failed in the Engine: "

@@ -39,6 +39,7 @@ from completion.strategy import Strategy
 from meshplan.engine import Engine
 from simulator.model_states import StateInputs, model_states
 from simulator.program_costs import layer_roles
+from simulator.stage_timing import reduce_bytes
 from simulator.step_bound import fused_backward
 from simulator.tier0_bound import BlockWork, block_work, compute_peak, tier0_step_time
 from tuner.exhaustive import Bound
@@ -139,7 +140,8 @@ class Tier0Bound:
         states = model_states(self.profile.memory.model_states.value,
                               StateInputs(params=self.rank_params(c) // c.pp // c.ep, dp=n, zero=c.zero,
                                           param_bytes=x.param_bytes, grad_bytes=x.grad_bytes,
-                                          optimizer_bytes=x.optimizer_bytes))
+                                          optimizer_bytes=x.optimizer_bytes,
+                                          reduce_bytes=reduce_bytes(x)))
         return int(states.total)
 
     def __call__(self, c: Candidate) -> Bound:

@@ -19,9 +19,9 @@ parameter tensor on the rank. Sources (FN = shared/reference/fidelity_notes.md):
   performance recipes (``grad_reduce_in_fp32 = False``).
 - ``apex-distributed-adam`` -- NeMo 24.x's Apex ``DistributedFusedAdam``
   (:func:`apex_distributed_adam_states`): the ``megatron-ddp`` split with the gradient buffer
-  in the reduce dtype, but a 16-bit (bf16) weight's fp32 master is stored as its low 16 bits
-  only (``store_param_remainders``): (2 + g + 10/N)P with Adam, 12/N when the weights are
-  FP8 parameters (NeMo then stores whole fp32 masters).
+  in the reduce dtype (fp32 for the embedding tables), but a 16-bit (bf16) weight's fp32
+  master is stored as its low 16 bits only (``store_param_remainders``): (2 + g + 10/N)P
+  with Adam, 12/N when the weights are FP8 parameters (NeMo then stores whole fp32 masters).
 - ``deepspeed`` -- FN "DeepSpeed's ZeRO estimators" (``estimate_zero2_model_states_mem_needs``,
   ``estimate_zero3_model_states_mem_needs``, no offload): ZeRO-2 keeps the full 2P
   half-precision weights plus 18P/N (the 16-bit and fp32 gradient partitions, 2 + 4, and
@@ -72,6 +72,8 @@ class StateInputs:
         reduce_bytes: bytes of a gradient element as it is reduced (4 for fp32).
         fp8_params: the weights are FP8 parameters (``completion.fp8.FP8_PARAM_FRAMEWORKS``
             under an FP8 recipe), not 16-bit ones.
+        embedding_params: of ``params``, the embedding tables' elements (word and position
+            embeddings, a tied head's table), whose gradients NeMo keeps in fp32.
     """
 
     params: int
@@ -86,6 +88,7 @@ class StateInputs:
     prefetch: int = 0
     reduce_bytes: int = FP32
     fp8_params: bool = False
+    embedding_params: int = 0
 
 
 def _shard(n: int, dp: int) -> int:
@@ -135,22 +138,32 @@ REMAINDER_SAVING = 2
 
 def apex_distributed_adam_states(x: StateInputs) -> ModelStates:
     """NeMo 24.x with Apex's ``DistributedFusedAdam`` (optimizer ``distributed_fused_adam``):
-    16-bit weights, a contiguous gradient buffer of ``reduce_bytes`` per element and the
-    optimizer states sharded over N (zero >= 1), where the fp32 master of a 16-bit weight
-    keeps only its low 16 bits: ``(2 + g + (12 - 2)/N) P`` with Adam; FP8 parameters keep
-    whole fp32 masters, ``(2 + g + 12/N) P`` (their 1 + 1 FP8 bytes are counted as the 2).
+    16-bit weights, gradient buckets of ``reduce_bytes`` per element -- fp32 for the E
+    embedding-table elements (``embedding_params``) -- and the optimizer states sharded over
+    N (zero >= 1), where the fp32 master of a 16-bit weight keeps only its low 16 bits:
+    ``(2 + g + 10/N)(P - E) + (2 + 4 + 10/N) E`` with Adam; FP8 parameters keep whole fp32
+    masters (12/N; their 1 + 1 FP8 bytes are counted as the 2).
 
     Source: NeMo v2.0.0 (the 24.09 container)
     ``nemo/collections/nlp/models/language_modeling/megatron_base_model.py``
     ``setup_optimization``: with fp32 optimizer states and bf16 weights (megatron_amp_O2) it
     sets ``store_params=False, store_param_remainders=True``, with ``fp8_params``
-    ``store_params=True``; Apex ``apex/contrib/optimizers/distributed_fused_adam.py``
-    (``store_param_remainders``: store the bits needed to rebuild fp32 weights from bf16
-    ones) and ``init_grad_buffer`` (the contiguous gradient buffer in ``grad_sync_dtype``,
-    bf16 in NVIDIA's dgxc-benchmarking 35a9aecc recipes)."""
+    ``store_params=True``; ``megatron_gpt_model.py`` ``configure_optimizers`` marks the word
+    and position embeddings (and a tied output table on the last stage)
+    ``_with_fp32_optimizer`` (``with_fp32_embedding_grads`` defaults to True), and
+    ``nemo/core/optim/distributed_adam.py`` ``init_params_bucket`` gives those parameters
+    buckets with ``grad_sync_dtype=torch.float32``; Apex
+    ``apex/contrib/optimizers/distributed_fused_adam.py`` (``store_param_remainders``: store
+    the bits needed to rebuild fp32 weights from bf16 ones; ``_init_grad_buffer``: the
+    contiguous gradient buffer in ``grad_sync_dtype``, bf16 in NVIDIA's dgxc-benchmarking
+    35a9aecc recipes)."""
     saving = REMAINDER_SAVING if x.param_bytes == 2 and not x.fp8_params else 0
-    return zero_model_states(x.params, x.dp, x.zero, x.param_bytes, x.reduce_bytes,
-                             max(0, x.optimizer_bytes - saving))
+    opt = max(0, x.optimizer_bytes - saving)
+    tables = min(max(0, x.embedding_params), x.params)
+    rest = zero_model_states(x.params - tables, x.dp, x.zero, x.param_bytes, x.reduce_bytes, opt)
+    emb = zero_model_states(tables, x.dp, x.zero, x.param_bytes, FP32, opt)
+    return ModelStates(params=rest.params + emb.params, grads=rest.grads + emb.grads,
+                       optimizer=rest.optimizer + emb.optimizer)
 
 
 def deepspeed_states(x: StateInputs) -> ModelStates:

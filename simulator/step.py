@@ -388,15 +388,24 @@ class StepModel:
                      blocks: list[BlockCost]) -> RankParams:
         """Parameter facts of a pipeline rank for its model states
         (``simulator.step_memory.RankParams``): its largest tensor and layer, the elements
-        of its "pre" / "post" blocks (tied weights once), whether it runs the loss."""
+        of its "pre" / "post" blocks (tied weights once), of its embedding tables (the "pre"
+        block's parameters, or the tied table a "post" block reads on a rank without
+        "pre"), whether it runs the loss."""
         root: dict[str, int] = {}
-        for blk in (self.costs.pre, self.costs.post):
-            if blk is not None and any(b is blk for b in blocks):
-                root.update({k: n for k, (n, _) in blk.params.items()})
+        held = [blk for blk in (self.costs.pre, self.costs.post)
+                if blk is not None and any(b is blk for b in blocks)]
+        for blk in held:
+            root.update({k: n for k, (n, _) in blk.params.items()})
+        pre = self.costs.pre
+        if pre is not None and any(blk is pre for blk in held):
+            tables = sum(n for n, _ in pre.params.values())
+        else:
+            tables = self.tied_elems() if held else 0
         largest = max((n for b in blocks for n, _ in b.params.values()), default=0)
         block = max((sum(n for n, _ in b.params.values()) for b in layer_blocks), default=0)
         return RankParams(total=total, largest_param=largest, largest_block=block,
-                          root=sum(root.values()), holds_loss=self.nvs - 1 in vstages)
+                          root=sum(root.values()), holds_loss=self.nvs - 1 in vstages,
+                          embedding=tables)
 
     def tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""

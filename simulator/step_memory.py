@@ -45,6 +45,7 @@ from simulator.expert_parallel import expert_dp_degree
 from simulator.memory import ModelStates, StageActivations, zero_model_states
 from simulator.model_states import StateInputs, model_states
 from simulator.stage_cost import BlockCost
+from simulator.stage_timing import reduce_bytes
 
 #: breakdown lines held through the caching allocator (torch max reserved memory)
 ALLOCATOR_LINES = ("params", "grads", "optimizer", "param_buffers", "activations", "recompute",
@@ -93,6 +94,10 @@ class RankParams:
     expert: int = 0
     """Of ``total``, the expert-parallel elements (``BlockCost.dp_split``), whose ZeRO
     states are sharded over dp / ep (:mod:`simulator.expert_parallel`)."""
+    embedding: int = 0
+    """Of ``total``, the embedding tables' elements (the "pre" block's parameters, and a
+    tied head's table on a rank without "pre"): NeMo keeps their gradients in fp32
+    (``simulator.model_states.apex_distributed_adam_states``)."""
 
 
 def _states(cfg: Any, rp: RankParams) -> Any:
@@ -117,12 +122,12 @@ def _states_over(cfg: Any, rp: RankParams, degree: int) -> ModelStates:
     if prof is None:
         return zero_model_states(rp.total, degree, cfg.zero, cfg.param_bytes, cfg.grad_bytes,
                                  cfg.optimizer_bytes)
-    reduce_bytes = 4 if prof.gradients.reduce_dtype.value == "float32" else cfg.grad_bytes
     x = StateInputs(params=rp.total, dp=degree, zero=cfg.zero, param_bytes=cfg.param_bytes,
                     grad_bytes=cfg.grad_bytes, optimizer_bytes=cfg.optimizer_bytes,
                     largest_param=rp.largest_param, largest_block=rp.largest_block,
                     root_params=rp.root, prefetch=prof.overlap.fsdp_prefetch.value,
-                    reduce_bytes=reduce_bytes, fp8_params=bool(getattr(cfg, "fp8_params", False)))
+                    reduce_bytes=reduce_bytes(cfg), fp8_params=bool(getattr(cfg, "fp8_params", False)),
+                    embedding_params=rp.embedding)
     return model_states(prof.memory.model_states.value, x)
 
 

@@ -360,6 +360,17 @@ def test_megatron_notes_what_it_cannot_run():
     assert out.effective["schedule"] == "1F1B" and out.effective["recompute"] == "selective"
 
 
+def test_a_nemo_plan_exported_to_megatron_lm_is_noted():
+    """A plan costed under the nemo profile (Apex DistributedFusedAdam: bf16 gradients,
+    fp32 masters as 16-bit remainders) runs differently under Megatron-LM's pretrain_gpt.py
+    (fp32 gradients with bf16, whole masters: 6 + 12/N bytes a parameter against 4 + 10/N),
+    so the export says to re-cost it."""
+    out = export_plan(_plan(framework="nemo"), "megatron")
+    note = [n for n in out.notes if n.knob == "framework"]
+    assert note and "'nemo' profile" in note[0].text and "megatron-core" in note[0].text
+    assert not [n for n in export_plan(_plan(), "megatron").notes if n.knob == "framework"]
+
+
 def test_torchtitan_toml_of_a_known_plan():
     """ZeRO 3 dp2 -> data_parallel_shard_degree 2; pp4: local batch 16 / 2 = 8 split into
     micro-batches of 1; vpp 3 with 32 layers: an even split 3,3,3,3,3,3,3,3,2,2,2,2 of

@@ -29,8 +29,9 @@ from simulator.model_states import StateInputs, model_states
 from simulator.profiles import load_profile
 
 #: rows predicted at most this far above their GPU's usable memory: row 358 (Nemotron-4
-#: 340B on 128 H100s, dp 2) is 0.8% above, inside the 5% fragmentation line's uncertainty
-TOLERANCE = 0.01
+#: 340B on 128 H100s, dp 2) is 2.3% above (81.4 of 79.6 GiB), less than its 3.8 GiB
+#: fragmentation line, the profile's approximate 5% of the allocator's lines
+TOLERANCE = 0.03
 
 
 def _specs(*ids):
@@ -79,19 +80,48 @@ def test_nemo_profile_states_the_recipe_facts():
 
 # -- rows, by hand ------------------------------------------------------------------------
 
+#: Llama 3.1 8B: parameters, and its (untied) word-embedding table 128,256 x 4,096
+LLAMA31_8B, LLAMA31_8B_TABLE = 8_030_261_248, 128_256 * 4_096
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def test_apex_distributed_adam_embedding_tables_keep_fp32_gradients():
+    """1000 parameters of which 200 are an embedding table, over 8 ranks, zero 1: the
+    table's gradient is fp32 (NeMo's with_fp32_embedding_grads), the rest bf16."""
+    got = model_states("apex-distributed-adam", StateInputs(params=1000, dp=8, zero=1,
+                                                            reduce_bytes=2, embedding_params=200))
+    assert (got.params, got.grads, got.optimizer) == (2000, 800 * 2 + 200 * 4, (100 + 25) * 10)
+
+
 def test_nemo_llama31_8b_states_by_hand():
-    """Row 308 (Llama 3.1 8B, NeMo 24.09, dp 4 x cp 2, distributed optimizer): P =
-    8,030,261,248 parameters on the rank; the optimizer shards over dp x cp = 8 ranks:
-    2P + 2P + ceil(P / 8) x 10 bytes, where the megatron-core profile holds 4P of fp32
+    """Row 308 (Llama 3.1 8B, NeMo 24.09, bf16, dp 4 x cp 2, distributed optimizer): P =
+    8,030,261,248 parameters on the rank, E = 525,336,576 of them the embedding table; the
+    optimizer shards over dp x cp = 8 ranks: 2P of weights, 2(P - E) + 4E of gradients and
+    10 bytes (remainder + Adam) over 8, where the megatron-core profile holds 4P of fp32
     gradients and 12 bytes of fp32 master + Adam."""
     spec = _specs(308)[308]
     assert spec.strategy.framework == "nemo"
-    p = 8_030_261_248
+    p, e = LLAMA31_8B, LLAMA31_8B_TABLE
     m = _engine(spec).simulate().memory_breakdown
-    assert (m["params"], m["grads"], m["optimizer"]) == (2 * p, 2 * p, -(-p // 8) * 10)
+    assert (m["params"], m["grads"]) == (2 * p, 2 * (p - e) + 4 * e)
+    assert m["optimizer"] == (_ceil(p - e, 8) + _ceil(e, 8)) * 10
     core = _engine(spec.__class__(**{**spec.__dict__, "strategy": spec.strategy.replace(
         framework="megatron-core")})).simulate().memory_breakdown
-    assert (core["grads"], core["optimizer"]) == (4 * p, -(-p // 8) * 12)
+    assert (core["grads"], core["optimizer"]) == (4 * p, _ceil(p, 8) * 12)
+
+
+def test_nemo_fp8_parameters_keep_whole_fp32_masters():
+    """Row 314 (the same model, NeMo FP8 with fp8_params, dp 8 x cp 2 = 16): the weights are
+    FP8 parameters, so NeMo stores whole fp32 masters: 12 optimizer bytes over 16, not 10
+    (``StepConfig.fp8_params`` reaches the state model)."""
+    spec = _specs(314)[314]
+    assert (spec.strategy.framework, spec.strategy.fp8) == ("nemo", "te-delayed")
+    p, e = LLAMA31_8B, LLAMA31_8B_TABLE
+    m = _engine(spec).simulate().memory_breakdown
+    assert m["optimizer"] == (_ceil(p - e, 16) + _ceil(e, 16)) * 12
 
 
 def test_llm_foundry_fused_cross_entropy_by_hand():

@@ -33,6 +33,12 @@ CONFIGS = {
                    "seq_len": 4096, "num_layers": 4, "framework": "fsdp2"},
     "deepspeed-h100-cp": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 1, "global_batch_size": 32,
                           "seq_len": 8192, "num_layers": 4, "framework": "deepspeed"},
+    # a short sequence, so that model states dominate the peak: the bf16 gradient buffer
+    # of nemo / megatron-bridge (the bound once charged fp32 gradients there, 9% above)
+    "nemo-h100": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 1, "global_batch_size": 8,
+                  "seq_len": 256, "num_layers": 4, "framework": "nemo"},
+    "bridge-h100": {"model": "llama2-7b", "cluster": "dgx-h100", "nodes": 1, "global_batch_size": 8,
+                    "seq_len": 256, "num_layers": 4, "framework": "megatron-bridge"},
 }
 
 

@@ -55,7 +55,7 @@ from typing import Any
 from meshplan.commands.export_targets import Export, Note, framework_note, layout
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
-FAMILIES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp")
+FAMILIES = ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp")
 #: plan recompute -> (granularity, method, layers per recompute unit) arguments
 RECOMPUTE_ARGS = {"none": (), "selective": ("--recompute-granularity", "selective"),
                   "selective-op": ("--recompute-granularity", "selective"),

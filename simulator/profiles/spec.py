@@ -38,7 +38,8 @@ child file): an unknown parent, a profile that extends itself, a cycle (a extend
 a), a child field that the parent's schema does not have (naming the dotted field), a child
 without ``name``; a bad parent is reported against the parent's file. Reading:
 ``simulator.profiles.loader``. In the catalog, ``fsdp2-eager`` and ``fsdp2-async-tp``
-extend ``fsdp2`` and ``megatron-2021-torch-ddp`` extends ``megatron-2021``.
+extend ``fsdp2``, ``megatron-2021-torch-ddp`` extends ``megatron-2021``, and
+``megatron-bridge`` and ``nemo`` extend ``megatron-core``.
 """
 
 from __future__ import annotations
