@@ -19,7 +19,6 @@ their GPU (47 llm-foundry rows by up to 31%, six NeMo rows by up to 22%):
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,7 +136,10 @@ def test_llm_foundry_fused_cross_entropy_by_hand():
 
 def test_every_measured_row_fits_the_gpu_it_ran_on():
     """Each expressible row of the measured runs (the CSV and the MoE rows) ran on its GPU,
-    so its predicted peak is at most the device's usable memory (+ TOLERANCE)."""
+    so its predicted peak is at most the device's usable memory (+ TOLERANCE). Before the
+    framework terms of this module's docstring, e.g. rows 212 / 220 were 88.8 / 91.2 GiB on
+    an 80 GB A100, 268 / 290 45.5 / 51.4 GiB on a 40 GB one, 308 / 314 80.7 / 85.4 GiB on
+    an 80 GB H100."""
     over = []
     for spec in parse_measured():
         if not hasattr(spec, "strategy"):
@@ -147,12 +149,3 @@ def test_every_measured_row_fits_the_gpu_it_ran_on():
         if peak > usable * (1 + TOLERANCE):
             over.append((spec.row_id, round(peak / 2**30, 1), round(usable / 2**30, 1)))
     assert not over, f"rows predicted above their GPU's usable memory (GiB): {over}"
-
-
-@pytest.mark.parametrize("row", [212, 220, 268, 290, 308, 314])
-def test_rows_that_used_to_overflow_now_fit(row):
-    """Rows predicted 11-31% above their GPU before (88.8 / 91.2 GiB on an 80 GB A100,
-    45.5 / 51.4 GiB on a 40 GB A100, 80.7 / 85.4 GiB on an 80 GB H100)."""
-    spec = _specs(row)[row]
-    e = _engine(spec)
-    assert e.simulate().max_memory_bytes <= e.cluster.device.usable_bytes
