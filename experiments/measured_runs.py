@@ -165,7 +165,7 @@ def row_record(spec: Any, pred: dict[str, Any], fitted: set[int]) -> dict[str, A
         "mem_predicted_GiB": mem_pred / GIB if mem_meas is not None else math.nan,
         "mem_error_pct": 100 * (mem_pred / mem_meas - 1) if has_mem else math.nan,
         "mem_convention": spec.peak_mem_convention,
-        "mem_of_gpu_pct": 100 * pred["predicted_mem_bytes"] / pred.get("usable_bytes", math.nan),
+        "mem_of_gpu_pct": 100 * pred["predicted_mem_bytes"] / pred["usable_bytes"],
         "fitted": spec.row_id in fitted, "status": pred["status"],
         "measured_from": spec.step_time_origin,
         "approximations": "; ".join(spec.approximations),

@@ -397,9 +397,9 @@ class StepModel:
         for blk in held:
             root.update({k: n for k, (n, _) in blk.params.items()})
         pre = self.costs.pre
-        if pre is not None and any(blk is pre for blk in held):
+        if any(blk is pre for blk in held):
             tables = sum(n for n, _ in pre.params.values())
-        else:
+        else:  # a last stage holding a tied head reads the table too
             tables = self.tied_elems() if held else 0
         largest = max((n for b in blocks for n, _ in b.params.values()), default=0)
         block = max((sum(n for n, _ in b.params.values()) for b in layer_blocks), default=0)

@@ -19,6 +19,8 @@ their GPU (47 llm-foundry rows by up to 31%, six NeMo rows by up to 22%):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,8 +109,8 @@ def test_nemo_llama31_8b_states_by_hand():
     m = _engine(spec).simulate().memory_breakdown
     assert (m["params"], m["grads"]) == (2 * p, 2 * (p - e) + 4 * e)
     assert m["optimizer"] == (_ceil(p - e, 8) + _ceil(e, 8)) * 10
-    core = _engine(spec.__class__(**{**spec.__dict__, "strategy": spec.strategy.replace(
-        framework="megatron-core")})).simulate().memory_breakdown
+    core = _engine(replace(spec, strategy=spec.strategy.replace(framework="megatron-core"))
+                   ).simulate().memory_breakdown
     assert (core["grads"], core["optimizer"]) == (4 * p, _ceil(p, 8) * 12)
 
 
