@@ -71,6 +71,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true")
     p.add_argument("--optimizer", default="adam",
                    choices=["adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"])
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"],
@@ -369,6 +370,24 @@ def test_a_nemo_plan_exported_to_megatron_lm_is_noted():
     note = [n for n in out.notes if n.knob == "framework"]
     assert note and "'nemo' profile" in note[0].text and "megatron-core" in note[0].text
     assert not [n for n in export_plan(_plan(), "megatron").notes if n.knob == "framework"]
+
+
+def test_bf16_gradients_of_the_profile_are_asked_of_megatron_lm():
+    """Megatron-LM d98e8a64 keeps fp32 main gradients with --bf16 (arguments.py:
+    accumulate_allreduce_grads_in_fp32 = not grad_reduce_in_bf16); a plan costed with bf16
+    gradients (megatron-bridge: grad_reduce_in_fp32 False) asks for them, so the run reduces
+    2 bytes a gradient as predicted, not 4. megatron-core's fp32 default writes nothing; an
+    fp32 plan has no bf16 to reduce in."""
+    def flag(**kw):
+        text = export_plan(_plan(**kw), "megatron").text
+        parse_megatron(text, 16)  # the whole text parses as Megatron-LM's arguments
+        body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+        argv = shlex.split(" ".join(ln.rstrip("\\") for ln in body))
+        return megatron_parser().parse_args(argv).grad_reduce_in_bf16
+
+    assert flag(framework="megatron-bridge") and flag(framework="nemo")
+    assert not flag() and not flag(framework="megatron-core")
+    assert not flag(framework="megatron-bridge", dtype="float32")
 
 
 def test_torchtitan_toml_of_a_known_plan():

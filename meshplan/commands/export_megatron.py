@@ -17,7 +17,8 @@ generated from config dataclass fields (``megatron/training/argument_utils.py``:
 - hand-written: ``--num-layers-per-virtual-pipeline-stage``,
   ``--num-virtual-stages-per-pipeline-rank``, ``--pipeline-model-parallel-layout``,
   ``--use-distributed-optimizer``, ``--data-parallel-sharding-strategy {no_shard, optim,
-  optim_grads, optim_grads_params}``, ``--optimizer {adam, sgd, ...}``, ``--seq-length``.
+  optim_grads, optim_grads_params}``, ``--optimizer {adam, sgd, ...}``, ``--seq-length``,
+  ``--grad-reduce-in-bf16``.
 
 Mapping (Megatron's meanings):
 
@@ -45,6 +46,11 @@ Mapping (Megatron's meanings):
   torchtitan's op-level ``selective-op`` has no Megatron equivalent (noted; selective).
 - optimizer: Megatron's ``adam`` is Adam with decoupled weight decay (AdamW), so ``adamw``
   -> ``adam``; the plan's L2-coupled ``adam`` is noted.
+- gradient dtype: with ``--bf16`` Megatron-LM keeps fp32 main gradients and reduces them in
+  fp32 unless ``--grad-reduce-in-bf16`` (``arguments.py`` sets
+  ``accumulate_allreduce_grads_in_fp32`` from it): written when the plan's profile keeps
+  gradients in the parameter dtype (its ``gradients.reduce_dtype`` is ``same``, e.g.
+  ``megatron-bridge``), so the run moves and holds the bytes the plan was costed with.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import shlex
 from typing import Any
 
 from meshplan.commands.export_targets import Export, Note, framework_note, layout
+from simulator.profiles import load_profile
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 FAMILIES = ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp")
@@ -132,6 +139,15 @@ def _fp8_args(eff: dict[str, Any], notes: list[Note]) -> list[str]:
     return list(FP8_ARGS[fp8])
 
 
+def _grad_args(framework: str, eff: dict[str, Any]) -> list[str]:
+    """``--grad-reduce-in-bf16`` for a bf16 plan whose profile keeps its gradients and their
+    reduction in bf16 (``gradients.reduce_dtype: same``); Megatron-LM's default with
+    ``--bf16`` is fp32 (module docstring)."""
+    if eff["dtype"] != "bfloat16":
+        return []
+    return ["--grad-reduce-in-bf16"] if load_profile(framework).gradients.reduce_dtype.value == "same" else []
+
+
 def export(plan: Any) -> Export:
     """Megatron-LM arguments for ``plan`` (see the module docstring for the mapping). The
     text is one argument per line ending in `` \\`` (shell continuation) after ``#``
@@ -159,6 +175,7 @@ def export(plan: Any) -> Export:
         args += ["--num-distributed-optimizer-instances", str(eff["dp"] // eff["fsdp_shard_size"]),
                  "--outer-dp-sharding-strategy", "no_shard"]
     args += DTYPE_ARGS[eff["dtype"]]
+    args += _grad_args(plan.strategy.framework, eff)
     args += _fp8_args(eff, notes)
     name, runs = OPTIMIZER_ARGS[eff["optimizer"]]
     if runs != eff["optimizer"]:
