@@ -138,10 +138,13 @@ def _simulate(schedule: Schedule, stage_times: Any, comm_time: float, memory: Ma
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
     key = None
-    if cluster is None:  # the play is a function of the schedule, the ns times and the hop
-        key = (id(schedule), tuple(map(tuple, times)), _ns(comm_time, "comm_time"), bool(p2p_sync))
+    if cluster is None:  # the play is a function of the actions, their placement, the ns
+        # times and the hop: a copy of a schedule with other ``meta`` (``with_meta``, which
+        # shares the action and placement tuples) replays the same
+        acts, vst = schedule.actions, schedule.vstage
+        key = (id(acts), id(vst), tuple(map(tuple, times)), _ns(comm_time, "comm_time"), bool(p2p_sync))
         hit = _PLAYED.get(key)
-        if hit is not None and hit[0] is schedule:
+        if hit is not None and hit[0].actions is acts and hit[0].vstage is vst:
             timeline, stats = hit[1]
             return SimResult.from_timeline(schedule, list(timeline), memory, stats)
     plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes), p2p_sync)
@@ -154,9 +157,11 @@ def _simulate(schedule: Schedule, stage_times: Any, comm_time: float, memory: Ma
     return SimResult.from_timeline(schedule, timeline, memory, stats)
 
 
-#: Plays by (schedule, per-chunk ns times, T_comm ns, p2p_sync): a search plays a pipeline
-#: once per distinct schedule and stage times (plans that differ only in dp-side knobs
-#: such as the ZeRO stage repeat it). The entry holds the schedule, so its id stays its own.
+#: Plays by (schedule's actions and placement, per-chunk ns times, T_comm ns, p2p_sync): a
+#: search plays a pipeline once per distinct schedule and stage times (plans that differ
+#: only in dp-side knobs such as the ZeRO stage repeat it; a time-aware builder's own play
+#: of the order it returns is not repeated). The entry holds the schedule, so the ids of
+#: its tuples stay their own.
 _PLAYED: dict[tuple, tuple] = {}
 _PLAYED_MAX = 128
 #: Most timeline events the memo holds in all (about 100 bytes each); a play of more

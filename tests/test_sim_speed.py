@@ -137,6 +137,30 @@ def test_plays_are_memoised_per_schedule_times_and_sync():
     assert simulate_pipeline(s, {"F": 1.0, "B": 2.0, "W": 0.0}).step_time == pytest.approx(33.0)
 
 
+def test_a_copy_with_other_meta_replays_from_the_memo(monkeypatch):
+    """ZB-V's builder plays the order it returns (``zb_v`` compares it with the plain
+    order), then returns ``with_meta`` of it: the step's play of that copy at the same
+    times is the memoised one; another order of the same shape is played."""
+    from simulator import pipeline_sim
+
+    clear_schedule_cache()
+    clear_play_cache()
+    plays = []
+    real = pipeline_sim._play
+    monkeypatch.setattr(pipeline_sim, "_play", lambda *a: plays.append(1) or real(*a))
+    times = {"F": 3.0, "B": 2.0, "W": 1.0}
+    s = build_schedule("ZBVPP", 4, 8, 2, stage_times=times, comm_time=0.5)
+    built = len(plays)  # the tuned and the plain order, each played once
+    assert built == 2 and s.meta["cost_s"] > 0
+    r = simulate_pipeline(s, times, 0.5)
+    assert len(plays) == built and max(r.span) == pytest.approx(s.meta["cost_s"])
+    simulate_pipeline(s.with_meta(note="copy"), times, 0.5)
+    assert len(plays) == built
+    other = build_schedule("ZBH1", 4, 8)
+    simulate_pipeline(other, times, 0.5)
+    assert len(plays) == built + 1
+
+
 def test_fused_backward_read_off_the_registry():
     assert fused_backward("1F1B", 1) and fused_backward("VPP", 2) and fused_backward("FThenB", 1)
     assert not fused_backward("ZBH1", 1) and not fused_backward("ZB", 1) and not fused_backward("ZBVPP", 2)
