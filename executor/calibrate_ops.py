@@ -134,7 +134,7 @@ def out_bytes(it: Any) -> list[int]:
 
 def _program(hidden: int, heads: int, ffn: int, seq: int, batch: int):
     from completion import append_backward, apply_optimizer, build_model
-    from completion.models.config import config_from_hf_dict
+    from completion.models.hf_config import config_from_hf_dict
 
     cfg = config_from_hf_dict({
         "model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads,

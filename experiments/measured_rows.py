@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from completion.models.config import MEGATRON_2021, ModelConfig, ModelConfigError
+from completion.models.catalog import MEGATRON_2021
+from completion.models.config import ModelConfig, ModelConfigError
 from completion.strategy import Strategy, StrategyError
 from experiments.base import ExperimentError
 

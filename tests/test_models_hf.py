@@ -313,7 +313,7 @@ def test_mixture_of_experts_configs_are_refused_not_costed_dense(key):
     """A Mixtral / Qwen-MoE / DeepSeek config under a known model_type was costed as its dense
     model (same step time, no warning; a new-user trial found it): it is refused, naming the
     key; one expert (a dense model stating it) is accepted."""
-    from completion.models.config import config_from_hf_dict
+    from completion.models.hf_config import config_from_hf_dict
 
     base = {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,

@@ -35,21 +35,22 @@ from __future__ import annotations
 import pathlib
 
 from completion.ir import Program
+from completion.models.catalog import (
+    MEGATRON_2021,
+    MODEL_CATALOG,
+    get_model_config,
+    megatron_2021,
+    model_names,
+)
 from completion.models.config import (
     ATTENTIONS,
     FAMILIES,
     MAX_MODEL_SIZES,
-    MEGATRON_2021,
-    MODEL_CATALOG,
     ModelConfig,
     ModelConfigError,
     ModelConfigWarning,
-    config_from_hf_dict,
-    get_model_config,
-    load_hf_config,
-    megatron_2021,
-    model_names,
 )
+from completion.models.hf_config import config_from_hf_dict, load_hf_config
 from completion.models.mlp import build_mlp
 from completion.models.transformer import build_decoder
 

@@ -7,7 +7,7 @@ defaults apply, where the MLP activation is read and whether the MLP is gated, t
 its placement, the positions, which linears carry biases (and the keys that switch them),
 query/key normalisation, the epsilon keys, and the keys this project knows but does not
 model (each produces one warning line naming it when present with an effect,
-:func:`completion.models.config.config_from_hf_dict`). Keys with no cost effect
+:func:`completion.models.hf_config.config_from_hf_dict`). Keys with no cost effect
 (``rope_scaling``, ``rope_theta`` beyond the op attribute, token ids, ``torch_dtype``,
 ``initializer_range``, ``use_cache``, ...) are accepted silently.
 """

@@ -102,7 +102,7 @@ def model_sizes(plan: Any) -> tuple[int | None, int | None]:
         layers = sum(s.layers_per_stage)
     seq = plan.seq_len
     if layers is None or seq is None:
-        from completion.models.config import get_model_config
+        from completion.models.catalog import get_model_config
 
         try:
             cfg = get_model_config(plan.model)
