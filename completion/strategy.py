@@ -262,7 +262,7 @@ class Strategy:
                                 f"a V), got {self.vpp}")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
-                                f"{self.schedule!r} runs one chunk per rank; use VPP")
+                                f"{self.schedule!r} runs one chunk per rank; use schedule VPP (or ZBVPP at vpp 2)")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
         if self.ep > 1 and self.dp % self.ep:

@@ -4,6 +4,7 @@ annotations), with a JSON round trip."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -154,9 +155,14 @@ class Plan:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
-        """Write the plan's JSON to ``path``; returns the path. Raises OSError when it cannot be written."""
+        """Write the plan's JSON to ``path``; returns the path. A model or cluster given as a
+        relative file path (from the working directory) is written relative to the plan
+        file's folder, so that :meth:`load` finds it from any working directory (a plan
+        that ``tune`` writes into its run folder names the ``config.json`` it was given).
+        Raises OSError when it cannot be written."""
         p = Path(path)
-        p.write_text(self.to_json() + "\n")
+        plan = replace(self, model=_from_plan_dir(self.model, p), cluster=_from_plan_dir(self.cluster, p))
+        p.write_text(plan.to_json() + "\n")
         return p
 
     @classmethod
@@ -181,14 +187,20 @@ class Plan:
         return replace(plan, model=_beside(plan.model, p), cluster=_beside(plan.cluster, p))
 
 
+def _from_plan_dir(ref: str, plan_path: Path) -> str:
+    """``ref`` as :meth:`Plan.save` writes it: a relative file path that exists from the
+    working directory, relative to the plan file's folder; anything else as written."""
+    if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute() or not Path(ref).exists():
+        return ref
+    return os.path.relpath(Path(ref).resolve(), plan_path.parent.resolve())
+
+
 def _beside(ref: str, plan_path: Path) -> str:
     """A plan's model or cluster reference as the caller can open it: a relative file path
-    that does not exist from the working directory but does beside the plan file is taken
-    from there (a plan and its config.json travel together); names and paths that resolve
-    are kept as written."""
-    if not ref.endswith((".json", ".yaml", ".yml", ".pir", ".txt")) or Path(ref).is_absolute():
-        return ref
-    if Path(ref).exists():
+    is taken from the plan file's folder when it exists there (:meth:`Plan.save` writes it
+    so; a plan and its config.json travel together), else as written (a plan written by
+    hand with a path from the working directory); names and absolute paths are kept."""
+    if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute():
         return ref
     near = plan_path.parent / ref
     return str(near) if near.exists() else ref
@@ -207,5 +219,7 @@ def _max_depth(text: str) -> int:
     return worst
 
 
+#: suffixes of the model and cluster references that are files, not catalog names
+_FILE_SUFFIXES = (".json", ".yaml", ".yml", ".pir", ".txt")
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NON_BRACKET = re.compile(r"[^\[\]{}]+")

@@ -62,6 +62,12 @@ def test_a_given_schedule_is_kept_and_virtual_stages_is_vpp(capsys, strategies):
     s = _strategy(capsys, strategies, "--pp", "2", "--global-batch", "16",
                   "--num-virtual-stages-per-pipeline-rank", "3")
     assert (s.vpp, s.schedule) == (3, "VPP")
+    # --vpp is the same option (one entry in --help): it switches the default 1F1B too
+    s = _strategy(capsys, strategies, "--pp", "2", "--global-batch", "16", "--vpp", "3")
+    assert (s.vpp, s.schedule) == (3, "VPP")
+    s = _strategy(capsys, strategies, "--pp", "2", "--global-batch", "16", "--vpp", "2",
+                  "--schedule", "ZBVPP")
+    assert (s.vpp, s.schedule) == (2, "ZBVPP")
 
 
 @pytest.mark.parametrize("args,recompute", [

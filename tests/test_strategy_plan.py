@@ -269,3 +269,33 @@ def test_engine_options_of_the_wrong_type_are_engine_errors():
             Engine("llama2-7b", "dgx-a100-80g", Strategy(), **kw)
     with pytest.raises(EngineError, match="strategy must be a meshplan.Strategy .* got dict"):
         Engine("llama2-7b", "dgx-a100-80g", {"dp": 2})
+
+
+def test_a_saved_plan_finds_its_config_and_cluster_from_any_directory(tmp_path, monkeypatch):
+    """`tune --model my.json --cluster my.yaml --output run/` writes run/plan.json: the
+    files were named from the working directory, so the plan names them from its own
+    folder (../my.json) and loads from anywhere, e.g. from inside run/ for `export`."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "cfg").mkdir()
+    cfg = tmp_path / "cfg" / "tiny.json"
+    cfg.write_text('{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                   '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, '
+                   '"max_position_embeddings": 32}')
+    shutil.copy(root / "clusters" / "catalog" / "dgx-h100.yaml", tmp_path / "cfg" / "mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    s = Strategy(dp=2, micro_batch_size=1, global_batch_size=2)
+    Path("run").mkdir()
+    Plan("cfg/tiny.json", "cfg/mine.yaml", s).save(Path("run") / "plan.json")
+    raw = (tmp_path / "run" / "plan.json").read_text()
+    assert '"model": "../cfg/tiny.json"' in raw and '"cluster": "../cfg/mine.yaml"' in raw
+    for cwd in (tmp_path / "run", tmp_path / "cfg", Path("/")):
+        monkeypatch.chdir(cwd)
+        plan = Plan.load(tmp_path / "run" / "plan.json")
+        assert Path(plan.model).resolve() == cfg.resolve()
+        assert Path(plan.cluster).resolve() == (tmp_path / "cfg" / "mine.yaml").resolve()
+    # a catalog name, and an absolute path, are written as given
+    Plan("llama2-7b", str(tmp_path / "cfg" / "mine.yaml"), s).save(tmp_path / "abs.json")
+    raw = (tmp_path / "abs.json").read_text()
+    assert '"model": "llama2-7b"' in raw and f'"cluster": "{tmp_path / "cfg" / "mine.yaml"}"' in raw

@@ -7,7 +7,9 @@ Strategy fields as Megatron-LM itself derives them (``megatron/training/argument
   ``vpp = (layers / pp) / N`` (``validate_args``: the layers must divide by pp, and the
   layers per stage by N); Megatron then runs interleaved 1F1B, so the schedule becomes
   ``VPP`` unless ``--schedule`` is given. ``--num-virtual-stages-per-pipeline-rank`` is
-  ``--vpp`` itself and switches the schedule the same way.
+  ``--vpp`` itself; both switch the schedule the same way (the default 1F1B runs one chunk
+  per rank), except in ``tune``, where ``--vpp`` pins the knob and the schedule stays
+  searched.
 - ``--recompute-granularity full|selective`` with ``--recompute-method uniform|block`` and
   ``--recompute-num-layers N`` (``TransformerConfig.recompute_*``): ``selective`` (no
   method, no N) is meshplan's ``selective`` (the core attention, Korthikanti et al. 2022);
@@ -173,7 +175,10 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
             raise _conflict(ctx, "zero", "--use-distributed-optimizer",
                             f"the distributed optimizer is ZeRO stage 1, not {out['zero']}")
         out["zero"] = 1
-    megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank")
+    # either spelling of the virtual pipeline size switches a default schedule to VPP
+    # (``cost``, ``export``, ``compare``); ``tune`` keeps its schedule searched with --vpp
+    megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",
+                         *(() if searched else ("--vpp",)))
     if m.vpp_layers is not None:
         if opt.given_flags(ctx, "vpp"):
             raise _conflict(ctx, "vpp", "--num-layers-per-virtual-pipeline-stage",
