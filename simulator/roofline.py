@@ -220,6 +220,19 @@ class Roofline:
             epilogue_exposed=bool(epilogue is not None and epilogue.value),
         )
 
+    def mfu_peak(self) -> float:
+        """FLOP/s that MFU divides by: the device's largest peak other than FP8 (its BF16
+        tensor-core peak on a GPU; an FP8 plan is measured against it too, as NeMo and
+        torchtitan report MFU; a CPU that emulates bf16 gets its fp32 rate), whatever the
+        plan's dtype, so that an fp32 plan's MFU shows what the device could do
+        (PaLM's MFU, Chowdhery et al. 2022 appendix B: the hardware's peak). Raises
+        SimulatorError when no such peak is listed."""
+        vals = [v for k, v in self.peak_flops.items() if not k.startswith(("fp8", "float8"))]
+        if not vals:
+            raise SimulatorError(f"roofline: MFU needs a peak_flops entry other than FP8; the "
+                                 f"device lists {', '.join(sorted(self.peak_flops))}")
+        return float(max(vals))
+
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``, ``float8_e4m3fn`` finds
         ``fp8``; bf16 and fp16 stand in for each other). Integer and unknown dtypes use the

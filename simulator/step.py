@@ -115,7 +115,7 @@ class StepConfig:
                    param_bytes=dbytes, grad_bytes=dbytes,
                    optimizer_bytes=optimizer_bytes_per_param(s.dtype, s.optimizer),
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
-                   peak_flops=roofline.peak(s.dtype), overlap=overlap,
+                   peak_flops=roofline.mfu_peak(), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),

@@ -113,3 +113,15 @@ def test_a_model_that_warns_with_a_refused_strategy_errors_at_once():
         err = p.stderr.splitlines()
         assert p.returncode == 2 and err[-1].startswith("error: --tp = 3 does not divide"), p.stderr
         assert [ln for ln in err[:-1] if ln.startswith("warning: ") and "context window" in ln], p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mfu_is_against_the_bf16_peak_whatever_the_dtype(capsys, dtype):
+    """MFU = model FLOPs / (step x GPUs x the device's BF16 peak, 312 TFLOP/s on an A100),
+    as the README defines it: an fp32 plan used to be divided by the 19.5 TFLOP/s fp32
+    peak (MFU 63% for 42 TFLOP/s per GPU on an H100)."""
+    assert main([*ARGS, "--dtype", dtype, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    step_s, gpus = out["step_time_ms"] / 1e3, 2 * 2
+    assert out["mfu"] == pytest.approx(out["model_flops_per_step"] / (step_s * gpus * 312e12), rel=1e-9)
+    assert 0 < out["mfu"] < 1

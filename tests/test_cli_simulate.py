@@ -99,3 +99,15 @@ def test_output_options_that_cannot_be_written_are_named(capsys, tmp_path):
     assert "--plot" in capsys.readouterr().err
     assert main(["clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "1GiB", "--ranks", "5-2"]) == 2
     assert "range 5-2 runs backwards" in capsys.readouterr().err
+
+
+def test_help_shows_the_limits_values_not_their_names():
+    """--help used to print ``MAX_TIME_MS`` and ``MAX_ACTIONS`` (names, in backticks)."""
+    from meshplan.cli import app
+
+    out = CliRunner().invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).output
+    assert "at most 1e9; at most 524,288 passes" in out  # 1e6 s in ms; 2**19
+    assert "MAX_" not in out and "``" not in out
+    root = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    assert "Simulate one pipeline step of a schedule from given stage times." in root
+    assert "MAX_" not in root

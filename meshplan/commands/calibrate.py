@@ -28,7 +28,7 @@ import typer
 def calibrate_cmd(
     output: str = typer.Option(..., "--output", "-o", help="Cluster YAML to write."),
     nproc: int = typer.Option(2, "--nproc", min=2, max=64,
-                              help="Ranks for the collective timings (at most 64, executor.launch.MAX_LOCAL_RANKS)."),
+                              help="Ranks for the collective timings (at most 64)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer sizes and repeats (seconds)."),
     name: str = typer.Option("", "--name", help="Cluster name (default: the file stem)."),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda to time GEMMs on the GPU."),

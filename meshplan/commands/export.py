@@ -64,7 +64,7 @@ def export_cmd(
         None, help="Plan JSON (meshplan.Plan); or give --model, --cluster and the strategy options."),
     to: Target = typer.Option(..., "--to", help="Framework to export to."),
     output: str = typer.Option("", "--output", "-o", help="File to write (default: stdout)."),
-    model: str | None = opt.MODEL_OR_PROGRAM,
+    model: str | None = opt.MODEL_OR_PLAN,
     cluster: str | None = typer.Option(None, "--cluster", help="Catalog name or cluster YAML path "
                                        "(without PLAN.json)."),
     nodes: int | None = opt.NODES,

@@ -143,6 +143,9 @@ MODEL = typer.Option(..., "--model", "-m",
 #: ``complete``'s --model: optional there (it takes --program FILE instead)
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
                                 help="Built-in model name or config.json path (or --program).")
+#: ``export``'s --model: optional there (a plan file gives it instead)
+MODEL_OR_PLAN = typer.Option(None, "--model", "-m",
+                             help="Built-in model name or config.json path (or a PLAN file).")
 CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.")
 NODES = typer.Option(None, "--nodes", min=1, help="Number of nodes (default: the spec's).")
 DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")

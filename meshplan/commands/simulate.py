@@ -30,10 +30,12 @@ def simulate_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     as_json: bool = typer.Option(False, "--json", help="Print step_time_ms, bubble_ratio, peak_memory as JSON."),
 ) -> None:
-    """Simulate one step; peak memory is in M_B units (M_W = M_B / 2). Times are finite
-    milliseconds of at most ``MAX_TIME_MS``; at most ``MAX_ACTIONS`` passes are simulated.
-    The framework profile sets the pipeline send mode: ``sync`` (Megatron-LM 2021) keeps
-    both stages of a hop busy for ``--tcomm``, ``async`` only delays the receiver."""
+    """Simulate one pipeline step of a schedule from given stage times.
+
+    Peak memory is in M_B units (M_W = M_B / 2). Times are finite milliseconds of at most {max_ms}; at most
+    {max_actions} passes are simulated. The framework profile sets the pipeline send mode:
+    sync (Megatron-LM 2021) keeps both stages of a hop busy for --tcomm, async only delays
+    the receiver."""
     from simulator.pipeline_sim import simulate_pipeline
     from simulator.schedules import build_schedule
 
@@ -76,6 +78,13 @@ def simulate_cmd(
         typer.echo(f"{schedule}{limit} p={stages} m={microbatches} v={v}: step {res.step_time * 1e3:.3f} ms, "
                    f"bubble ratio {res.bubble_ratio:.4f}, max peak memory {res.max_peak_memory:g} M_B "
                    f"(framework {opt.value(framework)}: {p2p} p2p)")
+
+
+# --help shows the limits' values (MAX_TIME_MS, opt.MAX_ACTIONS), not their names, and
+# each paragraph as one line for the terminal to wrap
+simulate_cmd.__doc__ = "\n\n".join(
+    " ".join(part.split()) for part in (simulate_cmd.__doc__ or "").format(
+        max_ms=f"{MAX_TIME_MS:.0e}".replace("e+0", "e"), max_actions=f"{opt.MAX_ACTIONS:,}").split("\n\n"))
 
 
 def register(app: typer.Typer) -> None:

@@ -354,8 +354,9 @@ def worker_cmd(
                                       help="Target (default: the study's)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
 ) -> None:
-    """Join a search started by ``meshplan tune`` and run its trials (``--sampler
-    exhaustive``: take its open slices of the enumeration until none is left)."""
+    """Join a search that meshplan tune started and run its trials.
+
+    With --sampler exhaustive: take open slices of the enumeration until none is left."""
     import optuna
 
     from tuner.study import check_study_name, run_worker
