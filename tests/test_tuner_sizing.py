@@ -137,3 +137,26 @@ def test_top_plans_table_keeps_every_cell_whole_at_80_columns(capsys, tmp_path, 
     table = [ln for ln in out.splitlines() if ln.startswith(("┃", "│"))]
     assert table and all(len(ln) <= 80 and "…" not in ln for ln in table), table
     assert "annotation" in (tmp_path / "n" / "report.txt").read_text()
+
+
+@pytest.mark.parametrize("extra,start", [
+    (["--gpus", "12"], "error: --gpus '12': 12 GPUs is not a whole number of 8-GPU nodes"),
+    (["--objective", "money"], "error: --objective 'money': choose one of time, cost"),
+    (["--sampler", "exhaustive", "--mode", "full_random"],
+     "error: --sampler exhaustive enumerates the space, but --mode full_random"),
+    (["--fix", "fp8=te-delayed"], "error: --fix fp8=te-delayed: FP8 training needs FP8 tensor cores, "
+                                  "and dgx-a100-80g's device A100-SXM-80GB lists no fp8"),
+    (["--dtype", "fp8-delayed"], "error: --dtype fp8-delayed: FP8 training needs FP8 tensor cores"),
+])
+def test_a_refused_tune_writes_nothing(capsys, tmp_path, extra, start):
+    """A new user's trial found each of these leaving its --output folder (and a journal)
+    behind, and the A100 FP8 pin searching to the end to refuse every plan: they are all
+    refused before anything is written."""
+    from tests._cli import one_line_error, run_main
+
+    out = tmp_path / "run"
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                                    "--global-batch", "16", "--layers", "2", "--trials", "3",
+                                    "--no-progress", "--output", str(out), *extra))
+    assert line.startswith(start), line
+    assert not out.exists()

@@ -130,9 +130,15 @@ def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,
 
 
 def check_exhaustive(cfg: TuneConfig) -> None:
-    """Raises TuneError for an exhaustive Pareto search (it minimises step time)."""
+    """Raises TuneError for an exhaustive Pareto search (it minimises step time) and for
+    mode full_random (an annotation seed drawn per trial: no space to enumerate), before
+    anything is written."""
     if cfg.pareto:
         raise TuneError("--sampler exhaustive minimises step time; it cannot be combined with --pareto")
+    if cfg.mode == "full_random":
+        raise TuneError("--sampler exhaustive enumerates the space, but --mode full_random draws an "
+                        "annotation seed per trial and cannot be enumerated; use --sampler tpe or "
+                        "random with it")
 
 
 def _exhaustive(study, cfg: TuneConfig, scorer, cands, timeout: float | None) -> TuneResult:

@@ -130,6 +130,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
+    _check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype)
     recipes = _fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
@@ -137,6 +138,24 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes), mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str) -> None:
+    """An FP8 recipe pinned with ``--fix fp8=NAME`` or an FP8 ``--dtype`` needs a device with
+    an FP8 peak: refused before the search starts (every plan would be refused by the
+    engine, ``meshplan.engine``), naming the device, as ``cost`` does."""
+    from clusters import load_cluster
+    from completion.strategy import FP8_DTYPES
+
+    recipe = FP8_DTYPES.get(dtype) or (pinned if pinned not in (None, "none") else None)
+    if recipe is None:
+        return
+    dev = load_cluster(cluster, nodes).spec.device
+    if "fp8" not in dev.peak_flops:
+        how = f"--dtype {dtype}" if dtype in FP8_DTYPES else f"--fix fp8={recipe}"
+        raise MeshplanError(f"{how}: FP8 training needs FP8 tensor cores, and {cluster}'s device "
+                            f"{dev.name} lists no fp8 peak_flops (A100 has none; H100 / H200: "
+                            f"1979 TFLOP/s dense)")
 
 
 def _fp8_recipes(cluster: str, nodes: int | None, framework: str, dtype: str) -> tuple[str | None, ...]:
@@ -306,6 +325,16 @@ def tune_cmd(
         from tuner.search import check_exhaustive
 
         check_exhaustive(cfg)  # (--pareto): refused before any output directory is made too
+    from meshplan.commands.tune_sizes import check_single, check_sizes, tune_over_sizes
+
+    check_single(objective, max_step_time)  # these too before any output directory is made
+    if gpus is not None and nodes is not None:  # each size sets its own node count
+        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
+    if gpus is not None:
+        try:
+            check_sizes(gpus, cluster)
+        except ValueError as e:
+            raise MeshplanError(str(e)) from None
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:
@@ -313,7 +342,6 @@ def tune_cmd(
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
     from meshplan import terminal
-    from meshplan.commands.tune_sizes import check_single, tune_over_sizes
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
@@ -321,9 +349,6 @@ def tune_cmd(
                       progress=not no_progress and terminal.progress_enabled(),
                       progress_bar=terminal.Progress, seed_from_bound=seed_from_bound)
 
-    check_single(objective, max_step_time)
-    if gpus is not None and nodes is not None:  # each size sets its own node count
-        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
     if gpus is not None:
         def run_one(n: int | None, study_name: str, d: Path) -> Any:
             cfg_n = config_for(n)

@@ -55,18 +55,9 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     the chosen ``plan.json``; returns the chosen ``tuner.sizing.SizeOutcome`` (None: no size
     qualifies; ``objective`` and ``max_step_time`` are checked by :func:`check_single`
     first). Raises SizingError (a ValueError) for a bad range."""
-    from clusters import load_cluster
-    from tuner.sizing import choose, cluster_sizes, why_none
+    from tuner.sizing import choose, why_none
 
-    spec = load_cluster(cluster).spec
-    gpn = spec.node.devices_per_node.value
-    sizes = cluster_sizes(gpus_spec, gpn)
-    from clusters.spec import MAX_WORLD_SIZE
-
-    too_big = [n * gpn for n in sizes if n * gpn > MAX_WORLD_SIZE]
-    if too_big:  # before any size is searched
-        raise ValueError(f"--gpus {gpus_spec!r}: {too_big[0]} GPUs is above meshplan's limit of "
-                         f"{MAX_WORLD_SIZE} ranks (clusters.spec.MAX_WORLD_SIZE)")
+    gpn, sizes = check_sizes(gpus_spec, cluster)
     outcomes = []
     for nodes in sizes:
         g = nodes * gpn
@@ -89,6 +80,23 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
                f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens "
                f"({what}{deadline}); wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
     return best
+
+
+def check_sizes(gpus_spec: str, cluster: str) -> tuple[int, list[int]]:
+    """``(GPUs per node, node counts)`` of ``--gpus`` on ``cluster``'s nodes; raises
+    SizingError (a ValueError) for a bad range, a size that is not a whole number of nodes
+    or one above ``clusters.spec.MAX_WORLD_SIZE`` (checked before anything is written)."""
+    from clusters import load_cluster
+    from clusters.spec import MAX_WORLD_SIZE
+    from tuner.sizing import cluster_sizes
+
+    gpn = load_cluster(cluster).spec.node.devices_per_node.value
+    sizes = cluster_sizes(gpus_spec, gpn)
+    too_big = [n * gpn for n in sizes if n * gpn > MAX_WORLD_SIZE]
+    if too_big:
+        raise ValueError(f"--gpus {gpus_spec!r}: {too_big[0]} GPUs is above meshplan's limit of "
+                         f"{MAX_WORLD_SIZE} ranks (clusters.spec.MAX_WORLD_SIZE)")
+    return gpn, sizes
 
 
 def check_single(objective: str, max_step_time: float | None) -> None:
