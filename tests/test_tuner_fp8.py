@@ -97,6 +97,11 @@ def test_cli_search_fp8_writes_the_recipe_and_refuses_what_cannot_run(capsys, tm
     assert rc == 0, err
     hist = pd.read_csv(tmp_path / "h" / "history.csv")
     assert set(hist["fp8"].dropna()) <= {"none", "te-delayed"} and "fp8" in hist.columns
+    # the top table names each plan's recipe when one of them has one (it did not: an FP8
+    # plan and its BF16 twin read alike); report.txt has the whole name
+    report = (tmp_path / "h" / "report.txt").read_text()
+    top = report.split("Top plans", 1)[1].split("best plan", 1)[0]
+    assert ("FP8" in top) == ("te-delayed" in top) == ("te-delayed" in set(hist["fp8"].dropna()))
     line = one_line_error(*run_main(capsys, *ARGS, "--cluster", "dgx-a100-80g", "--search-fp8",
                                     "--output", str(tmp_path / "a")))
     assert "dgx-a100-80g's device A100-SXM-80GB has no FP8 peak" in line

@@ -160,3 +160,20 @@ def test_a_refused_tune_writes_nothing(capsys, tmp_path, extra, start):
                                     "--no-progress", "--output", str(out), *extra))
     assert line.startswith(start), line
     assert not out.exists()
+
+
+def test_the_fp8_column_fits_80_columns(capsys, tmp_path, monkeypatch):
+    """--search-fp8's table at 80 columns: the recipe column (short names) and every cell
+    whole; a BF16 search shows no FP8 column."""
+    from tests._cli import run_main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, out, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                            "--nodes", "1", "--global-batch", "32", "--layers", "4", "-s", "2048",
+                            "--sampler", "exhaustive", "--fix", "tp=1", "--search-fp8",
+                            "--no-progress", "--output", str(tmp_path / "f"))
+    assert rc == 0, err
+    table = [ln for ln in out.splitlines() if ln.startswith(("┃", "│"))]
+    assert "FP8" in table[0] and any("│  TE │" in ln for ln in table[1:])
+    assert all(len(ln) <= 80 and "…" not in ln for ln in table), table
+    assert "te-delayed" in (tmp_path / "f" / "report.txt").read_text()

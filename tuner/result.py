@@ -271,8 +271,12 @@ def _off_megatron(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
             if k in std and k not in ("norm", "loss") and v not in (std[k], "tied")]
 
 
-TOP_COLUMNS = ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+TOP_COLUMNS = ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP", "FP8",
                "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble")
+#: columns shown only when a plan of the table sets them (a search of BF16 plans has no FP8)
+OPTIONAL_COLUMNS = {"FP8": lambda p: bool(p.get("fp8"))}
+#: the FP8 recipes' names in a table narrower than 100 columns (report.txt has them whole)
+FP8_SHORT = {"te-delayed": "TE", "tensorwise": "tensor", "rowwise": "row"}
 #: columns a narrow terminal leaves out, first dropped first (the full table is in report.txt)
 NARROW_DROPS = (("annotation", 150), ("tokens/s", 110), ("bubble", 100), ("SP", 100), ("vpp", 90))
 
@@ -288,19 +292,23 @@ def top_columns(width: int | None) -> tuple[str, ...]:
 
 def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
     """A rich Table of the top plans (mesh dp-tp-pp-cp, schedule, vpp, mbs, recompute, ZeRO,
-    templates, step time, tokens/s, MFU, peak memory, bubble); ``width``: the terminal's
-    columns (:func:`top_columns` leaves out what does not fit; None: all)."""
+    SP, the FP8 recipe when a plan has one, templates, step time, tokens/s, MFU, peak
+    memory, bubble); ``width``: the terminal's columns (:func:`top_columns` leaves out what
+    does not fit; None: all)."""
     from rich.table import Table
 
     title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
     tab = Table(title=title)
-    cols = top_columns(width)
+    top = result.top(k)
+    cols = tuple(c for c in top_columns(width)
+                 if c not in OPTIONAL_COLUMNS or any(OPTIONAL_COLUMNS[c](t.user_attrs["plan"]) for t in top))
     short = width is not None and width < 100  # shorter headers so that no cell is cut
     for col in cols:
-        head = {"schedule": "sched", "recompute": "rc", "peak GiB": "GiB"}.get(col, col) if short else col
+        head = {"schedule": "sched", "recompute": "rc", "peak GiB": "GiB",
+                "dp-tp-pp-cp": "mesh"}.get(col, col) if short else col
         tab.add_column(head, justify="right" if col not in ("annotation", "schedule") else "left",
                        no_wrap=col != "annotation")
-    for i, t in enumerate(result.top(k), 1):
+    for i, t in enumerate(top, 1):
         p, ua = t.user_attrs["plan"], t.user_attrs
         m = ua.get("metrics", {})
         ann = ",".join(f"{a}={b}" for a, b in sorted(p["templates"].items()) if a != "loss")
@@ -312,7 +320,9 @@ def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
         cells = dict(zip(TOP_COLUMNS, (
             str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", p["schedule"], str(p["vpp"]),
             str(p["micro_batch_size"]), p["recompute"], zero_label(p),
-            "y" if p["sequence_parallel"] else "n", ann, f"{ua['time_s'] * 1e3:.1f}",
+            "y" if p["sequence_parallel"] else "n",
+            (FP8_SHORT.get(p["fp8"], p["fp8"]) if short else p["fp8"]) if p.get("fp8") else "-",
+            ann, f"{ua['time_s'] * 1e3:.1f}",
             f"{m.get('tokens_per_s', float('nan')):.0f}", f"{m.get('mfu', float('nan')):.3f}",
             f"{ua['memory_bytes'] / GIB:.1f}", f"{m.get('bubble_ratio', float('nan')):.3f}"), strict=True))
         tab.add_row(*(cells[c] for c in cols))
