@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments after the program name,
     default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
     ``ValueError``, ``FileNotFoundError`` or ``KeyError`` raised by meshplan, or an option
-    value outside its choices or range) prints ``error: <message>`` and exits with 2; other
-    usage errors print click's usage message, also with 2. A local run that failed (a rank
+    value outside its choices or range, an unknown option or a missing argument: click's
+    message) prints ``error: <message>`` and exits with 2. A local run that failed (a rank
     died, was killed or hung: ``executor``'s RankFailure / LaunchTimeout) prints
     ``error: <message>`` and exits with 1. Messages are always one line; so are warnings
     (``warning: <message>``, e.g. a config.json key known but not modelled)."""
@@ -191,6 +191,10 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
         click_exc = click_exceptions()
         if isinstance(e, click_exc.BadParameter):  # a value outside a choice or a range
             typer.echo(f"error: {e.format_message().replace('Value error, ', '')}", err=True)
+            return 2
+        if isinstance(e, click_exc.UsageError):  # an unknown option, a missing argument
+            where = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
+            typer.echo(f"error: {_one_line(e.format_message()).rstrip('.')}{where}", err=True)
             return 2
         if isinstance(e, click_exc.ClickException):
             e.show()

@@ -19,6 +19,9 @@ def _no_such_option(capsys, argv: list[str], typo: str) -> str:
     rc, out, err = run_main(capsys, *argv, typo, "2")
     assert rc == 2 and "Traceback" not in out + err
     assert f"No such option: {typo}" in err, err
+    # one `error:` line, as every other bad input (it was click's four: Usage, Try, Error)
+    assert err.startswith(f"error: No such option: {typo}") and err.count("\n") == 1, err
+    assert err.rstrip().endswith(f" {argv[0]} --help'") and "; see '" in err, err
     return err
 
 
