@@ -68,7 +68,8 @@ def set_annotation(program: Program, v: Value, mesh: ProcessMesh,
             attr = TensorDistAttr(mesh, dm)
         attr.check_shape(v.shape, v.label())
     except DistAttrError as e:
-        raise DistAttrError(f"annotate {v.label()}: {e}") from None
+        # check_shape names the value already: once is enough
+        raise DistAttrError(f"annotate {v.label()}: {str(e).removeprefix(v.label() + ': ')}") from None
     v.dist_attr = attr
     derived = getattr(program, DERIVED_ATTR, None)
     if derived is not None:

@@ -56,7 +56,7 @@ def _row(i: int, t: Any) -> str:
 
 def top_table(outcome: SearchOutcome, k: int = 10) -> list[str]:
     """Markdown table of the ``k`` best distinct feasible plans."""
-    head = ("| # | mesh dp-mp-pp | schedule | vpp | micro-batch | recompute | ZeRO | SP | "
+    head = ("| # | mesh dp-tp-pp | schedule | vpp | micro-batch | recompute | ZeRO | SP | "
             "annotation | step time (s) | tokens/s | MFU | peak memory (GiB) | bubble ratio |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     lines += [_row(i, t) for i, t in enumerate(ranked(outcome.result, k), 1)]

@@ -59,3 +59,14 @@ def test_tune_help_says_models_and_clusters_may_be_files(capsys):
     assert "config.json file" in text and "cluster YAML file" in text
     assert "Hugging Face config.json" in text  # --model's own help
     assert "Megatron-LM" in text  # the strategy options take its spellings (names cut at 80 columns)
+
+
+@pytest.mark.parametrize("flag", ["--global-batch", "--global-batch-size"])
+def test_a_bad_search_problem_is_named_by_the_flag_typed(capsys, flag, tmp_path):
+    """tune's search problem used to say `search problem field 'global_batch_size'`."""
+    from tests._cli import one_line_error
+
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    flag, "0", "--trials", "2", "--output", str(tmp_path / "r")))
+    assert line == f"error: {flag} must be an integer >= 1, got 0"
+    assert not (tmp_path / "r").exists()

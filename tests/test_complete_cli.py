@@ -75,3 +75,11 @@ def test_megatron_layout_that_cost_refuses_is_refused(capsys, extra, what):
         args += ["-s", "64"]
     assert main([*args, *extra]) == 2
     assert what in capsys.readouterr().err
+
+
+def test_an_annotation_of_the_wrong_rank_names_the_value_once(capsys, shared_dir):
+    pir = str(shared_dir / "data" / "programs" / "mlp_sgd_no_dist_attrs.pir")
+    assert main(["complete", "--program", pir, "--mesh", "d0=2", "--annotate", "parameter_0=-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: annotate %2 (parameter_0): dims_mapping [-1] has 1 entries but the tensor "
+                   "shape [16, 16] has rank 2")

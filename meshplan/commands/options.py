@@ -338,7 +338,7 @@ def given_flags(ctx: Any, *fields: str) -> list[str]:
 #: so :func:`user_words` turns it into the flag
 _BARE_FIELDS = ("micro_batch_size", "global_batch_size", "sequence_parallel", "dp", "tp", "pp",
                 "cp", "vpp", "cp_comm", "seq_len")
-_FIELDS_RE = re.compile(r"strategy field (?:'\w+'(?: x '\w+')*)")
+_FIELDS_RE = re.compile(r"(?:strategy|search problem) field (?:'\w+'(?: x '\w+')*)")
 _QUOTED = re.compile(r"'(\w+)'")
 _BARE = re.compile(r"(?<![\w'-])(" + "|".join(sorted(_BARE_FIELDS, key=len, reverse=True))
                    + r")(?![\w'=-])")

@@ -115,7 +115,7 @@ def _top_table(outcome: SearchOutcome, k: int = 10) -> Any:
     from rich.table import Table
 
     tab = Table(title=f"Top {k} plans (distinct, fitting in memory)")
-    for col in ("#", "dp-mp-pp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
+    for col in ("#", "dp-tp-pp", "schedule", "vpp", "mbs", "recompute", "ZeRO", "SP",
                 "annotation", "step s", "tokens/s", "MFU", "peak GiB", "bubble"):
         tab.add_column(col, justify="left" if col in ("schedule", "annotation") else "right")
     for i, t in enumerate(ranked(outcome.result, k), 1):
