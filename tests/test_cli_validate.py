@@ -83,3 +83,13 @@ def test_a_zero_2_plan_is_predicted_as_the_executor_runs_it(tmp_path, capsys):
     assert main(["validate", plan, "--csv", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"--csv '{tmp_path}' is a directory" in err
+
+
+def test_the_rank_count_is_checked_before_the_memory(tmp_path, capsys):
+    """A dp=8 llama2-7b plan on --nproc 2 used to be refused for the host memory two ranks
+    of it would need; the count of ranks is what is wrong, and is named first."""
+    p = tmp_path / "p8.json"
+    Plan("llama2-7b", "dgx-a100-80g", Strategy(dp=8, micro_batch_size=1, global_batch_size=8),
+         num_layers=4).save(p)
+    assert main(["validate", str(p), "--nproc", "2", "--csv", str(tmp_path / "v.csv")]) == 2
+    assert capsys.readouterr().err.strip() == "error: plan needs dp*tp*pp = 8*1*1 = 8 ranks but --nproc is 2"

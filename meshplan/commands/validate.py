@@ -148,8 +148,11 @@ def validate_cmd(
         typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
         return
     nproc = nproc or world
+    from executor.run import check_plan
     from meshplan import terminal
     from meshplan.validation import run_repeated, verify, zero_note
+
+    check_plan(plan, nproc)  # the rank count first: a memory check on the wrong count misleads
 
     if Path(csv_path).is_dir():  # refused before the ranks run: a measurement is never lost
         raise ValueError(f"--csv {csv_path!r} is a directory: give the CSV file's name")
