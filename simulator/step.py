@@ -136,8 +136,9 @@ class StepResult:
     ``tp_comm`` (in-stage collectives issued: TP, CP, ZeRO-3) - ``overlapped`` (the part of
     tp_comm that ran beside compute: TP comm overlap, prefetched ZeRO-3 gathers) +
     ``bubble`` (idle inside the pipeline) + ``dp_sync`` (gradient sync and parameter gathers
-    not hidden behind the backward) + ``optimizer``, plus ``pp_comm`` when the profile's sends
-    are synchronous (with asynchronous sends a hop is a delay already inside the bubble)."""
+    not hidden behind the backward) + ``optimizer``, plus ``pp_comm`` (the p2p hops the rank
+    sends, T_comm each) when the profile's sends are synchronous (with asynchronous sends a
+    hop is a delay already inside the bubble)."""
 
     step_time: float
     tokens_per_s: float
@@ -468,7 +469,13 @@ class StepModel:
             total = memory.pop("total") + fp8_state
             memory["fp8_weights"] = fp8_state
             memory["total"] = total
-        hops = 2 * m * sum(1 for vs in vstages if vs > 0) * t_comm
+        # the hops this rank sends: an F output to the next virtual stage and a B output to
+        # the previous one when that stage is on another rank (ZB-V's turn of the V is not);
+        # with synchronous sends each keeps the rank busy for t_comm after the action
+        owner = {vs: rank for rank, row in enumerate(sched.vstage) for vs in row}
+        sends = sum((vs + 1 < self.nvs and owner[vs + 1] != r) + (vs > 0 and owner[vs - 1] != r)
+                    for vs in vstages)
+        hops = m * sends * t_comm
         # what the rank's actions really took (compute + the collectives not hidden by it):
         # the in-stage collectives that ran beside kernels (TP comm overlap, prefetched
         # ZeRO-3 gathers) are "overlapped", so the lines add up to the step:

@@ -311,3 +311,16 @@ def test_a_gpu_count_above_the_limit_is_refused_before_any_size_is_searched(tmp_
     out = capsys.readouterr()
     assert rc == 2 and "--gpus '8,8000000000000': 8000000000000 GPUs is above" in out.err
     assert "--- 8 GPUs" not in out.out  # nothing searched
+
+
+@pytest.mark.parametrize("schedule,vpp,sends", [("1F1B", 1, 1), ("ZBH1", 1, 1), ("ZBVPP", 2, 2)])
+def test_pp_comm_is_the_hops_the_rank_sends(schedule, vpp, sends):
+    """A new user saw pp_comm 0 under 1F1B and ZB-H1 (the critical rank was stage 0, whose
+    receives were not counted) and 86 ms under VPP. It is the hops the rank sends, T_comm
+    each: at pp 2 every rank of 1F1B / ZB-H1 sends m (F outputs forward or B outputs back);
+    under ZB-V each rank sends 2m (the turn of the V stays on rank 1)."""
+    s = Strategy(dp=4, pp=2, vpp=vpp, schedule=schedule, micro_batch_size=1, global_batch_size=32)
+    eng = Engine("llama2-7b", "dgx-a100-80g", s, nodes=1, num_layers=4, seq_len=1024)
+    m, t_comm = 32 // 4, eng.step_model().comm_time()
+    assert t_comm > 0
+    assert eng.simulate().time_breakdown["pp_comm"] == pytest.approx(sends * m * t_comm, rel=1e-12)
