@@ -275,9 +275,12 @@ def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
     else:
         layers = None
     prog = source.forward_program(batch, s.dtype, layers, attention or resolve_attention(s, source))
-    if source.is_program and program_batch(prog) != batch and s.world_size > 1:
+    if source.is_program and program_batch(prog) != batch:
+        # one rank too: a step of micro-batches of another size than the program's would
+        # be costed at the program's batch and counted at the strategy's (tokens/s off)
         raise PlanProgramError(f"model {source.name!r} has batch {program_batch(prog)} but the "
-                               f"strategy needs micro_batch_size * dp = {batch}")
+                               f"strategy needs micro_batch_size * dp = {batch} (a program's "
+                               f"batch is fixed: micro_batch_size * dp must be {program_batch(prog)})")
     return prog
 
 

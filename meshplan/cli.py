@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
         if isinstance(e, click_exc.BadParameter):  # a value outside a choice or a range
             typer.echo(f"error: {e.format_message().replace('Value error, ', '')}", err=True)
             return 2
+        no_args = getattr(click_exc, "NoArgsIsHelpError", ())
+        if no_args and isinstance(e, no_args):  # `meshplan` alone: the help is the answer
+            return 2
         if isinstance(e, click_exc.UsageError):  # an unknown option, a missing argument
             where = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
             typer.echo(f"error: {_one_line(e.format_message()).rstrip('.')}{where}", err=True)

@@ -192,7 +192,9 @@ def _from_plan_dir(ref: str, plan_path: Path) -> str:
     working directory, relative to the plan file's folder; anything else as written."""
     if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute() or not Path(ref).exists():
         return ref
-    return os.path.relpath(Path(ref).resolve(), plan_path.parent.resolve())
+    # absolute paths without following links: a Hugging Face snapshot's config.json is a
+    # link to a blob without a .json name, and the link's own name is what reads as a file
+    return os.path.relpath(os.path.abspath(ref), os.path.abspath(plan_path.parent))
 
 
 def _beside(ref: str, plan_path: Path) -> str:
@@ -202,8 +204,11 @@ def _beside(ref: str, plan_path: Path) -> str:
     hand with a path from the working directory); names and absolute paths are kept."""
     if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute():
         return ref
-    near = plan_path.parent / ref
-    return str(near) if near.exists() else ref
+    for folder in (plan_path.parent, plan_path.resolve().parent):  # as named, then a link's target
+        near = folder / ref
+        if near.exists():
+            return str(near)
+    return ref
 
 
 def _max_depth(text: str) -> int:

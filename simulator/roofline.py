@@ -221,16 +221,16 @@ class Roofline:
         )
 
     def mfu_peak(self) -> float:
-        """FLOP/s that MFU divides by: the device's largest peak other than FP8 (its BF16
-        tensor-core peak on a GPU; an FP8 plan is measured against it too, as NeMo and
+        """FLOP/s that MFU divides by: the device's largest floating-point peak other than
+        FP8 (an int8 entry is not one either; its BF16 tensor-core peak on a GPU; an FP8 plan is measured against it too, as NeMo and
         torchtitan report MFU; a CPU that emulates bf16 gets its fp32 rate), whatever the
         plan's dtype, so that an fp32 plan's MFU shows what the device could do
         (PaLM's MFU, Chowdhery et al. 2022 appendix B: the hardware's peak). Raises
         SimulatorError when no such peak is listed."""
-        vals = [v for k, v in self.peak_flops.items() if not k.startswith(("fp8", "float8"))]
+        vals = [v for k, v in self.peak_flops.items() if not k.startswith(("fp8", "float8", "int"))]
         if not vals:
-            raise SimulatorError(f"roofline: MFU needs a peak_flops entry other than FP8; the "
-                                 f"device lists {', '.join(sorted(self.peak_flops))}")
+            raise SimulatorError(f"roofline: MFU needs a floating-point peak_flops entry other than "
+                                 f"FP8; the device lists {', '.join(sorted(self.peak_flops))}")
         return float(max(vals))
 
     def peak(self, dtype: str) -> float:

@@ -70,3 +70,10 @@ def test_a_bad_search_problem_is_named_by_the_flag_typed(capsys, flag, tmp_path)
                                     flag, "0", "--trials", "2", "--output", str(tmp_path / "r")))
     assert line == f"error: {flag} must be an integer >= 1, got 0"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["clusters"]])
+def test_no_arguments_print_the_help_only(capsys, argv):
+    """The reviewer found `meshplan` alone ending in `error: str` after its help."""
+    rc, out, err = run_main(capsys, *argv)
+    assert rc == 2 and "error:" not in out + err and "Usage" in out + err

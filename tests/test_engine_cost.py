@@ -186,7 +186,8 @@ def test_engine_takes_a_program_text_path():
 
     shared = pathlib.Path(__file__).resolve().parents[2] / "shared"
     path = shared / "data" / "programs" / "mlp_sgd_before_partition.pir"
-    eng = Engine(str(path), "dgx-a100-80g", Strategy(dtype="float32"), nodes=1)
+    eng = Engine(str(path), "dgx-a100-80g", Strategy(dtype="float32", micro_batch_size=4,
+                                                     global_batch_size=4), nodes=1)
     t_ms, peak = eng.cost()
     res = eng.simulate()
     assert t_ms > 0 and peak > 0
@@ -195,6 +196,10 @@ def test_engine_takes_a_program_text_path():
     gemms = 3 * 2 * 4 * 16 * 16 + 3 * 2 * 4 * 16 * 8
     assert res.model_flops == pytest.approx(gemms, rel=0.1)
     assert res.layers_per_vstage == [0]
+    # the program's batch is 4: a strategy of another micro-batch on one rank is refused
+    # (it was costed at batch 4 and counted at the strategy's, tokens/s off by the ratio)
+    with pytest.raises(ValueError, match=r"has batch 4 but the strategy needs micro_batch_size \* dp = 1"):
+        Engine(str(path), "dgx-a100-80g", Strategy(dtype="float32"), nodes=1).cost()
 
 
 def _plan_model(name: str, accumulate_grads: bool = False):

@@ -151,3 +151,18 @@ def test_a_16_bit_dtype_never_runs_at_the_fp32_rate_silently():
         with pytest.raises(SimulatorError, match=rf"{dt} GEMMs need a 16-bit peak .*it lists fp32"):
             only32.peak(dt)
     assert only32.peak("float32") == 2e13 and only32.peak("int64") == 2e13
+
+
+def test_mfu_peak_is_the_largest_floating_point_peak_other_than_fp8():
+    """MFU's denominator (simulator.step): an A100's BF16 312 TFLOP/s even beside an int8
+    624 TOP/s entry (the reviewer's case) and an H100's FP8 1979; a CPU that emulates bf16
+    (cpu-local: fp32 1e11, bf16 5e10) its fp32 rate; no floating-point peak: refused."""
+    from simulator.errors import SimulatorError
+
+    kw = dict(gemm_efficiency=1.0, gemm_half_flops=1.0, mem_bandwidth=1e10, mem_efficiency=1.0,
+              kernel_overhead=1e-5)
+    assert Roofline(peak_flops={"bf16": 3.12e14, "fp32": 1.95e13, "int8": 6.24e14}, **kw).mfu_peak() == 3.12e14
+    assert Roofline(peak_flops={"bf16": 9.89e14, "fp8": 1.979e15}, **kw).mfu_peak() == 9.89e14
+    assert Roofline(peak_flops={"fp32": 1e11, "bf16": 5e10}, **kw).mfu_peak() == 1e11
+    with pytest.raises(SimulatorError, match="floating-point peak_flops entry other than FP8"):
+        Roofline(peak_flops={"fp8": 1e15, "int8": 1e15}, **kw).mfu_peak()

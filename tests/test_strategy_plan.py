@@ -299,3 +299,25 @@ def test_a_saved_plan_finds_its_config_and_cluster_from_any_directory(tmp_path, 
     Plan("llama2-7b", str(tmp_path / "cfg" / "mine.yaml"), s).save(tmp_path / "abs.json")
     raw = (tmp_path / "abs.json").read_text()
     assert '"model": "llama2-7b"' in raw and f'"cluster": "{tmp_path / "cfg" / "mine.yaml"}"' in raw
+
+
+def test_links_keep_their_names_and_a_linked_plan_finds_its_files(tmp_path, monkeypatch):
+    """The reviewer's two cases: a Hugging Face snapshot's config.json is a link to a blob
+    with no .json name (the plan must name the link, not the blob), and a plan opened
+    through a link to it (best.json -> runs/x/plan.json) finds the files named from its
+    real folder."""
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "blobs" / "abc123").write_text(
+        '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+        '"intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 32}')
+    (tmp_path / "snap" / "config.json").symlink_to("../blobs/abc123")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    s = Strategy(dp=2, micro_batch_size=1, global_batch_size=2)
+    Plan("snap/config.json", "dgx-h100", s).save(Path("runs") / "x" / "plan.json")
+    assert '"model": "../../snap/config.json"' in (tmp_path / "runs" / "x" / "plan.json").read_text()
+    (tmp_path / "best.json").symlink_to("runs/x/plan.json")
+    for plan_file in (tmp_path / "runs" / "x" / "plan.json", tmp_path / "best.json"):
+        model = Plan.load(plan_file).model
+        assert Path(model).resolve() == (tmp_path / "blobs" / "abc123").resolve(), model

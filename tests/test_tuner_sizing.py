@@ -162,18 +162,20 @@ def test_a_refused_tune_writes_nothing(capsys, tmp_path, extra, start):
     assert not out.exists()
 
 
-def test_the_fp8_column_fits_80_columns(capsys, tmp_path, monkeypatch):
-    """--search-fp8's table at 80 columns: the recipe column (short names) and every cell
-    whole; a BF16 search shows no FP8 column."""
+@pytest.mark.parametrize("columns", [80, 110, 120])
+def test_the_fp8_column_fits_the_terminal(capsys, tmp_path, monkeypatch, columns):
+    """--search-fp8's table at 80 to 120 columns (the reviewer found cells cut at 110-129):
+    the recipe column (short names under 113 columns) and every cell whole."""
     from tests._cli import run_main
 
-    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("COLUMNS", str(columns))
     rc, out, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
                             "--nodes", "1", "--global-batch", "32", "--layers", "4", "-s", "2048",
                             "--sampler", "exhaustive", "--fix", "tp=1", "--search-fp8",
                             "--no-progress", "--output", str(tmp_path / "f"))
     assert rc == 0, err
     table = [ln for ln in out.splitlines() if ln.startswith(("┃", "│"))]
-    assert "FP8" in table[0] and any("│  TE │" in ln for ln in table[1:])
-    assert all(len(ln) <= 80 and "…" not in ln for ln in table), table
+    assert "FP8" in table[0] and any(("│  TE │" if columns < 113 else "│ te-delayed │") in ln
+                                     for ln in table[1:]), table
+    assert all(len(ln) <= columns and "…" not in ln for ln in table), table
     assert "te-delayed" in (tmp_path / "f" / "report.txt").read_text()

@@ -275,6 +275,8 @@ TOP_COLUMNS = ("#", "dp-tp-pp-cp", "schedule", "vpp", "mbs", "recompute", "ZeRO"
                "annotation", "step ms", "tokens/s", "MFU", "peak GiB", "bubble")
 #: columns shown only when a plan of the table sets them (a search of BF16 plans has no FP8)
 OPTIONAL_COLUMNS = {"FP8": lambda p: bool(p.get("fp8"))}
+#: terminal columns an optional column takes ("te-delayed" and its borders)
+OPTIONAL_WIDTH = 13
 #: the FP8 recipes' names in a table narrower than 100 columns (report.txt has them whole)
 FP8_SHORT = {"te-delayed": "TE", "tensorwise": "tensor", "rowwise": "row"}
 #: columns a narrow terminal leaves out, first dropped first (the full table is in report.txt)
@@ -300,9 +302,11 @@ def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
     title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
     tab = Table(title=title)
     top = result.top(k)
-    cols = tuple(c for c in top_columns(width)
-                 if c not in OPTIONAL_COLUMNS or any(OPTIONAL_COLUMNS[c](t.user_attrs["plan"]) for t in top))
-    short = width is not None and width < 100  # shorter headers so that no cell is cut
+    shown = {c for c, has in OPTIONAL_COLUMNS.items() if any(has(t.user_attrs["plan"]) for t in top)}
+    # an optional column shown takes its room from the others (FP8: up to 13 characters)
+    room = None if width is None else width - OPTIONAL_WIDTH * len(shown)
+    cols = tuple(c for c in top_columns(room) if c not in OPTIONAL_COLUMNS or c in shown)
+    short = room is not None and room < 100  # shorter headers so that no cell is cut
     for col in cols:
         head = {"schedule": "sched", "recompute": "rc", "peak GiB": "GiB",
                 "dp-tp-pp-cp": "mesh"}.get(col, col) if short else col

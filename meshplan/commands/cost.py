@@ -70,7 +70,7 @@ TIME_TERMS = {
     "compute": "kernels of its stages (forward, backward, recompute)",
     "tp_comm": "collectives inside its stages (TP, CP, EP all_to_all, ZeRO-3 gathers and reduces), all issued",
     "overlapped": "of tp_comm, the part that ran beside compute (not on the critical path)",
-    "pp_comm": "sends and receives between pipeline stages (synchronous sends: busy time; "
+    "pp_comm": "the p2p hops it sends to other pipeline stages (synchronous sends: busy time; "
                "asynchronous: a delay inside the bubble)",
     "bubble": "idle: waiting for its pipeline neighbours (warm-up, cool-down, stalls)",
     "dp_sync": "gradient reduce and parameter gathers not hidden behind the backward",

@@ -176,7 +176,7 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
                             f"the distributed optimizer is ZeRO stage 1, not {out['zero']}")
         out["zero"] = 1
     # either spelling of the virtual pipeline size switches a default schedule to VPP
-    # (``cost``, ``export``, ``compare``); ``tune`` keeps its schedule searched with --vpp
+    # (``cost``, ``export``); ``tune`` keeps its schedule searched with --vpp
     megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",
                          *(() if searched else ("--vpp",)))
     if m.vpp_layers is not None:

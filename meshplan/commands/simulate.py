@@ -34,8 +34,8 @@ def simulate_cmd(
 
     Peak memory is in M_B units (M_W = M_B / 2). Times are finite milliseconds of at most {max_ms}; at most
     {max_actions} passes are simulated. The framework profile sets the pipeline send mode:
-    sync (Megatron-LM 2021) keeps both stages of a hop busy for --tcomm, async only delays
-    the receiver."""
+    sync (Megatron-LM 2021) keeps the sender busy for --tcomm after each send, async only
+    delays the receiver."""
     from simulator.pipeline_sim import simulate_pipeline
     from simulator.schedules import build_schedule
 
