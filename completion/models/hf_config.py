@@ -206,9 +206,10 @@ def _activation(raw: dict[str, Any], name: str, spec: HFModelType) -> str:
 
 
 def _sliding_window(raw: dict[str, Any], name: str, spec: HFModelType) -> int | None:
-    """``sliding_window`` when the architecture reads it and ``use_sliding_window`` (when
-    present) is true; None otherwise."""
-    if not spec.sliding or not _bool_key(raw, name, "use_sliding_window", True):
+    """``sliding_window`` when the architecture reads it and ``use_sliding_window`` is true
+    (absent: the architecture's default, ``HFModelType.sliding_switch_default``); None
+    otherwise."""
+    if not spec.sliding or not _bool_key(raw, name, "use_sliding_window", spec.sliding_switch_default):
         return None
     v = raw.get("sliding_window")
     if v is None:

@@ -98,6 +98,10 @@ class HFModelType:
         eps_keys: keys of the norm epsilon. tie_default: ``tie_word_embeddings`` absent.
         head_dim_key: key of an explicit per-head size (None: h / a).
         sliding: reads ``sliding_window`` (``use_sliding_window`` gates it when present).
+        sliding_switch_default: ``use_sliding_window`` when the config leaves it out (False
+            for the Qwen families: transformers' ``Qwen2Config`` / ``Qwen3Config`` /
+            ``Qwen2MoeConfig`` / ``Qwen3MoeConfig`` default it to False, so their
+            ``sliding_window`` is inert unless switched on).
         sliding_every: 2 when only every other layer is local (Gemma 2).
         unmodelled: keys known but not modelled (:class:`Unmodelled`).
         layer_keys / hidden_keys / heads_keys / ffn_keys / positions_keys: the size keys.
@@ -122,6 +126,7 @@ class HFModelType:
     tie_default: bool = False
     head_dim_key: str | None = None
     sliding: bool = False
+    sliding_switch_default: bool = True
     sliding_every: int = 1
     unmodelled: tuple[Unmodelled, ...] = field(default=())
     layer_keys: tuple[str, ...] = ("num_hidden_layers",)
@@ -151,12 +156,12 @@ _GPT = HFModelType("gpt", act_keys=("activation_function", "hidden_act"), act_de
 MODEL_TYPES: dict[str, HFModelType] = {
     "llama": _LLAMA,
     "mistral": HFModelType("llama", head_dim_key="head_dim", sliding=True),
-    "qwen2": HFModelType("llama", qkv_bias=True, o_bias=False, sliding=True,
+    "qwen2": HFModelType("llama", qkv_bias=True, o_bias=False, sliding=True, sliding_switch_default=False,
                          unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
                                                 "use_sliding_window) applies to every layer",
                                                 needs="use_sliding_window"),)),
     "qwen3": HFModelType("llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim",
-                         sliding=True,
+                         sliding=True, sliding_switch_default=False,
                          unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
                                                 "use_sliding_window) applies to every layer",
                                                 needs="use_sliding_window"),)),
@@ -179,7 +184,7 @@ MODEL_TYPES: dict[str, HFModelType] = {
     "mixtral": HFModelType("llama", head_dim_key="head_dim", sliding=True,
                            moe=MoESpec("num_local_experts", ("intermediate_size",))),
     "qwen2_moe": HFModelType(
-        "llama", qkv_bias=True, o_bias=False, sliding=True,
+        "llama", qkv_bias=True, o_bias=False, sliding=True, sliding_switch_default=False,
         moe=MoESpec("num_experts", ("moe_intermediate_size",), shared_key="shared_expert_intermediate_size",
                     step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers",
                     norm_topk_key="norm_topk_prob", norm_topk_default=False),
@@ -187,6 +192,7 @@ MODEL_TYPES: dict[str, HFModelType] = {
                                "applies to every layer", needs="use_sliding_window"),)),
     "qwen3_moe": HFModelType(
         "llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim", sliding=True,
+        sliding_switch_default=False,
         moe=MoESpec("num_experts", ("moe_intermediate_size",), step_key="decoder_sparse_step",
                     dense_layers_key="mlp_only_layers", norm_topk_key="norm_topk_prob",
                     norm_topk_default=False),
