@@ -174,3 +174,16 @@ def test_columns_refuse_what_is_not_an_action():
     c = columns.columns(((Action("F", 0, 1), Action("BW", 0, 1, 0)), (Action("W", 1, 0, 2),)))
     assert c.offsets.tolist() == [0, 2, 3] and c.kind.tolist() == [0, 3, 2]
     assert c.rank.tolist() == [0, 0, 1] and c.microbatch.tolist() == [1, 1, 0] and c.chunk.tolist() == [0, 0, 2]
+
+
+def test_the_fast_p2p_check_holds_beyond_46340_ranks():
+    """rank * p overflowed int32 from p = 46,341: the vectorised check then said "no" and
+    validation fell back to the plain walk, O(p^2) (a bad-input hunt: `simulate --stages
+    46400` ran for minutes). 1F1B at p = 46,400, m = 1 is a correct schedule."""
+    from simulator.schedules.columns import columns as cols
+    from simulator.schedules.columns import sends_match_consumption
+
+    p = 46_400  # the actions by hand: building validates, and with the bug would not return
+    actions = tuple((Action("F", r, 0, 0), Action("BW", r, 0, 0)) for r in range(p))
+    vstage = tuple((r,) for r in range(p))
+    assert sends_match_consumption(cols(actions), vstage, p, 1)

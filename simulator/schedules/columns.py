@@ -138,8 +138,10 @@ def sends_match_consumption(c: ActionColumns, vstage: Any, nvs: int, m: int) -> 
     r_peer = np.where(is_f, down, up)
     r_msg = np.where(is_f, msg - m, gstride + msg + m)
     r_ok = live & (r_peer >= 0)
-    s_pair = (c.rank * p + s_peer)[s_ok]  # (sender, receiver)
-    r_pair = (r_peer * p + c.rank)[r_ok]
+    # (sender, receiver) as one int64: rank * p overflows int32 from p = 46,341 ranks
+    rank = c.rank.astype(np.int64)
+    s_pair = (rank * p + s_peer)[s_ok]
+    r_pair = (r_peer.astype(np.int64) * p + rank)[r_ok]
     if len(s_pair) != len(r_pair):
         return False
     so = np.argsort(s_pair, kind="stable")  # each pair's messages in the sender's order
