@@ -51,6 +51,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"],
+                   choices=["p2p", "a2a", "allgather", "a2a+p2p"])
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
@@ -128,7 +130,9 @@ def parse_megatron(text: str, world: int) -> dict:
     dp, outer = world // (tp * pp * cp), a.num_distributed_optimizer_instances
     # Megatron-FSDP HSDP: states sharded over dp / outer inner ranks, replicated over outer
     assert outer == 1 or (zero == 3 and a.outer_dp_sharding_strategy == "no_shard" and dp % outer == 0)
-    return {"dp": dp, "fsdp_shard_size": dp // outer if outer > 1 else None, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+    cp_comm = {"p2p": "p2p", "allgather": "all_gather"}[a.cp_comm_type[0]] if cp > 1 else "p2p"
+    return {"dp": dp, "fsdp_shard_size": dp // outer if outer > 1 else None, "tp": tp, "pp": pp, "cp": cp,
+            "cp_comm": cp_comm, "vpp": vpp,
             "schedule": "VPP" if vpp > 1 else "1F1B", "layers_per_stage": lps,
             "micro_batch_size": a.micro_batch_size, "global_batch_size": a.global_batch_size,
             "recompute": recompute, "zero": zero, "sequence_parallel": a.sequence_parallel,
@@ -153,7 +157,8 @@ TORCHTITAN_FIELDS = {
                     "pipeline_parallel_last_stage_less_layers",
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
-                    "context_parallel_degree", "expert_parallel_degree"},
+                    "context_parallel_degree", "context_parallel_rotate_method",
+                    "expert_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option", "early_stop", "memory_budget"},
     "optimizer": {"name", "lr", "eps"},
     "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
@@ -203,7 +208,11 @@ def parse_torchtitan(text: str, world: int) -> dict:
     hsdp = shard if rep > 1 and shard > 1 else None  # 2-D mesh (replicate, shard)
     recompute = {("none", None): "none", ("full", None): "full",
                  ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]
-    out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch_size": micro,
+    # torchtitan's rotate methods: alltoall passes the shards round (the ring), allgather
+    # (its default) gathers them
+    rotate = par.get("context_parallel_rotate_method", "allgather")
+    cp_comm = {"alltoall": "p2p", "allgather": "all_gather"}[rotate] if cp > 1 else "p2p"
+    out = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "vpp": vpp, "micro_batch_size": micro,
            "global_batch_size": tr["global_batch_size"], "schedule": TORCH_SCHEDULES[sched],
            "zero": zero, "fsdp_shard_size": hsdp, "sequence_parallel": tp > 1, "recompute": recompute,
            "dtype": tr["mixed_precision_param"], "fp8": fp8,
@@ -461,6 +470,14 @@ def test_context_parallel_plan_exports():
     assert parse_megatron(meg.text, 8)["cp"] == 2
     tt = export_plan(plan, "torchtitan")
     assert tomllib.loads(tt.text)["parallelism"]["context_parallel_degree"] == 2
+    # the ring is alltoall in torchtitan (its default allgather is the other variant), and
+    # the all_gather variant is Megatron's --cp-comm-type allgather (both dropped before)
+    assert tomllib.loads(tt.text)["parallelism"]["context_parallel_rotate_method"] == "alltoall"
+    ag = Plan(model="llama2-7b", cluster="dgx-h100", strategy=s.replace(cp_comm="all_gather"), nodes=1)
+    assert tomllib.loads(export_plan(ag, "torchtitan").text)["parallelism"][
+        "context_parallel_rotate_method"] == "allgather"
+    assert "--cp-comm-type allgather" in export_plan(ag, "megatron").text
+    assert "--cp-comm-type" not in meg.text
     ds = export_plan(plan, "deepspeed")
     assert ds.effective["cp"] == 1 and [n.knob for n in ds.notes if n.knob == "cp"] == ["cp"]
 

@@ -49,7 +49,7 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                 f"Ulysses sequence parallelism is an all-to-all over heads, set "
                                 f"up in the script); cp {eff['cp']} is not written: launch "
                                 f"dp x tp x pp ranks"))
-        eff["cp"] = 1
+        eff["cp"], eff["cp_comm"] = 1, "p2p"
     if eff["pp"] > 1:
         notes.append(Note("pp", f"set deepspeed.pipe.PipelineModule(num_stages={eff['pp']}) in the "
                                 f"training script (no config key); launch dp x tp x pp = "

@@ -25,7 +25,8 @@ Mapping (Megatron's meanings):
 - dp is not an argument: Megatron takes it as world size / (tp * pp * cp), so the launcher's
   ``--nnodes x --nproc-per-node`` must equal the plan's dp * tp * pp (the header says so);
   context parallelism: ``--context-parallel-size`` (written when cp > 1; Megatron's default
-  ``--cp-comm-type p2p`` is the plan's ring attention).
+  ``--cp-comm-type p2p`` is the plan's ring attention, ``cp_comm`` all_gather is
+  ``--cp-comm-type allgather``).
 - vpp > 1: the plan's ``layers_per_stage`` as ``--pipeline-model-parallel-layout`` (one
   ``|``-separated stage per virtual stage in model order, ``E`` the embedding before the
   first, ``L`` the loss after the last; Megatron lays stage i on pipeline rank i mod pp);
@@ -74,6 +75,8 @@ ZERO_ARGS = {0: (), 1: ("--use-distributed-optimizer",),
                  "--data-parallel-sharding-strategy", "optim_grads"),
              3: ("--use-distributed-optimizer", "--use-megatron-fsdp",
                  "--data-parallel-sharding-strategy", "optim_grads_params")}
+#: plan cp_comm -> ``--cp-comm-type`` (arguments.py: p2p, a2a, allgather or a2a+p2p)
+CP_COMM_ARGS = {"p2p": "p2p", "all_gather": "allgather"}
 DTYPE_ARGS = {"bfloat16": ("--bf16",), "float16": ("--fp16",), "float32": ()}
 #: plan optimizer -> (Megatron --optimizer, what Megatron runs as a plan optimizer name)
 OPTIMIZER_ARGS = {"adamw": ("adam", "adamw"), "adam": ("adam", "adamw"), "sgd": ("sgd", "sgd")}
@@ -162,6 +165,8 @@ def export(plan: Any) -> Export:
         args.append("--sequence-parallel")
     if eff["cp"] > 1:
         args += ["--context-parallel-size", str(eff["cp"])]
+        if eff["cp_comm"] != "p2p":  # p2p (the ring) is Megatron's default
+            args += ["--cp-comm-type", CP_COMM_ARGS[eff["cp_comm"]]]
     if eff["ep"] > 1:  # ModelParallelConfig.expert_model_parallel_size
         args += ["--expert-model-parallel-size", str(eff["ep"])]
     if eff["recompute"] == "selective-op":

@@ -36,7 +36,7 @@ TARGETS: dict[str, tuple[str, str]] = {
 }
 
 #: every knob of a layout, in print order
-LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size", "schedule",
+LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "vpp", "micro_batch_size", "global_batch_size", "schedule",
                 "recompute", "zero", "fsdp_shard_size", "sequence_parallel", "dtype", "fp8", "optimizer",
                 "attention", "layers_per_stage", "seq_len", "num_layers")
 
@@ -73,7 +73,8 @@ class Export:
 
 def layout(plan: Any) -> dict[str, Any]:
     """The plan's layout (keys :data:`LAYOUT_KNOBS`). ZeRO over a data-parallel group of one
-    rank shards nothing, so ``zero`` is 0 when ``dp`` is 1; ``layers_per_stage`` is a tuple,
+    rank shards nothing, so ``zero`` is 0 when ``dp`` is 1, and without context parallelism
+    there is no K/V exchange, so ``cp_comm`` is ``p2p`` when ``cp`` is 1; ``layers_per_stage`` is a tuple,
     or None when the plan fixes no split or has one virtual stage (whose split is its layer
     count); ``num_layers`` and ``seq_len`` are :func:`model_sizes`."""
     s = plan.strategy
@@ -81,7 +82,8 @@ def layout(plan: Any) -> dict[str, Any]:
     if s.pp * s.vpp == 1:
         lps = None
     layers, seq = model_sizes(plan)
-    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp,
+    return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp,
+            "cp_comm": s.cp_comm if s.cp > 1 else "p2p", "ep": s.ep, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "global_batch_size": s.global_batch_size,
             "schedule": s.schedule, "recompute": s.recompute, "zero": s.zero if s.dp > 1 else 0,
             "fsdp_shard_size": s.fsdp_shard_size,

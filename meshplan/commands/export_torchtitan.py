@@ -29,6 +29,8 @@ the ``[parallelism]`` names used here (``torchtitan/config/configs.py`` at b5bcd
 - recompute: ``[activation_checkpoint] mode`` none / full, ``selective`` with
   ``selective_ac_option = "op"`` (op-level SAC); Megatron's selective recompute (core
   attention) has no equivalent (written as op-level, noted).
+- cp: ``context_parallel_degree`` and ``context_parallel_rotate_method`` (``alltoall``
+  for the ring, ``allgather``; written always, torchtitan's default being ``allgather``).
 - dtype: ``mixed_precision_param`` bfloat16 / float32 (fp32 master weights,
   ``training.dtype`` left at float32); float16 is not offered (noted).
 """
@@ -42,6 +44,10 @@ from simulator.profiles import load_profile
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 FAMILIES = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
+#: plan cp_comm -> ``context_parallel_rotate_method``: ``alltoall`` rotates each rank's K/V
+#: shard to the next at every sub-SDPA (the ring, p2p), ``allgather`` gathers them all after
+#: the first (torchtitan's default)
+ROTATE_METHODS = {"p2p": "alltoall", "all_gather": "allgather"}
 #: plan schedule -> torch.distributed.pipelining schedule name
 SCHEDULES = {"FThenB": "GPipe", "1F1B": "1F1B", "VPP": "Interleaved1F1B", "ZBVPP": "ZBVZeroBubble"}
 #: torch pipelining schedules that run one stage per rank
@@ -123,8 +129,10 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
     if zero == 2:
         par["fsdp_reshard_after_forward"] = "never"
     par["tensor_parallel_degree"] = eff["tp"]
-    if eff["cp"] > 1:  # torchtitan's context parallelism: ring attention over the cp mesh dim
+    if eff["cp"] > 1:  # torchtitan's context parallelism over the cp mesh dim
         par["context_parallel_degree"] = eff["cp"]
+        # written always: torchtitan's default is allgather, not the ring
+        par["context_parallel_rotate_method"] = ROTATE_METHODS[eff["cp_comm"]]
     if eff["ep"] > 1:  # torchtitan's MoE expert parallelism (borrowed from the dp ranks)
         par["expert_parallel_degree"] = eff["ep"]
     if eff["sequence_parallel"] != (eff["tp"] > 1):
