@@ -90,6 +90,12 @@ MAX_LATENCY_S = 1.0
 #: dense 1.98e15 FLOP/s): a larger figure is a slip or a calibration from a broken trace
 MAX_BANDWIDTH = 1e16
 MAX_FLOP_RATE = 1e19
+#: a thousand times today's largest device memory (H200: 141 GB), far below where a byte
+#: count stops fitting an int64 column of tune's history (9.2e18)
+MAX_MEMORY_BYTES = 2**50
+#: ``efficiency.gemm_half_flops``: a GEMM's FLOPs at half its plateau; today's fits are
+#: 1e9-1e11, and a 65536 x 65536 x 65536 GEMM is 5.6e14 FLOPs
+MAX_HALF_FLOPS = 1e15
 
 
 #: dtype names a ``device.peak_flops`` key may have: the spellings ``simulator.roofline``
@@ -175,11 +181,21 @@ class FlopRate(Positive):
 
 class ByteSize(Positive):
     """A memory size in bytes, at least :data:`MIN_MEMORY_BYTES` (1 MiB): a smaller figure
-    is a unit slip (``80`` meant as 80 GiB)."""
+    is a unit slip (``80`` meant as 80 GiB); at most :data:`MAX_MEMORY_BYTES` (1 PiB)."""
 
-    floor = MIN_MEMORY_BYTES
-    slip = (f"is in bytes and must be at least {MIN_MEMORY_BYTES} (1 MiB): write e.g. 80 GiB "
-            f"as 8.589934592e+10")
+    floor, ceiling = MIN_MEMORY_BYTES, MAX_MEMORY_BYTES
+    slip = (f"is in bytes and must be between {MIN_MEMORY_BYTES} (1 MiB) and {MAX_MEMORY_BYTES:.3e} "
+            f"(1 PiB): write e.g. 80 GiB as 8.589934592e+10")
+
+
+class FlopCount(Positive):
+    """The FLOPs of one GEMM at which it reaches half its plateau efficiency, at most
+    :data:`MAX_HALF_FLOPS`: a larger one makes every GEMM of a model run at a vanishing
+    fraction of the peak (1e300 gave a step of 1.5e300 ms)."""
+
+    ceiling = MAX_HALF_FLOPS
+    slip = (f"is a GEMM's FLOPs at half efficiency and must be at most {MAX_HALF_FLOPS:.0e} "
+            f"(a 65536^3 GEMM is 5.6e14)")
 
 
 class Latency(NonNegative):
@@ -222,9 +238,10 @@ class Efficiency(BaseModel):
     gemm: Fraction
     memory_bandwidth: Fraction
     kernel_overhead_s: Latency
-    gemm_half_flops: Positive | None = None
+    gemm_half_flops: FlopCount | None = None
     """Optional: FLOPs of one GEMM at which it reaches half of ``gemm`` (read by
-    ``simulator.roofline``; its documented default applies when absent)."""
+    ``simulator.roofline``; its documented default applies when absent), at most
+    :data:`MAX_HALF_FLOPS`."""
     attention_kernels: dict[str, Fraction] | None = None
     """Optional: per attention kernel implementation (``flash2``: FlashAttention-2 and
     PyTorch SDPA's flash backend; ``cudnn``: cuDNN / Transformer Engine fused attention;

@@ -274,6 +274,8 @@ def test_tiny_rates_are_refused(tmp_path, path):
     (("device", "memory_bandwidth", 2.4), "device.memory_bandwidth.value", "bytes/s"),  # 2.4 TB/s
     (("node", "intra_latency", 3.4), "node.intra_latency.value", "seconds"),  # meant 3.4 us
     (("device", "memory_bytes", 80), "device.memory_bytes.value", "bytes"),  # meant 80 GiB
+    # no ceiling let tune search to the end and crash writing its history (int64 columns)
+    (("device", "memory_bytes", 1e20), "device.memory_bytes.value", "bytes"),
 ])
 def test_a_unit_slip_in_a_cluster_yaml_is_refused_naming_the_field(tmp_path, edit, field, unit):
     """A figure off by a unit prefix would cost every transfer (or fit every plan) a
@@ -341,3 +343,21 @@ def test_a_section_check_does_not_print_the_whole_section(tmp_path):
     msg = str(e.value)
     assert "field 'device'" in msg and "memory_reserved_bytes" in msg and "{" not in msg
     assert len(msg) < 300
+
+
+def test_a_gemm_half_flops_beyond_any_gemm_is_refused(tmp_path):
+    """1e300 made every GEMM crawl: a 300-digit step time in milliseconds (a bad-input
+    hunt); the ceiling is MAX_HALF_FLOPS, 1e15 (a 65536^3 GEMM is 5.6e14 FLOPs)."""
+    import yaml
+
+    from clusters import load_cluster
+
+    doc = yaml.safe_load((Path(clusters.__file__).parent / "catalog" / "dgx-h100.yaml").read_text())
+    doc["device"]["efficiency"]["gemm_half_flops"] = {"value": 1e300, "provenance": "x"}
+    p = tmp_path / "half.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match=r"device.efficiency.gemm_half_flops.value.*at most 1e\+15"):
+        load_cluster(str(p))
+    doc["device"]["efficiency"]["gemm_half_flops"]["value"] = 1e10
+    p.write_text(yaml.safe_dump(doc))
+    assert load_cluster(str(p)).spec.device.efficiency.gemm_half_flops.value == 1e10
