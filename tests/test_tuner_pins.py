@@ -40,3 +40,22 @@ def test_suggested_candidates_with_sp_pinned_are_sp_or_pruned():
     violations = [v for v in got if not hasattr(v, "sequence_parallel")]
     assert cands and all(c.sequence_parallel for c in cands)
     assert any(v.rule == "fixed_sequence_parallel" for v in violations)
+
+
+def test_repeated_fix_flags_pin_together(capsys, tmp_path):
+    """`--fix tp=1 --fix pp=2` kept only pp=2 (click keeps the last value of an option);
+    both are pinned now, and a knob pinned twice is refused."""
+    import pandas as pd
+
+    from tests._cli import one_line_error, run_main
+
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "16",
+            "--layers", "4", "--trials", "6", "--no-progress")
+    rc, out, err = run_main(capsys, *base, "--output", str(tmp_path / "a"), "--fix", "tp=1", "--fix", "pp=2")
+    assert rc == 0, err
+    hist = pd.read_csv(tmp_path / "a" / "history.csv")
+    plans = hist[hist.state == "COMPLETE"]
+    assert len(plans) and set(plans.mp_degree) == {1} and set(plans.pp_degree) == {2}
+    line = one_line_error(*run_main(capsys, *base, "--output", str(tmp_path / "b"),
+                                    "--fix", "tp=1", "--fix", "tp=2"))
+    assert "knob 'tp' is given twice" in line

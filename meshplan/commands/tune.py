@@ -232,7 +232,8 @@ def tune_cmd(
     workers: int = typer.Option(1, "--workers", min=1, max=opt.MAX_WORKERS,
                                 help="Local worker processes (with --sampler exhaustive they share its slices)."),
     pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
-    fix: str | None = typer.Option(None, "--fix", help="Pin knobs, e.g. dp=8,tp=8."),
+    fix_items: list[str] | None = typer.Option(None, "--fix",
+                                               help="Pin knobs, e.g. dp=8,tp=8 (repeatable)."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
     sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices)."),
     layers: int | None = typer.Option(None, "--layers", "--num-layers", max=opt.MAX_LAYERS,
@@ -295,6 +296,8 @@ def tune_cmd(
     from tuner.study import check_study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # --fix may be repeated: its items are pinned together (a knob pinned twice is refused)
+    fix = ",".join(fix_items) if fix_items else None
     if top < 1:
         raise MeshplanError(f"--top must be >= 1, got {top}")
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
