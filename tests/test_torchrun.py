@@ -195,6 +195,27 @@ def test_validate_prints_the_torchrun_command(tmp_path, capsys):
     assert "--launcher must be one of ['local', 'torchrun']" in line
 
 
+def test_the_torchrun_command_carries_validates_options_quoted(tmp_path, capsys):
+    """A bad-input hunt: the printed command dropped --cluster, --backend, --csv, --json and
+    --profile-trace (all options of meshplan.executor.run), ignored --nproc and did not
+    quote a path with a space or a $(...) in it."""
+    import shlex
+
+    odd = tmp_path / "my dir"
+    odd.mkdir()
+    plan = _plan(odd, "p$(id)", dp=2)
+    assert main(["validate", str(plan), "--launcher", "torchrun", "--cluster", "dgx-h100",
+                 "--backend", "nccl", "--csv", "x.csv", "--json", "--profile-trace", "tr/"]) == 0
+    argv = shlex.split(capsys.readouterr().out.strip())
+    at = argv.index("meshplan.executor.run") + 1
+    assert argv[at] == str(plan)
+    assert argv[at + 1:] == ["--steps", "10", "--cluster", "dgx-h100", "--backend", "nccl",
+                             "--csv", "x.csv", "--json", "--profile-trace", "tr/"]
+    line = one_line_error(main(["validate", str(plan), "--launcher", "torchrun", "--nproc", "3"]),
+                          *capsys.readouterr())
+    assert line.startswith("error: --nproc 3: the plan runs dp*tp*pp*cp = 2 ranks")
+
+
 @pytest.mark.distributed
 def test_a_bad_plan_under_torchrun_is_one_error_and_exit_2(tmp_path):
     """Rank 0 reads the plan; a world size that does not match WORLD_SIZE is refused on

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -97,20 +98,48 @@ def _check_gpus_per_node(plan: Any, world: int, nnodes: int) -> None:
 
 
 def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
-                     endpoint: str = "") -> str:
+                     endpoint: str = "", extra: list[str] | None = None) -> str:
     """The torchrun command that runs the plan on ``nnodes`` nodes of ``world / nnodes``
     processes each (c10d rendezvous at ``endpoint``, default ``127.0.0.1:29500`` on one
-    node, ``HEAD_NODE:29500`` otherwise). Raises ValueError when ``nnodes`` does not divide
-    ``world``."""
+    node, ``HEAD_NODE:29500`` otherwise), with ``extra`` arguments of
+    ``meshplan.executor.run`` after ``--steps``; every argument quoted for a POSIX shell.
+    Raises ValueError when ``nnodes`` does not divide ``world``."""
     if nnodes < 1 or world % nnodes:
         raise ValueError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
     endpoint = endpoint or ("127.0.0.1:29500" if nnodes == 1 else "HEAD_NODE:29500")
-    return (f"torchrun --nnodes {nnodes} --nproc-per-node {world // nnodes} --rdzv-backend c10d "
-            f"--rdzv-endpoint {endpoint} --rdzv-id meshplan -m meshplan.executor.run "
-            f"{plan_file} --steps {steps}")
+    args = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(world // nnodes),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "meshplan",
+            "-m", "meshplan.executor.run", plan_file, "--steps", str(steps), *(extra or [])]
+    return shlex.join(args)
+
+
+def _given(ctx: Any, param: str) -> bool:
+    """Whether option ``param`` was typed on the command line (not its default)."""
+    src = ctx.get_parameter_source(param) if ctx is not None else None
+    return getattr(src, "name", "") == "COMMANDLINE"  # click's ParameterSource, as typer ships it
+
+
+def executor_args(cluster: str, backend: str, csv_path: str, as_json: bool,
+                  profile_trace: str, backend_given: bool) -> list[str]:
+    """The options of ``validate`` that ``meshplan.executor.run`` takes too, for the printed
+    torchrun command: the prediction's cluster, the backend (when given), the CSV (when not
+    the default), JSON output and the profile trace directory."""
+    out = []
+    if cluster:
+        out += ["--cluster", cluster]
+    if backend_given:
+        out += ["--backend", backend]
+    if csv_path != DEFAULT_CSV:
+        out += ["--csv", csv_path]
+    if as_json:
+        out.append("--json")
+    if profile_trace:
+        out += ["--profile-trace", profile_trace]
+    return out
 
 
 def validate_cmd(
+    ctx: typer.Context,
     plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
     nproc: int = typer.Option(0, "--nproc", min=0, max=opt.MAX_LOCAL_RANKS,
                               help="Ranks to launch (must equal dp*tp*pp; 0: the plan's)."),
@@ -145,7 +174,12 @@ def validate_cmd(
 
         costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
         _check_gpus_per_node(plan, world, nnodes)
-        typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint))
+        if nproc and nproc != world:
+            raise ValueError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
+                             f"(--launcher torchrun spreads them over --nnodes {nnodes})")
+        extra = executor_args(cluster, backend, csv_path, as_json, profile_trace,
+                              _given(ctx, "backend"))
+        typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint, extra))
         return
     nproc = nproc or world
     from executor.run import check_plan
