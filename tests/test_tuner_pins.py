@@ -59,3 +59,21 @@ def test_repeated_fix_flags_pin_together(capsys, tmp_path):
     line = one_line_error(*run_main(capsys, *base, "--output", str(tmp_path / "b"),
                                     "--fix", "tp=1", "--fix", "tp=2"))
     assert "knob 'tp' is given twice" in line
+
+
+def test_a_search_stops_when_its_space_is_exhausted(capsys, tmp_path):
+    """A bad-input hunt: every knob pinned (one plan) and --trials 10,000,000 ran on at
+    ~60 trials/s, writing a journal of cache hits for two days. After
+    REPEATS_BEFORE_COUNTING repeats in a row the space is counted, and with every plan
+    scored the search ends."""
+    from tests._cli import run_main
+    from tuner.study import REPEATS_BEFORE_COUNTING
+
+    rc, out, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                            "--global-batch", "16", "--layers", "4", "--trials", "10000000",
+                            "--storage", "memory", "--no-progress", "--output", str(tmp_path / "a"),
+                            "--fix", "dp=8,tp=1,pp=1,cp=1,micro_batch_size=1,recompute=none,zero=1,"
+                                     "schedule=1F1B,sequence_parallel=false,vpp=1")
+    assert rc == 0, err
+    assert f"{{'complete': {REPEATS_BEFORE_COUNTING + 1}, 'cached': {REPEATS_BEFORE_COUNTING}}}" \
+        in " ".join(out.split())

@@ -64,7 +64,7 @@ from tuner.storage import (
     worker_id,
     worker_token,
 )
-from tuner.suggest import PATTERN, RANDOM, SEMI, suggest_candidate
+from tuner.suggest import PATTERN, RANDOM, SEMI, enumerate_candidates, suggest_candidate
 
 MODES = (PATTERN, RANDOM, SEMI)
 SAMPLERS = ("random", "tpe", "bruteforce", "exhaustive")
@@ -365,14 +365,19 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
              on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
              ) -> int:
     """Run trials until the study holds ``n_trials`` finished (complete + pruned) trials
-    (running ones of other workers count), ``timeout`` seconds pass, or the sampler has
-    exhausted the space (bruteforce). Returns the number of trials this call ran."""
+    (running ones of other workers count), ``timeout`` seconds pass, the sampler has
+    exhausted the space (bruteforce), or every plan of an enumerable space (pattern-based,
+    semi-auto) has been scored: after :data:`REPEATS_BEFORE_COUNTING` draws in a row of
+    plans scored already, the space is counted once (``enumerate_candidates``), and the
+    search stops when the study holds every plan (a sampler that can only repeat would run
+    to ``n_trials`` for nothing). Returns the number of trials this call ran."""
     recover_interrupted(study)
     done, running = trial_counts(study)
     if done + running >= n_trials:
         return 0
     obj = _Objective(study, cfg, scorer)
-    ran = 0
+    ran = repeats = 0
+    size: list[int | None] = []  # the space's plan count, once counted (None: not enumerable)
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:
         if WORKER_ATTR not in study._storage.get_trial_system_attrs(trial._trial_id):
@@ -381,12 +386,16 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
         return obj(trial)
 
     def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        nonlocal ran
+        nonlocal ran, repeats
         ran += 1
         if on_trial is not None:
             on_trial(st, ft)
+        repeats = repeats + 1 if ft.user_attrs.get("cached") else 0
+        if repeats >= REPEATS_BEFORE_COUNTING and not size:
+            size.append(len(enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation))
+                        if cfg.mode != RANDOM else None)
         d, r = trial_counts(st)
-        if d + r >= n_trials:
+        if d + r >= n_trials or (size and size[0] is not None and len(obj.cache) >= size[0]):
             st.stop()
 
     quiet = _InterruptedTrialFilter()
@@ -397,6 +406,11 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
     finally:
         log.removeFilter(quiet)
     return ran
+
+
+#: draws in a row of plans the study has scored already after which :func:`optimize`
+#: counts the space once, to stop when every plan of it is scored
+REPEATS_BEFORE_COUNTING = 20
 
 
 class _InterruptedTrialFilter(logging.Filter):
