@@ -32,12 +32,13 @@ Counting conventions (documented because every published figure depends on them)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from completion.dtypes import DTYPE_BYTES
-from completion.ops.registry import op_traits
+from completion.ops.registry import UNKNOWN_TRAITS, op_traits
 from simulator.errors import SimulatorError
 from simulator.op_signature import OpSig, TensorSig
 from simulator.types import KernelKind, Phase
@@ -422,9 +423,34 @@ def rule_for(op_type: str, family: str = "") -> CostFn:
     return elementwise_cost
 
 
+class UnknownOpWarning(UserWarning):
+    """An op type neither the cost registry nor the op registry knows: costed by the
+    generic memory-bound rule (a renamed GEMM would be costed far too cheap), said once
+    per op type (``meshplan cost`` prints it and lists it in ``--json``)."""
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_unknown(op_type: str) -> None:
+    """:class:`UnknownOpWarning` for ``op_type`` (a forward type; its ``_grad`` shares it)
+    when no registry knows it, once per process."""
+    base = op_type.removesuffix("_grad")
+    if (op_type in COST_RULES or base in COST_RULES or op_traits(base) is not UNKNOWN_TRAITS
+            or base in _WARNED):
+        return
+    _WARNED.add(base)
+    warnings.warn(UnknownOpWarning(f"no cost rule for op {base!r} (nor a declaration in the op "
+                                   f"registry): costed as a memory-bound elementwise kernel"),
+                  stacklevel=3)
+
+
 @lru_cache(maxsize=65536)
 def op_cost(sig: OpSig) -> tuple[KernelCost, ...]:
-    """Kernels of one op (cached by signature: identical layers are costed once).
+    """Kernels of one op (cached by signature: identical layers are costed once). An op
+    type no registry knows warns (:class:`UnknownOpWarning`) and is costed as memory-bound.
 
     Raises ValueError naming the op type when its shapes do not fit its rule."""
+    if not sig.family:
+        _warn_unknown(sig.type)
     return tuple(k if k.op else replace(k, op=sig.type) for k in rule_for(sig.type, sig.family)(sig))

@@ -5,6 +5,8 @@ Table 1 (forward FLOPs of one GPT layer 24bsh^2 + 4bs^2h)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,10 +80,20 @@ def test_elementwise_and_norm_grads_split_weight_part():
     assert r.bytes == 2 * 2 * 4 * 16 * 32 and r.flops == 4 * 16 * 32
 
 
-def test_unknown_op_falls_back_to_memory_bound():
+def test_unknown_op_falls_back_to_memory_bound_and_says_so():
+    """A bad-input hunt renamed a PIR program's matmul: `cost` charged it as a memory-bound
+    kernel without a word (`complete` warned, single-rank costing did not). It warns once
+    per op type, its _grad included."""
+    from simulator.op_cost import UnknownOpWarning
+
     sig = OpSig("some_custom_op", (T(10, 10),), (T(10, 10),))
-    (k,) = op_cost(sig)
+    with pytest.warns(UnknownOpWarning, match="no cost rule for op 'some_custom_op'"):
+        (k,) = op_cost(sig)
     assert k.kind == "memory" and k.bytes == 400
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op_cost(OpSig("some_custom_op_grad", (T(10, 10),), (T(10, 10),)))  # said already
+        op_cost(OpSig("matmul", (T(10, 10), T(10, 10)), (T(10, 10),)))  # a known type
 
 
 @pytest.mark.parametrize("name", ["megatron-1.7b", "megatron-7.5b", "gpt3-175b"])
