@@ -454,6 +454,21 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
         raise ClusterSpecError(_one_line(e, source)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a mapping that names one key twice (PyYAML keeps the
+    last in silence: a second ``name:`` renamed the cluster)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_spec_file(path: str | Path) -> ClusterSpec:
     """Read and validate a cluster YAML file. Raises ``ClusterSpecError`` (one line) for a
     missing file, a YAML syntax error or an invalid spec."""
@@ -465,7 +480,7 @@ def load_spec_file(path: str | Path) -> ClusterSpec:
         raise ClusterSpecError(f"{p}: {size} bytes, larger than a cluster spec can be "
                                f"({MAX_SPEC_BYTES}, clusters.spec.MAX_SPEC_BYTES)")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""

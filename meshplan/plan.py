@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from completion.json_keys import unique_keys
 from completion.models.config import MAX_MODEL_SIZES
 from meshplan.errors import MeshplanError
 from meshplan.strategy import Strategy, StrategyError
@@ -147,7 +148,7 @@ class Plan:
             raise PlanError(f"plan JSON is nested {depth} levels deep; a plan has at most "
                             f"{MAX_JSON_DEPTH} (meshplan.plan.MAX_JSON_DEPTH)")
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting

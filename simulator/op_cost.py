@@ -423,7 +423,7 @@ def rule_for(op_type: str, family: str = "") -> CostFn:
     return elementwise_cost
 
 
-class UnknownOpWarning(UserWarning):
+class UnknownOpWarning(SimulatorError, UserWarning):
     """An op type neither the cost registry nor the op registry knows: costed by the
     generic memory-bound rule (a renamed GEMM would be costed far too cheap), said once
     per op type (``meshplan cost`` prints it and lists it in ``--json``)."""

@@ -361,3 +361,14 @@ def test_a_gemm_half_flops_beyond_any_gemm_is_refused(tmp_path):
     doc["device"]["efficiency"]["gemm_half_flops"]["value"] = 1e10
     p.write_text(yaml.safe_dump(doc))
     assert load_cluster(str(p)).spec.device.efficiency.gemm_half_flops.value == 1e10
+
+
+def test_a_yaml_key_given_twice_is_refused(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `name:` renamed the cluster."""
+    from clusters import load_cluster
+
+    text = (Path(clusters.__file__).parent / "catalog" / "dgx-h100.yaml").read_text()
+    p = tmp_path / "twice.yaml"
+    p.write_text(text.replace("\nname:", "\nname: first\nname:", 1))
+    with pytest.raises(Exception, match=r"twice.yaml: line \d+ invalid YAML: key 'name' appears twice"):
+        load_cluster(str(p))

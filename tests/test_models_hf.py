@@ -405,3 +405,12 @@ def test_qwen_sliding_window_is_off_unless_switched_on(model_type):
     for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
         mistral.pop(k, None)
     assert config_from_hf_dict(mistral).sliding_window == 512
+
+
+def test_a_config_key_given_twice_is_refused(tmp_path):
+    from completion.models import ModelConfigError, load_hf_config
+
+    p = tmp_path / "config.json"
+    p.write_text('{"model_type": "llama", "num_hidden_layers": 2, "num_hidden_layers": 4}')
+    with pytest.raises(ModelConfigError, match="key 'num_hidden_layers' appears twice"):
+        load_hf_config(p)

@@ -321,3 +321,11 @@ def test_links_keep_their_names_and_a_linked_plan_finds_its_files(tmp_path, monk
     for plan_file in (tmp_path / "runs" / "x" / "plan.json", tmp_path / "best.json"):
         model = Plan.load(plan_file).model
         assert Path(model).resolve() == (tmp_path / "blobs" / "abc123").resolve(), model
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    """JSON parsers keep the last of two equal keys: a hand-edited plan with "dp": 1 and
+    "dp": 2 exported dp 2 without a word (a bad-input hunt)."""
+    text = '{"model": "llama2-7b", "cluster": "dgx-h100", "strategy": {"dp": 1, "dp": 2}}'
+    with pytest.raises(PlanError, match="key 'dp' appears twice in one object"):
+        Plan.from_json(text)

@@ -13,6 +13,7 @@ import pathlib
 import warnings
 from typing import Any
 
+from completion.json_keys import unique_keys
 from completion.models.config import (
     HF_ATTENTION,
     ModelConfig,
@@ -66,7 +67,7 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     if not p.is_file():
         raise ModelFileNotFoundError(f"model config not found: {p}")
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        raw = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except UnicodeDecodeError as e:
