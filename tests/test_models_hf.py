@@ -414,3 +414,16 @@ def test_a_config_key_given_twice_is_refused(tmp_path):
     p.write_text('{"model_type": "llama", "num_hidden_layers": 2, "num_hidden_layers": 4}')
     with pytest.raises(ModelConfigError, match="key 'num_hidden_layers' appears twice"):
         load_hf_config(p)
+
+
+@pytest.mark.parametrize("value", ["8", 8.0])
+def test_an_expert_count_of_another_type_is_refused_under_a_dense_type(value):
+    """num_experts 8 under a dense model_type is refused (costing an MoE as dense would be
+    wrong); "8" and 8.0 used to pass, costing it dense (a bad-input hunt)."""
+    from completion.models import ModelConfigError, config_from_hf_dict
+
+    raw = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 32,
+           "num_experts": value}
+    with pytest.raises(ModelConfigError, match="num_experts = .* must be an integer"):
+        config_from_hf_dict(raw)

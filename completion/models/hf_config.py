@@ -243,7 +243,11 @@ def _refuse_moe(raw: dict[str, Any], name: str, mt: str) -> None:
     moe_types = sorted(t for t, sp in MODEL_TYPES.items() if sp.moe is not None)
     for k in MOE_KEYS:
         v = raw.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+        if v is None or isinstance(v, bool) or v in (0, 1, "0", "1", 0.0, 1.0):
+            continue  # absent, off, or one expert: a dense MLP
+        if not isinstance(v, int):  # "8", 8.0: a count in another type would pass as dense
+            raise ModelConfigError(f"{name}: {k} = {v!r} must be an integer (the experts' count)")
+        if v > 1:
             raise ModelConfigError(f"{name}: {k} = {v}: mixture-of-experts models are not "
                                    f"modelled under model_type {mt!r} (costing it as a dense model "
                                    f"would be wrong); experts are modelled for {moe_types}")

@@ -236,7 +236,7 @@ def tune_cmd(
                                                help="Pin knobs, e.g. dp=8,tp=8 (repeatable)."),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
     sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices)."),
-    layers: int | None = typer.Option(None, "--layers", "--num-layers", max=opt.MAX_LAYERS,
+    layers: int | None = typer.Option(None, "--layers", "--num-layers", min=1, max=opt.MAX_LAYERS,
                                       help="Override the layer count."),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
                                        help="Let tensor parallelism span nodes."),
