@@ -139,7 +139,7 @@ def test_one_process_run_records_spans_and_the_profiler_pass(tmp_path):
     from tests.conftest import SHARED
 
     plan = Plan(str(SHARED / "data" / "programs" / "mlp_sgd_no_dist_attrs.pir"), "cpu-local",
-                Strategy(dtype="float32", optimizer="sgd", micro_batch_size=2, global_batch_size=4))
+                Strategy(dtype="float32", optimizer="sgd", micro_batch_size=4, global_batch_size=8))
     run_plan(plan, 1, steps=2, warmup=1, _single=True, profile_dir=str(tmp_path))
     doc = json.loads((tmp_path / "rank0.json").read_text())
     meta = doc["meshplan"]
