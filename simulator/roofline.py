@@ -222,9 +222,9 @@ class Roofline:
 
     def mfu_peak(self) -> float:
         """FLOP/s that MFU divides by: the device's largest floating-point peak other than
-        FP8 (an int8 entry is not one either; its BF16 tensor-core peak on a GPU; an FP8 plan is measured against it too, as NeMo and
-        torchtitan report MFU; a CPU that emulates bf16 gets its fp32 rate), whatever the
-        plan's dtype, so that an fp32 plan's MFU shows what the device could do
+        FP8 (int8 is not one either): its BF16 tensor-core peak on a GPU, a CPU's fp32 rate
+        when it emulates bf16. The same whatever the plan's dtype (an FP8 plan too, as NeMo
+        and torchtitan report MFU), so an fp32 plan's MFU shows what the device could do
         (PaLM's MFU, Chowdhery et al. 2022 appendix B: the hardware's peak). Raises
         SimulatorError when no such peak is listed."""
         vals = [v for k, v in self.peak_flops.items() if not k.startswith(("fp8", "float8", "int"))]

@@ -472,8 +472,8 @@ class StepModel:
         # the hops this rank sends: an F output to the next virtual stage and a B output to
         # the previous one when that stage is on another rank (ZB-V's turn of the V is not);
         # with synchronous sends each keeps the rank busy for t_comm after the action
-        owner = {vs: rank for rank, row in enumerate(sched.vstage) for vs in row}
-        sends = sum((vs + 1 < self.nvs and owner[vs + 1] != r) + (vs > 0 and owner[vs - 1] != r)
+        owner = sched.rank_of_vstage()  # vs -> (rank, chunk)
+        sends = sum((vs + 1 < self.nvs and owner[vs + 1][0] != r) + (vs > 0 and owner[vs - 1][0] != r)
                     for vs in vstages)
         hops = m * sends * t_comm
         # what the rank's actions really took (compute + the collectives not hidden by it):

@@ -137,8 +137,6 @@ ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dr
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "hidden_dropout_prob")
 
 
-
-
 class _Lookups(dict):  # type: ignore[type-arg]
     """A config dict that records every key the parser looks up, present or not
     (``get``, ``[]``, ``in``), for :func:`_warn_near_misses`."""
@@ -243,7 +241,7 @@ def _refuse_moe(raw: dict[str, Any], name: str, mt: str) -> None:
     moe_types = sorted(t for t, sp in MODEL_TYPES.items() if sp.moe is not None)
     for k in MOE_KEYS:
         v = raw.get(k)
-        if v is None or isinstance(v, bool) or v in (0, 1, "0", "1", 0.0, 1.0):
+        if v is None or isinstance(v, bool) or v in (0, 1, "0", "1"):  # 0.0 == 0, 1.0 == 1
             continue  # absent, off, or one expert: a dense MLP
         if not isinstance(v, int):  # "8", 8.0: a count in another type would pass as dense
             raise ModelConfigError(f"{name}: {k} = {v!r} must be an integer (the experts' count)")
