@@ -149,6 +149,10 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
         if experts is None:
             raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
                                    "experts (expert parallelism needs a mixture-of-experts model)")
+        if not any(cfg.is_moe_layer(i) for i in range(source.num_layers)):
+            raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
+                                   f"mixture-of-experts layer in its {source.num_layers} layers "
+                                   "(mlp_only_layers / decoder_sparse_step leave every layer dense)")
         if experts % s.ep:
             raise PlanProgramError(f"strategy field 'ep' = {s.ep} does not divide model "
                                    f"{cfg.name!r} num_experts = {experts}")

@@ -131,6 +131,11 @@ def test_time_unknown_kind_and_bad_options(capsys):
         *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", "12XB")
     )
     assert "invalid --nbytes '12XB'" in line
+    for bits in ("64Mb", "1Gib"):  # a lowercase b is bits: refused, never read as bytes
+        line = one_line_error(
+            *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--nbytes", bits)
+        )
+        assert f"invalid --nbytes '{bits}': a lowercase b means bits" in line
     line = one_line_error(
         *run_main(capsys, "clusters", "time", "dgx-a100-80g", "all_reduce", "--ranks", "a-b")
     )

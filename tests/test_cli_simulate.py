@@ -49,6 +49,21 @@ def test_cli_simulate_via_main_and_bad_input(capsys):
     assert "multiple of num_stages" in capsys.readouterr().err
 
 
+def test_two_outputs_naming_one_file_are_refused_before_any_work(tmp_path, capsys):
+    from meshplan.cli import main
+
+    out = tmp_path / "step.png"
+    rc = main(["simulate", "--schedule", "1F1B", "--stages", "2", "--microbatches", "4", "--tf", "1",
+               "--tb", "1", "--trace", str(out), "--plot", f"{tmp_path}/./step.png"])
+    assert rc == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert f"--trace and --plot name the same file '{tmp_path}/./step.png'" in err
+    rc = main(["cost", "-m", "llama2-7b", "--cluster", "dgx-h100", "--global-batch", "8",
+               "--trace", str(out), "--memory-png", str(out)])
+    assert rc == 2 and not out.exists()
+    assert "--trace and --memory-png name the same file" in capsys.readouterr().err
+
+
 def test_simulate_takes_the_schedule_spellings_cost_takes(capsys):
     """ZB-1p / ZB-2p are the ZB heuristic at a memory limit of p / 2p M_B (Qi et al. 2024,
     sec. 4): the same result as ``--schedule ZB --memory-limit p`` / ``2p``; aliases and case

@@ -186,6 +186,11 @@ def test_unknown_catalog_name_and_missing_file():
         load_cluster("nowhere/x.yaml")
 
 
+def test_a_directory_is_not_a_cluster_file(tmp_path):
+    with pytest.raises(UnknownClusterError, match=f"cluster '{tmp_path}' is a directory"):
+        load_cluster(tmp_path)
+
+
 def test_bad_num_nodes_and_dtype():
     with pytest.raises(ClusterError, match="num_nodes must be an int >= 1, got 0"):
         load_cluster("dgx-h100", num_nodes=0)

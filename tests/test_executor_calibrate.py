@@ -150,12 +150,26 @@ def test_an_efficiency_below_the_spec_minimum_is_dropped_not_written():
     assert all(v[0] >= MIN_POSITIVE for v in kept.values())
 
 
-def test_a_bad_device_is_refused_before_any_rank_starts(capsys):
+def test_a_bad_device_is_refused_before_any_rank_starts(tmp_path, capsys):
     from meshplan.cli import main
 
-    assert main(["calibrate", "--device", "tpu", "--quick", "--output", "/nonexistent/o.yaml"]) == 2
+    out = str(tmp_path / "o.yaml")
+    assert main(["calibrate", "--device", "tpu", "--quick", "--output", out]) == 2
     assert "'--device'" in capsys.readouterr().err
-    assert main(["calibrate", "--device", "cuda:x", "--quick", "--output", "/nonexistent/o.yaml"]) == 2
+    assert main(["calibrate", "--device", "cuda:x", "--quick", "--output", out]) == 2
+    assert "'--device'" in capsys.readouterr().err
+
+
+def test_an_output_it_cannot_write_is_refused_before_measuring(tmp_path, capsys):
+    """The YAML is written after minutes of measuring: a folder, or a file in a missing
+    folder, is refused first (it was refused after the measurement, with an errno)."""
+    from meshplan.cli import main
+
+    assert main(["calibrate", "--quick", "--output", str(tmp_path)]) == 2
+    assert f"--output '{tmp_path}' is a directory" in capsys.readouterr().err
+    missing = tmp_path / "nowhere" / "o.yaml"
+    assert main(["calibrate", "--quick", "--output", str(missing)]) == 2
+    assert f"its folder {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
 
 
 def test_a_trace_dimension_that_is_not_an_integer_is_named():

@@ -191,6 +191,18 @@ def test_hf_config_errors_name_the_field(tmp_path, raw, needle):
         load_hf_config(f)
 
 
+def test_a_model_folder_is_read_through_its_config_json(tmp_path):
+    raw = {"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = get_model_config(tmp_path)  # a Hugging Face model folder, as from_pretrained takes it
+    assert (cfg.num_layers, cfg.hidden_size, cfg.ffn_hidden_size) == (3, 64, 96)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelConfigError, match=f"model '{empty}' is a directory without a config.json"):
+        get_model_config(str(empty))
+
+
 def test_bad_names_and_arguments():
     with pytest.raises(ModelConfigError, match="unknown model 'llama9-1b'"):
         build_model("llama9-1b", 1)

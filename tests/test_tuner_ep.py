@@ -58,3 +58,38 @@ def test_every_enumerated_ep_passes_the_rule(experts, zero):
     for c in iter_base_candidates(sp):
         assert L.ep_layout(c, sp.problem) is None
         assert experts % c.ep == 0 and c.dp % c.ep == 0
+
+
+def test_a_config_whose_experts_no_layer_uses_is_dense_and_ep_is_refused(tmp_path):
+    """A Qwen2-MoE config.json whose ``mlp_only_layers`` names every layer has experts no
+    layer routes to: the tuner sees a dense model (0 experts; --fix ep=2 refused up front)
+    and cost refuses --ep naming the layers (it costed ep=4 on a dense model)."""
+    import json
+
+    import pytest
+
+    from completion import get_model_config
+    from completion.models.source import resolve_model
+    from completion.plan_program import PlanProgramError, check_plan
+    from completion.strategy import Strategy
+    from tuner.space import SpaceError
+
+    raw = {"model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "intermediate_size": 512, "moe_intermediate_size": 128,
+           "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 1000, "max_position_embeddings": 512,
+           "mlp_only_layers": [0, 1]}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(raw))
+    cfg = get_model_config(f)
+    assert cfg.num_experts == 8 and ModelDims.of(cfg).num_experts == 0
+    with pytest.raises(SpaceError, match="--fix: ep=2 but model .* has no experts in any layer"):
+        _space(ModelDims.of(cfg), fix={"ep": 2})
+    with pytest.raises(SpaceError, match="has no experts in any layer"):
+        _space(DENSE, fix={"ep": 2})
+    source = resolve_model(str(f), 512)
+    with pytest.raises(PlanProgramError, match="'ep' = 4: .* no mixture-of-experts layer in its 2 layers"):
+        check_plan(source, Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
+    raw["mlp_only_layers"] = [0]  # layer 1 routes: ep stays legal
+    f.write_text(json.dumps(raw))
+    check_plan(resolve_model(str(f), 512), Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
+    assert ModelDims.of(get_model_config(f)).num_experts == 8

@@ -71,10 +71,15 @@ class ModelDims:
 
     @classmethod
     def of(cls, cfg: Any) -> ModelDims:
-        """From any object with ModelConfig's attribute names."""
+        """From any object with ModelConfig's attribute names. A config whose experts no
+        layer uses (``is_moe_layer`` false everywhere: ``mlp_only_layers`` naming every
+        layer, a ``decoder_sparse_step`` above the depth) is dense: 0 experts."""
+        experts = int(getattr(cfg, "num_experts", None) or 0)
+        is_moe = getattr(cfg, "is_moe_layer", None)
+        if experts and is_moe is not None and not any(is_moe(i) for i in range(cfg.num_layers)):
+            experts = 0
         return cls(str(cfg.name), cfg.num_layers, cfg.hidden_size, cfg.num_heads,
-                   cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size,
-                   int(getattr(cfg, "num_experts", None) or 0))
+                   cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size, experts)
 
 
 #: Largest value of each SearchProblem size (issue 16 item 8): ranks as a cluster may have
@@ -324,6 +329,9 @@ class SearchSpace:
             if k not in FIXABLE:
                 raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
         _check_fix(self.fix, self.problem.world_size)
+        if self.fix.get("ep", 1) > 1 and self.problem.model.num_experts <= 1:
+            raise SpaceError(f"--fix: ep={self.fix['ep']} but model {self.problem.model.name} has no "
+                             "experts in any layer")
         layers = self.problem.model.num_layers
         if "pp" in self.fix and self.fix["pp"] > layers:
             raise SpaceError(f"--fix: pp={self.fix['pp']} exceeds the model's {layers} layers")

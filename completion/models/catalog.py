@@ -92,7 +92,8 @@ def model_names() -> list[str]:
 
 
 def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelConfig:
-    """Resolve a catalog name, a path to a ``config.json``, or a ModelConfig.
+    """Resolve a catalog name, a path to a ``config.json`` (or a folder holding one, as a
+    Hugging Face model folder), or a ModelConfig.
 
     Raises ModelConfigError naming the model when the name is neither in the catalog nor an
     existing file."""
@@ -104,6 +105,10 @@ def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelC
     if key.lower() in MODEL_CATALOG:
         return MODEL_CATALOG[key.lower()]
     p = pathlib.Path(key)
+    if p.is_dir():  # a Hugging Face model folder, as transformers' from_pretrained takes it
+        if (p / "config.json").is_file():
+            return load_hf_config(p / "config.json")
+        raise ModelConfigError(f"model {key!r} is a directory without a config.json")
     if p.suffix == ".json" or p.is_file():
         return load_hf_config(p)
     raise ModelConfigError(f"unknown model {key!r}; built-in models: {', '.join(MODEL_CATALOG)}")

@@ -38,6 +38,9 @@ def calibrate_cmd(
     cluster: str = typer.Option("", "--cluster", help="With --from-trace: the cluster calibrated (name or YAML)."),
 ) -> None:
     """Measure this machine (or fit a profiler trace) and write a cluster YAML with provenance."""
+    from meshplan.commands import options as opt
+
+    opt.writable_file("--output", output)  # before minutes of measuring, not after
     if from_trace:
         _from_trace(from_trace, plan, cluster, output, name)
         return

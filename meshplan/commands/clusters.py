@@ -51,6 +51,9 @@ def parse_nbytes(text: str) -> float:
     :data:`MAX_NBYTES`."""
     from clusters import ClusterError
 
+    if text.strip().endswith("b"):  # Mb, Gib: bits, an eighth of the bytes the digits say
+        raise ClusterError(f"invalid --nbytes {text!r}: a lowercase b means bits; write bytes "
+                           f"like 64MB (10^6) or 64MiB (2^20)")
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     unit = t[len(num) :]

@@ -195,6 +195,7 @@ def cost_cmd(
                                   framework=framework, attention=attention, **knobs)
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
+    opt.distinct_outputs({"--trace": trace, "--plot": plot, "--memory-png": memory_png})
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

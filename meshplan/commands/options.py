@@ -138,7 +138,7 @@ FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", 
                    "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "eager")
 
 MODEL = typer.Option(..., "--model", "-m",
-                     help="Built-in model name, or a file: a Hugging Face config.json (cost: also "
+                     help="Built-in model name, or a Hugging Face config.json (or its model folder; cost: also "
                           "a .pir program text).")
 #: ``complete``'s --model: optional there (it takes --program FILE instead)
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
@@ -295,6 +295,37 @@ def image_path(flag: str, path: str | None) -> None:
     if suffix not in known:
         raise ValueError(f"{flag} {path!r}: the file name must end in one of .{', .'.join(known)} "
                          f"(got {('.' + suffix) if suffix else 'no suffix'})")
+
+
+def writable_file(flag: str, path: str) -> None:
+    """Refuse, before any work, an output file the command could not write at its end: a
+    directory, a file in a folder that does not exist, or in one this user cannot write
+    (ValueError naming ``flag`` and the path)."""
+    import os
+
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path!r}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path!r}: this user cannot write it")
+
+
+def distinct_outputs(paths: dict[str, str | None]) -> None:
+    """Refuse, before any work, two output options (flag -> path; None not given) naming the
+    same file: the second write would replace the first in silence. ValueError naming both
+    flags and the path; paths are compared resolved (``a.png`` and ``./a.png`` are one)."""
+    import os
+
+    seen: dict[str, str] = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
+        seen[key] = flag
 
 
 def write_output(flag: str, path: str, write: Any) -> None:

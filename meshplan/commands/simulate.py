@@ -45,6 +45,7 @@ def simulate_cmd(
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
     opt.image_path("--plot", plot)
+    opt.distinct_outputs({"--trace": trace, "--plot": plot})
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     asked = schedule
     schedule, zb_limit = _builder(schedule, stages)

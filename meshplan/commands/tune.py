@@ -286,7 +286,7 @@ def tune_cmd(
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
     cheapest cluster size and its plan).
 
-    MODEL is a built-in model name or a Hugging Face config.json file; CLUSTER a catalog
+    MODEL is a built-in model name, a Hugging Face config.json or its folder; CLUSTER a catalog
     name or a cluster YAML file. The strategy options (--tp, --pp, ... and their Megatron-LM
     spellings) pin their knob, as --fix does; the rest is searched."""
     import optuna
