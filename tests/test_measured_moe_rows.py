@@ -144,13 +144,14 @@ def test_params_and_gradient_sync_per_rank_by_hand(row1001):
 
 
 def test_parse_measured_reads_the_csv_and_the_rows_files():
-    """The CSV's 171 rows and the rows file's 3, ids unique; the fits' parse_all is the
-    CSV alone; the MoE rows are all expressible and form their own source."""
+    """The CSV's 171 rows and the rows file's 7 (every DGX-H100 row of Qwen3_30B_a3B in
+    the performance summary archive at Megatron-Bridge 067f987d), ids unique; the fits'
+    parse_all is the CSV alone; the MoE rows are all expressible and form their own source."""
     got = parse_measured()
-    assert len(got) == len(parse_all()) + 3 == 174
-    assert len({p.row_id for p in got}) == 174
+    assert len(got) == len(parse_all()) + 7 == 178
+    assert len({p.row_id for p in got}) == 178
     moe = [p for p in got if p.source_id == "mbridge_perf_moe"]
-    assert [p.row_id for p in moe] == [1001, 1002, 1003] and all(p.expressible for p in moe)
+    assert [p.row_id for p in moe] == list(range(1001, 1008)) and all(p.expressible for p in moe)
     assert all(p.row_id < 1000 for p in parse_all())
 
 
@@ -184,3 +185,31 @@ def test_moe_cells_set_the_model_fields(rows, e, k, f):
     else:
         assert got.expressible, got
         assert (got.model.num_experts, got.model.experts_per_token, got.model.moe_ffn_hidden_size) == (e, k, f)
+
+
+def test_ep16_rows_cross_the_nodes_and_their_all_to_all_is_the_hand_value():
+    """Rows 1005-1007 (26.04, 26.04.01, 26.06): tp 1, pp 1, ep 16 = dp 16 over both DGX
+    nodes, mbs 1, GA 1024 / 16 = 64. A rank's dispatch buffer per MoE layer and micro-batch
+    is [E 128, C = ceil(4096 * 8 / 128) = 256, h 2048] bf16 = 134,217,728 bytes; its
+    all_to_all over n = 16 ranks, k = 8 a node (clusters.collectives): 7 a_i + 8 a_n +
+    max(7 S / (16 B_i), 8 S / (16 NIC(8) / 8)) = 7 * 3.4 us + 8 * 9.6 us + 8 S / (16 * 50
+    GB/s) = 1.44278 ms (the NICs bound it: 1.342 ms against NVLink's 0.170). Four a layer
+    (dispatch, combine and their backward), 48 layers, 64 micro-batches: 17.729 s of the
+    step's exposed communication, which no profile overlaps (the recipe sets
+    moe_a2a_overlap False)."""
+    got = {p.row_id: p for p in parse_measured() if p.row_id in (1005, 1006, 1007)}
+    for p in got.values():
+        s = p.strategy
+        assert (s.dp, s.tp, s.pp, s.ep, s.micro_batch_size, s.num_microbatches) == (16, 1, 1, 16, 1, 64)
+        assert (p.nodes, s.fp8, s.zero) == (2, "te-delayed", 1)
+    nbytes = 128 * math.ceil(4096 * 8 / 128) * 2048 * 2
+    assert nbytes == 134_217_728
+    one = 7 * 3.4e-6 + 8 * 9.6e-6 + 8 * nbytes / (16 * 50e9)
+    assert one == pytest.approx(1.44278e-3, rel=1e-5)
+    assert load_cluster("dgx-h100", 2).collective_time("all_to_all", nbytes, list(range(16))) \
+        == pytest.approx(one, rel=1e-12)
+    row = got[1005]
+    res = Engine(row.model, row.cluster, row.strategy, nodes=row.nodes, seq_len=row.seq_len).simulate()
+    a2a = 4 * 48 * 64 * one
+    assert a2a == pytest.approx(17.729, abs=1e-3)
+    assert a2a <= res.time_breakdown["tp_comm"] <= 1.001 * a2a
