@@ -30,3 +30,48 @@ def strategies(monkeypatch):
 
     monkeypatch.setattr(meshplan.engine, "Engine", engine)
     return got
+
+
+def once_per_run(tmp_path_factory, name: str, make) -> pathlib.Path:
+    """``make(folder)`` run once per test run, its folder shared by the xdist workers: the
+    first worker to ask makes it under the run's temporary root (``pytest-N``, above each
+    worker's ``popen-gwK``) while holding a lock; the others wait and reuse it (the
+    pattern of pytest-xdist's docs, with ``fcntl``). Without xdist: made in the process's
+    own temporary folder."""
+    import fcntl
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with (root / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            make(folder)
+            done.write_text("")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def quick_calibration(tmp_path_factory) -> tuple[pathlib.Path, str]:
+    """One ``meshplan calibrate --nproc 2 --quick`` per test run (about 20 s of two gloo
+    ranks; :func:`once_per_run`), shared by the tests that need a calibrated cluster of
+    this machine: the YAML's path and what the command printed."""
+    import contextlib
+    import io
+
+    from meshplan.cli import main
+
+    def make(folder: pathlib.Path) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            rc = main(["calibrate", "--nproc", "2", "--quick", "--output", str(folder / "here.yaml")])
+        assert rc == 0, printed.getvalue()
+        (folder / "printed.txt").write_text(printed.getvalue())
+
+    folder = once_per_run(tmp_path_factory, "quick_calibration", make)
+    return folder / "here.yaml", (folder / "printed.txt").read_text()

@@ -377,3 +377,19 @@ def test_a_yaml_key_given_twice_is_refused(tmp_path):
     p.write_text(text.replace("\nname:", "\nname: first\nname:", 1))
     with pytest.raises(Exception, match=r"twice.yaml: line \d+ invalid YAML: key 'name' appears twice"):
         load_cluster(str(p))
+
+
+def test_a_cached_spec_is_a_copy_and_a_rewritten_file_is_read_again(tmp_path):
+    """load_spec_file keeps validated specs by (path, bytes): a second load is an equal,
+    separate object, and rewriting the file with the same size (one digit) is seen at once."""
+    from clusters.catalog import CATALOG_DIR
+    from clusters.spec import load_spec_file
+
+    text = (CATALOG_DIR / "dgx-h100.yaml").read_text()
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    a, b = load_spec_file(f), load_spec_file(f)
+    assert a == b and a is not b and a.device.peak_flops is not b.device.peak_flops
+    assert "nic_count: {value: 8," in text
+    f.write_text(text.replace("nic_count: {value: 8,", "nic_count: {value: 4,"))
+    assert load_spec_file(f).node.nic_count.value == 4

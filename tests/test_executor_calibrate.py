@@ -97,10 +97,9 @@ def test_calibrate_refuses_one_rank():
 
 
 @pytest.mark.distributed
-def test_calibrate_quick_writes_a_loadable_plausible_cluster(tmp_path, capsys):
-    out = tmp_path / "here.yaml"
-    assert main(["calibrate", "--nproc", "2", "--quick", "--output", str(out)]) == 0
-    assert "wrote" in capsys.readouterr().out
+def test_calibrate_quick_writes_a_loadable_plausible_cluster(quick_calibration):
+    out, printed = quick_calibration  # `meshplan calibrate --nproc 2 --quick -o here.yaml`
+    assert f"wrote {out}" in printed
     c = load_cluster(out)
     d, n = c.spec.device, c.spec.node
     assert c.name == "here" and c.world_size == 2
@@ -151,7 +150,6 @@ def test_an_efficiency_below_the_spec_minimum_is_dropped_not_written():
 
 
 def test_a_bad_device_is_refused_before_any_rank_starts(tmp_path, capsys):
-    from meshplan.cli import main
 
     out = str(tmp_path / "o.yaml")
     assert main(["calibrate", "--device", "tpu", "--quick", "--output", out]) == 2
@@ -163,7 +161,6 @@ def test_a_bad_device_is_refused_before_any_rank_starts(tmp_path, capsys):
 def test_an_output_it_cannot_write_is_refused_before_measuring(tmp_path, capsys):
     """The YAML is written after minutes of measuring: a folder, or a file in a missing
     folder, is refused first (it was refused after the measurement, with an errno)."""
-    from meshplan.cli import main
 
     assert main(["calibrate", "--quick", "--output", str(tmp_path)]) == 2
     assert f"--output '{tmp_path}' is a directory" in capsys.readouterr().err

@@ -11,15 +11,20 @@ import pytest
 
 from experiments import EXPERIMENTS, Experiment, ExperimentResult, require, to_markdown
 from meshplan.cli import main
-from tests.conftest import SHARED
+from tests.conftest import SHARED, once_per_run
 
 
-@pytest.fixture(scope="module")
-def quick_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report")
-    rc = main(["report", "--quick", "--output", str(out)])
-    assert rc == 0
-    return out
+@pytest.fixture(scope="session")
+def quick_report(tmp_path_factory, quick_calibration):
+    """``meshplan report --quick``, once per test run (``tests.conftest.once_per_run``:
+    the xdist workers share it); local_validation takes the run's calibrated YAML through
+    ``MESHPLAN_CLUSTER`` (its own quick calibration is the same command)."""
+    def make(out):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MESHPLAN_CLUSTER", str(quick_calibration[0]))
+            assert main(["report", "--quick", "--output", str(out)]) == 0
+
+    return once_per_run(tmp_path_factory, "quick_report", make)
 
 
 def published(table: str, until: str) -> list[dict[str, str]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,26 @@ ILLUSTRATIVE: tuple[tuple[str, str], ...] = (
 SHELL = (r"^\. \.venv/bin/activate", r"^pip install ", r"^make ", r"^cd ", r"^export ")
 #: flag -> the value CI uses (upper bounds: a smaller value in the README stays)
 FAST = {"--trials": 6, "--steps": 2, "--repeats": 1}
-#: commands that get an extra flag in CI
-EXTRA = {("calibrate",): ["--quick"]}
+#: commands that get extra flags in CI: (flag, value or None), added when the line lacks the flag
+EXTRA: dict[tuple[str, ...], list[tuple[str, str | None]]] = {
+    ("calibrate",): [("--quick", None)],
+    ("validate",): [("--steps", "2"), ("--repeats", "1")],
+}
+
+
+def _shared_calibration(argv: list[str]) -> str | None:
+    """FILE when ``argv`` is ``calibrate --nproc 2 --quick --output FILE`` (any order): the
+    run's shared calibration (tests/conftest.py ``quick_calibration`` runs exactly that
+    command once), whose YAML the runner copies to FILE; else None."""
+    if argv[:1] != ["calibrate"]:
+        return None
+    rest, out = list(argv[1:]), None
+    for flag in ("--output", "-o"):
+        if flag in rest:
+            k = rest.index(flag)
+            out = rest[k + 1]
+            del rest[k:k + 2]
+    return out if out and sorted(rest) == sorted(["--nproc", "2", "--quick"]) else None
 
 
 def _blocks() -> list[str]:
@@ -71,7 +90,9 @@ def _fast(args: list[str]) -> list[str]:
             args[k] = str(min(int(args[k]), cap))
     for prefix, extra in EXTRA.items():
         if tuple(args[1:1 + len(prefix)]) == prefix:
-            args += [e for e in extra if e not in args]
+            for flag, val in extra:
+                if flag not in args:
+                    args += [flag] if val is None else [flag, val]
     return args
 
 
@@ -80,7 +101,7 @@ def _absolute(arg: str) -> str:
     return str(p) if not arg.startswith("-") and ("/" in arg) and p.exists() else arg
 
 
-def _run_block(block: str, tmp: Path, monkeypatch, capsys) -> list[str]:
+def _run_block(block: str, tmp: Path, monkeypatch, capsys, calibrated: Path | None = None) -> list[str]:
     monkeypatch.chdir(tmp)
     ran = []
     for line in _lines(block):
@@ -95,6 +116,10 @@ def _run_block(block: str, tmp: Path, monkeypatch, capsys) -> list[str]:
         args = shlex.split(line)
         assert args[0] == "meshplan", f"README line this test cannot run: {line!r}"
         argv = [_absolute(a) for a in _fast(args)][1:]
+        if calibrated is not None and _shared_calibration(argv):
+            shutil.copyfile(calibrated, _shared_calibration(argv))
+            ran.append(line)
+            continue
         rc = main(argv)
         out, err = capsys.readouterr()
         # a search whose budget this test cut (FAST) may end "no feasible plan found" (exit 1)
@@ -110,8 +135,12 @@ BLOCKS = _blocks()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index, tmp_path, monkeypatch, capsys):
-    _run_block(BLOCKS[index], tmp_path, monkeypatch, capsys)
+def test_readme_block_runs(index, tmp_path, monkeypatch, capsys, request):
+    calibrated = None
+    if any(_shared_calibration(_fast(shlex.split(ln))[1:]) for ln in _lines(BLOCKS[index])
+           if ln.startswith("meshplan calibrate")):
+        calibrated = request.getfixturevalue("quick_calibration")[0]
+    _run_block(BLOCKS[index], tmp_path, monkeypatch, capsys, calibrated)
 
 
 def test_readme_has_commands_and_every_skip_is_accounted_for():

@@ -60,7 +60,7 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
 
     plan, traces, cal = loop_plan(tmp_path), tmp_path / "traces", tmp_path / "fitted.yaml"
     csv = str(tmp_path / "v.csv")
-    rc, out, err = run_main(capsys, "validate", plan, "--steps", "5", "--repeats", "3", "--no-verify",
+    rc, out, err = run_main(capsys, "validate", plan, "--steps", "5", "--repeats", "1", "--no-verify",
                             "--json", "--csv", csv, "--profile-trace", str(traces))
     assert rc == 0, err
     got = json.loads(out)

@@ -19,9 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_calibrate_then_validate_reports_a_finite_error(tmp_path, capsys, monkeypatch):
-    cal = tmp_path / "here.yaml"
-    assert main(["calibrate", "--nproc", "2", "--quick", "--output", str(cal)]) == 0
+def test_calibrate_then_validate_reports_a_finite_error(quick_calibration, tmp_path, capsys, monkeypatch):
+    cal, _ = quick_calibration  # `meshplan calibrate --nproc 2 --quick` (tests/conftest.py)
     raw = yaml.safe_load(cal.read_text())
     eff = raw["device"]["efficiency"]
     for key in ("kernel_overhead_s", "gemm_half_flops", "attention", "memory_kernels"):

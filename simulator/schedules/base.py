@@ -153,7 +153,7 @@ class Schedule:
         already when this one is."""
         out = Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
                        self.actions, self.vstage, dict(meta))
-        for key in ("_validated", "_columns"):
+        for key in ("_validated", "_columns", "_p2p_in_order", "_p2p_plan"):
             if key in self.__dict__:
                 object.__setattr__(out, key, self.__dict__[key])
         return out

@@ -282,7 +282,21 @@ def send_plan(s: Schedule) -> tuple[tuple[tuple[tuple[int, Message], ...], ...],
 
     Raises P2PError naming the pair and the first mismatch when a rank consumes a message
     its peer never sends it, or a rank sends a message its peer never consumes."""
-    return _plan(s, *_walk(s))
+    return _produced_and_plan(s)[1]
+
+
+def _produced_and_plan(s: Schedule) -> tuple[list[list[tuple[int, Message] | None]],
+                                             tuple[tuple[tuple[tuple[int, Message], ...], ...], ...]]:
+    """(``_walk``'s per-action sends, :func:`send_plan`) of ``s``, computed once per
+    schedule object and kept in its ``__dict__`` beside ``_validated`` (a frozen
+    schedule's actions never change; ``check_p2p`` of a schedule that does not send in
+    action order computes both already)."""
+    got = s.__dict__.get("_p2p_plan")
+    if got is None:
+        sends, consumes, produced = _walk(s)
+        got = (produced, _plan(s, sends, consumes, produced))
+        s.__dict__["_p2p_plan"] = got
+    return got
 
 
 def _issued(plan: tuple[tuple[tuple[tuple[int, Message], ...], ...], ...]) -> dict[Pair, tuple[Message, ...]]:
@@ -306,9 +320,12 @@ def check_p2p(s: Schedule) -> None:
     (:func:`consumption_order`): the same messages, in the same order. Raises P2PError
     naming the pair and the first mismatch."""
     if _sends_match_consumption(s):  # every rank can send in its own action order
+        s.__dict__["_p2p_in_order"] = True
         return
     sends, consumes, produced = _walk(s)
-    issued = _issued(_plan(s, sends, consumes, produced))
+    plan = _plan(s, sends, consumes, produced)
+    s.__dict__["_p2p_plan"] = (produced, plan)
+    issued = _issued(plan)
     for pair in sorted(set(issued) | set(consumes)):
         a, b = issued.get(pair, ()), _messages(consumes.get(pair, ()))
         i = _first_difference(a, b)
@@ -323,8 +340,9 @@ def max_deferred(s: Schedule) -> int:
     """The most messages any rank holds back at once under :func:`send_plan` (produced, not
     yet sent because its peer consumes another one first); 0 when every rank sends in its
     own action order."""
-    _, _, produced = _walk(s)
-    plan = send_plan(s)
+    if s.__dict__.get("_p2p_in_order"):  # check_p2p found every rank sending in action order
+        return 0
+    produced, plan = _produced_and_plan(s)
     worst = 0
     for r, row in enumerate(produced):
         held = 0
