@@ -286,9 +286,9 @@ def tune_cmd(
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
     cheapest cluster size and its plan).
 
-    MODEL is a built-in model name, a Hugging Face config.json or its folder; CLUSTER a catalog
-    name or a cluster YAML file. The strategy options (--tp, --pp, ... and their Megatron-LM
-    spellings) pin their knob, as --fix does; the rest is searched."""
+    MODEL is a built-in model name, a Hugging Face config.json file or its folder; CLUSTER a
+    catalog name or a cluster YAML file. The strategy options (--tp, --pp, ... and their
+    Megatron-LM spellings) pin their knob, as --fix does; the rest is searched."""
     import optuna
 
     from tuner.search import MEMORY, search
