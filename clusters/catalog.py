@@ -20,8 +20,9 @@ def catalog_spec(name: str) -> ClusterSpec:
     """The validated spec of catalog entry ``name``; ``UnknownClusterError`` if none."""
     path = CATALOG_DIR / f"{name}.yaml"
     if not path.is_file():
+        what = "a directory, not a cluster YAML file," if name and Path(name).is_dir() else "not a file"
         raise UnknownClusterError(
-            f"unknown cluster {name!r}: not a file and not in the catalog "
+            f"unknown cluster {name!r}: {what} and not in the catalog "
             f"({', '.join(list_catalog())})"
         )
     return load_spec_file(path)
@@ -35,8 +36,6 @@ def load_cluster(name_or_path: str | Path, num_nodes: int | None = None) -> Clus
     ``ClusterError`` for ``num_nodes < 1`` -- all one-line ``ValueError``s."""
     text = str(name_or_path)
     path = Path(text)
-    if path.is_dir():
-        raise UnknownClusterError(f"cluster {text!r} is a directory, not a cluster YAML file")
     looks_like_path = path.suffix in (".yaml", ".yml") or "/" in text or path.is_file()
     spec = load_spec_file(path) if looks_like_path else catalog_spec(text)
     nodes = spec.cluster.num_nodes.value if num_nodes is None else num_nodes

@@ -481,6 +481,8 @@ def load_spec_file(path: str | Path) -> ClusterSpec:
     time these bytes were read at this path). Raises ``ClusterSpecError`` (one line) for a
     missing file, a YAML syntax error or an invalid spec."""
     p = Path(path)
+    if p.is_dir():
+        raise ClusterSpecError(f"cluster file {p} is a directory, not a cluster YAML file")
     if not p.is_file():
         raise ClusterSpecError(f"cluster file not found: {p}")
     size = p.stat().st_size

@@ -149,10 +149,15 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
         if experts is None:
             raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
                                    "experts (expert parallelism needs a mixture-of-experts model)")
-        if not any(cfg.is_moe_layer(i) for i in range(source.num_layers)):
+        n = source.num_layers
+        if not any(cfg.is_moe_layer(i) for i in range(n)):
+            deeper = range(n, n + cfg.moe_layer_step + max(cfg.dense_layers, default=0) + 1)
+            why = (f"--layers {n} keeps only layers the config makes dense"
+                   if any(cfg.is_moe_layer(i) for i in deeper)  # a deeper layer would route
+                   else "mlp_only_layers / decoder_sparse_step leave every layer dense")
             raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
-                                   f"mixture-of-experts layer in its {source.num_layers} layers "
-                                   "(mlp_only_layers / decoder_sparse_step leave every layer dense)")
+                                   f"mixture-of-experts layer in its {n} layer{'s' if n > 1 else ''} "
+                                   f"({why})")
         if experts % s.ep:
             raise PlanProgramError(f"strategy field 'ep' = {s.ep} does not divide model "
                                    f"{cfg.name!r} num_experts = {experts}")

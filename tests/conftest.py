@@ -36,22 +36,31 @@ def once_per_run(tmp_path_factory, name: str, make) -> pathlib.Path:
     """``make(folder)`` run once per test run, its folder shared by the xdist workers: the
     first worker to ask makes it under the run's temporary root (``pytest-N``, above each
     worker's ``popen-gwK``) while holding a lock; the others wait and reuse it (the
-    pattern of pytest-xdist's docs, with ``fcntl``). Without xdist: made in the process's
-    own temporary folder."""
+    pattern of pytest-xdist's docs, with ``fcntl``). A ``make`` that fails leaves a
+    ``.failed`` mark, so the other workers fail at once instead of repeating it. Without
+    xdist (no worker id, or a temporary folder that is not the worker's ``popen-gwK``):
+    made in the process's own temporary folder, never shared with another run."""
     import fcntl
     import os
 
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    base, worker = tmp_path_factory.getbasetemp(), os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or base.name != f"popen-{worker}":
         folder = tmp_path_factory.mktemp(name)
         make(folder)
         return folder
-    root = tmp_path_factory.getbasetemp().parent
-    folder, done = root / name, root / f"{name}.done"
+    root = base.parent
+    folder, done, failed = root / name, root / f"{name}.done", root / f"{name}.failed"
     with (root / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if failed.exists():
+            pytest.fail(f"{name} failed in another worker: {failed.read_text()}")
         if not done.exists():
             folder.mkdir(exist_ok=True)
-            make(folder)
+            try:
+                make(folder)
+            except BaseException as e:
+                failed.write_text(f"{type(e).__name__}: {e}"[:2000])
+                raise
             done.write_text("")
     return folder
 

@@ -126,3 +126,30 @@ def test_help_shows_the_limits_values_not_their_names():
     root = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
     assert "Simulate one pipeline step of a schedule from given stage times." in root
     assert "MAX_" not in root
+
+
+def test_writable_file_checks_the_file_it_would_write(tmp_path):
+    """calibrate's --output check: an existing file is judged by its own permission (a
+    writable file in a read-only folder is fine), a new one by its folder's; an empty name,
+    a folder, a missing folder are refused naming the flag."""
+    import os
+
+    import pytest
+
+    from meshplan.commands.options import writable_file
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "existing.yaml").write_text("x")
+    os.chmod(ro, 0o555)
+    try:
+        writable_file("--output", str(ro / "existing.yaml"))  # rewritten in place: allowed
+        if os.geteuid() != 0:  # root may write anywhere: os.access says so
+            with pytest.raises(ValueError, match="cannot create a file in"):
+                writable_file("--output", str(ro / "new.yaml"))
+    finally:
+        os.chmod(ro, 0o755)
+    for bad, needle in (("", "--output is empty"), (str(tmp_path), "is a directory"),
+                        (str(tmp_path / "no" / "x.yaml"), "does not exist")):
+        with pytest.raises(ValueError, match=needle):
+            writable_file("--output", bad)

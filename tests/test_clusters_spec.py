@@ -186,9 +186,14 @@ def test_unknown_catalog_name_and_missing_file():
         load_cluster("nowhere/x.yaml")
 
 
-def test_a_directory_is_not_a_cluster_file(tmp_path):
-    with pytest.raises(UnknownClusterError, match=f"cluster '{tmp_path}' is a directory"):
+def test_a_directory_is_not_a_cluster_file(tmp_path, monkeypatch):
+    """A path to a folder is named as one; a catalog name is the catalog's even where the
+    working directory holds a folder of that name."""
+    with pytest.raises(ClusterSpecError, match=f"cluster file {tmp_path} is a directory"):
         load_cluster(tmp_path)
+    (tmp_path / "dgx-h100").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_cluster("dgx-h100").name == "dgx-h100"
 
 
 def test_bad_num_nodes_and_dtype():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,8 @@ EXTRA: dict[tuple[str, ...], list[tuple[str, str | None]]] = {
 def _shared_calibration(argv: list[str]) -> str | None:
     """FILE when ``argv`` is ``calibrate --nproc 2 --quick --output FILE`` (any order): the
     run's shared calibration (tests/conftest.py ``quick_calibration`` runs exactly that
-    command once), whose YAML the runner copies to FILE; else None."""
+    command once), whose YAML the runner copies to FILE (its ``name`` set to FILE's stem,
+    as calibrate sets it); else None."""
     if argv[:1] != ["calibrate"]:
         return None
     rest, out = list(argv[1:]), None
@@ -117,7 +117,9 @@ def _run_block(block: str, tmp: Path, monkeypatch, capsys, calibrated: Path | No
         assert args[0] == "meshplan", f"README line this test cannot run: {line!r}"
         argv = [_absolute(a) for a in _fast(args)][1:]
         if calibrated is not None and _shared_calibration(argv):
-            shutil.copyfile(calibrated, _shared_calibration(argv))
+            out = Path(_shared_calibration(argv))  # named after its file, as calibrate names it
+            out.write_text(re.sub(r"^name: .*$", f"name: {out.stem}", calibrated.read_text(),
+                                  count=1, flags=re.M))
             ran.append(line)
             continue
         rc = main(argv)

@@ -47,7 +47,7 @@ def test_ep_layout_rule_names_the_numbers():
     assert L.ep_layout(Candidate(8, 1, 1, ep=4), p) is None
     assert "ep=8 must divide dp=8 and num_experts=60" in L.ep_layout(Candidate(8, 1, 1, ep=8), p)
     assert "needs cp=1 and ZeRO <= 1" in L.ep_layout(Candidate(8, 1, 1, zero=2, ep=2), p)
-    assert "has no experts" in L.ep_layout(Candidate(8, 1, 1, ep=2), _space(DENSE).problem)
+    assert "has no mixture-of-experts layer" in L.ep_layout(Candidate(8, 1, 1, ep=2), _space(DENSE).problem)
 
 
 @settings(max_examples=30, deadline=None)
@@ -82,14 +82,17 @@ def test_a_config_whose_experts_no_layer_uses_is_dense_and_ep_is_refused(tmp_pat
     f.write_text(json.dumps(raw))
     cfg = get_model_config(f)
     assert cfg.num_experts == 8 and ModelDims.of(cfg).num_experts == 0
-    with pytest.raises(SpaceError, match="--fix: ep=2 but model .* has no experts in any layer"):
+    with pytest.raises(SpaceError, match="--fix: ep=2 but model .* has no mixture-of-experts layer"):
         _space(ModelDims.of(cfg), fix={"ep": 2})
-    with pytest.raises(SpaceError, match="has no experts in any layer"):
+    with pytest.raises(SpaceError, match="has no mixture-of-experts layer"):
         _space(DENSE, fix={"ep": 2})
     source = resolve_model(str(f), 512)
     with pytest.raises(PlanProgramError, match="'ep' = 4: .* no mixture-of-experts layer in its 2 layers"):
         check_plan(source, Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
-    raw["mlp_only_layers"] = [0]  # layer 1 routes: ep stays legal
+    raw["mlp_only_layers"] = [0]  # layer 1 routes; --layers 1 keeps only the dense layer 0
     f.write_text(json.dumps(raw))
+    with pytest.raises(PlanProgramError, match="in its 1 layer [(]--layers 1 keeps only layers the config"):
+        check_plan(resolve_model(str(f), 512, num_layers=1),
+                   Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
     check_plan(resolve_model(str(f), 512), Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
     assert ModelDims.of(get_model_config(f)).num_experts == 8

@@ -195,7 +195,7 @@ def ep_layout(c: Candidate, p: SearchProblem) -> str | None:
         return None
     e = p.model.num_experts
     if e <= 1:
-        return f"ep={c.ep}: model {p.model.name} has no experts in any layer"
+        return f"ep={c.ep}: model {p.model.name} has no mixture-of-experts layer (of more than one expert)"
     if c.dp % c.ep or e % c.ep:
         return f"ep={c.ep} must divide dp={c.dp} and num_experts={e}"
     if c.cp > 1 or c.zero > 1:

@@ -331,7 +331,7 @@ class SearchSpace:
         _check_fix(self.fix, self.problem.world_size)
         if self.fix.get("ep", 1) > 1 and self.problem.model.num_experts <= 1:
             raise SpaceError(f"--fix: ep={self.fix['ep']} but model {self.problem.model.name} has no "
-                             "experts in any layer")
+                             "mixture-of-experts layer (of more than one expert)")
         layers = self.problem.model.num_layers
         if "pp" in self.fix and self.fix["pp"] > layers:
             raise SpaceError(f"--fix: pp={self.fix['pp']} exceeds the model's {layers} layers")

@@ -8,6 +8,7 @@ prints it as one ``error: ...`` line and exits with code 2. The tables are
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import typer
@@ -47,11 +48,11 @@ MAX_RANKS = 2**20
 def parse_nbytes(text: str) -> float:
     """``"1GiB"``, ``"64MiB"``, ``"4096"``, ``"1e6"`` -> bytes (may be negative; the cost
     model rejects that with a message naming the value). Raises ClusterError naming
-    ``--nbytes`` for text that is no size, or a size that is not finite or above
-    :data:`MAX_NBYTES`."""
+    ``--nbytes`` for text that is no size, a size in bits (a lowercase ``b``: ``64Mb``), or a
+    size that is not finite or above :data:`MAX_NBYTES`."""
     from clusters import ClusterError
 
-    if text.strip().endswith("b"):  # Mb, Gib: bits, an eighth of the bytes the digits say
+    if re.fullmatch(r"\s*[\d.eE+-]+\s*([kKmMgG]i?)?b\s*", text):  # 64Mb, 1Gib: bits
         raise ClusterError(f"invalid --nbytes {text!r}: a lowercase b means bits; write bytes "
                            f"like 64MB (10^6) or 64MiB (2^20)")
     t = text.strip().upper()
@@ -146,7 +147,7 @@ def show_cmd(
 def time_cmd(
     name: str = NAME_ARG,
     kind: str = typer.Argument(..., help=f"One of: {', '.join(KINDS)}."),
-    nbytes: str = typer.Option("1GiB", "--nbytes", help="Buffer size (nccl-tests), e.g. 64MiB."),
+    nbytes: str = typer.Option("1GiB", "--nbytes", help="Buffer size in bytes (nccl-tests), e.g. 64MiB or 64MB; not bits (64Mb)."),
     ranks: str = typer.Option(None, "--ranks", help="Group, e.g. 0-7 or 0,8 (default: all)."),
     nodes: int = NODES_OPT,
     as_json: bool = JSON_OPT,

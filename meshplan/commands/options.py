@@ -303,13 +303,19 @@ def writable_file(flag: str, path: str) -> None:
     (ValueError naming ``flag`` and the path)."""
     import os
 
+    if not path.strip():
+        raise ValueError(f"{flag} is empty; give a file name")
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    if os.path.exists(path):  # rewritten in place: the file's own permission decides
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {path!r}: this user cannot write it")
+        return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"{flag} {path!r}: its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValueError(f"{flag} {path!r}: this user cannot write it")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: this user cannot create a file in {folder}")
 
 
 def distinct_outputs(paths: dict[str, str | None]) -> None:
