@@ -144,6 +144,21 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
     ContextParallelError for a cp the model cannot take)."""
     cfg, s = source.config, strategy
     check_context_parallel(source, s)
+    if s.vpp > 1 and s.pp == 1:  # Megatron-LM refuses interleaving without a pipeline too
+        raise PlanProgramError(f"strategy field 'vpp' = {s.vpp} needs pp > 1: interleaving splits "
+                               "each pipeline rank's layers into chunks, and pp = 1 has no pipeline")
+    routing = [f for f, on in (("moe_capacity_factor", s.moe_capacity_factor is not None),
+                               ("moe_load_imbalance", s.moe_load_imbalance != 1.0)) if on]
+    if routing and cfg is not None and not any(cfg.is_moe_layer(i) for i in range(source.num_layers)):
+        raise PlanProgramError(f"strategy field {routing[0]!r} is set but model {source.name!r} has "
+                               "no mixture-of-experts layer to route")
+    if s.moe_load_imbalance != 1.0 and cfg is not None and cfg.num_experts:
+        most = cfg.num_experts / cfg.experts_per_token  # every token on the busiest expert
+        if s.moe_load_imbalance > most:
+            raise PlanProgramError(f"strategy field 'moe_load_imbalance' = {s.moe_load_imbalance:g} "
+                                   f"is above num_experts / top-k = {cfg.num_experts} / "
+                                   f"{cfg.experts_per_token} = {most:g} (the busiest expert cannot "
+                                   "get more than every token)")
     if s.ep > 1:
         experts = cfg.num_experts if cfg is not None else None
         if experts is None:

@@ -188,10 +188,26 @@ class Plan:
         return replace(plan, model=_beside(plan.model, p), cluster=_beside(plan.cluster, p))
 
 
+def _model_folder(ref: str) -> bool:
+    """Whether ``ref`` names a Hugging Face model folder (a directory holding a
+    ``config.json``) rather than a built-in model (a catalog name wins, as it does in
+    ``completion.get_model_config``)."""
+    from completion.models.catalog import MODEL_CATALOG
+
+    return (ref not in MODEL_CATALOG and ref.lower() not in MODEL_CATALOG
+            and (Path(ref) / "config.json").is_file())
+
+
 def _from_plan_dir(ref: str, plan_path: Path) -> str:
     """``ref`` as :meth:`Plan.save` writes it: a relative file path that exists from the
-    working directory, relative to the plan file's folder; anything else as written."""
-    if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute() or not Path(ref).exists():
+    working directory, or a model folder, relative to the plan file's folder (a folder
+    with a trailing ``/``, which marks it a path when the plan is read); anything else
+    as written."""
+    if not ref.endswith(_FILE_SUFFIXES) and not ref.endswith("/") and _model_folder(ref):
+        if Path(ref).is_absolute():
+            return ref
+        return os.path.relpath(os.path.abspath(ref), os.path.abspath(plan_path.parent)) + "/"
+    if not ref.endswith((*_FILE_SUFFIXES, "/")) or Path(ref).is_absolute() or not Path(ref).exists():
         return ref
     # absolute paths without following links: a Hugging Face snapshot's config.json is a
     # link to a blob without a .json name, and the link's own name is what reads as a file
@@ -203,7 +219,7 @@ def _beside(ref: str, plan_path: Path) -> str:
     is taken from the plan file's folder when it exists there (:meth:`Plan.save` writes it
     so; a plan and its config.json travel together), else as written (a plan written by
     hand with a path from the working directory); names and absolute paths are kept."""
-    if not ref.endswith(_FILE_SUFFIXES) or Path(ref).is_absolute():
+    if not ref.endswith((*_FILE_SUFFIXES, "/")) or Path(ref).is_absolute():
         return ref
     for folder in (plan_path.parent, plan_path.resolve().parent):  # as named, then a link's target
         near = folder / ref

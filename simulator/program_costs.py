@@ -111,7 +111,8 @@ class ProgramCosts:
             representative program has one).
         model_flops: per block key ("pre", model layer index, "post") the model FLOPs of
             F + B + W of one micro-batch over every dp replica; ``("recompute", i)`` the
-            forward FLOPs that recompute re-runs for layer i.
+            forward FLOPs that recompute re-runs for layer i; ``("padding", i)`` the expert
+            op FLOPs on padded slots (executed, not model FLOPs: :func:`_slot_factor`).
         boundary_bytes: bytes of the activation a layer hands to the next (the pipeline p2p
             message per micro-batch, local shard of rank 0).
         loss: the loss's local logits and the bytes per element the program saves for them
@@ -158,8 +159,9 @@ class ProgramCosts:
                        if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}
         for i, key in enumerate(keys):  # every model layer, even when one stands for all
             model_flops[i] = flops.get(key, 0.0)
-            if ("recompute", key) in flops:
-                model_flops[("recompute", i)] = flops[("recompute", key)]
+            for kind in ("recompute", "padding"):
+                if (kind, key) in flops:
+                    model_flops[(kind, i)] = flops[(kind, key)]
         loss = loss_logits(prog)
         acts = framework_activations(merged_activations(prog, s.recompute, moe_unsaved(profile)),
                                      loss, profile)
@@ -191,6 +193,7 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
     selects: all for ``full``, the attention core for ``selective``)."""
     names = frozenset(p.name for p in prog.parameters() if p.name)
     rec = recomputed_ops(prog.ops, blocks, recompute)
+    slots = expert_slot_factors(prog)
     out: dict[Any, float] = {}
     for op in prog.ops:
         blk = blocks.get(id(op))
@@ -198,10 +201,36 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
             continue
         fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
                  if k.phase in PHASES) * replicas
+        f = _slot_factor(op, slots)
+        if f != 1.0:  # an op on padded expert slots: the model's share is 1 / f of it
+            out[("padding", blk)] = out.get(("padding", blk), 0.0) + fl * (1.0 - 1.0 / f)
+            fl /= f
         out[blk] = out.get(blk, 0.0) + fl
         if id(op) in rec:
             out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
     return out
+
+
+def expert_slot_factors(prog: Program) -> dict[str, float]:
+    """Per mixture-of-experts block (the ``struct_name`` of its ``moe_dispatch``) the slot
+    factor its experts were built with (``ModelConfig.expert_slot_factor``: capacity factor
+    or load imbalance, ``completion.ops.moe``); factor-1 blocks are left out."""
+    return {op.struct_name: float(op.attrs.get("capacity_factor", 1.0)) for op in prog.ops
+            if op.type == "moe_dispatch" and float(op.attrs.get("capacity_factor", 1.0)) != 1.0}
+
+
+def _slot_factor(op: Any, slots: dict[str, float]) -> float:
+    """The slot factor of an op on expert-major slots (its struct name is a dispatch's in
+    ``slots`` or below it: dispatch, expert GEMMs and activation, combine and their
+    gradients), else 1. Model FLOPs count the routed tokens (b s k per layer, Megatron-LM's
+    ``num_floating_point_operations``), not the slots each expert is padded to (every
+    expert sized like the busiest, or to its capacity), which the kernels execute: MFU must
+    not rise with an imbalance that only adds padding."""
+    name = op.struct_name or ""
+    for prefix, f in slots.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return f
+    return 1.0
 
 
 def framework_activations(acts: StageActivations, loss: LossLogits, profile: Any) -> StageActivations:

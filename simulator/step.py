@@ -343,7 +343,7 @@ class StepModel:
         step = crit["finish"]
         gflops = self.costs.model_flops
         mflops = c.num_microbatches * sum(v for k, v in gflops.items() if not isinstance(k, tuple))
-        rec = c.num_microbatches * sum(v for k, v in gflops.items() if isinstance(k, tuple))
+        rec = c.num_microbatches * sum(v for k, v in gflops.items() if isinstance(k, tuple))  # + padding
         world = c.dp * c.tp * c.pp
         return StepResult(
             step_time=step, tokens_per_s=c.tokens_per_step / step,

@@ -74,3 +74,30 @@ def test_bad_routing_fields_are_refused_naming_them():
         Strategy(moe_capacity_factor=-1.0)
     with pytest.raises(StrategyError, match="'moe_load_imbalance' must be a number in"):
         Strategy(moe_load_imbalance=True)
+
+
+def test_padding_is_executed_not_model_flops_and_impossible_loads_are_refused(tiny):
+    """An imbalance f pads every expert to the busiest's load: the kernels run f x the
+    routed rows (executed FLOPs, and the step, grow) while the model FLOPs stay the routed
+    tokens' (b s k per layer), so MFU falls instead of rising. TINY (E 4, top-2) at s 32:
+    C = ceil(32 * 2 / 4) = 16 slots, 32 at f = 2; the expert GEMMs' forward model FLOPs per
+    layer 3 x 2 x (E 4 x 16 rows) x 64 x 32 = 786,432 either way. f above E / k = 2 (more
+    than every token on one expert) and routing options on a dense model are refused."""
+    from completion.plan_program import PlanProgramError, check_plan
+    from meshplan import Engine
+
+    runs = {}
+    for f in (1.0, 2.0):
+        s = Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4, moe_load_imbalance=f)
+        runs[f] = Engine(tiny, "dgx-h100", s, seq_len=32).simulate()
+    even, busy = runs[1.0], runs[2.0]
+    assert busy.model_flops == pytest.approx(even.model_flops, rel=1e-12)
+    assert busy.executed_flops > even.executed_flops and busy.step_time > even.step_time
+    assert busy.mfu < even.mfu
+    assert 3 * 2 * (4 * 16) * 64 * 32 == 786_432
+    src = resolve_model(tiny, 32)
+    with pytest.raises(PlanProgramError, match="'moe_load_imbalance' = 2.5 is above num_experts / top-k = 4 / 2 = 2"):
+        check_plan(src, Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4, moe_load_imbalance=2.5))
+    with pytest.raises(PlanProgramError, match="'moe_capacity_factor' is set but model 'llama2-7b' has no"):
+        check_plan(resolve_model("llama2-7b", 32, num_layers=1),
+                   Strategy(micro_batch_size=1, global_batch_size=1, moe_capacity_factor=1.25))

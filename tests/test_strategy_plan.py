@@ -299,6 +299,23 @@ def test_a_saved_plan_finds_its_config_and_cluster_from_any_directory(tmp_path, 
     Plan("llama2-7b", str(tmp_path / "cfg" / "mine.yaml"), s).save(tmp_path / "abs.json")
     raw = (tmp_path / "abs.json").read_text()
     assert '"model": "llama2-7b"' in raw and f'"cluster": "{tmp_path / "cfg" / "mine.yaml"}"' in raw
+    # a Hugging Face model folder (holding config.json) is a path too, marked by a final /;
+    # a folder named like a built-in model stays the built-in name (the catalog wins)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(cfg, tmp_path / "cfg" / "config.json")
+    Plan("cfg", "dgx-h100", s).save(Path("run") / "folder.json")
+    assert '"model": "../cfg/"' in (tmp_path / "run" / "folder.json").read_text()
+    monkeypatch.chdir("/")
+    from completion import get_model_config
+
+    plan = Plan.load(tmp_path / "run" / "folder.json")
+    assert Path(plan.model).resolve() == (tmp_path / "cfg").resolve()
+    assert get_model_config(plan.model).num_layers == 2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama2-7b").mkdir()
+    shutil.copy(cfg, tmp_path / "llama2-7b" / "config.json")
+    Plan("llama2-7b", "dgx-h100", s).save(Path("run") / "name.json")
+    assert '"model": "llama2-7b"' in (tmp_path / "run" / "name.json").read_text()
 
 
 def test_links_keep_their_names_and_a_linked_plan_finds_its_files(tmp_path, monkeypatch):
