@@ -594,3 +594,25 @@ def test_torchrun_command_keeps_one_rank_per_gpu(tmp_path, capsys):
     assert "32 ranks a node, but a node of cluster 'dgx-a100-80g' has 8 GPUs (one rank each); use --nnodes 4" in line
     code, out, _ = run_main(capsys, "validate", str(p), "--launcher", "torchrun", "--nnodes", "4")
     assert code == 0 and "--nnodes 4 --nproc-per-node 8" in out
+
+
+def test_output_paths_it_cannot_write_are_one_line_naming_the_option(tmp_path, capsys):
+    """export -o on a folder, under a file, on a full device; tune --output on a file: one
+    `error:` line naming --output (they printed the bare errno text: "Is a directory: adir")."""
+    from tests._cli import one_line_error, run_main
+
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    base = ["export", "--to", "megatron", "-m", "llama2-7b", "--cluster", "dgx-h100", "--dp", "8",
+            "--global-batch", "8", "-o"]
+    cases = [(str(tmp_path / "adir"), "is a directory; give a file name"),
+             (str(tmp_path / "afile" / "x"), "a file is in the way of the folder it needs")]
+    if Path("/dev/full").exists():
+        cases.append(("/dev/full", "cannot write it: No space left on device"))
+    for out, needle in cases:  # (a note on the plan's memory may come first)
+        rc, _, err = run_main(capsys, *base, out)
+        line = err.strip().splitlines()[-1]
+        assert rc == 2 and "Traceback" not in err and line.startswith("error: --output ") and needle in line, err
+    line = one_line_error(*run_main(capsys, "tune", "-m", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--global-batch", "8", "--trials", "2", "--output", str(tmp_path / "afile")))
+    assert "--output" in line and "a file is in the way" in line

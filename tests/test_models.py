@@ -216,3 +216,19 @@ def test_bad_names_and_arguments():
         MODEL_CATALOG["llama2-7b"].replace(num_kv_heads=5)
     with pytest.raises(ValueError, match="dtype"):
         build_model("llama2-7b", 1, seq_len=8, dtype="int8", num_layers=1)
+
+
+def test_a_config_saved_under_another_name_is_read_as_json_not_as_a_program(tmp_path):
+    """`cost`, `compare` and `export` tell a program text from a config by its name: a
+    config.json saved as `cfg` or `cfg.JSON` was parsed as PIR ("expected '('"). JSON text
+    (opening with `{`) is a config whatever its name; a .pir file stays a program."""
+    from completion.models.source import is_program_path, resolve_model
+
+    raw = {"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": 96, "vocab_size": 100, "max_position_embeddings": 64}
+    for name in ("cfg", "cfg.JSON", "cfg.txt"):
+        (tmp_path / name).write_text("\n  " + json.dumps(raw))
+        assert not is_program_path(tmp_path / name)
+        assert resolve_model(str(tmp_path / name), 32).config.num_layers == 3
+    (tmp_path / "p.txt").write_text("(%0) = \"builtin.parameter\" () {}\n")
+    assert is_program_path(tmp_path / "p.txt") and is_program_path(tmp_path / "x.pir")

@@ -144,3 +144,23 @@ def test_parameter_count_closed_form(e, k, step, f):
     moe = sum(1 for i in range(4) if (i + 1) % step == 0)
     want = 4 * 12_448 + (4 - moe) * 3 * 64 * 128 + moe * (64 * e + e * 3 * 64 * f) + 2 * 256 * 64 + 64
     assert _params(cfg) == want
+
+
+def test_a_qwen2_moe_config_without_its_shared_expert_width_says_so():
+    """transformers' Qwen2MoeConfig would build a shared expert of its default width where
+    the key is absent; meshplan costs none and says so (0 says "none" without a warning)."""
+    import json
+    import pathlib
+    import warnings
+
+    from completion.models import ModelConfigWarning
+    from completion.models.hf_config import config_from_hf_dict
+
+    raw = json.loads((pathlib.Path(__file__).parent / "data" / "hf_configs" / "qwen1.5-moe-a2.7b.json").read_text())
+    assert config_from_hf_dict(dict(raw)).shared_expert_ffn_hidden_size == 5632
+    raw.pop("shared_expert_intermediate_size")
+    with pytest.warns(ModelConfigWarning, match="'shared_expert_intermediate_size' is absent: costed without"):
+        assert config_from_hf_dict(dict(raw)).shared_expert_ffn_hidden_size is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ModelConfigWarning)
+        assert config_from_hf_dict({**raw, "shared_expert_intermediate_size": 0}).shared_expert_ffn_hidden_size is None

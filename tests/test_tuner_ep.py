@@ -96,3 +96,13 @@ def test_a_config_whose_experts_no_layer_uses_is_dense_and_ep_is_refused(tmp_pat
                    Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
     check_plan(resolve_model(str(f), 512), Strategy(dp=8, ep=4, micro_batch_size=1, global_batch_size=8))
     assert ModelDims.of(get_model_config(f)).num_experts == 8
+
+
+def test_a_pinned_ep_that_does_not_divide_the_experts_is_refused_up_front():
+    import pytest
+
+    from tuner.space import SpaceError
+
+    with pytest.raises(SpaceError, match="--fix: ep=8 does not divide the model's 60 experts"):
+        _space(MOE, fix={"ep": 8})
+    assert _space(MOE, fix={"ep": 4}).ep_choices(8, 1, 0) == [4]

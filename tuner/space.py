@@ -329,9 +329,13 @@ class SearchSpace:
             if k not in FIXABLE:
                 raise SpaceError(f"search space: cannot fix unknown knob {k!r}")
         _check_fix(self.fix, self.problem.world_size)
-        if self.fix.get("ep", 1) > 1 and self.problem.model.num_experts <= 1:
-            raise SpaceError(f"--fix: ep={self.fix['ep']} but model {self.problem.model.name} has no "
+        ep, experts = self.fix.get("ep", 1), self.problem.model.num_experts
+        if ep > 1 and experts <= 1:
+            raise SpaceError(f"--fix: ep={ep} but model {self.problem.model.name} has no "
                              "mixture-of-experts layer (of more than one expert)")
+        if ep > 1 and experts % ep:
+            raise SpaceError(f"--fix: ep={ep} does not divide the model's {experts} experts "
+                             "(each expert-parallel rank holds an equal share)")
         layers = self.problem.model.num_layers
         if "pp" in self.fix and self.fix["pp"] > layers:
             raise SpaceError(f"--fix: pp={self.fix['pp']} exceeds the model's {layers} layers")

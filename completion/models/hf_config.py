@@ -280,6 +280,10 @@ def _moe_fields(raw: dict[str, Any], name: str, spec: HFModelType, layers: Any) 
     if m.shared_key is not None and raw.get(m.shared_key):
         out["shared_expert_ffn_hidden_size"] = _int_key(raw, name, m.shared_key, 1)
         out["shared_expert_gate"] = True
+    elif m.shared_key is not None and m.shared_key not in raw:  # 0 / null say "none" in words
+        warnings.warn(f"{name}: {m.shared_key!r} is absent: costed without a shared expert "
+                      f"(transformers' own default would build one; write {m.shared_key}: 0 "
+                      "to say there is none, or its width)", ModelConfigWarning, stacklevel=3)
     if m.step_key is not None:
         out["moe_layer_step"] = _int_key(raw, name, m.step_key, 1, default=1)
     if m.dense_layers_key is not None:

@@ -120,12 +120,22 @@ def read_program_file(path: str | Path) -> Program:
 
 
 def is_program_path(model: Any) -> bool:
-    """True when ``model`` names a PIR program text (``*.pir``, or an existing file that is
-    not a ``.json`` config)."""
+    """True when ``model`` names a PIR program text: ``*.pir``, or an existing file that is
+    not a JSON config (a ``.json`` name in any case, or text that opens with ``{``, as a
+    config.json saved under another name does)."""
     if not isinstance(model, (str, Path)):
         return False
     path = Path(str(model))
-    return path.suffix == ".pir" or (path.is_file() and path.suffix != ".json")
+    if path.suffix.lower() == ".pir":
+        return True
+    if not path.is_file() or path.suffix.lower() == ".json":
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096).lstrip()
+    except OSError:
+        return True  # the program reader names what is wrong with it
+    return not head.startswith(b"{")
 
 
 def resolve_model(model: Any, seq_len: int | None = None, example_inputs: Any = None,

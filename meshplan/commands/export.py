@@ -126,8 +126,10 @@ def export_cmd(
         typer.echo(f"note: {note}", err=True)
     if output:
         path = Path(output)
+        if path.is_dir():
+            raise ValueError(f"--output {output!r} is a directory; give a file name")
         opt.ensure_dir(path.parent)
-        path.write_text(out.text)
+        opt.write_output("--output", output, lambda: path.write_text(out.text))
         typer.echo(f"wrote {path} ({to.value}, {len(out.notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)

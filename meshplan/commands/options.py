@@ -343,17 +343,23 @@ def write_output(flag: str, path: str, write: Any) -> None:
         raise ValueError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
 
 
-def ensure_dir(path: Any) -> None:
+def ensure_dir(path: Any, flag: str = "--output") -> None:
     """Create directory ``path`` (and its missing parents) when it does not exist, saying so
     in one line ``created DIR`` on stderr (stdout stays the command's output, e.g. JSON):
-    commands create directories only where the user asked (an output option) or the
-    documented default, never silently."""
+    commands create directories only where the user asked (an output option, ``flag``) or
+    the documented default, never silently. A file in the way, or a folder that cannot be
+    made, is a ValueError naming ``flag`` and the path."""
     from pathlib import Path
 
     p = Path(path)
     if p.is_dir():
         return
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
     typer.echo(f"created {p}", err=True)
 
 

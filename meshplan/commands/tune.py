@@ -343,7 +343,7 @@ def tune_cmd(
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
     elif storage != MEMORY and "://" not in storage:
-        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent)
+        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
     from meshplan import terminal
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
