@@ -76,6 +76,8 @@ def export_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
+    moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
@@ -108,7 +110,9 @@ def export_cmd(
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
                                 "strategy options")
-        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
+        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep,
+                 "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
+                 "vpp": vpp,
                  "schedule": schedule, "micro_batch_size": micro_batch_size,
                  "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
                  "sequence_parallel": sequence_parallel, "dtype": dtype,
@@ -139,10 +143,12 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
-    pipeline layer split the cost model used when the plan fixes none and the layers do not
-    divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
-    ``get_num_layers_to_build`` refuses that without a layout): what is exported or launched is what was
-    costed, never a layout the framework would refuse at start-up. Returns ``(plan, note)``:
+    pipeline layer split the cost model used when the plan fixes none and that split is not
+    even (``meshplan.validation.predicted_plan``: the cost model balances the stages' time,
+    e.g. [5, 3] for 8 layers on 2 stages beside the embedding and loss, where Megatron-LM's
+    ``get_num_layers_to_build`` would split evenly, and refuses an uneven count without a
+    layout): what is exported or launched is what was costed, never a layout the framework
+    would refuse at start-up. Returns ``(plan, note)``:
     the note (None when it fits) says that the costed peak memory is over the device's limit
     with the default headroom, as ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
@@ -152,7 +158,7 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     engine = Engine.from_plan(plan, None)
     res = engine.step_model().run()
     split = list(res.layers_per_vstage)
-    if sum(split) % len(split) != 0:  # else the framework's own even split runs (its arguments say it)
+    if len(set(split)) > 1:  # an even split is the frameworks' own default (their arguments say it)
         plan = predicted_plan(plan, {"layers_per_vstage": split})
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
     note = None

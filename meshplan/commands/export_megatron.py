@@ -151,6 +151,48 @@ def _grad_args(framework: str, eff: dict[str, Any]) -> list[str]:
     return ["--grad-reduce-in-bf16"] if load_profile(framework).gradients.reduce_dtype.value == "same" else []
 
 
+def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
+    """A mixture-of-experts model's arguments, as meshplan costs it (TransformerConfig
+    fields of Megatron-LM d98e8a64, argparse names by ``ArgumentGroupFactory``): experts,
+    top-k, expert width, shared expert, the MoE layer pattern (``--moe-layer-freq`` as a
+    list), grouped expert GEMMs and the all_to_all dispatcher (Megatron's defaults are
+    per-expert GEMMs and ``allgather``; meshplan costs grouped GEMMs and all_to_all), the
+    aux loss, and a capacity factor with padding to capacity (meshplan's slots are
+    padded). A load imbalance is a costing assumption with no argument (noted). [] for a
+    dense model or a program text."""
+    from completion.models.catalog import get_model_config
+
+    try:
+        cfg = get_model_config(plan.model)
+    except (ValueError, KeyError, FileNotFoundError, OSError, TypeError):
+        return []
+    if not cfg.num_experts:
+        return []
+    layers = plan.num_layers or cfg.num_layers
+    args = ["--num-experts", str(cfg.num_experts), "--moe-router-topk", str(cfg.experts_per_token),
+            "--moe-ffn-hidden-size", str(cfg.expert_ffn_hidden_size), "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type", "alltoall"]
+    pattern = [int(cfg.is_moe_layer(i)) for i in range(layers)]
+    if not all(pattern):
+        args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
+    if cfg.shared_expert_ffn_hidden_size:
+        args += ["--moe-shared-expert-intermediate-size", str(cfg.shared_expert_ffn_hidden_size)]
+    if cfg.router_aux_loss_coef > 0:
+        args += ["--moe-router-load-balancing-type", "aux_loss",
+                 "--moe-aux-loss-coeff", f"{cfg.router_aux_loss_coef:g}"]
+    else:
+        args += ["--moe-router-load-balancing-type", "none"]
+    s = plan.strategy
+    if s.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{s.moe_capacity_factor:g}",
+                 "--moe-pad-expert-input-to-capacity"]
+    if s.moe_load_imbalance != 1.0:
+        notes.append(Note("moe_load_imbalance", f"the busiest expert at {s.moe_load_imbalance:g}x the "
+                                                "mean load is a costing assumption: routing decides it "
+                                                "at run time (no argument)"))
+    return args
+
+
 def export(plan: Any) -> Export:
     """Megatron-LM arguments for ``plan`` (see the module docstring for the mapping). The
     text is one argument per line ending in `` \\`` (shell continuation) after ``#``
@@ -169,6 +211,7 @@ def export(plan: Any) -> Export:
             args += ["--cp-comm-type", CP_COMM_ARGS[eff["cp_comm"]]]
     if eff["ep"] > 1:  # ModelParallelConfig.expert_model_parallel_size
         args += ["--expert-model-parallel-size", str(eff["ep"])]
+    args += _moe_args(plan, notes)
     if eff["recompute"] == "selective-op":
         notes.append(Note("recompute", "torchtitan's op-level selective recompute has no "
                                        "Megatron-LM equivalent; selective recompute (the core "

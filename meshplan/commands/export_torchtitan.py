@@ -133,13 +133,45 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
         par["context_parallel_degree"] = eff["cp"]
         # written always: torchtitan's default is allgather, not the ring
         par["context_parallel_rotate_method"] = ROTATE_METHODS[eff["cp_comm"]]
-    if eff["ep"] > 1:  # torchtitan's MoE expert parallelism (borrowed from the dp ranks)
-        par["expert_parallel_degree"] = eff["ep"]
+    if eff["ep"] > 1:
+        _expert_parallel(eff, notes, par)
     if eff["sequence_parallel"] != (eff["tp"] > 1):
         notes.append(Note("sequence_parallel", "torchtitan's tensor parallelism always shards the "
                                                "norms along the sequence (sequence parallel on "
                                                "iff tp > 1)"))
         eff["sequence_parallel"] = eff["tp"] > 1
+
+
+def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> None:
+    """torchtitan's MoE expert parallelism borrows its ranks from the sparse region
+    ``dp_shard x cp x tp`` and raises unless ep divides it (``ParallelDims`` in
+    torchtitan/distributed/parallel_dims.py at b5bcd76): a plan whose dp replicates (ZeRO 0)
+    is written with its dp as FSDP shards (ZeRO-2, the nearest that torchtitan runs), with
+    a note; an ep that still does not divide is an ExportError. torchtitan has no expert
+    tensor parallelism there: with tp > 1 its experts are split over ranks, not sharded."""
+    from meshplan.commands.export_targets import ExportError
+
+    ep, dp, cp, tp = eff["ep"], eff["dp"], eff["cp"], eff["tp"]
+    sparse = par["data_parallel_shard_degree"] * cp * tp
+    if sparse % ep and eff["zero"] == 0:
+        shard = eff["fsdp_shard_size"] or dp
+        notes.append(Note("zero", f"torchtitan's expert parallelism borrows FSDP ranks (ep {ep} must "
+                                  f"divide dp_shard x cp x tp): dp {dp} is written as FSDP shards "
+                                  f"of {shard} with reshard_after_forward never (ZeRO-2), not "
+                                  "replicated (ZeRO 0)"))
+        eff["zero"] = 2
+        par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = dp // shard, shard
+        par["fsdp_reshard_after_forward"] = "never"
+        sparse = shard * cp * tp
+    if sparse % ep:
+        raise ExportError(f"torchtitan: expert_parallel_degree {ep} must divide dp_shard x cp x tp "
+                          f"= {sparse} (its ParallelDims refuses it at start-up); the plan's HSDP "
+                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}")
+    par["expert_parallel_degree"] = ep
+    if tp > 1:
+        notes.append(Note("ep", f"torchtitan has no expert tensor parallelism: its experts are "
+                                f"split over ep {ep} ranks drawn from dp_shard x cp x tp, while the "
+                                f"plan shards each expert over tp {tp}"))
 
 
 def _activation_checkpoint(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
