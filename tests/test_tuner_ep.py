@@ -106,3 +106,20 @@ def test_a_pinned_ep_that_does_not_divide_the_experts_is_refused_up_front():
     with pytest.raises(SpaceError, match="--fix: ep=8 does not divide the model's 60 experts"):
         _space(MOE, fix={"ep": 8})
     assert _space(MOE, fix={"ep": 4}).ep_choices(8, 1, 0) == [4]
+
+
+def test_tune_pins_ep_by_its_megatron_name_and_reports_it(tmp_path, capsys):
+    """tune takes --ep / --expert-model-parallel-size like --tp (it had only --fix ep=N);
+    the best-plan line and history.csv name ep (and cp)."""
+    import csv
+
+    from tests._cli import run_main
+
+    out = tmp_path / "run"
+    rc, text, err = run_main(capsys, "tune", "-m", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--global-batch", "16",
+                             "--layers", "2", "--seq-len", "1024", "--expert-model-parallel-size", "8",
+                             "--trials", "3", "--output", str(out))
+    assert rc == 0, err
+    assert "best plan: dp=8 tp=1 pp=1 cp=1 ep=8 " in text
+    rows = list(csv.DictReader((out / "history.csv").open()))
+    assert rows and all(r["ep_degree"] == "8" and r["cp_degree"] == "1" for r in rows if r["state"] == "COMPLETE")

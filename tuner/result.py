@@ -30,12 +30,12 @@ HISTORY_COLUMNS = (
     "acc_steps", "sharding_degree", "sharding_stage", "use_recompute", "recompute_granularity",
     "sequence_parallel", "schedule_mode", "annotation", "templates", "time", "tokens_per_s",
     "mfu", "bubble_ratio", "max_mem_usage", "peak_memory_bytes", "memory_limit_bytes",
-    "oom", "feasible", "cached", "pruned_reason", "fp8",
+    "oom", "feasible", "cached", "pruned_reason", "fp8", "cp_degree", "ep_degree",
 )
 #: history columns holding integers (nullable: a pruned trial may have none) and flags
 INT_COLUMNS = ("job_id", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
                "acc_steps", "sharding_degree", "sharding_stage", "max_mem_usage",
-               "peak_memory_bytes", "memory_limit_bytes")
+               "peak_memory_bytes", "memory_limit_bytes", "cp_degree", "ep_degree")
 BOOL_COLUMNS = ("use_recompute", "sequence_parallel", "oom", "feasible", "cached")
 GIB = 1024**3
 
@@ -108,6 +108,7 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
                    recompute_granularity=None if rc == "none" else rc,
                    sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
                    annotation=plan.get("annotation"), fp8=plan.get("fp8") or "none",
+                   cp_degree=plan.get("cp", 1), ep_degree=plan.get("ep", 1),
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
                        if plan.get("annotation_seed") is not None else None))

@@ -100,6 +100,8 @@ def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelC
     if isinstance(name_or_config, ModelConfig):
         return name_or_config
     key = str(name_or_config)
+    if not key.strip():
+        raise ModelConfigError("model name is empty; give a built-in name or a config.json path")
     if key in MODEL_CATALOG:
         return MODEL_CATALOG[key]
     if key.lower() in MODEL_CATALOG:

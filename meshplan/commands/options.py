@@ -201,6 +201,7 @@ DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel deg
 TP_PIN = typer.Option(None, *FLAGS["tp"], min=1, help="Pin the tensor-parallel degree.")
 PP_PIN = typer.Option(None, *FLAGS["pp"], min=1, help="Pin the pipeline stages.")
 CP_PIN = typer.Option(None, *FLAGS["cp"], min=1, help="Pin the context-parallel degree.")
+EP_PIN = typer.Option(None, *FLAGS["ep"], min=1, help="Pin the expert-parallel degree (a MoE model).")
 VPP_PIN = typer.Option(None, *FLAGS["vpp"], min=1, max=MAX_VPP,
                        help="Pin the model chunks per pipeline rank.")
 SCHEDULE_PIN = typer.Option(None, *FLAGS["schedule"], case_sensitive=False, show_choices=False,

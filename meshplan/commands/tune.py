@@ -82,7 +82,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
     s = plan.strategy
-    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} vpp={s.vpp} {s.schedule} "
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "")
+            + f"vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
             + (f"fp8={s.fp8} " if s.fp8 else "") +
@@ -247,6 +248,7 @@ def tune_cmd(
     tp: int | None = opt.TP_PIN,
     pp: int | None = opt.PP_PIN,
     cp: int | None = opt.CP_PIN,
+    ep: int | None = opt.EP_PIN,
     vpp: int | None = opt.VPP_PIN,
     schedule: opt.Schedule | None = opt.SCHEDULE_PIN,
     micro_batch_size: int | None = opt.MICRO_BATCH_SIZE_PIN,
@@ -306,7 +308,7 @@ def tune_cmd(
     megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                recompute_num_layers, recompute_activations,
                                use_distributed_optimizer)
-    fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp,
+    fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp,
                              "schedule": schedule, "micro_batch_size": micro_batch_size,
                              "recompute": recompute, "zero": zero,
                              "sequence_parallel": sequence_parallel},
