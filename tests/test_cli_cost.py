@@ -49,6 +49,8 @@ def test_text_output_and_trace(tmp_path, capsys):
     (["--dp", "3"], "--global-batch"),  # the flag, not the field (issue 20 item 9)
     (["--recompute", "most"], "recompute"),
     (["--zero", "5"], "--zero (ZeRO stage)"),
+    (["--cp-comm", "all_gather"], "--cp-comm all_gather needs --cp > 1"),  # was silently ignored
+    (["--vpp", "2", "--pp", "1", "--dp", "4"], "--vpp = 2 needs --pp > 1"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, needle):
     assert main([*ARGS, *extra]) == 2

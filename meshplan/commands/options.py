@@ -446,6 +446,9 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
                                 f"one model chunk per pipeline rank, which is 1F1B: give "
                                 f"{typed[0]} 2 or more, or --schedule 1F1B")
         knobs["vpp"] = 2
+    if knobs.get("cp", 1) == 1 and knobs.get("cp_comm", "p2p") != "p2p" and given_flags(ctx, "cp_comm"):
+        raise StrategyError(f"{given_flags(ctx, 'cp_comm')[0]} {knobs['cp_comm']} needs --cp > 1: "
+                            "without context parallelism there is no K/V exchange")
     try:
         return Strategy(**knobs)
     except StrategyError as e:
