@@ -143,14 +143,16 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
-    pipeline layer split the cost model used when the plan fixes none and that split is not
-    even (``meshplan.validation.predicted_plan``: the cost model balances the stages' time,
-    e.g. [5, 3] for 8 layers on 2 stages beside the embedding and loss, where Megatron-LM's
-    ``get_num_layers_to_build`` would split evenly, and refuses an uneven count without a
-    layout): what is exported or launched is what was costed, never a layout the framework
-    would refuse at start-up. Returns ``(plan, note)``:
-    the note (None when it fits) says that the costed peak memory is over the device's limit
-    with the default headroom, as ``cost`` prints OUT OF MEMORY."""
+    pipeline layer split the cost model used when the plan fixes none and the layers do not
+    divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
+    ``get_num_layers_to_build`` refuses that without a layout): what is exported or
+    launched is what was costed, never a layout the framework would refuse at start-up.
+    Where the layers divide, the frameworks split them evenly (their arguments say so) while
+    the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp 2 beside the
+    embedding and loss): the plan keeps the even split and the note gives both splits'
+    step time and peak, the even one costed again. Returns ``(plan, note)``: the note (None
+    when there is nothing to say) also says that the costed peak memory is over the
+    device's limit with the default headroom, as ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
@@ -158,14 +160,22 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     engine = Engine.from_plan(plan, None)
     res = engine.step_model().run()
     split = list(res.layers_per_vstage)
-    if len(set(split)) > 1:  # an even split is the frameworks' own default (their arguments say it)
+    notes = []
+    if sum(split) % len(split) != 0:  # the framework needs the split stated
         plan = predicted_plan(plan, {"layers_per_vstage": split})
+    elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
+        even = [sum(split) // len(split)] * len(split)
+        other = Engine.from_plan(predicted_plan(plan, {"layers_per_vstage": even}), None).step_model().run()
+        notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
+                     f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
+                     f"GiB); the framework splits the layers evenly, {even}, as exported: "
+                     f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB")
+        res = other
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
-    note = None
     if res.max_memory_bytes > limit:
-        note = (f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "
-                f"the {limit / 2**30:.2f} GiB limit (meshplan cost shows the breakdown)")
-    return plan, note
+        notes.append(f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "
+                     f"the {limit / 2**30:.2f} GiB limit (meshplan cost shows the breakdown)")
+    return plan, "; ".join(notes) or None
 
 
 def register(app: typer.Typer) -> None:
