@@ -112,7 +112,8 @@ class ProgramCosts:
         model_flops: per block key ("pre", model layer index, "post") the model FLOPs of
             F + B + W of one micro-batch over every dp replica; ``("recompute", i)`` the
             forward FLOPs that recompute re-runs for layer i; ``("padding", i)`` the expert
-            op FLOPs on padded slots (executed, not model FLOPs: :func:`_slot_factor`).
+            op FLOPs on padded slots, recomputed ones twice (executed, not model FLOPs:
+            :func:`_slot_factor`).
         boundary_bytes: bytes of the activation a layer hands to the next (the pipeline p2p
             message per micro-batch, local shard of rank 0).
         loss: the loss's local logits and the bytes per element the program saves for them
@@ -202,11 +203,13 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
         fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
                  if k.phase in PHASES) * replicas
         f = _slot_factor(op, slots)
-        if f != 1.0:  # an op on padded expert slots: the model's share is 1 / f of it
-            out[("padding", blk)] = out.get(("padding", blk), 0.0) + fl * (1.0 - 1.0 / f)
-            fl /= f
+        pad = fl * (1.0 - 1.0 / f)  # an op on padded expert slots: the model's share is 1 / f
+        fl -= pad
+        runs = 2 if id(op) in rec else 1  # a recomputed op runs its padding again too
+        if pad:
+            out[("padding", blk)] = out.get(("padding", blk), 0.0) + runs * pad
         out[blk] = out.get(blk, 0.0) + fl
-        if id(op) in rec:
+        if runs == 2:
             out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
     return out
 

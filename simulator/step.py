@@ -343,7 +343,8 @@ class StepModel:
         step = crit["finish"]
         gflops = self.costs.model_flops
         mflops = c.num_microbatches * sum(v for k, v in gflops.items() if not isinstance(k, tuple))
-        rec = c.num_microbatches * sum(v for k, v in gflops.items() if isinstance(k, tuple))  # + padding
+        # executed beyond the model's FLOPs: recompute and padded expert slots (tuple keys)
+        rec = c.num_microbatches * sum(v for k, v in gflops.items() if isinstance(k, tuple))
         world = c.dp * c.tp * c.pp
         return StepResult(
             step_time=step, tokens_per_s=c.tokens_per_step / step,

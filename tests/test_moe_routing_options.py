@@ -94,6 +94,13 @@ def test_padding_is_executed_not_model_flops_and_impossible_loads_are_refused(ti
     assert busy.model_flops == pytest.approx(even.model_flops, rel=1e-12)
     assert busy.executed_flops > even.executed_flops and busy.step_time > even.step_time
     assert busy.mfu < even.mfu
+    # full recompute reruns the forward, padding included: more padded FLOPs executed
+    full = {f: Engine(tiny, "dgx-h100", Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4,
+                                                  moe_load_imbalance=f, recompute="full"), seq_len=32).simulate()
+            for f in (1.0, 2.0)}
+    assert full[2.0].model_flops == pytest.approx(full[1.0].model_flops, rel=1e-12)
+    assert (full[2.0].executed_flops - full[1.0].executed_flops
+            > busy.executed_flops - even.executed_flops)
     assert 3 * 2 * (4 * 16) * 64 * 32 == 786_432
     src = resolve_model(tiny, 32)
     with pytest.raises(PlanProgramError, match="'moe_load_imbalance' = 2.5 is above num_experts / top-k = 4 / 2 = 2"):
