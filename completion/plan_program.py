@@ -147,9 +147,10 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
     if s.vpp > 1 and s.pp == 1:  # Megatron-LM refuses interleaving without a pipeline too
         raise PlanProgramError(f"strategy field 'vpp' = {s.vpp} needs pp > 1: interleaving splits "
                                "each pipeline rank's layers into chunks, and pp = 1 has no pipeline")
+    routes = cfg is not None and cfg.has_moe_layers(source.num_layers)
     routing = [f for f, on in (("moe_capacity_factor", s.moe_capacity_factor is not None),
                                ("moe_load_imbalance", s.moe_load_imbalance != 1.0)) if on]
-    if routing and cfg is not None and not any(cfg.is_moe_layer(i) for i in range(source.num_layers)):
+    if routing and cfg is not None and not routes:
         raise PlanProgramError(f"strategy field {routing[0]!r} is set but model {source.name!r} has "
                                "no mixture-of-experts layer to route")
     if s.moe_load_imbalance != 1.0 and cfg is not None and cfg.num_experts:
@@ -165,7 +166,7 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
             raise PlanProgramError(f"strategy field 'ep' = {s.ep}: model {source.name!r} has no "
                                    "experts (expert parallelism needs a mixture-of-experts model)")
         n = source.num_layers
-        if not any(cfg.is_moe_layer(i) for i in range(n)):
+        if not routes:
             deeper = range(n, n + cfg.moe_layer_step + max(cfg.dense_layers, default=0) + 1)
             why = (f"--layers {n} keeps only layers the config makes dense"
                    if any(cfg.is_moe_layer(i) for i in deeper)  # a deeper layer would route

@@ -75,8 +75,8 @@ class ModelDims:
         layer uses (``is_moe_layer`` false everywhere: ``mlp_only_layers`` naming every
         layer, a ``decoder_sparse_step`` above the depth) is dense: 0 experts."""
         experts = int(getattr(cfg, "num_experts", None) or 0)
-        is_moe = getattr(cfg, "is_moe_layer", None)
-        if experts and is_moe is not None and not any(is_moe(i) for i in range(cfg.num_layers)):
+        has_moe = getattr(cfg, "has_moe_layers", None)  # a ModelConfig (duck-typed views lack it)
+        if experts and has_moe is not None and not has_moe():
             experts = 0
         return cls(str(cfg.name), cfg.num_layers, cfg.hidden_size, cfg.num_heads,
                    cfg.num_kv_heads, cfg.ffn_hidden_size, cfg.vocab_size, experts)

@@ -321,6 +321,13 @@ class ModelConfig:
         return (self.num_experts is not None and (layer + 1) % self.moe_layer_step == 0
                 and layer not in self.dense_layers)
 
+    def has_moe_layers(self, num_layers: int | None = None) -> bool:
+        """Whether any of the first ``num_layers`` decoder layers (default: all of them) is
+        a mixture-of-experts layer (:meth:`is_moe_layer`): False for a dense model and for
+        experts that ``dense_layers`` / ``moe_layer_step`` leave unused."""
+        n = self.num_layers if num_layers is None else num_layers
+        return self.num_experts is not None and any(self.is_moe_layer(i) for i in range(n))
+
     @property
     def uniform_layers(self) -> bool:
         """Whether every decoder layer has the same MLP kind (all dense or all MoE): a
