@@ -59,7 +59,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout
+from meshplan.commands.export_targets import Export, Note, framework_note, layout, model_config
 from simulator.profiles import load_profile
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -160,13 +160,8 @@ def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
     aux loss, and a capacity factor with padding to capacity (meshplan's slots are
     padded). A load imbalance is a costing assumption with no argument (noted). [] for a
     dense model or a program text."""
-    from completion.models.catalog import get_model_config
-
-    try:
-        cfg = get_model_config(plan.model)
-    except (ValueError, KeyError, FileNotFoundError, OSError, TypeError):
-        return []
-    if not cfg.num_experts:
+    cfg = model_config(plan)
+    if cfg is None or not cfg.num_experts:
         return []
     layers = plan.num_layers or cfg.num_layers
     args = ["--num-experts", str(cfg.num_experts), "--moe-router-topk", str(cfg.experts_per_token),

@@ -104,15 +104,24 @@ def model_sizes(plan: Any) -> tuple[int | None, int | None]:
         layers = sum(s.layers_per_stage)
     seq = plan.seq_len
     if layers is None or seq is None:
-        from completion.models.catalog import get_model_config
-
-        try:
-            cfg = get_model_config(plan.model)
-        except (ValueError, KeyError, FileNotFoundError, OSError, TypeError):
+        cfg = model_config(plan)
+        if cfg is None:
             return layers, seq
         layers = int(cfg.num_layers) if layers is None else layers
         seq = int(cfg.seq_len) if seq is None else seq
     return layers, seq
+
+
+def model_config(plan: Any) -> Any:
+    """The plan's built-in or ``config.json`` model (``completion.get_model_config``), or
+    None where the model is a PIR program or cannot be read (the exports then leave its
+    sizes and fields out)."""
+    from completion.models.catalog import get_model_config
+
+    try:
+        return get_model_config(plan.model)
+    except (ValueError, KeyError, FileNotFoundError, OSError, TypeError):
+        return None
 
 
 class ExportError(MeshplanError):
