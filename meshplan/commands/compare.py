@@ -10,8 +10,11 @@ strategy rules refuse (e.g. ``--tp 3`` for 32 heads) is a table row marked ``ref
 ``[i]``, reason i listed under the table; if every plan is refused the command fails with the
 first reason. Without ``--vpp`` each plan runs the chunks its schedule needs: 2 for the
 interleaved schedules (VPP, ZBVPP; ``completion.strategy.INTERLEAVED``), 1 for the others,
-so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--json`` prints one
-object per plan.
+so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-per-stage``
+takes the words only (``balanced,even``: the cost model's split beside the frameworks' even
+one; the table shows each split costed), the MoE routing options
+(``--moe-capacity-factor``, ``--moe-load-imbalance``) lists of numbers. ``--json`` prints
+one object per plan, with ``layers_per_vstage``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 
 #: most plans one compare costs (the product of the list lengths)
@@ -40,6 +44,23 @@ def _ints(flag: str, low: int) -> Any:
             raise ValueError(f"{flag}: {v} must be >= {low}")
         return v
     return parse
+
+
+def _floats(flag: str, low: float, low_open: bool = False) -> Any:
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise ValueError(f"{flag}: {s!r} is not a number") from None
+        return opt.finite(flag, v, low, low_open=low_open)  # type: ignore[return-value]
+    return parse
+
+
+def _split(s: str) -> str:
+    if s.lower() not in opt.SPLIT_WORDS:
+        raise ValueError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
+                         f"(compare takes the words; cost takes a list of layers per stage)")
+    return s.lower()
 
 
 def _choices(flag: str, enum: type[Enum]) -> Any:
@@ -62,12 +83,16 @@ PARSERS = {
     "cp_comm": _choices("--cp-comm", opt.CpComm), "dtype": _choices("--dtype", opt.Dtype),
     "framework": _choices("--framework", opt.Framework),
     "attention": _choices("--attention", opt.Attention),
+    "moe_capacity_factor": _floats("--moe-capacity-factor", 0.0, low_open=True),
+    "moe_load_imbalance": _floats("--moe-load-imbalance", 1.0),
+    "layers_per_stage": _split,
 }
 #: column heads of the knobs in the table
 HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "mbs",
          "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
          "recompute": "recompute", "cp_comm": "cp comm", "dtype": "dtype",
-         "framework": "framework", "attention": "attention"}
+         "framework": "framework", "attention": "attention", "moe_capacity_factor": "capacity",
+         "moe_load_imbalance": "imbalance", "layers_per_stage": "split"}
 
 
 def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
@@ -117,7 +142,7 @@ def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
     return {**knobs, "gpus": gpus, "gpus_available": available,
             "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
             "mfu": d["mfu"], "bubble_ratio": d["bubble_ratio"],
-            "max_memory_bytes": d["max_memory_bytes"],
+            "max_memory_bytes": d["max_memory_bytes"], "layers_per_vstage": d["layers_per_vstage"],
             "memory_limit_bytes": fit["memory_limit_bytes"],
             "fits_in_memory": fit["fits_in_memory"], "error": None}
 
@@ -136,7 +161,7 @@ def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool 
         tab.add_column(col, justify="right")
     refused = 0
     for r in rows:
-        knobs = [str(r[f]) for f in varied]
+        knobs = [_cell(r, f) for f in varied]
         if r["error"] is not None:
             refused += 1
             tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
@@ -145,6 +170,13 @@ def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool 
                     f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
                     f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
     return tab
+
+
+def _cell(row: dict[str, Any], field: str) -> str:
+    """A knob's table cell; a split word also shows the split costed (``even [4, 4]``)."""
+    if field == "layers_per_stage" and row.get("layers_per_vstage") is not None:
+        return f"{row[field]} {row['layers_per_vstage']}"
+    return str(row[field])
 
 
 def _list_option(field: str, default: str | None, what: str) -> Any:
@@ -163,8 +195,14 @@ def compare_cmd(
     cp: str = _list_option("cp", "1", "Context-parallel degree"),
     cp_comm: str = _list_option("cp_comm", "p2p", "Context-parallel K/V exchange: p2p or all_gather"),
     ep: str = _list_option("ep", "1", "Expert-parallel degree (MoE models; 1 or dp)"),
+    moe_capacity_factor: str | None = _list_option("moe_capacity_factor", None,
+                                                   "Expert capacity factor (MoE; default: dropless)"),
+    moe_load_imbalance: str | None = _list_option("moe_load_imbalance", None,
+                                                  "Busiest expert's tokens over the mean (MoE; >= 1)"),
     vpp: str | None = _list_option("vpp", None, "Model chunks per pipeline rank (default: 2 "
                                    "for VPP and ZBVPP, else 1)"),
+    layers_per_stage: str | None = _list_option("layers_per_stage", None,
+                                                "Pipeline layer split: balanced (default) or even"),
     schedule: str = _list_option("schedule", "1F1B", "Pipeline schedule (names as for cost)"),
     micro_batch_size: str = _list_option("micro_batch_size", "1", "Sequences per micro-batch"),
     global_batch: str = _list_option("global_batch_size", None, "Sequences per step (required)"),
@@ -192,7 +230,9 @@ def compare_cmd(
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
-           "dtype": dtype, "framework": framework, "attention": attention}
+           "dtype": dtype, "framework": framework, "attention": attention,
+           "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
+           "layers_per_stage": layers_per_stage}
     lists = parse_lists(raw)
     varied = [f for f, v in lists.items() if len(v) > 1]
     rows, panels, first_error = [], [], None
@@ -200,7 +240,11 @@ def compare_cmd(
         if vpp is None:
             knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
         try:
-            strategy = opt.build_strategy(ctx, **knobs, sequence_parallel=sequence_parallel)
+            split = knobs.get("layers_per_stage")
+            strategy = opt.build_strategy(ctx, **{k: v for k, v in knobs.items() if k != "layers_per_stage"},
+                                          sequence_parallel=sequence_parallel)
+            strategy = opt.pipeline_split(ctx, split, strategy,
+                                          lambda: mg.model_layers(model, seq_len, layers))
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only

@@ -151,6 +151,7 @@ def cost_cmd(
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
+    layers_per_stage: str | None = opt.LAYERS_PER_STAGE,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
     global_batch: int = opt.GLOBAL_BATCH,
@@ -193,6 +194,8 @@ def cost_cmd(
                                   fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel, dtype=dtype,
                                   framework=framework, attention=attention, **knobs)
+    strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
+                                  lambda: mg.model_layers(model, seq_len, layers))
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"--trace": trace, "--plot": plot, "--memory-png": memory_png})

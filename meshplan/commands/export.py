@@ -28,7 +28,8 @@ Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")},
 
 def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | None,
                        nodes: int | None, seq_len: int | None, layers: int | None,
-                       knobs: dict[str, Any], megatron: mg.MegatronArgs) -> Any:
+                       knobs: dict[str, Any], megatron: mg.MegatronArgs,
+                       layers_per_stage: str | None = None) -> Any:
     """The Plan the strategy options describe. Raises MeshplanError naming a missing
     --model / --cluster, StrategyError naming the flag typed."""
     from meshplan.plan import Plan
@@ -41,6 +42,8 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
     moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero")},
                      megatron, lambda: mg.model_layers(model, seq_len, layers))
     strategy = opt.build_strategy(ctx, **{**knobs, **moved})
+    strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
+                                  lambda: mg.model_layers(model, seq_len, layers))
     return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
                 num_layers=layers)
 
@@ -79,6 +82,7 @@ def export_cmd(
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
+    layers_per_stage: str | None = opt.LAYERS_PER_STAGE,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
     global_batch: int | None = typer.Option(None, *opt.FLAGS["global_batch_size"],
@@ -120,7 +124,8 @@ def export_cmd(
         megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                    recompute_num_layers, recompute_activations,
                                    use_distributed_optimizer)
-        plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron)
+        plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
+                                  layers_per_stage)
     try:
         checked, fit_note = costed_plan(plan)
     except ValueError as e:  # the user's flags named as typed, as cost names them
@@ -150,7 +155,8 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     Where the layers divide, the frameworks split them evenly (their arguments say so) while
     the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp 2 beside the
     embedding and loss): the plan keeps the even split and the note gives both splits'
-    step time and peak, the even one costed again. Returns ``(plan, note)``: the note (None
+    step time and peak, the even one costed again. A split the plan pins
+    (``--layers-per-stage``) is exported as it was costed, without a note. Returns ``(plan, note)``: the note (None
     when there is nothing to say) also says that the costed peak memory is over the
     device's limit with the default headroom, as ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
@@ -161,7 +167,9 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     res = engine.step_model().run()
     split = list(res.layers_per_vstage)
     notes = []
-    if sum(split) % len(split) != 0:  # the framework needs the split stated
+    if plan.strategy.layers_per_stage is not None:  # pinned: exported as costed
+        pass
+    elif sum(split) % len(split) != 0:  # the framework needs the split stated
         plan = predicted_plan(plan, {"layers_per_vstage": split})
     elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
         even = [sum(split) // len(split)] * len(split)

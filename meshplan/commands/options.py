@@ -122,6 +122,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "dtype": ("--dtype",),
     "framework": ("--framework",),
     "attention": ("--attention",),
+    "layers_per_stage": ("--layers-per-stage",),
 }
 
 #: flags of the plan's sizes besides the Strategy fields (named in errors as the user typed)
@@ -194,6 +195,14 @@ FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_s
 ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).")
+#: the words ``--layers-per-stage`` takes besides a list (:func:`pipeline_split`)
+SPLIT_WORDS = ("balanced", "even")
+LAYERS_PER_STAGE = typer.Option(
+    None, *FLAGS["layers_per_stage"],
+    help="Decoder layers per virtual stage in model order: pp x vpp comma-separated integers "
+         "(e.g. 5,3), or 'even' (the split Megatron-LM and torchtitan run by default), or "
+         "'balanced' (the default: the stages' times balanced, the first and last stage "
+         "also carrying the embedding and the loss).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
 #: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
 #: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
@@ -420,6 +429,45 @@ def flag_error(ctx: Any, err: Exception) -> Exception:
         from meshplan.errors import MeshplanError
 
         return MeshplanError(text)
+
+
+def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -> Any:
+    """``strategy`` with the split ``--layers-per-stage TEXT`` asks for: None or
+    ``balanced`` leave it unset (the cost model balances the stages,
+    ``simulator.layer_split``); ``even`` is ``num_layers() / (pp * vpp)`` layers on every
+    virtual stage (Megatron-LM d98e8a64 ``--decoder-first-pipeline-num-layers`` help:
+    "Default None is even split"; torchtitan's default split points); a comma list is used
+    as given. ``num_layers`` (a callable: the model's decoder layers after ``--layers``) is
+    called only for ``even``. Raises ValueError naming the flag as typed for a word or list
+    it cannot read, or an even split of layers that do not divide; StrategyError (in the
+    user's words, :func:`flag_error`) for a list of the wrong length. A list that does not
+    sum to the model's layers is refused by the Engine (``completion.plan_program``)."""
+    if text is None:
+        return strategy
+    flag = typed_flag(ctx, "layers_per_stage")
+    word = text.strip().lower()
+    stages = strategy.pp * strategy.vpp
+    if word == "balanced" or (word == "even" and stages == 1):
+        return strategy
+    if word == "even":
+        n = int(num_layers())
+        if n % stages:
+            raise ValueError(f"{flag} even: the model's {n} decoder layers do not divide over pp * vpp "
+                             f"= {strategy.pp} * {strategy.vpp} = {stages} virtual stages; give the "
+                             f"split as {stages} comma-separated integers, or 'balanced'")
+        split: tuple[int, ...] = (n // stages,) * stages
+    else:
+        try:
+            split = tuple(int(p) for p in text.split(","))
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
+                             f"virtual stage as comma-separated integers (e.g. 5,3)") from None
+    from meshplan.strategy import StrategyError
+
+    try:
+        return strategy.replace(layers_per_stage=split)
+    except StrategyError as e:
+        raise flag_error(ctx, e) from None
 
 
 def value(choice: Any) -> Any:

@@ -1,0 +1,110 @@
+"""``--layers-per-stage``: the pipeline layer split pinned from the command line (cost,
+compare, export), and compare's MoE routing options.
+
+The frameworks split the decoder layers evenly by default (Megatron-LM d98e8a64
+``--decoder-first-pipeline-num-layers`` help: "Default None is even split"); the cost model
+balances the stages' times instead. 8 layers of Qwen3-30B-A3B on pp 2 are the case where the
+two differ: the balanced split puts fewer layers beside the loss ([5, 3])."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import Engine, Strategy
+from tests._cli import one_line_error, run_main
+
+BASE = ("-m", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--dp", "4", "--pp", "2", "--ep", "4",
+        "--global-batch", "16", "--seq-len", "2048", "--layers", "8", "--zero", "1")
+STRATEGY = Strategy(dp=4, pp=2, ep=4, micro_batch_size=1, global_batch_size=16, zero=1)
+
+
+def _engine(split: tuple[int, ...] | None) -> Engine:
+    s = STRATEGY if split is None else STRATEGY.replace(layers_per_stage=split)
+    return Engine("qwen3-30b-a3b", "dgx-h100", s, seq_len=2048, num_layers=8)
+
+
+def _cost(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    rc, out, err = run_main(capsys, "cost", *BASE, "--json", *extra)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def steps() -> dict[str, float]:
+    """Step seconds of the API's balanced, even (4, 4) and (6, 2) splits."""
+    return {name: _engine(split).simulate().step_time
+            for name, split in (("balanced", None), ("even", (4, 4)), ("6,2", (6, 2)))}
+
+
+def test_even_and_a_list_cost_what_the_api_costs_for_that_split(capsys, steps):
+    balanced = _cost(capsys)
+    assert balanced["layers_per_vstage"] == [5, 3]
+    assert balanced == _cost(capsys, "--layers-per-stage", "balanced")
+    even = _cost(capsys, "--layers-per-stage", "even")
+    assert even["layers_per_vstage"] == [4, 4]
+    assert even["step_time_ms"] == pytest.approx(steps["even"] * 1e3, rel=1e-12)
+    assert even["step_time_ms"] != pytest.approx(balanced["step_time_ms"], rel=1e-3)
+    pinned = _cost(capsys, "--layers-per-stage", "6, 2")
+    assert pinned["layers_per_vstage"] == [6, 2]
+    assert pinned["step_time_ms"] == pytest.approx(steps["6,2"] * 1e3, rel=1e-12)
+    # the balanced split is the fastest of the three (what balancing is for)
+    assert balanced["step_time_ms"] < min(even["step_time_ms"], pinned["step_time_ms"])
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("5,2,1", "--layers-per-stage has 3 entries; --pp * --vpp = 2 * 1 = 2 virtual stages"),
+    ("5,4", "--layers-per-stage [5, 4] sums to 9, but model 'qwen3-30b-a3b' has 8 layers"),
+    ("five,3", "--layers-per-stage 'five,3': give 'even', 'balanced' or the layers"),
+    ("", "--layers-per-stage '': give 'even'"),
+])
+def test_a_split_that_does_not_fit_names_the_flag(capsys, value, needle):
+    line = one_line_error(*run_main(capsys, "cost", *BASE, "--layers-per-stage", value))
+    assert needle in line, line
+
+
+def test_even_on_layers_that_do_not_divide_is_refused_with_the_count(capsys):
+    args = [a if a != "8" else "7" for a in BASE]  # --layers 7 on pp 2
+    line = one_line_error(*run_main(capsys, "cost", *args, "--layers-per-stage", "even"))
+    assert "the model's 7 decoder layers do not divide over pp * vpp = 2 * 1 = 2" in line, line
+
+
+def test_export_writes_a_pinned_split_as_costed_without_the_even_split_note(capsys):
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *BASE, "--layers-per-stage", "6,2")
+    assert rc == 0, err
+    assert "--pipeline-model-parallel-layout 'E,t*6|t*2,L'" in out  # shell-quoted
+    assert "splits the layers evenly" not in err
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *BASE, "--layers-per-stage", "even")
+    assert rc == 0 and "E,t*4|t*4,L" in out and "splits the layers evenly" not in err, err
+
+
+def test_compare_puts_the_even_split_beside_the_balanced_one(capsys, steps):
+    rc, out, err = run_main(capsys, "compare", *BASE, "--layers-per-stage", "balanced,even", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)
+    assert [r["layers_per_stage"] for r in rows] == ["balanced", "even"]
+    assert [r["step_time_ms"] for r in rows] == pytest.approx(
+        [steps["balanced"] * 1e3, steps["even"] * 1e3], rel=1e-12)
+    assert [r["layers_per_vstage"] for r in rows] == [[5, 3], [4, 4]]
+    rc, out, err = run_main(capsys, "compare", *BASE, "--layers-per-stage", "balanced,even")
+    assert rc == 0 and "balanced [5, 3]" in out and "even [4, 4]" in out, out + err
+    line = one_line_error(*run_main(capsys, "compare", *BASE, "--layers-per-stage", "6,2"))
+    assert "--layers-per-stage: '6' is not one of balanced, even" in line, line
+
+
+def test_compare_takes_the_moe_routing_options_as_lists(capsys):
+    """A busier expert (load imbalance f = 2) is costed at twice the mean tokens: the step is
+    slower, as the API costs it; a capacity factor is passed through the same way."""
+    rc, out, err = run_main(capsys, "compare", *BASE, "--moe-load-imbalance", "1,2",
+                            "--moe-capacity-factor", "1.5", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)
+    want = [Engine("qwen3-30b-a3b", "dgx-h100",
+                   STRATEGY.replace(moe_load_imbalance=f, moe_capacity_factor=1.5),
+                   seq_len=2048, num_layers=8).simulate().step_time * 1e3 for f in (1.0, 2.0)]
+    assert [r["moe_load_imbalance"] for r in rows] == [1.0, 2.0]
+    assert [r["step_time_ms"] for r in rows] == pytest.approx(want, rel=1e-12)
+    assert want[1] > want[0]
+    line = one_line_error(*run_main(capsys, "compare", *BASE, "--moe-load-imbalance", "0.5"))
+    assert "--moe-load-imbalance must be a finite number >= 1" in line, line
