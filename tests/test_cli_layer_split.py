@@ -108,3 +108,17 @@ def test_compare_takes_the_moe_routing_options_as_lists(capsys):
     assert want[1] > want[0]
     line = one_line_error(*run_main(capsys, "compare", *BASE, "--moe-load-imbalance", "0.5"))
     assert "--moe-load-imbalance must be a finite number >= 1" in line, line
+
+
+def test_compare_names_a_refused_plan_in_the_flags_typed(capsys):
+    """A plan compare refuses is explained in the command line's words, as cost explains it:
+    the flag as typed, never the Strategy's field name ('cp')."""
+    args = ("compare", "-m", "llama2-7b", "--cluster", "dgx-h100", "--dp", "2", "--global-batch", "8")
+    rc, out, err = run_main(capsys, *args, "--context-parallel-size", "3,4")
+    assert rc == 0, err
+    text = " ".join(out.split())
+    assert "[1] --context-parallel-size = 3: --seq-len 4096 must be a multiple of 2 * " \
+           "--context-parallel-size = 6" in text, text
+    assert "field" not in text
+    line = one_line_error(*run_main(capsys, *args, "--cp", "3"))
+    assert line.startswith("error: --cp = 3: --seq-len 4096"), line

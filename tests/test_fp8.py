@@ -245,7 +245,12 @@ def test_cli_dtype_fp8(capsys, tmp_path):
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-a100-80g", "--dtype", "fp8-delayed"))
     assert "device 'A100-SXM-80GB'" in line
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-tensorwise"))
-    assert "runs under framework fsdp2, fsdp2-eager or fsdp2-async-tp, not 'megatron-core'" in line
+    assert ("--dtype fp8-tensorwise runs under --framework fsdp2, fsdp2-eager or fsdp2-async-tp, "
+            "not megatron-core (the default): give one of them") in line
+    line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-delayed",
+                                    "--framework", "fsdp2"))
+    assert "--dtype fp8-delayed runs under --framework megatron-core, megatron-bridge, nemo or " \
+           "llm-foundry, not fsdp2: give one of them" in line, line
 
 
 def test_cli_warns_one_line_per_unmodelled_key(tmp_path):

@@ -147,6 +147,12 @@ def test_top_plans_table_keeps_every_cell_whole_at_80_columns(capsys, tmp_path, 
     (["--fix", "fp8=te-delayed"], "error: --fix fp8=te-delayed: FP8 training needs FP8 tensor cores, "
                                   "and dgx-a100-80g's device A100-SXM-80GB lists no fp8"),
     (["--dtype", "fp8-delayed"], "error: --dtype fp8-delayed: FP8 training needs FP8 tensor cores"),
+    # the framework that cannot run the recipe: every trial was refused after the search
+    (["--dtype", "fp8-tensorwise"], "error: --dtype fp8-tensorwise runs under --framework fsdp2, "
+                                    "fsdp2-eager, fsdp2-async-tp, not megatron-core"),
+    (["--fix", "fp8=te-delayed", "--framework", "fsdp2"],
+     "error: --fix fp8=te-delayed runs under --framework megatron-core, megatron-bridge, nemo, "
+     "llm-foundry, not fsdp2"),
 ])
 def test_a_refused_tune_writes_nothing(capsys, tmp_path, extra, start):
     """A new user's trial found each of these leaving its --output folder (and a journal)

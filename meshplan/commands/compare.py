@@ -248,6 +248,7 @@ def compare_cmd(
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
+            e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
             rows.append({**knobs, "error": " ".join(str(e).split())})
             continue

@@ -177,7 +177,8 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
         notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
                      f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
                      f"GiB); the framework splits the layers evenly, {even}, as exported: "
-                     f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB")
+                     f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB "
+                     f"(--layers-per-stage pins a split: even, or a list)")
         res = other
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
     if res.max_memory_bytes > limit:

@@ -497,7 +497,29 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
     if knobs.get("cp", 1) == 1 and knobs.get("cp_comm", "p2p") != "p2p" and given_flags(ctx, "cp_comm"):
         raise StrategyError(f"{given_flags(ctx, 'cp_comm')[0]} {knobs['cp_comm']} needs --cp > 1: "
                             "without context parallelism there is no K/V exchange")
+    _check_fp8_framework(ctx, knobs.get("dtype"), knobs.get("framework"))
     try:
         return Strategy(**knobs)
     except StrategyError as e:
         raise flag_error(ctx, e) from None
+
+
+def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
+    """Refuse an FP8 ``--dtype`` whose recipe the ``--framework`` does not run
+    (``completion.strategy.FP8_RECIPES``: Transformer Engine's under the Megatron family and
+    llm-foundry, torchao's under fsdp2), naming both flags as typed; the Strategy's own
+    message names its fields (``'fp8'``), which the user never typed."""
+    from completion.strategy import FP8_DTYPES, FP8_RECIPES
+    from meshplan.strategy import StrategyError
+
+    if dtype not in FP8_DTYPES or framework is None:
+        return
+    runs = FP8_RECIPES[FP8_DTYPES[dtype]]
+    if framework in runs:
+        return
+    *first, last = runs
+    names = f"{', '.join(first)} or {last}" if first else last
+    default = "" if given_flags(ctx, "framework") else " (the default)"
+    raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
+                        f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
+                        f"give one of them")

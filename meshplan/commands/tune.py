@@ -131,7 +131,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
-    _check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype)
+    _check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
     recipes = _fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
@@ -141,19 +141,25 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 
 
-def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str) -> None:
-    """An FP8 recipe pinned with ``--fix fp8=NAME`` or an FP8 ``--dtype`` needs a device with
-    an FP8 peak: refused before the search starts (every plan would be refused by the
-    engine, ``meshplan.engine``), naming the device, as ``cost`` does."""
+def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
+                   framework: str = "megatron-core") -> None:
+    """An FP8 recipe pinned with ``--fix fp8=NAME`` or an FP8 ``--dtype`` needs a framework
+    that runs it (``completion.strategy.FP8_RECIPES``) and a device with an FP8 peak: refused
+    before the search starts (every plan would be refused by the engine,
+    ``meshplan.engine``), naming the framework or the device, as ``cost`` does."""
     from clusters import load_cluster
-    from completion.strategy import FP8_DTYPES
+    from completion.strategy import FP8_DTYPES, FP8_RECIPES
 
     recipe = FP8_DTYPES.get(dtype) or (pinned if pinned not in (None, "none") else None)
     if recipe is None:
         return
+    how = f"--dtype {dtype}" if dtype in FP8_DTYPES else f"--fix fp8={recipe}"
+    runs = FP8_RECIPES.get(recipe, ())
+    if runs and framework not in runs:
+        raise MeshplanError(f"{how} runs under --framework {', '.join(runs)}, not {framework}: "
+                            f"give one of them")
     dev = load_cluster(cluster, nodes).spec.device
     if "fp8" not in dev.peak_flops:
-        how = f"--dtype {dtype}" if dtype in FP8_DTYPES else f"--fix fp8={recipe}"
         raise MeshplanError(f"{how}: FP8 training needs FP8 tensor cores, and {cluster}'s device "
                             f"{dev.name} lists no fp8 peak_flops (A100 has none; H100 / H200: "
                             f"1979 TFLOP/s dense)")
