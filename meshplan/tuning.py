@@ -93,11 +93,52 @@ def _software(config: Mapping[str, Any]) -> dict[str, Any]:
             "attention": config.get("attention")}
 
 
+#: the scorer config's ``layer_split`` values: the cost model's balanced split (the
+#: default) or the frameworks' even one (``meshplan.commands.options.pipeline_split``)
+LAYER_SPLITS = ("balanced", "even")
+
+
+def with_layer_split(s: Strategy, config: Mapping[str, Any], num_layers: Any) -> Strategy:
+    """``s`` with the split of ``config["layer_split"]``: ``balanced`` or absent leaves it
+    to the cost model; ``even`` is ``num_layers() / (pp * vpp)`` layers on every virtual
+    stage (Megatron-LM's and torchtitan's default split), nothing for one stage.
+    ``num_layers``: a callable giving the model's decoder layers. Raises ValueError for
+    another value, or for layers that do not divide (a search with uneven pp
+    requested: that trial is refused, with this reason)."""
+    split = config.get("layer_split") or "balanced"
+    if split not in LAYER_SPLITS:
+        raise ValueError(f"scorer config 'layer_split' must be one of {LAYER_SPLITS}, got {split!r}")
+    stages = s.pp * s.vpp
+    if split == "balanced" or stages == 1:
+        return s
+    n = int(num_layers())
+    if n % stages:
+        raise ValueError(f"an even layer split needs the {n} layers to divide over pp * vpp = "
+                         f"{s.pp} * {s.vpp} = {stages} virtual stages")
+    return s.replace(layers_per_stage=(n // stages,) * stages)
+
+
+def _layers_of(config: Mapping[str, Any]) -> Any:
+    """A callable giving the decoder layers the scorer config's model has (its
+    ``num_layers`` override first), resolved once, on the first call."""
+    from functools import cache
+
+    from completion.models.source import resolve_model
+
+    @cache
+    def layers() -> int:
+        n = config.get("num_layers")
+        return int(n) if n is not None else int(resolve_model(config["model"], int(config["seq_len"])).num_layers)
+    return layers
+
+
 def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
-    """The reproducible Plan (plan.json) of a candidate under a scorer config."""
+    """The reproducible Plan (plan.json) of a candidate under a scorer config (its
+    ``layer_split`` pinned in the strategy when even, :func:`with_layer_split`)."""
     s = to_strategy(c, config["global_batch_size"], config["model"], config["seq_len"],
                     config.get("dtype", "bfloat16"), config.get("annotation", "megatron"),
                     **_software(config))
+    s = with_layer_split(s, config, _layers_of(config))
     ann = s.annotation if isinstance(s.annotation, dict) else {}
     if ann:
         s = s.replace(annotation="none")
@@ -131,7 +172,8 @@ def make_scorer(config: Mapping[str, Any]):
     user's, semi-auto), num_layers (optional override, small test spaces), framework and
     attention (optional; the Strategy fields), memory_headroom (optional fraction of usable
     memory a plan leaves free, default ``clusters.spec.DEFAULT_MEMORY_HEADROOM``): the
-    score's memory limit is ``device.memory_limit(memory_headroom)``."""
+    score's memory limit is ``device.memory_limit(memory_headroom)``; layer_split (optional,
+    :func:`with_layer_split`: each candidate costed with that pipeline split)."""
     cl = load_cluster(config["cluster"], config.get("nodes"))
     model, num_layers = config["model"], config.get("num_layers")
     name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
@@ -147,9 +189,12 @@ def make_scorer(config: Mapping[str, Any]):
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
                       "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})
 
+    layers_of = _layers_of(config)
+
     def strategy_of(c: Candidate) -> Any:
-        return to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
-                           **_software(config))
+        s = to_strategy(c, gb, name, seq, dtype, config.get("annotation", "megatron"),
+                        **_software(config))
+        return with_layer_split(s, config, layers_of)
 
     # what ``--sampler exhaustive`` prunes with (tuner.exhaustive): ``Engine.lower_bound``,
     # one costed program per layout shared by its dp degrees and recompute modes
@@ -159,5 +204,5 @@ def make_scorer(config: Mapping[str, Any]):
     return score
 
 
-__all__ = ["PATTERN", "RANDOM", "SCORER_FACTORY", "annotation_of", "make_scorer",
+__all__ = ["LAYER_SPLITS", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
            "search_problem", "template_kinds", "to_plan", "to_strategy"]

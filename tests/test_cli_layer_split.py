@@ -122,3 +122,48 @@ def test_compare_names_a_refused_plan_in_the_flags_typed(capsys):
     assert "field" not in text
     line = one_line_error(*run_main(capsys, *args, "--cp", "3"))
     assert line.startswith("error: --cp = 3: --seq-len 4096"), line
+
+
+def test_with_layer_split_even_balanced_and_refusals():
+    from meshplan.tuning import with_layer_split
+
+    s = Strategy(dp=1, pp=2, vpp=2, schedule="VPP", micro_batch_size=1, global_batch_size=4)
+    assert with_layer_split(s, {}, lambda: 8) is s
+    assert with_layer_split(s, {"layer_split": "balanced"}, lambda: 8) is s
+    assert with_layer_split(s, {"layer_split": "even"}, lambda: 8).layers_per_stage == (2, 2, 2, 2)
+    one = Strategy(dp=1, micro_batch_size=1, global_batch_size=4)
+    assert with_layer_split(one, {"layer_split": "even"}, lambda: 7) is one  # one stage: nothing to split
+    with pytest.raises(ValueError, match="the 6 layers to divide over pp \\* vpp = 2 \\* 2 = 4"):
+        with_layer_split(s, {"layer_split": "even"}, lambda: 6)
+    with pytest.raises(ValueError, match="'layer_split' must be one of"):
+        with_layer_split(s, {"layer_split": "4,4"}, lambda: 8)
+
+
+def test_tune_costs_each_plan_with_the_even_split_and_states_it(capsys, tmp_path):
+    """tune --layers-per-stage even: every trial's time is the even split's (the history's
+    times equal the API's for that split), plan.json pins [4, 4]; without it plan.json
+    leaves the split to the cost model, as before."""
+    import csv
+
+    from meshplan.plan import Plan
+
+    args = ("tune", "-m", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch",
+            "16", "-s", "2048", "--layers", "8", "--pp", "2", "--trials", "3", "--no-progress")
+    times = {}
+    for split in ("balanced", "even"):
+        rc, out, err = run_main(capsys, *args, "--output", str(tmp_path / split), "--layers-per-stage", split)
+        assert rc == 0, err
+        plan = Plan.load(str(tmp_path / split / "plan.json"))
+        assert plan.strategy.layers_per_stage == (None if split == "balanced" else (4, 4))
+        with open(tmp_path / split / "history.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r["state"] == "COMPLETE" and r["feasible"] == "True"]
+        times[split] = min(float(r["time"]) for r in rows)
+        fixed = plan.strategy.replace(layers_per_stage=(4, 4))
+        assert times[split] == pytest.approx(Engine.from_plan(plan, None).simulate().step_time, rel=1e-9)
+        if split == "even":
+            assert plan.strategy == fixed
+    assert times["even"] > times["balanced"]  # the same three candidates (seed 0), even slower
+    line = one_line_error(*run_main(capsys, *args, "--output", str(tmp_path / "x"),
+                                    "--layers-per-stage", "4,4"))
+    assert "--layers-per-stage '4,4': tune takes balanced or even" in line
+    assert not (tmp_path / "x").exists()

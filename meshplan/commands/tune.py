@@ -114,13 +114,15 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
                  attention: str | None = None,
                  memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False,
-                 fp8: bool = False) -> Any:
+                 fp8: bool = False, layer_split: str | None = None) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
     pinned knobs already parsed (:func:`_pins`); ``hsdp``: also search HSDP shard groups with ZeRO-3
     (``tuner.space.SearchSpace.hsdp``); ``fp8``: also search the FP8 recipes ``framework``
     runs (``completion.strategy.FP8_RECIPES``), refused with a message naming the device
-    when it has no FP8 peak or with an FP8 ``dtype``. Raises ValueError (SpaceError,
+    when it has no FP8 peak or with an FP8 ``dtype``; ``layer_split``: ``even`` costs every
+    plan with the frameworks' even pipeline split (``meshplan.tuning.with_layer_split``;
+    None or ``balanced``: the cost model's). Raises ValueError (SpaceError,
     ModelConfigError, ClusterError) naming the bad option."""
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
@@ -130,6 +132,8 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
+    if layer_split == "even":  # absent otherwise: a balanced search resumes as before
+        sc["layer_split"] = "even"
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
     _check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
     recipes = _fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
@@ -204,6 +208,20 @@ def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
             raise MeshplanError(f"{opt.typed_flag(ctx, k)} pins {k}={v} but --fix pins "
                                 f"{k}={fixed[k]}; give one of them")
     return {**fixed, **pins}
+
+
+def _split_word(ctx: Any, text: str | None) -> str | None:
+    """``--layers-per-stage`` of tune: ``balanced`` or ``even`` (lower-cased), None when not
+    given. A list is refused: each searched plan has its own pp and vpp (cost, compare and
+    export take one). Raises MeshplanError naming the flag."""
+    if text is None:
+        return None
+    word = text.strip().lower()
+    if word not in opt.SPLIT_WORDS:
+        raise MeshplanError(f"{opt.typed_flag(ctx, 'layers_per_stage')} {text!r}: tune takes "
+                            f"{' or '.join(opt.SPLIT_WORDS)} (a list of layers per stage fits one "
+                            f"plan: give it to cost or export)")
+    return word
 
 
 def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
@@ -286,6 +304,11 @@ def tune_cmd(
              "first, and report the best bound still open (no unexplored plan can beat it: the "
              "gap to the optimum). Default: 16 for pattern-based TPE on a space of at most "
              "1,000 plans, else off; 0: off. full_random: only its tp=1 plans are bounded."),
+    layers_per_stage: str | None = typer.Option(
+        None, *opt.FLAGS["layers_per_stage"],
+        help="Pipeline layer split each plan is costed with: 'balanced' (the default: the "
+             "stages' times balanced) or 'even' (the split Megatron-LM and torchtitan run "
+             "unless told; plan.json then states it)."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
@@ -311,6 +334,7 @@ def tune_cmd(
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise MeshplanError(f"--timeout must be > 0 seconds (and finite), got {timeout}")
     mode_name = opt.value(mode)
+    split = _split_word(ctx, layers_per_stage)
     megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                recompute_num_layers, recompute_activations,
                                use_distributed_optimizer)
@@ -323,7 +347,7 @@ def tune_cmd(
         return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
                             fixed, sampler, layers, cross_node_tp, opt.value(dtype),
                             opt.value(framework), opt.value(attention), memory_headroom,
-                            search_hsdp, search_fp8)
+                            search_hsdp, search_fp8, split)
 
     try:
         cfg = config_for(nodes)
