@@ -159,45 +159,51 @@ def _warmup(s: _VPlan) -> None:
 
 
 def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
-    """One round of rule 2: a B on every rank, then an F.
+    """One round of rule 2: a B on every rank (:func:`_b_passes`), then an F
+    (:func:`_f_passes`). :meth:`_VPlan.put` and ``put_w`` are inlined there with the state
+    in locals (this loop is most of a ZB-V build: 2m rounds of 2p passes per run, up to 32
+    runs per build); the construction as it was before that is ``tests/_zbv_reference.py``,
+    which it must equal. Layout of ``end``: slot ``2 * kind + chunk``, then rank, then
+    micro-batch."""
+    _b_passes(s, fill_b)
+    _f_passes(s, fill_f)
 
-    B chunk: 1 while the rank has run as many chunk-0 as chunk-1 backwards, or while the
-    chunk-0 input (from rank r + 1) is not placed and chunk-1 backwards remain; else 0.
-    F chunk: none once all chunk-1 forwards ran; 0 while chunk 1 has caught up with chunk
-    0; 1 when its input (from rank r + 1; the last rank's own chunk-0 F) is placed; else 0
-    when chunk-0 forwards remain and their input is placed; else no F this round. Before
-    each pass, pending W fill the gap to its cross-rank input (module docstring, rule 2).
-    :meth:`_VPlan.put` and ``put_w`` are inlined with the state in locals (this loop is
-    most of a ZB-V build: 2m rounds of 2p passes per run, up to 32 runs per build); the
-    construction as it was before that is ``tests/_zbv_reference.py``, which it must
-    equal. Layout of ``end``: slot ``2 * kind + chunk``, then rank, then micro-batch."""
-    p, m, comm, end = s.p, s.m, s.comm, s.end
-    count = s.count
-    nf0, nf1, nb0, nb1 = count[0], count[1], count[2], count[3]
-    free, idle, mem, rows, pending = s.free, s.idle, s.mem, s.rows, s.pending
-    tf, tb, tw = s.dur
-    allowance, max_allowance = s.allowance, s.max_allowance
-    pm, last = p * m, p - 1
-    fbase, bbase = (0, pm), (2 * pm, 3 * pm)  # end[] base of F / B of chunk 0, 1
 
-    def fill(r: int, arrival: int, partial: bool) -> None:  # _VPlan.fill with put_w inlined
-        pend = pending[r]
-        while pend and arrival >= free[r] + tw:
+def _fill(s: _VPlan, r: int, arrival: int, partial: bool) -> None:
+    """Rank r's pending W passes into the gap before a pass whose input arrives at
+    ``arrival`` (ns): each W that fits whole; with ``partial``, one more when idling would
+    push the rank's bubble above the worst rank's (module docstring, rule 2).
+    ``_VPlan.put_w`` inlined."""
+    pend, free, count, rows, tw = s.pending[r], s.free, s.count, s.rows[r], s.dur[_W]
+    while pend and arrival >= free[r] + tw:
+        c, i = pend.popleft()
+        count[4 + c][r] += 1
+        free[r] += tw
+        s.mem[r] -= 1
+        rows.append((_W, i, c))
+    if partial and pend:
+        if arrival - free[r] > max(s.max_idle, s.max_allowance - s.allowance[r]) - s.idle[r]:
             c, i = pend.popleft()
             count[4 + c][r] += 1
             free[r] += tw
-            mem[r] -= 1
-            rows[r].append((_W, i, c))
-        if partial and pend:
-            if arrival - free[r] > max(s.max_idle, max_allowance - allowance[r]) - idle[r]:
-                c, i = pend.popleft()
-                count[4 + c][r] += 1
-                free[r] += tw
-                mem[r] -= 1
-                rows[r].append((_W, i, c))
+            s.mem[r] -= 1
+            rows.append((_W, i, c))
 
+
+def _b_passes(s: _VPlan, fill_b: bool) -> None:
+    """The B half of a round. Chunk: 1 while the rank has run as many chunk-0 as chunk-1
+    backwards, or while the chunk-0 input (from rank r + 1) is not placed and chunk-1
+    backwards remain; else 0. Chunk-0 ranks go bottom-up first, then chunk-1 ranks
+    top-down; pending W fill the gap before each. Raises ScheduleError when a rank has no
+    backward left or one's input is not placed."""
+    p, m, comm, end = s.p, s.m, s.comm, s.end
+    nb0, nb1, nf0 = s.count[2], s.count[3], s.count[0]
+    free, idle, mem, rows, pending = s.free, s.idle, s.mem, s.rows, s.pending
+    tb = s.dur[_B]
+    pm, last = p * m, p - 1
+    bbase = (2 * pm, 3 * pm)  # end[] base of B of chunk 0, 1
     chunks = []
-    for r in range(p):  # _b_chunk
+    for r in range(p):
         if nb0[r] >= nb1[r] or (nb1[r] < m and r < last and end[bbase[0] + (r + 1) * m + nb0[r]] < 0):
             chunks.append(1)
         else:
@@ -214,15 +220,15 @@ def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
             if r < last and e < 0:
                 raise ScheduleError(f"ZBVPP: B{i} chunk 0 on rank {r} placed before its input")
             if e >= 0 and pending[r]:
-                fill(r, e + comm, True)
+                _fill(s, r, e + comm, True)
             ok = end[r * m + i] >= 0 and (r != last or end[bbase[1] + r * m + i] >= 0)
         else:  # input: B chunk 1 of rank r - 1 (none on rank 0: the loss)
             e = end[bbase[1] + (r - 1) * m + i] if r > 0 else -1
             if r > 0 and e < 0:
                 raise ScheduleError(f"ZBVPP: B{i} chunk 1 on rank {r} placed before its input")
             if e >= 0 and pending[r]:
-                fill(r, e + comm, fill_b)
-            ok = end[fbase[1] + r * m + i] >= 0
+                _fill(s, r, e + comm, fill_b)
+            ok = end[pm + r * m + i] >= 0  # F chunk 1 of this micro-batch
         if not ok:
             raise ScheduleError(f"ZBVPP: B{i} chunk {c} on rank {r} placed before its input")
         start = fr = free[r]  # _VPlan.put from here
@@ -237,8 +243,22 @@ def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
         mem[r] -= 1
         cnt[r] = i + 1
         pending[r].append((c, i))
+
+
+def _f_passes(s: _VPlan, fill_f: bool) -> None:
+    """The F half of a round. Chunk: none once all chunk-1 forwards ran; 0 while chunk 1
+    has caught up with chunk 0; 1 when its input (from rank r + 1; the last rank's own
+    chunk-0 F) is placed; else 0 when chunk-0 forwards remain and their input is placed;
+    else no F this round. W passes run first while the F would exceed the memory cap, and
+    fill the gap before it. Raises ScheduleError when an input is not placed."""
+    p, m, comm, end = s.p, s.m, s.comm, s.end
+    nf0, nf1 = s.count[0], s.count[1]
+    free, idle, mem, rows, pending = s.free, s.idle, s.mem, s.rows, s.pending
+    tf = s.dur[_F]
+    pm, last = p * m, p - 1
+    fbase = (0, pm)  # end[] base of F of chunk 0, 1
     budget = s.budget - _MEM[_F]
-    for r in range(p):  # _f_chunk
+    for r in range(p):
         n0, n1 = nf0[r], nf1[r]
         if n1 >= m:
             continue
@@ -265,7 +285,7 @@ def _round(s: _VPlan, fill_b: bool, fill_f: bool) -> None:
                 raise ScheduleError(f"ZBVPP: F{i} chunk 1 on rank {r} placed before its input")
             ok = r != last or end[r * m + i] >= 0
         if e >= 0 and pending[r]:
-            fill(r, e + comm, fill_f)
+            _fill(s, r, e + comm, fill_f)
         if not ok:
             raise ScheduleError(f"ZBVPP: F{i} chunk {c} on rank {r} placed before its input")
         start = fr = free[r]  # _VPlan.put from here
