@@ -235,39 +235,62 @@ class _Stream(Event):
 def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[TimelineEvent], tuple]:
     """Run the SimPy event loop over the schedule's actions with the templates of ``plan``
     (from ``_plan``): one process per rank that executes its actions in order, each
-    waiting for its dependencies' finish times plus their hop delays (integer ns). Returns the timeline (events in the order the loop
-    started them) and ``(busy, span, makespan)`` ns for ``SimResult.from_timeline``;
-    raises ScheduleError on a deadlock.
+    waiting for its dependencies' finish times plus their hop delays (integer ns;
+    :class:`_Player`). Returns the timeline (events in the order the loop started them)
+    and ``(busy, span, makespan)`` ns for ``SimResult.from_timeline``; raises
+    ScheduleError on a deadlock. The garbage collector is paused while the loop runs (it
+    would only scan live objects)."""
+    player = _Player(schedule, len(plan))
+    for r, actions in enumerate(schedule.actions):
+        player.env.process(player.run_rank(r, actions, plan[r]))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        player.env.run()
+        if player.stuck:
+            raise ScheduleError(_deadlock_message(schedule, player.stuck))
+    finally:
+        if enabled:
+            gc.enable()
+    first, last = player.first, player.last
+    span = [last[r] - first[r] if schedule.actions[r] else 0 for r in range(len(plan))]
+    return player.timeline, (player.busy, span, max(last, default=0))
 
-    The hot loop allocates only what SimPy needs: each action is one scheduled event (the
-    rank's :class:`_Stream`, re-armed ``end - now`` ns ahead, where a bare loop yields a new
-    Timeout), and one Event per input a rank has to wait for; finish times and waiters are
-    flat lists indexed by the dense keys of ``_plan``, each rank tracks its own clock (the
-    delays it schedules are exact), each action appends its TimelineEvent as it starts,
-    and the garbage collector is paused while the loop runs (it would only scan live
-    objects)."""
-    env = simpy.Environment()
-    nkeys = 3 * schedule.num_vstages * schedule.num_microbatches
-    finish = [-1] * nkeys
-    waiters: list = [None] * nkeys
-    timeline: list[TimelineEvent] = []
-    stuck: dict[int, tuple[int, int]] = {}
-    arm, event = env.schedule, env.event
-    record = timeline.append
-    make = tuple.__new__  # TimelineEvent(...) without the NamedTuple constructor's call
-    first = [0] * len(plan)
-    last = [0] * len(plan)
-    busy = [0] * len(plan)
 
-    def wait(r: int, j: int, key: int):
-        stuck[r] = (j, key)
-        ev = waiters[key]
+class _Player:
+    """The state of one play (:func:`_play`): finish times (ns, -1 until done) and waiting
+    Events of the dense keys of ``_plan``, the timeline, each rank's first start, last end
+    and busy ns, and ``stuck`` (rank -> (action index, key) while it waits).
+
+    The hot loop (:meth:`run_rank`) allocates only what SimPy needs: each action is one
+    scheduled event (the rank's :class:`_Stream`, re-armed ``end - now`` ns ahead, where a
+    bare loop yields a new Timeout), and one Event per input a rank has to wait for; each
+    rank tracks its own clock (the delays it schedules are exact) and appends each
+    TimelineEvent as the action starts."""
+
+    def __init__(self, schedule: Schedule, ranks: int) -> None:
+        self.env = simpy.Environment()
+        nkeys = 3 * schedule.num_vstages * schedule.num_microbatches
+        self.finish = [-1] * nkeys
+        self.waiters: list = [None] * nkeys
+        self.timeline: list[TimelineEvent] = []
+        self.stuck: dict[int, tuple[int, int]] = {}
+        self.first, self.last, self.busy = [0] * ranks, [0] * ranks, [0] * ranks
+
+    def wait(self, r: int, j: int, key: int):
+        """Block rank r (at its action j) until ``key`` finishes."""
+        self.stuck[r] = (j, key)
+        ev = self.waiters[key]
         if ev is None:
-            ev = waiters[key] = event()
+            ev = self.waiters[key] = self.env.event()
         yield ev
-        del stuck[r]
+        del self.stuck[r]
 
-    def run_rank(r: int, actions: tuple, chunks: list[dict[str, tuple]]):
+    def run_rank(self, r: int, actions: tuple, chunks: list[dict[str, tuple]]):
+        """The SimPy process of rank r: its actions in order, each after its inputs."""
+        env, finish, waiters, wait = self.env, self.finish, self.waiters, self.wait
+        arm, record = env.schedule, self.timeline.append
+        make = tuple.__new__  # TimelineEvent(...) without the NamedTuple constructor's call
         clock = _Stream(env)
         single = chunks[0] if len(chunks) == 1 else None
         now = busy_r = 0
@@ -309,7 +332,7 @@ def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[
                     waiters[o2] = None
                     ev.succeed()
             if j == 0:
-                first[r] = start
+                self.first[r] = start
             j += 1
             end += post
             busy_r += end - start
@@ -318,22 +341,8 @@ def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[
             arm(clock, NORMAL, end - now)
             yield clock
             now = end
-        last[r] = now
-        busy[r] = busy_r
-
-    for r, actions in enumerate(schedule.actions):
-        env.process(run_rank(r, actions, plan[r]))
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        env.run()
-        if stuck:
-            raise ScheduleError(_deadlock_message(schedule, stuck))
-    finally:
-        if enabled:
-            gc.enable()
-    span = [last[r] - first[r] if schedule.actions[r] else 0 for r in range(len(plan))]
-    return timeline, (busy, span, max(last, default=0))
+        self.last[r] = now
+        self.busy[r] = busy_r
 
 
 def _deadlock_message(schedule: Schedule, stuck: dict[int, tuple[int, int]]) -> str:
