@@ -10,6 +10,9 @@ Merge (deterministic; the same inputs always give the same answer):
 1. Proposals are taken in priority order: higher :attr:`DistTensor.priority` first (the
    Completer gives annotated parameters 2, other annotated values 1, derived values 0 and
    hints from consumers -1), ties broken by position: operands in order, then results.
+   A hint does not claim a mesh dim on which the op sums Partial operands alike (an
+   ``"all"`` :class:`LinearGroup` of two or more, e.g. ``add_n`` of gradients): the sum
+   keeps the Partial and is reduced once downstream, not once per operand.
 2. Within a proposal, tensor dims in order. A dim proposes ``letter -> mesh dim`` unless it
    is replicated (-1), has size 1 (size-1 dims are always replicated), or its letter is
    forced replicated by the rule (softmax axis, normalized dims, ...).
@@ -157,15 +160,43 @@ def _shape(t: DistTensor | None) -> tuple[int, ...] | None:
     return None if t is None else t.shape
 
 
+def _summed_partials(nt: Notation, ins: Sequence[DistTensor | None]) -> set[int]:
+    """Mesh dims on which the op sums Partial operands: an ``"all"`` :class:`LinearGroup`
+    of two or more operands, each Partial there with one reduce type the group allows
+    (``add_n`` of partial gradients, ``add`` of two). A consumer's hint does not shard a
+    letter on such a dim (module docstring, step 2): the sum stays Partial and is reduced
+    once where it is consumed, not once per operand -- Megatron-LM sums the input gradients
+    of the q/k/v (and gate/up) projections before the one reduce_scatter of sequence
+    parallelism (``ColumnParallelLinear`` on a fused weight; reference/fidelity_notes.md),
+    torch autograd accumulates a tensor's gradient before the collective of its
+    producer's backward."""
+    out: set[int] = set()
+    for g in nt.linear:
+        if g.mode != "all" or len(g.operands) < 2:
+            continue
+        attrs = [ins[i].attr if i < len(ins) and ins[i] is not None else None for i in g.operands]
+        first = attrs[0]
+        if first is None or any(a is None for a in attrs):
+            continue
+        for m, t in first.partial:
+            if t in g.types and all(a.partial_dims.get(m) == t for a in attrs[1:]):  # type: ignore[union-attr]
+                out.add(m)
+    return out
+
+
 def _merge(nt: Notation, ins: Sequence[DistTensor | None], outs: Sequence[DistTensor | None]
            ) -> tuple[dict[str, int], set[int]]:
+    summed = _summed_partials(nt, ins) if nt.linear else set()
     props = []
     for kind, lts, ts in ((0, nt.inputs, ins), (1, nt.outputs, outs)):
         for i, lt in enumerate(lts):
             t = ts[i] if i < len(ts) else None
             if lt is None or t is None or t.attr is None:
                 continue
-            props.append((-t.priority, kind, i, lt, t.attr.dims_mapping, t.shape))
+            dm = t.attr.dims_mapping
+            if kind == 1 and t.priority < 0 and summed:  # a hint: not on a summed Partial dim
+                dm = tuple(-1 if m in summed else m for m in dm)
+            props.append((-t.priority, kind, i, lt, dm, t.shape))
     props.sort(key=lambda p: p[:3])
     lmap: dict[str, int] = {}
     used: set[int] = set()
