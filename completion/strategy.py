@@ -364,7 +364,7 @@ class Strategy:
         c, f = self.moe_capacity_factor, self.moe_load_imbalance
         if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 64):
             raise StrategyError(f"strategy field 'moe_capacity_factor' must be a number in (0, 64] "
-                                f"(None: dropless), got {c!r}")
+                                f"(left out: dropless), got {c!r}")
         if isinstance(f, bool) or not isinstance(f, int | float) or not 1 <= f <= 64:
             raise StrategyError(f"strategy field 'moe_load_imbalance' must be a number in [1, 64] "
                                 f"(the busiest expert's tokens over the mean), got {f!r}")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 from simulator.errors import SimulatorError
 
 
 def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None = None,
-                 layer_cost: list[float] | None = None, pre: float = 0.0, post: float = 0.0) -> list[int]:
+                 layer_cost: list[float] | None = None, pre: float = 0.0, post: float = 0.0,
+                 ranks: tuple[int, ...] | None = None) -> list[int]:
     """Layers per virtual stage (model order).
 
     ``explicit`` is used as given (validated). Otherwise the split is balanced by cost:
@@ -16,22 +18,112 @@ def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | 
     ``pre`` (embeddings) and the last ``post`` (head and loss) -- the balancing the Zero
     Bubble paper does by hand (Qi et al. 2024, Table 3: first and last stages carry fewer
     layers). Bisection on the bottleneck T; for each T a right-to-left greedy packing gives
-    the fewest groups (and the lightest first group); groups are then split to exactly
-    ``num_vstages`` (splitting never raises the maximum). Without costs all layers weigh 1.
+    the fewest groups (:func:`_pack`); groups are then split to exactly ``num_vstages``
+    (splitting never raises the maximum). Without costs all layers weigh 1.
+
+    ``ranks``: the pipeline rank of each virtual stage (Megatron's interleaving, ZB-V's V).
+    When a rank holds several, its stages run one after another on its one compute stream,
+    so the steady state is paced by the busiest *rank*, not the busiest stage (Narayanan et
+    al. 2021, sec. 2.2.2: each device runs its v chunks for every micro-batch): the split
+    then minimises (the largest rank load, the largest stage load) by a steepest-descent
+    search over one-layer moves between stages (:func:`_rank_balanced`), started from the
+    stage-balanced split and from the even one, whichever ends lower. E.g. Llama 2 7B,
+    pp 2 x vpp 4 beside a 151k-vocabulary head: rank loads equal within one layer, where
+    balancing stages alone put 10 layers on one rank and 6 plus the head on the other.
 
     Raises ValueError when there are fewer layers than virtual stages or ``explicit``
     does not fit. Balanced splits are memoised by their arguments (a search asks the same
     ones for every candidate of a layer layout)."""
     if explicit is None:
+        multi = ranks is not None and len(set(ranks)) < len(ranks)
         return list(_balanced(num_layers, num_vstages, tuple(layer_cost) if layer_cost else None,
-                              float(pre), float(post)))
+                              float(pre), float(post), tuple(ranks) if multi and ranks else None))
     return _split(num_layers, num_vstages, explicit, layer_cost, pre, post)
 
 
 @functools.lru_cache(maxsize=4096)
 def _balanced(num_layers: int, num_vstages: int, layer_cost: tuple[float, ...] | None,
-              pre: float, post: float) -> tuple[int, ...]:
-    return tuple(_split(num_layers, num_vstages, None, list(layer_cost) if layer_cost else None, pre, post))
+              pre: float, post: float, ranks: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    cost = list(layer_cost) if layer_cost else None
+    split = _split(num_layers, num_vstages, None, cost, pre, post)
+    if ranks is None or len(ranks) != num_vstages:
+        return tuple(split)
+    weights = cost or [1.0] * num_layers
+    base, extra = divmod(num_layers, num_vstages)
+    even = [base + (1 if v < extra else 0) for v in range(num_vstages)]
+    found = [_rank_balanced(start, weights, pre, post, ranks) for start in (even, split)]
+    return tuple(min(found, key=lambda f: f[1])[0])
+
+
+def _stage_loads(counts: list[int], cost: list[float], pre: float, post: float,
+                 prefix: list[float] | None = None) -> list[float]:
+    """Load of each stage of split ``counts`` (``prefix``: the running sums of ``cost``)."""
+    if prefix is None:
+        prefix = list(itertools.accumulate(cost, initial=0.0))
+    loads, i = [], 0
+    for n in counts:
+        loads.append(prefix[i + n] - prefix[i])
+        i += n
+    loads[0] += pre
+    loads[-1] += post
+    return loads
+
+
+def _objective(counts: list[int], cost: list[float], pre: float, post: float,
+               ranks: tuple[int, ...], prefix: list[float] | None = None) -> tuple[float, float]:
+    """(largest rank load, largest stage load) of a split (loads in the units of ``cost``)."""
+    loads = _stage_loads(counts, cost, pre, post, prefix)
+    per: dict[int, float] = {}
+    for r, x in zip(ranks, loads, strict=True):
+        per[r] = per.get(r, 0.0) + x
+    return max(per.values()), max(loads)
+
+
+def _rank_balanced(start: list[int], cost: list[float], pre: float, post: float,
+                   ranks: tuple[int, ...]) -> tuple[list[int], tuple[float, float]]:
+    """Steepest descent from ``start`` on :func:`_objective` (lexicographic, a relative
+    1e-12 counting as no gain): each step moves one layer from a stage of a busiest rank
+    (or the busiest stage) to any other stage, every stage keeping at least one layer,
+    until no such move lowers it (no other move can lower the busiest rank's load).
+    Returns (split, objective)."""
+    prefix = list(itertools.accumulate(cost, initial=0.0))
+    counts = list(start)
+    best = _objective(counts, cost, pre, post, ranks, prefix)
+    n = len(counts)
+    while True:
+        loads = _stage_loads(counts, cost, pre, post, prefix)
+        per: dict[int, float] = {}
+        for r, x in zip(ranks, loads, strict=True):
+            per[r] = per.get(r, 0.0) + x
+        top = max(per.values())
+        busy = {r for r, x in per.items() if x >= top * (1 - 1e-12)}
+        sources = {v for v in range(n) if ranks[v] in busy} | {max(range(n), key=loads.__getitem__)}
+        move = None
+        for a in sorted(sources):
+            if counts[a] <= 1:
+                continue
+            for b in range(n):
+                if b == a:
+                    continue
+                counts[a] -= 1
+                counts[b] += 1
+                obj = _objective(counts, cost, pre, post, ranks, prefix)
+                counts[a] += 1
+                counts[b] -= 1
+                if _lower(obj, move[1] if move else best):
+                    move = ((a, b), obj)
+        if move is None:
+            return counts, best
+        (a, b), best = move
+        counts[a] -= 1
+        counts[b] += 1
+
+
+def _lower(x: tuple[float, float], y: tuple[float, float]) -> bool:
+    tol = 1e-12 * max(abs(y[0]), 1e-30)
+    if x[0] < y[0] - tol:
+        return True
+    return abs(x[0] - y[0]) <= tol and x[1] < y[1] - 1e-12 * max(abs(y[1]), 1e-30)
 
 
 def _split(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None,
@@ -65,18 +157,35 @@ def _split(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None,
 
 
 def _pack(cost: list[float], limit: float, pre: float, post: float) -> list[int] | None:
-    """Right-to-left greedy groups (layer counts, model order) under ``limit``, or None."""
+    """Right-to-left greedy groups (layer counts, model order, at least one layer each)
+    with every group's load under ``limit``, the first also carrying ``pre`` and the last
+    ``post``; None when none exist. Each group takes as many layers as fit, so the groups
+    are as few as the limit allows and their number never rises with it (the bisection of
+    :func:`_split` relies on that). When the leftmost group cannot take ``pre`` it is cut
+    after the layers that fit beside it. (Before, that case was declared infeasible while a
+    smaller limit packed: the bisection then settled above 3 layers a stage where 2 fit,
+    e.g. Llama 2 7B on pp 4 x vpp 4: [3, 3, 3, 3, 3, 1, 2, ...] instead of 2 each.)"""
+    lim = limit * (1 + 1e-12)
     groups: list[int] = []
     load, count = post, 0
     for c in reversed(cost):
-        if load + c > limit * (1 + 1e-12) and count:
+        if load + c > lim and count:
             groups.append(count)
             load, count = 0.0, 0
         load += c
         count += 1
-        if load > limit * (1 + 1e-12):
+        if load > lim:
             return None
-    if load + pre > limit * (1 + 1e-12):
-        return None
+    if load + pre > lim:  # the embedding does not fit: a first group of what fits beside it
+        first, acc = 0, pre
+        for c in cost[:count]:
+            if acc + c > lim:
+                break
+            acc += c
+            first += 1
+        if first == 0:
+            return None
+        groups.append(count - first)
+        count = first
     groups.append(count)
     return groups[::-1]

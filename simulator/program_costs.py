@@ -202,8 +202,11 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
             continue
         fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
                  if k.phase in PHASES) * replicas
-        f = _slot_factor(op, slots)
-        pad = fl * (1.0 - 1.0 / f)  # an op on padded expert slots: the model's share is 1 / f
+        # an op on padded expert slots (factor f > 1): the model's share is 1 / f; below 1
+        # (a capacity that drops tokens) every slot holds a routed token and the dropped
+        # ones are not computed: all of it is the model's (MFU never above the executed)
+        f = max(1.0, _slot_factor(op, slots))
+        pad = fl * (1.0 - 1.0 / f)
         fl -= pad
         runs = 2 if id(op) in rec else 1  # a recomputed op runs its padding again too
         if pad:

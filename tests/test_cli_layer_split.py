@@ -58,6 +58,8 @@ def test_even_and_a_list_cost_what_the_api_costs_for_that_split(capsys, steps):
     ("5,4", "--layers-per-stage [5, 4] sums to 9, but model 'qwen3-30b-a3b' has 8 layers"),
     ("five,3", "--layers-per-stage 'five,3': give 'even', 'balanced' or the layers"),
     ("", "--layers-per-stage '': give 'even'"),
+    ("\u0665,\u0663", "give 'even', 'balanced' or the layers"),  # Arabic-Indic digits: not ASCII
+    ("5_0,3", "give 'even', 'balanced' or the layers"),  # int() would read 50
 ])
 def test_a_split_that_does_not_fit_names_the_flag(capsys, value, needle):
     line = one_line_error(*run_main(capsys, "cost", *BASE, "--layers-per-stage", value))
@@ -167,3 +169,22 @@ def test_tune_costs_each_plan_with_the_even_split_and_states_it(capsys, tmp_path
                                     "--layers-per-stage", "4,4"))
     assert "--layers-per-stage '4,4': tune takes balanced or even" in line
     assert not (tmp_path / "x").exists()
+
+
+def test_a_list_beside_megatrons_layers_per_virtual_stage_is_refused(capsys):
+    line = one_line_error(*run_main(capsys, "cost", "-m", "llama2-7b", "--cluster", "dgx-a100-80g",
+                                    "--dp", "2", "--pp", "4", "--global-batch", "32",
+                                    "--num-layers-per-virtual-pipeline-stage", "4",
+                                    "--layers-per-stage", "5,3,4,4,4,4,4,4"))
+    assert "--layers-per-stage 5,3,4,4,4,4,4,4 and --num-layers-per-virtual-pipeline-stage both" in line
+
+
+def test_compare_json_rows_share_their_keys_and_empty_items_name_the_flags_example(capsys):
+    args = ("compare", "-m", "llama2-7b", "--cluster", "dgx-h100", "--dp", "2", "--global-batch", "8")
+    rc, out, err = run_main(capsys, *args, "--cp", "3,4", "--json")
+    assert rc == 0, err
+    refused, costed = json.loads(out)
+    assert sorted(refused) == sorted(costed)
+    assert refused["step_time_ms"] is None and refused["error"] and costed["error"] is None
+    line = one_line_error(*run_main(capsys, *args, "--layers-per-stage", "even,"))
+    assert "--layers-per-stage: empty item in 'even,' (a comma list, e.g. balanced,even)" in line

@@ -108,3 +108,22 @@ def test_padding_is_executed_not_model_flops_and_impossible_loads_are_refused(ti
     with pytest.raises(PlanProgramError, match="'moe_capacity_factor' is set but model 'llama2-7b' has no"):
         check_plan(resolve_model("llama2-7b", 32, num_layers=1),
                    Strategy(micro_batch_size=1, global_batch_size=1, moe_capacity_factor=1.25))
+
+
+def test_dropped_tokens_are_not_model_flops_so_mfu_stays_below_the_executed(tiny):
+    """A capacity below 1 drops routed pairs: every slot holds a routed token and the
+    dropped ones are not computed, so the model FLOPs are the executed ones (before, the
+    model FLOPs were the executed / c: at c = 0.001 the MFU of Qwen3-30B-A3B read 110%).
+    TINY at s 32: c 0.5 keeps ceil(0.5 * 16) = 8 slots of 16, and its expert FLOPs are half
+    of c 1's; the model FLOPs fall with them and never exceed the executed."""
+    from meshplan import Engine
+
+    def run(c: float):
+        s = Strategy(dp=2, ep=2, micro_batch_size=1, global_batch_size=4, moe_capacity_factor=c)
+        return Engine(tiny, "dgx-h100", s, seq_len=32).simulate()
+
+    full, half, tiny_c = run(1.0), run(0.5), run(1e-6)
+    for r in (full, half, tiny_c):
+        assert r.model_flops == pytest.approx(r.executed_flops, rel=1e-12)
+        assert 0 < r.mfu < 1
+    assert tiny_c.model_flops < half.model_flops < full.model_flops

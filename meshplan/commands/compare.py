@@ -87,6 +87,11 @@ PARSERS = {
     "moe_load_imbalance": _floats("--moe-load-imbalance", 1.0),
     "layers_per_stage": _split,
 }
+#: a comma list of each option, for the empty-item error (others: 1,2)
+EXAMPLES = {"schedule": "1F1B,VPP", "recompute": "none,full", "cp_comm": "p2p,all_gather",
+            "dtype": "bfloat16,fp8-delayed", "framework": "megatron-core,fsdp2",
+            "attention": "flash,unfused", "moe_capacity_factor": "1,1.25",
+            "moe_load_imbalance": "1,1.5", "layers_per_stage": "balanced,even"}
 #: column heads of the knobs in the table
 HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "mbs",
          "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
@@ -106,7 +111,7 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
         items = [s.strip() for s in text.split(",")]
         if any(not s for s in items):
             raise ValueError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
-                             f"e.g. 1F1B,VPP)")
+                             f"e.g. {EXAMPLES.get(field, '1,2')})")
         out[field] = list(dict.fromkeys(PARSERS[field](s) for s in items))
     n = 1
     for vals in out.values():
@@ -134,6 +139,11 @@ def chunks_for(schedule: str) -> int:
     from completion.strategy import interleaved
 
     return 2 if interleaved(schedule) else 1
+
+
+#: the result keys of a costed row (null in a refused one, which has ``error``)
+RESULT_KEYS = ("gpus", "gpus_available", "step_time_ms", "tokens_per_s", "mfu", "bubble_ratio",
+               "max_memory_bytes", "layers_per_vstage", "memory_limit_bytes", "fits_in_memory")
 
 
 def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
@@ -250,7 +260,7 @@ def compare_cmd(
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
             e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
-            rows.append({**knobs, "error": " ".join(str(e).split())})
+            rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split())})
             continue
         cl = engine.cluster
         rows.append(_row(knobs, res, memory_fit(res, cl.device, memory_headroom),

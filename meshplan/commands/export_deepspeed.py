@@ -61,9 +61,14 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
     if eff["schedule"] != SCHEDULE:
         notes.append(Note("schedule", f"DeepSpeed's pipeline engine runs 1F1B, not {eff['schedule']}"))
         eff["schedule"] = SCHEDULE
-    if eff["layers_per_stage"] is not None:
-        notes.append(Note("layers_per_stage", f"pass the split {list(eff['layers_per_stage'])} "
-                                              f"to PipelineModule (partition_method) in the script"))
+    if eff["layers_per_stage"] is not None and eff["pp"] > 1:
+        notes.append(Note("layers_per_stage", f"DeepSpeed's PipelineModule takes no list of layers "
+                                              f"per stage (partition_method 'parameters', its "
+                                              f"default, balances parameter counts; 'uniform' "
+                                              f"balances layer counts, an embedding or head in the "
+                                              f"layer list counted as a layer): the costed split "
+                                              f"{list(eff['layers_per_stage'])} is not written; "
+                                              f"compare the partition DeepSpeed logs"))
     if eff["zero"] == 3 and eff["tp"] > 1:
         notes.append(Note("zero", "DeepSpeed AutoTP combines with ZeRO stages 0-2 only"))
     if eff["fsdp_shard_size"]:

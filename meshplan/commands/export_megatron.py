@@ -113,8 +113,10 @@ def _pipeline_args(eff: dict[str, Any], notes: list[Note]) -> list[str]:
 def _schedule(eff: dict[str, Any], notes: list[Note]) -> None:
     runs = "VPP" if eff["vpp"] > 1 else "1F1B"
     if eff["schedule"] != runs:
+        placed = (f", and lays virtual stage i on rank i mod {eff['pp']}, not in ZB-V's V (the "
+                  f"costed stages of a rank differ)" if eff["schedule"] == "ZBVPP" else "")
         notes.append(Note("schedule", f"Megatron-LM has no {eff['schedule']} schedule; it runs "
-                                      f"{'interleaved 1F1B' if runs == 'VPP' else '1F1B'}"))
+                                      f"{'interleaved 1F1B' if runs == 'VPP' else '1F1B'}{placed}"))
         eff["schedule"] = runs
 
 

@@ -457,11 +457,16 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
                              f"split as {stages} comma-separated integers, or 'balanced'")
         split: tuple[int, ...] = (n // stages,) * stages
     else:
-        try:
-            split = tuple(int(p) for p in text.split(","))
-        except ValueError:
+        parts = text.split(",")
+        if not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
             raise ValueError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
-                             f"virtual stage as comma-separated integers (e.g. 5,3)") from None
+                             f"virtual stage as comma-separated integers (e.g. 5,3)")
+        vpp_flag = "--num-layers-per-virtual-pipeline-stage"
+        if any(a.split("=", 1)[0] == vpp_flag for a in (ctx.meta.get(ARGS_KEY, ()) if ctx else ())):
+            raise ValueError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
+                             f"stage (Megatron-LM refuses a layout beside it too): give --vpp "
+                             f"with the list, or {vpp_flag} alone")
+        split = tuple(int(p) for p in parts)
     from meshplan.strategy import StrategyError
 
     try:
