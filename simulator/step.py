@@ -138,7 +138,12 @@ class StepResult:
     ``bubble`` (idle inside the pipeline) + ``dp_sync`` (gradient sync and parameter gathers
     not hidden behind the backward) + ``optimizer``, plus ``pp_comm`` (the p2p hops the rank
     sends, T_comm each) when the profile's sends are synchronous (with asynchronous sends a
-    hop is a delay already inside the bubble)."""
+    hop is a delay already inside the bubble).
+
+    ``tflops_per_gpu`` counts the executed FLOPs (recompute and padded expert slots
+    included: the hardware FLOP/s, Megatron-LM's logged TFLOP/s with recompute) and ``mfu``
+    the model FLOPs only (``model_flops`` / (step x GPUs x peak); Chowdhery et al. 2022,
+    app. B), so with recompute tflops_per_gpu / peak exceeds mfu."""
 
     step_time: float
     tokens_per_s: float

@@ -148,17 +148,19 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
-    pipeline layer split the cost model used pinned when the plan fixes none
-    (``meshplan.validation.predicted_plan``): what is exported or launched is what was
-    costed. The frameworks' own default splits differ (Megatron-LM splits evenly and
-    refuses layers that do not divide; torchtitan counts the embedding and the head as
-    layers; DeepSpeed balances parameters), so the split is always stated. When the cost
-    model balanced the stages unevenly where an even split exists (e.g. [5, 3] for 8 layers
-    on pp 2 beside the embedding and loss), the note also gives the even split's step time
-    and peak, costed again (``--layers-per-stage even`` exports that one). Returns ``(plan,
-    note)``: the note (None when there is nothing to say) also says that the costed peak
-    memory is over the device's limit with the default headroom, as ``cost`` prints OUT OF
-    MEMORY."""
+    pipeline layer split the cost model used when the plan fixes none and the layers do not
+    divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
+    ``get_num_layers_to_build`` refuses that without a layout): what is exported or
+    launched is what was costed, never a layout the framework would refuse at start-up.
+    Where the layers divide, the frameworks' arguments split them evenly (the torchtitan
+    exporter lists that split, since torchtitan's own counts the embedding and the head as
+    layers) while the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp
+    2 beside the embedding and loss): the plan keeps the even split and the note gives
+    both splits' step time and peak, the even one costed again (``--layers-per-stage``
+    pins either). A split the plan pins is exported as it was costed, without a note.
+    Returns ``(plan, note)``: the note (None when there is nothing to say) also says that
+    the costed peak memory is over the device's limit with the default headroom, as
+    ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
@@ -167,17 +169,19 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     res = engine.step_model().run()
     split = list(res.layers_per_vstage)
     notes = []
-    if plan.strategy.layers_per_stage is None and len(split) > 1:
+    if plan.strategy.layers_per_stage is not None:  # pinned: exported as costed
+        pass
+    elif sum(split) % len(split) != 0:  # the framework needs the split stated
         plan = predicted_plan(plan, {"layers_per_vstage": split})
-        if len(set(split)) > 1 and sum(split) % len(split) == 0:
-            even = [sum(split) // len(split)] * len(split)
-            other = Engine.from_plan(_with_split(plan, even), None).step_model().run()
-            notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
-                         f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
-                         f"GiB), and the export states that split; the even split {even} "
-                         f"costs {other.step_time * 1e3:.1f} ms, peak "
-                         f"{other.max_memory_bytes / 2**30:.2f} GiB (--layers-per-stage even "
-                         f"exports it)")
+    elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
+        even = [sum(split) // len(split)] * len(split)
+        other = Engine.from_plan(_with_split(plan, even), None).step_model().run()
+        notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
+                     f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
+                     f"GiB); the framework splits the layers evenly, {even}, as exported: "
+                     f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB "
+                     f"(--layers-per-stage pins a split: even, or a list)")
+        res = other
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
     if res.max_memory_bytes > limit:
         notes.append(f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "

@@ -113,6 +113,14 @@ def _pipeline(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> No
         notes.append(Note("layers_per_stage", f"torchtitan needs each stage's modules for {vpp} "
                                               f"chunks per rank; an even split {list(lps)} is written"))
         eff["layers_per_stage"] = lps
+    elif lps is None and layers is not None:
+        # torchtitan's own split weighs the embedding and the output as layers
+        # (b5bcd76 generate_llm_fqn_per_model_part): the even split costed is stated
+        lps = even_split(layers, pp * vpp)
+        notes.append(Note("layers_per_stage", f"torchtitan's default split counts the embedding "
+                                              f"and the output as layers; the even split "
+                                              f"{list(lps)} is written"))
+        eff["layers_per_stage"] = lps
     if lps is not None:
         par["module_fqns_per_model_part"] = module_fqns(lps)
 
