@@ -200,7 +200,7 @@ SPLIT_WORDS = ("balanced", "even")
 LAYERS_PER_STAGE = typer.Option(
     None, *FLAGS["layers_per_stage"],
     help="Decoder layers per virtual stage in model order: pp x vpp comma-separated integers "
-         "(e.g. 5,3), or 'even' (the split Megatron-LM and torchtitan run by default), or "
+         "(e.g. 5,3), or 'even' (Megatron-LM's default split; export's), or "
          "'balanced' (the default: the stages' times balanced, the first and last stage "
          "also carrying the embedding and the loss).")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")

@@ -307,8 +307,8 @@ def tune_cmd(
     layers_per_stage: str | None = typer.Option(
         None, *opt.FLAGS["layers_per_stage"],
         help="Pipeline layer split each plan is costed with: 'balanced' (the default: the "
-             "stages' times balanced) or 'even' (the split Megatron-LM and torchtitan run "
-             "unless told; plan.json then states it)."),
+             "stages' times balanced) or 'even' (Megatron-LM's default split, which "
+             "export writes when the layers divide; plan.json then states it)."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
