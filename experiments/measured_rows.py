@@ -594,8 +594,11 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
 #: ``account_for_embedding/loss_in_pipeline_split``) and each model chunk that over vpp,
 #: unless ``num_layers_in_first/last_pipeline_stage`` is set; Megatron-Bridge 7af9601c
 #: ``src/megatron/bridge/recipes/qwen/qwen3_moe.py`` ``qwen3_30b_a3b_pretrain_config``
-#: sets none of them (the 235B recipe sets both account_for flags)
-UNIFORM_SPLIT_FRAMEWORKS = ("megatron-bridge",)
+#: sets none of them (the 235B recipe sets both account_for flags). NeMo 24.11 (the
+#: dgxc_bench_24.11 rows) predates the account_for flags (Megatron-LM ef490839e8,
+#: 2025-02-03, "Uneven Virtual Pipeline Parallelism"), so its Megatron-Core splits evenly;
+#: Megatron-LM 2021 gives each stage num_layers // pp (the Table 1 layer counts divide).
+UNIFORM_SPLIT_FRAMEWORKS = ("megatron-bridge", "nemo", "megatron-core", "megatron-2021")
 
 
 def _uniform_split(row: Row, framework: str, vstages: int, notes: _Notes) -> tuple[int, ...] | None:
