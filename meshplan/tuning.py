@@ -26,6 +26,7 @@ from meshplan.layout_bound import SharedLayoutBound
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from meshplan.templates import template_program
+from simulator.layer_split import even_split
 from tuner.exhaustive import Bound
 from tuner.patterns import apply_templates, random_annotation, template_choices
 from tuner.space import Candidate, ModelDims, SearchProblem
@@ -115,7 +116,7 @@ def with_layer_split(s: Strategy, config: Mapping[str, Any], num_layers: Any) ->
     if n % stages:
         raise ValueError(f"an even layer split needs the {n} layers to divide over pp * vpp = "
                          f"{s.pp} * {s.vpp} = {stages} virtual stages")
-    return s.replace(layers_per_stage=(n // stages,) * stages)
+    return s.replace(layers_per_stage=even_split(n, stages))
 
 
 def _layers_of(config: Mapping[str, Any]) -> Any:

@@ -231,7 +231,9 @@ def _slot_factor(op: Any, slots: dict[str, float]) -> float:
     gradients), else 1. Model FLOPs count the routed tokens (b s k per layer, Megatron-LM's
     ``num_floating_point_operations``), not the slots each expert is padded to (every
     expert sized like the busiest, or to its capacity), which the kernels execute: MFU must
-    not rise with an imbalance that only adds padding."""
+    not rise with an imbalance that only adds padding. A factor below 1 (a capacity that
+    drops tokens) counts the kept tokens only: the dropped ones are not computed
+    (:func:`block_model_flops` takes ``max(1, factor)``)."""
     name = op.struct_name or ""
     for prefix, f in slots.items():
         if name == prefix or name.startswith(prefix + "."):

@@ -40,9 +40,9 @@ from simulator.program_costs import ProgramCosts
 from simulator.result import SimResult
 from simulator.roofline import Roofline
 from simulator.schedules import Schedule, build_schedule
-from simulator.schedules.base import TIME_AWARE, vstage_ranks
+from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import PHASES, BlockCost
-from simulator.stage_timing import StageTimer, block_time, reduce_bytes
+from simulator.stage_timing import StageTimer, block_time, reduce_bytes, vstage_ranks
 from simulator.step_memory import RankParams, rank_memory, vstage_activation_bytes
 
 
@@ -253,7 +253,7 @@ class StepModel:
         weight = [block_time(b, cfg, True) for b in costs.layers]
         self.split = split_layers(len(costs.layers), self.nvs, cfg.layers_per_stage, weight,
                                   block_time(costs.pre, cfg, False), block_time(costs.post, cfg, False),
-                                  vstage_ranks(cfg.schedule, cfg.pp, cfg.vpp))
+                                  tuple(vstage_ranks(cfg.schedule, cfg.pp, cfg.vpp)))
         starts = [sum(self.split[:i]) for i in range(self.nvs)]
         self.vs_layers = [list(range(starts[i], starts[i] + self.split[i])) for i in range(self.nvs)]
         self.timer = StageTimer(costs.layers, costs.pre, costs.post, self.vs_layers, cfg, self.cluster, roofline)

@@ -69,7 +69,7 @@ def test_a_split_that_does_not_fit_names_the_flag(capsys, value, needle):
 def test_even_on_layers_that_do_not_divide_is_refused_with_the_count(capsys):
     args = [a if a != "8" else "7" for a in BASE]  # --layers 7 on pp 2
     line = one_line_error(*run_main(capsys, "cost", *args, "--layers-per-stage", "even"))
-    assert "the model's 7 decoder layers do not divide over pp * vpp = 2 * 1 = 2" in line, line
+    assert "the model's 7 decoder layers do not divide over --pp * --vpp = 2 * 1 = 2" in line, line
 
 
 def test_export_writes_a_pinned_split_as_costed_without_the_even_split_note(capsys):
@@ -79,6 +79,13 @@ def test_export_writes_a_pinned_split_as_costed_without_the_even_split_note(caps
     assert "splits the layers evenly" not in err
     rc, out, err = run_main(capsys, "export", "--to", "megatron", *BASE, "--layers-per-stage", "even")
     assert rc == 0 and "E,t*4|t*4,L" in out and "splits the layers evenly" not in err, err
+    # balanced named: the cost model's own split [5, 3] is written, as costed
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *BASE, "--layers-per-stage", "balanced")
+    assert rc == 0 and "'E,t*5|t*3,L'" in out and "splits the layers evenly" not in err, err
+    # not named: Megatron's even split (no layout), both costed in the note
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *BASE)
+    assert rc == 0 and "pipeline-model-parallel-layout" not in out
+    assert "--layers-per-stage balanced exports the balanced one" in err
 
 
 def test_compare_puts_the_even_split_beside_the_balanced_one(capsys, steps):

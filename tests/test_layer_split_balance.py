@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.layer_split import _objective, split_layers
-from simulator.schedules.base import vstage_ranks
+from simulator.stage_timing import vstage_ranks
 
 # per-layer, embedding and head + loss seconds of Llama 2 7B (dp 2, pp 4, VPP, H100) and of
 # Qwen3-30B-A3B (16 layers, pp 2, ep 4, s 2048): the step model's block times
@@ -50,9 +50,9 @@ def test_interleaved_ranks_are_balanced_not_just_stages():
     28.9 ms), within one layer of equal -- below even's 8 and 8 + head (32.0 ms)."""
     cost, pre, post = QWEN
     ranks = vstage_ranks("VPP", 2, 4)
-    assert ranks == (0, 1, 0, 1, 0, 1, 0, 1)
-    split = split_layers(16, 8, None, cost, pre, post, ranks)
-    got = _objective(split, cost, pre, post, ranks)
+    assert ranks == [0, 1, 0, 1, 0, 1, 0, 1]
+    split = split_layers(16, 8, None, cost, pre, post, tuple(ranks))
+    got = _objective(split, cost, pre, post, tuple(ranks))
     # the optimum over all 6,435 splits (brute force): (busiest rank, busiest stage)
     objs = [_objective([b - a for a, b in zip((0, *cuts), (*cuts, 16), strict=True)], cost, pre, post, ranks)
             for cuts in itertools.combinations(range(1, 16), 7)]
@@ -68,9 +68,9 @@ def test_interleaved_ranks_are_balanced_not_just_stages():
 
 
 def test_vstage_ranks_of_the_v_and_of_interleaving():
-    assert vstage_ranks("ZBVPP", 3, 2) == (0, 1, 2, 2, 1, 0)
-    assert vstage_ranks("VPP", 3, 2) == (0, 1, 2, 0, 1, 2)
-    assert vstage_ranks("1F1B", 4, 1) == (0, 1, 2, 3)
+    assert vstage_ranks("ZBVPP", 3, 2) == [0, 1, 2, 2, 1, 0]
+    assert vstage_ranks("VPP", 3, 2) == [0, 1, 2, 0, 1, 2]
+    assert vstage_ranks("1F1B", 4, 1) == [0, 1, 2, 3]
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -88,18 +88,28 @@ def test_one_chunk_per_rank_split_has_the_smallest_bottleneck(cost, pre, post, k
     assert got <= best * (1 + 1e-9)
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
-@given(cost=st.lists(st.floats(0.5, 5.0), min_size=4, max_size=24),
-       pre=st.floats(0.0, 3.0), post=st.floats(0.0, 12.0), p=st.integers(2, 4),
-       v_shape=st.booleans())
-def test_several_chunks_per_rank_never_load_the_busiest_rank_more_than_even(cost, pre, post, p, v_shape):
-    n, nvs = len(cost), 2 * p
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(n=st.integers(4, 11), c=st.floats(0.5, 3.0), pre=st.floats(0.0, 3.0),
+       post=st.floats(0.0, 8.0), p=st.integers(2, 3), v_shape=st.booleans())
+def test_identical_layers_over_several_chunks_a_rank_get_the_least_busy_busiest_rank(n, c, pre, post, p, v_shape):
+    """Identical decoder layers (every model the catalog builds), embedding and head of any
+    cost: the local search reaches the optimum busiest-rank load of every split (brute
+    force over all of them). For layers of different costs it may stop short (documented)."""
+    nvs = 2 * p
     if n < nvs:
         return
-    ranks = vstage_ranks("ZBVPP" if v_shape else "VPP", p, 2)
+    cost = [c] * n
+    ranks = tuple(vstage_ranks("ZBVPP" if v_shape else "VPP", p, 2))
     split = split_layers(n, nvs, None, cost, pre, post, ranks)
     assert sum(split) == n and len(split) == nvs and min(split) >= 1
-    base, extra = divmod(n, nvs)
-    even = [base + (1 if i < extra else 0) for i in range(nvs)]
-    got, ref = _objective(split, cost, pre, post, ranks), _objective(even, cost, pre, post, ranks)
-    assert got[0] <= ref[0] * (1 + 1e-9)
+    best = min(_objective([b - a for a, b in zip((0, *cuts), (*cuts, n), strict=True)],
+                          cost, pre, post, ranks)[0]
+               for cuts in itertools.combinations(range(1, n), nvs - 1))
+    assert _objective(split, cost, pre, post, ranks)[0] <= best * (1 + 1e-9)
+
+
+def test_ranks_of_the_wrong_length_are_refused():
+    from simulator.errors import SimulatorError
+
+    with pytest.raises(SimulatorError, match="must name the rank of each of the 4 virtual stages"):
+        split_layers(8, 4, None, None, 0.0, 0.0, (0, 1, 0))

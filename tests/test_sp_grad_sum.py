@@ -1,5 +1,5 @@
 """Partial gradients are summed before their one reduction (sequence parallelism's
-reduce_scatter, a data-parallel reduce): ``completion.spmd.core`` step 2.
+reduce_scatter, a data-parallel reduce): ``completion.spmd.core`` step 1.
 
 Megatron-LM's sequence parallelism runs per layer 4 collectives forward (all_gather
 before the attention and MLP column-parallel GEMMs, reduce_scatter after the row-parallel

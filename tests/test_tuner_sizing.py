@@ -149,10 +149,10 @@ def test_top_plans_table_keeps_every_cell_whole_at_80_columns(capsys, tmp_path, 
     (["--dtype", "fp8-delayed"], "error: --dtype fp8-delayed: FP8 training needs FP8 tensor cores"),
     # the framework that cannot run the recipe: every trial was refused after the search
     (["--dtype", "fp8-tensorwise"], "error: --dtype fp8-tensorwise runs under --framework fsdp2, "
-                                    "fsdp2-eager, fsdp2-async-tp, not megatron-core"),
+                                    "fsdp2-eager or fsdp2-async-tp, not megatron-core"),
     (["--fix", "fp8=te-delayed", "--framework", "fsdp2"],
-     "error: --fix fp8=te-delayed runs under --framework megatron-core, megatron-bridge, nemo, "
-     "llm-foundry, not fsdp2"),
+     "error: --fix fp8=te-delayed runs under --framework megatron-core, megatron-bridge, nemo "
+     "or llm-foundry, not fsdp2"),
 ])
 def test_a_refused_tune_writes_nothing(capsys, tmp_path, extra, start):
     """A new user's trial found each of these leaving its --output folder (and a journal)

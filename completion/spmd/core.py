@@ -164,7 +164,7 @@ def _summed_partials(nt: Notation, ins: Sequence[DistTensor | None]) -> set[int]
     """Mesh dims on which the op sums Partial operands: an ``"all"`` :class:`LinearGroup`
     of two or more operands, each Partial there with one reduce type the group allows
     (``add_n`` of partial gradients, ``add`` of two). A consumer's hint does not shard a
-    letter on such a dim (module docstring, step 2): the sum stays Partial and is reduced
+    letter on such a dim (module docstring, step 1): the sum stays Partial and is reduced
     once where it is consumed, not once per operand -- Megatron-LM sums the input gradients
     of the q/k/v (and gate/up) projections before the one reduce_scatter of sequence
     parallelism (``ColumnParallelLinear`` on a fused weight; reference/fidelity_notes.md),

@@ -127,7 +127,8 @@ def export_cmd(
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:
-        checked, fit_note = costed_plan(plan)
+        balanced = (layers_per_stage or "").strip().lower() == "balanced"
+        checked, fit_note = costed_plan(plan, pin=balanced)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     out = export_plan(checked, to.value)
@@ -144,7 +145,7 @@ def export_cmd(
         typer.echo(out.text, nl=False)
 
 
-def costed_plan(plan: Any) -> tuple[Any, str | None]:
+def costed_plan(plan: Any, pin: bool = False) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
@@ -157,13 +158,15 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     layers) while the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp
     2 beside the embedding and loss): the plan keeps the even split and the note gives
     both splits' step time and peak, the even one costed again (``--layers-per-stage``
-    pins either). A split the plan pins is exported as it was costed, without a note.
+    pins either). A split the plan pins is exported as it was costed, without a note; so is
+    the cost model's own split with ``pin`` (``--layers-per-stage balanced``).
     Returns ``(plan, note)``: the note (None when there is nothing to say) also says that
     the costed peak memory is over the device's limit with the default headroom, as
     ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
     from meshplan.validation import predicted_plan
+    from simulator.layer_split import even_split
 
     engine = Engine.from_plan(plan, None)
     res = engine.step_model().run()
@@ -171,16 +174,16 @@ def costed_plan(plan: Any) -> tuple[Any, str | None]:
     notes = []
     if plan.strategy.layers_per_stage is not None:  # pinned: exported as costed
         pass
-    elif sum(split) % len(split) != 0:  # the framework needs the split stated
+    elif pin or sum(split) % len(split) != 0:  # asked for, or the framework needs it stated
         plan = predicted_plan(plan, {"layers_per_vstage": split})
     elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
-        even = [sum(split) // len(split)] * len(split)
+        even = list(even_split(sum(split), len(split)))
         other = Engine.from_plan(_with_split(plan, even), None).step_model().run()
         notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
                      f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
                      f"GiB); the framework splits the layers evenly, {even}, as exported: "
                      f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB "
-                     f"(--layers-per-stage pins a split: even, or a list)")
+                     f"(--layers-per-stage balanced exports the balanced one)")
         res = other
     limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
     if res.max_memory_bytes > limit:

@@ -72,9 +72,11 @@ def module_fqns(layers_per_stage: tuple[int, ...]) -> list[list[str]]:
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
-    """``layers`` over ``stages`` as evenly as possible, the earlier stages one more."""
-    q, r = divmod(layers, stages)
-    return tuple(q + (i < r) for i in range(stages))
+    """``layers`` over ``stages`` as evenly as possible, the earlier stages one more
+    (``simulator.layer_split.even_split``)."""
+    from simulator.layer_split import even_split as split
+
+    return split(layers, stages)
 
 
 def _pipeline(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> None:
@@ -118,8 +120,9 @@ def _pipeline(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> No
         # (b5bcd76 generate_llm_fqn_per_model_part): the even split costed is stated
         lps = even_split(layers, pp * vpp)
         notes.append(Note("layers_per_stage", f"torchtitan's default split counts the embedding "
-                                              f"and the output as layers; the even split "
-                                              f"{list(lps)} is written"))
+                                              f"and the output as layers; the "
+                                              f"{'even' if len(set(lps)) == 1 else 'near-even'} "
+                                              f"split {list(lps)} is written"))
         eff["layers_per_stage"] = lps
     if lps is not None:
         par["module_fqns_per_model_part"] = module_fqns(lps)

@@ -200,9 +200,10 @@ SPLIT_WORDS = ("balanced", "even")
 LAYERS_PER_STAGE = typer.Option(
     None, *FLAGS["layers_per_stage"],
     help="Decoder layers per virtual stage in model order: pp x vpp comma-separated integers "
-         "(e.g. 5,3), or 'even' (Megatron-LM's default split; export's), or "
-         "'balanced' (the default: the stages' times balanced, the first and last stage "
-         "also carrying the embedding and the loss).")
+         "(e.g. 5,3), or 'even' (Megatron-LM's default split), or 'balanced' (cost's "
+         "default: the stages' or ranks' times balanced, the first and last stage also "
+         "carrying the embedding and the loss). export without it writes the even split "
+         "where the layers divide.")
 MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
 #: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
 #: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
@@ -452,10 +453,13 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     if word == "even":
         n = int(num_layers())
         if n % stages:
-            raise ValueError(f"{flag} even: the model's {n} decoder layers do not divide over pp * vpp "
-                             f"= {strategy.pp} * {strategy.vpp} = {stages} virtual stages; give the "
+            raise ValueError(f"{flag} even: the model's {n} decoder layers do not divide over "
+                             f"{typed_flag(ctx, 'pp')} * {typed_flag(ctx, 'vpp')} = {strategy.pp} * "
+                             f"{strategy.vpp} = {stages} virtual stages; give the "
                              f"split as {stages} comma-separated integers, or 'balanced'")
-        split: tuple[int, ...] = (n // stages,) * stages
+        from simulator.layer_split import even_split
+
+        split: tuple[int, ...] = even_split(n, stages)
     else:
         parts = text.split(",")
         if not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
@@ -509,6 +513,12 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
         raise flag_error(ctx, e) from None
 
 
+def either(names: Any) -> str:
+    """``a, b or c``: the choices of a message."""
+    *first, last = list(names)
+    return f"{', '.join(first)} or {last}" if first else last
+
+
 def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
     """Refuse an FP8 ``--dtype`` whose recipe the ``--framework`` does not run
     (``completion.strategy.FP8_RECIPES``: Transformer Engine's under the Megatron family and
@@ -522,8 +532,7 @@ def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
     runs = FP8_RECIPES[FP8_DTYPES[dtype]]
     if framework in runs:
         return
-    *first, last = runs
-    names = f"{', '.join(first)} or {last}" if first else last
+    names = either(runs)
     default = "" if given_flags(ctx, "framework") else " (the default)"
     raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
                         f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "

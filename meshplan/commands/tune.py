@@ -160,7 +160,7 @@ def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
     how = f"--dtype {dtype}" if dtype in FP8_DTYPES else f"--fix fp8={recipe}"
     runs = FP8_RECIPES.get(recipe, ())
     if runs and framework not in runs:
-        raise MeshplanError(f"{how} runs under --framework {', '.join(runs)}, not {framework}: "
+        raise MeshplanError(f"{how} runs under --framework {opt.either(runs)}, not {framework}: "
                             f"give one of them")
     dev = load_cluster(cluster, nodes).spec.device
     if "fp8" not in dev.peak_flops:

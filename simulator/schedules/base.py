@@ -42,7 +42,7 @@ MAX_MEMORY_LIMIT = float(2**20)
 __all__ = ["KINDS", "MAX_ACTIONS", "MAX_MEMORY_LIMIT", "MAX_TIME_S", "SCHEDULES", "Action",
            "Schedule", "ScheduleError", "build_schedule", "check_common", "clear_schedule_cache", "check_size",
            "check_time", "interleaved_vstages", "make_schedule", "register_schedule",
-           "require_single_chunk", "times_ns", "v_shape_vstages", "vstage_ranks", "V_SHAPED"]
+           "require_single_chunk", "times_ns", "v_shape_vstages"]
 
 
 class Action(NamedTuple):
@@ -254,23 +254,6 @@ def interleaved_vstages(p: int, v: int) -> tuple[tuple[int, ...], ...]:
 def v_shape_vstages(p: int) -> tuple[tuple[int, ...], ...]:
     """ZB-V: rank i holds virtual stages i (chunk 0) and 2p-1-i (chunk 1)."""
     return tuple((r, 2 * p - 1 - r) for r in range(p))
-
-
-#: registered schedules that place their two chunks per rank in a V (:func:`v_shape_vstages`);
-#: every other multi-chunk schedule interleaves (:func:`interleaved_vstages`)
-V_SHAPED = frozenset({"ZBVPP"})
-
-
-def vstage_ranks(name: str, p: int, v: int) -> tuple[int, ...]:
-    """The pipeline rank of each virtual stage (model order) under schedule ``name`` with
-    ``p`` ranks of ``v`` chunks: ZB-V's V for :data:`V_SHAPED`, else Megatron's
-    interleaving (rank ``vs mod p``); ``v == 1``: stage i on rank i."""
-    rows = v_shape_vstages(p) if name in V_SHAPED and v == 2 else interleaved_vstages(p, v)
-    out = [0] * (p * v)
-    for r, row in enumerate(rows):
-        for vs in row:
-            out[vs] = r
-    return tuple(out)
 
 
 def make_schedule(name: str, p: int, m: int, v: int, rows: list[list[Action]], vstage, **meta) -> Schedule:
