@@ -192,10 +192,9 @@ def _model_folder(ref: str) -> bool:
     """Whether ``ref`` names a Hugging Face model folder (a directory holding a
     ``config.json``) rather than a built-in model (a catalog name wins, as it does in
     ``completion.get_model_config``)."""
-    from completion.models.catalog import MODEL_CATALOG
+    from completion.models.catalog import catalog_name
 
-    return (ref not in MODEL_CATALOG and ref.lower() not in MODEL_CATALOG
-            and (Path(ref) / "config.json").is_file())
+    return catalog_name(ref) is None and (Path(ref) / "config.json").is_file()
 
 
 def _from_plan_dir(ref: str, plan_path: Path) -> str:

@@ -91,6 +91,14 @@ def model_names() -> list[str]:
     return list(MODEL_CATALOG)
 
 
+def catalog_name(key: str) -> str | None:
+    """The catalog name ``key`` spells (as written, else lower-cased), or None: a catalog
+    name wins over a file or folder of the same name."""
+    if key in MODEL_CATALOG:
+        return key
+    return key.lower() if key.lower() in MODEL_CATALOG else None
+
+
 def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelConfig:
     """Resolve a catalog name, a path to a ``config.json`` (or a folder holding one, as a
     Hugging Face model folder), or a ModelConfig.
@@ -102,10 +110,9 @@ def get_model_config(name_or_config: str | pathlib.Path | ModelConfig) -> ModelC
     key = str(name_or_config)
     if not key.strip():
         raise ModelConfigError("model name is empty; give a built-in name or a config.json path")
-    if key in MODEL_CATALOG:
-        return MODEL_CATALOG[key]
-    if key.lower() in MODEL_CATALOG:
-        return MODEL_CATALOG[key.lower()]
+    name = catalog_name(key)
+    if name is not None:
+        return MODEL_CATALOG[name]
     p = pathlib.Path(key)
     if p.is_dir():  # a Hugging Face model folder, as transformers' from_pretrained takes it
         if (p / "config.json").is_file():
