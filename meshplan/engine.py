@@ -108,7 +108,9 @@ class Engine:
         self.cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
         if s.world_size > self.cluster.world_size:
             raise EngineError(f"strategy dp*cp*tp*pp = {s.dp}*{s.cp}*{s.tp}*{s.pp} = {s.world_size} ranks "
-                              f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size}")
+                              f"exceeds cluster {self.cluster.name!r} with {self.cluster.world_size} "
+                              f"({self.cluster.num_nodes} node(s) of {self.cluster.devices_per_node}): "
+                              f"give more nodes (--nodes) or smaller degrees")
         if s.fp8 is not None and "fp8" not in self.cluster.device.peak_flops:
             dev = self.cluster.device.name
             raise EngineError(f"FP8 training (fp8 {s.fp8!r}) needs FP8 tensor cores: device {dev!r} "

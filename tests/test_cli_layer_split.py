@@ -195,3 +195,43 @@ def test_compare_json_rows_share_their_keys_and_empty_items_name_the_flags_examp
     assert refused["step_time_ms"] is None and refused["error"] and costed["error"] is None
     line = one_line_error(*run_main(capsys, *args, "--layers-per-stage", "even,"))
     assert "--layers-per-stage: empty item in 'even,' (a comma list, e.g. balanced,even)" in line
+
+
+def test_a_tuned_plan_exports_with_the_split_it_was_costed_with(capsys, tmp_path):
+    """A new user's path: tune writes plan.json (split left to the cost model, [5, 3]); export
+    of it keeps Megatron's even split and says so, in the file too, and counts that note;
+    export PLAN.json --layers-per-stage balanced writes the costed split; any other strategy
+    option beside PLAN.json is still refused; a plan file given as --model says what it is."""
+    from meshplan.plan import Plan
+
+    plan = tmp_path / "plan.json"
+    Plan(model="qwen3-30b-a3b", cluster="dgx-h100", strategy=STRATEGY, seq_len=2048, num_layers=8).save(str(plan))
+    out_file = tmp_path / "m.txt"
+    rc, out, err = run_main(capsys, "export", str(plan), "--to", "megatron", "-o", str(out_file))
+    assert rc == 0, err
+    text = out_file.read_text()
+    assert text.startswith("# note: layers_per_stage: the cost model balanced the stages as [5, 3]")
+    assert "pipeline-model-parallel-layout" not in text
+    n_notes = err.count("note: ")
+    assert f"(megatron, {n_notes} note(s))" in err
+    rc, out, err = run_main(capsys, "export", str(plan), "--to", "megatron", "--layers-per-stage", "balanced")
+    assert rc == 0 and "'E,t*5|t*3,L'" in out, err
+    line = one_line_error(*run_main(capsys, "export", str(plan), "--to", "megatron", "--tp", "2"))
+    assert "not both" in line and "--tp" in line
+    rc, out, err = run_main(capsys, "export", str(plan), "--to", "deepspeed")
+    assert rc == 0 and "DeepSpeed partitions the layers its own way" in err
+    assert "the framework splits the layers evenly" not in err
+    line = one_line_error(*run_main(capsys, "cost", "--model", str(plan), "--cluster", "dgx-h100",
+                                    "--global-batch", "16"))
+    assert "a meshplan plan file, not a model config.json: give its model ('qwen3-30b-a3b')" in line
+
+
+def test_zero_states_are_said_to_shard_over_dp_x_cp_and_export_takes_hsdp(capsys):
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "2",
+                            "--cp", "4", "--seq-len", "32768", "--global-batch", "8", "--zero", "1")
+    assert rc == 0 and "optimizer states sharded over dp x cp = 8 ranks" in out, err
+    rc, out, err = run_main(capsys, "export", "--to", "torchtitan", "--model", "llama2-7b", "--cluster",
+                            "dgx-a100-80g", "--nodes", "2", "--dp", "16", "--global-batch", "64",
+                            "--framework", "fsdp2", "--zero", "3", "--hsdp", "8")
+    assert rc == 0, err
+    assert "data_parallel_replicate_degree = 2" in out and "data_parallel_shard_degree = 8" in out

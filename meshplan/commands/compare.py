@@ -204,7 +204,7 @@ def compare_cmd(
     pp: str = _list_option("pp", "1", "Pipeline stages"),
     cp: str = _list_option("cp", "1", "Context-parallel degree"),
     cp_comm: str = _list_option("cp_comm", "p2p", "Context-parallel K/V exchange: p2p or all_gather"),
-    ep: str = _list_option("ep", "1", "Expert-parallel degree (MoE models; 1 or dp)"),
+    ep: str = _list_option("ep", "1", "Expert-parallel degree (MoE models; a divisor of dp)"),
     moe_capacity_factor: str | None = _list_option("moe_capacity_factor", None,
                                                    "Expert capacity factor (MoE; default: dropless)"),
     moe_load_imbalance: str | None = _list_option("moe_load_imbalance", None,

@@ -41,6 +41,17 @@ ZERO_SHARDS = {
 }
 
 
+def _over(text: str, s: Any) -> str:
+    """:data:`ZERO_SHARDS` text with the group the states really shard over: dp x cp ranks
+    under context parallelism (Megatron-Core's distributed optimizer and FSDP shard over the
+    data-parallel-with-context group), the HSDP shard group with ``fsdp_shard_size``."""
+    if s.zero and s.fsdp_shard_size:
+        return text.replace("over dp", f"over HSDP groups of {s.fsdp_shard_size} dp ranks")
+    if s.zero and s.cp > 1:
+        return text.replace("over dp", f"over dp x cp = {s.dp * s.cp} ranks")
+    return text
+
+
 def seq_len_source(seq_len_flag: int | None, source: Any) -> str:
     """Key of :data:`SEQ_LEN_SOURCES`: ``flag`` when ``--seq-len`` was given, ``program``
     for a given program (``ModelSource.is_program``) with an ``input_ids`` [b, s] input
@@ -79,7 +90,7 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
         "seq_len": src.seq_len, "seq_len_source": seq_len_source(seq_len_flag, src),
         "gpus_used": used, "gpus_available": avail, "gpus_idle": avail - used,
         "nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
-        "zero": s.zero, "zero_shards": ZERO_SHARDS[s.zero], "framework": s.framework,
+        "zero": s.zero, "zero_shards": _over(ZERO_SHARDS[s.zero], s), "framework": s.framework,
         "attention": s.attention, "attention_source": attention_source(attention_flag, src),
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }

@@ -89,6 +89,7 @@ def export_cmd(
                                             help="Sequences per step (without PLAN.json)."),
     recompute: opt.Recompute = opt.RECOMPUTE,
     zero: int = opt.ZERO,
+    fsdp_shard_size: int | None = opt.FSDP_SHARD_SIZE,
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
     dtype: opt.Dtype = opt.DTYPE,
     framework: opt.Framework = opt.FRAMEWORK,
@@ -104,12 +105,21 @@ def export_cmd(
     from meshplan.commands.export_targets import export_plan
     from meshplan.plan import Plan
 
-    if plan_file is not None:
-        typed = _strategy_flags_typed(ctx)
+    if plan_file is not None:  # --layers-per-stage may restate a plan's split
+        typed = [f for f in _strategy_flags_typed(ctx) if f not in opt.FLAGS["layers_per_stage"]]
         if typed:
             raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
                                 f"(got {plan_file} and {', '.join(typed)})")
         plan = Plan.load(plan_file)
+        if layers_per_stage is not None:
+            import dataclasses
+
+            from meshplan.commands.export_targets import model_sizes
+
+            if plan.strategy.layers_per_stage is not None and layers_per_stage.strip().lower() in opt.SPLIT_WORDS:
+                plan = dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=None))
+            s = opt.pipeline_split(ctx, layers_per_stage, plan.strategy, lambda: model_sizes(plan)[0])
+            plan = dataclasses.replace(plan, strategy=s)
     else:
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
@@ -119,7 +129,8 @@ def export_cmd(
                  "vpp": vpp,
                  "schedule": schedule, "micro_batch_size": micro_batch_size,
                  "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
-                 "sequence_parallel": sequence_parallel, "dtype": dtype,
+                 "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
+                 "dtype": dtype,
                  "framework": framework, "attention": attention}
         megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                    recompute_num_layers, recompute_activations,
@@ -128,24 +139,27 @@ def export_cmd(
                                   layers_per_stage)
     try:
         balanced = (layers_per_stage or "").strip().lower() == "balanced"
-        checked, fit_note = costed_plan(plan, pin=balanced)
+        checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     out = export_plan(checked, to.value)
-    for note in ([fit_note] if fit_note else []) + [str(n) for n in out.notes]:
+    notes = ([fit_note] if fit_note else []) + [str(n) for n in out.notes]
+    for note in notes:
         typer.echo(f"note: {note}", err=True)
+    if fit_note and to.value != "deepspeed":  # the file keeps it too (JSON has no comments)
+        out.text = f"# note: {fit_note}\n" + out.text
     if output:
         path = Path(output)
         if path.is_dir():
             raise ValueError(f"--output {output!r} is a directory; give a file name")
         opt.ensure_dir(path.parent)
         opt.write_output("--output", output, lambda: path.write_text(out.text))
-        typer.echo(f"wrote {path} ({to.value}, {len(out.notes)} note(s))", err=True)
+        typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)
 
 
-def costed_plan(plan: Any, pin: bool = False) -> tuple[Any, str | None]:
+def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tuple[Any, str | None]:
     """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
     sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
     errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
@@ -159,7 +173,8 @@ def costed_plan(plan: Any, pin: bool = False) -> tuple[Any, str | None]:
     2 beside the embedding and loss): the plan keeps the even split and the note gives
     both splits' step time and peak, the even one costed again (``--layers-per-stage``
     pins either). A split the plan pins is exported as it was costed, without a note; so is
-    the cost model's own split with ``pin`` (``--layers-per-stage balanced``).
+    the cost model's own split with ``pin`` (``--layers-per-stage balanced``). ``target``:
+    the export target the note speaks of (DeepSpeed runs no even split of its own).
     Returns ``(plan, note)``: the note (None when there is nothing to say) also says that
     the costed peak memory is over the device's limit with the default headroom, as
     ``cost`` prints OUT OF MEMORY."""
@@ -179,9 +194,12 @@ def costed_plan(plan: Any, pin: bool = False) -> tuple[Any, str | None]:
     elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
         even = list(even_split(sum(split), len(split)))
         other = Engine.from_plan(_with_split(plan, even), None).step_model().run()
+        runs = ("DeepSpeed partitions the layers its own way (its note); the even split "
+                f"{even}" if target == "deepspeed" else
+                f"the framework splits the layers evenly, {even}, as exported")
         notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
                      f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
-                     f"GiB); the framework splits the layers evenly, {even}, as exported: "
+                     f"GiB); {runs}: "
                      f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB "
                      f"(--layers-per-stage balanced exports the balanced one)")
         res = other

@@ -61,14 +61,15 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
     if eff["schedule"] != SCHEDULE:
         notes.append(Note("schedule", f"DeepSpeed's pipeline engine runs 1F1B, not {eff['schedule']}"))
         eff["schedule"] = SCHEDULE
-    if eff["layers_per_stage"] is not None and eff["pp"] > 1:
+    if eff["pp"] > 1:
+        costed = (f"the costed split {list(eff['layers_per_stage'])}" if eff["layers_per_stage"]
+                  is not None else "the costed split")
         notes.append(Note("layers_per_stage", f"DeepSpeed's PipelineModule takes no list of layers "
                                               f"per stage (partition_method 'parameters', its "
                                               f"default, balances parameter counts; 'uniform' "
                                               f"balances layer counts, an embedding or head in the "
-                                              f"layer list counted as a layer): the costed split "
-                                              f"{list(eff['layers_per_stage'])} is not written; "
-                                              f"compare the partition DeepSpeed logs"))
+                                              f"layer list counted as a layer): {costed} is not "
+                                              f"written; compare the partition DeepSpeed logs"))
     if eff["zero"] == 3 and eff["tp"] > 1:
         notes.append(Note("zero", "DeepSpeed AutoTP combines with ZeRO stages 0-2 only"))
     if eff["fsdp_shard_size"]:
