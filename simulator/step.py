@@ -189,7 +189,9 @@ class StepResult:
         (:meth:`events`): columns ``rank``, ``stream`` (compute, tp_comm, pp_comm,
         dp_sync, optimizer), ``name``, ``kind``, ``microbatch``, ``chunk`` (-1 where
         none), ``start_ms``, ``end_ms``, ``dur_ms``. E.g.
-        ``res.to_frame().groupby("stream").dur_ms.sum()``."""
+        ``res.to_frame().groupby("stream").dur_ms.sum()``. A compute action spans its
+        exposed in-stage collectives too (``tp_comm`` rows repeat them at its end), so the
+        streams are not to be added."""
         from simulator.step_trace import events_frame
 
         return events_frame(self.events())

@@ -51,7 +51,7 @@ def test_config_json_path(capsys, tmp_path):
     rc, out, _ = run_main(capsys, "program", "show", "--model", str(f), "--summary-only")
     assert rc == 0
     # 2 * (2*64*64 + 2*64*32 + 3*64*128 + 2*64) + 2*100*64 + 64 = 86,848
-    assert out.strip().splitlines()[-1] == "// parameters: 86,848 (0.000 B)"
+    assert out.strip().splitlines()[-1] == "// parameters: 86,848 (0.087 M)"
 
 
 def test_unknown_model_is_a_one_line_error(capsys):

@@ -297,7 +297,8 @@ def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
     """A rich Table of the top plans (mesh dp-tp-pp-cp, schedule, vpp, mbs, recompute, ZeRO,
     SP, the FP8 recipe when a plan has one, templates, step time, tokens/s, MFU, peak
     memory, bubble); ``width``: the terminal's columns (:func:`top_columns` leaves out what
-    does not fit; None: all)."""
+    does not fit; None: all). Without the vpp column an interleaved schedule's cell carries
+    its chunks per rank (``VPP4``), so two plans never read alike."""
     from rich.table import Table
 
     title = "Pareto front (step time, peak memory)" if result.pareto else "Top plans"
@@ -322,8 +323,11 @@ def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
         elif p.get("annotation_seed") is not None:
             ann = f"random seed {p['annotation_seed']}"
         ann = ann or str(p.get("annotation"))
+        sched = p["schedule"]
+        if "vpp" not in cols and p["vpp"] > 1:  # no vpp column: VPP4 = VPP with 4 chunks
+            sched = f"{sched}{p['vpp']}"
         cells = dict(zip(TOP_COLUMNS, (
-            str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", p["schedule"], str(p["vpp"]),
+            str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", sched, str(p["vpp"]),
             str(p["micro_batch_size"]), p["recompute"], zero_label(p),
             "y" if p["sequence_parallel"] else "n",
             (FP8_SHORT.get(p["fp8"], p["fp8"]) if short else p["fp8"]) if p.get("fp8") else "-",

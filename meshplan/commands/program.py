@@ -45,7 +45,8 @@ def summary_lines(program: Any, title: str) -> list[str]:
     width = max((len(t) for t in by_type), default=0)
     for t, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"//   {t:<{width}}  {n}")
-    lines.append(f"// parameters: {n_params:,} ({n_params / 1e9:.3f} B)")
+    size = f"{n_params / 1e9:.3f} B" if n_params >= 1e8 else f"{n_params / 1e6:.3f} M"
+    lines.append(f"// parameters: {n_params:,} ({size})")
     return lines
 
 
