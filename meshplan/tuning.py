@@ -26,7 +26,7 @@ from meshplan.layout_bound import SharedLayoutBound
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from meshplan.templates import template_program
-from simulator.layer_split import even_split
+from simulator.layer_split import SPLITS, even_split
 from tuner.exhaustive import Bound
 from tuner.patterns import apply_templates, random_annotation, template_choices
 from tuner.space import Candidate, ModelDims, SearchProblem
@@ -94,9 +94,8 @@ def _software(config: Mapping[str, Any]) -> dict[str, Any]:
             "attention": config.get("attention")}
 
 
-#: the scorer config's ``layer_split`` values: the cost model's balanced split (the
-#: default) or the frameworks' even one (``meshplan.commands.options.pipeline_split``)
-LAYER_SPLITS = ("balanced", "even")
+#: the scorer config's ``layer_split`` values (``simulator.layer_split.SPLITS``)
+LAYER_SPLITS = SPLITS
 
 
 def with_layer_split(s: Strategy, config: Mapping[str, Any], num_layers: Any) -> Strategy:

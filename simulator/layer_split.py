@@ -7,6 +7,10 @@ import itertools
 
 from simulator.errors import SimulatorError
 
+#: how the decoder layers are split when no list is given: the cost model's balanced split
+#: (the default) or the frameworks' even one (``--layers-per-stage``, tune's scorer config)
+SPLITS = ("balanced", "even")
+
 
 def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None = None,
                  layer_cost: list[float] | None = None, pre: float = 0.0, post: float = 0.0,
@@ -44,7 +48,7 @@ def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | 
     if explicit is None:  # the rank search only where a rank holds several of several ranks
         multi = ranks is not None and 1 < len(set(ranks)) < len(ranks)
         return list(_balanced(num_layers, num_vstages, tuple(layer_cost) if layer_cost else None,
-                              float(pre), float(post), tuple(ranks) if multi and ranks else None))
+                              float(pre), float(post), tuple(ranks) if multi else None))
     return _split(num_layers, num_vstages, explicit, layer_cost, pre, post)
 
 
@@ -61,15 +65,10 @@ def _balanced(num_layers: int, num_vstages: int, layer_cost: tuple[float, ...] |
     return tuple(min(found, key=lambda f: f[1])[0])
 
 
-def even_split(num_layers: int, num_vstages: int, strict: bool = False) -> tuple[int, ...]:
+def even_split(num_layers: int, num_vstages: int) -> tuple[int, ...]:
     """``num_layers`` over ``num_vstages`` as evenly as possible, the earlier stages one
-    more (Megatron-LM's default split where they divide: ``get_num_layers_to_build``).
-    ``strict``: raise ValueError when they do not divide (the even split a framework runs
-    must be exact)."""
+    more (Megatron-LM's default split where they divide: ``get_num_layers_to_build``)."""
     q, r = divmod(num_layers, num_vstages)
-    if strict and r:
-        raise ValueError(f"the {num_layers} decoder layers do not divide over {num_vstages} "
-                         f"virtual stages")
     return tuple(q + (1 if i < r else 0) for i in range(num_vstages))
 
 
@@ -91,10 +90,15 @@ def _objective(counts: list[int], cost: list[float], pre: float, post: float,
                ranks: tuple[int, ...], prefix: list[float] | None = None) -> tuple[float, float]:
     """(largest rank load, largest stage load) of a split (loads in the units of ``cost``)."""
     loads = _stage_loads(counts, cost, pre, post, prefix)
+    return max(_rank_loads(loads, ranks).values()), max(loads)
+
+
+def _rank_loads(loads: list[float], ranks: tuple[int, ...]) -> dict[int, float]:
+    """Rank -> the summed loads of its stages."""
     per: dict[int, float] = {}
     for r, x in zip(ranks, loads, strict=True):
         per[r] = per.get(r, 0.0) + x
-    return max(per.values()), max(loads)
+    return per
 
 
 def _rank_balanced(start: list[int], cost: list[float], pre: float, post: float,
@@ -110,9 +114,7 @@ def _rank_balanced(start: list[int], cost: list[float], pre: float, post: float,
     n = len(counts)
     while True:
         loads = _stage_loads(counts, cost, pre, post, prefix)
-        per: dict[int, float] = {}
-        for r, x in zip(ranks, loads, strict=True):
-            per[r] = per.get(r, 0.0) + x
+        per = _rank_loads(loads, ranks)
         top = max(per.values())
         busy = {r for r, x in per.items() if x >= top * (1 - 1e-12)}
         sources = {v for v in range(n) if ranks[v] in busy} | {max(range(n), key=loads.__getitem__)}

@@ -175,6 +175,9 @@ def test_choice_lists_mirror_their_packages():
     assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS
     assert tuple(m.value for m in opt.Mode) == MODES
     assert CLI_KINDS == KINDS
+    from simulator.layer_split import SPLITS
+
+    assert opt.SPLIT_WORDS == SPLITS
     fields = {f for f in cs.Strategy.__dataclass_fields__}
     assert set(opt.FLAGS) <= fields
 

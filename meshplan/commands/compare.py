@@ -57,10 +57,11 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
 
 
 def _split(s: str) -> str:
-    if s.lower() not in opt.SPLIT_WORDS:
+    word = opt.split_word(s)
+    if word is None:
         raise ValueError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
                          f"(compare takes the words; cost takes a list of layers per stage)")
-    return s.lower()
+    return word
 
 
 def _choices(flag: str, enum: type[Enum]) -> Any:

@@ -11,6 +11,7 @@ turn a layout written in Megatron's names into a torchtitan TOML."""
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,9 @@ def export_cmd(
                                 f"(got {plan_file} and {', '.join(typed)})")
         plan = Plan.load(plan_file)
         if layers_per_stage is not None:
-            import dataclasses
-
             from meshplan.commands.export_targets import model_sizes
 
-            if plan.strategy.layers_per_stage is not None and layers_per_stage.strip().lower() in opt.SPLIT_WORDS:
+            if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):
                 plan = dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=None))
             s = opt.pipeline_split(ctx, layers_per_stage, plan.strategy, lambda: model_sizes(plan)[0])
             plan = dataclasses.replace(plan, strategy=s)
@@ -138,7 +137,7 @@ def export_cmd(
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:
-        balanced = (layers_per_stage or "").strip().lower() == "balanced"
+        balanced = opt.split_word(layers_per_stage) == "balanced"
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
@@ -212,8 +211,6 @@ def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tupl
 
 def _with_split(plan: Any, split: list[int]) -> Any:
     """``plan`` with its strategy's layer split set to ``split``."""
-    import dataclasses
-
     return dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=tuple(split)))
 
 

@@ -94,10 +94,8 @@ FLAG_NAMES = {"pp": "--pp/--pipeline-model-parallel-size",
               "vpp": "--vpp/--num-virtual-stages-per-pipeline-rank"}
 
 
-def typed(ctx: Any, *flags: str) -> list[str]:
-    """The ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)."""
-    args = {a.split("=", 1)[0] for a in (ctx.meta.get(opt.ARGS_KEY, ()) if ctx is not None else ())}
-    return [f for f in flags if f in args]
+#: the ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)
+typed = opt.typed_flags
 
 
 def _conflict(ctx: Any, field: str, ours: str, why: str) -> MeshplanError:

@@ -195,7 +195,8 @@ FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_s
 ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).")
-#: the words ``--layers-per-stage`` takes besides a list (:func:`pipeline_split`)
+#: the words ``--layers-per-stage`` takes besides a list (:func:`pipeline_split`): a mirror
+#: of ``simulator.layer_split.SPLITS`` (tests/test_cli_options.py checks that they agree)
 SPLIT_WORDS = ("balanced", "even")
 LAYERS_PER_STAGE = typer.Option(
     None, *FLAGS["layers_per_stage"],
@@ -381,11 +382,16 @@ def typed_flag(ctx: Any, field: str) -> str:
     return (given_flags(ctx, field) or {**FLAGS, **SIZE_FLAGS}[field])[0]
 
 
+def typed_flags(ctx: Any, *flags: str) -> list[str]:
+    """The ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)."""
+    args = {a.split("=", 1)[0] for a in (ctx.meta.get(ARGS_KEY, ()) if ctx is not None else ())}
+    return [f for f in flags if f in args]
+
+
 def given_flags(ctx: Any, *fields: str) -> list[str]:
     """The flags of ``fields`` the user typed on the command line of ``ctx``, as typed."""
-    args = {a.split("=", 1)[0] for a in (ctx.meta.get(ARGS_KEY, ()) if ctx is not None else ())}
     flags = {**FLAGS, **SIZE_FLAGS}
-    return [f for name in fields for f in flags[name] if f in args]
+    return typed_flags(ctx, *(f for name in fields for f in flags[name]))
 
 
 #: Strategy fields whose bare name in a message is always the field (not an English word),
@@ -432,6 +438,13 @@ def flag_error(ctx: Any, err: Exception) -> Exception:
         return MeshplanError(text)
 
 
+def split_word(text: str | None) -> str | None:
+    """The :data:`SPLIT_WORDS` word ``--layers-per-stage TEXT`` names (any case, spaces
+    around it), else None (not given, or a list)."""
+    word = (text or "").strip().lower()
+    return word if word in SPLIT_WORDS else None
+
+
 def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -> Any:
     """``strategy`` with the split ``--layers-per-stage TEXT`` asks for: None or
     ``balanced`` leave it unset (the cost model balances the stages,
@@ -446,7 +459,7 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     if text is None:
         return strategy
     flag = typed_flag(ctx, "layers_per_stage")
-    word = text.strip().lower()
+    word = split_word(text)
     stages = strategy.pp * strategy.vpp
     if word == "balanced" or (word == "even" and stages == 1):
         return strategy
@@ -466,7 +479,7 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
             raise ValueError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
                              f"virtual stage as comma-separated integers (e.g. 5,3)")
         vpp_flag = "--num-layers-per-virtual-pipeline-stage"
-        if any(a.split("=", 1)[0] == vpp_flag for a in (ctx.meta.get(ARGS_KEY, ()) if ctx else ())):
+        if typed_flags(ctx, vpp_flag):
             raise ValueError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
                              f"stage (Megatron-LM refuses a layout beside it too): give --vpp "
                              f"with the list, or {vpp_flag} alone")

@@ -216,8 +216,8 @@ def _split_word(ctx: Any, text: str | None) -> str | None:
     export take one). Raises MeshplanError naming the flag."""
     if text is None:
         return None
-    word = text.strip().lower()
-    if word not in opt.SPLIT_WORDS:
+    word = opt.split_word(text)
+    if word is None:
         raise MeshplanError(f"{opt.typed_flag(ctx, 'layers_per_stage')} {text!r}: tune takes "
                             f"{' or '.join(opt.SPLIT_WORDS)} (a list of layers per stage fits one "
                             f"plan: give it to cost or export)")
