@@ -190,6 +190,32 @@ def _cell(row: dict[str, Any], field: str) -> str:
     return str(row[field])
 
 
+def _strategy(ctx: Any, knobs: dict[str, Any], sequence_parallel: bool, num_layers: Any) -> Any:
+    """The Strategy of one compared plan: its knobs (``opt.build_strategy``), then its
+    ``layers_per_stage`` word (``opt.pipeline_split``; ``num_layers`` gives the model's
+    decoder layers). Raises what those raise."""
+    plain = {k: v for k, v in knobs.items() if k != "layers_per_stage"}
+    strategy = opt.build_strategy(ctx, **plain, sequence_parallel=sequence_parallel)
+    return opt.pipeline_split(ctx, knobs.get("layers_per_stage"), strategy, num_layers)
+
+
+def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> None:
+    """Print the compared plans' table (:func:`table`), a note when they use different or
+    fewer GPUs than the cluster has, and each refused plan's reason ``[i]``."""
+    from meshplan import terminal
+
+    used = sorted({r["gpus"] for r in rows if r["error"] is None})
+    avail = next(r["gpus_available"] for r in rows if r["error"] is None)
+    typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
+    if len(used) > 1 or used[0] < avail:
+        typer.echo(textwrap.fill(
+            f"note: the plans use {', '.join(map(str, used))} of the {avail} GPUs; tokens/s is "
+            f"per plan, not per GPU (cost shows which GPUs a plan leaves idle)", terminal.width()))
+    reasons = [r["error"] for r in rows if r["error"] is not None]
+    for i, why in enumerate(reasons, 1):
+        typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
+
+
 def _list_option(field: str, default: str | None, what: str) -> Any:
     extra = ("--schedules",) if field == "schedule" else ()
     return typer.Option(default, *opt.FLAGS[field], *extra, help=f"{what}; a comma list compares.")
@@ -231,7 +257,6 @@ def compare_cmd(
                                     "panel each on a shared time axis, as a PNG."),
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
-    from meshplan import terminal
     from meshplan.commands.cost import memory_fit
     from meshplan.engine import Engine
 
@@ -251,11 +276,8 @@ def compare_cmd(
         if vpp is None:
             knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
         try:
-            split = knobs.get("layers_per_stage")
-            strategy = opt.build_strategy(ctx, **{k: v for k, v in knobs.items() if k != "layers_per_stage"},
-                                          sequence_parallel=sequence_parallel)
-            strategy = opt.pipeline_split(ctx, split, strategy,
-                                          lambda: mg.model_layers(model, seq_len, layers))
+            strategy = _strategy(ctx, knobs, sequence_parallel,
+                                 lambda: mg.model_layers(model, seq_len, layers))
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
@@ -279,17 +301,7 @@ def compare_cmd(
         typer.echo(json.dumps(rows))
         write_plot()
         return
-    title = f"{model} on {cluster}: {len(rows)} plans"
-    used = sorted({r["gpus"] for r in rows if r["error"] is None})
-    avail = next(r["gpus_available"] for r in rows if r["error"] is None)
-    typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
-    if len(used) > 1 or used[0] < avail:
-        typer.echo(textwrap.fill(
-            f"note: the plans use {', '.join(map(str, used))} of the {avail} GPUs; tokens/s is "
-            f"per plan, not per GPU (cost shows which GPUs a plan leaves idle)", terminal.width()))
-    reasons = [r["error"] for r in rows if r["error"] is not None]
-    for i, why in enumerate(reasons, 1):
-        typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
+    _echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
     write_plot()
     if plot is not None:
         typer.echo(f"wrote {plot}")

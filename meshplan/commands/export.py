@@ -49,6 +49,26 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
                 num_layers=layers)
 
 
+def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | None) -> Any:
+    """The Plan of ``plan_file``, its split restated by ``--layers-per-stage`` when given
+    (a word replaces a split the file pins; ``opt.pipeline_split``). Raises MeshplanError for
+    any other strategy option beside it, and what ``Plan.load`` and the split raise."""
+    from meshplan.commands.export_targets import model_sizes
+    from meshplan.plan import Plan
+
+    typed = [f for f in _strategy_flags_typed(ctx) if f not in opt.FLAGS["layers_per_stage"]]
+    if typed:
+        raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
+                            f"(got {plan_file} and {', '.join(typed)})")
+    plan = Plan.load(plan_file)
+    if layers_per_stage is None:
+        return plan
+    if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):
+        plan = dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=None))
+    s = opt.pipeline_split(ctx, layers_per_stage, plan.strategy, lambda: model_sizes(plan)[0])
+    return dataclasses.replace(plan, strategy=s)
+
+
 def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     """The strategy (and plan) options on the command line of ``ctx``."""
     plan_flags = ("--model", "-m", "--cluster", "--nodes", "--seq-len", "--seq-length", "-s",
@@ -104,21 +124,9 @@ def export_cmd(
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan
-    from meshplan.plan import Plan
 
-    if plan_file is not None:  # --layers-per-stage may restate a plan's split
-        typed = [f for f in _strategy_flags_typed(ctx) if f not in opt.FLAGS["layers_per_stage"]]
-        if typed:
-            raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
-                                f"(got {plan_file} and {', '.join(typed)})")
-        plan = Plan.load(plan_file)
-        if layers_per_stage is not None:
-            from meshplan.commands.export_targets import model_sizes
-
-            if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):
-                plan = dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=None))
-            s = opt.pipeline_split(ctx, layers_per_stage, plan.strategy, lambda: model_sizes(plan)[0])
-            plan = dataclasses.replace(plan, strategy=s)
+    if plan_file is not None:
+        plan = _plan_from_file(ctx, plan_file, layers_per_stage)
     else:
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
