@@ -235,6 +235,43 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     return opt.user_words(ctx, msg.replace(",--", ", --"))
 
 
+def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
+                    storage: str | None, seed_from_bound: int | None, objective: str,
+                    max_step_time: float | None, gpus: str | None, nodes: int | None,
+                    cluster: str) -> tuple[str, Path]:
+    """The study name and output folder of a search, after every refusal that needs no
+    search (so that a refused command line leaves no folder behind): ``--seed-from-bound``
+    with the sampler, ``--sampler exhaustive`` with ``--pareto``, ``--objective`` /
+    ``--max-step-time`` without ``--gpus``, ``--gpus`` with ``--nodes`` or a size the
+    cluster cannot take. Makes the folder (or the journal's) unless the storage is a
+    database or in memory. ``names``: (MODEL as given, the mode's name) for the default
+    study name. Raises MeshplanError (or the tuner's own error) naming the option."""
+    from meshplan.commands.tune_sizes import check_single, check_sizes
+    from tuner.bound_seed import check_seed_option
+    from tuner.search import MEMORY, check_exhaustive
+    from tuner.study import check_study_name
+
+    check_seed_option(cfg.sampler_name, seed_from_bound)
+    if cfg.sampler_name == "exhaustive":
+        check_exhaustive(cfg)
+    check_single(objective, max_step_time)
+    if gpus is not None and nodes is not None:  # each size sets its own node count
+        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
+    if gpus is not None:
+        try:
+            check_sizes(gpus, cluster)
+        except ValueError as e:
+            raise MeshplanError(str(e)) from None
+    model, mode_name = names
+    name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
+    out = Path(output) if output else Path("meshplan-runs") / name
+    if storage is None:
+        opt.ensure_dir(out)  # the journal lives there
+    elif storage != MEMORY and "://" not in storage:
+        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
+    return name, out
+
+
 def tune_cmd(
     ctx: typer.Context,
     model: str = opt.MODEL,
@@ -322,9 +359,10 @@ def tune_cmd(
     Megatron-LM spellings) pin their knob, as --fix does; the rest is searched."""
     import optuna
 
+    from meshplan import terminal
+    from meshplan.commands.tune_sizes import tune_over_sizes
     from tuner.search import MEMORY, search
     from tuner.space import SpaceError, parse_fix
-    from tuner.study import check_study_name
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # --fix may be repeated: its items are pinned together (a knob pinned twice is refused)
@@ -343,6 +381,7 @@ def tune_cmd(
                              "recompute": recompute, "zero": zero,
                              "sequence_parallel": sequence_parallel},
                   megatron, lambda: mg.model_layers(model, seq_len, layers))
+
     def config_for(n: int | None) -> Any:  # the search of this command line on n nodes
         return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
                             fixed, sampler, layers, cross_node_tp, opt.value(dtype),
@@ -353,30 +392,8 @@ def tune_cmd(
         cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
-    from tuner.bound_seed import check_seed_option
-
-    check_seed_option(cfg.sampler_name, seed_from_bound)  # before any output directory is made
-    if cfg.sampler_name == "exhaustive":
-        from tuner.search import check_exhaustive
-
-        check_exhaustive(cfg)  # (--pareto): refused before any output directory is made too
-    from meshplan.commands.tune_sizes import check_single, check_sizes, tune_over_sizes
-
-    check_single(objective, max_step_time)  # these too before any output directory is made
-    if gpus is not None and nodes is not None:  # each size sets its own node count
-        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
-    if gpus is not None:
-        try:
-            check_sizes(gpus, cluster)
-        except ValueError as e:
-            raise MeshplanError(str(e)) from None
-    name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
-    out = Path(output) if output else Path("meshplan-runs") / name
-    if storage is None:
-        opt.ensure_dir(out)  # the journal lives there
-    elif storage != MEMORY and "://" not in storage:
-        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
-    from meshplan import terminal
+    name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
+                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
