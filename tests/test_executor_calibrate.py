@@ -175,3 +175,25 @@ def test_a_trace_dimension_that_is_not_an_integer_is_named():
     assert memory_bytes([[2, 3], [3]], ["float", "float"]) == (24 + 12) + 24
     with pytest.raises(TraceError, match=r"'Input Dims' entry \['a'\]"):
         memory_bytes([["a"], [3]], ["float", "float"])
+
+
+def test_without_a_terminal_each_phase_is_announced_on_stderr(tmp_path, capsys, monkeypatch):
+    """Piped (no progress bar), calibrate says what it starts and each phase as it ends,
+    instead of a silent minute: the phases of ``calibration_phases``, counted."""
+    import executor.calibrate as ec
+    from meshplan import terminal
+
+    monkeypatch.setattr(terminal, "progress_enabled", lambda: False)
+    phases = ec.calibration_phases("cpu")
+
+    def two_phases_then_fail(nproc, quick, device, on_phase):
+        on_phase(phases[0])
+        on_phase(phases[1])
+        raise CalibrationError("stopped by the test")
+
+    monkeypatch.setattr(ec, "calibrate", two_phases_then_fail)
+    assert main(["calibrate", "--quick", "--output", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"calibrating on 2 ranks (seconds; {len(phases)} phases)"
+    assert err[1:3] == [f"  1/{len(phases)} {phases[0]}", f"  2/{len(phases)} {phases[1]}"]
+    assert "stopped by the test" in err[3]

@@ -55,10 +55,18 @@ def calibrate_cmd(
 
     _check_device(device)
     phases = calibration_phases(device)
-    with terminal.Progress(len(phases), f"calibrating on {nproc} ranks",
-                           enabled=terminal.progress_enabled()) as bar:
-        cal = calibrate(nproc=nproc, quick=quick, device=device,
-                        on_phase=lambda name: bar.advance(note=name))
+    drawn = terminal.progress_enabled()
+    if not drawn:  # no bar (stderr is not a terminal): say what runs and when each phase ends
+        typer.echo(f"calibrating on {nproc} ranks ({'seconds' if quick else 'a few minutes'}; "
+                   f"{len(phases)} phases)", err=True)
+
+    def phase_done(name: str) -> None:
+        bar.advance(note=name)
+        if not drawn:
+            typer.echo(f"  {bar.completed}/{len(phases)} {name}", err=True)
+
+    with terminal.Progress(len(phases), f"calibrating on {nproc} ranks", enabled=drawn) as bar:
+        cal = calibrate(nproc=nproc, quick=quick, device=device, on_phase=phase_done)
     path = write_cluster_yaml(cal, output, name or None)
     c = load_cluster(path)
     d = c.spec.device
