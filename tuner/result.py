@@ -170,6 +170,34 @@ class TuneResult:
                 c["cached"] += 1
         return dict(c)
 
+    def counts_text(self) -> str:
+        """The trial counts in words, each subset inside the state it belongs to, e.g.
+        ``"12 trials: 9 complete (2 over memory, 3 cached), 3 pruned (2 illegal, 1 error)"``
+        (``cached``: answered from the study's score cache, in either state; a state or
+        subset of 0 is left out; ``"0 trials"`` for an empty study). :meth:`counts` has the
+        same figures as a flat dict, where the subsets overlap their states."""
+        states: Counter[str] = Counter()
+        subsets: dict[str, Counter[str]] = {}
+        for t in self.trials():
+            state = "failed" if t.state == TrialState.FAIL else t.state.name.lower()
+            states[state] += 1
+            sub = subsets.setdefault(state, Counter())
+            ua = t.user_attrs
+            if t.state == TrialState.PRUNED:
+                sub["illegal" if "illegal" in ua else "error"] += 1
+            if scored(ua) and ua["memory_bytes"] > ua["memory_limit_bytes"]:
+                sub["over memory"] += 1
+            if ua.get("cached"):
+                sub["cached"] += 1
+        parts = []
+        for state in ("complete", "pruned", "failed", "running", "waiting"):
+            if states[state]:
+                sub = subsets[state]
+                inner = ", ".join(f"{sub[k]} {k}" for k in ("over memory", "illegal", "error", "cached")
+                                  if sub[k])
+                parts.append(f"{states[state]} {state}" + (f" ({inner})" if inner else ""))
+        return f"{sum(states.values())} trials" + (": " + ", ".join(parts) if parts else "")
+
     def feasible(self) -> list[optuna.trial.FrozenTrial]:
         """Complete trials that fit in memory (the ``memory`` constraint <= 0), fastest
         first (equal times: lower peak memory first, then trial number), one per distinct

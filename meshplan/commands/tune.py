@@ -50,7 +50,7 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
     from tuner.result import top_table
 
     con = Console(record=True, width=width, file=io.StringIO())
-    con.print(f"study {study} ({storage}): {result.counts()}")
+    con.print(f"study {study} ({storage}): {result.counts_text()}")
     if result.exhaustive is not None:
         con.print(result.exhaustive.summary())
     if result.bound_gap is not None:

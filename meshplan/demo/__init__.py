@@ -161,7 +161,7 @@ def run_demo(output: str | Path, *, trials: int, seed: int, steps: int, cluster:
     console.rule(f"search: {setup.command()}")
     outcome = run_search(setup, progress=True)
     best = best_plan(outcome)
-    console.print(f"{outcome.result.counts()} in {outcome.seconds:.1f} s")
+    console.print(f"{outcome.result.counts_text()} in {outcome.seconds:.1f} s")
     console.print(_top_table(outcome))
     files = write_artifacts(out, outcome, best)
     validation = None
