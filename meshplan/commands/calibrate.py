@@ -76,7 +76,7 @@ def calibrate_cmd(
     e = d.efficiency
     typer.echo(f"  memory bandwidth: {d.memory_bandwidth.value / 1e9:.2f} GB/s; "
                f"kernel overhead: {e.kernel_overhead_s.value * 1e6:.1f} us")
-    if e.memory_kernels is not None and e.attention is not None:
+    if e.memory_kernels is not None and e.attention is not None and e.gemm_half_flops is not None:
         typer.echo(f"  memory-bound kernels: {e.memory_kernels.value:.0%} of it; attention: "
                    f"{e.attention.value:.0%} of the fp32 GEMM rate; GEMM half-rate size "
                    f"{e.gemm_half_flops.value / 1e6:.2f} MFLOP")
