@@ -294,8 +294,9 @@ def resolve_attention(strategy: Strategy, source: ModelSource, default: str | No
 
 def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
              attention: str | None) -> Program:
-    uniform = source.config is None or source.config.replace(num_layers=source.num_layers).uniform_layers
-    if representative:  # a mixed dense / MoE layer pattern: every layer (ModelConfig.uniform_layers)
+    uniform = source.config is None or source.config.replace(
+        num_layers=source.num_layers).uniform_at(source.seq_len)
+    if representative:  # mixed MLP kinds or attention spans: every layer (ModelConfig.uniform_at)
         layers = min(REPRESENTATIVE_LAYERS, source.num_layers) if uniform else source.num_layers
     else:
         layers = None

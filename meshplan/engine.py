@@ -14,14 +14,12 @@ the executor runs.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 from clusters import Cluster, load_cluster
 from completion import Program
 from completion.context_parallel import fold_strategy
-from completion.models.config import ModelConfigWarning
 from completion.models.source import ModelSource, resolve_model
 from completion.plan_program import (
     PlanProgram,
@@ -39,23 +37,6 @@ from simulator.step import StepConfig, StepModel, StepResult
 
 #: block costs of representative programs, shared by every Engine of this process
 COSTS = CostCache()
-
-
-def _warn_alternating_windows(source: ModelSource) -> None:
-    """One warning line when the representative program (first, middle, last layer) cannot
-    stand for the model's layers: a sliding window on every other layer (Gemma 2) that
-    masks keys at this sequence length -- every middle layer is costed as the
-    representative middle layer (layer 1, full attention), so the windowed middle layers'
-    attention is over-counted (about a quarter of their attention FLOPs at s = 2w)."""
-    cfg = source.config
-    if cfg is None or cfg.sliding_window is None or cfg.sliding_window_every == 1:
-        return
-    if cfg.sliding_window >= source.seq_len or source.num_layers <= 3:
-        return
-    warnings.warn(f"model {cfg.name!r}: sliding window {cfg.sliding_window} on every "
-                  f"{cfg.sliding_window_every}nd layer is costed on the first and last layers only; "
-                  "middle layers are costed with full causal attention (over-counts their attention)",
-                  ModelConfigWarning, stacklevel=3)
 
 
 class EngineError(MeshplanError):
@@ -124,7 +105,6 @@ class Engine:
                                        or num_layers < 1):
             raise EngineError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         self.source: ModelSource = resolve_model(model, seq_len, example_inputs, num_layers)
-        _warn_alternating_windows(self.source)
         check_plan(self.source, s)  # the executor's check too: refuse before building anything
         s.check_micro_batches()
         self.profile = load_profile(s.framework)

@@ -81,7 +81,7 @@ def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
     assert rc == 0, err
     first = out.splitlines()[0]
     assert ("(llama builder: rms_norm sandwich, geglu_tanh, rope positions, GQA 16/8 heads, "
-            "sliding window 4096 every 2nd layer), 42 layers") in first
+            "sliding window 4096 on 21 of 42 layers), 42 layers") in first
     cfg = cfg.with_name("qwen3-30b-a3b.json")  # qk-norm and routing are named too
     rc, out, err = run_main(capsys, "program", "show", "--model", str(cfg), "--layers", "1",
                             "--batch-size", "1", "--seq-len", "16", "--summary-only")

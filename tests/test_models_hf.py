@@ -294,18 +294,60 @@ def test_relu2_mlp_kernels_by_hand():
     assert kg.bytes == 3 * n * 2  # x and out@GRAD read, x@GRAD written
 
 
-def test_alternating_windows_warn_where_the_representative_program_cannot_show_them():
+def test_windowed_layers_are_costed_each_not_by_a_representative_layer():
+    """Gemma-2 windows every other layer: the representative program (first, middle, last
+    layer) costed the middle layers with full attention (a warning said so, and MFU was
+    overstated). Layers with different attention spans are now costed one by one
+    (``ModelConfig.uniform_at``): model FLOPs and step time are linear in the number of
+    windowed layers, so 3 of 6 windowed lands exactly half-way between none and all."""
     from meshplan import Engine, Strategy
 
-    cfg = config_from_hf_dict(_tiny("gemma2", num_hidden_layers=6))  # window 16, every 2nd layer
-    strat = Strategy(micro_batch_size=1, global_batch_size=1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        Engine(cfg, "dgx-h100", strat, seq_len=64)
-        Engine(cfg, "dgx-h100", strat, seq_len=16)  # w >= s: no window anywhere
-        Engine(config_from_hf_dict(_tiny("mistral", num_hidden_layers=6)), "dgx-h100", strat, seq_len=64)
-    msgs = [str(x.message) for x in w if issubclass(x.category, ModelConfigWarning)]
-    assert len(msgs) == 1 and "sliding window 16 on every 2nd layer" in msgs[0]
+    cfg = config_from_hf_dict({"model_type": "gemma2", "num_hidden_layers": 6, "hidden_size": 1024,
+                               "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                               "intermediate_size": 4096, "vocab_size": 32000,
+                               "max_position_embeddings": 8192, "sliding_window": 1024}, "g.json")
+    assert [cfg.window_of(i) for i in range(6)] == [1024, None] * 3
+    assert not cfg.uniform_at(8192) and cfg.uniform_at(1024)  # w >= s: no key masked anywhere
+    strat = Strategy(micro_batch_size=1, global_batch_size=2)
+    got = {}
+    for name, c in (("none", cfg.replace(sliding_window=None)), ("alt", cfg),
+                    ("all", cfg.replace(sliding_window_layers=tuple(range(6))))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ModelConfigWarning)  # no warning line any more
+            r = Engine(c, "dgx-h100", strat, seq_len=8192).simulate()
+        got[name] = (r.model_flops, r.step_time)
+    assert got["none"][0] > got["alt"][0] > got["all"][0]
+    assert got["alt"][0] == pytest.approx((got["none"][0] + got["all"][0]) / 2, rel=1e-12)
+    assert got["alt"][1] == pytest.approx((got["none"][1] + got["all"][1]) / 2, rel=1e-9)
+    # a windowed layer: 12 h s (s - w) fewer FLOPs per sequence (README), h = 8 heads x 128,
+    # for the 2 sequences of the step
+    assert (got["none"][0] - got["all"][0]) / 6 == 12 * 1024 * 8192 * (8192 - 1024) * 2
+
+
+def test_qwen_windows_start_at_max_window_layers_and_layer_types_win():
+    """transformers' Qwen2Config windows layer i only when i >= max_window_layers (default
+    28); meshplan windowed every layer (a hunt found Qwen2-7B, 28 layers, max_window_layers
+    28, costed 23% short). An explicit ``layer_types`` list wins; a wrong one is refused."""
+    raw = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+           "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "vocab_size": 152064, "max_position_embeddings": 131072, "use_sliding_window": True,
+           "sliding_window": 4096, "max_window_layers": 20}
+    c = config_from_hf_dict(dict(raw), "q.json")
+    assert [i for i in range(28) if c.window_of(i)] == list(range(20, 28))
+    assert [i for i in range(28) if config_from_hf_dict({**raw, "max_window_layers": 28}).window_of(i)] == []
+    no_key = {k: v for k, v in raw.items() if k != "max_window_layers"}
+    assert config_from_hf_dict(no_key).sliding_window_layers == ()  # the default 28: none
+    assert config_from_hf_dict({**no_key, "num_hidden_layers": 30}).sliding_window_layers == (28, 29)
+    kinds = ["sliding_attention", "full_attention"] * 14
+    assert config_from_hf_dict({**raw, "layer_types": kinds}).sliding_window_layers == tuple(range(0, 28, 2))
+    off = config_from_hf_dict({**raw, "use_sliding_window": False, "layer_types": kinds})
+    assert off.sliding_window is None and off.window_of(0) is None
+    with pytest.raises(ModelConfigError, match="'layer_types' must be a list of 28 entries .* got 27"):
+        config_from_hf_dict({**raw, "layer_types": kinds[:27]})
+    with pytest.raises(ModelConfigError, match=r"'layer_types' has \['linear_attention'\]"):
+        config_from_hf_dict({**raw, "layer_types": ["linear_attention"] * 28})
+    with pytest.raises(ModelConfigError, match="'max_window_layers' must be an int >= 0"):
+        config_from_hf_dict({**raw, "max_window_layers": -1})
 
 
 @pytest.mark.parametrize("key", ["num_local_experts", "num_experts", "n_routed_experts"])

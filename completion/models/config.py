@@ -128,6 +128,10 @@ class ModelConfig:
             included; Mistral / Gemma 2 local layers, FlashAttention-2 ``window_size``);
             None: full causal attention. ``sliding_window_every``: 1 every layer, 2 every
             other layer (Gemma 2 alternates local and global, layer 0 local).
+            ``sliding_window_layers``: the decoder layers that use the window, when they
+            follow no such pattern (Hugging Face ``layer_types``; Qwen2's layers from
+            ``max_window_layers`` on); None: the ``sliding_window_every`` pattern. Indices
+            beyond ``num_layers`` (a ``--layers`` override) are ignored.
         num_experts: routed experts of each mixture-of-experts layer (None: a dense model).
             Every MoE layer replaces the MLP by a router (``gate``: ``[h, E]``, softmax,
             top-k), ``E`` SwiGLU experts of width ``moe_ffn_hidden_size`` (or
@@ -179,6 +183,7 @@ class ModelConfig:
     qk_norm: str | None = None
     sliding_window: int | None = None
     sliding_window_every: int = 1
+    sliding_window_layers: tuple[int, ...] | None = None
     num_experts: int | None = None
     experts_per_token: int | None = None
     moe_ffn_hidden_size: int | None = None
@@ -225,6 +230,12 @@ class ModelConfig:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
                 raise ModelConfigError(f"model {self.name!r}: {f} must be an int in [1, {most}], got {v!r}")
+        if self.sliding_window_layers is not None:
+            lay = self.sliding_window_layers
+            if not isinstance(lay, tuple) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                 for i in lay):
+                raise ModelConfigError(f"model {self.name!r}: sliding_window_layers must be a tuple of "
+                                       f"layer indices >= 0, got {lay!r}")
         if self.resolved_positions == "rope" and self.head_dim % 2:
             raise ModelConfigError(f"model {self.name!r}: head_dim {self.head_dim} must be even for "
                                    "rotary positions")
@@ -310,10 +321,24 @@ class ModelConfig:
         return FAMILIES[self.family].bias if v is None else v
 
     def window_of(self, layer: int) -> int | None:
-        """The sliding window of decoder layer ``layer`` (None: full causal attention)."""
-        if self.sliding_window is None or layer % self.sliding_window_every:
+        """The sliding window of decoder layer ``layer`` (None: full causal attention):
+        ``sliding_window`` on the layers of ``sliding_window_layers`` when given, else on
+        every ``sliding_window_every``-th layer from layer 0."""
+        if self.sliding_window is None:
             return None
-        return self.sliding_window
+        if self.sliding_window_layers is not None:
+            return self.sliding_window if layer in self.sliding_window_layers else None
+        return None if layer % self.sliding_window_every else self.sliding_window
+
+    def uniform_at(self, seq_len: int) -> bool:
+        """Whether every decoder layer costs the same at ``seq_len`` tokens: one MLP kind
+        (:attr:`uniform_layers`) and one attention span (a window of at least ``seq_len``
+        keys masks nothing, so it is full attention there). A representative program of
+        the first, a middle and the last layer then stands for the model
+        (``completion.plan_program``); otherwise every layer is costed."""
+        spans = {w if w is not None and w < seq_len else None
+                 for w in (self.window_of(i) for i in range(self.num_layers))}
+        return self.uniform_layers and len(spans) == 1
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` is a mixture-of-experts layer (``num_experts``

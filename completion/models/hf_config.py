@@ -50,7 +50,9 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     transformers' per-class defaults). ``hidden_act`` / ``activation_function`` /
     ``hidden_activation`` -> ``activation`` (gated architectures take the GLU form),
     ``head_dim`` -> ``kv_channels``, ``attention_bias`` / ``mlp_bias`` -> biases,
-    ``sliding_window`` (with ``use_sliding_window``) -> ``sliding_window``;
+    ``sliding_window`` (with ``use_sliding_window``) -> ``sliding_window``, on the layers
+    that ``layer_types`` marks ``sliding_attention`` (else Qwen's layers from
+    ``max_window_layers`` on, Gemma 2's every other layer, or every layer);
     ``rope_scaling`` is accepted and has no cost effect. Mixture-of-experts architectures
     (``mixtral``, ``qwen2_moe``, ``qwen3_moe``; their
     :class:`~completion.models.hf_types.MoESpec`): ``num_local_experts`` / ``num_experts``,
@@ -218,6 +220,38 @@ def _sliding_window(raw: dict[str, Any], name: str, spec: HFModelType) -> int | 
     return v
 
 
+#: ``layer_types`` entries (transformers' per-layer attention kinds) -> windowed or not
+LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
+
+
+def _window_layers(raw: dict[str, Any], name: str, spec: HFModelType, layers: int,
+                   window: int | None) -> tuple[int, ...] | None:
+    """The decoder layers that use the sliding window (``ModelConfig.sliding_window_layers``):
+    a ``layer_types`` list when the config has one (transformers' per-layer kinds,
+    :data:`LAYER_TYPES`), else the layers from ``spec.window_from_key`` on (Qwen2: from
+    ``max_window_layers``, default ``spec.window_from_default``); None: the
+    ``sliding_every`` pattern (or no window at all). Raises ModelConfigError naming the key
+    for a list of the wrong length or an unknown kind, or a bad ``max_window_layers``."""
+    if window is None:
+        return None
+    kinds = raw.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != layers:
+            got = f"{len(kinds)} entries" if isinstance(kinds, list) else type(kinds).__name__
+            raise ModelConfigError(f"{name}: 'layer_types' must be a list of {layers} entries (one "
+                                   f"per layer, num_hidden_layers), got {got}")
+        bad = sorted({str(k) for k in kinds if k not in LAYER_TYPES})
+        if bad:
+            raise ModelConfigError(f"{name}: 'layer_types' has {bad}; known kinds: {sorted(LAYER_TYPES)}")
+        return tuple(i for i, k in enumerate(kinds) if LAYER_TYPES[k])
+    if spec.window_from_key is None:
+        return None
+    start = raw.get(spec.window_from_key, spec.window_from_default)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ModelConfigError(f"{name}: {spec.window_from_key!r} must be an int >= 0, got {start!r}")
+    return tuple(range(start, layers))
+
+
 def _biases(raw: dict[str, Any], name: str, spec: HFModelType) -> tuple[bool | None, bool | None, bool | None]:
     """(qkv_bias, o_bias, mlp_bias): the architecture's, or its switch keys' values."""
     qkv, o, mlp = spec.qkv_bias, spec.o_bias, spec.mlp_bias
@@ -344,6 +378,7 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         head_dim = None  # the default, stated
     qkv_bias, o_bias, mlp_bias = _biases(raw, name, spec)
     _warn_unmodelled(raw, name, mt, spec)
+    window = _sliding_window(raw, name, spec)
     cfg = ModelConfig(
         name=name,
         family=family,
@@ -365,8 +400,9 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
         norm=spec.norm, norm_placement=spec.norm_placement, positions=spec.positions,
         qk_norm=spec.qk_norm,
-        sliding_window=_sliding_window(raw, name, spec),
+        sliding_window=window,
         sliding_window_every=spec.sliding_every,
+        sliding_window_layers=_window_layers(raw, name, spec, layers, window),
         **moe,
     )
     _warn_near_misses(raw, name)

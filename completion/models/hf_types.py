@@ -15,6 +15,7 @@ model (each produces one warning line naming it when present with an effect,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 #: Hugging Face activation names (``transformers.activations.ACT2FN``) -> the plain
 #: activation of :data:`completion.models.config.ACTIVATIONS`; a gated MLP turns
@@ -35,8 +36,8 @@ class Unmodelled:
         key: the config.json key. inert: values that have no effect (absent counts as
             inert), e.g. ``False`` for a flag, ``None`` for a cap.
         why: what meshplan does instead (one clause).
-        needs: a key that must be true for this one to have an effect (Qwen2's
-            ``max_window_layers`` matters only with ``use_sliding_window``); None: none.
+        needs: a key that must be true for this one to have an effect (e.g. a window
+            setting that matters only with ``use_sliding_window``); None: none.
     """
 
     key: str
@@ -103,6 +104,12 @@ class HFModelType:
             ``Qwen2MoeConfig`` / ``Qwen3MoeConfig`` default it to False, so their
             ``sliding_window`` is inert unless switched on).
         sliding_every: 2 when only every other layer is local (Gemma 2).
+        window_from_key: the key of the first windowed layer, every later one windowed too
+            (Qwen2 / Qwen3 and their MoE: ``max_window_layers``; transformers'
+            ``Qwen2Config`` builds ``layer_types`` as sliding for ``i >=
+            max_window_layers``); window_from_default: its value when absent (28 in those
+            transformers configs). A ``layer_types`` list in the config wins over both this
+            and ``sliding_every``.
         unmodelled: keys known but not modelled (:class:`Unmodelled`).
         layer_keys / hidden_keys / heads_keys / ffn_keys / positions_keys: the size keys.
         moe: how its experts are stated (:class:`MoESpec`); None: a dense architecture
@@ -128,6 +135,8 @@ class HFModelType:
     sliding: bool = False
     sliding_switch_default: bool = True
     sliding_every: int = 1
+    window_from_key: str | None = None
+    window_from_default: int = 0
     unmodelled: tuple[Unmodelled, ...] = field(default=())
     layer_keys: tuple[str, ...] = ("num_hidden_layers",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -152,19 +161,18 @@ _GPT = HFModelType("gpt", act_keys=("activation_function", "hidden_act"), act_de
                                           (None, False))),
                    **_GPT2_KEYS)  # type: ignore[arg-type]
 
+#: the Qwen families' windowed layers: from ``max_window_layers`` on (default 28:
+#: transformers ``Qwen2Config``, ``Qwen3Config``, ``Qwen2MoeConfig``, ``Qwen3MoeConfig``)
+_QWEN_WINDOWS: dict[str, Any] = {"window_from_key": "max_window_layers", "window_from_default": 28}
+
 #: model_type -> how its config.json maps (module docstring)
 MODEL_TYPES: dict[str, HFModelType] = {
     "llama": _LLAMA,
     "mistral": HFModelType("llama", head_dim_key="head_dim", sliding=True),
     "qwen2": HFModelType("llama", qkv_bias=True, o_bias=False, sliding=True, sliding_switch_default=False,
-                         unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
-                                                "use_sliding_window) applies to every layer",
-                                                needs="use_sliding_window"),)),
+                         **_QWEN_WINDOWS),
     "qwen3": HFModelType("llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim",
-                         sliding=True, sliding_switch_default=False,
-                         unmodelled=(Unmodelled("max_window_layers", "the sliding window (when "
-                                                "use_sliding_window) applies to every layer",
-                                                needs="use_sliding_window"),)),
+                         sliding=True, sliding_switch_default=False, **_QWEN_WINDOWS),
     "gemma": HFModelType("llama", act_keys=("hidden_activation", "hidden_act"),
                          act_default="gelu_pytorch_tanh", bias_key="attention_bias",
                          head_dim_key="head_dim", tie_default=True),
@@ -188,16 +196,14 @@ MODEL_TYPES: dict[str, HFModelType] = {
         moe=MoESpec("num_experts", ("moe_intermediate_size",), shared_key="shared_expert_intermediate_size",
                     step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers",
                     norm_topk_key="norm_topk_prob", norm_topk_default=False),
-        unmodelled=(Unmodelled("max_window_layers", "the sliding window (when use_sliding_window) "
-                               "applies to every layer", needs="use_sliding_window"),)),
+        **_QWEN_WINDOWS),
     "qwen3_moe": HFModelType(
         "llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim", sliding=True,
         sliding_switch_default=False,
         moe=MoESpec("num_experts", ("moe_intermediate_size",), step_key="decoder_sparse_step",
                     dense_layers_key="mlp_only_layers", norm_topk_key="norm_topk_prob",
                     norm_topk_default=False),
-        unmodelled=(Unmodelled("max_window_layers", "the sliding window (when use_sliding_window) "
-                               "applies to every layer", needs="use_sliding_window"),)),
+        **_QWEN_WINDOWS),
     "olmo2": HFModelType("llama", norm_placement="post", qk_norm="full", bias_key="attention_bias"),
     "gpt2": _GPT,
     "gpt": _GPT,

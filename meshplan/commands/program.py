@@ -25,8 +25,9 @@ def _features(cfg: Any) -> str:
     if cfg.qk_norm:
         parts.append("qk-norm")
     if cfg.sliding_window is not None:
-        every = "" if cfg.sliding_window_every == 1 else f" every {cfg.sliding_window_every}nd layer"
-        parts.append(f"sliding window {cfg.sliding_window}{every}")
+        windowed = sum(cfg.window_of(i) is not None for i in range(cfg.num_layers))
+        where = "" if windowed == cfg.num_layers else f" on {windowed} of {cfg.num_layers} layers"
+        parts.append(f"sliding window {cfg.sliding_window}{where}")
     if getattr(cfg, "num_experts", None):
         parts.append(f"MoE {cfg.num_experts} experts top-{cfg.experts_per_token}")
     return "".join(f", {p}" for p in parts)
