@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout
+from meshplan.commands.export_targets import Export, Note, framework_note, layout, routing_notes
 
 FAMILIES = ("deepspeed",)
 OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
@@ -106,6 +106,8 @@ def export(plan: Any) -> Export:
     notes: list[Note] = framework_note(plan, FAMILIES, "DeepSpeed")
     _notes(eff, notes)
     _size_notes(plan, notes)
+    notes += routing_notes(plan, "DeepSpeed", "sets it in the model code "
+                                              "(deepspeed.moe.layer.MoE(capacity_factor=...))")
     if eff["fp8"] is not None:
         notes.append(Note("fp8", f"a DeepSpeed config has no FP8 setting ({eff['fp8']} scaling): "
                                  f"FP8 linears come from the model code (Transformer Engine or "

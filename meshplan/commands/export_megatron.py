@@ -23,7 +23,7 @@ generated from config dataclass fields (``megatron/training/argument_utils.py``:
 Mapping (Megatron's meanings):
 
 - dp is not an argument: Megatron takes it as world size / (tp * pp * cp), so the launcher's
-  ``--nnodes x --nproc-per-node`` must equal the plan's dp * tp * pp (the header says so);
+  ``--nnodes x --nproc-per-node`` must equal the plan's dp * cp * tp * pp (the header says so);
   context parallelism: ``--context-parallel-size`` (written when cp > 1; Megatron's default
   ``--cp-comm-type p2p`` is the plan's ring attention, ``cp_comm`` all_gather is
   ``--cp-comm-type allgather``).
@@ -59,7 +59,14 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout, model_config
+from meshplan.commands.export_targets import (
+    Export,
+    Note,
+    framework_note,
+    layout,
+    model_config,
+    routing_notes,
+)
 from simulator.profiles import load_profile
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -159,9 +166,12 @@ def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
     top-k, expert width, shared expert, the MoE layer pattern (``--moe-layer-freq`` as a
     list), grouped expert GEMMs and the all_to_all dispatcher (Megatron's defaults are
     per-expert GEMMs and ``allgather``; meshplan costs grouped GEMMs and all_to_all), the
-    aux loss, and a capacity factor with padding to capacity (meshplan's slots are
-    padded). A load imbalance is a costing assumption with no argument (noted). [] for a
-    dense model or a program text."""
+    aux loss, and a capacity factor without padding to capacity: meshplan costs each expert
+    at the busiest one's ``min(capacity, load)`` slots (``Strategy.expert_slot_factor``): the
+    straggler of a run that drops the tokens beyond capacity and pads nothing, while
+    ``--moe-pad-expert-input-to-capacity`` would fill every expert to the capacity (noted). A
+    load imbalance is a costing assumption with no argument (noted). [] for a dense model or
+    a program text."""
     cfg = model_config(plan)
     if cfg is None or not cfg.num_experts:
         return []
@@ -181,12 +191,14 @@ def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
         args += ["--moe-router-load-balancing-type", "none"]
     s = plan.strategy
     if s.moe_capacity_factor is not None:
-        args += ["--moe-expert-capacity-factor", f"{s.moe_capacity_factor:g}",
-                 "--moe-pad-expert-input-to-capacity"]
-    if s.moe_load_imbalance != 1.0:
-        notes.append(Note("moe_load_imbalance", f"the busiest expert at {s.moe_load_imbalance:g}x the "
-                                                "mean load is a costing assumption: routing decides it "
-                                                "at run time (no argument)"))
+        args += ["--moe-expert-capacity-factor", f"{s.moe_capacity_factor:g}"]
+        notes.append(Note("moe_capacity_factor",
+                          f"tokens beyond {s.moe_capacity_factor:g}x an expert's mean load are dropped "
+                          "and nothing is padded; meshplan costs every expert at the busiest one's "
+                          f"{s.expert_slot_factor:g}x the mean (min of capacity and load imbalance); "
+                          "--moe-pad-expert-input-to-capacity would run every expert at "
+                          f"{s.moe_capacity_factor:g}x, whatever the load"))
+    notes += routing_notes(plan, "Megatron-LM", None)
     return args
 
 

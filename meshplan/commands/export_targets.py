@@ -159,3 +159,22 @@ def framework_note(plan: Any, families: tuple[str, ...], target: str) -> list[No
         return []
     return [Note("framework", f"the plan was costed with the {fw!r} profile; {target} runs its "
                               f"own kernels and overlap (re-cost with framework={families[0]!r})")]
+
+
+def routing_notes(plan: Any, target: str, capacity: str | None) -> list[Note]:
+    """Notes on a mixture-of-experts plan's routing assumptions that ``target``'s file does
+    not carry: a load imbalance (a costing assumption: routing decides it at run time, no
+    framework takes it as an argument) and, unless the target writes it (``capacity``
+    None), an expert capacity factor, with ``capacity`` saying where the target sets it
+    instead (e.g. the model code). [] for a plan with neither."""
+    s = plan.strategy
+    notes = []
+    if s.moe_capacity_factor is not None and capacity is not None:
+        notes.append(Note("moe_capacity_factor", f"the plan drops tokens beyond {s.moe_capacity_factor:g}x "
+                                                 f"an expert's mean load; {target} {capacity}: it is "
+                                                 "not written"))
+    if s.moe_load_imbalance != 1.0:
+        notes.append(Note("moe_load_imbalance", f"the busiest expert at {s.moe_load_imbalance:g}x the "
+                                                "mean load is a costing assumption: routing decides it "
+                                                "at run time (no argument)"))
+    return notes

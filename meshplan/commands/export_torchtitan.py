@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout
+from meshplan.commands.export_targets import Export, Note, framework_note, layout, routing_notes
 from simulator.profiles import load_profile
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
@@ -263,13 +263,15 @@ def export(plan: Any) -> Export:
     if plan.num_layers is not None:
         notes.append(Note("num_layers", f"torchtitan takes the layer count from the [model] "
                                         f"flavor; choose one with {plan.num_layers} layers"))
+    notes += routing_notes(plan, "torchtitan", "has no expert capacity setting (its MoE routes "
+                                               "every token, dropless)")
+    fp8 = _float8(eff, notes)
+    compiled = _compile_and_async_tp(plan.strategy.framework, eff, notes, par)
     head = [f"# torchtitan job config for {plan.model} (meshplan export; names of "
             f"torchtitan/config/job_config.py at pytorch/torchtitan {TORCHTITAN_COMMIT[:12]})",
             f"# launch: NGPU=<per node> ./run_train.sh --job.config_file <this file> on "
-            f"{eff['dp'] * eff['tp'] * eff['pp']} ranks; set [model] name and flavor"]
+            f"{eff['dp'] * eff['cp'] * eff['tp'] * eff['pp']} ranks; set [model] name and flavor"]
     head += [f"# note: {n}" for n in notes]
-    fp8 = _float8(eff, notes)
-    compiled = _compile_and_async_tp(plan.strategy.framework, eff, notes, par)
     body = _section("training", tr) + _section("parallelism", par)
     body += _section("activation_checkpoint", ac)
     body += _section("optimizer", {"name": OPTIMIZERS[eff["optimizer"]]})

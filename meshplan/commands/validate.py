@@ -142,7 +142,7 @@ def validate_cmd(
     ctx: typer.Context,
     plan_file: str = typer.Argument(..., help="Plan JSON (meshplan.Plan)."),
     nproc: int = typer.Option(0, "--nproc", min=0, max=opt.MAX_LOCAL_RANKS,
-                              help="Ranks to launch (must equal dp*tp*pp; 0: the plan's)."),
+                              help="Ranks to launch (must equal dp*cp*tp*pp; 0: the plan's)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster YAML or name for the prediction."),
     steps: int = typer.Option(10, "--steps", min=1, max=MAX_STEPS, help="Measured steps (after 2 warmup)."),
     repeats: int = typer.Option(3, "--repeats", min=1, max=MAX_REPEATS,
