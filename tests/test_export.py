@@ -638,3 +638,31 @@ def test_an_even_split_exported_beside_a_balanced_costed_one_is_costed_and_said(
     assert "--pipeline-model-parallel-layout" not in out
     assert (f"the cost model balanced the stages as {split} ({bal.step_time * 1e3:.1f} ms a step" in err
             and f"splits the layers evenly, [4, 4], as exported: {even.step_time * 1e3:.1f} ms" in err)
+
+
+def test_a_schedule_the_framework_does_not_run_is_costed_as_it_runs(capsys):
+    """A hunt exported a tuned ZBVPP plan to Megatron-LM, which runs interleaved 1F1B: the
+    notes gave the ZBVPP figures as the prediction. The schedule note now costs the plan as
+    the framework runs it, equal to ``meshplan cost`` of that layout (the even split the
+    exporters write), beside the plan's own figures; in the file too."""
+    from tests._cli import run_main
+
+    base = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "2", "--dp", "4", "--pp", "2",
+            "--global-batch", "64", "--layers", "8", "--seq-len", "4096")
+    rc, out, _ = run_main(capsys, "cost", *base, "--vpp", "2", "--schedule", "VPP",
+                          "--layers-per-stage", "even", "--json")
+    vpp_ms = json.loads(out)["step_time_ms"]
+    rc, out, _ = run_main(capsys, "cost", *base, "--vpp", "2", "--schedule", "ZBVPP", "--json")
+    zbv_ms = json.loads(out)["step_time_ms"]
+    rc, out, _ = run_main(capsys, "cost", *base, "--layers-per-stage", "even", "--json")
+    one_ms = json.loads(out)["step_time_ms"]
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--vpp", "2", "--schedule", "ZBVPP")
+    assert rc == 0, err
+    want = f"schedule: as Megatron-LM runs it (VPP): {vpp_ms:.1f} ms a step"
+    assert want in err and f"the plan's ZBVPP: {zbv_ms:.1f} ms" in err and "# note: " + want in out
+    rc, out, err = run_main(capsys, "export", "--to", "deepspeed", *base, "--vpp", "2", "--schedule", "VPP")
+    assert rc == 0, err
+    assert f"as DeepSpeed runs it (1F1B with 1 chunk(s) per rank): {one_ms:.1f} ms a step" in err
+    assert f"the plan's VPP (vpp 2): {vpp_ms:.1f} ms" in err
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--vpp", "2", "--schedule", "VPP")
+    assert rc == 0 and "as Megatron-LM runs it" not in err  # the plan's own schedule: nothing to say

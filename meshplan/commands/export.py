@@ -150,11 +150,14 @@ def export_cmd(
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     out = export_plan(checked, to.value)
-    notes = ([fit_note] if fit_note else []) + [str(n) for n in out.notes]
+    run_note = as_run_note(checked, out.effective, to.value)
+    if run_note and fit_note:
+        fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
+    notes = ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
     for note in notes:
         typer.echo(f"note: {note}", err=True)
-    if fit_note and to.value != "deepspeed":  # the file keeps it too (JSON has no comments)
-        out.text = f"# note: {fit_note}\n" + out.text
+    if to.value != "deepspeed":  # the file keeps them too (JSON has no comments)
+        out.text = "".join(f"# note: {n}\n" for n in (fit_note, run_note) if n) + out.text
     if output:
         path = Path(output)
         if path.is_dir():
@@ -215,6 +218,38 @@ def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tupl
         notes.append(f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "
                      f"the {limit / 2**30:.2f} GiB limit (meshplan cost shows the breakdown)")
     return plan, "; ".join(notes) or None
+
+
+def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
+    """A note with the step time and peak memory of ``plan`` as ``target`` runs it, when the
+    exporter changed its pipeline schedule or chunks per rank (``eff``: the exported layout,
+    ``Export.effective``; e.g. Megatron-LM runs a ZBVPP plan as interleaved 1F1B, DeepSpeed one
+    chunk per rank): the plan's own figures would be the prediction of a run that does not
+    happen. The exported layer split is kept where it has pp x vpp entries, else the
+    framework's even split is costed. None when the schedule is the plan's."""
+    from meshplan.commands.export_targets import model_sizes
+    from meshplan.engine import Engine
+    from simulator.layer_split import even_split
+
+    s = plan.strategy
+    sched, vpp = eff.get("schedule", s.schedule), eff.get("vpp", s.vpp)
+    if (sched, vpp) == (s.schedule, s.vpp):
+        return None
+    lps = eff.get("layers_per_stage", s.layers_per_stage)
+    layers = sum(s.layers_per_stage) if s.layers_per_stage else model_sizes(plan)[0]
+    if lps is None or len(lps) != s.pp * vpp:
+        lps = (even_split(layers, s.pp * vpp) if layers is not None and s.pp * vpp > 1
+               and layers % (s.pp * vpp) == 0 else None)
+    ran = dataclasses.replace(plan, strategy=s.replace(schedule=sched, vpp=vpp,
+                                                       layers_per_stage=lps and tuple(lps)))
+    own = Engine.from_plan(plan, None).step_model().run()
+    run = Engine.from_plan(ran, None).step_model().run()
+    chunks = f" with {vpp} chunk(s) per rank" if vpp != s.vpp else ""
+    name = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}.get(target, target)
+    return (f"schedule: as {name} runs it ({sched}{chunks}): {run.step_time * 1e3:.1f} ms a step, "
+            f"peak {run.max_memory_bytes / 2**30:.2f} GiB; the plan's {s.schedule}"
+            f"{f' (vpp {s.vpp})' if chunks else ''}: {own.step_time * 1e3:.1f} ms, peak "
+            f"{own.max_memory_bytes / 2**30:.2f} GiB")
 
 
 def _with_split(plan: Any, split: list[int]) -> Any:
