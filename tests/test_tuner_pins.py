@@ -77,3 +77,20 @@ def test_a_search_stops_when_its_space_is_exhausted(capsys, tmp_path):
     assert rc == 0, err
     n = REPEATS_BEFORE_COUNTING + 1
     assert f"{n} trials: {n} complete ({n - 1} cached)" in " ".join(out.split())
+
+
+def test_a_pinned_pp_that_does_not_divide_the_layers_is_refused_before_the_search(capsys, tmp_path):
+    """A hunt pinned pp=2 on 7 layers: all 20 trials were pruned and the report advised
+    raising --trials, which cannot help. The pin is refused up front, naming the flag as
+    typed, and no output folder is made."""
+    from tests._cli import run_main
+
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
+            "--global-batch", "32", "--seq-len", "2048", "--trials", "20", "--storage", "memory",
+            "--no-progress")
+    rc, out, err = run_main(capsys, *base, "--layers", "7", "--fix", "pp=2", "--output", str(tmp_path / "a"))
+    assert rc == 2 and "--fix: pp=2 does not divide the model's 7 layers" in err
+    assert not (tmp_path / "a").exists()
+    rc, out, err = run_main(capsys, *base, "--layers", "8", "--pp", "2", "--vpp", "3",
+                            "--output", str(tmp_path / "b"))
+    assert rc == 2 and "--pp 2 x --vpp 3 = 6 virtual stages do not divide the model's 8 layers" in err

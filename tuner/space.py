@@ -339,6 +339,16 @@ class SearchSpace:
         layers = self.problem.model.num_layers
         if "pp" in self.fix and self.fix["pp"] > layers:
             raise SpaceError(f"--fix: pp={self.fix['pp']} exceeds the model's {layers} layers")
+        if "pp" in self.fix and layers % self.fix["pp"] and not self.problem.uneven_pp:
+            # every trial would be pruned (tuner.legality.pp_divides_layers), and no number
+            # of trials could help: refused before the search
+            raise SpaceError(f"--fix: pp={self.fix['pp']} does not divide the model's {layers} layers "
+                             f"(the search keeps the layers even over its stages; `meshplan cost "
+                             f"--pp {self.fix['pp']}` costs an uneven split)")
+        chunks = self.fix.get("pp", 1) * self.fix.get("vpp", 1)
+        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and layers % chunks:
+            raise SpaceError(f"--fix: pp={self.fix['pp']} x vpp={self.fix['vpp']} = {chunks} virtual "
+                             f"stages do not divide the model's {layers} layers")
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------
