@@ -105,3 +105,25 @@ def test_plans_on_different_gpu_counts_show_a_gpus_column_and_a_note(capsys, mon
     rows = [ln for ln in out.splitlines() if ln.startswith("│")]
     assert [ln.split("│")[2].strip() for ln in rows] == ["16", "32"]
     assert "note: the plans use 16, 32 of the 32 GPUs" in out
+
+
+def test_hsdp_shard_groups_compare_as_cost_costs_them(capsys):
+    """compare lacked --fsdp-shard-size / --hsdp (a hunt: HSDP plans could not be compared
+    though the README says compare takes cost's options): a comma list of shard groups (0:
+    all of dp), each plan equal to the Engine's."""
+    rc, out, err = run_main(capsys, "compare", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                            "--nodes", "2", "--dp", "16", "--global-batch", "32", "--zero", "3",
+                            "--framework", "fsdp2", "--layers", "4", "--hsdp", "0,4", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)
+    assert [r["fsdp_shard_size"] for r in rows] == [0, 4]
+    for r, n in zip(rows, (None, 4), strict=True):
+        s = Strategy(dp=16, zero=3, fsdp_shard_size=n, global_batch_size=32, framework="fsdp2")
+        res = Engine("llama2-7b", "dgx-h100", s, nodes=2, num_layers=4).simulate()
+        assert r["step_time_ms"] == pytest.approx(res.step_time * 1e3, rel=1e-12)
+        assert r["max_memory_bytes"] == res.max_memory_bytes
+    assert rows[0]["max_memory_bytes"] < rows[1]["max_memory_bytes"]  # shards over 16, then 4
+    rc, out, err = run_main(capsys, "compare", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                            "--nodes", "2", "--dp", "16", "--global-batch", "32", "--zero", "1",
+                            "--layers", "4", "--hsdp", "4")
+    assert rc != 0 and "needs zero 3" in err

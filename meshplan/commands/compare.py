@@ -87,18 +87,20 @@ PARSERS = {
     "moe_capacity_factor": _floats("--moe-capacity-factor", 0.0, low_open=True),
     "moe_load_imbalance": _floats("--moe-load-imbalance", 1.0),
     "layers_per_stage": _split,
+    "fsdp_shard_size": _ints("--fsdp-shard-size", 0),
 }
 #: a comma list of each option, for the empty-item error (others: 1,2)
 EXAMPLES = {"schedule": "1F1B,VPP", "recompute": "none,full", "cp_comm": "p2p,all_gather",
             "dtype": "bfloat16,fp8-delayed", "framework": "megatron-core,fsdp2",
             "attention": "flash,unfused", "moe_capacity_factor": "1,1.25",
-            "moe_load_imbalance": "1,1.5", "layers_per_stage": "balanced,even"}
+            "moe_load_imbalance": "1,1.5", "layers_per_stage": "balanced,even",
+            "fsdp_shard_size": "0,4"}
 #: column heads of the knobs in the table
 HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "mbs",
          "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
          "recompute": "recompute", "cp_comm": "cp comm", "dtype": "dtype",
          "framework": "framework", "attention": "attention", "moe_capacity_factor": "capacity",
-         "moe_load_imbalance": "imbalance", "layers_per_stage": "split"}
+         "moe_load_imbalance": "imbalance", "layers_per_stage": "split", "fsdp_shard_size": "HSDP"}
 
 
 def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
@@ -247,6 +249,9 @@ def compare_cmd(
     layers: int | None = opt.LAYERS,
     recompute: str = _list_option("recompute", "none", "Activation recompute: none, selective, selective-op, full"),
     zero: str = _list_option("zero", "0", "ZeRO stage 0-3"),
+    fsdp_shard_size: str | None = _list_option("fsdp_shard_size", None,
+                                               "HSDP shard group with --zero 3 (N divides dp, "
+                                               "2 <= N < dp; 0: shard over all of dp)"),
     sequence_parallel: bool = opt.SEQUENCE_PARALLEL,
     dtype: str = _list_option("dtype", "bfloat16", "Training dtype"),
     framework: str = _list_option("framework", "megatron-core", "Framework profile"),
@@ -268,7 +273,7 @@ def compare_cmd(
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
            "dtype": dtype, "framework": framework, "attention": attention,
            "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
-           "layers_per_stage": layers_per_stage}
+           "layers_per_stage": layers_per_stage, "fsdp_shard_size": fsdp_shard_size}
     lists = parse_lists(raw)
     varied = [f for f, v in lists.items() if len(v) > 1]
     rows, panels, first_error = [], [], None
