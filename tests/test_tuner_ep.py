@@ -123,3 +123,19 @@ def test_tune_pins_ep_by_its_megatron_name_and_reports_it(tmp_path, capsys):
     assert "best plan: dp=8 tp=1 pp=1 cp=1 ep=8 " in text
     rows = list(csv.DictReader((out / "history.csv").open()))
     assert rows and all(r["ep_degree"] == "8" and r["cp_degree"] == "1" for r in rows if r["state"] == "COMPLETE")
+
+
+def test_the_top_table_and_the_mesh_lines_tell_ep_apart():
+    """A hunt found two MoE plans of one dp-tp-pp-cp, ep 4 and ep 1, reading alike in the top
+    table ("8-1-1-1") and grouped as one mesh shape in the report: ep is part of both."""
+    from tuner.explain import mesh_name, mesh_shape
+    from tuner.result import mesh_cell, plan_label
+
+    moe = {"dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 4, "schedule": "1F1B", "vpp": 1,
+           "micro_batch_size": 2, "recompute": "full", "zero": 1, "sequence_parallel": False,
+           "templates": {}}
+    dense = {**moe, "ep": 1}
+    assert (mesh_cell(moe), mesh_cell(dense)) == ("8-1-1-1 ep4", "8-1-1-1")
+    assert mesh_shape(moe) != mesh_shape(dense)
+    assert (mesh_name(mesh_shape(moe)), mesh_name(mesh_shape(dense))) == ("dp8 tp1 pp1 ep4", "dp8 tp1 pp1")
+    assert plan_label(moe).startswith("dp8 tp1 pp1 ep4 1F1B") and " ep" not in plan_label(dense)

@@ -25,18 +25,20 @@ from optuna.trial import TrialState
 
 from tuner.result import GIB, TuneResult, memory_constraint, plan_label, scored
 
-MeshShape = tuple[int, int, int, int]
+MeshShape = tuple[int, int, int, int, int]
 
 
 def mesh_shape(plan: Mapping[str, Any]) -> MeshShape:
-    """(dp, cp, tp, pp) of a stored plan (``cp`` 1 when the plan has none)."""
-    return plan["dp"], plan.get("cp", 1), plan["tp"], plan["pp"]
+    """(dp, cp, tp, pp, ep) of a stored plan (``cp`` and ``ep`` 1 when the plan has none):
+    expert parallelism splits the experts over dp ranks, so two plans of one dp x tp x pp
+    with another ep are other shapes."""
+    return plan["dp"], plan.get("cp", 1), plan["tp"], plan["pp"], plan.get("ep", 1)
 
 
 def mesh_name(shape: MeshShape) -> str:
-    """``dp8 tp4 pp2`` (``cp`` shown only when > 1)."""
-    dp, cp, tp, pp = shape
-    return f"dp{dp}" + (f" cp{cp}" if cp > 1 else "") + f" tp{tp} pp{pp}"
+    """``dp8 tp4 pp2`` (``cp`` and ``ep`` shown only when > 1: ``dp8 tp1 pp1 ep4``)."""
+    dp, cp, tp, pp, ep = shape
+    return f"dp{dp}" + (f" cp{cp}" if cp > 1 else "") + f" tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "")
 
 
 def _scored(result: TuneResult) -> list[optuna.trial.FrozenTrial]:

@@ -270,6 +270,8 @@ def plan_label(plan: Mapping[str, Any]) -> str:
     s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']}"
     if plan.get("cp", 1) > 1:
         s += f" cp{plan['cp']}"
+    if plan.get("ep", 1) > 1:
+        s += f" ep{plan['ep']}"
     s += f" {plan['schedule']}"
     if plan["vpp"] > 1:
         s += f" vpp{plan['vpp']}"
@@ -321,8 +323,15 @@ def top_columns(width: int | None) -> tuple[str, ...]:
     return tuple(c for c in TOP_COLUMNS if c not in drop)
 
 
+def mesh_cell(plan: Mapping[str, Any]) -> str:
+    """The top table's mesh cell: ``dp-tp-pp-cp``, then `` ep4`` when the plan splits its
+    experts over ep > 1 ranks (two MoE plans of one mesh with other ep read apart)."""
+    ep = plan.get("ep", 1)
+    return f"{plan['dp']}-{plan['tp']}-{plan['pp']}-{plan.get('cp', 1)}" + (f" ep{ep}" if ep > 1 else "")
+
+
 def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
-    """A rich Table of the top plans (mesh dp-tp-pp-cp, schedule, vpp, mbs, recompute, ZeRO,
+    """A rich Table of the top plans (mesh dp-tp-pp-cp and ep, schedule, vpp, mbs, recompute, ZeRO,
     SP, the FP8 recipe when a plan has one, templates, step time, tokens/s, MFU, peak
     memory, bubble); ``width``: the terminal's columns (:func:`top_columns` leaves out what
     does not fit; None: all). Without the vpp column an interleaved schedule's cell carries
@@ -355,7 +364,7 @@ def top_table(result: TuneResult, k: int = 10, width: int | None = None) -> Any:
         if "vpp" not in cols and p["vpp"] > 1:  # no vpp column: VPP4 = VPP with 4 chunks
             sched = f"{sched}{p['vpp']}"
         cells = dict(zip(TOP_COLUMNS, (
-            str(i), f"{p['dp']}-{p['tp']}-{p['pp']}-{p.get('cp', 1)}", sched, str(p["vpp"]),
+            str(i), mesh_cell(p), sched, str(p["vpp"]),
             str(p["micro_batch_size"]), p["recompute"], zero_label(p),
             "y" if p["sequence_parallel"] else "n",
             (FP8_SHORT.get(p["fp8"], p["fp8"]) if short else p["fp8"]) if p.get("fp8") else "-",
