@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -153,3 +154,22 @@ def test_writable_file_checks_the_file_it_would_write(tmp_path):
                         (str(tmp_path / "no" / "x.yaml"), "does not exist")):
         with pytest.raises(ValueError, match=needle):
             writable_file("--output", bad)
+
+
+def test_zero_bubble_schedules_without_a_weight_pass_are_named(capsys):
+    """A hunt: ZB-2p without --tw failed with 'ZB: stage times must be ... > 0', naming no
+    flag, and ZB-H1 without --tw silently ran 1F1B. The searched ZB schedules now name --tw;
+    ZB-H1 says on stderr that it runs as 1F1B would (its step is 1F1B's: 33 ms for p 4,
+    m 8, F 1, B 2: (m + p - 1)(F + B)); with W it is Qi et al.'s m(F+B+W) + (p-1)(F+B-W)."""
+    from tests._cli import run_main
+
+    base = ("simulate", "--stages", "4", "--microbatches", "8", "--tf", "1")
+    for sched in ("ZB-2p", "ZB", "ZBVPP"):
+        rc, out, err = run_main(capsys, *base, "--tb", "2", "--schedule", sched)
+        assert rc == 2 and "'--tw'" in err and "needs --tw > 0" in err, err
+    rc, out, err = run_main(capsys, *base, "--tb", "2", "--schedule", "ZBH1", "--json")
+    assert rc == 0 and "note: --tw 0: ZBH1 has no weight-gradient pass" in err
+    assert json.loads(out)["step_time_ms"] == pytest.approx((8 + 4 - 1) * (1 + 2))
+    rc, out, err = run_main(capsys, *base, "--tb", "1", "--tw", "1", "--schedule", "ZBH1", "--json")
+    assert rc == 0 and "note:" not in err
+    assert json.loads(out)["step_time_ms"] == pytest.approx(8 * 3 + 3 * (1 + 1 - 1))

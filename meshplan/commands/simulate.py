@@ -59,6 +59,8 @@ def simulate_cmd(
         raise typer.BadParameter(f"{asked} runs one chunk per rank; --chunks {chunks} needs VPP or ZBVPP",
                                  param_hint="'--chunks'")
     v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
+    if tw == 0 and schedule in SPLIT_BACKWARD:
+        _no_weight_pass(asked, schedule)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
     sched = build_schedule(schedule, stages, microbatches, v, memory_limit, **opts)
     from simulator.profiles import load_profile
@@ -91,6 +93,25 @@ simulate_cmd.__doc__ = "\n\n".join(
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` command to ``app``."""
     app.command("simulate")(simulate_cmd)
+
+
+#: schedules that split the backward into B (input gradients) and W (weight gradients)
+#: and place W on its own (Qi et al. 2024): the builders that search the placement (ZB,
+#: ZBVPP) need W > 0, the handcrafted ZB-H1 / ZB-H2 with W = 0 are 1F1B / its 2p variant
+SPLIT_BACKWARD = ("ZBH1", "ZBH2", "ZB", "ZBVPP")
+
+
+def _no_weight_pass(asked: str, schedule: str) -> None:
+    """``--tw 0`` with a schedule of :data:`SPLIT_BACKWARD`: an error naming ``--tw`` for
+    the searched ones, one ``note:`` line on stderr for ZB-H1 / ZB-H2 (whose W passes are
+    then empty: the step is 1F1B's, which a user giving --tb as the whole backward did not
+    mean)."""
+    if schedule in ("ZB", "ZBVPP"):
+        raise typer.BadParameter(f"{asked} places the weight-gradient pass W on its own: it needs "
+                                 f"--tw > 0 (the W part of the backward; --tb is then B alone)",
+                                 param_hint="'--tw'")
+    typer.echo(f"note: --tw 0: {asked} has no weight-gradient pass to defer and runs as 1F1B "
+               "would; give --tw, the W part of the backward (--tb is then B alone)", err=True)
 
 
 def _builder(name: str, stages: int) -> tuple[str, float | None]:
