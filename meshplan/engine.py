@@ -199,7 +199,7 @@ class Engine:
                             boundary_bytes=costs.boundary_bytes,
                             seq_len=self.source.seq_len // self.strategy.cp, profile=self.profile,
                             overlap=self.overlap, overlap_dp_sync=self.overlap_dp_sync,
-                            accumulate_grads=accumulate_grads)
+                            accumulate_grads=accumulate_grads, cp=self.strategy.cp)
         try:
             return StepModel(costs, self.cluster, self.roofline, cfg)
         except ValueError as e:

@@ -94,17 +94,22 @@ class StepConfig:
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
+    cp: int = 1
+    """Context-parallel ranks of the plan before folding (``completion.context_parallel
+    .fold_strategy``: the step runs dp * cp replicas, so ``dp`` holds both): only the NCCL
+    communicator count reads it (the cp group is a communicator of its own)."""
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
            profile: Any = None, overlap: float = 0.0, overlap_dp_sync: bool = False,
-           accumulate_grads: bool | None = None) -> StepConfig:
+           accumulate_grads: bool | None = None, cp: int = 1) -> StepConfig:
         """The config of a ``completion.strategy.Strategy`` under framework ``profile``:
         16-bit (or the strategy's dtype) parameters and gradients, the optimizer's state
         bytes per parameter (``simulator.memory.optimizer_bytes_per_param``), tokens per
         step = global batch x ``seq_len``, the device's peak for the dtype. Gradient
         accumulation is the profile's (``gradients.accumulation == "separate"``) unless
-        ``accumulate_grads`` says."""
+        ``accumulate_grads`` says. ``cp``: the unfolded plan's context-parallel ranks
+        (:attr:`cp`)."""
         s = strategy
         if accumulate_grads is None:
             accumulate_grads = profile is not None and profile.gradients.accumulation.value == "separate"
@@ -121,7 +126,7 @@ class StepConfig:
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
                    ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""),
                    fp8_params=getattr(s, "fp8", None) is not None
-                   and s.framework in FP8_PARAM_FRAMEWORKS)
+                   and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
 
 
 @dataclass

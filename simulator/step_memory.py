@@ -68,15 +68,21 @@ def vstage_activation_bytes(acts: StageActivations, table: str, layer_keys: list
     return float(total)
 
 
-def communicators(dp: int, tp: int, pp: int, tied: bool, hsdp: bool = False) -> int:
+def communicators(dp: int, tp: int, pp: int, tied: bool, hsdp: bool = False, cp: int = 1,
+                  ep: int = 1) -> int:
     """NCCL communicators a rank is in: the default (world) group, and the tp, dp and pp
     groups of size > 1, plus the embedding group of tied embeddings across pipeline stages
-    (Megatron-LM ``parallel_state.initialize_model_parallel``); 0 on a single device. Under
-    HSDP (``hsdp``) the dp ranks talk over two groups, the shard and the replicate group
-    of FSDP2's 2-D mesh (``simulator.dp_groups``), one more communicator."""
+    (Megatron-LM ``parallel_state.initialize_model_parallel``); 0 on a single device. ``dp``
+    is the gradient-reduction group, dp x cp under context parallelism (Megatron's
+    data-parallel-with-context group), and a ``cp`` > 1 adds the context-parallel group of
+    the ring exchange; an ``ep`` > 1 adds the expert-parallel group of the all_to_all and,
+    when dp / ep > 1, the expert-data-parallel group of the expert gradients. Under HSDP
+    (``hsdp``) the dp ranks talk over two groups, the shard and the replicate group of
+    FSDP2's 2-D mesh (``simulator.dp_groups``), one more communicator."""
     if dp * tp * pp == 1:
         return 0
-    return 1 + (tp > 1) + (dp > 1) + (dp > 1 and hsdp) + (pp > 1) + (pp > 1 and tied)
+    return (1 + (tp > 1) + (dp > 1) + (dp > 1 and hsdp) + (pp > 1) + (pp > 1 and tied)
+            + (cp > 1) + (ep > 1) + (ep > 1 and dp // ep > 1))
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,8 @@ def rank_memory(cfg: Any, params: int | RankParams, act_peak: float, acts: Stage
         memory["cuda_context"] = int(mem.cuda_context_bytes.value)
         memory["nccl_buffers"] = int(mem.nccl_buffer_bytes.value
                                      * communicators(cfg.dp, cfg.tp, cfg.pp, tied,
-                                                     replicate_degree(cfg) > 1))
+                                                     replicate_degree(cfg) > 1,
+                                                     getattr(cfg, "cp", 1), getattr(cfg, "ep", 1)))
     memory["total"] = sum(memory.values())
     return memory
 

@@ -149,6 +149,13 @@ def test_communicators():
     assert communicators(8, 1, 1, False) == 2       # world + dp
     assert communicators(2, 2, 2, True) == 5        # world + tp + dp + pp + embedding group
     assert communicators(1, 1, 4, False) == 2
+    # a hunt: cp had no communicator (--dp 8, --dp 2 --cp 4 and --cp 8 all 0.12 GiB). dp is
+    # the gradient group, dp x cp: cp 4 of 8 ranks adds the cp ring's group
+    assert communicators(8, 1, 1, False, cp=4) == 3      # world + dp x cp + cp
+    assert communicators(8, 1, 1, False, cp=8) == 3
+    # ep 4 of dp 8: the all_to_all group and the expert-data-parallel group (8 / 4 = 2)
+    assert communicators(8, 1, 1, False, ep=4) == 4
+    assert communicators(8, 1, 1, False, ep=8) == 3      # ep = dp: no expert-dp group
 
 
 def test_capacity_reserve_and_headroom():
