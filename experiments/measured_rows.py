@@ -20,7 +20,8 @@ default, not stated in table)"``, ``"GPT2BPE 50257 padded to 50688 (128*TP4)"``)
 
 What meshplan cannot express is decided by one table, :data:`UNSUPPORTED`, so that later
 work that adds a feature deletes one entry (FP8 GEMMs and squared-ReLU MLPs were lifted by
-issue 17: :data:`FP8_PRECISIONS`, :data:`FFN_TYPES`).
+issue 17: ``experiments.measured_cells.FP8_PRECISIONS``, :data:`FFN_TYPES`). The cells are read by
+:mod:`experiments.measured_cells`.
 No row raises: a cell that cannot be read is a refusal naming the column.
 
 Rows measured after the CSV was frozen live in the repository (:data:`EXTRA_CSVS`, e.g.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,24 @@ from completion.models.catalog import MEGATRON_2021
 from completion.models.config import ModelConfig, ModelConfigError
 from completion.strategy import Strategy, StrategyError
 from experiments.base import ExperimentError
+from experiments.measured_cells import (
+    FP8_PRECISIONS,
+    Notes,
+    Row,
+    RowError,
+    attention_impl,
+    cell,
+    float_of,
+    float_text,
+    framework_profile,
+    int_of,
+    leading_int,
+    not_stated,
+    read_precision,
+    read_vocab,
+    recompute_mode,
+    zero_stage,
+)
 
 #: the development set, beside the repository (``../shared/data/measured_runs.csv``)
 DATA_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured_runs.csv"
@@ -54,19 +73,6 @@ EXTRA_CSVS: tuple[Path, ...] = (Path(__file__).resolve().parent / "data" / "meas
 
 #: catalog cluster for the torchtitan rows (``clusters/catalog/grand-teton-h100-96g.yaml``)
 GRAND_TETON = "grand-teton-h100-96g"
-
-Row = Mapping[str, str]
-
-
-class RowError(ExperimentError):
-    """A cell that cannot be read; ``field`` names the column (caught by :func:`parse_row`,
-    which turns it into a :class:`Refused`)."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        """``message`` about column ``field_name``."""
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
 
 # -- what cannot be expressed today (one table; later work lifts entries) -------------------
 
@@ -89,7 +95,7 @@ class Unsupported:
 
     def reason(self, row: Row) -> str:
         """The one-line reason for ``row``, naming the field and its value."""
-        return f"{self.field}={_cell(row, self.field)!r}: {self.why}"
+        return f"{self.field}={cell(row, self.field)!r}: {self.why}"
 
 
 #: Features of the measured runs that Strategy / the model builders cannot take (yet).
@@ -189,68 +195,7 @@ class Refused:
 # -- cell readers ----------------------------------------------------------------------------
 
 
-def _cell(row: Row, name: str) -> str:
-    """The stripped text of column ``name`` ("" when absent or NaN)."""
-    v = row.get(name)
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    return str(v).strip()
-
-
-def _leading_int(text: str, name: str) -> int:
-    """The integer a cell starts with (``"8192 (config default)"`` -> 8192); RowError
-    naming column ``name`` when it starts with none."""
-    m = re.match(r"\s*(\d+)(?:\.0+)?\b", text)
-    if not m:
-        raise RowError(name, f"no number in {text!r}")
-    return int(m.group(1))
-
-
-def _int(row: Row, name: str) -> int:
-    """:func:`_leading_int` of column ``name``."""
-    return _leading_int(_cell(row, name), name)
-
-
-def _float(row: Row, name: str) -> float | None:
-    """Column ``name`` as a float (None when empty); RowError when it is not a number."""
-    text = _cell(row, name)
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise RowError(name, f"not a number: {text!r}") from None
-
-
-def _not_stated(text: str) -> bool:
-    """True when a cell says its value was not given by the source (measured_runs.md:
-    "assumed", "not stated", a config "default")."""
-    t = text.lower()
-    return "not stated" in t or "assumed" in t or "default" in t
-
-
-def read_vocab(text: str) -> tuple[int, str | None]:
-    """The vocabulary size of a ``vocab_size`` cell: the padded size when the cell gives one
-    (``"GPT2BPE 50257 padded to 50688 (128*TP4)"`` -> 50688), else its first number.
-    Returns (size, a note when the cell was more than a number). Raises RowError."""
-    m = re.search(r"padded to\s+(\d+)", text)
-    if m:
-        return int(m.group(1)), f"vocab_size {m.group(1)}: the padded size of {text!r}"
-    m = re.search(r"\d+", text)
-    if not m:
-        raise RowError("vocab_size", f"no number in {text!r}")
-    return int(m.group(0)), None
-
-
 # -- the parts -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Notes:
-    """The approximations and assumptions collected while parsing one row."""
-
-    approximations: list[str] = field(default_factory=list)
-    assumptions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -276,45 +221,37 @@ FFN_TYPES: tuple[FfnType, ...] = (
 )
 
 
-def _float_cell(text: str, name: str) -> float:
-    """A cell as a float; RowError naming column ``name`` when it is not a number."""
-    try:
-        return float(text)
-    except ValueError:
-        raise RowError(name, f"not a number: {text!r}") from None
-
-
 #: optional columns of the rows files (:data:`EXTRA_CSVS`) -> (``ModelConfig`` field, reader):
 #: the mixture-of-experts fields (``completion.models.config.ModelConfig``: routed experts,
 #: top-k, expert width, load-balancing loss weight) and the attention head size and q/k
 #: norm that a model like Qwen3 needs; an empty or absent cell leaves the field's default
 #: (the CSV's dense rows have none of them)
 MOE_COLUMNS: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "num_experts": ("num_experts", _leading_int),
-    "experts_per_token": ("experts_per_token", _leading_int),
-    "moe_ffn_hidden_size": ("moe_ffn_hidden_size", _leading_int),
-    "router_aux_loss_coef": ("router_aux_loss_coef", _float_cell),
-    "kv_channels": ("kv_channels", _leading_int),
+    "num_experts": ("num_experts", leading_int),
+    "experts_per_token": ("experts_per_token", leading_int),
+    "moe_ffn_hidden_size": ("moe_ffn_hidden_size", leading_int),
+    "router_aux_loss_coef": ("router_aux_loss_coef", float_text),
+    "kv_channels": ("kv_channels", leading_int),
     "qk_norm": ("qk_norm", lambda text, name: text),
 }
 
 
 def _moe_fields(row: Row) -> dict[str, object]:
     """The ModelConfig fields the row's :data:`MOE_COLUMNS` cells set (empty for a CSV row)."""
-    return {fld: read(_cell(row, col), col) for col, (fld, read) in MOE_COLUMNS.items()
-            if _cell(row, col)}
+    return {fld: read(cell(row, col), col) for col, (fld, read) in MOE_COLUMNS.items()
+            if cell(row, col)}
 
 
-def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
+def _model(row: Row, notes: Notes) -> tuple[ModelConfig, int]:
     """(ModelConfig, seq_len) of a row; family, activation and norm from ffn_type
     (:data:`FFN_TYPES`)."""
-    ffn_type = _cell(row, "ffn_type").lower().replace(" ", "-")
+    ffn_type = cell(row, "ffn_type").lower().replace(" ", "-")
     ffn = next((f for f in FFN_TYPES if f.match in ffn_type), None)
     if ffn is None:
-        raise RowError("ffn_type", f"{_cell(row, 'ffn_type')!r} is none of "
+        raise RowError("ffn_type", f"{cell(row, 'ffn_type')!r} is none of "
                        f"{[f.match for f in FFN_TYPES]}")
     family = ffn.family
-    pos = _cell(row, "pos_embedding")
+    pos = cell(row, "pos_embedding")
     pos_l = pos.lower()
     own = "learned absolute positions" if family == "gpt" else "RoPE"
     kind = ("rope" if "rope" in pos_l or "rotary" in pos_l else "alibi" if "alibi" in pos_l
@@ -323,7 +260,7 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
         notes.approximations.append(
             f"pos_embedding {pos!r} modelled as {own} (the {family} builder's; cost difference "
             "negligible)")
-    norm = _cell(row, "norm_bias_notes")
+    norm = cell(row, "norm_bias_notes")
     norm_l = norm.lower()
     if family == "gpt" and ("rmsnorm" in norm_l or "no bias" in norm_l or "layernorm1p" in norm_l):
         notes.approximations.append(f"norm/bias {norm!r} modelled as layer_norm with biases (gpt)")
@@ -335,26 +272,26 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
     if "low_precision_layernorm" in norm_l:
         notes.approximations.append("low_precision_layernorm modelled as layer_norm")
 
-    vocab, vnote = read_vocab(_cell(row, "vocab_size"))
+    vocab, vnote = read_vocab(cell(row, "vocab_size"))
     if vnote:
         notes.assumptions.append(vnote)
-    seq_text = _cell(row, "seq_len")
-    seq = _leading_int(seq_text, "seq_len")
-    if _not_stated(seq_text):
+    seq_text = cell(row, "seq_len")
+    seq = leading_int(seq_text, "seq_len")
+    if not_stated(seq_text):
         notes.assumptions.append(f"seq_len {seq} assumed ({seq_text!r})")
-    kv_text = _cell(row, "n_kv_heads")
-    kv = _leading_int(kv_text, "n_kv_heads") if kv_text else _int(row, "n_heads")
+    kv_text = cell(row, "n_kv_heads")
+    kv = leading_int(kv_text, "n_kv_heads") if kv_text else int_of(row, "n_heads")
     if kv_text and not re.fullmatch(r"\d+", kv_text):
         notes.assumptions.append(f"n_kv_heads {kv} from {kv_text!r}")
-    tied_text = _cell(row, "tied_embeddings").lower()
+    tied_text = cell(row, "tied_embeddings").lower()
     if not tied_text.startswith(("yes", "no")):
         raise RowError("tied_embeddings", f"neither yes nor no: {tied_text!r}")
     tied = tied_text.startswith("yes")
     try:
-        cfg = ModelConfig(name=_cell(row, "model_name"), family=family,
-                          num_layers=_int(row, "n_layers"), hidden_size=_int(row, "hidden_size"),
-                          num_heads=_int(row, "n_heads"), num_kv_heads=kv,
-                          ffn_hidden_size=_int(row, "ffn_hidden_size"), vocab_size=vocab,
+        cfg = ModelConfig(name=cell(row, "model_name"), family=family,
+                          num_layers=int_of(row, "n_layers"), hidden_size=int_of(row, "hidden_size"),
+                          num_heads=int_of(row, "n_heads"), num_kv_heads=kv,
+                          ffn_hidden_size=int_of(row, "ffn_hidden_size"), vocab_size=vocab,
                           seq_len=seq, tie_word_embeddings=tied,
                           activation=ffn.activation, norm=ffn.norm, **_moe_fields(row))
     except ModelConfigError as e:
@@ -362,12 +299,12 @@ def _model(row: Row, notes: _Notes) -> tuple[ModelConfig, int]:
     return cfg, seq
 
 
-def _cluster(row: Row, notes: _Notes) -> tuple[str, int]:
+def _cluster(row: Row, notes: Notes) -> tuple[str, int]:
     """(catalog name, nodes) from gpu_type / gpu_mem_gb / num_gpus / gpus_per_node."""
-    gpu = _cell(row, "gpu_type")
+    gpu = cell(row, "gpu_type")
     gpu_l = gpu.lower()
-    mem = _int(row, "gpu_mem_gb")
-    inter = _cell(row, "inter_node_link")
+    mem = int_of(row, "gpu_mem_gb")
+    inter = cell(row, "inter_node_link")
     if "a100" in gpu_l:
         if mem == 40:
             name = "dgx-a100-40g"
@@ -396,113 +333,17 @@ def _cluster(row: Row, notes: _Notes) -> tuple[str, int]:
         notes.assumptions.append(f"gpu_type {gpu!r}")
     if inter.lower().startswith("not stated"):
         notes.assumptions.append(f"inter-node network not stated: {name}'s used")
-    gpn_text = _cell(row, "gpus_per_node")
-    gpn = _leading_int(gpn_text, "gpus_per_node")
-    if _not_stated(gpn_text):
+    gpn_text = cell(row, "gpus_per_node")
+    gpn = leading_int(gpn_text, "gpus_per_node")
+    if not_stated(gpn_text):
         notes.assumptions.append(f"gpus_per_node {gpn} assumed")
     if gpn != 8:
         raise RowError("gpus_per_node", f"{gpn}: every catalog entry has 8 GPUs per node")
-    gpus = _int(row, "num_gpus")
+    gpus = int_of(row, "num_gpus")
     return name, max(1, math.ceil(gpus / gpn))
 
 
-def _zero(text: str) -> int:
-    """ZeRO stage of a ``zero_fsdp`` cell: FSDP FULL_SHARD / FSDP2 -> 3, SHARD_GRAD_OP -> 2,
-    Megatron distributed optimizer -> 1, plain DP -> 0."""
-    t = text.lower()
-    if "shard_grad_op" in t:
-        return 2
-    if "full_shard" in t or "fsdp2" in t or "zero-3" in t:
-        return 3
-    if "distributed optimizer" in t or "distributed_fused_adam" in t:
-        return 1
-    if t.startswith("none") or "plain dp" in t:
-        return 0
-    raise RowError("zero_fsdp", f"unknown sharding {text!r}")
-
-
-def _recompute(text: str) -> str:
-    """none / selective / selective-op / full from an ``activation_recompute`` cell
-    (torchtitan's "op-level SAC" is ``selective-op``)."""
-    t = text.lower()
-    if t.startswith("selective") and ("op-level" in t or "sac" in t):
-        return "selective-op"
-    for name in ("none", "selective", "full"):
-        if t.startswith(name):
-            return name
-    raise RowError("activation_recompute", f"unknown recompute {text!r}")
-
-
-#: FP8 ``precision`` cells (lower case; first match wins) -> (the FP8 recipe of
-#: ``completion.strategy.FP8_RECIPES``, a note when the cell leaves the recipe implicit):
-#: Megatron-Bridge's "FP8-CS" (Transformer Engine current scaling; no recipe of its own here,
-#: see the note); NeMo's "FP8 hybrid (Transformer Engine, delayed scaling)"; Composer's ``amp_fp8``
-#: (composer 0.2x ``core/precision.py``: ``te.fp8_autocast`` with a ``DelayedScaling``
-#: recipe, hybrid format); torchtitan's torchao Float8 (dynamic tensorwise scaling, the
-#: default ``Float8LinearConfig`` of torchao in December 2024, and the only recipe
-#: torchtitan 9dec370 ``float8.py`` configured)
-FP8_PRECISIONS: tuple[tuple[str, str, str | None], ...] = (
-    ("current scaling", "te-delayed", "approximation: Transformer Engine FP8 current scaling "
-     "(Float8CurrentScaling, per-tensor scale from this step's amax) modelled as delayed "
-     "scaling (te-delayed): the extra amax pass over each cast tensor is not costed"),
-    ("transformer engine", "te-delayed", None),
-    ("amp_fp8", "te-delayed", "amp_fp8: Composer runs Transformer Engine fp8_autocast with "
-     "DelayedScaling (te-delayed)"),
-    ("tensorwise", "tensorwise", None),
-    ("torchao", "tensorwise", "torchao Float8 recipe not stated: dynamic tensorwise (torchao's "
-     "default in torchtitan 9dec370)"),
-)
-
-
-def _precision(text: str, notes: _Notes) -> tuple[str, str | None]:
-    """(dtype, FP8 recipe or None) of a ``precision`` cell: bfloat16 / float16, and for FP8
-    rows bfloat16 with the recipe of :data:`FP8_PRECISIONS`."""
-    t = text.lower()
-    if "fp8" in t:
-        for needle, recipe, note in FP8_PRECISIONS:
-            if needle in t:
-                if note and note.startswith("approximation: "):
-                    notes.approximations.append(note.removeprefix("approximation: "))
-                elif note:
-                    notes.assumptions.append(note)
-                return "bfloat16", recipe
-        raise RowError("precision", f"FP8 recipe not recognised in {text!r}")
-    if "bf16" in t or "bfloat16" in t:
-        return "bfloat16", None
-    if "fp16" in t or "float16" in t:
-        return "float16", None
-    raise RowError("precision", f"unknown precision {text!r}")
-
-
-def _framework(text: str) -> str:
-    """The framework profile (``completion.strategy.FRAMEWORKS``) of a ``framework`` cell."""
-    t = text.lower()
-    if "megatron" in t and "2021" in t:
-        return "megatron-2021"
-    if "megatron-bridge" in t:
-        return "megatron-bridge"
-    if t.startswith("nemo"):  # NeMo 24.x: Apex DistributedFusedAdam, bf16 gradient buffer
-        return "nemo"
-    if "megatron-core" in t or "mcore" in t:
-        return "megatron-core"
-    if t.startswith("torchtitan"):
-        return "fsdp2"
-    if "llm-foundry" in t or "composer" in t:
-        return "llm-foundry"
-    raise RowError("framework", f"no framework profile for {text!r}")
-
-
-def _attention(text: str) -> str:
-    """flash / unfused from an ``attention_impl`` cell."""
-    t = text.lower()
-    if "unfused" in t or "no flash" in t:
-        return "unfused"
-    if "flash" in t or "sdpa" in t:
-        return "flash"
-    raise RowError("attention_impl", f"unknown attention {text!r}")
-
-
-def _cp_comm(cp: int, framework: str, notes: _Notes) -> str:
+def _cp_comm(cp: int, framework: str, notes: Notes) -> str:
     """How a row's context-parallel attention exchanges K/V: torchtitan (the fsdp2 profiles)
     all-gathers them (``--experimental.context_parallel_rotate_method`` defaults to
     ``allgather`` in torchtitan 9dec370 ``torchtitan/config_manager.py``; the rows state no
@@ -516,32 +357,32 @@ def _cp_comm(cp: int, framework: str, notes: _Notes) -> str:
     return "p2p"
 
 
-def _strategy(row: Row, notes: _Notes) -> Strategy:
+def _strategy(row: Row, notes: Notes) -> Strategy:
     """The Strategy of a row: layout (``ep`` where a rows file gives it), schedule (VPP
     when vpp > 1), batches, recompute, ZeRO stage, sequence parallelism, dtype, framework profile, attention kernel."""
-    dp, tp, pp = _int(row, "dp"), _int(row, "tp"), _int(row, "pp")
-    cp = _int(row, "cp") if _cell(row, "cp") else 1
-    ep = _int(row, "ep") if _cell(row, "ep") else 1  # rows files only (Strategy.ep)
-    vpp_text = _cell(row, "vpp") or "1"
-    if _not_stated(vpp_text):
+    dp, tp, pp = int_of(row, "dp"), int_of(row, "tp"), int_of(row, "pp")
+    cp = int_of(row, "cp") if cell(row, "cp") else 1
+    ep = int_of(row, "ep") if cell(row, "ep") else 1  # rows files only (Strategy.ep)
+    vpp_text = cell(row, "vpp") or "1"
+    if not_stated(vpp_text):
         raise RowError("vpp", f"interleaving degree {vpp_text!r}")
-    vpp = _leading_int(vpp_text, "vpp")
-    mbs_text = _cell(row, "micro_batch_size")
-    if _not_stated(mbs_text):
+    vpp = leading_int(vpp_text, "vpp")
+    mbs_text = cell(row, "micro_batch_size")
+    if not_stated(mbs_text):
         raise RowError("micro_batch_size", f"{mbs_text!r}")
-    mbs = _leading_int(mbs_text, "micro_batch_size")
-    gbs = _int(row, "global_batch_seqs")
-    ga = _float(row, "grad_accum") if _cell(row, "grad_accum") not in ("", "n/a") else None
+    mbs = leading_int(mbs_text, "micro_batch_size")
+    gbs = int_of(row, "global_batch_seqs")
+    ga = float_of(row, "grad_accum") if cell(row, "grad_accum") not in ("", "n/a") else None
     if gbs % (dp * mbs) == 0 and ga is not None and gbs // (dp * mbs) != ga:
         notes.assumptions.append(f"grad_accum {ga:g} differs from global/(dp*mbs) = "
                                  f"{gbs // (dp * mbs)}; the latter used")
-    sp_text = _cell(row, "sequence_parallel").lower()
+    sp_text = cell(row, "sequence_parallel").lower()
     sp = sp_text.startswith("yes")
     if sp and tp == 1:
         notes.approximations.append("sequence_parallel with tp = 1 has no effect; dropped")
         sp = False
-    zero_text = _cell(row, "zero_fsdp")
-    zero = _zero(zero_text)
+    zero_text = cell(row, "zero_fsdp")
+    zero = zero_stage(zero_text)
     group = re.search(r"\((\d+)\)", zero_text)
     shard = None  # HSDP: the row's shard group when it is a proper divisor of dp
     if zero == 3 and group and int(group.group(1)) != dp:
@@ -551,16 +392,16 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         else:
             notes.approximations.append(
                 f"FSDP shard group {n} is no proper divisor of dp {dp}: modelled as ZeRO-3 over dp")
-    other = _cell(row, "other_opts").lower()
+    other = cell(row, "other_opts").lower()
     if "torch.compile" in other and "torch.compile=no" not in other:
         notes.approximations.append("torch.compile: fused as the fsdp2 profile says (elementwise "
                                     "chains of a block one kernel)")
-    precision = _cell(row, "precision")
+    precision = cell(row, "precision")
     if "mixed_precision=default" in precision.lower():
         notes.approximations.append(
             "amp_bf16 (fp32 parameters, bf16 autocast) modelled as bf16 mixed precision")
     notes.assumptions.append("optimizer not in the row: AdamW assumed")
-    framework = _framework(_cell(row, "framework"))
+    framework = framework_profile(cell(row, "framework"))
     if framework == "fsdp2" and "torch.compile=no" in other:
         framework = "fsdp2-eager"
     elif framework == "fsdp2" and "async tp" in other:  # torchtitan's experimental async TP
@@ -570,19 +411,19 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
         notes.assumptions.append("--DDP-impl torch, as Megatron-LM 6985e58 examples/sc21/"
                                  "run_table_1.sh runs the rows without pipeline parallelism "
                                  "(1.7B-18B; local DDP for 39B and larger)")
-    if _cell(row, "assumptions"):
-        notes.assumptions.append(f"the row's own assumptions: {_cell(row, 'assumptions')}")
-    dtype, fp8 = _precision(precision, notes)
+    if cell(row, "assumptions"):
+        notes.assumptions.append(f"the row's own assumptions: {cell(row, 'assumptions')}")
+    dtype, fp8 = read_precision(precision, notes)
     split = _uniform_split(row, framework, pp * vpp, notes)
     try:
         return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, cp_comm=_cp_comm(cp, framework, notes),
                         layers_per_stage=split,
                         vpp=vpp, schedule="VPP" if vpp > 1 else "1F1B",
                         micro_batch_size=mbs, global_batch_size=gbs,
-                        recompute=_recompute(_cell(row, "activation_recompute")), zero=zero,
+                        recompute=recompute_mode(cell(row, "activation_recompute")), zero=zero,
                         fsdp_shard_size=shard,
                         sequence_parallel=sp, dtype=dtype, optimizer="adamw", framework=framework,
-                        attention=_attention(_cell(row, "attention_impl")), fp8=fp8)
+                        attention=attention_impl(cell(row, "attention_impl")), fp8=fp8)
     except StrategyError as e:
         raise RowError("strategy", str(e)) from None
 
@@ -601,13 +442,13 @@ def _strategy(row: Row, notes: _Notes) -> Strategy:
 UNIFORM_SPLIT_FRAMEWORKS = ("megatron-bridge", "nemo", "megatron-core", "megatron-2021")
 
 
-def _uniform_split(row: Row, framework: str, vstages: int, notes: _Notes) -> tuple[int, ...] | None:
+def _uniform_split(row: Row, framework: str, vstages: int, notes: Notes) -> tuple[int, ...] | None:
     """The even layer split of :data:`UNIFORM_SPLIT_FRAMEWORKS` rows over ``vstages``
     virtual stages (None for other rows: the cost-balanced split, or when it is 1). Raises
     RowError when ``n_layers`` does not divide evenly (Megatron-Core asserts it)."""
     if framework not in UNIFORM_SPLIT_FRAMEWORKS or vstages == 1:
         return None
-    n = _int(row, "n_layers")
+    n = int_of(row, "n_layers")
     if n % vstages:
         raise RowError("n_layers", f"{n} layers do not split evenly over pp x vpp = {vstages} "
                        f"virtual stages (Megatron-Core get_num_layers_to_build)")
@@ -620,11 +461,11 @@ def _step_time(row: Row, gpus: int) -> tuple[float, str]:
     """(measured seconds per step, the column it came from): ``step_time_s``, else
     ``derived_step_time_s``, else global tokens / (tokens/s/GPU x GPUs)."""
     for name in ("step_time_s", "derived_step_time_s"):
-        v = _float(row, name)
+        v = float_of(row, name)
         if v is not None and v > 0:
             return v, name
-    tps = _float(row, "tokens_per_s_per_gpu")
-    tokens = _float(row, "global_batch_tokens")
+    tps = float_of(row, "tokens_per_s_per_gpu")
+    tokens = float_of(row, "global_batch_tokens")
     if tps and tokens:
         return tokens / (tps * gpus), "global_batch_tokens / (tokens_per_s_per_gpu * num_gpus)"
     raise RowError("step_time_s", "no step time, derived step time or tokens/s per GPU")
@@ -634,8 +475,8 @@ def read_peak_memory(row: Row) -> tuple[float | None, str]:
     """(peak memory in bytes or None, convention) from ``peak_mem_gb`` and ``peak_mem_notes``:
     GiB (2**30) when the notes say GiB, else GB (1e9); the convention names the unit and
     whether the source logged reserved or allocated memory."""
-    v = _float(row, "peak_mem_gb")
-    notes = _cell(row, "peak_mem_notes")
+    v = float_of(row, "peak_mem_gb")
+    notes = cell(row, "peak_mem_notes")
     if v is None:
         return None, ""
     nl = notes.lower()
@@ -652,10 +493,10 @@ def read_peak_memory(row: Row) -> tuple[float | None, str]:
 def _identity(row: Row) -> tuple[int, str, str]:
     """(row_id, source_id, model_name) of a row; row_id -1 when unreadable."""
     try:
-        rid = _int(row, "row_id")
+        rid = int_of(row, "row_id")
     except RowError:
         rid = -1
-    return rid, _cell(row, "source_id"), _cell(row, "model_name")
+    return rid, cell(row, "source_id"), cell(row, "model_name")
 
 
 def parse_row(row: Row) -> RunSpec | Refused:
@@ -667,12 +508,12 @@ def parse_row(row: Row) -> RunSpec | Refused:
     if hits:
         return Refused(rid, source, name, "; ".join(u.reason(row) for u in hits),
                        tuple(u.key for u in hits))
-    notes = _Notes()
+    notes = Notes()
     try:
         model, seq = _model(row, notes)
         cluster, nodes = _cluster(row, notes)
         strategy = _strategy(row, notes)
-        gpus = _int(row, "num_gpus")
+        gpus = int_of(row, "num_gpus")
         if strategy.world_size != gpus:
             raise RowError("num_gpus", f"{gpus} != dp*cp*tp*pp = {strategy.world_size}")
         if strategy.framework.startswith("megatron-2021"):
