@@ -112,9 +112,11 @@ class Trace:
 
 
 def tune_config(spec: SpaceSpec, sampler: str, seed: int = 0) -> Any:
-    """The ``tuner.study.TuneConfig`` of ``meshplan tune`` with ``spec``'s options,
-    ``--sampler sampler --seed seed`` and every other option at its default (bfloat16,
-    megatron-core, the model's attention, the default memory headroom; no HSDP, no FP8).
+    """The ``tuner.study.TuneConfig`` of ``meshplan tune --all-schedules`` with ``spec``'s
+    options, ``--sampler sampler --seed seed`` and every other option at its default
+    (bfloat16, megatron-core, the model's attention, the default memory headroom; no HSDP,
+    no FP8): the search quality over every schedule the tuner knows, ZB-H1 and ZB-2p
+    included, not only the ones Megatron-LM runs.
     Raises SpaceError / ValueError naming a bad option, as ``meshplan tune`` does."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds

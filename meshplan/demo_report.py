@@ -75,11 +75,14 @@ class DemoSetup:
 
     def tune_config(self) -> TuneConfig:
         """The search ``meshplan tune`` runs for the same arguments."""
+        from meshplan.commands.tune import framework_schedules
         from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
 
         prob = search_problem(self.model, self.cluster, self.nodes, self.global_batch,
                               self.seq_len, False, self.num_layers)
-        return TuneConfig(SearchSpace(prob), mode=self.mode,
+        # tune's default framework (megatron-core) runs 1F1B and VPP: the schedules searched
+        space = SearchSpace(prob, schedules=framework_schedules("megatron-core"))
+        return TuneConfig(space, mode=self.mode,
                           template_kinds=template_kinds(self.model, prob.seq_len),
                           seed=self.seed, scorer_factory=SCORER_FACTORY,
                           scorer_config=self.scorer_config())

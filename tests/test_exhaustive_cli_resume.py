@@ -9,7 +9,7 @@ import re
 from tests._cli import run_main
 
 ARGS = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1", "--global-batch", "32",
-        "--layers", "4", "--sampler", "exhaustive", "--fix", "tp=1")
+        "--layers", "4", "--sampler", "exhaustive", "--fix", "tp=1", "--all-schedules")
 SUMMARY = re.compile(r"exhaustive: 396 candidates = (\d+) simulated \((\d+) resumed.*?\+ (\d+) pruned by memory "
                      r"\+ (\d+) pruned by time \+ (\d+) pruned by the cheap bound", re.S)
 

@@ -83,7 +83,7 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
     ``framework``; ``attention`` (resolved) and ``attention_source``
     (:data:`ATTENTION_SOURCES`); ``num_microbatches`` (global batch / (dp * micro batch));
     ``strategy`` (every field of the resolved ``Strategy``); ``warnings`` (one line each:
-    :func:`idle_gpu_warning`)."""
+    :func:`idle_gpu_warning`, :func:`unrun_schedule_warning`)."""
     s, c, src = engine.strategy, engine.cluster, engine.source
     used, avail = s.world_size, c.world_size
     rec: dict[str, Any] = {
@@ -94,9 +94,21 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
         "attention": s.attention, "attention_source": attention_source(attention_flag, src),
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }
-    warn = idle_gpu_warning(rec)
-    rec["warnings"] = [] if warn is None else [warn]
+    rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine)) if w]
     return rec
+
+
+def unrun_schedule_warning(engine: Any) -> str | None:
+    """One line when the plan pipelines (pp > 1) with a schedule its framework profile does
+    not run (``pipeline.schedules``: Megatron-LM runs 1F1B and VPP, not ZB-H1): the figures
+    are those of a step the framework cannot take. None otherwise."""
+    s = engine.strategy
+    runs = engine.profile.pipeline.schedules
+    if s.pp == 1 or runs is None or s.schedule in runs.value:
+        return None
+    return (f"the {s.framework} profile's framework does not run {s.schedule} (it runs "
+            f"{', '.join(runs.value)}): costed as asked; meshplan export costs what the "
+            "framework runs instead")
 
 
 def idle_gpu_warning(rec: dict[str, Any]) -> str | None:

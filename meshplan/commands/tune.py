@@ -114,7 +114,8 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                  dtype: str = "bfloat16", framework: str = "megatron-core",
                  attention: str | None = None,
                  memory_headroom: float = opt.DEFAULT_MEMORY_HEADROOM, hsdp: bool = False,
-                 fp8: bool = False, layer_split: str | None = None) -> Any:
+                 fp8: bool = False, layer_split: str | None = None,
+                 all_schedules: bool = False) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
     pinned knobs already parsed (:func:`_pins`); ``hsdp``: also search HSDP shard groups with ZeRO-3
@@ -122,8 +123,10 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     runs (``completion.strategy.FP8_RECIPES``), refused with a message naming the device
     when it has no FP8 peak or with an FP8 ``dtype``; ``layer_split``: ``even`` costs every
     plan with the frameworks' even pipeline split (``meshplan.tuning.with_layer_split``;
-    None or ``balanced``: the cost model's). Raises ValueError (SpaceError,
-    ModelConfigError, ClusterError) naming the bad option."""
+    None or ``balanced``: the cost model's); the schedules searched are those ``framework``
+    runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
+    tuner knows with ``all_schedules``. Raises ValueError (SpaceError, ModelConfigError,
+    ClusterError) naming the bad option."""
     from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
@@ -140,9 +143,25 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
                             f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
-    return TuneConfig(SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes), mode=mode,
+    space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes,
+                        schedules=framework_schedules(framework, all_schedules))
+    return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def framework_schedules(framework: str, every: bool = False) -> tuple[str, ...]:
+    """The pipeline schedules a search under ``framework`` tries: the tuner's
+    (``tuner.space.SCHEDULES``) that the framework runs (its profile's
+    ``pipeline.schedules``; a profile without the field runs every one), or all of the
+    tuner's with ``every`` (``--all-schedules``)."""
+    from simulator.profiles import load_profile
+    from tuner.space import SCHEDULES
+
+    runs = load_profile(framework).pipeline.schedules
+    if every or runs is None:
+        return SCHEDULES
+    return tuple(s for s in SCHEDULES if s in runs.value)
 
 
 def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
@@ -233,6 +252,17 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     for k in sorted(by_flag, key=len, reverse=True):
         msg = re.sub(rf"(?<![\w-]){k}=('?)([^,\s']+)\1", rf"{opt.typed_flag(ctx, k)} \2", msg)
     return opt.user_words(ctx, msg.replace(",--", ", --"))
+
+
+def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
+    """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
+    (:func:`framework_schedules`): the search costs it as asked, but the plan cannot run
+    under that framework."""
+    if pinned is None or every or pinned in framework_schedules(framework):
+        return
+    typer.echo(f"note: the {framework} profile's framework does not run {pinned} (it runs "
+               f"{', '.join(framework_schedules(framework))}): plans are costed as asked, but "
+               "cannot run there", err=True)
 
 
 def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
@@ -346,6 +376,11 @@ def tune_cmd(
         help="Pipeline layer split each plan is costed with: 'balanced' (the default: the "
              "stages' times balanced) or 'even' (Megatron-LM's default split, which "
              "export writes when the layers divide; plan.json then states it)."),
+    all_schedules: bool = typer.Option(False, "--all-schedules",
+                                       help="Also search the pipeline schedules the framework does "
+                                            "not run (ZB-H1, ZB-2p ... under Megatron-LM): by "
+                                            "default a search tries only the --framework "
+                                            "profile's (pipeline.schedules)."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
@@ -386,12 +421,13 @@ def tune_cmd(
         return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
                             fixed, sampler, layers, cross_node_tp, opt.value(dtype),
                             opt.value(framework), opt.value(attention), memory_headroom,
-                            search_hsdp, search_fp8, split)
+                            search_hsdp, search_fp8, split, all_schedules)
 
     try:
         cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
+    _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
                                 seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
 

@@ -17,7 +17,7 @@ Sections:
   gather, FSDP prefetch depth), and the SMs a collective kernel holds while it runs
   (compute beside it runs on the others);
 - ``pipeline``: asynchronous or synchronous p2p, scatter-gather of the boundary activation
-  over the tensor-parallel group;
+  over the tensor-parallel group, the schedules the framework runs;
 - ``gradients``: fused (into the weight-gradient GEMM) or separate accumulation, the main
   gradient dtype, the reduce dtype, the bucket size;
 - ``optimizer``: master weights, fused multi-tensor update;
@@ -227,12 +227,33 @@ class Overlap(BaseModel):
     comm_sms: Count
 
 
+class Schedules(_Quantity):
+    """The pipeline schedules a framework runs, as ``completion.strategy.SCHEDULES`` names
+    them (Megatron-LM: 1F1B and interleaved VPP; torchtitan's torch.distributed.pipelining
+    also GPipe and ZB-V; this project's executor every one)."""
+
+    value: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from completion.strategy import SCHEDULES
+
+        bad = [x for x in v if x not in SCHEDULES]
+        if bad:
+            raise ValueError(f"unknown schedule(s) {bad}; known: {list(SCHEDULES)}")
+        return v
+
+
 class Pipeline(BaseModel):
-    """Pipeline point-to-point facts."""
+    """Pipeline point-to-point facts, and the schedules the framework runs (``schedules``;
+    absent: every schedule meshplan simulates). ``meshplan tune`` searches those by
+    default, and ``cost`` / ``export`` say when a plan's schedule is not among them."""
 
     model_config = _STRICT
     p2p: P2PMode
     scatter_gather: Flag
+    schedules: Schedules | None = None
 
 
 class Gradients(BaseModel):

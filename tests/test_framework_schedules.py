@@ -1,0 +1,71 @@
+"""The pipeline schedules a framework runs (profile ``pipeline.schedules``): a hunt tuned
+under the default megatron-core profile and got ZB-H1 / ZBVPP plans, which Megatron-LM
+cannot run (it runs 1F1B and interleaved 1F1B: ``get_forward_backward_func``). ``tune``
+now searches the framework's schedules (all with ``--all-schedules``), a pinned other one
+gets a note, and ``cost`` warns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from meshplan.commands.tune import _tune_config, framework_schedules
+from simulator.profiles import ProfileError, load_profile
+from tests._cli import run_main
+from tuner.space import SCHEDULES
+
+
+def test_each_catalog_framework_states_what_it_runs():
+    assert framework_schedules("megatron-core") == ("1F1B", "VPP")
+    for child in ("nemo", "megatron-bridge"):  # extends megatron-core: inherited
+        assert framework_schedules(child) == ("1F1B", "VPP")
+    assert framework_schedules("megatron-2021") == ("1F1B", "VPP")
+    assert framework_schedules("deepspeed") == ("1F1B",)
+    assert framework_schedules("fsdp2") == ("FThenB", "1F1B", "VPP", "ZBVPP")
+    assert framework_schedules("eager") == SCHEDULES  # this project's executor: every one
+    assert framework_schedules("megatron-core", every=True) == SCHEDULES
+    assert "ZBH1" in SCHEDULES and "ZB" in SCHEDULES
+    assert load_profile("megatron-core").pipeline.schedules.provenance.startswith("MC ")
+
+
+def test_a_profile_with_an_unknown_schedule_is_refused(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"extends": "megatron-core", "name": "p", "pipeline": {
+        "schedules": {"value": ["1F1B", "Looped"], "provenance": "test"}}}))
+    with pytest.raises(ProfileError, match="unknown schedule"):
+        load_profile(f)
+
+
+def test_tune_searches_the_framework_schedules():
+    def space(framework: str, every: bool = False):
+        return _tune_config("llama2-7b", "dgx-a100-80g", 1, 32, 2048, "pattern-based", 0, False,
+                            None, "tpe", 4, False, framework=framework, all_schedules=every).space
+    assert space("megatron-core").schedule_choices() == ["1F1B", "VPP"]
+    assert space("megatron-core", every=True).schedule_choices() == list(SCHEDULES)
+    assert space("fsdp2").schedule_choices() == ["FThenB", "1F1B", "VPP", "ZBVPP"]
+    assert space("eager").schedule_choices() == list(SCHEDULES)
+
+
+def test_a_pinned_schedule_the_framework_does_not_run_is_noted(capsys, tmp_path):
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
+            "--global-batch", "32", "--layers", "4", "--trials", "2", "--storage", "memory",
+            "--no-progress", "--pp", "2", "--output", str(tmp_path / "a"))
+    rc, out, err = run_main(capsys, *base, "--schedule", "ZBH1")
+    assert rc == 0, err
+    assert "note: the megatron-core profile's framework does not run ZBH1 (it runs 1F1B, VPP)" in err
+    rc, out, err = run_main(capsys, *base, "--schedule", "ZBH1", "--framework", "eager")
+    assert rc == 0 and "does not run" not in err
+
+
+def test_cost_warns_about_a_schedule_the_framework_does_not_run(capsys):
+    base = ("cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "4", "--pp", "2",
+            "--global-batch", "64", "--layers", "8", "--json")
+    rc, out, err = run_main(capsys, *base, "--schedule", "ZBH1")
+    assert rc == 0, err
+    want = "the megatron-core profile's framework does not run ZBH1 (it runs 1F1B, VPP)"
+    assert any(w.startswith(want) for w in json.loads(out)["warnings"]) and want in err
+    for ok in (("--schedule", "VPP", "--vpp", "2"), ("--schedule", "ZBH1", "--framework", "eager")):
+        rc, out, err = run_main(capsys, *base, *ok)
+        assert rc == 0 and "does not run" not in err
