@@ -75,8 +75,12 @@ class DemoSetup:
 
     def tune_config(self) -> TuneConfig:
         """The search ``meshplan tune`` runs for the same arguments."""
-        from meshplan.commands.tune import framework_schedules
-        from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
+        from meshplan.tuning import (
+            SCORER_FACTORY,
+            framework_schedules,
+            search_problem,
+            template_kinds,
+        )
 
         prob = search_problem(self.model, self.cluster, self.nodes, self.global_batch,
                               self.seq_len, False, self.num_layers)

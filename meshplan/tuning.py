@@ -205,4 +205,18 @@ def make_scorer(config: Mapping[str, Any]):
 
 
 __all__ = ["LAYER_SPLITS", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
-           "search_problem", "template_kinds", "to_plan", "to_strategy"]
+           "framework_schedules", "search_problem", "template_kinds", "to_plan", "to_strategy"]
+
+
+def framework_schedules(framework: str, every: bool = False) -> tuple[str, ...]:
+    """The pipeline schedules a search under ``framework`` tries: the tuner's
+    (``tuner.space.SCHEDULES``) that the framework runs (its profile's
+    ``pipeline.schedules``; a profile without the field runs every one), or all of the
+    tuner's with ``every`` (``--all-schedules``)."""
+    from simulator.profiles import load_profile
+    from tuner.space import SCHEDULES
+
+    runs = load_profile(framework).pipeline.schedules
+    if every or runs is None:
+        return SCHEDULES
+    return tuple(s for s in SCHEDULES if s in runs.value)

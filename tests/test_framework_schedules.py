@@ -11,7 +11,8 @@ import json
 import pytest
 import yaml
 
-from meshplan.commands.tune import _tune_config, framework_schedules
+from meshplan.commands.tune import _tune_config
+from meshplan.tuning import framework_schedules
 from simulator.profiles import ProfileError, load_profile
 from tests._cli import run_main
 from tuner.space import SCHEDULES

@@ -127,7 +127,7 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
     tuner knows with ``all_schedules``. Raises ValueError (SpaceError, ModelConfigError,
     ClusterError) naming the bad option."""
-    from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
+    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
@@ -148,20 +148,6 @@ def _tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
-
-
-def framework_schedules(framework: str, every: bool = False) -> tuple[str, ...]:
-    """The pipeline schedules a search under ``framework`` tries: the tuner's
-    (``tuner.space.SCHEDULES``) that the framework runs (its profile's
-    ``pipeline.schedules``; a profile without the field runs every one), or all of the
-    tuner's with ``every`` (``--all-schedules``)."""
-    from simulator.profiles import load_profile
-    from tuner.space import SCHEDULES
-
-    runs = load_profile(framework).pipeline.schedules
-    if every or runs is None:
-        return SCHEDULES
-    return tuple(s for s in SCHEDULES if s in runs.value)
 
 
 def _check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
@@ -256,8 +242,10 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
 
 def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
     """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
-    (:func:`framework_schedules`): the search costs it as asked, but the plan cannot run
+    (``meshplan.tuning.framework_schedules``): the search costs it as asked, but the plan cannot run
     under that framework."""
+    from meshplan.tuning import framework_schedules
+
     if pinned is None or every or pinned in framework_schedules(framework):
         return
     typer.echo(f"note: the {framework} profile's framework does not run {pinned} (it runs "
