@@ -12,7 +12,8 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   holds chunks c and 2cp-1-c of 2cp), attention over the whole sequence by ``cp_comm``:
   ``p2p`` (ring attention, K/V blocks passed peer to peer beside the blockwise attention;
   Liu et al. 2023, Megatron ``--cp-comm-type p2p``) or ``all_gather`` (K/V all-gathered
-  before the attention, ``--cp-comm-type all_gather``); ``completion.context_parallel``;
+  before the attention, ``--cp-comm-type allgather``, which spelling is accepted too);
+  ``completion.context_parallel``;
 - ``ep``: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed
   experts of a mixture-of-experts model split over ``ep`` ranks, tokens sent to their
   experts' ranks by all_to_all and back (``completion.spmd.moe``). ``ep`` divides ``dp``:
@@ -104,6 +105,8 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 #: how a context-parallel attention gets the other ranks' keys and values (Megatron-LM
 #: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
 CP_COMMS = ("p2p", "all_gather")
+#: Megatron-LM's spellings of :data:`CP_COMMS` (``--cp-comm-type allgather``)
+CP_COMM_ALIASES = {"allgather": "all_gather"}
 #: the framework profiles that run Transformer Engine FP8 / torchao ``Float8Linear``
 _TE_FP8 = ("megatron-core", "megatron-bridge", "nemo", "llm-foundry")
 _TORCHAO_FP8 = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
@@ -225,6 +228,12 @@ class Strategy:
         self._check_layers_per_stage()
 
     def _check_choices(self) -> None:
+        if isinstance(self.cp_comm, str) and self.cp_comm in CP_COMM_ALIASES:
+            object.__setattr__(self, "cp_comm", CP_COMM_ALIASES[self.cp_comm])
+        if self.cp_comm in ("a2a", "a2a+p2p"):
+            raise StrategyError(f"strategy field 'cp_comm' {self.cp_comm!r} (Megatron-LM's "
+                                "all-to-all, Ulysses-style context parallelism) is not modelled; "
+                                f"one of {list(CP_COMMS)}")
         for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
                               ("framework", FRAMEWORKS), ("cp_comm", CP_COMMS)):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in allowed:

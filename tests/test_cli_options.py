@@ -172,7 +172,7 @@ def test_choice_lists_mirror_their_packages():
     assert tuple(d.value for d in opt.Dtype) == cs.DTYPES + tuple(cs.FP8_DTYPES)
     assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
     assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
-    assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS
+    assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS + tuple(cs.CP_COMM_ALIASES)
     assert tuple(m.value for m in opt.Mode) == MODES
     assert CLI_KINDS == KINDS
     from simulator.layer_split import SPLITS
@@ -266,3 +266,26 @@ def test_an_interrupted_command_says_how_to_resume(capsys, monkeypatch):
     monkeypatch.setattr(meshplan.engine, "Engine", interrupted)
     rc, out, err = run_main(capsys, *BASE, "--global-batch", "8")
     assert rc == 130 and err.startswith("interrupted:") and "resume" in err and not out
+
+
+def test_megatron_cp_comm_spelling_round_trips(capsys):
+    """export --to megatron writes --cp-comm-type allgather (Megatron-LM's spelling); cost
+    refused that value (a new-user pass): it is all_gather, and Megatron's a2a is refused in
+    words."""
+    from meshplan.strategy import Strategy
+    from tests._cli import run_main
+
+    assert Strategy(dp=2, cp=2, cp_comm="allgather", global_batch_size=4).cp_comm == "all_gather"
+    base = ("cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--layers", "2", "--dp", "2",
+            "--cp", "2", "--seq-len", "8192", "--global-batch", "4", "--json")
+    got = {}
+    for v in ("allgather", "all_gather"):
+        rc, out, err = run_main(capsys, *base, "--cp-comm-type", v)
+        assert rc == 0, err
+        got[v] = json.loads(out)["step_time_ms"]
+    assert got["allgather"] == got["all_gather"]
+    import pytest
+
+    from completion.strategy import StrategyError
+    with pytest.raises(StrategyError, match="'a2a' .* is not modelled"):
+        Strategy(dp=2, cp=2, cp_comm="a2a", global_batch_size=4)

@@ -55,6 +55,7 @@ class CpComm(str, Enum):
 
     p2p = "p2p"
     all_gather = "all_gather"
+    allgather = "allgather"  # Megatron-LM's --cp-comm-type spelling of all_gather
 
 
 class Dtype(str, Enum):
@@ -166,7 +167,8 @@ MOE_LOAD_IMBALANCE = typer.Option(1.0, *FLAGS["moe_load_imbalance"],
                                   help="Tokens of the busiest expert over the mean (>= 1; 1: uniform "
                                        "routing); experts are costed at that load, capped by the capacity.")
 CP_COMM = typer.Option(CpComm.p2p, *FLAGS["cp_comm"], case_sensitive=False,
-                       help="Context-parallel K/V exchange: p2p (ring) or all_gather.")
+                       help="Context-parallel K/V exchange: p2p (ring) or all_gather "
+                            "(Megatron-LM's allgather).")
 VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")
 SCHEDULE = typer.Option(
     Schedule["1F1B"], *FLAGS["schedule"], case_sensitive=False, show_choices=False,
