@@ -34,3 +34,25 @@ def test_load_result_reads_the_journal_of_a_tune(tmp_path, capsys):
 def test_load_result_without_a_journal(tmp_path):
     with pytest.raises(TuneError, match="no tune journal"):
         load_result(tmp_path)
+
+
+def test_a_rerun_of_another_configuration_says_it_starts_beside_the_old_study(tmp_path, capsys):
+    """A new-user pass reran a tune command after an upgrade changed a default: a second
+    study started in the folder without a word, plan.json was rewritten and load_result
+    then needed a name. tune now says so on stderr, naming both studies."""
+    from tests._cli import run_main
+    from tuner.search import other_studies
+
+    out = tmp_path / "run"
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1", "--layers", "4",
+            "--trials", "2", "--no-progress", "--output", str(out))
+    rc, _, err = run_main(capsys, *base, "--global-batch", "32")
+    assert rc == 0 and "note:" not in err
+    first = load_result(out).study.study_name
+    assert other_studies(out, first) == []
+    rc, _, err = run_main(capsys, *base, "--global-batch", "32")  # a plain resume: no note
+    assert rc == 0 and "holds study" not in err
+    rc, _, err = run_main(capsys, *base, "--global-batch", "16")
+    assert rc == 0 and f"journal.log holds study {first}, not this command line's" in " ".join(err.split())
+    second = [n for n in other_studies(out, "") if n != first]
+    assert len(second) == 1 and load_result(out, first).study.study_name == first

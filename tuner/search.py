@@ -153,6 +153,22 @@ def _exhaustive(study, cfg: TuneConfig, scorer, cands, timeout: float | None) ->
     return res
 
 
+def other_studies(output: str | Path, study: str) -> list[str]:
+    """The studies other than ``study`` in the journal of a ``meshplan tune --output DIR``
+    (``DIR/journal.log``; [] when there is none yet): the searches an earlier command line
+    of another configuration left there (an option, or a default a newer meshplan
+    changed), which a rerun does not resume. Exhaustive slice studies are left out."""
+    import optuna
+
+    from tuner.storage import open_storage
+
+    journal = Path(output) / "journal.log"
+    if not journal.is_file():
+        return []
+    st = open_storage(str(journal), None)
+    return [n for n in optuna.get_all_study_names(storage=st) if n != study and not is_slice_study(n)]
+
+
 def load_result(output: str | Path, study: str | None = None) -> TuneResult:
     """The :class:`tuner.result.TuneResult` of a finished (or interrupted) ``meshplan tune
     --output DIR``: the study in ``DIR/journal.log`` (``output`` may also be the journal

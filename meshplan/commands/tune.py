@@ -285,6 +285,15 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
+        from tuner.search import other_studies
+
+        others = other_studies(out, name)
+        if others:
+            typer.echo(f"note: {out}/journal.log holds study {', '.join(others)}, not this command "
+                       f"line's {name} (another option, or a default a newer meshplan changed): "
+                       f"this search runs beside it and rewrites plan.json and history.csv; the "
+                       f"command line that started it resumes it, and tuner.search.load_result"
+                       f"({str(out)!r}, {others[0]!r}) reads it", err=True)
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
     return name, out
