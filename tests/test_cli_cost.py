@@ -127,3 +127,28 @@ def test_mfu_is_against_the_bf16_peak_whatever_the_dtype(capsys, dtype):
     step_s, gpus = out["step_time_ms"] / 1e3, 2 * 2
     assert out["mfu"] == pytest.approx(out["model_flops_per_step"] / (step_s * gpus * 312e12), rel=1e-9)
     assert 0 < out["mfu"] < 1
+
+
+def test_cost_re_costs_a_plan_file_on_its_cluster_or_another(tmp_path, capsys):
+    """A new-user pass: `cost runs/x/plan.json` said 'Missing option --model' (export and
+    validate take PLAN.json; re-costing a tuned plan on another cluster took the Python
+    API). cost takes it: the figures are Engine.from_plan's; --cluster moves it; a strategy
+    option beside it is refused naming both."""
+    from meshplan import Engine, Plan, Strategy
+    from tests._cli import run_main
+
+    s = Strategy(dp=2, tp=4, micro_batch_size=8, global_batch_size=32, zero=1)
+    path = tmp_path / "plan.json"
+    Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s, nodes=1, num_layers=4).save(path)
+    for cluster in (None, "dgx-h100"):
+        extra = () if cluster is None else ("--cluster", cluster)
+        rc, out, err = run_main(capsys, "cost", str(path), *extra, "--json")
+        assert rc == 0, err
+        got = json.loads(out)
+        res = Engine.from_plan(path, cluster).simulate()
+        assert got["step_time_ms"] == pytest.approx(res.step_time * 1e3, rel=1e-12)
+        assert got["max_memory_bytes"] == res.max_memory_bytes
+    rc, out, err = run_main(capsys, "cost", str(path), "--tp", "2")
+    assert rc == 2 and "give PLAN.json or the model and strategy options, not both" in err and "--tp" in err
+    rc, out, err = run_main(capsys, "cost", "--cluster", "dgx-h100")
+    assert rc == 2 and "cost: give --model, --global-batch with the strategy options, or a PLAN.json" in err

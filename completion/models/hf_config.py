@@ -350,7 +350,7 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     (:func:`_warn_near_misses`)."""
     if "model_type" not in raw and "strategy" in raw and "model" in raw:
         raise ModelConfigError(f"{name}: a meshplan plan file, not a model config.json: give its "
-                               f"model ({raw.get('model')!r}) here; `meshplan export PLAN.json` "
+                               f"model ({raw.get('model')!r}) here; `meshplan cost PLAN.json` "
                                f"re-costs a plan")
     raw = _Lookups(raw)
     mt = raw.get("model_type")

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 import warnings
+from typing import Any
 
 import typer
 
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
+from meshplan.errors import MeshplanError
 
 
 def _fmt_bytes(n: float) -> str:
@@ -137,10 +139,38 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     return "\n".join(lines)
 
 
+def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: int | None) -> Any:
+    """The Plan of ``plan_file`` (``Plan.load``: tune's plan.json), on ``cluster`` / ``nodes``
+    when given (re-costing a plan on another cluster). Raises MeshplanError for a model or
+    strategy option beside it (the plan states them), and what ``Plan.load`` raises."""
+    import dataclasses
+
+    from meshplan.plan import Plan
+
+    typed = opt.given_flags(ctx, *opt.FLAGS) + mg.typed(
+        ctx, "--model", "-m", "--seq-len", "--seq-length", "-s", "--layers", "--num-layers", "-l",
+        *mg.MEGATRON_FLAGS)
+    if typed:
+        raise MeshplanError(f"cost: give PLAN.json or the model and strategy options, not both (got "
+                            f"{plan_file} and {', '.join(typed)}; --cluster and --nodes re-cost the "
+                            "plan on another cluster)")
+    plan = Plan.load(plan_file)
+    changes = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
+    if cluster is not None and nodes is None:
+        changes["nodes"] = None  # the other cluster's own node count, unless --nodes says
+    return dataclasses.replace(plan, **changes) if changes else plan
+
+
 def cost_cmd(
     ctx: typer.Context,
-    model: str = opt.MODEL,
-    cluster: str = opt.CLUSTER,
+    plan_file: str | None = typer.Argument(
+        None, help="Plan JSON to re-cost (meshplan.Plan: tune's plan.json; --cluster / --nodes "
+                   "move it); or give --model, --cluster and the strategy options."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Built-in model name, or a Hugging Face config.json (or its "
+                                    "model folder), or a .pir program text (without PLAN.json)."),
+    cluster: str | None = typer.Option(None, "--cluster", help="Catalog cluster name, or a file: a "
+                                       "cluster YAML (with PLAN.json: instead of the plan's)."),
     nodes: int | None = opt.NODES,
     dp: int = opt.DP,
     tp: int = opt.TP,
@@ -154,7 +184,8 @@ def cost_cmd(
     layers_per_stage: str | None = opt.LAYERS_PER_STAGE,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
-    global_batch: int = opt.GLOBAL_BATCH,
+    global_batch: int | None = typer.Option(None, *opt.FLAGS["global_batch_size"],
+                                            help="Sequences per step (required without PLAN.json)."),
     seq_len: int | None = opt.SEQ_LEN,
     layers: int | None = opt.LAYERS,
     recompute: opt.Recompute = opt.RECOMPUTE,
@@ -178,10 +209,20 @@ def cost_cmd(
     memory_png: str | None = typer.Option(None, "--memory-png",
                                           help="Write each rank's memory over the step as a PNG."),
 ) -> None:
-    """Cost one training step of MODEL on CLUSTER under a strategy."""
+    """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
     from meshplan.commands.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
+    plan = _plan_file(ctx, plan_file, cluster, nodes) if plan_file is not None else None
+    if plan is not None:  # the strategy options below are their defaults, unused
+        model, cluster, nodes = plan.model, plan.cluster, plan.nodes
+        seq_len, layers = plan.seq_len, plan.num_layers
+        global_batch = plan.strategy.global_batch_size
+    elif model is None or cluster is None or global_batch is None:
+        missing = [f for f, v in (("--model", model), ("--cluster", cluster),
+                                  ("--global-batch", global_batch)) if v is None]
+        raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
+                            "PLAN.json (meshplan cost runs/7b/plan.json)")
     megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                recompute_num_layers, recompute_activations,
                                use_distributed_optimizer)
@@ -196,6 +237,10 @@ def cost_cmd(
                                   framework=framework, attention=attention, **knobs)
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))
+    if plan is not None:
+        from completion.plan_program import plan_strategy
+
+        strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"--trace": trace, "--plot": plot, "--memory-png": memory_png})

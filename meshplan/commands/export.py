@@ -72,14 +72,10 @@ def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | 
 def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     """The strategy (and plan) options on the command line of ``ctx``."""
     plan_flags = ("--model", "-m", "--cluster", "--nodes", "--seq-len", "--seq-length", "-s",
-                  "--layers", "--num-layers", "-l", *MEGATRON_FLAGS)
+                  "--layers", "--num-layers", "-l", *mg.MEGATRON_FLAGS)
     return opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *plan_flags)
 
 
-#: the Megatron-only options (``megatron_args``) as they are spelled
-MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
-                  "--recompute-method", "--recompute-num-layers", "--recompute-activations",
-                  "--use-distributed-optimizer")
 
 
 def export_cmd(

@@ -40,6 +40,11 @@ import typer
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
+#: the Megatron-only options of this module as they are spelled
+MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
+                  "--recompute-method", "--recompute-num-layers", "--recompute-activations",
+                  "--use-distributed-optimizer")
+
 
 class Granularity(str, Enum):
     """Megatron-LM ``--recompute-granularity``."""
