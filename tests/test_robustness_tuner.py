@@ -97,8 +97,11 @@ def test_partial_score_record_of_a_killed_worker_is_not_read_as_a_score():
     assert res.to_dataframe().loc[0, "state"] == "FAIL"  # the row is written, no KeyError
 
 
+#: a one-trial search whose trial is a legal plan that fits, whatever the sampler draws (tp,
+#: pp and the micro-batch pinned)
 TUNE = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--global-batch", "16",
-        "--layers", "4", "--trials", "1", "--no-progress"]
+        "--layers", "4", "--trials", "1", "--no-progress", "--tp", "1", "--pp", "1",
+        "--micro-batch-size", "1"]
 
 
 @pytest.mark.parametrize("name", ["../../../x", "a/b", ".hidden", "x y"])
