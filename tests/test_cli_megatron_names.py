@@ -220,12 +220,47 @@ def test_export_takes_megatron_names_and_round_trips(capsys):
     args = [a for ln in m_out.splitlines() if not ln.startswith("#")
             for a in shlex.split(ln.rstrip(" \\"))]
     assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "6"
-    # Megatron's own output fed back: the same arguments (dtype and optimizer are defaults)
-    back = [a for a in args if a not in ("--bf16", "--optimizer", "adam")]
+    # Megatron's own output fed back whole (--bf16 and --optimizer adam included): the same
+    # arguments; cost takes it too (a new-user pass: "No such option: --bf16")
+    assert "--bf16" in args and args[args.index("--optimizer") + 1] == "adam"
     rc, again, err = run_main(capsys, "export", "--to", "megatron", "--model", "megatron-1.7b",
-                              "--cluster", "dgx-a100-80g", "--nodes", "1", "--dp", "2", *back)
+                              "--cluster", "dgx-a100-80g", "--nodes", "1", "--dp", "2", *args)
     assert rc == 0, err
     assert again == m_out
+    rc, out, err = run_main(capsys, *BASE, *args, "--json")
+    rc2, out2, err2 = run_main(capsys, *BASE, *SHORT, "--json")
+    assert rc == rc2 == 0, err + err2
+    assert json.loads(out)["step_time_ms"] == json.loads(out2)["step_time_ms"]
+
+
+@pytest.mark.parametrize("args,dtype,optimizer", [
+    (["--bf16"], "bfloat16", "adamw"),
+    (["--fp16"], "float16", "adamw"),
+    (["--bf16", "--fp8-format", "hybrid"], "bfloat16", "adamw"),  # Megatron's default: delayed
+    (["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"], "bfloat16", "adamw"),
+    (["--bf16", "--optimizer", "sgd"], "bfloat16", "sgd"),
+    (["--optimizer", "adam", "--dtype", "float32"], "float32", "adamw"),
+])
+def test_megatron_precision_and_optimizer_flags(capsys, strategies, args, dtype, optimizer):
+    """--bf16 / --fp16 / --fp8-format [--fp8-recipe] are --dtype's values; --optimizer adam is
+    AdamW (Megatron's decoupled weight decay), sgd is sgd."""
+    s = _strategy(capsys, strategies, "--global-batch", "16", *args)
+    assert (s.dtype, s.optimizer) == (dtype, optimizer)
+    # Megatron's tensorwise is Transformer Engine's current scaling, costed as delayed
+    assert s.fp8 == (None if "--fp8-format" not in args else "te-delayed")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bf16", "--fp16"], "error: --bf16 and --fp16 both given"),
+    (["--fp8-recipe", "delayed"], "error: --fp8-recipe needs --fp8-format"),
+    (["--fp16", "--fp8-format", "hybrid"], "error: --fp8-format with --fp16"),
+    (["--dtype", "float16", "--bf16"], "error: --dtype and --bf16: they ask for float16 and bfloat16"),
+    (["--fp8-format", "hybrid", "--fp8-amax-compute-algo", "mean"],
+     "error: --fp8-amax-compute-algo 'mean': Megatron-LM takes max or most_recent"),
+])
+def test_megatron_precision_conflicts_are_one_line(capsys, args, message):
+    line = one_line_error(*run_main(capsys, *BASE, "--global-batch", "16", *args))
+    assert line.startswith(message), line
 
 
 def test_export_plan_file_or_options(capsys, tmp_path):

@@ -166,11 +166,8 @@ def cost_cmd(
     plan_file: str | None = typer.Argument(
         None, help="Plan JSON to re-cost (meshplan.Plan: tune's plan.json; --cluster / --nodes "
                    "move it); or give --model, --cluster and the strategy options."),
-    model: str | None = typer.Option(
-        None, "--model", "-m", help="Built-in model name, or a Hugging Face config.json (or its "
-                                    "model folder), or a .pir program text (without PLAN.json)."),
-    cluster: str | None = typer.Option(None, "--cluster", help="Catalog cluster name, or a file: a "
-                                       "cluster YAML (with PLAN.json: instead of the plan's)."),
+    model: str | None = opt.MODEL_OR_PLAN,
+    cluster: str | None = opt.CLUSTER_OR_PLAN,
     nodes: int | None = opt.NODES,
     dp: int = opt.DP,
     tp: int = opt.TP,
@@ -184,8 +181,7 @@ def cost_cmd(
     layers_per_stage: str | None = opt.LAYERS_PER_STAGE,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
-    global_batch: int | None = typer.Option(None, *opt.FLAGS["global_batch_size"],
-                                            help="Sequences per step (required without PLAN.json)."),
+    global_batch: int | None = opt.GLOBAL_BATCH_OR_PLAN,
     seq_len: int | None = opt.SEQ_LEN,
     layers: int | None = opt.LAYERS,
     recompute: opt.Recompute = opt.RECOMPUTE,
@@ -202,6 +198,13 @@ def cost_cmd(
     recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
     recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
     use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
+    bf16: bool = mg.BF16,
+    fp16: bool = mg.FP16,
+    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
+    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
+    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
+    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
+    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),
@@ -225,15 +228,18 @@ def cost_cmd(
                             "PLAN.json (meshplan cost runs/7b/plan.json)")
     megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                recompute_num_layers, recompute_activations,
-                               use_distributed_optimizer)
+                               use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
+                               fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
+                               optimizer=megatron_optimizer)
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
-                           "zero": zero}, megatron, lambda: mg.model_layers(model, seq_len, layers))
+                           "zero": zero, "dtype": dtype}, megatron,
+                     lambda: mg.model_layers(model, seq_len, layers))
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm, ep=ep,
                                   moe_capacity_factor=moe_capacity_factor,
                                   moe_load_imbalance=moe_load_imbalance,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
                                   fsdp_shard_size=fsdp_shard_size,
-                                  sequence_parallel=sequence_parallel, dtype=dtype,
+                                  sequence_parallel=sequence_parallel,
                                   framework=framework, attention=attention, **knobs)
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))

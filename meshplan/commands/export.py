@@ -40,7 +40,7 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
         raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
                             "strategy options")
     assert model is not None and cluster is not None
-    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero")},
+    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype")},
                      megatron, lambda: mg.model_layers(model, seq_len, layers))
     strategy = opt.build_strategy(ctx, **{**knobs, **moved})
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
@@ -85,8 +85,7 @@ def export_cmd(
     to: Target = typer.Option(..., "--to", help="Framework to export to."),
     output: str = typer.Option("", "--output", "-o", help="File to write (default: stdout)."),
     model: str | None = opt.MODEL_OR_PLAN,
-    cluster: str | None = typer.Option(None, "--cluster", help="Catalog name or cluster YAML path "
-                                       "(without PLAN.json)."),
+    cluster: str | None = opt.CLUSTER_OR_PLAN,
     nodes: int | None = opt.NODES,
     seq_len: int | None = opt.SEQ_LEN,
     layers: int | None = opt.LAYERS,
@@ -102,8 +101,7 @@ def export_cmd(
     layers_per_stage: str | None = opt.LAYERS_PER_STAGE,
     schedule: opt.Schedule = opt.SCHEDULE,
     micro_batch_size: int = opt.MICRO_BATCH_SIZE,
-    global_batch: int | None = typer.Option(None, *opt.FLAGS["global_batch_size"],
-                                            help="Sequences per step (without PLAN.json)."),
+    global_batch: int | None = opt.GLOBAL_BATCH_OR_PLAN,
     recompute: opt.Recompute = opt.RECOMPUTE,
     zero: int = opt.ZERO,
     fsdp_shard_size: int | None = opt.FSDP_SHARD_SIZE,
@@ -117,6 +115,13 @@ def export_cmd(
     recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
     recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
     use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
+    bf16: bool = mg.BF16,
+    fp16: bool = mg.FP16,
+    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
+    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
+    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
+    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
+    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan
@@ -137,7 +142,9 @@ def export_cmd(
                  "framework": framework, "attention": attention}
         megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                    recompute_num_layers, recompute_activations,
-                                   use_distributed_optimizer)
+                                   use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
+                                   fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
+                                   optimizer=megatron_optimizer)
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:

@@ -21,6 +21,15 @@ Strategy fields as Megatron-LM itself derives them (``megatron/training/argument
   ``--recompute-granularity selective`` (``validate_args``).
 - ``--use-distributed-optimizer``: optimizer states sharded over dp, ZeRO stage 1
   (``--zero 1``; the inverse of ``meshplan export --to megatron``).
+- ``--bf16`` / ``--fp16``: ``--dtype bfloat16`` / ``float16``; ``--fp8-format hybrid|e4m3``
+  with ``--fp8-recipe delayed|tensorwise`` (Megatron's default recipe: delayed): the
+  decoder linears in FP8 under BF16, ``--dtype fp8-delayed`` (tensorwise, Transformer
+  Engine's current scaling, is costed as delayed scaling, with a note; both formats store
+  1 byte an element: the same cost); ``--fp8-amax-history-len`` and
+  ``--fp8-amax-compute-algo`` are taken and do not change the cost (the model keeps
+  NeMo's 1024-step history). ``--optimizer adam`` is Adam with decoupled weight decay,
+  meshplan's ``adamw`` (``megatron/core/optimizer``: torch/apex AdamW under that name);
+  ``sgd`` is ``sgd``. What ``meshplan export --to megatron`` writes reads back.
 
 Each contradiction (``--recompute full --recompute-granularity selective``,
 ``--zero 2 --use-distributed-optimizer``, ``--vpp 2`` with
@@ -43,7 +52,39 @@ from meshplan.errors import MeshplanError
 #: the Megatron-only options of this module as they are spelled
 MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
                   "--recompute-method", "--recompute-num-layers", "--recompute-activations",
-                  "--use-distributed-optimizer")
+                  "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
+                  "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--optimizer")
+
+
+class Fp8Format(str, Enum):
+    """Megatron-LM ``--fp8-format``."""
+
+    hybrid = "hybrid"
+    e4m3 = "e4m3"
+
+
+class Fp8Recipe(str, Enum):
+    """Megatron-LM ``--fp8-recipe`` (the ones meshplan models)."""
+
+    delayed = "delayed"
+    tensorwise = "tensorwise"
+
+
+class MegatronOptimizer(str, Enum):
+    """Megatron-LM ``--optimizer`` (``adam`` is AdamW there)."""
+
+    adam = "adam"
+    sgd = "sgd"
+
+
+#: Megatron ``--fp8-recipe`` -> meshplan's ``--dtype`` spelling of that FP8 recipe: Megatron's
+#: tensorwise is Transformer Engine's per-tensor current scaling, costed as delayed scaling
+#: (its amax pass before each cast is not costed: the approximation the measured
+#: Megatron-Bridge rows state, ``experiments.measured_cells.FP8_PRECISIONS``); meshplan's
+#: own ``fp8-tensorwise`` is torchao's, under the fsdp2 profiles
+FP8_RECIPE_DTYPES = {"delayed": "fp8-delayed", "tensorwise": "fp8-delayed"}
+#: Megatron ``--optimizer`` -> ``Strategy.optimizer``
+OPTIMIZERS = {"adam": "adamw", "sgd": "sgd"}
 
 
 class Granularity(str, Enum):
@@ -76,6 +117,22 @@ RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
                                      help="Megatron-LM: = --recompute-granularity selective.")
 DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
                                      help="Megatron-LM: optimizer states sharded over dp (= --zero 1).")
+BF16 = typer.Option(False, "--bf16", help="Megatron-LM: = --dtype bfloat16.")
+FP16 = typer.Option(False, "--fp16", help="Megatron-LM: = --dtype float16.")
+FP8_FORMAT = typer.Option(None, "--fp8-format", case_sensitive=False,
+                          help="Megatron-LM: FP8 decoder linears (hybrid or e4m3, the same cost) under "
+                               "BF16: = --dtype fp8-delayed.")
+FP8_RECIPE = typer.Option(None, "--fp8-recipe", case_sensitive=False,
+                          help="Megatron-LM, with --fp8-format: delayed (the default) or tensorwise "
+                               "(current scaling, costed as delayed).")
+FP8_AMAX_HISTORY = typer.Option(None, "--fp8-amax-history-len", min=1,
+                                help="Megatron-LM: taken, no cost effect (the model keeps a "
+                                     "1024-step amax history).")
+FP8_AMAX_ALGO = typer.Option(None, "--fp8-amax-compute-algo",
+                             help="Megatron-LM: max or most_recent; taken, no cost effect.")
+OPTIMIZER = typer.Option(None, "--optimizer", case_sensitive=False,
+                         help="Megatron-LM: adam (Adam with decoupled weight decay, meshplan's "
+                              "adamw, the default) or sgd.")
 
 
 @dataclass(frozen=True)
@@ -88,6 +145,12 @@ class MegatronArgs:
     recompute_layers: int | None = None
     recompute_activations: bool = False
     distributed_optimizer: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    fp8_format: Any = None
+    fp8_recipe: Any = None
+    fp8_amax_algo: str | None = None
+    optimizer: Any = None
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""
@@ -155,10 +218,42 @@ def model_layers(model: str, seq_len: int | None = None, layers: int | None = No
     return int(resolve_model(model, seq_len).num_layers)
 
 
+def dtype_of(ctx: Any, dtype: Any, m: MegatronArgs) -> Any:
+    """``dtype`` (``--dtype``'s value) with Megatron's precision flags of ``m`` translated
+    into it (module docstring). Raises MeshplanError naming the flags at fault: --bf16 with
+    --fp16, --fp8-recipe without --fp8-format, FP8 with --fp16, a --dtype that says
+    otherwise, an --fp8-amax-compute-algo other than max / most_recent."""
+    if m.fp8_amax_algo is not None and m.fp8_amax_algo not in ("max", "most_recent"):
+        raise MeshplanError(f"--fp8-amax-compute-algo {m.fp8_amax_algo!r}: Megatron-LM takes max or "
+                            "most_recent")
+    if m.bf16 and m.fp16:
+        raise MeshplanError("--bf16 and --fp16 both given: Megatron-LM trains in one of them")
+    if m.fp8_recipe is not None and m.fp8_format is None:
+        raise MeshplanError("--fp8-recipe needs --fp8-format (hybrid or e4m3), as in Megatron-LM")
+    if m.fp8_format is not None and m.fp16:
+        raise MeshplanError("--fp8-format with --fp16: meshplan's FP8 recipes run BF16 beside the "
+                            "FP8 linears; give --bf16")
+    if m.fp8_format is not None:
+        recipe = str(opt.value(m.fp8_recipe or "delayed"))
+        want, flag = FP8_RECIPE_DTYPES[recipe], "--fp8-format"
+        if recipe == "tensorwise":
+            typer.echo("note: --fp8-recipe tensorwise (Transformer Engine current scaling) is costed "
+                       "as delayed scaling, fp8-delayed: its amax pass before each cast is not "
+                       "costed", err=True)
+    elif m.bf16 or m.fp16:
+        want, flag = ("bfloat16", "--bf16") if m.bf16 else ("float16", "--fp16")
+    else:
+        return dtype
+    if opt.given_flags(ctx, "dtype") and str(opt.value(dtype)) != want:
+        raise _conflict(ctx, "dtype", flag, f"they ask for {opt.value(dtype)} and {want}")
+    return want
+
+
 def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
           num_layers: Callable[[], int], searched: bool = False) -> dict[str, Any]:
     """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
-    recompute, zero) with the Megatron arguments ``m`` translated into them (see the module
+    recompute, zero, and dtype where given) with the Megatron arguments ``m`` translated
+    into them, ``optimizer`` added by ``--optimizer`` (see the module
     docstring); ``num_layers`` gives the model's decoder layer count, called only when
     needed. ``searched`` (``tune``): ``knobs`` holds only the pinned knobs, and a knob a
     translation needs (pp, vpp) but is searched is an error. Raises MeshplanError naming the
@@ -211,6 +306,10 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
     def layers_per_chunk() -> int:
         return max(1, num_layers() // (pp * int(out.get("vpp") or 1)))
 
+    if "dtype" in out:
+        out["dtype"] = dtype_of(ctx, out["dtype"], m)
+    if m.optimizer is not None:
+        out["optimizer"] = OPTIMIZERS[str(opt.value(m.optimizer))]
     rec = _recompute(ctx, m, layers_per_chunk)
     if rec is not None:
         if opt.given_flags(ctx, "recompute") and opt.value(out["recompute"]) != rec:

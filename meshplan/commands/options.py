@@ -145,9 +145,13 @@ MODEL = typer.Option(..., "--model", "-m",
 #: ``complete``'s --model: optional there (it takes --program FILE instead)
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
                                 help="Built-in model name or config.json path (or --program).")
-#: ``export``'s --model: optional there (a plan file gives it instead)
+#: ``cost``'s and ``export``'s --model, --cluster and --global-batch: optional there (a plan
+#: file gives them instead)
 MODEL_OR_PLAN = typer.Option(None, "--model", "-m",
-                             help="Built-in model name or config.json path (or a PLAN file).")
+                             help="Built-in model name, or a Hugging Face config.json (or its model "
+                                  "folder; cost: also a .pir program text); without PLAN.json.")
+CLUSTER_OR_PLAN = typer.Option(None, "--cluster", help="Catalog cluster name, or a file: a cluster "
+                                                       "YAML (with PLAN.json: instead of the plan's).")
 CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.")
 NODES = typer.Option(None, "--nodes", min=1, help="Number of nodes (default: the spec's).")
 DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
@@ -176,6 +180,8 @@ SCHEDULE = typer.Option(
          f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
 MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
 GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
+GLOBAL_BATCH_OR_PLAN = typer.Option(None, *FLAGS["global_batch_size"],
+                                    help="Sequences per step (without PLAN.json).")
 SEQ_LEN = typer.Option(None, *SIZE_FLAGS["seq_len"], min=1, max=MAX_SEQ_LEN,
                        help="Tokens per sequence (default: the model's).")
 LAYERS = typer.Option(None, *SIZE_FLAGS["num_layers"], min=1, max=MAX_LAYERS,

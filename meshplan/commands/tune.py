@@ -207,6 +207,9 @@ def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
     if "schedule" in pins:
         pins["schedule"] = canonical_schedule(pins["schedule"])
     pins = mg.apply(ctx, pins, m, num_layers, searched=True)
+    if pins.pop("optimizer", "adamw") != "adamw":
+        raise MeshplanError(f"--optimizer {opt.value(m.optimizer)}: tune scores AdamW plans (Megatron's "
+                            "adam); cost and export take sgd")
     fixed = parse_fix(fix)
     for k, v in pins.items():
         if k in fixed and fixed[k] != v:
@@ -349,6 +352,13 @@ def tune_cmd(
     recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
     recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
     use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
+    bf16: bool = mg.BF16,
+    fp16: bool = mg.FP16,
+    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
+    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
+    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
+    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
+    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
     gpus: str | None = typer.Option(None, "--gpus",
                                     help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
                                          "(doubling); one search per size."),
@@ -407,7 +417,9 @@ def tune_cmd(
     split = _split_word(ctx, layers_per_stage)
     megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
                                recompute_num_layers, recompute_activations,
-                               use_distributed_optimizer)
+                               use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
+                               fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
+                               optimizer=megatron_optimizer)
     fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp,
                              "schedule": schedule, "micro_batch_size": micro_batch_size,
                              "recompute": recompute, "zero": zero,
@@ -416,7 +428,8 @@ def tune_cmd(
 
     def config_for(n: int | None) -> Any:  # the search of this command line on n nodes
         return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
-                            fixed, sampler, layers, cross_node_tp, opt.value(dtype),
+                            fixed, sampler, layers, cross_node_tp,
+                            opt.value(mg.dtype_of(ctx, dtype, megatron)),
                             opt.value(framework), opt.value(attention), memory_headroom,
                             search_hsdp, search_fp8, split, all_schedules)
 
