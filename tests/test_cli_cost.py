@@ -152,3 +152,11 @@ def test_cost_re_costs_a_plan_file_on_its_cluster_or_another(tmp_path, capsys):
     assert rc == 2 and "give PLAN.json or the model and strategy options, not both" in err and "--tp" in err
     rc, out, err = run_main(capsys, "cost", "--cluster", "dgx-h100")
     assert rc == 2 and "cost: give --model, --global-batch with the strategy options, or a PLAN.json" in err
+    # the plan's sequence and attention are the plan file's, not flags (a review)
+    Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s.replace(attention="unfused"), nodes=1,
+         num_layers=4, seq_len=2048).save(path)
+    rc, out, err = run_main(capsys, "cost", str(path))
+    assert rc == 0, err
+    assert "seq len 2048 (from the plan file)" in out and "attention unfused (from the plan file)" in out
+    rc, out, err = run_main(capsys, "cost", str(path), "--cluster", "cpu-local")
+    assert rc == 2 and "give more nodes (--nodes) or smaller degrees" in err and "--dp*" not in err

@@ -666,3 +666,24 @@ def test_a_schedule_the_framework_does_not_run_is_costed_as_it_runs(capsys):
     assert f"the plan's VPP (vpp 2): {vpp_ms:.1f} ms" in err
     rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--vpp", "2", "--schedule", "VPP")
     assert rc == 0 and "as Megatron-LM runs it" not in err  # the plan's own schedule: nothing to say
+
+
+def test_the_as_run_note_says_when_the_framework_cannot_run_it_or_it_does_not_fit(capsys):
+    """A review: a ZBVPP plan of 5 micro-batches on pp 4 exports to Megatron-LM, whose
+    interleaved 1F1B needs a multiple of pp: the as-run costing raised and stopped the
+    export. It is now a note saying why; an as-run peak over the limit says OUT OF MEMORY."""
+    from tests._cli import run_main
+
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", "llama2-7b", "--cluster",
+                            "dgx-h100", "--nodes", "1", "--dp", "2", "--pp", "4", "--vpp", "2",
+                            "--schedule", "ZBVPP", "--global-batch", "10")
+    assert rc == 0, err
+    flat = " ".join(err.split())
+    assert "schedule: Megatron-LM cannot run this plan as VPP: " in flat and "needs a multiple of pp = 4" in flat
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", "llama2-13b", "--cluster",
+                            "dgx-h100", "--nodes", "1", "--dp", "1", "--tp", "2", "--pp", "4", "--vpp",
+                            "2", "--schedule", "ZBVPP", "--micro-batch-size", "2", "--global-batch", "16")
+    assert rc == 0, err
+    line = next(ln for ln in err.splitlines() if "as Megatron-LM runs it" in ln)
+    peak = float(re.search(r"runs it \(VPP\): [\d.]+ ms a step, peak ([\d.]+) GiB", line).group(1))
+    assert peak > 75.67 and "OUT OF MEMORY (75.67 GiB limit)" in line

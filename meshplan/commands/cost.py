@@ -262,8 +262,8 @@ def cost_cmd(
     # replayed outside the block: inside it, each shown warning would be recorded again
     if refused is not None or not as_json:
         _replay(caught)
-    if refused is not None:
-        raise opt.flag_error(ctx, refused) from None
+    if refused is not None:  # in the flags' words, unless a plan file gave the strategy
+        raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -279,7 +279,9 @@ def cost_cmd(
     written = [p for p in (trace, memory_png, plot) if p is not None]
     if written:  # on stderr under --json: stdout stays one JSON document
         typer.echo(f"wrote {', '.join(written)}", err=as_json)
-    inputs = assumed_inputs(engine, seq_len_flag=seq_len, attention_flag=opt.value(attention))
+    inputs = assumed_inputs(engine, seq_len_flag=None if plan is not None else seq_len,
+                            attention_flag=None if plan is not None else opt.value(attention),
+                            plan=plan)
     if as_json:
         inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"]
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,

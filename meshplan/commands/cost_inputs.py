@@ -13,6 +13,7 @@ from typing import Any
 #: where a sequence length comes from -> how the report names the source
 SEQ_LEN_SOURCES = {
     "flag": "--seq-len",
+    "plan": "the plan file",
     "program": "the program's input_ids [batch, seq] shape",
     "none": "nowhere: the program has no input_ids [batch, seq] input, so tokens/s counts no "
             "tokens; pass --seq-len",
@@ -25,6 +26,7 @@ SEQ_LEN_SOURCES = {
 #: where the attention implementation comes from (``completion.plan_program.resolve_attention``)
 ATTENTION_SOURCES = {
     "flag": "--attention",
+    "plan": "the plan file",
     "model": "the model config's own attn_implementation",
     "framework": "the framework profile's default, kernels.attention",
     "program": "nowhere: a given program runs the attention ops it holds; this name is the "
@@ -73,8 +75,11 @@ def attention_source(attention_flag: str | None, source: Any) -> str:
     return "model" if source.attention is not None else "framework"
 
 
-def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str | None) -> dict[str, Any]:
-    """The inputs ``engine`` (a ``meshplan.engine.Engine``) costed with.
+def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str | None,
+                   plan: Any = None) -> dict[str, Any]:
+    """The inputs ``engine`` (a ``meshplan.engine.Engine``) costed with; ``plan``: the
+    ``meshplan.Plan`` it was built from (``cost PLAN.json``), whose stated sequence length
+    and attention are then the ``plan`` source, not a flag.
 
     Keys: ``seq_len`` (tokens per sequence) and ``seq_len_source`` (a key of
     :data:`SEQ_LEN_SOURCES`); ``gpus_used`` (dp * cp * tp * pp), ``gpus_available`` (the
@@ -87,11 +92,15 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
     s, c, src = engine.strategy, engine.cluster, engine.source
     used, avail = s.world_size, c.world_size
     rec: dict[str, Any] = {
-        "seq_len": src.seq_len, "seq_len_source": seq_len_source(seq_len_flag, src),
+        "seq_len": src.seq_len,
+        "seq_len_source": ("plan" if plan is not None and plan.seq_len is not None
+                           else seq_len_source(seq_len_flag, src)),
         "gpus_used": used, "gpus_available": avail, "gpus_idle": avail - used,
         "nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
         "zero": s.zero, "zero_shards": _over(ZERO_SHARDS[s.zero], s), "framework": s.framework,
-        "attention": s.attention, "attention_source": attention_source(attention_flag, src),
+        "attention": s.attention,
+        "attention_source": ("plan" if plan is not None and plan.strategy.attention is not None
+                             else attention_source(attention_flag, src)),
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }
     rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine)) if w]

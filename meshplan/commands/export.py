@@ -76,8 +76,6 @@ def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     return opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *plan_flags)
 
 
-
-
 def export_cmd(
     ctx: typer.Context,
     plan_file: str | None = typer.Argument(
@@ -229,7 +227,12 @@ def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
     ``Export.effective``; e.g. Megatron-LM runs a ZBVPP plan as interleaved 1F1B, DeepSpeed one
     chunk per rank): the plan's own figures would be the prediction of a run that does not
     happen. The exported layer split is kept where it has pp x vpp entries, else the
-    framework's even split is costed. None when the schedule is the plan's."""
+    framework's even split is costed. The note says OUT OF MEMORY when that run is over the
+    device's limit (the default headroom, as ``costed_plan``), and says why when the
+    framework cannot run the plan that way at all (the cost model refuses it: e.g. an
+    interleaved schedule whose micro-batches are no multiple of pp). None when the schedule
+    is the plan's."""
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.commands.export_targets import model_sizes
     from meshplan.engine import Engine
     from simulator.layer_split import even_split
@@ -243,16 +246,24 @@ def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
     if lps is None or len(lps) != s.pp * vpp:
         lps = (even_split(layers, s.pp * vpp) if layers is not None and s.pp * vpp > 1
                and layers % (s.pp * vpp) == 0 else None)
-    ran = dataclasses.replace(plan, strategy=s.replace(schedule=sched, vpp=vpp,
-                                                       layers_per_stage=lps and tuple(lps)))
-    own = Engine.from_plan(plan, None).step_model().run()
-    run = Engine.from_plan(ran, None).step_model().run()
-    chunks = f" with {vpp} chunk(s) per rank" if vpp != s.vpp else ""
     name = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}.get(target, target)
+    chunks = f" with {vpp} chunk(s) per rank" if vpp != s.vpp else ""
+    engine = Engine.from_plan(plan, None)
+    own = engine.step_model().run()
+    mine = (f"the plan's {s.schedule}{f' (vpp {s.vpp})' if chunks else ''}: "
+            f"{own.step_time * 1e3:.1f} ms, peak {own.max_memory_bytes / 2**30:.2f} GiB")
+    try:
+        ran = dataclasses.replace(plan, strategy=s.replace(schedule=sched, vpp=vpp,
+                                                           layers_per_stage=lps and tuple(lps)))
+        run = Engine.from_plan(ran, None).step_model().run()
+    except ValueError as e:  # the framework's version of the plan is not a plan
+        return (f"schedule: {name} cannot run this plan as {sched}{chunks}: "
+                f"{' '.join(str(e).split())}; {mine}")
+    limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
+    oom = (f" -- OUT OF MEMORY ({limit / 2**30:.2f} GiB limit)" if run.max_memory_bytes > limit
+           else "")
     return (f"schedule: as {name} runs it ({sched}{chunks}): {run.step_time * 1e3:.1f} ms a step, "
-            f"peak {run.max_memory_bytes / 2**30:.2f} GiB; the plan's {s.schedule}"
-            f"{f' (vpp {s.vpp})' if chunks else ''}: {own.step_time * 1e3:.1f} ms, peak "
-            f"{own.max_memory_bytes / 2**30:.2f} GiB")
+            f"peak {run.max_memory_bytes / 2**30:.2f} GiB{oom}; {mine}")
 
 
 def _with_split(plan: Any, split: list[int]) -> Any:
