@@ -119,7 +119,7 @@ def tune_config(spec: SpaceSpec, sampler: str, seed: int = 0) -> Any:
     included, not only the ones Megatron-LM runs.
     Raises SpaceError / ValueError naming a bad option, as ``meshplan tune`` does."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.tuning import SCORER_FACTORY, search_problem, template_kinds
+    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
@@ -129,7 +129,8 @@ def tune_config(spec: SpaceSpec, sampler: str, seed: int = 0) -> Any:
           "global_batch_size": spec.global_batch, "seq_len": prob.seq_len, "dtype": "bfloat16",
           "num_layers": spec.layers, "framework": "megatron-core", "attention": None,
           "memory_headroom": DEFAULT_MEMORY_HEADROOM}
-    return TuneConfig(SearchSpace(prob, fix=parse_fix(spec.fix)), mode="pattern-based",
+    space = SearchSpace(prob, fix=parse_fix(spec.fix), schedules=framework_schedules("megatron-core", every=True))
+    return TuneConfig(space, mode="pattern-based",
                       template_kinds=template_kinds(spec.model, prob.seq_len), sampler=sampler,
                       seed=seed, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 

@@ -204,19 +204,27 @@ def make_scorer(config: Mapping[str, Any]):
     return score
 
 
-__all__ = ["LAYER_SPLITS", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
-           "framework_schedules", "search_problem", "template_kinds", "to_plan", "to_strategy"]
+def runs_schedule(runs: tuple[str, ...], schedule: str) -> bool:
+    """Whether a framework whose profile lists ``runs`` (``pipeline.schedules``) runs
+    ``schedule`` (a ``completion.strategy.SCHEDULES`` name): ``ZB`` and ``ZB-2p`` are one
+    schedule (the tuner's ``ZB`` is ZB-2p, ``Strategy.registered_schedule``)."""
+    same = {"ZB": "ZB-2p"}
+    return same.get(schedule, schedule) in {same.get(r, r) for r in runs}
 
 
 def framework_schedules(framework: str, every: bool = False) -> tuple[str, ...]:
     """The pipeline schedules a search under ``framework`` tries: the tuner's
     (``tuner.space.SCHEDULES``) that the framework runs (its profile's
-    ``pipeline.schedules``; a profile without the field runs every one), or all of the
-    tuner's with ``every`` (``--all-schedules``)."""
+    ``pipeline.schedules``, :func:`runs_schedule`; a profile without the field runs every
+    one), or all of the tuner's with ``every`` (``--all-schedules``)."""
     from simulator.profiles import load_profile
     from tuner.space import SCHEDULES
 
     runs = load_profile(framework).pipeline.schedules
     if every or runs is None:
         return SCHEDULES
-    return tuple(s for s in SCHEDULES if s in runs.value)
+    return tuple(s for s in SCHEDULES if runs_schedule(runs.value, s))
+
+
+__all__ = ["LAYER_SPLITS", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
+           "framework_schedules", "runs_schedule", "search_problem", "template_kinds", "to_plan", "to_strategy"]

@@ -102,15 +102,17 @@ class StepConfig:
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,
            profile: Any = None, overlap: float = 0.0, overlap_dp_sync: bool = False,
-           accumulate_grads: bool | None = None, cp: int = 1) -> StepConfig:
+           accumulate_grads: bool | None = None, cp: int | None = None) -> StepConfig:
         """The config of a ``completion.strategy.Strategy`` under framework ``profile``:
         16-bit (or the strategy's dtype) parameters and gradients, the optimizer's state
         bytes per parameter (``simulator.memory.optimizer_bytes_per_param``), tokens per
         step = global batch x ``seq_len``, the device's peak for the dtype. Gradient
         accumulation is the profile's (``gradients.accumulation == "separate"``) unless
         ``accumulate_grads`` says. ``cp``: the unfolded plan's context-parallel ranks
-        (:attr:`cp`)."""
+        (:attr:`cp`; None: the strategy's own, for a strategy that is not folded)."""
         s = strategy
+        if cp is None:
+            cp = int(getattr(s, "cp", 1) or 1)
         if accumulate_grads is None:
             accumulate_grads = profile is not None and profile.gradients.accumulation.value == "separate"
         sched, limit = s.registered_schedule()

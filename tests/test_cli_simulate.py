@@ -159,7 +159,7 @@ def test_writable_file_checks_the_file_it_would_write(tmp_path):
 def test_zero_bubble_schedules_without_a_weight_pass_are_named(capsys):
     """A hunt: ZB-2p without --tw failed with 'ZB: stage times must be ... > 0', naming no
     flag, and ZB-H1 without --tw silently ran 1F1B. The searched ZB schedules now name --tw;
-    ZB-H1 says on stderr that it runs as 1F1B would (its step is 1F1B's: 33 ms for p 4,
+    ZB-H1 says on stderr that its step takes 1F1B's time (33 ms for p 4,
     m 8, F 1, B 2: (m + p - 1)(F + B)); with W it is Qi et al.'s m(F+B+W) + (p-1)(F+B-W)."""
     from tests._cli import run_main
 

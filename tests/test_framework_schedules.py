@@ -70,3 +70,33 @@ def test_cost_warns_about_a_schedule_the_framework_does_not_run(capsys):
     for ok in (("--schedule", "VPP", "--vpp", "2"), ("--schedule", "ZBH1", "--framework", "eager")):
         rc, out, err = run_main(capsys, *base, *ok)
         assert rc == 0 and "does not run" not in err
+
+
+def test_zb_is_zb_2p_in_both_vocabularies():
+    """The tuner's ZB is ZB-2p: a profile listing either runs both (a review found the two
+    name lists compared as strings)."""
+    from meshplan.tuning import runs_schedule
+
+    assert runs_schedule(("ZB-2p",), "ZB") and runs_schedule(("ZB",), "ZB-2p")
+    assert not runs_schedule(("ZB-1p",), "ZB") and not runs_schedule(("1F1B", "VPP"), "ZBH1")
+
+
+def test_a_pinned_vpp_needs_an_interleaved_schedule_the_framework_runs(capsys):
+    """DeepSpeed runs 1F1B only: --fix vpp=2 was dropped silently (every plan vpp 1)."""
+    rc, out, err = run_main(capsys, "tune", "-m", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "1",
+                            "--global-batch", "16", "--framework", "deepspeed", "--fix", "vpp=2,pp=2",
+                            "--trials", "2", "--storage", "memory", "--no-progress")
+    assert rc == 2 and "--fix: vpp=2 needs an interleaved schedule (VPP or ZBVPP), and the search " \
+                       "tries ['1F1B']" in " ".join(err.split())
+
+
+def test_a_study_stored_with_every_schedule_says_how_to_resume_it(capsys, tmp_path):
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1", "--global-batch",
+            "16", "--layers", "2", "--trials", "2", "--study", "s1", "--output", str(tmp_path), "--no-progress")
+    rc, _, err = run_main(capsys, *base, "--all-schedules")
+    assert rc == 0, err
+    rc, _, err = run_main(capsys, *base)
+    flat = " ".join(err.split())
+    assert rc == 2 and "differs in ['space.schedules']" in flat and "add --all-schedules to resume it" in flat
+    rc, _, err = run_main(capsys, *base, "--all-schedules")
+    assert rc == 0, err

@@ -14,6 +14,7 @@ from clusters import load_cluster
 from completion.models import get_model_config
 from completion.strategy import Strategy
 from experiments import measured_runs as mr
+from experiments.measured_cells import read_vocab
 from experiments.measured_rows import (
     GRAND_TETON,
     UNSUPPORTED,
@@ -23,7 +24,6 @@ from experiments.measured_rows import (
     parse_all,
     parse_row,
     read_peak_memory,
-    read_vocab,
 )
 from meshplan.engine import Engine
 from tests.conftest import SHARED

@@ -297,3 +297,18 @@ def test_memory_png_curve_rises_and_falls_with_each_micro_batch_at_pp_1():
             tops = [b for _, b in ramps[0] if b == pytest.approx(mb, rel=1e-9)]
             lows = [b for _, b in ramps[0][1:] if abs(b) < 1e-3 * mb]
             assert len(tops) == m and len(lows) == m  # m rises to M_B, m returns to 0
+
+
+def test_the_engine_counts_the_cp_and_expert_communicators():
+    """The Engine path (not only the arithmetic): nccl_buffers = communicators x the
+    profile's bytes per communicator, with cp's ring group (dp 2 x cp 4) and ep's two groups."""
+    from meshplan import Engine, Strategy
+    from simulator.profiles import load_profile
+
+    per = load_profile("megatron-core").memory.nccl_buffer_bytes.value
+    def nccl(model, **kw):
+        s = Strategy(global_batch_size=8, zero=1, recompute="full", **kw)
+        return Engine(model, "dgx-h100", s, seq_len=8192, num_layers=2).simulate().memory_breakdown["nccl_buffers"]
+    assert nccl("llama2-7b", dp=8) == int(per * 2)            # world + dp
+    assert nccl("llama2-7b", dp=2, cp=4) == int(per * 3)      # world + dp x cp + cp
+    assert nccl("qwen3-30b-a3b", dp=8, ep=4) == int(per * 4)  # world + dp + ep + expert dp

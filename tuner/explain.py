@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.result import GIB, TuneResult, memory_constraint, plan_label, scored
+from tuner.result import GIB, TuneResult, memory_constraint, mesh_words, plan_label, scored
 
 MeshShape = tuple[int, int, int, int, int]
 
@@ -36,9 +36,10 @@ def mesh_shape(plan: Mapping[str, Any]) -> MeshShape:
 
 
 def mesh_name(shape: MeshShape) -> str:
-    """``dp8 tp4 pp2`` (``cp`` and ``ep`` shown only when > 1: ``dp8 tp1 pp1 ep4``)."""
+    """``dp8 tp4 pp2`` (``cp`` and ``ep`` shown only when > 1: ``dp8 tp1 pp1 ep4``;
+    ``tuner.result.mesh_words``)."""
     dp, cp, tp, pp, ep = shape
-    return f"dp{dp}" + (f" cp{cp}" if cp > 1 else "") + f" tp{tp} pp{pp}" + (f" ep{ep}" if ep > 1 else "")
+    return mesh_words({"dp": dp, "cp": cp, "tp": tp, "pp": pp, "ep": ep})
 
 
 def _scored(result: TuneResult) -> list[optuna.trial.FrozenTrial]:

@@ -265,14 +265,17 @@ def zero_label(plan: Mapping[str, Any]) -> str:
     return f"{plan['zero']} hsdp{n}" if n else str(plan["zero"])
 
 
+def mesh_words(plan: Mapping[str, Any]) -> str:
+    """``dp8 cp2 tp4 pp2 ep4``: a plan's mesh (cp and ep only when > 1), as the report's lines
+    name it (``tuner.explain.mesh_name``, :func:`plan_label`)."""
+    cp, ep = plan.get("cp", 1), plan.get("ep", 1)
+    return (f"dp{plan['dp']}" + (f" cp{cp}" if cp > 1 else "") + f" tp{plan['tp']} pp{plan['pp']}"
+            + (f" ep{ep}" if ep > 1 else ""))
+
+
 def plan_label(plan: Mapping[str, Any]) -> str:
     """Short one-line plan description for the progress bar."""
-    s = f"dp{plan['dp']} tp{plan['tp']} pp{plan['pp']}"
-    if plan.get("cp", 1) > 1:
-        s += f" cp{plan['cp']}"
-    if plan.get("ep", 1) > 1:
-        s += f" ep{plan['ep']}"
-    s += f" {plan['schedule']}"
+    s = mesh_words(plan) + f" {plan['schedule']}"
     if plan["vpp"] > 1:
         s += f" vpp{plan['vpp']}"
     s += f" mbs{plan['micro_batch_size']} rc={plan['recompute']} zero{plan['zero']}"

@@ -345,6 +345,10 @@ class SearchSpace:
             raise SpaceError(f"--fix: pp={self.fix['pp']} does not divide the model's {layers} layers "
                              f"(the search keeps the layers even over its stages; `meshplan cost "
                              f"--pp {self.fix['pp']}` costs an uneven split)")
+        if self.fix.get("vpp", 1) > 1 and not set(self.schedule_choices()) & {"VPP", "ZBVPP"}:
+            raise SpaceError(f"--fix: vpp={self.fix['vpp']} needs an interleaved schedule (VPP or "
+                             f"ZBVPP), and the search tries {list(self.schedule_choices())} (the "
+                             "framework's: --all-schedules or another --framework widens it)")
         chunks = self.fix.get("pp", 1) * self.fix.get("vpp", 1)
         if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and layers % chunks:
             raise SpaceError(f"--fix: pp={self.fix['pp']} x vpp={self.fix['vpp']} = {chunks} virtual "

@@ -216,12 +216,38 @@ def open_study(cfg: TuneConfig | None, study_name: str, storage: str | None,
     if stored is None:
         study.set_user_attr(CONFIG_ATTR, cfg.to_dict())
     elif stored != cfg.to_dict():
-        diff = sorted(k for k in stored if stored.get(k) != cfg.to_dict().get(k))
         raise TuneError(f"study {study_name!r} already holds a different search "
-                        f"(differs in {diff}); pick another --study name")
+                        f"(differs in {_differing(stored, cfg.to_dict())}){_hint(stored)}; pick "
+                        "another --study name")
     n = len(study.get_trials(deepcopy=False))
     study.sampler = make_sampler(cfg, n, worker_token() if _register(study) else None)
     return study, cfg
+
+
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys where two stored configs differ, down to the first non-mapping values
+    (``space.schedules``, not ``space``)."""
+    out: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if x == y:
+            continue
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            out += _differing(x, y, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _hint(stored: Mapping[str, Any]) -> str:
+    """A hint for a study stored before tune searched only the framework's schedules: its
+    space holds every schedule the tuner knows, which ``--all-schedules`` searches."""
+    from tuner.space import SCHEDULES
+
+    space = stored.get("space")
+    if isinstance(space, Mapping) and tuple(space.get("schedules", ())) == SCHEDULES:
+        return " (it searched every schedule: add --all-schedules to resume it)"
+    return ""
 
 
 #: study system attr prefix under which each worker process registers (:func:`_register`)

@@ -131,7 +131,8 @@ class ModelConfig:
             ``sliding_window_layers``: the decoder layers that use the window, when they
             follow no such pattern (Hugging Face ``layer_types``; Qwen2's layers from
             ``max_window_layers`` on); None: the ``sliding_window_every`` pattern. Indices
-            beyond ``num_layers`` (a ``--layers`` override) are ignored.
+            beyond ``num_layers`` (a smaller ``--layers`` override) are ignored, and layers a
+            larger override adds are full attention (the list is the config's).
         num_experts: routed experts of each mixture-of-experts layer (None: a dense model).
             Every MoE layer replaces the MLP by a router (``gate``: ``[h, E]``, softmax,
             top-k), ``E`` SwiGLU experts of width ``moe_ffn_hidden_size`` (or

@@ -111,9 +111,11 @@ def unrun_schedule_warning(engine: Any) -> str | None:
     """One line when the plan pipelines (pp > 1) with a schedule its framework profile does
     not run (``pipeline.schedules``: Megatron-LM runs 1F1B and VPP, not ZB-H1): the figures
     are those of a step the framework cannot take. None otherwise."""
+    from meshplan.tuning import runs_schedule
+
     s = engine.strategy
     runs = engine.profile.pipeline.schedules
-    if s.pp == 1 or runs is None or s.schedule in runs.value:
+    if s.pp == 1 or runs is None or runs_schedule(runs.value, s.schedule):
         return None
     return (f"the {s.framework} profile's framework does not run {s.schedule} (it runs "
             f"{', '.join(runs.value)}): costed as asked; meshplan export costs what the "

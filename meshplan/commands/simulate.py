@@ -104,14 +104,15 @@ SPLIT_BACKWARD = ("ZBH1", "ZBH2", "ZB", "ZBVPP")
 def _no_weight_pass(asked: str, schedule: str) -> None:
     """``--tw 0`` with a schedule of :data:`SPLIT_BACKWARD`: an error naming ``--tw`` for
     the searched ones, one ``note:`` line on stderr for ZB-H1 / ZB-H2 (whose W passes are
-    then empty: the step is 1F1B's, which a user giving --tb as the whole backward did not
-    mean)."""
+    then empty: the step takes 1F1B's time, its memory stays ZB-H1's / ZB-H2's, which a user
+    giving --tb as the whole backward did not mean)."""
     if schedule in ("ZB", "ZBVPP"):
         raise typer.BadParameter(f"{asked} places the weight-gradient pass W on its own: it needs "
                                  f"--tw > 0 (the W part of the backward; --tb is then B alone)",
                                  param_hint="'--tw'")
-    typer.echo(f"note: --tw 0: {asked} has no weight-gradient pass to defer and runs as 1F1B "
-               "would; give --tw, the W part of the backward (--tb is then B alone)", err=True)
+    typer.echo(f"note: --tw 0: {asked} has no weight-gradient pass to defer: its step takes "
+               "1F1B's time (its memory stays its own); give --tw, the W part of the backward "
+               "(--tb is then B alone)", err=True)
 
 
 def _builder(name: str, stages: int) -> tuple[str, float | None]:
