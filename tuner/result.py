@@ -156,18 +156,28 @@ class TuneResult:
         self.to_dataframe().to_csv(p, index=False)
         return p
 
+    def _tagged(self) -> list[tuple[str, list[str]]]:
+        """Each trial's state (lower case, Optuna's names) and the subsets it is in:
+        ``illegal`` or ``error`` (pruned), ``oom`` (scored over its memory limit),
+        ``cached`` (answered from the score cache)."""
+        out = []
+        for t in self.trials():
+            ua, tags = t.user_attrs, []
+            if t.state == TrialState.PRUNED:
+                tags.append("illegal" if "illegal" in ua else "error")
+            if scored(ua) and ua["memory_bytes"] > ua["memory_limit_bytes"]:
+                tags.append("oom")
+            if ua.get("cached"):
+                tags.append("cached")
+            out.append((t.state.name.lower(), tags))
+        return out
+
     def counts(self) -> dict[str, int]:
         """complete / pruned (illegal, error) / failed / oom / cached trial counts."""
         c: Counter[str] = Counter()
-        for t in self.trials():
-            c[t.state.name.lower()] += 1
-            ua = t.user_attrs
-            if t.state == TrialState.PRUNED:
-                c["illegal" if "illegal" in ua else "error"] += 1
-            if scored(ua) and ua["memory_bytes"] > ua["memory_limit_bytes"]:
-                c["oom"] += 1
-            if ua.get("cached"):
-                c["cached"] += 1
+        for state, tags in self._tagged():
+            c[state] += 1
+            c.update(tags)
         return dict(c)
 
     def counts_text(self) -> str:
@@ -178,17 +188,10 @@ class TuneResult:
         same figures as a flat dict, where the subsets overlap their states."""
         states: Counter[str] = Counter()
         subsets: dict[str, Counter[str]] = {}
-        for t in self.trials():
-            state = "failed" if t.state == TrialState.FAIL else t.state.name.lower()
+        for state, tags in self._tagged():
+            state = "failed" if state == "fail" else state
             states[state] += 1
-            sub = subsets.setdefault(state, Counter())
-            ua = t.user_attrs
-            if t.state == TrialState.PRUNED:
-                sub["illegal" if "illegal" in ua else "error"] += 1
-            if scored(ua) and ua["memory_bytes"] > ua["memory_limit_bytes"]:
-                sub["over memory"] += 1
-            if ua.get("cached"):
-                sub["cached"] += 1
+            subsets.setdefault(state, Counter()).update("over memory" if g == "oom" else g for g in tags)
         parts = []
         for state in ("complete", "pruned", "failed", "running", "waiting"):
             if states[state]:
