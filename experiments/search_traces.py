@@ -116,23 +116,13 @@ def tune_config(spec: SpaceSpec, sampler: str, seed: int = 0) -> Any:
     options, ``--sampler sampler --seed seed`` and every other option at its default
     (bfloat16, megatron-core, the model's attention, the default memory headroom; no HSDP,
     no FP8): the search quality over every schedule the tuner knows, ZB-H1 and ZB-2p
-    included, not only the ones Megatron-LM runs.
-    Raises SpaceError / ValueError naming a bad option, as ``meshplan tune`` does."""
-    from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
-    from tuner.space import SearchSpace, parse_fix
-    from tuner.study import TuneConfig
+    included, not only the ones Megatron-LM runs (``meshplan.tune_setup.tune_config``, the
+    builder tune uses). Raises SpaceError / ValueError naming a bad option, as tune does."""
+    from meshplan.tune_setup import tune_config as build
 
-    prob = search_problem(spec.model, spec.cluster, spec.nodes, spec.global_batch, spec.seq_len,
-                          False, spec.layers)
-    sc = {"model": spec.model, "cluster": spec.cluster, "nodes": spec.nodes,
-          "global_batch_size": spec.global_batch, "seq_len": prob.seq_len, "dtype": "bfloat16",
-          "num_layers": spec.layers, "framework": "megatron-core", "attention": None,
-          "memory_headroom": DEFAULT_MEMORY_HEADROOM}
-    space = SearchSpace(prob, fix=parse_fix(spec.fix), schedules=framework_schedules("megatron-core", every=True))
-    return TuneConfig(space, mode="pattern-based",
-                      template_kinds=template_kinds(spec.model, prob.seq_len), sampler=sampler,
-                      seed=seed, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+    return build(spec.model, spec.cluster, spec.nodes, spec.global_batch, spec.seq_len,
+                 "pattern-based", seed, False, spec.fix, sampler, spec.layers, False,
+                 all_schedules=True)
 
 
 def _study_name(spec: SpaceSpec, method: str, seed: int) -> str:

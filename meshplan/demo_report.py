@@ -22,7 +22,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from simulator.step import StepResult
 from tuner.result import TuneResult
-from tuner.space import Candidate, SearchSpace
+from tuner.space import Candidate
 from tuner.study import TuneConfig
 
 GIB = 2**30
@@ -74,22 +74,12 @@ class DemoSetup:
                 "dtype": "bfloat16", "num_layers": self.num_layers}
 
     def tune_config(self) -> TuneConfig:
-        """The search ``meshplan tune`` runs for the same arguments."""
-        from meshplan.tuning import (
-            SCORER_FACTORY,
-            framework_schedules,
-            search_problem,
-            template_kinds,
-        )
+        """The search ``meshplan tune`` runs for the same arguments (its one builder,
+        ``meshplan.tune_setup.tune_config``: megatron-core, bfloat16, no pins)."""
+        from meshplan.tune_setup import tune_config
 
-        prob = search_problem(self.model, self.cluster, self.nodes, self.global_batch,
-                              self.seq_len, False, self.num_layers)
-        # tune's default framework (megatron-core) runs 1F1B and VPP: the schedules searched
-        space = SearchSpace(prob, schedules=framework_schedules("megatron-core"))
-        return TuneConfig(space, mode=self.mode,
-                          template_kinds=template_kinds(self.model, prob.seq_len),
-                          seed=self.seed, scorer_factory=SCORER_FACTORY,
-                          scorer_config=self.scorer_config())
+        return tune_config(self.model, self.cluster, self.nodes, self.global_batch, self.seq_len,
+                           self.mode, self.seed, False, None, None, self.num_layers, False)
 
     def command(self) -> str:
         """The equivalent ``meshplan tune`` command line."""

@@ -1,0 +1,114 @@
+"""The search one ``meshplan tune`` command line runs, as a ``tuner.study.TuneConfig``
+(search space, pattern templates of the model, scorer settings): :func:`tune_config`, the
+one builder that ``meshplan tune``, ``meshplan demo`` and the search-quality experiment
+share, so that what they search cannot drift apart. Library code (no CLI import); errors
+are :class:`meshplan.errors.MeshplanError` (or the tuner's SpaceError) naming the option.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.errors import MeshplanError
+
+
+def _either(names: Any) -> str:
+    """``a, b or c``: the choices of a message."""
+    *first, last = list(names)
+    return f"{', '.join(first)} or {last}" if first else last
+
+
+def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
+                seq_len: int | None, mode: str, seed: int, pareto: bool,
+                fix: str | dict[str, Any] | None,
+                sampler: str | None, layers: int | None, cross_node_tp: bool,
+                dtype: str = "bfloat16", framework: str = "megatron-core",
+                attention: str | None = None,
+                memory_headroom: float | None = None, hsdp: bool = False,
+                fp8: bool = False, layer_split: str | None = None,
+                all_schedules: bool = False) -> Any:
+    """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
+    pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
+    pinned knobs already parsed (``meshplan.commands.tune._pins``); ``hsdp``: also search HSDP shard groups with ZeRO-3
+    (``tuner.space.SearchSpace.hsdp``); ``fp8``: also search the FP8 recipes ``framework``
+    runs (``completion.strategy.FP8_RECIPES``), refused with a message naming the device
+    when it has no FP8 peak or with an FP8 ``dtype``; ``layer_split``: ``even`` costs every
+    plan with the frameworks' even pipeline split (``meshplan.tuning.with_layer_split``;
+    None or ``balanced``: the cost model's); the schedules searched are those ``framework``
+    runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
+    tuner knows with ``all_schedules``. Raises ValueError (SpaceError, ModelConfigError,
+    ClusterError) naming the bad option. ``memory_headroom`` None: the default,
+    ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help`` imports this
+    module's callers and must not pull in pydantic)."""
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
+    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
+    from tuner.space import SearchSpace, parse_fix
+    from tuner.study import TuneConfig
+
+    if memory_headroom is None:
+        memory_headroom = DEFAULT_MEMORY_HEADROOM
+    prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
+    sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
+          "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
+          "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
+    if layer_split == "even":  # absent otherwise: a balanced search resumes as before
+        sc["layer_split"] = "even"
+    fixed = fix if isinstance(fix, dict) else parse_fix(fix)
+    check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
+    recipes = fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
+    if hsdp and fixed.get("zero", 3) != 3:
+        raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
+                            f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
+    space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes,
+                        schedules=framework_schedules(framework, all_schedules))
+    return TuneConfig(space, mode=mode,
+                      template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
+                      seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
+                   framework: str = "megatron-core") -> None:
+    """An FP8 recipe pinned with ``--fix fp8=NAME`` or an FP8 ``--dtype`` needs a framework
+    that runs it (``completion.strategy.FP8_RECIPES``) and a device with an FP8 peak: refused
+    before the search starts (every plan would be refused by the engine,
+    ``meshplan.engine``), naming the framework or the device, as ``cost`` does."""
+    from clusters import load_cluster
+    from completion.strategy import FP8_DTYPES, FP8_RECIPES
+
+    recipe = FP8_DTYPES.get(dtype) or (pinned if pinned not in (None, "none") else None)
+    if recipe is None:
+        return
+    how = f"--dtype {dtype}" if dtype in FP8_DTYPES else f"--fix fp8={recipe}"
+    runs = FP8_RECIPES.get(recipe, ())
+    if runs and framework not in runs:
+        raise MeshplanError(f"{how} runs under --framework {_either(runs)}, not {framework}: "
+                            f"give one of them")
+    dev = load_cluster(cluster, nodes).spec.device
+    if "fp8" not in dev.peak_flops:
+        raise MeshplanError(f"{how}: FP8 training needs FP8 tensor cores, and {cluster}'s device "
+                            f"{dev.name} lists no fp8 peak_flops (A100 has none; H100 / H200: "
+                            f"1979 TFLOP/s dense)")
+
+
+def fp8_recipes(cluster: str, nodes: int | None, framework: str, dtype: str) -> tuple[str | None, ...]:
+    """``--search-fp8``: BF16 (None) and every FP8 recipe ``framework`` runs. Raises
+    MeshplanError naming the device when its ``peak_flops`` lists no ``fp8`` (A100), the
+    framework when it runs none, or the FP8 ``--dtype`` that already fixes one."""
+    from clusters import load_cluster
+    from completion.strategy import FP8_DTYPES, FP8_RECIPES
+
+    if dtype in FP8_DTYPES:
+        raise MeshplanError(f"--search-fp8 searches the FP8 recipe; --dtype {dtype} already fixes "
+                            f"one (give --dtype bfloat16, or drop --search-fp8)")
+    dev = load_cluster(cluster, nodes).spec.device
+    if "fp8" not in dev.peak_flops:
+        raise MeshplanError(f"--search-fp8: {cluster}'s device {dev.name} has no FP8 peak "
+                            f"(peak_flops lists {', '.join(sorted(dev.peak_flops))}): no FP8 to search")
+    runs = tuple(r for r, fws in FP8_RECIPES.items() if framework in fws)
+    if not runs:
+        raise MeshplanError(f"--search-fp8: framework {framework} runs no FP8 recipe (recipes and "
+                            f"their frameworks: {dict(FP8_RECIPES)})")
+    return (None, *runs)
+
+
+__all__ = ["check_fp8_pin", "fp8_recipes", "tune_config"]
