@@ -100,3 +100,15 @@ def test_a_study_stored_with_every_schedule_says_how_to_resume_it(capsys, tmp_pa
     assert rc == 2 and "differs in ['space.schedules']" in flat and "add --all-schedules to resume it" in flat
     rc, _, err = run_main(capsys, *base, "--all-schedules")
     assert rc == 0, err
+
+
+def test_tune_on_a_cpu_host_says_which_plans_validate_can_compare(capsys):
+    """A new-user pass tuned on a calibrated CPU cluster with the defaults (bf16,
+    megatron-core) and got a ZeRO-2 bf16 plan that validate could not compare."""
+    base = ("tune", "--model", "benchmarks/plans/llama_l2.json", "--cluster", "cpu-local",
+            "--global-batch", "8", "--seq-len", "128", "--trials", "2", "--storage", "memory",
+            "--no-progress")
+    rc, _, err = run_main(capsys, *base)
+    assert rc in (0, 1) and "note: cpu-local is a CPU host: meshplan validate predicts a plan" in err
+    rc, _, err = run_main(capsys, *base, "--framework", "eager", "--dtype", "float32")
+    assert rc in (0, 1) and "CPU host" not in err

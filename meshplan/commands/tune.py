@@ -163,6 +163,24 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     return opt.user_words(ctx, msg.replace(",--", ", --"))
 
 
+def _note_cpu_cluster(cluster: str, nodes: int | None, framework: str, dtype: str) -> None:
+    """One ``note:`` line on stderr when the cluster is a CPU host (``cpu-local``, a
+    ``meshplan calibrate`` YAML: device name ``cpu...``) and the search is not the one
+    ``meshplan validate`` can compare (``meshplan.validation``: it predicts under the
+    ``eager`` profile, checks numerics in float32 only, holds ZeRO-1 memory at most; a bf16
+    CPU GEMM also runs far below fp32)."""
+    from clusters import load_cluster
+
+    if not str(load_cluster(cluster, nodes).device.name).lower().startswith("cpu"):
+        return
+    if framework == "eager" and dtype == "float32":
+        return
+    typer.echo(f"note: {cluster} is a CPU host: meshplan validate predicts a plan under the "
+               "eager profile (the executor's), checks numerics of float32 plans and compares "
+               "ZeRO 0-1 memory; --framework eager --dtype float32 (and --fix zero=1) search "
+               "plans it measures as predicted", err=True)
+
+
 def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
     """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
     (``meshplan.tuning.framework_schedules``): the search costs it as asked, but the plan cannot run
@@ -358,6 +376,7 @@ def tune_cmd(
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
+    _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
                                 seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
 
