@@ -7,6 +7,7 @@ gets a note, and ``cost`` warns."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,7 +106,8 @@ def test_a_study_stored_with_every_schedule_says_how_to_resume_it(capsys, tmp_pa
 def test_tune_on_a_cpu_host_says_which_plans_validate_can_compare(capsys):
     """A new-user pass tuned on a calibrated CPU cluster with the defaults (bf16,
     megatron-core) and got a ZeRO-2 bf16 plan that validate could not compare."""
-    base = ("tune", "--model", "benchmarks/plans/llama_l2.json", "--cluster", "cpu-local",
+    model = Path(__file__).resolve().parents[1] / "benchmarks" / "plans" / "llama_l2.json"
+    base = ("tune", "--model", str(model), "--cluster", "cpu-local",
             "--global-batch", "8", "--seq-len", "128", "--trials", "2", "--storage", "memory",
             "--no-progress")
     rc, _, err = run_main(capsys, *base)
