@@ -194,6 +194,21 @@ def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> Non
                "cannot run there", err=True)
 
 
+def _note_other_studies(out: Path, name: str) -> None:
+    """One ``note:`` line on stderr when the journal in ``out`` holds studies other than
+    ``name`` (``tuner.search.other_studies``): an earlier command line of another
+    configuration, which this run does not resume."""
+    from tuner.search import other_studies
+
+    others = other_studies(out, name)
+    if others:
+        typer.echo(f"note: {out}/journal.log holds study {', '.join(others)}, not this command "
+                   f"line's {name} (another option, or a default a newer meshplan changed): "
+                   f"this search runs beside it and rewrites plan.json and history.csv; the "
+                   f"command line that started it resumes it, and tuner.search.load_result"
+                   f"({str(out)!r}, {others[0]!r}) reads it", err=True)
+
+
 def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
                     storage: str | None, seed_from_bound: int | None, objective: str,
                     max_step_time: float | None, gpus: str | None, nodes: int | None,
@@ -226,15 +241,8 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     out = Path(output) if output else Path("meshplan-runs") / name
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
-        from tuner.search import other_studies
-
-        others = other_studies(out, name)
-        if others:
-            typer.echo(f"note: {out}/journal.log holds study {', '.join(others)}, not this command "
-                       f"line's {name} (another option, or a default a newer meshplan changed): "
-                       f"this search runs beside it and rewrites plan.json and history.csv; the "
-                       f"command line that started it resumes it, and tuner.search.load_result"
-                       f"({str(out)!r}, {others[0]!r}) reads it", err=True)
+        if gpus is None:  # with --gpus each size has a folder of its own (run_one)
+            _note_other_studies(out, name)
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
     return name, out
@@ -391,6 +399,7 @@ def tune_cmd(
             cfg_n = config_for(n)
             if storage is None:
                 opt.ensure_dir(d)
+                _note_other_studies(d, study_name)
             res_n = run(cfg_n, study_name, d)
             _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top)
             return res_n
