@@ -56,3 +56,16 @@ def test_a_rerun_of_another_configuration_says_it_starts_beside_the_old_study(tm
     assert rc == 0 and f"journal.log holds study {first}, not this command line's" in " ".join(err.split())
     second = [n for n in other_studies(out, "") if n != first]
     assert len(second) == 1 and load_result(out, first).study.study_name == first
+
+
+def test_each_size_of_a_gpus_search_says_so_too(tmp_path, capsys):
+    """--gpus runs one study per size in DIR/gN: the other-study note looked only at DIR."""
+    from tests._cli import run_main
+
+    base = ("tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--gpus", "8-16",
+            "--seq-len", "2048", "--layers", "2", "--trials", "2", "--no-progress", "--output", str(tmp_path))
+    rc, _, err = run_main(capsys, *base, "--global-batch", "32")
+    assert rc == 0 and "holds study" not in err
+    rc, _, err = run_main(capsys, *base, "--global-batch", "64")
+    flat = " ".join(err.split())
+    assert rc == 0 and f"{tmp_path / 'g8'}/journal.log holds study" in flat and f"{tmp_path / 'g16'}/journal.log holds study" in flat
