@@ -168,10 +168,15 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Read a plan written by :meth:`save`. Raises FileNotFoundError when the file is
+        """Read a plan written by :meth:`save` (``path`` may be the folder holding it as
+        ``plan.json``: tune's ``--output``). Raises FileNotFoundError when the file is
         absent, PlanError (naming the file) on bad content: not UTF-8, larger than
         :data:`MAX_PLAN_BYTES`, bad JSON or a bad field."""
         p = Path(path)
+        if p.is_dir() and (p / "plan.json").is_file():  # tune's --output folder
+            p = p / "plan.json"
+        if p.is_dir():
+            raise FileNotFoundError(f"plan file not found: {p} is a folder without a plan.json")
         if not p.is_file():
             raise FileNotFoundError(f"plan file not found: {p}")
         if p.stat().st_size > MAX_PLAN_BYTES:

@@ -75,6 +75,9 @@ def check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,
     from clusters import load_cluster
     from completion.strategy import FP8_DTYPES, FP8_RECIPES
 
+    if dtype in FP8_DTYPES and pinned is not None and pinned != FP8_DTYPES[dtype]:
+        raise MeshplanError(f"--dtype {dtype} runs the {FP8_DTYPES[dtype]} recipe but --fix fp8={pinned} "
+                            "pins another; give one of them")
     recipe = FP8_DTYPES.get(dtype) or (pinned if pinned not in (None, "none") else None)
     if recipe is None:
         return

@@ -160,3 +160,23 @@ def test_cost_re_costs_a_plan_file_on_its_cluster_or_another(tmp_path, capsys):
     assert "seq len 2048 (from the plan file)" in out and "attention unfused (from the plan file)" in out
     rc, out, err = run_main(capsys, "cost", str(path), "--cluster", "cpu-local")
     assert rc == 2 and "give more nodes (--nodes) or smaller degrees" in err and "--dp*" not in err
+
+
+def test_a_plan_file_is_never_overwritten_and_a_tune_folder_is_read(tmp_path, capsys):
+    """A hunt: `cost x.json --trace x.json` and `export y.json -o y.json` replaced the plan
+    they read. Both are refused; tune's --output folder reads as its plan.json."""
+    from meshplan import Plan, Strategy
+    from tests._cli import run_main
+
+    path = tmp_path / "plan.json"
+    Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=Strategy(dp=8, global_batch_size=8),
+         nodes=1, num_layers=2).save(path)
+    before = path.read_text()
+    rc, _, err = run_main(capsys, "cost", str(path), "--trace", str(path))
+    assert rc == 2 and "PLAN.json and --trace name the same file" in err
+    rc, _, err = run_main(capsys, "export", str(path), "--to", "deepspeed", "-o", str(path))
+    assert rc == 2 and "PLAN.json and --output name the same file" in err
+    assert path.read_text() == before
+    rc, out, err = run_main(capsys, "cost", str(tmp_path), "--json")
+    rc2, out2, _ = run_main(capsys, "cost", str(path), "--json")
+    assert rc == rc2 == 0 and json.loads(out)["step_time_ms"] == json.loads(out2)["step_time_ms"]

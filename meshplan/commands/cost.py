@@ -141,7 +141,8 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
 
 def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: int | None) -> Any:
     """The Plan of ``plan_file`` (``Plan.load``: tune's plan.json), on ``cluster`` / ``nodes``
-    when given (re-costing a plan on another cluster). Raises MeshplanError for a model or
+    when given (re-costing a plan on another cluster; the plan's node count stays unless
+    ``--nodes`` says, as ``Engine.from_plan`` keeps it). Raises MeshplanError for a model or
     strategy option beside it (the plan states them), and what ``Plan.load`` raises."""
     import dataclasses
 
@@ -156,8 +157,6 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
                             "plan on another cluster)")
     plan = Plan.load(plan_file)
     changes = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
-    if cluster is not None and nodes is None:
-        changes["nodes"] = None  # the other cluster's own node count, unless --nodes says
     return dataclasses.replace(plan, **changes) if changes else plan
 
 
@@ -249,7 +248,8 @@ def cost_cmd(
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
-    opt.distinct_outputs({"--trace": trace, "--plot": plot, "--memory-png": memory_png})
+    opt.distinct_outputs({"PLAN.json": plan_file, "--trace": trace, "--plot": plot,
+                          "--memory-png": memory_png})  # never write over the plan being read
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

@@ -125,6 +125,7 @@ def export_cmd(
     from meshplan.commands.export_targets import export_plan
 
     if plan_file is not None:
+        opt.distinct_outputs({"PLAN.json": plan_file, "--output": output or None})
         plan = _plan_from_file(ctx, plan_file, layers_per_stage)
     else:
         if global_batch is None:
@@ -263,7 +264,8 @@ def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
     oom = (f" -- OUT OF MEMORY ({limit / 2**30:.2f} GiB limit)" if run.max_memory_bytes > limit
            else "")
     return (f"schedule: as {name} runs it ({sched}{chunks}): {run.step_time * 1e3:.1f} ms a step, "
-            f"peak {run.max_memory_bytes / 2**30:.2f} GiB{oom}; {mine}")
+            f"peak {run.max_memory_bytes / 2**30:.2f} GiB{oom} (under the plan's {s.framework} "
+            f"profile); {mine}")
 
 
 def _with_split(plan: Any, split: list[int]) -> Any:

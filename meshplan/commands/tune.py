@@ -383,7 +383,8 @@ def tune_cmd(
         cfg = config_for(nodes)
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
-    _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
+    if fixed.get("pp") != 1:  # one stage runs no pipeline schedule
+        _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
     _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
                                 seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
