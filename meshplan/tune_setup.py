@@ -26,7 +26,8 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                 attention: str | None = None,
                 memory_headroom: float | None = None, hsdp: bool = False,
                 fp8: bool = False, layer_split: str | None = None,
-                all_schedules: bool = False) -> Any:
+                all_schedules: bool = False, search_cp: bool = False,
+                cp_comm: str = "p2p") -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
     pinned knobs already parsed (``meshplan.commands.tune._pins``); ``hsdp``: also search HSDP shard groups with ZeRO-3
@@ -36,12 +37,21 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     plan with the frameworks' even pipeline split (``meshplan.tuning.with_layer_split``;
     None or ``balanced``: the cost model's); the schedules searched are those ``framework``
     runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
-    tuner knows with ``all_schedules``. Raises ValueError (SpaceError, ModelConfigError,
+    tuner knows with ``all_schedules``; ``search_cp``: also search context parallelism
+    (``meshplan.tuning.search_cp_degrees``), ``cp_comm``: the K/V exchange of every plan
+    with cp > 1 (:func:`check_cp`). Raises ValueError (SpaceError, ModelConfigError,
     ClusterError) naming the bad option. ``memory_headroom`` None: the default,
     ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help`` imports this
     module's callers and must not pull in pydantic)."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
+    from completion.strategy import CP_COMM_ALIASES
+    from meshplan.tuning import (
+        SCORER_FACTORY,
+        framework_schedules,
+        search_cp_degrees,
+        search_problem,
+        template_kinds,
+    )
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
@@ -54,16 +64,46 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if layer_split == "even":  # absent otherwise: a balanced search resumes as before
         sc["layer_split"] = "even"
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
+    cp_comm = CP_COMM_ALIASES.get(cp_comm, cp_comm)  # Megatron-LM's allgather
+    check_cp(framework, fixed.get("cp"), search_cp, cp_comm)
+    if cp_comm != "p2p":  # absent otherwise: a study stored before the option resumes
+        sc["cp_comm"] = cp_comm
+    cps = search_cp_degrees(prob.world_size, prob.seq_len) if search_cp else (1,)
     check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
     recipes = fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
                             f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
-    space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes,
+    space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes, cp_degrees=cps,
                         schedules=framework_schedules(framework, all_schedules))
     return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:
+    """The context parallelism of a search: ``--search-cp`` beside a pinned cp, or under a
+    framework that runs none (its profile's ``kernels.cp_comms`` empty), and a ``--cp-comm``
+    other than p2p when no plan can have cp > 1 (cp neither searched nor pinned above 1) or
+    that the framework does not run, raise MeshplanError naming the option."""
+    from meshplan.tuning import framework_cp_comms
+
+    runs = framework_cp_comms(framework)
+    if search and pinned is not None:
+        raise MeshplanError(f"--search-cp searches the context-parallel degree, but cp is pinned to "
+                            f"{pinned}; drop one of them")
+    if search and not runs:
+        raise MeshplanError(f"--search-cp: framework {framework} runs no context parallelism (its "
+                            "profile's kernels.cp_comms is empty); choose a --framework that does "
+                            "(megatron-core, fsdp2, ...)")
+    if cp_comm == "p2p":
+        return
+    if not search and (pinned or 1) == 1:
+        raise MeshplanError(f"--cp-comm {cp_comm} sets the K/V exchange of context-parallel plans, "
+                            "but no plan has cp > 1: add --search-cp or pin --cp N (N > 1)")
+    if cp_comm not in runs:
+        raise MeshplanError(f"--cp-comm {cp_comm}: framework {framework} runs "
+                            f"{_either(runs) if runs else 'no context parallelism'}")
 
 
 def check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,

@@ -75,10 +75,14 @@ def annotation_of(c: Candidate, model: str, seq_len: int,
 
 def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
                 dtype: str = "bfloat16", user_annotation: Any = "megatron",
-                framework: str = "megatron-core", attention: str | None = None) -> Strategy:
+                framework: str = "megatron-core", attention: str | None = None,
+                cp_comm: str = "p2p") -> Strategy:
     """The meshplan Strategy of a candidate, run by ``framework`` (a profile of
-    ``simulator.profiles``) with ``attention`` (None: the model's own)."""
+    ``simulator.profiles``) with ``attention`` (None: the model's own); ``cp_comm`` is the
+    context-parallel K/V exchange (``completion.strategy.CP_COMMS``) of a candidate with
+    cp > 1 (one with cp 1 exchanges nothing: p2p)."""
     return Strategy(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, vpp=c.vpp, schedule=c.schedule,
+                    cp_comm=cp_comm if c.cp > 1 else "p2p",
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
                     recompute=c.recompute, zero=c.zero, fsdp_shard_size=c.fsdp_shard_size,
                     sequence_parallel=c.sequence_parallel, dtype=dtype, ep=c.ep,
@@ -88,10 +92,10 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
 
 
 def _software(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The framework and attention of a scorer config (defaults: megatron-core, the
-    model's own attention)."""
+    """The framework, attention and context-parallel exchange of a scorer config (defaults:
+    megatron-core, the model's own attention, p2p)."""
     return {"framework": config.get("framework") or "megatron-core",
-            "attention": config.get("attention")}
+            "attention": config.get("attention"), "cp_comm": config.get("cp_comm") or "p2p"}
 
 
 #: the scorer config's ``layer_split`` values (``simulator.layer_split.SPLITS``)
@@ -170,7 +174,8 @@ def make_scorer(config: Mapping[str, Any]):
 
     ``config``: model, cluster, nodes, global_batch_size, seq_len, dtype, annotation (the
     user's, semi-auto), num_layers (optional override, small test spaces), framework and
-    attention (optional; the Strategy fields), memory_headroom (optional fraction of usable
+    attention (optional; the Strategy fields), cp_comm (optional, default p2p: the K/V
+    exchange of the candidates with cp > 1), memory_headroom (optional fraction of usable
     memory a plan leaves free, default ``clusters.spec.DEFAULT_MEMORY_HEADROOM``): the
     score's memory limit is ``device.memory_limit(memory_headroom)``; layer_split (optional,
     :func:`with_layer_split`: each candidate costed with that pipeline split)."""
@@ -226,5 +231,24 @@ def framework_schedules(framework: str, every: bool = False) -> tuple[str, ...]:
     return tuple(s for s in SCHEDULES if runs_schedule(runs.value, s))
 
 
-__all__ = ["LAYER_SPLITS", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
+def framework_cp_comms(framework: str) -> tuple[str, ...]:
+    """The context-parallel K/V exchanges ``framework`` runs (its profile's
+    ``kernels.cp_comms``; every one of ``completion.strategy.CP_COMMS`` when the profile
+    does not say); empty: the framework has no context parallelism."""
+    from completion.strategy import CP_COMMS
+    from simulator.profiles import load_profile
+
+    runs = load_profile(framework).kernels.cp_comms
+    return CP_COMMS if runs is None else runs.value
+
+
+def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
+    """The context-parallel degrees ``meshplan tune --search-cp`` tries: 1 and every divisor
+    c > 1 of the world size with 2c dividing the sequence (the load-balanced causal split,
+    ``tuner.legality.cp_load_balance``), increasing."""
+    return tuple(c for c in range(1, world_size + 1)
+                 if world_size % c == 0 and (c == 1 or seq_len % (2 * c) == 0))
+
+
+__all__ = ["LAYER_SPLITS", "framework_cp_comms", "search_cp_degrees", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
            "framework_schedules", "runs_schedule", "search_problem", "template_kinds", "to_plan", "to_strategy"]

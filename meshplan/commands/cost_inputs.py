@@ -103,7 +103,8 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
                              else attention_source(attention_flag, src)),
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }
-    rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine)) if w]
+    rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine),
+                                   unrun_cp_warning(engine)) if w]
     return rec
 
 
@@ -120,6 +121,19 @@ def unrun_schedule_warning(engine: Any) -> str | None:
     return (f"the {s.framework} profile's framework does not run {s.schedule} (it runs "
             f"{', '.join(runs.value)}): costed as asked; meshplan export costs what the "
             "framework runs instead")
+
+
+def unrun_cp_warning(engine: Any) -> str | None:
+    """One line when the plan has cp > 1 with a K/V exchange its framework profile does not
+    run (``kernels.cp_comms``: DeepSpeed, Megatron-LM 2021 and llm-foundry run no context
+    parallelism): the figures are those of a step the framework cannot take. None otherwise."""
+    s = engine.strategy
+    runs = engine.profile.kernels.cp_comms
+    if s.cp == 1 or runs is None or s.cp_comm in runs.value:
+        return None
+    what = "runs no context parallelism" if not runs.value else \
+        f"does not run the {s.cp_comm} K/V exchange (it runs {', '.join(runs.value)})"
+    return f"the {s.framework} profile's framework {what}: cp {s.cp} costed as asked"
 
 
 def idle_gpu_warning(rec: dict[str, Any]) -> str | None:

@@ -181,6 +181,17 @@ def _note_cpu_cluster(cluster: str, nodes: int | None, framework: str, dtype: st
                "plans it measures as predicted", err=True)
 
 
+def _note_unrun_cp(pinned: int | None, framework: str) -> None:
+    """One ``note:`` line on stderr when cp > 1 is pinned under a framework that runs no
+    context parallelism (``meshplan.tuning.framework_cp_comms`` empty): costed as asked,
+    but the plan cannot run there."""
+    from meshplan.tuning import framework_cp_comms
+
+    if (pinned or 1) > 1 and not framework_cp_comms(framework):
+        typer.echo(f"note: the {framework} profile's framework runs no context parallelism: plans "
+                   f"with cp {pinned} are costed as asked, but cannot run under it", err=True)
+
+
 def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
     """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
     (``meshplan.tuning.framework_schedules``): the search costs it as asked, but the plan cannot run
@@ -285,6 +296,7 @@ def tune_cmd(
     tp: int | None = opt.TP_PIN,
     pp: int | None = opt.PP_PIN,
     cp: int | None = opt.CP_PIN,
+    cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int | None = opt.EP_PIN,
     vpp: int | None = opt.VPP_PIN,
     schedule: opt.Schedule | None = opt.SCHEDULE_PIN,
@@ -334,6 +346,10 @@ def tune_cmd(
                                             "not run (ZB-H1, ZB-2p ... under Megatron-LM): by "
                                             "default a search tries only the --framework "
                                             "profile's (pipeline.schedules)."),
+    search_cp: bool = typer.Option(False, "--search-cp",
+                                   help="Also search context parallelism: cp over every divisor "
+                                        "of the GPUs whose 2 cp divides --seq-len (long sequences), "
+                                        "under a --framework that runs it; pin one with --cp N."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
@@ -377,7 +393,8 @@ def tune_cmd(
                             fixed, sampler, layers, cross_node_tp,
                             opt.value(mg.dtype_of(ctx, dtype, megatron)),
                             opt.value(framework), opt.value(attention), memory_headroom,
-                            search_hsdp, search_fp8, split, all_schedules)
+                            search_hsdp, search_fp8, split, all_schedules, search_cp,
+                            opt.value(cp_comm))
 
     try:
         cfg = config_for(nodes)
@@ -385,6 +402,7 @@ def tune_cmd(
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     if fixed.get("pp") != 1:  # one stage runs no pipeline schedule
         _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
+    _note_unrun_cp(fixed.get("cp"), opt.value(framework))
     _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
                                 seed_from_bound, objective, max_step_time, gpus, nodes, cluster)

@@ -118,6 +118,24 @@ class CpAttention(_Quantity):
         return v
 
 
+class CpComms(_Quantity):
+    """The context-parallel K/V exchanges a framework runs, as ``completion.strategy.CP_COMMS``
+    names them (``p2p``: the ring; ``all_gather``); empty: the framework has no context
+    parallelism."""
+
+    value: tuple[str, ...]
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from completion.strategy import CP_COMMS
+
+        bad = [x for x in v if x not in CP_COMMS]
+        if bad:
+            raise ValueError(f"unknown cp exchange(s) {bad}; known: {list(CP_COMMS)}")
+        return v
+
+
 class AttentionChoice(_Quantity):
     """An attention implementation: ``flash`` or ``unfused``."""
 
@@ -193,7 +211,10 @@ _NO_EAGER = EagerMap(value=(), provenance="no eager decomposition: each op one k
 class Kernels(BaseModel):
     """Kernel-level facts: fusion, eager implementations, attention and its
     context-parallel implementation (``cp_attention``; None: ``simulator.cp_impls``'s
-    default), where MoE router weights are applied (``moe_probs``; None: ``combine``)."""
+    default) and the K/V exchanges it runs (``cp_comms``; None: every one, empty: no context
+    parallelism; ``meshplan tune --search-cp`` searches cp only under a framework that runs
+    it, and ``cost`` says when a plan's is not run), where MoE router weights are applied
+    (``moe_probs``; None: ``combine``)."""
 
     model_config = _STRICT
     fused: Groups
@@ -202,6 +223,7 @@ class Kernels(BaseModel):
     attention_kernel: AttentionKernel
     eager: EagerMap = _NO_EAGER
     cp_attention: CpAttention | None = None
+    cp_comms: CpComms | None = None
     moe_probs: MoeProbs | None = None
 
     @field_validator("eager")
