@@ -225,11 +225,7 @@ def cost_cmd(
                                   ("--global-batch", global_batch)) if v is None]
         raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
                             "PLAN.json (meshplan cost runs/7b/plan.json)")
-    megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
-                               recompute_num_layers, recompute_activations,
-                               use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
-                               fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
-                               optimizer=megatron_optimizer)
+    megatron = mg.MegatronArgs.from_params(locals())
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
                            "zero": zero, "dtype": dtype}, megatron,
                      lambda: mg.model_layers(model, seq_len, layers))

@@ -139,11 +139,7 @@ def export_cmd(
                  "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
                  "dtype": dtype,
                  "framework": framework, "attention": attention}
-        megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
-                                   recompute_num_layers, recompute_activations,
-                                   use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
-                                   fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
-                                   optimizer=megatron_optimizer)
+        megatron = mg.MegatronArgs.from_params(locals())
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:

@@ -39,7 +39,7 @@ typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -151,6 +151,21 @@ class MegatronArgs:
     fp8_recipe: Any = None
     fp8_amax_algo: str | None = None
     optimizer: Any = None
+
+    #: the command parameter (the typer function's argument) of each field
+    PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
+              "method": "recompute_method", "recompute_layers": "recompute_num_layers",
+              "recompute_activations": "recompute_activations",
+              "distributed_optimizer": "use_distributed_optimizer", "bf16": "bf16", "fp16": "fp16",
+              "fp8_format": "fp8_format", "fp8_recipe": "fp8_recipe",
+              "fp8_amax_algo": "fp8_amax_compute_algo", "optimizer": "megatron_optimizer"}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> MegatronArgs:
+        """The Megatron arguments of a command's parameters (its ``locals()``: the names of
+        :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``). Raises
+        KeyError naming a parameter the command lacks."""
+        return cls(**{f: params[p] for f, p in cls.PARAMS.items()})
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""

@@ -377,11 +377,7 @@ def tune_cmd(
         raise MeshplanError(f"--timeout must be > 0 seconds (and finite), got {timeout}")
     mode_name = opt.value(mode)
     split = _split_word(ctx, layers_per_stage)
-    megatron = mg.MegatronArgs(vpp_layers, recompute_granularity, recompute_method,
-                               recompute_num_layers, recompute_activations,
-                               use_distributed_optimizer, bf16=bf16, fp16=fp16, fp8_format=fp8_format,
-                               fp8_recipe=fp8_recipe, fp8_amax_algo=fp8_amax_compute_algo,
-                               optimizer=megatron_optimizer)
+    megatron = mg.MegatronArgs.from_params(locals())
     fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp,
                              "schedule": schedule, "micro_batch_size": micro_batch_size,
                              "recompute": recompute, "zero": zero,
