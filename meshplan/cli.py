@@ -120,8 +120,29 @@ def _root(
     """meshplan command line."""
 
 
+def reflow_help(text: str) -> str:
+    """``text`` (a command's docstring) with each paragraph on one line: typer 0.29's rich
+    help keeps the single line breaks of every paragraph after the first, so a docstring
+    wrapped at the source's width printed broken mid-sentence."""
+    import inspect
+
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _reflow_commands(t: typer.Typer) -> None:
+    """Every command's help of ``t`` and of its sub-groups reflowed (:func:`reflow_help`)."""
+    for info in t.registered_commands:
+        text = info.help or (info.callback.__doc__ if info.callback else None)
+        if text:
+            info.help = reflow_help(text)
+    for group in t.registered_groups:
+        if group.typer_instance is not None:
+            _reflow_commands(group.typer_instance)
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+_reflow_commands(app)
 
 
 #: exit code of an interrupted command (typer: KeyboardInterrupt -> Exit(130), 128 + SIGINT)

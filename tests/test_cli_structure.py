@@ -161,3 +161,19 @@ def test_demo_bad_input_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "not written by the demo" in proc.stderr
     assert (foreign / "keep.txt").read_text() == "x"
+
+
+def test_command_help_paragraphs_are_reflowed(capsys):
+    """typer 0.29 keeps a docstring's line breaks after its first paragraph: the CLI joins
+    each paragraph (``cli.reflow_help``), so help never breaks mid-sentence at the source's
+    wrap (tune's said "CLUSTER a" / "catalog name" on two lines)."""
+    assert cli.reflow_help("One line.\n\n    Two\n    lines.\n\n    Three.") == "One line.\n\nTwo lines.\n\nThree."
+    for app_cmd in cli.app.registered_commands:
+        if app_cmd.help:
+            assert all("\n" not in p for p in app_cmd.help.split("\n\n")), app_cmd.name
+    rc, out, _ = run_main(capsys, "tune", "--help")
+    assert rc == 0
+    words = " ".join(out.split())
+    assert "Hugging Face config.json file or its folder; CLUSTER a catalog name" in words
+    lines = [ln.strip(" │") for ln in out.splitlines()]
+    assert "CLUSTER a" not in lines and not any(ln.rstrip().endswith("CLUSTER a") for ln in lines)

@@ -355,8 +355,9 @@ def tune_cmd(
                                           "N of dp, 2 <= N < dp); pin one with --fix "
                                           "fsdp_shard_size=N."),
 ) -> None:
-    """Search the fastest plan of MODEL on CLUSTER that fits in memory (with --gpus: the
-    cheapest cluster size and its plan).
+    """Search the fastest plan of MODEL on CLUSTER that fits in memory (--gpus: the cheapest size).
+
+    With --gpus, one search per cluster size picks the cheapest size and its plan.
 
     MODEL is a built-in model name, a Hugging Face config.json file or its folder; CLUSTER a
     catalog name or a cluster YAML file. The strategy options (--tp, --pp, ... and their
