@@ -82,6 +82,10 @@ def test_the_summary_names_what_sets_a_config_apart(capsys, tmp_path):
     first = out.splitlines()[0]
     assert ("(llama builder: rms_norm sandwich, geglu_tanh, rope positions, GQA 16/8 heads, "
             "sliding window 4096 on 21 of 42 layers), 42 layers") in first
+    rc, out, err = run_main(capsys, "program", "show", "--model", str(cfg), "--layers", "4",
+                            "--seq-len", "16", "--summary-only")  # the layers built: 0 and 2
+    assert rc == 0, err
+    assert "sliding window 4096 on 2 of 4 layers), 4 layers" in out.splitlines()[0]
     cfg = cfg.with_name("qwen3-30b-a3b.json")  # qk-norm and routing are named too
     rc, out, err = run_main(capsys, "program", "show", "--model", str(cfg), "--layers", "1",
                             "--batch-size", "1", "--seq-len", "16", "--summary-only")

@@ -469,3 +469,58 @@ def test_an_expert_count_of_another_type_is_refused_under_a_dense_type(value):
            "num_experts": value}
     with pytest.raises(ModelConfigError, match="num_experts = .* must be an integer"):
         config_from_hf_dict(raw)
+
+
+@pytest.mark.parametrize("mt, heads, hidden, want_head_dim", [
+    ("qwen3", 16, 1024, 128),   # transformers Qwen3Config(head_dim=128); h / a would be 64
+    ("gemma", 16, 3072, 256),   # GemmaConfig(head_dim=256); h / a would be 192
+    ("gemma2", 8, 2304, 256),   # Gemma2Config(head_dim=256); h / a would be 288
+])
+def test_an_absent_head_dim_takes_transformers_default(mt, heads, hidden, want_head_dim):
+    raw = {"model_type": mt, "hidden_size": hidden, "intermediate_size": 4 * hidden,
+           "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": heads,
+           "vocab_size": 256, "max_position_embeddings": 64}
+    if mt == "gemma2":
+        raw["sliding_window"] = 32  # stated: only the head_dim default warns
+    with pytest.warns(ModelConfigWarning, match="'head_dim' is absent: transformers' default"):
+        cfg = config_from_hf_dict(dict(raw))
+    assert cfg.head_dim == want_head_dim
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ModelConfigWarning)
+        assert config_from_hf_dict(dict(raw, head_dim=hidden // heads)).head_dim == hidden // heads
+
+
+def test_qwen3_0_6b_without_head_dim_has_its_published_parameter_count():
+    """Qwen3-0.6B's sizes without the head_dim key: embedding 151936 * 1024 = 155,582,464,
+    a layer q 1024 x 2048 + k, v 2 x 1024 x 1024 + o 2048 x 1024 + MLP 3 x 1024 x 3072 +
+    norms 2 x 1024 + q/k norms 2 x 128 = 15,730,944; 28 layers, final norm, tied head:
+    596,049,920 (the published count)."""
+    raw = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+           "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+           "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": True}
+    with pytest.warns(ModelConfigWarning):
+        cfg = config_from_hf_dict(raw)
+    assert 155_582_464 + 28 * 15_730_944 + 1024 == 596_049_920
+    assert build_model(cfg, 1, seq_len=8).num_parameters() == 596_049_920
+
+
+@pytest.mark.parametrize("mt, extra, window", [
+    ("mistral", {}, 4096),                                  # MistralConfig(sliding_window=4096)
+    ("mistral", {"sliding_window": None}, None),            # stated null: no window
+    ("gemma2", {"head_dim": 16}, 4096),                     # Gemma2Config(sliding_window=4096)
+    ("qwen2", {"use_sliding_window": True}, 4096),          # Qwen2Config(sliding_window=4096)
+    ("qwen2", {}, None),                                    # switched off by default
+    ("mixtral", {}, None),                                  # MixtralConfig(sliding_window=None)
+])
+def test_an_absent_sliding_window_takes_transformers_default(mt, extra, window):
+    raw = {"model_type": mt, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+           "max_position_embeddings": 64, **extra}
+    if mt == "mixtral":
+        raw |= {"num_local_experts": 4, "num_experts_per_tok": 2}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cfg = config_from_hf_dict(raw)
+    assert cfg.sliding_window == window
+    said = [str(w.message) for w in seen if "'sliding_window' is absent" in str(w.message)]
+    assert len(said) == (1 if "sliding_window" not in extra and window else 0)

@@ -208,10 +208,16 @@ def _activation(raw: dict[str, Any], name: str, spec: HFModelType) -> str:
 
 def _sliding_window(raw: dict[str, Any], name: str, spec: HFModelType) -> int | None:
     """``sliding_window`` when the architecture reads it and ``use_sliding_window`` is true
-    (absent: the architecture's default, ``HFModelType.sliding_switch_default``); None
-    otherwise."""
+    (absent: the architecture's default, ``HFModelType.sliding_switch_default``); an absent
+    ``sliding_window`` is ``HFModelType.window_default`` (transformers' config default, with a
+    warning), a null one no window; None otherwise."""
     if not spec.sliding or not _bool_key(raw, name, "use_sliding_window", spec.sliding_switch_default):
         return None
+    if "sliding_window" not in raw and spec.window_default is not None:
+        warnings.warn(f"{name}: 'sliding_window' is absent: transformers' default for this "
+                      f"model_type, {spec.window_default}, applies (write sliding_window: null for "
+                      "none)", ModelConfigWarning, stacklevel=3)
+        return spec.window_default
     v = raw.get("sliding_window")
     if v is None:
         return None
@@ -373,6 +379,11 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     else:
         ffn = _key(raw, name, *spec.ffn_keys)
     head_dim = raw.get(spec.head_dim_key) if spec.head_dim_key else None
+    if spec.head_dim_key and spec.head_dim_key not in raw and spec.head_dim_default is not None:
+        head_dim = spec.head_dim_default
+        warnings.warn(f"{name}: {spec.head_dim_key!r} is absent: transformers' default for this "
+                      f"model_type, {head_dim}, applies (not hidden_size / num_attention_heads)",
+                      ModelConfigWarning, stacklevel=2)
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and head_dim == hidden // heads \
             and hidden % heads == 0:
         head_dim = None  # the default, stated

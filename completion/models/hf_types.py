@@ -97,8 +97,13 @@ class HFModelType:
             Hugging Face LLaMA also applies it to o_proj). mlp_bias_key: the MLP's.
         qk_norm: ModelConfig.qk_norm of the architecture.
         eps_keys: keys of the norm epsilon. tie_default: ``tie_word_embeddings`` absent.
-        head_dim_key: key of an explicit per-head size (None: h / a).
+        head_dim_key: key of an explicit per-head size (None: h / a). head_dim_default: the
+            per-head size when that key is absent (transformers' config default: 128 for
+            ``Qwen3Config``, 256 for ``GemmaConfig`` / ``Gemma2Config``; None: h / a).
         sliding: reads ``sliding_window`` (``use_sliding_window`` gates it when present).
+        window_default: ``sliding_window`` when the key is absent (transformers' default:
+            4096 for ``MistralConfig``, ``Gemma2Config`` and the Qwen configs, where
+            ``use_sliding_window`` must switch it on; None: no window).
         sliding_switch_default: ``use_sliding_window`` when the config leaves it out (False
             for the Qwen families: transformers' ``Qwen2Config`` / ``Qwen3Config`` /
             ``Qwen2MoeConfig`` / ``Qwen3MoeConfig`` default it to False, so their
@@ -132,7 +137,9 @@ class HFModelType:
     eps_keys: tuple[str, ...] = ("rms_norm_eps",)
     tie_default: bool = False
     head_dim_key: str | None = None
+    head_dim_default: int | None = None
     sliding: bool = False
+    window_default: int | None = None
     sliding_switch_default: bool = True
     sliding_every: int = 1
     window_from_key: str | None = None
@@ -163,23 +170,24 @@ _GPT = HFModelType("gpt", act_keys=("activation_function", "hidden_act"), act_de
 
 #: the Qwen families' windowed layers: from ``max_window_layers`` on (default 28:
 #: transformers ``Qwen2Config``, ``Qwen3Config``, ``Qwen2MoeConfig``, ``Qwen3MoeConfig``)
-_QWEN_WINDOWS: dict[str, Any] = {"window_from_key": "max_window_layers", "window_from_default": 28}
+_QWEN_WINDOWS: dict[str, Any] = {"window_from_key": "max_window_layers", "window_from_default": 28,
+                                  "window_default": 4096}
 
 #: model_type -> how its config.json maps (module docstring)
 MODEL_TYPES: dict[str, HFModelType] = {
     "llama": _LLAMA,
-    "mistral": HFModelType("llama", head_dim_key="head_dim", sliding=True),
+    "mistral": HFModelType("llama", head_dim_key="head_dim", sliding=True, window_default=4096),
     "qwen2": HFModelType("llama", qkv_bias=True, o_bias=False, sliding=True, sliding_switch_default=False,
                          **_QWEN_WINDOWS),
     "qwen3": HFModelType("llama", bias_key="attention_bias", qk_norm="head", head_dim_key="head_dim",
-                         sliding=True, sliding_switch_default=False, **_QWEN_WINDOWS),
+                         head_dim_default=128, sliding=True, sliding_switch_default=False, **_QWEN_WINDOWS),
     "gemma": HFModelType("llama", act_keys=("hidden_activation", "hidden_act"),
                          act_default="gelu_pytorch_tanh", bias_key="attention_bias",
-                         head_dim_key="head_dim", tie_default=True),
+                         head_dim_key="head_dim", head_dim_default=256, tie_default=True),
     "gemma2": HFModelType(
         "llama", act_keys=("hidden_activation", "hidden_act"), act_default="gelu_pytorch_tanh",
         norm_placement="sandwich", bias_key="attention_bias", head_dim_key="head_dim",
-        tie_default=True, sliding=True, sliding_every=2,
+        head_dim_default=256, tie_default=True, sliding=True, sliding_every=2, window_default=4096,
         unmodelled=(Unmodelled("attn_logit_softcapping", "attention logits not soft-capped "
                                "(flash kernels cost the same; an elementwise tanh omitted)"),
                     Unmodelled("final_logit_softcapping", "LM-head logits not soft-capped "

@@ -66,6 +66,8 @@ def show_cmd(
 
     cfg = get_model_config(model)
     program = build_model(cfg, batch_size, seq_len, dtype=dtype, num_layers=layers)
+    if layers is not None:  # the summary describes the layers built
+        cfg = cfg.replace(num_layers=layers)
     if not summary_only:
         typer.echo(print_program(program).rstrip("\n"))
     n_layers = layers if layers is not None else cfg.num_layers
