@@ -236,15 +236,21 @@ class Roofline:
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``, ``float8_e4m3fn`` finds
         ``fp8``; bf16 and fp16 stand in for each other). Integer and unknown dtypes use the
-        largest listed 16-bit rate, else the largest rate; FP8 never falls back. Raises
-        SimulatorError if none is listed, FP8 has no peak, or a 16-bit float dtype finds no
-        16-bit peak (it would otherwise run at the fp32 rate without a word)."""
+        largest listed 16-bit rate, else the largest rate; FP8 and fp32 never fall back. Raises
+        SimulatorError if none is listed, FP8 or fp32 has no peak of its own (fp32 would
+        otherwise run at the 16-bit tensor-core rate, about 15x an H100's fp32), or a 16-bit
+        float dtype finds no 16-bit peak (it would otherwise run at the fp32 rate without a
+        word)."""
         for alias in _DTYPE_ALIASES.get(dtype, (dtype,)):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]
         if dtype.startswith("float8"):  # FP8 GEMMs never fall back to a 16-bit rate
             raise SimulatorError(f"roofline: {dtype} GEMMs need the device's fp8 peak_flops; it "
                                  f"lists {', '.join(sorted(self.peak_flops))}")
+        if dtype == "float32":  # never at the 16-bit tensor-core rate, silently
+            raise SimulatorError(f"roofline: float32 GEMMs need the device's fp32 peak "
+                                 f"(device.peak_flops fp32 or tf32); it lists "
+                                 f"{', '.join(sorted(self.peak_flops)) or 'none'}")
         for alias in ("bf16", "fp16", "bfloat16", "float16"):
             if alias in self.peak_flops:
                 return self.peak_flops[alias]

@@ -165,6 +165,22 @@ def test_a_16_bit_dtype_never_runs_at_the_fp32_rate_silently():
     assert only32.peak("float32") == 2e13 and only32.peak("int64") == 2e13
 
 
+def test_fp32_never_runs_at_the_16_bit_rate_silently():
+    """The converse (found by a bad-input hunt: a cluster YAML without an fp32 peak costed a
+    --dtype float32 llama2-7b plan at the bf16 tensor-core rate, 382 ms instead of 2,261 ms,
+    and `clusters validate` said ok): float32 GEMMs need fp32 (or tf32) and are refused
+    naming the field; tf32 stands in; bf16 plans are unaffected."""
+    from simulator.errors import SimulatorError
+
+    kw = dict(gemm_efficiency=1.0, gemm_half_flops=1.0, mem_bandwidth=1e10, mem_efficiency=1.0,
+              kernel_overhead=1e-5)
+    no32 = Roofline(peak_flops={"bf16": 9.89e14, "fp8": 1.979e15}, **kw)
+    with pytest.raises(SimulatorError, match=r"float32 GEMMs need the device's fp32 peak .*lists bf16, fp8"):
+        no32.peak("float32")
+    assert no32.peak("bfloat16") == 9.89e14 and no32.peak("int64") == 9.89e14
+    assert Roofline(peak_flops={"bf16": 9.89e14, "tf32": 4.95e14}, **kw).peak("float32") == 4.95e14
+
+
 def test_mfu_peak_is_the_largest_floating_point_peak_other_than_fp8():
     """MFU's denominator (simulator.step): an A100's BF16 312 TFLOP/s even beside an int8
     624 TOP/s entry (the reviewer's case) and an H100's FP8 1979; a CPU that emulates bf16
