@@ -114,3 +114,32 @@ def test_tune_on_a_cpu_host_says_which_plans_validate_can_compare(capsys):
     assert rc in (0, 1) and "note: cpu-local is a CPU host: meshplan validate predicts a plan" in err
     rc, _, err = run_main(capsys, *base, "--framework", "eager", "--dtype", "float32")
     assert rc in (0, 1) and "CPU host" not in err
+
+
+@pytest.mark.parametrize("typed, want", [("ZB-2p", "ZB"), ("zb", "ZB"), ("ZBH2", "ZBH2"),
+                                         ("zb-1p", "ZB-1p"), ("zbv", "ZBVPP"), ("gpipe", "FThenB"),
+                                         ("1F1B-I", "VPP")])
+def test_tune_pins_every_schedule_cost_names(typed, want):
+    """Found by a bad-input hunt: tune's --schedule help says "names as cost's --schedule",
+    but ZB-2p, ZBH2 and ZB-1p were refused, and --fix schedule=zbv / gpipe too. Each spelling
+    now pins the tuner's name (ZB-2p is the tuner's ZB); ZB-H2 and ZB-1p, which no search
+    tries unasked, can be pinned."""
+    from tuner.space import parse_fix, tuner_schedule
+
+    assert tuner_schedule(typed) == want
+    assert parse_fix(f"schedule={typed}") == {"schedule": want}
+    space = _tune_config("llama2-7b", "dgx-a100-80g", 1, 32, 2048, "pattern-based", 0, False,
+                         f"schedule={typed},pp=2", "tpe", 4, False, framework="eager").space
+    assert space.schedule_choices() == [want]
+
+
+def test_an_unknown_pinned_schedule_names_the_known_ones(capsys):
+    from tuner.space import SpaceError, parse_fix
+
+    with pytest.raises(SpaceError, match=r"--fix: schedule 'Looped' is not one of \['FThenB'.*'ZB-1p'\]"):
+        parse_fix("schedule=Looped")
+    rc, out, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                            "--global-batch", "16", "--layers", "4", "--trials", "2", "--pp", "2",
+                            "--storage", "memory", "--no-progress", "--schedule", "ZBH2")
+    assert rc == 0, err
+    assert "note: the megatron-core profile's framework does not run ZBH2 (it runs 1F1B, VPP)" in err

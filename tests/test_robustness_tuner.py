@@ -27,7 +27,7 @@ def test_duplicate_knob_is_refused(text, msg):
     ("dp=3", "dp=3 does not divide the world size 8"),
     ("dp=8,tp=8", "does not divide the world size 8"),
     ("dp=2,tp=2,pp=1", "dp\\*tp\\*pp = 4 but the world size is 8"),
-    ("schedule=bogus", "schedule='bogus' is not one of"),
+    ("schedule=bogus", "schedule 'bogus' is not one of"),
     ("zero=7", "zero=7 is not one of"),
     ("vpp=0", "vpp=0 must be an integer >= 1"),
 ])

@@ -29,11 +29,26 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from completion.models.config import MAX_MODEL_SIZES
-from completion.strategy import FP8_RECIPES, MAX_BATCH
+from completion.strategy import FP8_RECIPES, MAX_BATCH, StrategyError, canonical_schedule
 from tuner.errors import TunerError
 
 #: Pipeline schedules the tuner searches (ZB is ZB-2p of Qi et al. 2024).
 SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBVPP", "ZB")
+#: Schedules a search may be pinned to (``--fix schedule=...``, ``--schedule``): the searched
+#: ones and the engine's ZB-H2 and ZB-1p, which no search tries unasked.
+PINNABLE_SCHEDULES = (*SCHEDULES, "ZBH2", "ZB-1p")
+
+
+def tuner_schedule(name: Any) -> str:
+    """A schedule name in the tuner's vocabulary: any spelling ``cost --schedule`` takes
+    (case-insensitive; aliases such as ``GPipe``, ``ZB-V``; ``completion.strategy.
+    canonical_schedule``), with ZB-2p as ``ZB``. Raises SpaceError naming the known ones."""
+    try:
+        canon = canonical_schedule(name)
+    except StrategyError:
+        raise SpaceError(f"schedule {name!r} is not one of {list(PINNABLE_SCHEDULES)} (or their "
+                         "aliases, as cost's --schedule takes them)") from None
+    return "ZB" if canon == "ZB-2p" else canon
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")
@@ -240,6 +255,12 @@ def parse_fix(text: str | None) -> dict[str, Any]:
         if k in out:
             raise SpaceError(f"--fix: knob {k!r} is given twice (in {text!r})")
         typ = FIXABLE[k]
+        if k == "schedule":
+            try:
+                out[k] = tuner_schedule(v)
+            except SpaceError as e:
+                raise SpaceError(f"--fix: {e}") from None
+            continue
         try:
             if typ is bool:
                 if v.lower() not in ("true", "false", "1", "0"):
@@ -253,7 +274,7 @@ def parse_fix(text: str | None) -> dict[str, Any]:
 
 
 _FIX_CHOICES: dict[str, tuple[Any, ...]] = {
-    "schedule": SCHEDULES, "recompute": RECOMPUTE, "zero": ZERO_STAGES,
+    "schedule": PINNABLE_SCHEDULES, "recompute": RECOMPUTE, "zero": ZERO_STAGES,
     "sequence_parallel": (False, True), "fp8": ("none", *FP8_RECIPES)}
 
 

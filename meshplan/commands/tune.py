@@ -120,12 +120,11 @@ def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
     """The knobs pinned by ``--fix`` and by the strategy options (``flags``: field -> value or
     None, not given) with the Megatron arguments ``m`` translated (``megatron_args.apply``).
     Raises MeshplanError when an option and ``--fix`` pin one knob to different values."""
-    from completion.strategy import canonical_schedule
-    from tuner.space import parse_fix
+    from tuner.space import parse_fix, tuner_schedule
 
     pins = {k: opt.value(v) for k, v in flags.items() if v is not None}
     if "schedule" in pins:
-        pins["schedule"] = canonical_schedule(pins["schedule"])
+        pins["schedule"] = tuner_schedule(pins["schedule"])
     pins = mg.apply(ctx, pins, m, num_layers, searched=True)
     if pins.pop("optimizer", "adamw") != "adamw":
         raise MeshplanError(f"--optimizer {opt.value(m.optimizer)}: tune scores AdamW plans (Megatron's "
@@ -194,15 +193,16 @@ def _note_unrun_cp(pinned: int | None, framework: str) -> None:
 
 def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
     """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
-    (``meshplan.tuning.framework_schedules``): the search costs it as asked, but the plan cannot run
-    under that framework."""
-    from meshplan.tuning import framework_schedules
+    (its profile's ``pipeline.schedules``, ``meshplan.tuning.runs_schedule``; none listed:
+    every one): the search costs it as asked, but the plan cannot run under that framework."""
+    from meshplan.tuning import runs_schedule
+    from simulator.profiles import load_profile
 
-    if pinned is None or every or pinned in framework_schedules(framework):
+    runs = load_profile(framework).pipeline.schedules
+    if pinned is None or every or runs is None or runs_schedule(runs.value, pinned):
         return
     typer.echo(f"note: the {framework} profile's framework does not run {pinned} (it runs "
-               f"{', '.join(framework_schedules(framework))}): plans are costed as asked, but "
-               "cannot run there", err=True)
+               f"{', '.join(runs.value)}): plans are costed as asked, but cannot run there", err=True)
 
 
 def _note_other_studies(out: Path, name: str) -> None:
