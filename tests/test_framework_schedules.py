@@ -143,3 +143,19 @@ def test_an_unknown_pinned_schedule_names_the_known_ones(capsys):
                             "--storage", "memory", "--no-progress", "--schedule", "ZBH2")
     assert rc == 0, err
     assert "note: the megatron-core profile's framework does not run ZBH2 (it runs 1F1B, VPP)" in err
+
+
+def test_compare_warns_as_cost_does(capsys):
+    """Found by a bad-input hunt: cost warned about ZB-H1 under DeepSpeed, compare of the same
+    plans said nothing, and its --json rows had no warnings."""
+    args = ("compare", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "2", "--dp", "2",
+            "--tp", "4", "--pp", "2", "--global-batch", "16", "--layers", "4", "--framework", "deepspeed",
+            "--schedules", "ZBH1,1F1B")
+    rc, out, err = run_main(capsys, *args)
+    assert rc == 0, err
+    assert ("warning: schedule=ZBH1: the deepspeed profile's framework does not run ZBH1 (it runs "
+            "1F1B)") in err and "schedule=1F1B:" not in err
+    rc, out, err = run_main(capsys, *args, "--json")
+    rows = json.loads(out)
+    assert [r["schedule"] for r in rows] == ["ZBH1", "1F1B"]
+    assert len(rows[0]["warnings"]) == 1 and rows[1]["warnings"] == []

@@ -263,6 +263,7 @@ def compare_cmd(
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
     from meshplan.commands.cost import memory_fit
+    from meshplan.commands.cost_inputs import unrun_cp_warning, unrun_schedule_warning
     from meshplan.engine import Engine
 
     if global_batch is None:
@@ -291,8 +292,9 @@ def compare_cmd(
             rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split())})
             continue
         cl = engine.cluster
-        rows.append(_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
-                         strategy.world_size, cl.num_nodes * cl.devices_per_node))
+        rows.append({**_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
+                            strategy.world_size, cl.num_nodes * cl.devices_per_node),
+                     "warnings": [w for w in (unrun_schedule_warning(engine), unrun_cp_warning(engine)) if w]})
         panels.append((label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]
@@ -307,6 +309,9 @@ def compare_cmd(
         write_plot()
         return
     _echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
+    for knobs_row in rows:  # as cost warns: a plan its framework cannot run
+        for w in knobs_row.get("warnings") or ():
+            typer.echo(f"warning: {label(knobs_row, varied)}: {w}", err=True)
     write_plot()
     if plot is not None:
         typer.echo(f"wrote {plot}")
