@@ -33,7 +33,16 @@ Consistency (every check raises a PirParseError naming the op and its line):
 - ``op_dist_attr`` holds only ``mesh``, ``operand(k)``, ``result(k)`` and ``chunk_id``
   (k in range), each tensor entry only ``dims_maping`` / ``dims_mapping``, ``partial(d,T)``
   and ``chunk_id``; no key is given twice; result ids are >= 0; the flag lists
-  (``stop_gradient`` ...) have one entry per result.
+  (``stop_gradient`` ...) have one entry per result;
+- attributes typed boolean are booleans: an attribute a known op declares with a
+  ``true`` / ``false`` default (``transpose_x``, ``transpose_y``, ``keepdim``,
+  ``soft_label`` ...) must be the atom ``true`` or ``false`` -- never a string such as
+  ``"false"`` (which every truthiness test would read as true), a number or another atom;
+  one declared as a list of booleans (a parameter's ``need_clip:[true]``) must be such a
+  list (:func:`_check_bool_attrs`);
+- value names are unique: a data op's ``name`` and a parameter's ``parameter_name`` may
+  not repeat one given earlier (both name values for ``Program.value`` and
+  ``--annotate``); the error names the name and both lines.
 
 An op's result entry in ``op_dist_attr`` (the layout the op produces) may differ from its
 result type's dims_mappings (the layout the value is annotated with): the partition pass
@@ -50,7 +59,7 @@ from completion.errors import DistAttrError
 from completion.ir import Operation, Program, Value
 from completion.mesh import ProcessMesh
 from completion.ops.registry import OpError, TensorType, canonical_type, get_opdef
-from completion.pir.lex import Cursor, PirParseError
+from completion.pir.lex import Cursor, PirParseError, RawAttr
 from completion.pir.types import NULL_VALUE, OpaqueType, ParsedType, at_type, parse_type
 from completion.roles import infer_roles
 
@@ -67,13 +76,16 @@ def parse_program(text: str) -> Program:
     errors say what was expected; an undefined or doubly defined ``%N``, a type that
     disagrees with the value's definition or with the op's dist attr, a mesh of more than
     MAX_MESH_RANKS ranks, a bad ``dims_maping``, a known op with the wrong number of
-    operands or results, and a declared result type that its shape inference does not
-    give (source ops' ``shape`` / ``dtype`` attributes included) name the op and its line
-    (module docstring, "Consistency").
+    operands or results, a declared result type that its shape inference does not give
+    (source ops' ``shape`` / ``dtype`` attributes included), a boolean attribute that is
+    not ``true`` / ``false`` (``transpose_y:"false"``) and a data ``name`` or
+    ``parameter_name`` given twice name the op and its line (module docstring,
+    "Consistency").
     """
     cur = Cursor(text)
     prog = Program()
     env: dict[int, Value | None] = {}
+    names: dict[str, Operation] = {}
     braced = cur.eat("{")
     while True:
         if braced and cur.eat("}"):
@@ -82,7 +94,7 @@ def parse_program(text: str) -> Program:
             if braced:
                 raise cur.fail("an operation or '}' closing the program")
             break
-        _parse_op(cur, prog, env)
+        _parse_op(cur, prog, env, names)
     if not cur.at_end():
         raise cur.fail("end of text after the program")
     prog.renumber()
@@ -90,7 +102,8 @@ def parse_program(text: str) -> Program:
     return prog
 
 
-def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None]) -> None:
+def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None],
+              names: dict[str, Operation]) -> None:
     cur.ws()
     op_at = cur.i
     line = cur.where()[0]
@@ -114,8 +127,10 @@ def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None]) -> None:
     operands, operand_at = _operands(cur, name, env)
     attrs: dict[str, Any] = {}
     tags: dict[str, str] = {}
+    attr_at: dict[str, int] = {}
     if cur.peek("{"):
-        _attr_dict(cur, attrs, tags)
+        _attr_dict(cur, attrs, tags, attr_at)
+    _check_bool_attrs(cur, name, attrs, attr_at, op_at)
     cur.expect(":", "':' before the op signature")
     in_types = _type_list(cur, "(", ")")
     cur.expect("->", "'->' in the op signature")
@@ -132,6 +147,7 @@ def _parse_op(cur: Cursor, prog: Program, env: dict[int, Value | None]) -> None:
     for k, pt in enumerate(out_types):
         _check_mesh_size(cur, where, f"result {k} type", pt.mesh_shape, op_at)
     op = _build_op(cur, name, line, op_at, operands, out_types, attrs, tags)
+    _check_unique_name(cur, op, names, attr_at.get(NAME_ATTRS.get(op.type, ""), op_at))
     _check_inference(cur, op, op_at)
     prog.append(op)
     for rid, v in zip(res_ids, op.results, strict=True):
@@ -166,7 +182,10 @@ def _operands(cur: Cursor, name: str, env: dict[int, Value | None]) -> tuple[lis
         cur.expect(",", "',' or ')' in the operand list")
 
 
-def _attr_dict(cur: Cursor, attrs: dict[str, Any], tags: dict[str, str]) -> None:
+def _attr_dict(cur: Cursor, attrs: dict[str, Any], tags: dict[str, str],
+               attr_at: dict[str, int]) -> None:
+    """The op's ``{key:value,...}`` into ``attrs`` (type tags into ``tags``, the offset
+    of each value into ``attr_at``, for errors that point at it)."""
     cur.expect("{")
     if cur.eat("}"):
         return
@@ -177,6 +196,8 @@ def _attr_dict(cur: Cursor, attrs: dict[str, Any], tags: dict[str, str]) -> None
         if key in attrs:
             raise cur.error(f"{cur.context}: attribute {key} is given twice", at)
         cur.expect(":", f"':' after attribute {key}")
+        cur.ws()
+        attr_at[key] = cur.i
         val, tag = cur.value()
         attrs[key] = val
         if tag:
@@ -184,6 +205,69 @@ def _attr_dict(cur: Cursor, attrs: dict[str, Any], tags: dict[str, str]) -> None
         if cur.eat("}"):
             return
         cur.expect(",", "',' or '}' in the attribute dict")
+
+
+def _is_bool_list(x: Any) -> bool:
+    """A non-empty list of booleans (a declared default such as ``need_clip: [True]``)."""
+    return isinstance(x, list) and bool(x) and all(isinstance(b, bool) for b in x)
+
+
+def _show_value(x: Any) -> str:
+    """An attribute value as the text wrote it, saying what it is when that is not plain."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, RawAttr):
+        return str(x)
+    if isinstance(x, str):
+        return f'"{x}" (a string)'
+    if isinstance(x, (int, float)):
+        return f"{x} (a number)"
+    if isinstance(x, list):
+        return "[" + ",".join(_show_value(e) for e in x) + "]"
+    return repr(x)
+
+
+def _check_bool_attrs(cur: Cursor, name: str, attrs: dict[str, Any], attr_at: dict[str, int],
+                     op_at: int) -> None:
+    """Refuse a non-boolean value for a boolean attribute of op ``name``.
+
+    An attribute is boolean when the op's declaration (:func:`get_opdef`) gives it a
+    ``True`` / ``False`` default; it must then be the atom ``true`` or ``false``. One
+    declared with a list of booleans (``need_clip: [True]``) must be a list of ``true`` /
+    ``false``. Unknown ops are not checked (their attributes are kept as text). Raises a
+    PirParseError naming the attribute, the op and its line, at the value's column
+    (``attr_at``, else ``op_at``)."""
+    od = get_opdef(name)
+    if od is None:
+        return
+    line = cur.where(op_at)[0]
+    for key, default in od.attrs.items():
+        if key not in attrs:
+            continue
+        val = attrs[key]
+        if isinstance(default, bool) and not isinstance(val, bool):
+            raise cur.error(f"{name} at line {line}: attribute {key} must be true or false, "
+                            f"got {_show_value(val)}", attr_at.get(key, op_at))
+        if _is_bool_list(default) and not (
+                isinstance(val, list) and all(isinstance(b, bool) for b in val)):
+            raise cur.error(f"{name} at line {line}: attribute {key} must be a list of true / "
+                            f"false, got {_show_value(val)}", attr_at.get(key, op_at))
+
+
+def _check_unique_name(cur: Cursor, op: Operation, names: dict[str, Operation], at: int) -> None:
+    """A data op's ``name`` / a parameter's ``parameter_name`` names one value only
+    (``Program.value`` and ``--annotate`` look values up by it): a name given before is a
+    PirParseError naming it and both ops' lines."""
+    key = NAME_ATTRS.get(op.type)
+    v = op.results[0] if key is not None and op.results else None
+    if v is None or v.name is None:
+        return
+    first = names.get(v.name)
+    if first is not None:
+        what = NAME_ATTRS.get(first.type, "name")
+        raise cur.error(f'{op.full_type} at line {op.line}: {key} "{v.name}" is given twice: it is '
+                        f"already the {what} of {first.full_type} at line {first.line}", at)
+    names[v.name] = op
 
 
 def _type_list(cur: Cursor, open_: str, close: str) -> list[ParsedType]:
