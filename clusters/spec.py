@@ -55,6 +55,18 @@ class _Quantity(BaseModel):
     provenance: str = Field(min_length=1)
 
 
+def _yaml_float(text: str) -> str:
+    """``text`` (a number with an exponent that YAML 1.1 left a string: ``1e9``, ``9.89e14``)
+    spelled as YAML 1.1 reads a float: a dot in the mantissa, a signed exponent
+    (``1.0e+9``, ``9.89e+14``)."""
+    mantissa, _, exp = text.strip().lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exp[:1] not in ("+", "-"):
+        exp = "+" + exp
+    return f"{mantissa}e{exp}"
+
+
 def _yaml_number(v: Any) -> Any:
     """Refuse what pydantic would coerce to a number: a string (YAML 1.1 reads ``1e9``,
     without a dot, as the string "1e9"), a boolean (``true`` would count as 1), null."""
@@ -62,11 +74,12 @@ def _yaml_number(v: Any) -> Any:
         raise ValueError("must be a YAML number, not a boolean")
     if isinstance(v, str):
         try:
-            as_float = float(v)
+            float(v)
         except ValueError:
             raise ValueError("must be a YAML number, not a string") from None
-        hint = (f"YAML 1.1 reads an exponent without a dot as a string: write {as_float:.1e}"
-                if "e" in v.lower() and "." not in v else "write the number without quotes")
+        hint = (f"YAML 1.1 reads an exponent as a number only with a dot and a sign: write "
+                f"{_yaml_float(v)}" if "e" in v.lower() and _yaml_float(v) != v.strip().lower()
+                else "write the number without quotes")
         raise ValueError(f"must be a YAML number, not a string ({hint})")
     if not isinstance(v, (int, float)):
         raise ValueError(f"must be a YAML number, not {type(v).__name__}")
@@ -436,6 +449,9 @@ def _one_line(err: ValidationError, source: str) -> str:
     if not first["loc"] or isinstance(got, dict | list):  # a check of a whole section:
         where = f"field {field!r}: " if first["loc"] else ""  # its input is not shown
         return f"{source}: {where}{msg.removeprefix('Value error, ')}"
+    if msg.startswith("Input should be a valid dictionary"):  # a bare number for a quantity
+        msg = ("must be a mapping {value: ..., provenance: \"...\"} (every number of a cluster "
+               "YAML carries its source)")
     return f"{source}: field {field!r}: {msg} (got {got!r})"
 
 

@@ -210,9 +210,13 @@ def test_errors_are_value_errors():
 
 
 @pytest.mark.parametrize("path, raw, expect", [
-    # YAML 1.1 reads an exponent without a dot as a string: 1e9 is "1e9"
+    # YAML 1.1 reads an exponent without a dot or a sign as a string: 1e9 is "1e9"
     (("device", "peak_flops", "bf16"), "1e9", "device.peak_flops.bf16.value': must be a YAML number, "
-                                              "not a string (YAML 1.1 reads an exponent without a dot"),
+                                              "not a string (YAML 1.1 reads an exponent as a number "
+                                              "only with a dot and a sign: write 1.0e+9)"),
+    (("device", "peak_flops", "bf16"), "9.89e14", "must be a YAML number, not a string (YAML 1.1 "
+                                                  "reads an exponent as a number only with a dot and a "
+                                                  "sign: write 9.89e+14)"),
     (("device", "memory_bytes"), "'8.0e+10'", "device.memory_bytes.value': must be a YAML number, "
                                              "not a string (write the number without quotes)"),
     (("node", "intra_bandwidth"), "true", "node.intra_bandwidth.value': must be a YAML number, not a boolean"),
@@ -398,3 +402,17 @@ def test_a_cached_spec_is_a_copy_and_a_rewritten_file_is_read_again(tmp_path):
     assert "nic_count: {value: 8," in text
     f.write_text(text.replace("nic_count: {value: 8,", "nic_count: {value: 4,"))
     assert load_spec_file(f).node.nic_count.value == 4
+
+
+def test_a_bare_number_for_a_quantity_says_to_write_its_source():
+    """Found by a bad-input hunt: ``bf16: 9.89e14`` (no value / provenance mapping) said
+    "Input should be a valid dictionary or instance of FlopRate"."""
+    from clusters.spec import parse_spec
+
+    raw = _base()
+    raw["device"]["peak_flops"]["bf16"] = "9.89e14"
+    with pytest.raises(ClusterSpecError) as e:
+        parse_spec(raw, "x.yaml")
+    assert str(e.value) == ("x.yaml: field 'device.peak_flops.bf16': must be a mapping {value: ..., "
+                            "provenance: \"...\"} (every number of a cluster YAML carries its source) "
+                            "(got '9.89e14')")

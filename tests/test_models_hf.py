@@ -524,3 +524,19 @@ def test_an_absent_sliding_window_takes_transformers_default(mt, extra, window):
     assert cfg.sliding_window == window
     said = [str(w.message) for w in seen if "'sliding_window' is absent" in str(w.message)]
     assert len(said) == (1 if "sliding_window" not in extra and window else 0)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"head_dim": 0}, "'head_dim' must be an int in [1, 16384], got 0"),
+    ({"num_hidden_layers": 0}, "'num_hidden_layers' must be a positive int, got 0"),
+    ({"num_key_value_heads": 3}, "'num_attention_heads' 4 is not a multiple of 'num_key_value_heads' 3"),
+])
+def test_config_errors_name_the_config_json_key(change, words):
+    """Found by a bad-input hunt: a bad head_dim was reported as "kv_channels", the layer
+    and head counts as num_layers / num_heads: meshplan's field names, not the user's keys."""
+    raw = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+           "max_position_embeddings": 64, **change}
+    with pytest.raises(ModelConfigError) as e:
+        config_from_hf_dict(raw)
+    assert words in str(e.value) and "kv_channels" not in str(e.value)

@@ -7,9 +7,11 @@ content raises ModelConfigError naming the file and key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pathlib
+import re
 import warnings
 from typing import Any
 
@@ -387,10 +389,49 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and head_dim == hidden // heads \
             and hidden % heads == 0:
         head_dim = None  # the default, stated
-    qkv_bias, o_bias, mlp_bias = _biases(raw, name, spec)
     _warn_unmodelled(raw, name, mt, spec)
     window = _sliding_window(raw, name, spec)
-    cfg = ModelConfig(
+    with _in_config_words(raw, spec):
+        cfg = _model_config(name, family, layers, hidden, heads, kv, ffn, head_dim, window, moe,
+                            raw, spec)
+    _warn_near_misses(raw, name)
+    return cfg
+
+
+def _config_keys(raw: dict[str, Any], spec: HFModelType) -> dict[str, str]:
+    """ModelConfig field -> the config.json key it is read from (the first of the
+    architecture's keys the config has), where the two names differ."""
+    def first(keys: tuple[str, ...]) -> str:
+        return next((k for k in keys if k in raw), keys[0])
+    words = {"num_layers": first(spec.layer_keys), "hidden_size": first(spec.hidden_keys),
+             "num_heads": first(spec.heads_keys), "num_kv_heads": "num_key_value_heads",
+             "ffn_hidden_size": first(spec.ffn_keys), "kv_channels": spec.head_dim_key or "head_dim",
+             "seq_len": first(spec.positions_keys)}
+    return {f: k for f, k in words.items() if f != k}
+
+
+@contextlib.contextmanager
+def _in_config_words(raw: dict[str, Any], spec: HFModelType) -> Any:
+    """Re-raise a ModelConfigError with each ModelConfig field it names spelled as the
+    config.json key (``kv_channels`` -> ``'head_dim'``): the user wrote the keys."""
+    try:
+        yield
+    except ModelConfigError as e:
+        msg = str(e)
+        for f, k in _config_keys(raw, spec).items():
+            msg = re.sub(rf"\b{f}\b", repr(k), msg)
+        if msg == str(e):
+            raise
+        raise ModelConfigError(msg) from None
+
+
+def _model_config(name: str, family: str, layers: Any, hidden: Any, heads: Any, kv: Any, ffn: Any,
+                  head_dim: Any, window: Any, moe: dict[str, Any], raw: dict[str, Any],
+                  spec: HFModelType) -> ModelConfig:
+    """The ModelConfig of the sizes read (:func:`config_from_hf_dict`) and the config's other
+    keys. Raises ModelConfigError naming the field."""
+    qkv_bias, o_bias, mlp_bias = _biases(raw, name, spec)
+    return ModelConfig(
         name=name,
         family=family,
         num_layers=layers,
@@ -416,5 +457,3 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
         sliding_window_layers=_window_layers(raw, name, spec, layers, window),
         **moe,
     )
-    _warn_near_misses(raw, name)
-    return cfg
