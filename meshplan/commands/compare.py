@@ -289,7 +289,8 @@ def compare_cmd(
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
             e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
-            rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split())})
+            rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split()),
+                         "warnings": []})
             continue
         cl = engine.cluster
         rows.append({**_row(knobs, res, memory_fit(res, cl.device, memory_headroom),

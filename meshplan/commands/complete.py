@@ -11,7 +11,17 @@ sharding of a program and print it (PIR text) followed by a per-op summary.
   only with ``--megatron``), or ``--mesh`` with ``name=size`` pairs for named meshes
   (``d0=2``): a ``pp`` entry is the pipeline degree, the others form each stage's mesh
   (ranks of stage s offset by s times the stage size).
-- ``--vpp``, ``--schedule`` and ``--zero`` are validated as a ``Strategy`` would be.
+- ``--dp``/``--tp``/``--pp`` (or the mesh), ``--vpp``, ``--schedule``, ``--zero`` and
+  ``--sequence-parallel`` are checked as ``cost`` checks them (``options.build_strategy``,
+  then ``completion.plan_program.check_plan``: whole attention heads per tp rank,
+  ``--vpp`` > 1 only with a pipeline, ...); ``--sequence-parallel`` needs ``--megatron``
+  (the layout it shards). Without ``--megatron`` or ``--annotate`` only the batch is
+  sharded (over ``dp``): a ``note:`` line on stderr says so for the other mesh dims.
+- a program with dist attrs is completed on its own process mesh: a typed mesh
+  (``--mesh``, ``--dp``/``--tp``/``--pp``) must be that mesh (``--megatron`` lays it out
+  anew on the mesh instead); ``--annotate`` then annotates on it. ``--layers``,
+  ``--seq-len`` and ``--batch-size`` size a built model, and are refused with a program
+  (it is completed as written).
 
 Bad input raises a ``ValueError`` subclass; ``meshplan.cli.main`` prints ``error: ...``
 and exits with code 2."""
@@ -114,12 +124,13 @@ def _check_megatron(model: Any, mesh: Any, seq_len: int, sequence_parallel: bool
         check_tensor_parallel(cfg, mesh.shape[mesh.dim_names.index("tp")], seq_len, sequence_parallel)
 
 
-def build_program(program_file: str | None, model: str | None, mesh: Any, megatron: bool,
+def build_program(program_file: Any, model: str | None, mesh: Any, megatron: bool,
                   sequence_parallel: bool, annotated: bool, batch_size: int,
                   seq_len: int | None, layers: int | None) -> Any:
-    """The program to complete, with its layout: a PIR file (its own dist attrs; the
-    Megatron layout with ``megatron``; else data parallel unless it has dist attrs or
-    ``annotated``), or a built model with backward and AdamW (Megatron or data parallel).
+    """The program to complete, with its layout: a PIR file, or the Program read from one
+    (its own dist attrs; the Megatron layout with ``megatron``; else data parallel unless it
+    has dist attrs or ``annotated``), or a built model with backward and AdamW (Megatron or
+    data parallel).
     Raises CompletionError (a ValueError) naming the bad input."""
     from completion.annotate import shard_megatron
     from completion.backward import append_backward
@@ -129,7 +140,8 @@ def build_program(program_file: str | None, model: str | None, mesh: Any, megatr
     from completion.optimizer import apply_optimizer
 
     if program_file is not None:
-        program = read_program_file(program_file)
+        program = (read_program_file(program_file)
+                   if isinstance(program_file, (str, pathlib.Path)) else program_file)
         if megatron:
             shard_megatron(program, mesh, "dp", "tp", sequence_parallel)
         elif not annotated and not any(v.dist_attr is not None for v in program.values()):
@@ -146,6 +158,95 @@ def build_program(program_file: str | None, model: str | None, mesh: Any, megatr
     else:
         _data_parallel(program, mesh)
     return program
+
+
+def program_meshes(program: Any) -> list[Any]:
+    """The distinct process meshes of ``program``'s dist attrs (values and ops), by their
+    first rank; empty for a program without dist attrs."""
+    meshes = {v.dist_attr.process_mesh for v in program.values() if v.dist_attr is not None}
+    meshes |= {op.dist_attr.process_mesh for op in program.ops if op.dist_attr is not None}
+    return sorted(meshes, key=lambda m: m.process_ids)
+
+
+def _ranks(ids: tuple[int, ...]) -> str:
+    """``0..3`` for consecutive ranks, else the list (the first 8 and ``...``)."""
+    if len(ids) > 2 and ids == tuple(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    return str(list(ids[:8]))[:-1] + (", ...]" if len(ids) > 8 else "]")
+
+
+def describe_meshes(meshes: list[Any]) -> str:
+    """``[2] on ranks [0, 1]``, or each mesh of several joined by ``and``."""
+    return " and ".join(f"{list(m.shape)} on ranks {_ranks(m.process_ids)}" for m in meshes)
+
+
+def check_program_mesh(program: Any, name: str, stage_mesh: Any, pp: int,
+                       typed: str | None) -> Any:
+    """A program with dist attrs is completed on its own process mesh: ``typed`` (the mesh
+    flags as the user typed them, None when none were) must describe it (``stage_mesh``
+    on each of ``pp`` stages, ranks of stage s offset by s times its size; dim names do not
+    count). Returns the program's mesh when it has exactly one (``--annotate`` annotates
+    on it), else None. Raises CompletionError naming the flags and both meshes."""
+    from completion.errors import CompletionError
+    from completion.mesh import ProcessMesh
+
+    own = program_meshes(program)
+    if not own:
+        return None
+    if typed is not None:
+        size = stage_mesh.size
+        want = [ProcessMesh(stage_mesh.shape, tuple(r + s * size for r in stage_mesh.process_ids),
+                            stage_mesh.dim_names) for s in range(pp)]
+        if set(want) != set(own):
+            spec = ",".join(f"{n}={k}" for n, k in zip(own[0].dim_names, own[0].shape, strict=True))
+            hint = f"give --mesh {spec} or leave the mesh out" if len(own) == 1 else "leave the mesh out"
+            raise CompletionError(
+                f"{typed} gives process mesh {describe_meshes(want)}, but {pathlib.Path(name).name} "
+                f"carries dist attrs on process mesh {describe_meshes(own)}: a program with dist "
+                f"attrs is completed on its own mesh; {hint}")
+    return own[0] if len(own) == 1 else None
+
+
+def refuse_model_sizes(ctx: Any, program_file: str) -> None:
+    """Refuse ``--layers``, ``--seq-len`` or ``--batch-size`` (any spelling) typed beside a
+    program: they size a model built from a name or config.json, and a program has its own
+    layers and shapes. MeshplanError naming the flag as typed."""
+    from meshplan.commands.program_input import as_written, typed_value
+
+    for typed in (opt.given_flags(ctx, "num_layers"), opt.given_flags(ctx, "seq_len"),
+                  opt.typed_flags(ctx, "--batch-size", "-b")):
+        if typed:
+            raise as_written(f"{typed[0]} {typed_value(ctx, typed[0])}".rstrip(), program_file,
+                             "has its own layers and input shapes (the flag sizes a model built "
+                             "from --model NAME)", verb="completed")
+
+
+def check_like_cost(ctx: Any, model: Any, strategy: Any, seq_len: int | None,
+                    layers: int | None) -> None:
+    """What ``cost`` checks of ``strategy`` on ``model`` (a name, config.json or a read
+    Program) besides the Strategy itself: ``completion.plan_program.check_plan`` (whole
+    attention heads per tp rank, the sequence over tp with sequence parallelism, vpp > 1
+    only with pp > 1, ...). Raises its error in the flags the user typed
+    (``options.flag_error``)."""
+    from completion.models.source import resolve_model
+    from completion.plan_program import check_plan
+
+    try:
+        check_plan(resolve_model(model, seq_len, num_layers=layers), strategy)
+    except ValueError as e:
+        raise opt.flag_error(ctx, e) from None
+
+
+def replicated_note(mesh: Any) -> str | None:
+    """The ``note:`` line for a data-parallel layout (no ``--megatron``, no ``--annotate``)
+    on ``mesh``: what its dims besides ``dp`` leave replicated; None when they are all 1."""
+    dims = [f"{n} ({k} ranks)" for n, k in zip(mesh.dim_names, mesh.shape, strict=True)
+            if n != "dp" and k > 1]
+    if not dims:
+        return None
+    return (f"note: nothing is sharded over {', '.join(dims)}: without --megatron or --annotate "
+            "every value is replicated there (the data-parallel layout shards only the batch, "
+            "over dp); give --megatron for the Megatron layout, or --annotate NAME=DIMS_MAPPING")
 
 
 def complete_cmd(
@@ -184,11 +285,36 @@ def complete_cmd(
     if model is not None and (pathlib.Path(model).suffix == ".pir" or (
             pathlib.Path(model).is_file() and pathlib.Path(model).suffix != ".json")):
         program_file, model = model, None  # a program text given as the model
-    stage_mesh, pp = parse_mesh(mesh_spec(mesh, dp, tp, pp, megatron,
-                                          opt.given_flags(ctx, "dp", "tp", "pp")))
-    knobs = opt.build_strategy(ctx, pp=pp, vpp=vpp, schedule=schedule, zero=zero)
-    program = build_program(program_file, model, stage_mesh, megatron, sequence_parallel,
+    if program_file is not None:
+        refuse_model_sizes(ctx, program_file)
+    mesh_flags = opt.given_flags(ctx, "dp", "tp", "pp")
+    stage_mesh, pp = parse_mesh(mesh_spec(mesh, dp, tp, pp, megatron, mesh_flags))
+    sizes = dict(zip(stage_mesh.dim_names, stage_mesh.shape, strict=True))
+    knobs = opt.build_strategy(ctx, dp=sizes.get("dp", 1), tp=sizes.get("tp", 1), pp=pp, vpp=vpp,
+                               schedule=schedule, zero=zero, sequence_parallel=sequence_parallel,
+                               global_batch_size=sizes.get("dp", 1))
+    if sequence_parallel and not megatron:
+        raise CompletionError(f"{opt.typed_flag(ctx, 'sequence_parallel')} shards the sequence of "
+                              "the Megatron layout: give --megatron with it")
+    read, own_layout = None, False
+    if program_file is not None:
+        from completion.models.source import read_program_file
+        from meshplan.commands.program_input import typed_value
+
+        read = read_program_file(program_file)
+        own_layout = bool(program_meshes(read)) and not megatron
+        typed = (f"--mesh {mesh}" if mesh is not None else
+                 " ".join(f"{f} {typed_value(ctx, f)}" for f in mesh_flags) or None)
+        if own_layout:  # completed on its own mesh; --annotate annotates on it
+            stage_mesh = check_program_mesh(read, program_file, stage_mesh, pp, typed) or stage_mesh
+    program = build_program(read, model, stage_mesh, megatron, sequence_parallel,
                             bool(annotations), batch_size, seq_len, layers)
+    check_like_cost(ctx, program if model is None else model, knobs,
+                    None if model is None else seq_len or program_seq_len(program), layers)
+    if not megatron and not annotations and not own_layout:
+        note = replicated_note(stage_mesh)
+        if note:
+            typer.echo(note, err=True)
     for spec in annotations or ():
         name, dims = parse_annotation(spec)
         annotate(program, name, stage_mesh, dims_mapping=dims)

@@ -238,6 +238,10 @@ def cost_cmd(
                                   framework=framework, attention=attention, **knobs)
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))
+    if plan is None:  # a .pir program is costed as written: refuse the options it ignores
+        from meshplan.commands.program_input import refuse_ignored_cost_options
+
+        refuse_ignored_cost_options(ctx, model, strategy)
     if plan is not None:
         from completion.plan_program import plan_strategy
 
