@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from meshplan.commands import megatron_args as mg
+from meshplan.commands import megatron_moe as moe_args
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
@@ -204,6 +205,16 @@ def cost_cmd(
     fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
     fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
     megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
+    pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
+    num_experts: int | None = moe_args.NUM_EXPERTS,
+    moe_router_topk: int | None = moe_args.TOPK,
+    moe_ffn_hidden_size: int | None = moe_args.FFN,
+    moe_shared_expert_intermediate_size: int | None = moe_args.SHARED,
+    moe_layer_freq: str | None = moe_args.LAYER_FREQ,
+    moe_aux_loss_coeff: float | None = moe_args.AUX_COEFF,
+    moe_router_load_balancing_type: moe_args.Balancing | None = moe_args.BALANCING,
+    moe_grouped_gemm: bool = moe_args.GROUPED,
+    moe_token_dispatcher_type: moe_args.Dispatcher | None = moe_args.DISPATCHER,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),
@@ -226,6 +237,10 @@ def cost_cmd(
         raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
                             "PLAN.json (meshplan cost runs/7b/plan.json)")
     megatron = mg.MegatronArgs.from_params(locals())
+    moe = moe_args.MegatronMoE.from_params(locals())
+    if plan is not None and moe.given():
+        raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
+                            "PLAN.json names its own")
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
                            "zero": zero, "dtype": dtype}, megatron,
                      lambda: mg.model_layers(model, seq_len, layers))
@@ -264,6 +279,7 @@ def cost_cmd(
         _replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
+    moe_notes = _check_moe(moe, engine)
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -283,13 +299,28 @@ def cost_cmd(
                             attention_flag=None if plan is not None else opt.value(attention),
                             plan=plan)
     if as_json:
-        inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"]
+        inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"] + moe_notes
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
                                "layout": layout(engine.strategy)}, sort_keys=True))
         for w in inputs["warnings"]:
             typer.echo(f"warning: {w}", err=True)
     else:
+        for n in moe_notes:
+            typer.echo(f"note: {n}", err=True)
         typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy)))
+
+
+def _check_moe(moe: moe_args.MegatronMoE, engine: Any) -> list[str]:
+    """The Megatron-LM MoE arguments checked against the costed model
+    (``megatron_moe.check``); their notes. Raises MeshplanError for a difference, or for
+    such arguments beside a .pir program (it has no model config)."""
+    if not moe.given():
+        return []
+    cfg = getattr(engine.source, "config", None)
+    if cfg is None:
+        raise MeshplanError("the Megatron-LM MoE arguments describe a model config; a .pir program "
+                            "is costed as written")
+    return moe_args.check(moe, cfg, engine.source.num_layers)
 
 
 def _replay(caught: list[warnings.WarningMessage]) -> None:

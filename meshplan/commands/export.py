@@ -120,6 +120,7 @@ def export_cmd(
     fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
     fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
     megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
+    pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan

@@ -39,6 +39,7 @@ typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -117,6 +118,11 @@ RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
                                      help="Megatron-LM: = --recompute-granularity selective.")
 DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
                                      help="Megatron-LM: optimizer states sharded over dp (= --zero 1).")
+PIPELINE_LAYOUT = typer.Option(
+    None, "--pipeline-model-parallel-layout",
+    help="Megatron-LM: decoder layers per virtual stage, e.g. 'E,t*4|t*4,L' (E embedding on the "
+         "first, L loss on the last, | between stages): = --layers-per-stage 4,4, with vpp = "
+         "stages / pp.")
 BF16 = typer.Option(False, "--bf16", help="Megatron-LM: = --dtype bfloat16.")
 FP16 = typer.Option(False, "--fp16", help="Megatron-LM: = --dtype float16.")
 FP8_FORMAT = typer.Option(None, "--fp8-format", case_sensitive=False,
@@ -151,6 +157,7 @@ class MegatronArgs:
     fp8_recipe: Any = None
     fp8_amax_algo: str | None = None
     optimizer: Any = None
+    pipeline_layout: str | None = None
 
     #: the command parameter (the typer function's argument) of each field
     PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
@@ -158,18 +165,67 @@ class MegatronArgs:
               "recompute_activations": "recompute_activations",
               "distributed_optimizer": "use_distributed_optimizer", "bf16": "bf16", "fp16": "fp16",
               "fp8_format": "fp8_format", "fp8_recipe": "fp8_recipe",
-              "fp8_amax_algo": "fp8_amax_compute_algo", "optimizer": "megatron_optimizer"}
+              "fp8_amax_algo": "fp8_amax_compute_algo", "optimizer": "megatron_optimizer",
+              "pipeline_layout": "pipeline_model_parallel_layout"}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MegatronArgs:
         """The Megatron arguments of a command's parameters (its ``locals()``: the names of
-        :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``). Raises
-        KeyError naming a parameter the command lacks."""
-        return cls(**{f: params[p] for f, p in cls.PARAMS.items()})
+        :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``); one the
+        command does not offer keeps its default (``tune`` has no
+        ``--pipeline-model-parallel-layout``)."""
+        return cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""
         return self.vpp_layers is not None or opt.value(self.method) == "block"
+
+
+def _expand_layout(text: str) -> str:
+    """A pipeline layout with its repetitions written out: ``(X)*n`` and ``c*n`` (one
+    symbol) repeated, commas and spaces dropped. Raises MeshplanError naming the argument."""
+    flag = "--pipeline-model-parallel-layout"
+    def rep(part: str, n: str) -> str:
+        if len(part) * int(n) > 1 << 16:
+            raise MeshplanError(f"{flag} {text!r}: more than {1 << 16} layers")
+        return part * int(n)
+
+    t = re.sub(r"[\s,]", "", text)
+    for _ in range(64):  # innermost groups first
+        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
+        new = re.sub(r"\(([^()]*)\)", r"\1", new)
+        if new == t:
+            break
+        t = new
+    t = re.sub(r"([A-Za-z])\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
+    if not re.fullmatch(r"[A-Za-z|]*", t) or len(t) > 1 << 16:
+        raise MeshplanError(f"{flag} {text!r}: not a layout of E, t, L and | (with *N repeats "
+                            "and (...) groups), e.g. 'E,t*4|t*4,L'")
+    return t
+
+
+def layout_split(text: str) -> tuple[int, ...]:
+    """Decoder layers per virtual stage, in model order, of a Megatron-LM
+    ``--pipeline-model-parallel-layout`` (``PipelineParallelLayerLayout`` grammar: ``E`` the
+    embedding, ``t`` a decoder layer, ``L`` the loss, ``|`` between virtual stages, ``t*n``
+    and ``(...)*n`` repeats): ``'E,t*4|t*4,L'`` -> (4, 4). meshplan places the embedding on
+    the first stage and the loss on the last, so E and L elsewhere, and symbols it does not
+    model (``m``, a multi-token-prediction layer), are refused; MeshplanError naming the
+    argument."""
+    flag = "--pipeline-model-parallel-layout"
+    stages = _expand_layout(text).split("|")
+    for i, st in enumerate(stages):
+        bad = sorted(set(st) - {"E", "t", "L"})
+        if bad:
+            raise MeshplanError(f"{flag} {text!r}: meshplan models E (embedding), t (decoder "
+                                f"layer) and L (loss); stage {i} has {''.join(bad)}")
+        if ("E" in st) != (i == 0) or st.count("E") > 1:
+            raise MeshplanError(f"{flag} {text!r}: the embedding E must open the first stage "
+                                "(where meshplan places it), once")
+        if ("L" in st) != (i == len(stages) - 1) or st.count("L") > 1:
+            raise MeshplanError(f"{flag} {text!r}: the loss L must close the last stage (where "
+                                "meshplan places it), once")
+    return tuple(st.count("t") for st in stages)
 
 
 #: how errors name a knob's flag when the user did not type it
@@ -264,6 +320,24 @@ def dtype_of(ctx: Any, dtype: Any, m: MegatronArgs) -> Any:
     return want
 
 
+def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any]) -> dict[str, Any]:
+    """``layers_per_stage`` and ``vpp`` of ``--pipeline-model-parallel-layout`` on ``pp``
+    pipeline ranks (vpp = stages / pp, as Megatron-LM derives it). Raises MeshplanError when
+    the stages do not divide by pp, or a typed vpp or ``--layers-per-stage`` disagrees."""
+    split = layout_split(text)
+    if len(split) % pp:
+        raise MeshplanError(f"--pipeline-model-parallel-layout {text!r} has {len(split)} stages, "
+                            f"not a multiple of {opt.typed_flag(ctx, 'pp')} {pp}")
+    vpp = len(split) // pp
+    if opt.given_flags(ctx, "vpp") and int(opt.value(knobs.get("vpp")) or 1) != vpp:
+        raise _conflict(ctx, "vpp", "--pipeline-model-parallel-layout",
+                        f"the layout's {len(split)} stages on pp {pp} are {vpp} per rank")
+    if opt.given_flags(ctx, "layers_per_stage"):
+        raise _conflict(ctx, "layers_per_stage", "--pipeline-model-parallel-layout",
+                        "both give the pipeline split")
+    return {"vpp": vpp, "layers_per_stage": split}
+
+
 def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
           num_layers: Callable[[], int], searched: bool = False) -> dict[str, Any]:
     """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
@@ -292,6 +366,9 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
     # (``cost``, ``export``); ``tune`` keeps its schedule searched with --vpp
     megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",
                          *(() if searched else ("--vpp",)))
+    if m.pipeline_layout is not None:
+        out.update(_layout_knobs(ctx, m.pipeline_layout, pp, out))
+        megatron_vpp = megatron_vpp or ["--pipeline-model-parallel-layout"]
     if m.vpp_layers is not None:
         if opt.given_flags(ctx, "vpp"):
             raise _conflict(ctx, "vpp", "--num-layers-per-virtual-pipeline-stage",

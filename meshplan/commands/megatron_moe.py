@@ -1,0 +1,178 @@
+"""Megatron-LM's mixture-of-experts arguments on ``meshplan cost``, so that what ``meshplan
+export --to megatron`` writes for a MoE plan can be pasted back after ``cost --model M
+--cluster C`` (names of ``megatron/training/arguments.py`` at NVIDIA/Megatron-LM d98e8a64).
+
+The architecture comes from ``--model``: the model-describing arguments (``--num-experts``,
+``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-shared-expert-intermediate-size``,
+``--moe-layer-freq``, ``--moe-aux-loss-coeff`` with ``--moe-router-load-balancing-type``) are
+checked against it and a difference is an error naming the argument and both values, never a
+silently different model. The run-describing ones say how Megatron-LM executes the layers:
+meshplan costs grouped expert GEMMs and the all_to_all dispatcher, so
+``--moe-token-dispatcher-type`` other than ``alltoall`` is refused, and MoE arguments without
+``--moe-grouped-gemm`` (Megatron's default: one GEMM per local expert, ``SequentialMLP``) get
+a note that the costing is of grouped GEMMs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
+
+import typer
+
+from meshplan.errors import MeshplanError
+
+_PANEL = "Megatron-LM MoE arguments (checked against --model)"
+
+
+class Dispatcher(str, Enum):
+    """``--moe-token-dispatcher-type`` values (arguments.py)."""
+
+    alltoall = "alltoall"
+    allgather = "allgather"
+    flex = "flex"
+
+
+class Balancing(str, Enum):
+    """``--moe-router-load-balancing-type`` values (arguments.py)."""
+
+    aux_loss = "aux_loss"
+    seq_aux_loss = "seq_aux_loss"
+    sinkhorn = "sinkhorn"
+    none = "none"
+
+
+NUM_EXPERTS = typer.Option(None, "--num-experts", min=1, rich_help_panel=_PANEL,
+                           help="Routed experts; must be the model's.")
+TOPK = typer.Option(None, "--moe-router-topk", min=1, rich_help_panel=_PANEL,
+                    help="Experts per token; must be the model's.")
+FFN = typer.Option(None, "--moe-ffn-hidden-size", min=1, rich_help_panel=_PANEL,
+                   help="An expert's hidden width; must be the model's.")
+SHARED = typer.Option(None, "--moe-shared-expert-intermediate-size", min=1, rich_help_panel=_PANEL,
+                      help="The shared expert's width; must be the model's.")
+LAYER_FREQ = typer.Option(None, "--moe-layer-freq", rich_help_panel=_PANEL,
+                          help="MoE layers: every N-th (an int) or a list [1,0,...] per layer; "
+                               "must be the model's.")
+AUX_COEFF = typer.Option(None, "--moe-aux-loss-coeff", min=0.0, rich_help_panel=_PANEL,
+                         help="Load-balancing loss weight; must be the model's.")
+BALANCING = typer.Option(None, "--moe-router-load-balancing-type", case_sensitive=False,
+                         rich_help_panel=_PANEL,
+                         help="aux_loss (with the model's coefficient) or none (a model without one).")
+GROUPED = typer.Option(False, "--moe-grouped-gemm", rich_help_panel=_PANEL,
+                       help="Grouped expert GEMMs (what meshplan costs).")
+DISPATCHER = typer.Option(None, "--moe-token-dispatcher-type", case_sensitive=False,
+                          rich_help_panel=_PANEL,
+                          help="alltoall (what meshplan costs); allgather and flex are refused.")
+
+
+@dataclass(frozen=True)
+class MegatronMoE:
+    """The MoE arguments of one command line (None / False: not given); each field is the
+    command parameter of the same name."""
+
+    num_experts: int | None = None
+    moe_router_topk: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: str | None = None
+    moe_aux_loss_coeff: float | None = None
+    moe_router_load_balancing_type: Any = None
+    moe_grouped_gemm: bool = False
+    moe_token_dispatcher_type: Any = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> MegatronMoE:
+        """From a command's parameters (its ``locals()``). Raises KeyError naming a missing one."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
+
+    def given(self) -> bool:
+        """True when any MoE argument was given."""
+        return any(getattr(self, f.name) not in (None, False) for f in fields(self))
+
+
+def _value(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def layer_pattern(text: str, layers: int) -> list[int]:
+    """``--moe-layer-freq`` as one 0/1 per decoder layer: an int N (layer i is MoE when
+    ``i % N == 0``, Megatron-Core ``get_moe_layer_freq`` semantics) or a list literal of
+    ``layers`` zeros and ones. Raises MeshplanError naming the argument for anything else
+    (Megatron evaluates Python expressions such as ``([1]*3+[0])*2``: write the list)."""
+    t = text.strip()
+    if t.lstrip("+").isdigit():
+        n = int(t)
+        if n < 1:
+            raise MeshplanError(f"--moe-layer-freq {text}: an int must be >= 1")
+        return [int(i % n == 0) for i in range(layers)]
+    try:
+        got = json.loads(t)
+    except ValueError:
+        got = None
+    if not isinstance(got, list) or any(x not in (0, 1) or isinstance(x, bool) for x in got):
+        raise MeshplanError(f"--moe-layer-freq {text!r}: give an int or a list of 0 and 1 per "
+                            "layer, e.g. [1,0,1,0] (expressions are not evaluated)")
+    if len(got) != layers:
+        raise MeshplanError(f"--moe-layer-freq lists {len(got)} layers but the model has {layers}")
+    return got
+
+
+def check(moe: MegatronMoE, cfg: Any, layers: int) -> list[str]:
+    """Check the MoE arguments against the model config ``cfg`` (a
+    ``completion.models.ModelConfig``) of ``layers`` decoder layers; returns the notes to
+    print (grouped GEMMs costed when ``--moe-grouped-gemm`` is absent). Raises MeshplanError
+    naming the argument and both values on a difference, for a dense model, and for a
+    dispatcher meshplan does not cost."""
+    if not moe.given():
+        return []
+    experts = getattr(cfg, "num_experts", None) or 0
+    if not experts:
+        raise MeshplanError(f"the Megatron-LM MoE arguments describe experts, but model "
+                            f"{cfg.name} is dense; --model gives the architecture")
+    want = {"num_experts": ("--num-experts", experts),
+            "moe_router_topk": ("--moe-router-topk", cfg.experts_per_token),
+            "moe_ffn_hidden_size": ("--moe-ffn-hidden-size", cfg.expert_ffn_hidden_size),
+            "moe_shared_expert_intermediate_size": ("--moe-shared-expert-intermediate-size",
+                                                    cfg.shared_expert_ffn_hidden_size)}
+    for f, (flag, ours) in want.items():
+        given = getattr(moe, f)
+        if given is not None and given != ours:
+            raise MeshplanError(f"{flag} {given}: model {cfg.name} has {ours if ours else 'none'} "
+                                "(the architecture comes from --model; write a config.json to change it)")
+    if moe.moe_layer_freq is not None:
+        ours_pattern = [int(cfg.is_moe_layer(i)) for i in range(layers)]
+        if layer_pattern(moe.moe_layer_freq, layers) != ours_pattern:
+            raise MeshplanError(f"--moe-layer-freq {moe.moe_layer_freq}: model {cfg.name}'s MoE "
+                                f"layers are {ours_pattern}")
+    _check_balancing(moe, cfg)
+    dispatcher = _value(moe.moe_token_dispatcher_type)
+    if dispatcher not in (None, "alltoall"):
+        raise MeshplanError(f"--moe-token-dispatcher-type {dispatcher}: meshplan costs the alltoall "
+                            "dispatcher (all_to_all over the ep group) only")
+    if not moe.moe_grouped_gemm:
+        return ["the Megatron-LM MoE arguments lack --moe-grouped-gemm (one GEMM per local "
+                "expert); meshplan costs grouped expert GEMMs"]
+    return []
+
+
+def _check_balancing(moe: MegatronMoE, cfg: Any) -> None:
+    """``--moe-router-load-balancing-type`` / ``--moe-aux-loss-coeff`` against the model's
+    ``router_aux_loss_coef`` (none: a model without one)."""
+    ours = float(getattr(cfg, "router_aux_loss_coef", 0.0) or 0.0)
+    kind = _value(moe.moe_router_load_balancing_type)
+    if kind in ("seq_aux_loss", "sinkhorn"):
+        raise MeshplanError(f"--moe-router-load-balancing-type {kind}: meshplan costs the aux_loss "
+                            "router (or none)")
+    if kind == "none" and ours > 0:
+        raise MeshplanError(f"--moe-router-load-balancing-type none: model {cfg.name} has an aux "
+                            f"loss of weight {ours:g}")
+    coeff = moe.moe_aux_loss_coeff
+    if coeff is not None and kind != "none" and not math.isclose(coeff, ours, rel_tol=1e-9, abs_tol=0.0):
+        raise MeshplanError(f"--moe-aux-loss-coeff {coeff:g}: model {cfg.name} has {ours:g}")
+
+
+__all__ = ["Balancing", "Dispatcher", "MegatronMoE", "check", "layer_pattern"]

@@ -1,0 +1,125 @@
+"""Megatron-LM's mixture-of-experts arguments and pipeline layout on ``meshplan cost``: what
+``export --to megatron`` writes for a MoE plan with a pinned split, pasted back after ``cost
+--model M --cluster C --dp N``, costs the same plan (before: "No such option: --num-experts",
+then "--pipeline-model-parallel-layout"); model-describing arguments that differ from --model
+are errors naming both values; a dispatcher meshplan does not cost is refused."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from completion.models import get_model_config
+from meshplan.commands.megatron_moe import MegatronMoE, check, layer_pattern
+from meshplan.errors import MeshplanError
+from tests._cli import one_line_error, run_main
+
+PLAN = ("--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2")
+LAYOUT = ("--dp", "8", "--pp", "2", "--ep", "8", "--global-batch", "64", "--layers", "8",
+          "--layers-per-stage", "even")
+
+
+def test_exported_moe_arguments_cost_the_same_plan(capsys):
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *PLAN, *LAYOUT)
+    assert rc == 0, err
+    args = [a for ln in out.splitlines() if not ln.startswith("#") for a in shlex.split(ln.rstrip(" \\"))]
+    assert "--num-experts" in args and "--moe-grouped-gemm" in args
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "E,t*4|t*4,L"
+    rc, pasted, err = run_main(capsys, "cost", *PLAN, "--dp", "8", *args, "--json")
+    assert rc == 0, err
+    rc, direct, err2 = run_main(capsys, "cost", *PLAN, *LAYOUT, "--json")
+    assert rc == 0, err2
+    assert json.loads(pasted)["step_time_ms"] == json.loads(direct)["step_time_ms"]
+    assert not any("grouped" in w for w in json.loads(pasted)["warnings"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--num-experts", "64"], "--num-experts 64: model qwen3-30b-a3b has 128"),
+    (["--moe-router-topk", "2"], "--moe-router-topk 2: model qwen3-30b-a3b has 8"),
+    (["--moe-layer-freq", "2"], "--moe-layer-freq 2: model qwen3-30b-a3b's MoE layers are [1, 1, 1, 1"),
+    (["--moe-token-dispatcher-type", "allgather"], "meshplan costs the alltoall dispatcher"),
+    (["--moe-router-load-balancing-type", "none"], "has an aux loss of weight 0.001"),
+    (["--moe-aux-loss-coeff", "0.01"], "--moe-aux-loss-coeff 0.01: model qwen3-30b-a3b has 0.001"),
+])
+def test_a_moe_argument_that_differs_from_the_model_is_an_error(capsys, args, words):
+    line = one_line_error(*run_main(capsys, "cost", *PLAN, *LAYOUT, *args))
+    assert words in line
+
+
+def test_moe_arguments_on_a_dense_model_and_without_grouped_gemm(capsys):
+    line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--dp", "8", "--global-batch", "8", "--num-experts", "8"))
+    assert "model llama2-7b is dense" in line
+    rc, out, err = run_main(capsys, "cost", *PLAN, *LAYOUT, "--num-experts", "128")
+    assert rc == 0, err
+    assert "note: the Megatron-LM MoE arguments lack --moe-grouped-gemm" in err
+
+
+def test_layer_pattern_by_hand():
+    # Megatron-Core: an int N makes layer i an MoE layer when i % N == 0
+    assert layer_pattern("2", 6) == [1, 0, 1, 0, 1, 0]
+    assert layer_pattern("1", 3) == [1, 1, 1]
+    assert layer_pattern("[0,1,1]", 3) == [0, 1, 1]
+    for bad, words in (("([1]*3)", "expressions are not evaluated"), ("[1,2,0]", "list of 0 and 1"),
+                       ("0", "an int must be >= 1"), ("[1,0]", "lists 2 layers but the model has 3")):
+        with pytest.raises(MeshplanError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            layer_pattern(bad, 3)
+
+
+def test_check_of_qwen1_5_moe_shared_expert():
+    cfg = get_model_config("tests/data/hf_configs/qwen1.5-moe-a2.7b.json")
+    ok = MegatronMoE(num_experts=cfg.num_experts, moe_shared_expert_intermediate_size=cfg.shared_expert_ffn_hidden_size,
+                     moe_grouped_gemm=True)
+    assert check(ok, cfg, cfg.num_layers) == []
+    with pytest.raises(MeshplanError, match="--moe-shared-expert-intermediate-size 1: model"):
+        check(MegatronMoE(moe_shared_expert_intermediate_size=1), cfg, cfg.num_layers)
+
+
+@pytest.mark.parametrize("layout, split", [
+    ("E,t*4|t*4,L", (4, 4)),
+    ("Et*3|(tt|)*2t,L", (3, 2, 2, 1)),       # Megatron's grammar: groups repeated, no commas
+    ("E|t*8|t*8|t*8|t*8|L", (0, 8, 8, 8, 8, 0)),
+    ("E, t, t | t, t, L", (2, 2)),
+])
+def test_layout_split_by_hand(layout, split):
+    from meshplan.commands.megatron_args import layout_split
+
+    assert layout_split(layout) == split
+
+
+@pytest.mark.parametrize("layout, words", [
+    ("t*4|E,t*4,L", "the embedding E must open the first stage"),
+    ("E,t*4|t*4", "the loss L must close the last stage"),
+    ("E,t*4|t*3,m,L", "stage 1 has m"),
+    ("E,t*4|t*4,L;", "not a layout of E, t, L and |"),
+    ("E,(t)*99999999,L", "more than 65536 layers"),
+])
+def test_bad_layouts_name_the_argument(layout, words):
+    from meshplan.commands.megatron_args import layout_split
+
+    with pytest.raises(MeshplanError, match="--pipeline-model-parallel-layout"):
+        layout_split(layout)
+    with pytest.raises(MeshplanError) as e:
+        layout_split(layout)
+    assert words in str(e.value)
+
+
+def test_a_layout_gives_vpp_and_the_split(capsys):
+    """Megatron derives vpp from the layout's stages over pp: 8 stages on pp 4 are 2 chunks
+    a rank, the interleaved schedule; the step equals --vpp 2 --layers-per-stage with the
+    same split."""
+    base = ("cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "2", "--pp", "4",
+            "--global-batch", "16", "--json")
+    rc, a, err = run_main(capsys, *base, "--pipeline-model-parallel-layout", "E,t*3|t*4|t*4|t*4|t*4|t*4|t*4|t*5,L")
+    assert rc == 0, err
+    rc, b, err = run_main(capsys, *base, "--vpp", "2", "--schedule", "VPP", "--layers-per-stage",
+                          "3,4,4,4,4,4,4,5")
+    assert rc == 0, err
+    ja, jb = json.loads(a), json.loads(b)
+    assert ja["step_time_ms"] == jb["step_time_ms"]
+    assert ja["layout"] == jb["layout"]
+    line = one_line_error(*run_main(capsys, *base, "--vpp", "4", "--pipeline-model-parallel-layout",
+                                    "E,t*8|t*8|t*8|t*8,L"))
+    assert "the layout's 4 stages on pp 4 are 1 per rank" in line
