@@ -206,6 +206,11 @@ def cost_cmd(
     fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
     megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
     pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
+    use_megatron_fsdp: bool = mg.MEGATRON_FSDP,
+    data_parallel_sharding_strategy: mg.DpSharding | None = mg.DP_SHARDING,
+    num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
+    outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
+    grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
     num_experts: int | None = moe_args.NUM_EXPERTS,
     moe_router_topk: int | None = moe_args.TOPK,
     moe_ffn_hidden_size: int | None = moe_args.FFN,
@@ -242,13 +247,13 @@ def cost_cmd(
         raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
                             "PLAN.json names its own")
     knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
-                           "zero": zero, "dtype": dtype}, megatron,
-                     lambda: mg.model_layers(model, seq_len, layers))
+                           "zero": zero, "dtype": dtype, "fsdp_shard_size": fsdp_shard_size}, megatron,
+                     lambda: mg.model_layers(model, seq_len, layers), dp=dp)
+    mg.check_grad_reduce(megatron, framework, knobs["dtype"])
     strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm, ep=ep,
                                   moe_capacity_factor=moe_capacity_factor,
                                   moe_load_imbalance=moe_load_imbalance,
                                   micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                                  fsdp_shard_size=fsdp_shard_size,
                                   sequence_parallel=sequence_parallel,
                                   framework=framework, attention=attention, **knobs)
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,

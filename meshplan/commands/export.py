@@ -40,8 +40,10 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
         raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
                             "strategy options")
     assert model is not None and cluster is not None
-    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype")},
-                     megatron, lambda: mg.model_layers(model, seq_len, layers))
+    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype",
+                                                 "fsdp_shard_size")},
+                     megatron, lambda: mg.model_layers(model, seq_len, layers), dp=int(knobs["dp"]))
+    mg.check_grad_reduce(megatron, knobs["framework"], moved["dtype"])
     strategy = opt.build_strategy(ctx, **{**knobs, **moved})
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))
@@ -121,6 +123,11 @@ def export_cmd(
     fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
     megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
     pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
+    use_megatron_fsdp: bool = mg.MEGATRON_FSDP,
+    data_parallel_sharding_strategy: mg.DpSharding | None = mg.DP_SHARDING,
+    num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
+    outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
+    grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan

@@ -118,6 +118,33 @@ RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
                                      help="Megatron-LM: = --recompute-granularity selective.")
 DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
                                      help="Megatron-LM: optimizer states sharded over dp (= --zero 1).")
+class DpSharding(str, Enum):
+    """``--data-parallel-sharding-strategy`` (Megatron-FSDP, arguments.py) -> a ZeRO stage."""
+
+    no_shard = "no_shard"
+    optim = "optim"
+    optim_grads = "optim_grads"
+    optim_grads_params = "optim_grads_params"
+
+
+#: Megatron-FSDP's sharding strategy -> ZeRO stage (docs/user-guide/features/megatron_fsdp.md)
+FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+MEGATRON_FSDP = typer.Option(False, "--use-megatron-fsdp",
+                             help="Megatron-LM: Megatron-FSDP; --data-parallel-sharding-strategy "
+                                  "gives the ZeRO stage.")
+DP_SHARDING = typer.Option(None, "--data-parallel-sharding-strategy", case_sensitive=False,
+                           help="Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params "
+                                "(= --zero 0, 1, 2, 3).")
+OPTIMIZER_INSTANCES = typer.Option(None, "--num-distributed-optimizer-instances", min=1,
+                                   help="Megatron-FSDP HSDP: K replicas of the sharded states "
+                                        "(= --hsdp dp / K, with --outer-dp-sharding-strategy no_shard).")
+OUTER_SHARDING = typer.Option(None, "--outer-dp-sharding-strategy",
+                              help="Megatron-FSDP HSDP across the replicas: no_shard (what meshplan "
+                                   "costs).")
+GRAD_REDUCE_BF16 = typer.Option(False, "--grad-reduce-in-bf16",
+                                help="Megatron-LM: gradients reduced in bf16; must be what the "
+                                     "--framework profile does (nemo, megatron-bridge).")
 PIPELINE_LAYOUT = typer.Option(
     None, "--pipeline-model-parallel-layout",
     help="Megatron-LM: decoder layers per virtual stage, e.g. 'E,t*4|t*4,L' (E embedding on the "
@@ -158,6 +185,11 @@ class MegatronArgs:
     fp8_amax_algo: str | None = None
     optimizer: Any = None
     pipeline_layout: str | None = None
+    megatron_fsdp: bool = False
+    dp_sharding: Any = None
+    optimizer_instances: int | None = None
+    outer_sharding: str | None = None
+    grad_reduce_bf16: bool = False
 
     #: the command parameter (the typer function's argument) of each field
     PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
@@ -166,7 +198,10 @@ class MegatronArgs:
               "distributed_optimizer": "use_distributed_optimizer", "bf16": "bf16", "fp16": "fp16",
               "fp8_format": "fp8_format", "fp8_recipe": "fp8_recipe",
               "fp8_amax_algo": "fp8_amax_compute_algo", "optimizer": "megatron_optimizer",
-              "pipeline_layout": "pipeline_model_parallel_layout"}
+              "pipeline_layout": "pipeline_model_parallel_layout",
+              "megatron_fsdp": "use_megatron_fsdp", "dp_sharding": "data_parallel_sharding_strategy",
+              "optimizer_instances": "num_distributed_optimizer_instances",
+              "outer_sharding": "outer_dp_sharding_strategy", "grad_reduce_bf16": "grad_reduce_in_bf16"}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MegatronArgs:
@@ -338,15 +373,71 @@ def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any]) -> dict[s
     return {"vpp": vpp, "layers_per_stage": split}
 
 
+def _fsdp_knobs(ctx: Any, m: MegatronArgs, knobs: dict[str, Any], dp: int | None) -> dict[str, Any]:
+    """``zero`` (and ``fsdp_shard_size``) of the Megatron-FSDP arguments: the sharding
+    strategy's stage (:data:`FSDP_ZERO`; Megatron-FSDP's default ``no_shard``), HSDP's
+    ``dp / K`` shard group for K optimizer instances. Raises MeshplanError naming the flags
+    when they contradict ``--zero``, need Megatron-FSDP, or K does not divide dp."""
+    out: dict[str, Any] = {}
+    sharding = opt.value(m.dp_sharding)
+    if (sharding is not None or m.optimizer_instances is not None) and not m.megatron_fsdp:
+        raise MeshplanError("--data-parallel-sharding-strategy and --num-distributed-optimizer-"
+                            "instances set Megatron-FSDP: give --use-megatron-fsdp with them")
+    if not m.megatron_fsdp:
+        return out
+    zero = FSDP_ZERO[sharding or "no_shard"]
+    if opt.given_flags(ctx, "zero") and int(opt.value(knobs["zero"])) != zero:
+        raise _conflict(ctx, "zero", f"--data-parallel-sharding-strategy {sharding or 'no_shard'}",
+                        f"they ask for ZeRO stages {opt.value(knobs['zero'])} and {zero}")
+    out["zero"] = zero
+    k = m.optimizer_instances
+    if m.outer_sharding not in (None, "no_shard"):
+        raise MeshplanError(f"--outer-dp-sharding-strategy {m.outer_sharding}: meshplan costs HSDP "
+                            "replicas that keep whole copies (no_shard)")
+    if k is not None and k > 1:
+        if zero != 3:
+            raise MeshplanError(f"--num-distributed-optimizer-instances {k}: meshplan's HSDP is "
+                                "ZeRO-3 in shard groups (--data-parallel-sharding-strategy "
+                                "optim_grads_params)")
+        if dp is None or dp % k or dp // k < 2:
+            raise MeshplanError(f"--num-distributed-optimizer-instances {k} must divide "
+                                f"{opt.typed_flag(ctx, 'dp')} {dp} into shard groups of 2 or more")
+        if opt.given_flags(ctx, "fsdp_shard_size") and int(knobs.get("fsdp_shard_size") or 0) != dp // k:
+            raise _conflict(ctx, "fsdp_shard_size", "--num-distributed-optimizer-instances",
+                            f"the shard group is dp / K = {dp // k}")
+        out["fsdp_shard_size"] = dp // k
+    return out
+
+
+def check_grad_reduce(m: MegatronArgs, framework: Any, dtype: Any) -> None:
+    """``--grad-reduce-in-bf16`` must be what the ``framework`` profile costs: a bf16 plan
+    whose profile reduces gradients in their own dtype (``gradients.reduce_dtype: same``:
+    nemo, megatron-bridge); megatron-core reduces in fp32, Megatron-LM's default with --bf16.
+    Raises MeshplanError naming the profile otherwise."""
+    if not m.grad_reduce_bf16:
+        return
+    from simulator.profiles import load_profile
+
+    name = str(opt.value(framework))
+    if str(opt.value(dtype)) != "bfloat16":
+        raise MeshplanError(f"--grad-reduce-in-bf16 needs bf16 training (--bf16), got {opt.value(dtype)}")
+    if load_profile(name).gradients.reduce_dtype.value != "same":
+        raise MeshplanError(f"--grad-reduce-in-bf16: the {name} profile reduces gradients in fp32 "
+                            "(Megatron-LM's default); --framework nemo or megatron-bridge reduce "
+                            "them in bf16")
+
+
 def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
-          num_layers: Callable[[], int], searched: bool = False) -> dict[str, Any]:
+          num_layers: Callable[[], int], searched: bool = False,
+          dp: int | None = None) -> dict[str, Any]:
     """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
     recompute, zero, and dtype where given) with the Megatron arguments ``m`` translated
     into them, ``optimizer`` added by ``--optimizer`` (see the module
     docstring); ``num_layers`` gives the model's decoder layer count, called only when
     needed. ``searched`` (``tune``): ``knobs`` holds only the pinned knobs, and a knob a
-    translation needs (pp, vpp) but is searched is an error. Raises MeshplanError naming the
-    flags at fault."""
+    translation needs (pp, vpp) but is searched is an error. ``dp``: the data-parallel degree
+    (Megatron-FSDP's HSDP shard group is dp / K). Raises MeshplanError naming the flags at
+    fault."""
     out = dict(knobs)
     if searched and m.needs_layers():
         flag = ("--num-layers-per-virtual-pipeline-stage" if m.vpp_layers is not None
@@ -357,11 +448,12 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
             raise MeshplanError(f"{flag} needs the layers per pipeline stage: pin "
                                 + " and ".join(FLAG_NAMES[f] for f in need) + " too")
     pp = int(out.get("pp", 1) or 1)
-    if m.distributed_optimizer:
+    if m.distributed_optimizer and not m.megatron_fsdp:
         if opt.given_flags(ctx, "zero") and int(out["zero"]) != 1:
             raise _conflict(ctx, "zero", "--use-distributed-optimizer",
                             f"the distributed optimizer is ZeRO stage 1, not {out['zero']}")
         out["zero"] = 1
+    out.update(_fsdp_knobs(ctx, m, out, dp))
     # either spelling of the virtual pipeline size switches a default schedule to VPP
     # (``cost``, ``export``); ``tune`` keeps its schedule searched with --vpp
     megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",

@@ -123,3 +123,40 @@ def test_a_layout_gives_vpp_and_the_split(capsys):
     line = one_line_error(*run_main(capsys, *base, "--vpp", "4", "--pipeline-model-parallel-layout",
                                     "E,t*8|t*8|t*8|t*8,L"))
     assert "the layout's 4 stages on pp 4 are 1 per rank" in line
+
+
+@pytest.mark.parametrize("zero", [["--zero", "2"], ["--zero", "3"], ["--zero", "3", "--hsdp", "4", "--framework", "fsdp2"],
+                                  ["--zero", "1", "--framework", "nemo"]])
+def test_exported_fsdp_and_grad_reduce_arguments_cost_the_same_plan(capsys, zero):
+    """export --to megatron writes Megatron-FSDP (--use-megatron-fsdp
+    --data-parallel-sharding-strategy optim_grads / optim_grads_params, HSDP as
+    --num-distributed-optimizer-instances dp/N) and NeMo's --grad-reduce-in-bf16; cost took
+    none of them ("No such option"). Pasted back, they cost the same plan."""
+    base = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "8")
+    fw = zero[zero.index("--framework"):] if "--framework" in zero else []
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--global-batch", "16", *zero)
+    assert rc == 0, err
+    args = [a for ln in out.splitlines() if not ln.startswith("#") for a in shlex.split(ln.rstrip(" \\"))]
+    rc, pasted, err = run_main(capsys, "cost", *base, *fw, *args, "--json")
+    assert rc == 0, err
+    rc, direct, err = run_main(capsys, "cost", *base, "--global-batch", "16", *zero, "--json")
+    assert rc == 0, err
+    p, d = json.loads(pasted), json.loads(direct)
+    assert (p["step_time_ms"], p["zero"], p["strategy"].get("fsdp_shard_size")) == \
+        (d["step_time_ms"], d["zero"], d["strategy"].get("fsdp_shard_size"))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--data-parallel-sharding-strategy", "optim_grads"], "give --use-megatron-fsdp with them"),
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--zero", "3"],
+     "--zero and --data-parallel-sharding-strategy optim: they ask for ZeRO stages 3 and 1"),
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--num-distributed-optimizer-instances", "2"],
+     "meshplan's HSDP is ZeRO-3 in shard groups"),
+    (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+      "--num-distributed-optimizer-instances", "3"], "must divide --dp 8 into shard groups of 2 or more"),
+    (["--grad-reduce-in-bf16"], "the megatron-core profile reduces gradients in fp32"),
+])
+def test_fsdp_argument_contradictions_are_one_line_errors(capsys, args, words):
+    line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--dp", "8", "--global-batch", "16", *args))
+    assert words in line
