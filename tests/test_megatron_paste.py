@@ -10,11 +10,15 @@ import json
 import shlex
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from completion.models import get_model_config
+from completion.strategy import FP8_RECIPES
 from meshplan.commands.megatron_moe import MegatronMoE, check, layer_pattern
 from meshplan.errors import MeshplanError
+from meshplan.plan import Plan
 from tests._cli import one_line_error, run_main
+from tests.test_export import plans
 
 PLAN = ("--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2")
 LAYOUT = ("--dp", "8", "--pp", "2", "--ep", "8", "--global-batch", "64", "--layers", "8",
@@ -160,3 +164,38 @@ def test_fsdp_argument_contradictions_are_one_line_errors(capsys, args, words):
     line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
                                     "--dp", "8", "--global-batch", "16", *args))
     assert words in line
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=plans())
+def test_any_megatron_export_pasted_into_cost_is_the_plan_megatron_runs(capsys, strategies, plan):
+    """For random plans (layouts, ZeRO / HSDP, FP8, layer splits, recompute, dtypes) the
+    arguments ``export --to megatron`` writes, pasted after ``cost --model M --cluster C
+    --dp D``, give the Strategy of the plan as Megatron-LM runs it (``out.effective``):
+    nothing is refused, nothing is lost."""
+    from meshplan.commands.export_targets import export_plan
+
+    fp8 = plan.strategy.fp8 if plan.strategy.fp8 in FP8_RECIPES and "megatron-core" in \
+        FP8_RECIPES[plan.strategy.fp8] else None  # the recipes Megatron-LM runs
+    plan = Plan(model=plan.model, cluster=plan.cluster, num_layers=plan.num_layers, seq_len=plan.seq_len,
+                strategy=plan.strategy.replace(framework="megatron-core", fp8=fp8))
+    out = export_plan(plan, "megatron")
+    eff = out.effective
+    args = [a for ln in out.text.splitlines() if not ln.startswith("#")
+            for a in shlex.split(ln.rstrip(" \\"))]
+    # float32 is Megatron's default, which no argument states (the export notes it)
+    f32 = ["--dtype", "float32"] if eff["dtype"] == "float32" else []
+    assert bool(f32) == any(n.knob == "dtype" and "--dtype float32" in n.text for n in out.notes)
+    rc, _, err = run_main(capsys, "cost", "--model", plan.model, "--cluster", plan.cluster,
+                          "--dp", str(eff["dp"]), *f32, *args)
+    assert rc == 2 and "stopped before simulating" in err, (err, args)
+    s = strategies[-1]
+    got = {k: getattr(s, k) for k in ("dp", "tp", "pp", "cp", "cp_comm", "vpp", "micro_batch_size",
+                                      "global_batch_size", "zero", "fsdp_shard_size", "recompute",
+                                      "sequence_parallel", "dtype", "fp8", "layers_per_stage")}
+    want = {k: eff[k] for k in got}
+    if want["vpp"] == 1 and want["layers_per_stage"] is None:
+        got["layers_per_stage"] = None if s.vpp == 1 else got["layers_per_stage"]
+    assert got == want, (args, eff)
+    assert s.schedule == ("VPP" if eff["vpp"] > 1 else "1F1B")

@@ -232,6 +232,10 @@ def export(plan: Any) -> Export:
         args += ["--num-distributed-optimizer-instances", str(eff["dp"] // eff["fsdp_shard_size"]),
                  "--outer-dp-sharding-strategy", "no_shard"]
     args += DTYPE_ARGS[eff["dtype"]]
+    if eff["dtype"] == "float32":
+        notes.append(Note("dtype", "float32 is Megatron-LM's precision without --bf16 / --fp16, so no "
+                                   "argument says it; meshplan cost and export default to bfloat16: "
+                                   "give them --dtype float32 with these arguments"))
     args += _grad_args(plan.strategy.framework, eff)
     args += _fp8_args(eff, notes)
     name, runs = OPTIMIZER_ARGS[eff["optimizer"]]

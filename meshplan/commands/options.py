@@ -122,7 +122,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "sequence_parallel": ("--sequence-parallel",),
     "dtype": ("--dtype",),
     "framework": ("--framework",),
-    "attention": ("--attention",),
+    "attention": ("--attention", "--attention-backend"),  # Megatron-LM's spelling
     "layers_per_stage": ("--layers-per-stage",),
 }
 
