@@ -204,7 +204,11 @@ def parse_torchtitan(text: str, world: int) -> dict:
         assert tr["local_batch_size"] * dp == tr["global_batch_size"]
     else:
         micro = tr["local_batch_size"]
-    zero = 0 if shard == 1 else 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
+    # torchtitan 238fa99 models/llama3/infra/parallelize.py: "default" reshards after
+    # forward only without pp (with pp the parameters stay gathered: ZeRO-2)
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    reshard = policy == "always" or (policy == "default" and pp == 1)
+    zero = 0 if shard == 1 else 3 if reshard else 2
     hsdp = shard if rep > 1 and shard > 1 else None  # 2-D mesh (replicate, shard)
     recompute = {("none", None): "none", ("full", None): "full",
                  ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]

@@ -161,6 +161,24 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
     return dataclasses.replace(plan, **changes) if changes else plan
 
 
+def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
+    """The Strategy of cost's strategy options and Megatron-LM arguments (``p``: the
+    command's parameters), with the pipeline split of ``--layers-per-stage``. Raises
+    MeshplanError / StrategyError naming the flags typed."""
+    model, seq_len, layers = p["model"], p["seq_len"], p["layers"]
+    megatron = mg.MegatronArgs.from_params(p)
+    knobs = mg.apply(ctx, {k: p[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype",
+                                             "fsdp_shard_size")}, megatron,
+                     lambda: mg.model_layers(model, seq_len, layers), dp=p["dp"])
+    mg.check_grad_reduce(megatron, p["framework"], knobs["dtype"])
+    strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
+        "dp", "tp", "cp", "cp_comm", "ep", "moe_capacity_factor", "moe_load_imbalance",
+        "micro_batch_size", "sequence_parallel", "framework", "attention")},
+        global_batch_size=p["global_batch"], **knobs)
+    return opt.pipeline_split(ctx, p["layers_per_stage"], strategy,
+                              lambda: mg.model_layers(model, seq_len, layers))
+
+
 def cost_cmd(
     ctx: typer.Context,
     plan_file: str | None = typer.Argument(
@@ -220,6 +238,10 @@ def cost_cmd(
     moe_router_load_balancing_type: moe_args.Balancing | None = moe_args.BALANCING,
     moe_grouped_gemm: bool = moe_args.GROUPED,
     moe_token_dispatcher_type: moe_args.Dispatcher | None = moe_args.DISPATCHER,
+    torchtitan_config: str | None = typer.Option(
+        None, "--torchtitan-config", help="A torchtitan job TOML to cost (its [parallelism], "
+        "[training], [activation_checkpoint], [compile], float8): the strategy comes from it, the "
+        "model from --model, the GPUs from --cluster / --nodes."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),
@@ -236,29 +258,23 @@ def cost_cmd(
         model, cluster, nodes = plan.model, plan.cluster, plan.nodes
         seq_len, layers = plan.seq_len, plan.num_layers
         global_batch = plan.strategy.global_batch_size
+    elif torchtitan_config is not None and model is not None and cluster is not None:
+        from meshplan.commands.import_torchtitan import config_strategy
+
+        strategy, seq_len = config_strategy(ctx, torchtitan_config, model, cluster, nodes, seq_len, layers)
+        global_batch = strategy.global_batch_size
     elif model is None or cluster is None or global_batch is None:
         missing = [f for f, v in (("--model", model), ("--cluster", cluster),
                                   ("--global-batch", global_batch)) if v is None]
         raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
                             "PLAN.json (meshplan cost runs/7b/plan.json)")
-    megatron = mg.MegatronArgs.from_params(locals())
     moe = moe_args.MegatronMoE.from_params(locals())
     if plan is not None and moe.given():
         raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
                             "PLAN.json names its own")
-    knobs = mg.apply(ctx, {"pp": pp, "vpp": vpp, "schedule": schedule, "recompute": recompute,
-                           "zero": zero, "dtype": dtype, "fsdp_shard_size": fsdp_shard_size}, megatron,
-                     lambda: mg.model_layers(model, seq_len, layers), dp=dp)
-    mg.check_grad_reduce(megatron, framework, knobs["dtype"])
-    strategy = opt.build_strategy(ctx, dp=dp, tp=tp, cp=cp, cp_comm=cp_comm, ep=ep,
-                                  moe_capacity_factor=moe_capacity_factor,
-                                  moe_load_imbalance=moe_load_imbalance,
-                                  micro_batch_size=micro_batch_size, global_batch_size=global_batch,
-                                  sequence_parallel=sequence_parallel,
-                                  framework=framework, attention=attention, **knobs)
-    strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
-                                  lambda: mg.model_layers(model, seq_len, layers))
-    if plan is None:  # a .pir program is costed as written: refuse the options it ignores
+    if torchtitan_config is None:
+        strategy = _flag_strategy(ctx, locals())
+    if plan is None and torchtitan_config is None:  # a .pir program is costed as written
         from meshplan.commands.program_input import refuse_ignored_cost_options
 
         refuse_ignored_cost_options(ctx, model, strategy)
@@ -302,7 +318,7 @@ def cost_cmd(
         typer.echo(f"wrote {', '.join(written)}", err=as_json)
     inputs = assumed_inputs(engine, seq_len_flag=None if plan is not None else seq_len,
                             attention_flag=None if plan is not None else opt.value(attention),
-                            plan=plan)
+                            plan=plan, seq_len_from="torchtitan" if torchtitan_config else None)
     if as_json:
         inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"] + moe_notes
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,

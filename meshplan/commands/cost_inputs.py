@@ -14,6 +14,8 @@ from typing import Any
 SEQ_LEN_SOURCES = {
     "flag": "--seq-len",
     "plan": "the plan file",
+    "torchtitan": "the torchtitan config's [training] seq_len (torchtitan's default, 2048, when "
+                  "it has none)",
     "program": "the program's input_ids [batch, seq] shape",
     "none": "nowhere: the program has no input_ids [batch, seq] input, so tokens/s counts no "
             "tokens; pass --seq-len",
@@ -76,10 +78,11 @@ def attention_source(attention_flag: str | None, source: Any) -> str:
 
 
 def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str | None,
-                   plan: Any = None) -> dict[str, Any]:
+                   plan: Any = None, seq_len_from: str | None = None) -> dict[str, Any]:
     """The inputs ``engine`` (a ``meshplan.engine.Engine``) costed with; ``plan``: the
     ``meshplan.Plan`` it was built from (``cost PLAN.json``), whose stated sequence length
-    and attention are then the ``plan`` source, not a flag.
+    and attention are then the ``plan`` source, not a flag; ``seq_len_from``: a key of
+    :data:`SEQ_LEN_SOURCES` that gave the sequence length (``torchtitan``), if not these.
 
     Keys: ``seq_len`` (tokens per sequence) and ``seq_len_source`` (a key of
     :data:`SEQ_LEN_SOURCES`); ``gpus_used`` (dp * cp * tp * pp), ``gpus_available`` (the
@@ -93,8 +96,8 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
     used, avail = s.world_size, c.world_size
     rec: dict[str, Any] = {
         "seq_len": src.seq_len,
-        "seq_len_source": ("plan" if plan is not None and plan.seq_len is not None
-                           else seq_len_source(seq_len_flag, src)),
+        "seq_len_source": (seq_len_from or ("plan" if plan is not None and plan.seq_len is not None
+                                            else seq_len_source(seq_len_flag, src))),
         "gpus_used": used, "gpus_available": avail, "gpus_idle": avail - used,
         "nodes": c.num_nodes, "devices_per_node": c.devices_per_node,
         "zero": s.zero, "zero_shards": _over(ZERO_SHARDS[s.zero], s), "framework": s.framework,

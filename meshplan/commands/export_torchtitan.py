@@ -9,7 +9,9 @@ the ``[parallelism]`` names used here (``torchtitan/config/configs.py`` at b5bcd
 ``[training]``'s batch fields became token counts. Mapping:
 
 - dp: ZeRO 0 -> ``data_parallel_replicate_degree`` (DDP); ZeRO 3 ->
-  ``data_parallel_shard_degree`` (FSDP2, parameters resharded after forward); ZeRO 2 -> the
+  ``data_parallel_shard_degree`` (FSDP2, parameters resharded after forward; with pp > 1
+  ``fsdp_reshard_after_forward = "always"``, since torchtitan's ``default`` then keeps them
+  gathered, ``models/llama3/infra/parallelize.py``); ZeRO 2 -> the
   shard degree with ``fsdp_reshard_after_forward = "never"`` (parameters kept gathered
   between forward and backward, gradients and optimizer states sharded); ZeRO 1 (only the
   optimizer states sharded) has no FSDP2 form: written as ZeRO 2, noted.
@@ -139,6 +141,9 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
     par["data_parallel_shard_degree"] = 1 if zero == 0 else shard
     if zero == 2:
         par["fsdp_reshard_after_forward"] = "never"
+    elif zero == 3 and shard > 1 and eff["pp"] > 1:
+        # "default" keeps the parameters gathered after forward under pp (ZeRO-2): say always
+        par["fsdp_reshard_after_forward"] = "always"
     par["tensor_parallel_degree"] = eff["tp"]
     if eff["cp"] > 1:  # torchtitan's context parallelism over the cp mesh dim
         par["context_parallel_degree"] = eff["cp"]

@@ -54,7 +54,10 @@ from meshplan.errors import MeshplanError
 MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
                   "--recompute-method", "--recompute-num-layers", "--recompute-activations",
                   "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
-                  "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--optimizer")
+                  "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--optimizer",
+                  "--pipeline-model-parallel-layout", "--use-megatron-fsdp",
+                  "--data-parallel-sharding-strategy", "--num-distributed-optimizer-instances",
+                  "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16")
 
 
 class Fp8Format(str, Enum):

@@ -1,0 +1,278 @@
+"""A torchtitan job TOML as a meshplan Strategy: ``meshplan cost --torchtitan-config FILE``
+costs the job a torchtitan user already has (the model comes from ``--model``, the GPUs
+from ``--cluster`` / ``--nodes``).
+
+Names, defaults and meanings are those of ``torchtitan/config/job_config.py`` at
+pytorch/torchtitan 238fa9953e4a (the last commit that reads TOML job files; the one
+``meshplan export --to torchtitan`` writes for), read for facts:
+
+- dp: ``data_parallel_replicate_degree`` (1) x ``data_parallel_shard_degree`` (-1: the
+  ranks left over); shard 1 is DDP (ZeRO 0), shard > 1 FSDP2: ZeRO 3 when parameters are
+  resharded after forward, ZeRO 2 when not (``fsdp_reshard_after_forward``: ``always`` /
+  ``never``; ``default`` reshards unless pp > 1, ``models/llama3/infra/parallelize.py``);
+  replicate x shard both > 1 is HSDP (shard groups of the shard degree).
+- ``tensor_parallel_degree`` (sequence parallel on with tp > 1: torchtitan always shards
+  the norms), ``context_parallel_degree`` with ``context_parallel_rotate_method``
+  (``allgather``, the default, or ``alltoall``: the ring), ``expert_parallel_degree``.
+- pp: ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (GPipe, 1F1B,
+  Interleaved1F1B, ZBVZeroBubble), ``pipeline_parallel_microbatch_size`` (1). Stages:
+  ``module_fqns_per_model_part`` when given, else ``pipeline_parallel_layers_per_stage``,
+  else one stage per rank for GPipe / 1F1B and two for a looped schedule; their layers as
+  ``distributed/pipeline_parallel.py generate_llm_fqn_per_model_part`` splits them (the
+  embedding and the output weigh ``pipeline_parallel_first_stage_less_layers`` /
+  ``_last_stage_less_layers`` layers, 1 each).
+- batch: ``[training] local_batch_size`` (8) per data-parallel rank per step
+  (``global_batch_size`` -1: local x dp; larger: gradient accumulation); with pp the
+  micro-batch is ``pipeline_parallel_microbatch_size``, else the local batch.
+- ``seq_len`` (2048), ``mixed_precision_param`` (bfloat16); ``[activation_checkpoint]
+  mode`` (``selective`` with ``selective_ac_option`` ``"2"`` by default: every second layer
+  fully recomputed, which meshplan does not model and refuses; ``op``, ``full``, ``none``);
+  ``[compile] enable`` (the ``fsdp2`` profile; off: ``fsdp2-eager``), async TP (the
+  ``fsdp2-async-tp`` profile); ``[model] converters`` with ``float8`` /
+  ``quantize.linear.float8`` and its ``recipe_name`` (tensorwise by default, rowwise);
+  ``[optimizer] name`` (AdamW, Adam).
+
+A value meshplan does not model is an error naming its section and key, never ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import MeshplanError
+
+#: torch.distributed.pipelining schedule -> meshplan schedule
+SCHEDULES = {"GPipe": "FThenB", "1F1B": "1F1B", "Interleaved1F1B": "VPP", "ZBVZeroBubble": "ZBVPP"}
+SINGLE_STAGE = ("GPipe", "1F1B")
+OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
+ROTATE = {"allgather": "all_gather", "alltoall": "p2p"}
+FP8_CONVERTERS = ("float8", "quantize.linear.float8")
+
+
+class TorchtitanConfigError(MeshplanError):
+    """A torchtitan job TOML meshplan cannot read or model; the message names the file,
+    section and key."""
+
+
+def default_split(layers: int, stages: int, first_less: int = 1, last_less: int = 1) -> tuple[int, ...]:
+    """Decoder layers per stage as torchtitan 238fa99 splits them when no module list is
+    given (``generate_llm_fqn_per_model_part``): ``layers + first_less + last_less``
+    effective layers over ``stages``, the earlier stages one more, the first stage
+    ``first_less`` fewer (the embedding) and the last ``last_less`` fewer (norm and output).
+    E.g. 32 layers on 4 stages: 34 = 9 + 9 + 8 + 8 -> (8, 9, 8, 7). Raises
+    TorchtitanConfigError where torchtitan raises (a stage left without room)."""
+    if stages == 1:
+        return (layers,)
+    eff = layers + first_less + last_less
+    base, extra = divmod(eff, stages)
+    if base == 0 or first_less > base or last_less > base:
+        raise TorchtitanConfigError(f"torchtitan cannot split {layers} layers (+ {first_less} + "
+                                    f"{last_less} for the embedding and output) over {stages} stages")
+    counts = [base + (i < extra) for i in range(stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return tuple(counts)
+
+
+def _fqn_split(fqns: Any, where: str) -> tuple[int, ...]:
+    """Layers per stage of ``module_fqns_per_model_part``: llama modules in order
+    (``tok_embeddings`` first, ``layers.<i>``, ``norm`` and ``output`` last)."""
+    if not isinstance(fqns, list) or not all(isinstance(p, list) for p in fqns) or not fqns:
+        raise TorchtitanConfigError(f"{where}: a list of module-name lists, one per stage")
+    flat = [m for part in fqns for m in part]
+    n = sum(str(m).startswith("layers.") for m in flat)
+    if flat != ["tok_embeddings", *(f"layers.{i}" for i in range(n)), "norm", "output"]:
+        raise TorchtitanConfigError(f"{where}: meshplan reads a llama model's modules in order "
+                                    "(tok_embeddings, layers.0 ..., norm, output)")
+    return tuple(sum(str(m).startswith("layers.") for m in part) for part in fqns)
+
+
+def _int(sec: dict[str, Any], key: str, default: int, where: str, low: int = 1) -> int:
+    v = sec.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or (v < low and v != default):
+        raise TorchtitanConfigError(f"{where}.{key} must be an integer >= {low}, got {v!r}")
+    return v
+
+
+def _section(doc: dict[str, Any], name: str, src: str) -> dict[str, Any]:
+    sec = doc.get(name, {})
+    if not isinstance(sec, dict):
+        raise TorchtitanConfigError(f"{src}: [{name}] must be a table")
+    return sec
+
+
+def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict[str, Any]:
+    rep = _int(par, "data_parallel_replicate_degree", 1, where)
+    shard = _int(par, "data_parallel_shard_degree", -1, where)
+    tp = _int(par, "tensor_parallel_degree", 1, where)
+    cp = _int(par, "context_parallel_degree", 1, where)
+    if _int(par, "expert_tensor_parallel_degree", 1, where) != 1:
+        raise TorchtitanConfigError(f"{where}.expert_tensor_parallel_degree: expert tensor "
+                                    "parallelism is not modelled")
+    rest = rep * tp * pp * cp
+    if shard == -1:  # the ranks left over (torchtitan ParallelDims)
+        if world % rest:
+            raise TorchtitanConfigError(f"{where}: replicate {rep} x tp {tp} x pp {pp} x cp {cp} = {rest} "
+                                        f"does not divide the {world} GPUs")
+        shard = world // rest
+    if rest * shard != world:
+        raise TorchtitanConfigError(f"{where}: replicate {rep} x shard {shard} x tp {tp} x pp {pp} x "
+                                    f"cp {cp} = {rest * shard}, but the cluster has {world} GPUs "
+                                    "(--nodes sets it)")
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    if policy not in ("default", "always", "never"):
+        raise TorchtitanConfigError(f"{where}.fsdp_reshard_after_forward {policy!r}: default, always or never")
+    reshard = policy == "always" or (policy == "default" and pp == 1)
+    zero = 0 if shard == 1 else (3 if reshard else 2)
+    rotate = par.get("context_parallel_rotate_method", "allgather")
+    if rotate not in ROTATE:
+        raise TorchtitanConfigError(f"{where}.context_parallel_rotate_method {rotate!r}: allgather or alltoall")
+    return {"dp": rep * shard, "tp": tp, "cp": cp, "cp_comm": ROTATE[rotate] if cp > 1 else "p2p",
+            "ep": _int(par, "expert_parallel_degree", 1, where), "zero": zero,
+            "fsdp_shard_size": shard if rep > 1 and shard > 1 else None, "sequence_parallel": tp > 1}
+
+
+def _pipeline(par: dict[str, Any], pp: int, num_layers: Any, where: str) -> dict[str, Any]:
+    if pp == 1:
+        return {"schedule": "1F1B", "vpp": 1}
+    name = par.get("pipeline_parallel_schedule", "1F1B")
+    if name not in SCHEDULES:
+        raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {name!r}: meshplan costs "
+                                    f"{', '.join(SCHEDULES)}")
+    fqns = par.get("module_fqns_per_model_part")
+    if fqns is not None:
+        split = _fqn_split(fqns, f"{where}.module_fqns_per_model_part")
+    else:
+        layers = int(num_layers())
+        first = _int(par, "pipeline_parallel_first_stage_less_layers", 1, where, low=0)
+        last = _int(par, "pipeline_parallel_last_stage_less_layers", 1, where, low=0)
+        per = par.get("pipeline_parallel_layers_per_stage")
+        if per is not None:
+            per = _int(par, "pipeline_parallel_layers_per_stage", 1, where)
+            stages = math.ceil((layers + first + last) / per)
+        else:
+            stages = pp * (1 if name in SINGLE_STAGE else 2)
+        split = default_split(layers, stages, first, last)
+    if len(split) % pp:
+        raise TorchtitanConfigError(f"{where}: {len(split)} pipeline stages do not divide over "
+                                    f"pipeline_parallel_degree {pp}")
+    vpp = len(split) // pp
+    if (name in SINGLE_STAGE) != (vpp == 1):
+        raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {name} runs "
+                                    f"{'one stage' if name in SINGLE_STAGE else 'several stages'} "
+                                    f"per rank, but the config gives {vpp}")
+    if name == "ZBVZeroBubble" and vpp != 2:
+        raise TorchtitanConfigError(f"{where}: ZBVZeroBubble runs two stages per rank, got {vpp}")
+    return {"schedule": SCHEDULES[name], "vpp": vpp, "layers_per_stage": split}
+
+
+def _recompute(ac: dict[str, Any], src: str) -> str:
+    mode = ac.get("mode", "selective")
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode in ("none", "full"):
+        return str(mode)
+    if mode == "selective" and option == "op":
+        return "selective-op"
+    if mode == "selective":
+        raise TorchtitanConfigError(
+            f"{src}: [activation_checkpoint] selective_ac_option {option!r} (torchtitan's default: "
+            "every N-th layer fully recomputed) is not modelled; set selective_ac_option = \"op\", "
+            "or mode = \"full\" / \"none\"")
+    raise TorchtitanConfigError(f"{src}: [activation_checkpoint] mode {mode!r} is not modelled "
+                                "(none, full, selective with selective_ac_option \"op\")")
+
+
+def _fp8(doc: dict[str, Any], src: str) -> str | None:
+    converters = _section(doc, "model", src).get("converters", [])
+    if isinstance(converters, str):
+        converters = [c.strip() for c in converters.split(",") if c.strip()]
+    used = [c for c in converters if c in FP8_CONVERTERS]
+    other = [c for c in converters if c not in FP8_CONVERTERS]
+    if other:
+        raise TorchtitanConfigError(f"{src}: [model] converters {other} are not modelled")
+    if not used:
+        return None
+    sec = doc.get("quantize", {}).get("linear", {}).get("float8") or doc.get("float8") or {}
+    recipe = sec.get("recipe_name") or "tensorwise"
+    if recipe not in ("tensorwise", "rowwise"):
+        raise TorchtitanConfigError(f"{src}: float8 recipe_name {recipe!r}: meshplan costs tensorwise "
+                                    "and rowwise")
+    return str(recipe)
+
+
+def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str, Any]:
+    """Strategy keyword arguments (and ``seq_len``) of the torchtitan job TOML at ``path`` on
+    ``world`` GPUs (module docstring); ``num_layers`` gives the model's decoder layers
+    (called only for a pipeline without a module list). Raises TorchtitanConfigError naming
+    the file, section and key of a value it cannot read or meshplan does not model."""
+    src = str(path)
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        raise TorchtitanConfigError("--torchtitan-config reads TOML with Python 3.11's tomllib; "
+                                    "this is Python 3.10") from None
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise TorchtitanConfigError(f"{src}: cannot read the torchtitan config ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TorchtitanConfigError(f"{src}: not a TOML file: {e}") from None
+    par, tr = _section(doc, "parallelism", src), _section(doc, "training", src)
+    where = f"{src}: [parallelism]"
+    pp = _int(par, "pipeline_parallel_degree", 1, where)
+    knobs = _data_parallel(par, world, pp, where) | {"pp": pp} | _pipeline(par, pp, num_layers, where)
+    local = _int(tr, "local_batch_size", 8, f"{src}: [training]")
+    glob = _int(tr, "global_batch_size", -1, f"{src}: [training]")
+    micro = _int(par, "pipeline_parallel_microbatch_size", 1, where) if pp > 1 else local
+    if local % micro:
+        raise TorchtitanConfigError(f"{where}.pipeline_parallel_microbatch_size {micro} does not "
+                                    f"divide [training] local_batch_size {local}")
+    compiled = bool(_section(doc, "compile", src).get("enable", False))
+    async_tp = bool(par.get("enable_async_tensor_parallel", False)) and knobs["tp"] > 1
+    if async_tp and not compiled:
+        raise TorchtitanConfigError(f"{where}.enable_async_tensor_parallel needs [compile] enable")
+    name = _section(doc, "optimizer", src).get("name", "AdamW")
+    if name not in OPTIMIZERS:
+        raise TorchtitanConfigError(f"{src}: [optimizer] name {name!r}: meshplan costs {', '.join(OPTIMIZERS)}")
+    dtype = tr.get("mixed_precision_param", "bfloat16")
+    if dtype not in ("bfloat16", "float32"):
+        raise TorchtitanConfigError(f"{src}: [training] mixed_precision_param {dtype!r}: bfloat16 or float32")
+    return knobs | {
+        "micro_batch_size": micro,
+        "global_batch_size": glob if glob != -1 else local * knobs["dp"],
+        "recompute": _recompute(_section(doc, "activation_checkpoint", src), src),
+        "dtype": dtype, "fp8": _fp8(doc, src), "optimizer": OPTIMIZERS[name],
+        "framework": "fsdp2-async-tp" if async_tp else ("fsdp2" if compiled else "fsdp2-eager"),
+        "seq_len": _int(tr, "seq_len", 2048, f"{src}: [training]"),
+    }
+
+
+def config_strategy(ctx: Any, path: str, model: str, cluster: str, nodes: int | None,
+                    seq_len: int | None, layers: int | None) -> tuple[Any, int]:
+    """``(Strategy, seq_len)`` of the torchtitan job TOML ``path`` for ``cost
+    --torchtitan-config``: on the cluster's GPUs (``--cluster`` / ``--nodes``), the model's
+    layers for the pipeline split (``--layers`` applies). Raises MeshplanError for a strategy
+    option typed beside it (the file states the strategy), a ``--seq-len`` other than the
+    file's, and what :func:`torchtitan_knobs` and the Strategy raise (naming the file)."""
+    from clusters import load_cluster
+    from meshplan.commands import megatron_args as mg
+    from meshplan.commands import options as opt
+    from meshplan.strategy import Strategy, StrategyError
+
+    typed = opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *mg.MEGATRON_FLAGS)
+    if typed:
+        raise MeshplanError(f"--torchtitan-config {path} states the strategy; drop {', '.join(typed)}")
+    world = load_cluster(cluster, nodes).world_size
+    knobs = torchtitan_knobs(path, world, lambda: mg.model_layers(model, seq_len, layers))
+    toml_seq = knobs.pop("seq_len")
+    if seq_len is not None and seq_len != toml_seq:
+        raise MeshplanError(f"--seq-len {seq_len}, but {path} trains at [training] seq_len {toml_seq}")
+    try:
+        return Strategy(**knobs), toml_seq
+    except StrategyError as e:
+        raise TorchtitanConfigError(f"{path}: {e}") from None
+
+
+__all__ = ["TorchtitanConfigError", "config_strategy", "default_split", "torchtitan_knobs"]
