@@ -436,6 +436,16 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
+def _quantity_names() -> set[str]:
+    """Names of the ``{value, provenance}`` quantity models (every subclass of _Quantity)."""
+    out, todo = set(), [_Quantity]
+    while todo:
+        cls = todo.pop()
+        out.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return out
+
+
 def _one_line(err: ValidationError, source: str) -> str:
     """The first pydantic error as ``source: field 'a.b.c': message``."""
     first = err.errors()[0]
@@ -449,7 +459,10 @@ def _one_line(err: ValidationError, source: str) -> str:
     if not first["loc"] or isinstance(got, dict | list):  # a check of a whole section:
         where = f"field {field!r}: " if first["loc"] else ""  # its input is not shown
         return f"{source}: {where}{msg.removeprefix('Value error, ')}"
-    if msg.startswith("Input should be a valid dictionary"):  # a bare number for a quantity
+    if first["type"] in ("model_type", "dict_type") and not isinstance(got, dict) and \
+            first.get("ctx", {}).get("class_name") not in _quantity_names():
+        msg = "must be a section: a mapping of its fields"
+    elif first["type"] == "model_type" and first.get("ctx", {}).get("class_name") in _quantity_names():
         msg = ("must be a mapping {value: ..., provenance: \"...\"} (every number of a cluster "
                "YAML carries its source)")
     return f"{source}: field {field!r}: {msg} (got {got!r})"

@@ -168,6 +168,23 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ..."
 
 
+def _once_per_run(show: Any) -> Any:
+    """``warnings.showwarning`` that shows each (category, message) once per command: a
+    config.json warning re-raised for every plan of ``compare`` or trial of ``tune``
+    printed once per plan."""
+    seen: set[tuple[type, str]] = set()
+
+    def show_once(message: Any, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: Any = None) -> None:
+        key = (category, str(message))
+        if key not in seen:
+            seen.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    show_once.__wrapped__ = show  # type: ignore[attr-defined]
+    return show_once
+
+
 def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   line: str | None = None) -> str:
     """A warning as one line, ``warning: <message>`` (no source location)."""
@@ -175,6 +192,17 @@ def _warning_line(message: Warning | str, category: type[Warning], filename: str
 
 
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
+    """Entry point of the console script: :func:`_main`, each warning shown once per
+    command (:func:`_once_per_run`; the previous ``warnings.showwarning`` is restored)."""
+    before = warnings.showwarning
+    warnings.showwarning = _once_per_run(before)
+    try:
+        return _main(argv, prog_name)
+    finally:
+        warnings.showwarning = before
+
+
+def _main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments after the program name,
     default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
     ``ValueError``, ``FileNotFoundError`` or ``KeyError`` raised by meshplan, or an option

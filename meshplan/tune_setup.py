@@ -101,9 +101,8 @@ def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:
     if not search and (pinned or 1) == 1:
         raise MeshplanError(f"--cp-comm {cp_comm} sets the K/V exchange of context-parallel plans, "
                             "but no plan has cp > 1: add --search-cp or pin --cp N (N > 1)")
-    if cp_comm not in runs:
-        raise MeshplanError(f"--cp-comm {cp_comm}: framework {framework} runs "
-                            f"{_either(runs) if runs else 'no context parallelism'}")
+    if runs and cp_comm not in runs:  # none at all: the pinned cp's note says it (as for p2p)
+        raise MeshplanError(f"--cp-comm {cp_comm}: framework {framework} runs {_either(runs)}")
 
 
 def check_fp8_pin(cluster: str, nodes: int | None, pinned: Any, dtype: str,

@@ -233,12 +233,14 @@ class Roofline:
                                  f"FP8; the device lists {', '.join(sorted(self.peak_flops))}")
         return float(max(vals))
 
-    def peak(self, dtype: str) -> float:
+    def peak(self, dtype: str, gemm: bool = True) -> float:
         """Peak FLOP/s for a dtype (``bfloat16`` finds ``bf16``, ``float8_e4m3fn`` finds
         ``fp8``; bf16 and fp16 stand in for each other). Integer and unknown dtypes use the
-        largest listed 16-bit rate, else the largest rate; FP8 and fp32 never fall back. Raises
-        SimulatorError if none is listed, FP8 or fp32 has no peak of its own (fp32 would
-        otherwise run at the 16-bit tensor-core rate, about 15x an H100's fp32), or a 16-bit
+        largest listed 16-bit rate, else the largest rate; FP8 and fp32 GEMMs never fall back
+        (``gemm`` False: a memory-bound kernel's FLOP term, where a float32 kernel may take the
+        16-bit rate, its time being the bytes it moves). Raises SimulatorError if none is
+        listed, FP8 or an fp32 GEMM has no peak of its own (fp32 would otherwise run at the
+        16-bit tensor-core rate, about 15x an H100's fp32), or a 16-bit
         float dtype finds no 16-bit peak (it would otherwise run at the fp32 rate without a
         word)."""
         for alias in _DTYPE_ALIASES.get(dtype, (dtype,)):
@@ -247,7 +249,7 @@ class Roofline:
         if dtype.startswith("float8"):  # FP8 GEMMs never fall back to a 16-bit rate
             raise SimulatorError(f"roofline: {dtype} GEMMs need the device's fp8 peak_flops; it "
                                  f"lists {', '.join(sorted(self.peak_flops))}")
-        if dtype == "float32":  # never at the 16-bit tensor-core rate, silently
+        if dtype == "float32" and gemm:  # never at the 16-bit tensor-core rate, silently
             raise SimulatorError(f"roofline: float32 GEMMs need the device's fp32 peak "
                                  f"(device.peak_flops fp32 or tf32); it lists "
                                  f"{', '.join(sorted(self.peak_flops)) or 'none'}")
@@ -323,6 +325,11 @@ class Roofline:
         for ``sms_available`` on a device without ``sm_count`` or out of range."""
         if k.kind != "gemm":
             raise SimulatorError(f"roofline: gemm_time takes a GEMM kernel, got kind {k.kind!r} ({k.op or 'no op'})")
+        if k.dtype == "float32" and k.op:
+            try:  # the op at fault named (an fp32 GEMM in a bf16 program: a MoE gate, ...)
+                self.peak(k.dtype)
+            except SimulatorError as e:
+                raise SimulatorError(f"{e} (op {k.op})") from None
         if self.sm_count is not None and k.gemm_shape is not None:
             compute = self.gemm_tiling(k.gemm_shape, k.dtype, sms_available).compute_s
         else:
@@ -343,11 +350,12 @@ class Roofline:
             return self.gemm_time(k, sms_available)
         if sms_available is not None:
             self._check_sms(sms_available)
-        peak = self.peak(k.dtype)
         if k.kind == "attention":
+            peak = self.peak(k.dtype)
             eff = self.gemm_efficiency if self.attention_efficiency is None else self.attention_efficiency
             compute = k.exec_flops / (peak * self.op_efficiency(k, eff))
-        else:
+        else:  # memory-bound: a float32 elementwise kernel beside bf16 GEMMs (a loss) is not refused
+            peak = self.peak(k.dtype, gemm=False)
             return max(k.exec_flops / peak, self.memory_time(k.bytes, k.op, k.phase)) + self.kernel_overhead
         memory = k.bytes / (self.mem_bandwidth * self.mem_efficiency)
         return max(compute, memory) + self.kernel_overhead

@@ -29,7 +29,7 @@ MODEL = ("--model", "llama2-7b", "--layers", "2", "--seq-len", "64")
 
 @pytest.mark.parametrize("mesh, typed", [
     (["--mesh", "d0=4"], "--mesh d0=4 gives process mesh [4] on ranks 0..3"),
-    (["--tp", "2"], "--tp 2 gives process mesh [1, 2] on ranks [0, 1]"),
+    (["--tp", "4"], "--tp 4 gives process mesh [1, 4] on ranks 0..3"),
     (["--mesh", "d0=2,pp=2"], "--mesh d0=2,pp=2 gives process mesh [2] on ranks [0, 1] and [2] on ranks [2, 3]"),
 ])
 def test_complete_refuses_a_mesh_other_than_the_programs_own(capsys, mesh, typed):
@@ -160,3 +160,19 @@ def test_complete_refuses_model_sizes_beside_a_program(capsys, extra, named):
                                         "--summary-only"))
         assert line.startswith(f"error: {named}: a .pir program is completed as written, and "
                                "mlp_sgd_no_dist_attrs.pir "), line
+
+
+def test_completes_output_reads_back_with_the_mesh_it_was_made_on(capsys, tmp_path):
+    """The review: complete's own output (its [2, 1] meshes and the // summary lines after the
+    program) read back with --dp 2: the summary lines are comments, and a size-1 dim shards
+    nothing, so [2, 1] on ranks 0, 1 is the mesh --dp 2 gives; --dp 4 is still refused."""
+    rc, out, err = run_main(capsys, "complete", "--model", "llama2-7b", "--layers", "1", "--dp", "2",
+                            "--megatron", "--seq-len", "64")
+    assert rc == 0, err
+    f = tmp_path / "out.pir"
+    f.write_text(out)
+    assert "// " in out
+    rc, again, err = run_main(capsys, "complete", "--program", str(f), "--dp", "2", "--summary-only")
+    assert rc == 0, err
+    line = one_line_error(*run_main(capsys, "complete", "--program", str(f), "--dp", "4"))
+    assert "process mesh [2, 1] on ranks [0, 1]" in line

@@ -177,3 +177,17 @@ def test_command_help_paragraphs_are_reflowed(capsys):
     assert "Hugging Face config.json file or its folder; CLUSTER a catalog name" in words
     lines = [ln.strip(" │") for ln in out.splitlines()]
     assert "CLUSTER a" not in lines and not any(ln.rstrip().endswith("CLUSTER a") for ln in lines)
+
+
+def test_a_warning_shows_once_per_command(tmp_path):
+    """The review: compare printed a config.json warning once per plan (run as the console
+    script runs: pytest's own warning capture would hide the lines in-process)."""
+    cfg = tmp_path / "nohd.json"
+    cfg.write_text('{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, '
+                   '"num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, '
+                   '"vocab_size": 1024, "max_position_embeddings": 4096}')
+    r = subprocess.run([sys.executable, "-m", "meshplan", "compare", "--model", str(cfg), "--cluster",
+                        "dgx-h100", "--dp", "2,4", "--global-batch", "8"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("warning: ") == 1 and "'head_dim' is absent" in r.stderr

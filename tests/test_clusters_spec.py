@@ -416,3 +416,14 @@ def test_a_bare_number_for_a_quantity_says_to_write_its_source():
     assert str(e.value) == ("x.yaml: field 'device.peak_flops.bf16': must be a mapping {value: ..., "
                             "provenance: \"...\"} (every number of a cluster YAML carries its source) "
                             "(got '9.89e14')")
+
+
+def test_a_scalar_for_a_section_says_it_is_a_section():
+    """The review: ``node: 4`` was told to be a {value, provenance} mapping."""
+    from clusters.spec import parse_spec
+
+    raw = _base()
+    raw["node"] = 4
+    with pytest.raises(ClusterSpecError) as e:
+        parse_spec(raw, "x.yaml")
+    assert str(e.value) == "x.yaml: field 'node': must be a section: a mapping of its fields (got 4)"

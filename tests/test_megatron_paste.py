@@ -99,6 +99,9 @@ def test_layout_split_by_hand(layout, split):
     ("E,t*4|t*3,m,L", "stage 1 has m"),
     ("E,t*4|t*4,L;", "not a layout of E, t, L and |"),
     ("E,(t)*99999999,L", "more than 65536 layers"),
+    ("E,((tt)*2)*2,t*3|t*8,L", "nested (...) groups"),       # the review: counted (8, 8)
+    ("tEttt|ttttL", "the embedding E must open the first stage"),
+    ("Etttt|tLttt", "the loss L must close the last stage"),
 ])
 def test_bad_layouts_name_the_argument(layout, words):
     from meshplan.commands.megatron_args import layout_split

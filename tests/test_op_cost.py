@@ -179,6 +179,15 @@ def test_fp32_never_runs_at_the_16_bit_rate_silently():
         no32.peak("float32")
     assert no32.peak("bfloat16") == 9.89e14 and no32.peak("int64") == 9.89e14
     assert Roofline(peak_flops={"bf16": 9.89e14, "tf32": 4.95e14}, **kw).peak("float32") == 4.95e14
+    # a float32 memory-bound kernel (an AMP loss after bf16 GEMMs) is costed, by its bytes;
+    # a float32 GEMM is refused naming its op (the review's AMP program)
+    from simulator.op_cost import KernelCost
+
+    mem = KernelCost("F", 1e6, 1e6, 4e6, "memory", "float32", op="pd_op.subtract")
+    assert no32.kernel_time(mem) == pytest.approx(max(1e6 / 9.89e14, 4e6 / 1e10) + 1e-5)
+    gemm = KernelCost("F", 2e9, 2e9, 1e7, "gemm", "float32", op="pd_op.matmul")
+    with pytest.raises(SimulatorError, match=r"float32 GEMMs need .* \(op pd_op.matmul\)"):
+        no32.kernel_time(gemm)
 
 
 def test_mfu_peak_is_the_largest_floating_point_peak_other_than_fp8():

@@ -66,8 +66,6 @@ def test_tune_config_searches_cp_and_carries_the_exchange():
     ({"search_cp": True, "framework": "deepspeed"}, "framework deepspeed runs no context parallelism"),
     ({"cp_comm": "all_gather"}, "no plan has cp > 1: add --search-cp or pin --cp N"),
     ({"cp_comm": "all_gather", "fix": "cp=1"}, "no plan has cp > 1"),
-    ({"cp_comm": "all_gather", "fix": "cp=2", "framework": "llm-foundry"},
-     "framework llm-foundry runs no context parallelism"),
 ])
 def test_cp_options_that_cannot_hold_are_refused(kw, words):
     with pytest.raises(MeshplanError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -127,3 +125,10 @@ def test_cli_notes_and_warnings_for_cp_a_framework_does_not_run(capsys, tmp_path
                                     "--nodes", "1", "--global-batch", "8", "--cp-comm-type", "allgather",
                                     "--storage", "memory"))
     assert "--cp-comm all_gather" in line and "--search-cp" in line
+
+
+def test_a_pinned_cp_under_a_framework_without_cp_is_noted_whatever_its_exchange():
+    """The review: --cp 2 under DeepSpeed was a note, --cp 2 --cp-comm all_gather an error;
+    both plans cannot run there alike: both are noted (by the CLI), neither refused."""
+    for comm in ("p2p", "all_gather"):
+        assert _config(fix="cp=2", cp_comm=comm, framework="deepspeed").space.cp_choices() == [2]

@@ -66,9 +66,17 @@ class Cursor:
 
     # -- low-level readers -------------------------------------------------------------
     def ws(self) -> None:
+        """Skip whitespace and ``//`` line comments (the summary lines ``meshplan complete``
+        and ``program show`` print after a program, so their output reads back)."""
         s, i = self.s, self.i
-        while i < len(s) and s[i] in " \t\r\n":
-            i += 1
+        while i < len(s):
+            if s[i] in " \t\r\n":
+                i += 1
+            elif s.startswith("//", i):
+                nl = s.find("\n", i)
+                i = len(s) if nl < 0 else nl + 1
+            else:
+                break
         self.i = i
 
     def at_end(self) -> bool:

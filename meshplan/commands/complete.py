@@ -197,7 +197,11 @@ def check_program_mesh(program: Any, name: str, stage_mesh: Any, pp: int,
         size = stage_mesh.size
         want = [ProcessMesh(stage_mesh.shape, tuple(r + s * size for r in stage_mesh.process_ids),
                             stage_mesh.dim_names) for s in range(pp)]
-        if set(want) != set(own):
+        def squeezed(ms: list[Any]) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
+            # dims of size 1 shard nothing: [2, 1] on ranks 0, 1 is the mesh [2] on them
+            return {(tuple(k for k in m.shape if k > 1), tuple(m.process_ids)) for m in ms}
+
+        if squeezed(want) != squeezed(own):
             spec = ",".join(f"{n}={k}" for n, k in zip(own[0].dim_names, own[0].shape, strict=True))
             hint = f"give --mesh {spec} or leave the mesh out" if len(own) == 1 else "leave the mesh out"
             raise CompletionError(

@@ -229,12 +229,10 @@ def _expand_layout(text: str) -> str:
         return part * int(n)
 
     t = re.sub(r"[\s,]", "", text)
-    for _ in range(64):  # innermost groups first
-        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
-        new = re.sub(r"\(([^()]*)\)", r"\1", new)
-        if new == t:
-            break
-        t = new
+    if re.search(r"\([^)]*\(", t):  # Megatron-LM's parse_str_to_list takes one level
+        raise MeshplanError(f"{flag} {text!r}: nested (...) groups are not Megatron-LM's grammar")
+    t = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
+    t = re.sub(r"\(([^()]*)\)", r"\1", t)
     t = re.sub(r"([A-Za-z])\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
     if not re.fullmatch(r"[A-Za-z|]*", t) or len(t) > 1 << 16:
         raise MeshplanError(f"{flag} {text!r}: not a layout of E, t, L and | (with *N repeats "
@@ -257,10 +255,11 @@ def layout_split(text: str) -> tuple[int, ...]:
         if bad:
             raise MeshplanError(f"{flag} {text!r}: meshplan models E (embedding), t (decoder "
                                 f"layer) and L (loss); stage {i} has {''.join(bad)}")
-        if ("E" in st) != (i == 0) or st.count("E") > 1:
+        if ("E" in st) != (i == 0) or st.count("E") > 1 or (i == 0 and not st.startswith("E")):
             raise MeshplanError(f"{flag} {text!r}: the embedding E must open the first stage "
                                 "(where meshplan places it), once")
-        if ("L" in st) != (i == len(stages) - 1) or st.count("L") > 1:
+        if ("L" in st) != (i == len(stages) - 1) or st.count("L") > 1 or \
+                (i == len(stages) - 1 and not st.endswith("L")):
             raise MeshplanError(f"{flag} {text!r}: the loss L must close the last stage (where "
                                 "meshplan places it), once")
     return tuple(st.count("t") for st in stages)
