@@ -58,6 +58,11 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if memory_headroom is None:
         memory_headroom = DEFAULT_MEMORY_HEADROOM
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
+    pp_zero = _pp_zero_stages(framework)
+    if pp_zero is not None:
+        from dataclasses import replace
+
+        prob = replace(prob, pp_zero_stages=pp_zero)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
@@ -79,6 +84,15 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def _pp_zero_stages(framework: str) -> tuple[int, ...] | None:
+    """The ZeRO stages ``framework`` runs beside pipeline parallelism (its profile's
+    ``pipeline.zero_stages``; None: every one)."""
+    from simulator.profiles import load_profile
+
+    z = load_profile(framework).pipeline.zero_stages
+    return None if z is None else tuple(z.value)
 
 
 def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:

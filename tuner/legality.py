@@ -203,6 +203,15 @@ def ep_layout(c: Candidate, p: SearchProblem) -> str | None:
     return None
 
 
+def zero_runs_with_pp(c: Candidate, p: SearchProblem) -> str | None:
+    """A ZeRO stage the framework runs beside pipeline parallelism
+    (``SearchProblem.pp_zero_stages``: DeepSpeed's pipeline engine refuses ZeRO-2 and 3)."""
+    if c.pp > 1 and p.pp_zero_stages is not None and c.zero not in p.pp_zero_stages:
+        return (f"zero={c.zero} with pp={c.pp}: the framework runs ZeRO "
+                f"{', '.join(map(str, p.pp_zero_stages))} beside pipeline parallelism")
+    return None
+
+
 #: Every rule, in check order (cheap mesh rules first).
 RULES: tuple[Rule, ...] = (
     mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
@@ -210,7 +219,7 @@ RULES: tuple[Rule, ...] = (
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
-    zero_needs_dp, hsdp_shard_group, ep_layout,
+    zero_needs_dp, hsdp_shard_group, ep_layout, zero_runs_with_pp,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).

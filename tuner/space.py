@@ -125,8 +125,11 @@ class SearchProblem:
     seq_len: int
     allow_cross_node_tp: bool = False
     uneven_pp: bool = False
+    pp_zero_stages: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.pp_zero_stages is not None:
+            object.__setattr__(self, "pp_zero_stages", tuple(self.pp_zero_stages))
         for name in ("world_size", "devices_per_node", "global_batch_size", "seq_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -141,6 +144,8 @@ class SearchProblem:
         d = asdict(self)
         if not d["model"].get("num_experts"):
             d["model"].pop("num_experts", None)
+        if d["pp_zero_stages"] is None:  # absent, as in studies stored before the field
+            del d["pp_zero_stages"]
         return d
 
     @classmethod

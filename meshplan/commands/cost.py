@@ -109,7 +109,7 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
-        f"{d['tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {d['mfu'] * 100:.1f}%"
+        f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}%"
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
            f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),
@@ -159,6 +159,14 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
     plan = Plan.load(plan_file)
     changes = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
     return dataclasses.replace(plan, **changes) if changes else plan
+
+
+def flop_rate(flops_per_s: float) -> str:
+    """``412.9 TFLOP/s``, or in GFLOP/s below one TFLOP/s (a CPU rank: 28.3 GFLOP/s, which
+    TFLOP/s printed as 0.0 beside a 42% MFU)."""
+    if flops_per_s >= 1e12 or flops_per_s == 0:
+        return f"{flops_per_s / 1e12:.1f} TFLOP/s"
+    return f"{flops_per_s / 1e9:.1f} GFLOP/s"
 
 
 def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
@@ -284,8 +292,10 @@ def cost_cmd(
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
     opt.image_path("--plot", plot)
     opt.image_path("--memory-png", memory_png)
-    opt.distinct_outputs({"PLAN.json": plan_file, "--trace": trace, "--plot": plot,
-                          "--memory-png": memory_png})  # never write over the plan being read
+    opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
+                          "--cluster": opt.input_file(cluster),
+                          "--torchtitan-config": opt.input_file(torchtitan_config), "--trace": trace,
+                          "--plot": plot, "--memory-png": memory_png})  # never over an input
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

@@ -107,7 +107,7 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }
     rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine),
-                                   unrun_cp_warning(engine)) if w]
+                                   unrun_cp_warning(engine), unrun_zero_warning(engine)) if w]
     return rec
 
 
@@ -137,6 +137,18 @@ def unrun_cp_warning(engine: Any) -> str | None:
     what = "runs no context parallelism" if not runs.value else \
         f"does not run the {s.cp_comm} K/V exchange (it runs {', '.join(runs.value)})"
     return f"the {s.framework} profile's framework {what}: cp {s.cp} costed as asked"
+
+
+def unrun_zero_warning(engine: Any) -> str | None:
+    """One line when the plan pipelines (pp > 1) with a ZeRO stage its framework does not
+    run beside pipeline parallelism (``pipeline.zero_stages``: DeepSpeed runs ZeRO 0 and 1
+    there). None otherwise."""
+    s = engine.strategy
+    runs = engine.profile.pipeline.zero_stages
+    if s.pp == 1 or runs is None or s.zero in runs.value:
+        return None
+    return (f"the {s.framework} profile's framework runs ZeRO {', '.join(map(str, runs.value))} "
+            f"beside pipeline parallelism, not ZeRO-{s.zero}: costed as asked")
 
 
 def idle_gpu_warning(rec: dict[str, Any]) -> str | None:

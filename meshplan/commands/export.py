@@ -51,18 +51,25 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
                 num_layers=layers)
 
 
-def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | None) -> Any:
-    """The Plan of ``plan_file``, its split restated by ``--layers-per-stage`` when given
-    (a word replaces a split the file pins; ``opt.pipeline_split``). Raises MeshplanError for
-    any other strategy option beside it, and what ``Plan.load`` and the split raise."""
+def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | None,
+                    cluster: str | None = None, nodes: int | None = None) -> Any:
+    """The Plan of ``plan_file``, on ``cluster`` / ``nodes`` when given (as ``cost PLAN.json``
+    re-costs it there), its split restated by ``--layers-per-stage`` when given (a word
+    replaces a split the file pins; ``opt.pipeline_split``). Raises MeshplanError for any
+    other strategy option beside it, and what ``Plan.load`` and the split raise."""
     from meshplan.commands.export_targets import model_sizes
     from meshplan.plan import Plan
 
-    typed = [f for f in _strategy_flags_typed(ctx) if f not in opt.FLAGS["layers_per_stage"]]
+    typed = [f for f in _strategy_flags_typed(ctx)
+             if f not in (*opt.FLAGS["layers_per_stage"], "--cluster", "--nodes")]
     if typed:
         raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
-                            f"(got {plan_file} and {', '.join(typed)})")
+                            f"(got {plan_file} and {', '.join(typed)}; --cluster and --nodes "
+                            "move the plan to another cluster)")
     plan = Plan.load(plan_file)
+    moved = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
+    if moved:
+        plan = dataclasses.replace(plan, **moved)
     if layers_per_stage is None:
         return plan
     if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):
@@ -132,9 +139,10 @@ def export_cmd(
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan
 
+    opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
+                          "--cluster": opt.input_file(cluster), "--output": output or None})
     if plan_file is not None:
-        opt.distinct_outputs({"PLAN.json": plan_file, "--output": output or None})
-        plan = _plan_from_file(ctx, plan_file, layers_per_stage)
+        plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
     else:
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "

@@ -54,6 +54,13 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
         notes.append(Note("pp", f"set deepspeed.pipe.PipelineModule(num_stages={eff['pp']}) in the "
                                 f"training script (no config key); launch dp x tp x pp = "
                                 f"{eff['dp'] * eff['tp'] * eff['pp']} ranks"))
+    if eff["pp"] > 1 and eff["zero"] > 1:
+        notes.append(Note("zero", f"DeepSpeed's pipeline engine refuses ZeRO-2 and 3 "
+                                  f"(PipelineEngine asserts stage < 2); ZeRO-1 is written, not "
+                                  f"ZeRO-{eff['zero']}"))
+        if eff["fsdp_shard_size"]:
+            notes.append(Note("fsdp_shard_size", "HSDP shard groups are ZeRO-3's: none with ZeRO-1"))
+        eff["zero"], eff["fsdp_shard_size"] = 1, None
     if eff["vpp"] > 1:
         notes.append(Note("vpp", f"DeepSpeed's pipeline engine runs one model chunk per rank, "
                                  f"not {eff['vpp']}"))

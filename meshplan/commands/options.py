@@ -354,6 +354,15 @@ def distinct_outputs(paths: dict[str, str | None]) -> None:
         seen[key] = flag
 
 
+def input_file(path: str | None) -> str | None:
+    """``path`` when it names an existing file (a --model config.json or program, a
+    --cluster YAML), else None (a catalog or built-in name): the inputs
+    :func:`distinct_outputs` keeps outputs off."""
+    import os
+
+    return path if path is not None and os.path.isfile(path) else None
+
+
 def write_output(flag: str, path: str, write: Any) -> None:
     """Run ``write()`` (which writes ``path``), turning an OSError into a ValueError that
     names ``flag`` and the path (``--trace /proc/x.json: cannot write it: ...``)."""

@@ -267,15 +267,31 @@ class Schedules(_Quantity):
         return v
 
 
+class ZeroStages(_Quantity):
+    """ZeRO stages (0-3) a framework runs beside pipeline parallelism."""
+
+    value: tuple[int, ...] = Field(min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [x for x in v if x not in (0, 1, 2, 3)]
+        if bad:
+            raise ValueError(f"ZeRO stages are 0-3, got {bad}")
+        return v
+
+
 class Pipeline(BaseModel):
-    """Pipeline point-to-point facts, and the schedules the framework runs (``schedules``;
-    absent: every schedule meshplan simulates). ``meshplan tune`` searches those by
+    """Pipeline point-to-point facts, the schedules the framework runs (``schedules``;
+    absent: every schedule meshplan simulates) and the ZeRO stages it runs beside pp > 1
+    (``zero_stages``; absent: every one). ``meshplan tune`` searches those by
     default, and ``cost`` / ``export`` say when a plan's schedule is not among them."""
 
     model_config = _STRICT
     p2p: P2PMode
     scatter_gather: Flag
     schedules: Schedules | None = None
+    zero_stages: ZeroStages | None = None
 
 
 class Gradients(BaseModel):

@@ -1,0 +1,46 @@
+"""ZeRO beside pipeline parallelism as the framework runs it (profile
+``pipeline.zero_stages``): found by a hunt, DeepSpeed's PipelineEngine asserts ZeRO stage < 2,
+yet cost costed, tune searched and export wrote ZeRO-2/3 plans with pp > 1 under the
+deepspeed profile."""
+
+from __future__ import annotations
+
+import json
+
+from meshplan.commands.export_targets import export_plan
+from meshplan.plan import Plan
+from meshplan.strategy import Strategy
+from simulator.profiles import load_profile
+from tests._cli import run_main
+from tuner import legality as L
+from tuner.space import Candidate, ModelDims, SearchProblem
+
+DIMS = ModelDims("m", 4, 4096, 32, 32, 11008, 32000)
+
+
+def test_profile_and_legality():
+    assert load_profile("deepspeed").pipeline.zero_stages.value == (0, 1)
+    assert load_profile("megatron-core").pipeline.zero_stages is None
+    p = SearchProblem(DIMS, 16, 8, 32, 2048, pp_zero_stages=(0, 1))
+    assert L.zero_runs_with_pp(Candidate(4, 2, 2, zero=2), p) == \
+        "zero=2 with pp=2: the framework runs ZeRO 0, 1 beside pipeline parallelism"
+    assert L.zero_runs_with_pp(Candidate(4, 2, 2, zero=1), p) is None
+    assert L.zero_runs_with_pp(Candidate(8, 2, 1, zero=3), p) is None  # no pipeline
+    free = SearchProblem(DIMS, 16, 8, 32, 2048)
+    assert L.zero_runs_with_pp(Candidate(4, 2, 2, zero=3), free) is None
+    assert "pp_zero_stages" not in free.to_dict()  # a study stored before the field resumes
+    assert SearchProblem.from_dict(p.to_dict()) == p
+
+
+def test_cost_warns_and_export_writes_zero_1(capsys):
+    args = ("--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "2", "--dp", "4", "--tp", "2",
+            "--pp", "2", "--global-batch", "32", "--zero", "2", "--framework", "deepspeed")
+    rc, out, err = run_main(capsys, "cost", *args)
+    assert rc == 0, err
+    assert "runs ZeRO 0, 1 beside pipeline parallelism, not ZeRO-2" in out + err
+    s = Strategy(dp=8, tp=1, pp=2, micro_batch_size=1, global_batch_size=32, zero=3, fsdp_shard_size=4,
+                 framework="deepspeed")
+    out = export_plan(Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s, nodes=2), "deepspeed")
+    assert json.loads(out.text)["zero_optimization"]["stage"] == 1
+    assert {n.knob for n in out.notes} >= {"zero", "fsdp_shard_size"}
+    assert (out.effective["zero"], out.effective["fsdp_shard_size"]) == (1, None)
