@@ -10,6 +10,7 @@ import pytest
 from meshplan.cli import main
 from meshplan.engine import Engine
 from meshplan.strategy import Strategy
+from tests._cli import one_line_error, run_main
 
 ARGS = ["cost", "--model", "megatron-1.7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
         "--dp", "2", "--pp", "2", "--micro-batch-size", "1", "--global-batch", "8",
@@ -180,3 +181,41 @@ def test_a_plan_file_is_never_overwritten_and_a_tune_folder_is_read(tmp_path, ca
     rc, out, err = run_main(capsys, "cost", str(tmp_path), "--json")
     rc2, out2, _ = run_main(capsys, "cost", str(path), "--json")
     assert rc == rc2 == 0 and json.loads(out)["step_time_ms"] == json.loads(out2)["step_time_ms"]
+
+
+def test_outputs_never_overwrite_an_input(capsys, tmp_path):
+    """A hunt: --trace over the --model config.json or the --cluster YAML, and export -o over
+    the config, replaced the input in silence (only PLAN.json was guarded)."""
+    import shutil
+
+    from clusters import CATALOG_DIR
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text('{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, '
+                   '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256, '
+                   '"max_position_embeddings": 64}')
+    yml = tmp_path / "h.yaml"
+    shutil.copy(CATALOG_DIR / "dgx-h100.yaml", yml)
+    before = cfg.read_text(), yml.read_text()
+    base = ("--dp", "2", "--global-batch", "4", "--seq-len", "32")
+    for args, words in ((("cost", "--model", str(cfg), "--cluster", "dgx-h100", *base, "--trace", str(cfg)),
+                         "--model and --trace name the same file"),
+                        (("cost", "--model", "llama2-7b", "--cluster", str(yml), *base, "--trace", str(yml)),
+                         "--cluster and --trace name the same file"),
+                        (("export", "--to", "megatron", "--model", str(cfg), "--cluster", "dgx-h100", *base,
+                          "-o", str(cfg)), "--model and --output name the same file")):
+        line = one_line_error(*run_main(capsys, *args))
+        assert words in line
+    assert (cfg.read_text(), yml.read_text()) == before
+
+
+def test_a_cpu_rate_is_printed_in_gflops(capsys):
+    """A hunt: 0.0 TFLOP/s per GPU beside MFU 42% on a CPU cluster."""
+    from meshplan.commands.cost import flop_rate
+
+    assert flop_rate(412.94e12) == "412.9 TFLOP/s" and flop_rate(28.31e9) == "28.3 GFLOP/s"
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--layers", "1", "--cluster", "cpu-local",
+                            "--dp", "2", "--global-batch", "2", "--seq-len", "64", "--dtype", "float32",
+                            "--framework", "eager")
+    assert rc == 0, err
+    assert " GFLOP/s per GPU" in out.splitlines()[0]

@@ -235,3 +235,21 @@ def test_zero_states_are_said_to_shard_over_dp_x_cp_and_export_takes_hsdp(capsys
                             "--framework", "fsdp2", "--zero", "3", "--hsdp", "8")
     assert rc == 0, err
     assert "data_parallel_replicate_degree = 2" in out and "data_parallel_shard_degree = 8" in out
+
+
+def test_export_of_a_plan_file_moves_to_another_cluster(capsys, tmp_path):
+    """A hunt: export's --cluster help said "with PLAN.json: instead of the plan's", and it was
+    refused as a strategy option; it moves the plan as cost PLAN.json --cluster does (its
+    costed notes are the other cluster's: the balanced split's step time differs)."""
+    from meshplan.plan import Plan
+
+    plan = tmp_path / "plan.json"
+    Plan(model="qwen3-30b-a3b", cluster="dgx-a100-80g", strategy=STRATEGY, seq_len=2048,
+         num_layers=8).save(str(plan))
+    rc, _, a100 = run_main(capsys, "export", str(plan), "--to", "megatron")
+    assert rc == 0, a100
+    rc, _, h100 = run_main(capsys, "export", str(plan), "--to", "megatron", "--cluster", "dgx-h100")
+    assert rc == 0, h100
+    assert "a step" in a100 and "a step" in h100 and a100 != h100  # the costed notes differ
+    line = one_line_error(*run_main(capsys, "export", str(plan), "--to", "megatron", "--tp", "2"))
+    assert "not both" in line and "--tp" in line and "--cluster and --nodes move the plan" in line
