@@ -139,3 +139,19 @@ def test_cli_costs_the_exported_job_as_the_plan(capsys, tmp_path):
     assert "states the strategy; drop --tp" in line
     line = one_line_error(*run_main(capsys, "cost", *plan, "--torchtitan-config", str(toml), "--seq-len", "8192"))
     assert "--seq-len 8192, but" in line and "seq_len 4096" in line
+
+
+def test_zero_0_with_tp_is_written_as_fsdp(tmp_path):
+    """A hunt: ZeRO 0 with tp 2 / pp 2 went out as replicate 4, shard 1, which torchtitan
+    refuses ("DDP has not supported > 1D parallelism"); it is written as FSDP2 shards
+    without resharding (ZeRO-2), noted, and reads back so."""
+    from meshplan.strategy import Strategy
+
+    s = Strategy(dp=4, tp=2, pp=2, micro_batch_size=1, global_batch_size=32, zero=0, sequence_parallel=True,
+                 framework="fsdp2")
+    out = export_plan(Plan(model="llama2-7b", cluster="dgx-a100-80g", strategy=s, nodes=2), "torchtitan")
+    assert "data_parallel_shard_degree = 4" in out.text and 'fsdp_reshard_after_forward = "never"' in out.text
+    assert any(n.knob == "zero" for n in out.notes) and out.effective["zero"] == 2
+    f = tmp_path / "j.toml"
+    f.write_text(out.text)
+    assert torchtitan_knobs(f, 16, lambda: 32)["zero"] == 2
