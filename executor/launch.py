@@ -52,6 +52,15 @@ class LaunchTimeout(ExecutorError, RuntimeError):
     """The ranks did not finish within the launch timeout; all were terminated."""
 
 
+
+def _death(code: int | None) -> str:
+    """Why a rank process ended with ``code``: a negative code is the signal that killed it;
+    SIGKILL (-9) is most often the kernel's out-of-memory killer."""
+    if code == -9:
+        return "killed by SIGKILL: most often the kernel's out-of-memory killer (see dmesg); a " \
+               "longer sequence or larger micro-batch than this machine holds"
+    return "killed or crashed"
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1 for the rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -166,7 +175,7 @@ def launch(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = 
                 if dead and _first_error(outdir) is None:
                     _stop(ctx)
                     code = ctx.processes[dead[0]].exitcode
-                    raise RankFailure(dead[0], f"exited with code {code} (killed or crashed)")
+                    raise RankFailure(dead[0], f"exited with code {code} ({_death(code)})")
                 if all(not p.is_alive() for p in ctx.processes):
                     break
                 if time.time() > deadline:

@@ -26,6 +26,16 @@ def _rank0_hangs(rank: int, nproc: int) -> int:
     return rank
 
 
+def _rank1_sigkilled(rank: int, nproc: int) -> int:
+    import os
+    import signal
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer ends a rank
+    time.sleep(30)
+    return rank
+
+
 def _ok(rank: int, nproc: int) -> int:
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
@@ -39,6 +49,14 @@ def test_raising_rank_ends_run_with_its_message_within_timeout():
         launch(_rank1_raises, 2, timeout=60, collective_timeout=60)
     assert time.monotonic() - t0 < 30
     assert ei.value.rank == 1 and "boom from rank 1" in ei.value.traceback
+
+
+@pytest.mark.distributed
+def test_a_sigkilled_rank_is_named_as_a_likely_oom_kill():
+    """A hunt: validate of a plan too big for the host ended "exited with code -9 (killed or
+    crashed)"; SIGKILL is named, with the out-of-memory killer as its usual sender."""
+    with pytest.raises(RankFailure, match="rank 1 failed: exited with code -9 .*out-of-memory killer"):
+        launch(_rank1_sigkilled, 2, timeout=60, collective_timeout=60)
 
 
 @pytest.mark.distributed
