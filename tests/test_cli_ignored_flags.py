@@ -124,12 +124,24 @@ def test_cost_refuses_options_a_program_ignores(capsys, extra, named):
     assert line.endswith(f"drop {named.split()[0]}")
 
 
-@pytest.mark.parametrize("extra", [["--seq-len", "9"], ["--dtype", "float32"], ["--zero", "1"],
-                                   ["--recompute", "none"], ["--framework", "fsdp2"]])
-def test_cost_keeps_the_options_that_act_on_a_program(capsys, extra):
+@pytest.mark.parametrize("extra, key", [(["--seq-len", "9"], "tokens_per_s"), (["--dtype", "float32"], "step_time_ms"),
+                                        (["--zero", "1"], "max_memory_bytes"), (["--framework", "fsdp2"], "step_time_ms")])
+def test_cost_keeps_the_options_that_act_on_a_program(capsys, extra, key):
+    """Each option kept beside a program changes what it is there for (the review: the
+    test only asserted a positive step time): the tokens counted, the dtype's and the
+    framework's kernel times, the ZeRO-sharded optimizer states."""
+    rc, base, err = run_main(capsys, *COST, "--json")
+    assert rc == 0, err
     rc, out, err = run_main(capsys, *COST, *extra, "--json")
     assert rc == 0, err
-    assert json.loads(out)["step_time_ms"] > 0
+    assert json.loads(out)[key] != json.loads(base)[key]
+
+
+def test_cost_keeps_recompute_none_on_a_program(capsys):
+    rc, base, err = run_main(capsys, *COST, "--json")
+    rc2, out, err2 = run_main(capsys, *COST, "--recompute", "none", "--json")
+    assert rc == rc2 == 0, err + err2
+    assert json.loads(out)["step_time_ms"] == json.loads(base)["step_time_ms"]  # the default, typed
 
 
 def test_cost_sequence_parallel_on_a_program_with_its_own_layout_is_refused(capsys):
