@@ -202,3 +202,16 @@ def test_any_megatron_export_pasted_into_cost_is_the_plan_megatron_runs(capsys, 
         got["layers_per_stage"] = None if s.vpp == 1 else got["layers_per_stage"]
     assert got == want, (args, eff)
     assert s.schedule == ("VPP" if eff["vpp"] > 1 else "1F1B")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--pp", "2", "--layers", "8", "--pipeline-model-parallel-layout", "E,t*3|t*4,L"],
+     "'E,t*3|t*4,L' places 7 decoder layers, the model has 8"),
+    (["--pipeline-model-parallel-layout", "E,t*16|t*16,L"], "has 2 stages but --pp is 1"),
+])
+def test_layout_errors_name_the_layout(capsys, args, words):
+    """The review: these said "--layers-per-stage [3, 4] sums to 7" and "--vpp = 2 needs
+    --pp > 1", flags the user never typed."""
+    line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--dp", "4", "--global-batch", "8", *args))
+    assert "--pipeline-model-parallel-layout" in line and words in line

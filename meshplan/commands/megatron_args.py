@@ -357,11 +357,20 @@ def dtype_of(ctx: Any, dtype: Any, m: MegatronArgs) -> Any:
     return want
 
 
-def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any]) -> dict[str, Any]:
+def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any],
+                  num_layers: Callable[[], int]) -> dict[str, Any]:
     """``layers_per_stage`` and ``vpp`` of ``--pipeline-model-parallel-layout`` on ``pp``
-    pipeline ranks (vpp = stages / pp, as Megatron-LM derives it). Raises MeshplanError when
-    the stages do not divide by pp, or a typed vpp or ``--layers-per-stage`` disagrees."""
+    pipeline ranks (vpp = stages / pp, as Megatron-LM derives it). Raises MeshplanError
+    naming the layout when its layers are not the model's (``num_layers()``), its stages do
+    not divide by pp or need pp > 1, or a typed vpp or ``--layers-per-stage`` disagrees."""
     split = layout_split(text)
+    flag = "--pipeline-model-parallel-layout"
+    if sum(split) != num_layers():
+        raise MeshplanError(f"{flag} {text!r} places {sum(split)} decoder layers, the model has "
+                            f"{num_layers()}")
+    if pp == 1 and len(split) > 1:
+        raise MeshplanError(f"{flag} {text!r} has {len(split)} stages but "
+                            f"{opt.typed_flag(ctx, 'pp')} is 1: give the pipeline size they run on")
     if len(split) % pp:
         raise MeshplanError(f"--pipeline-model-parallel-layout {text!r} has {len(split)} stages, "
                             f"not a multiple of {opt.typed_flag(ctx, 'pp')} {pp}")
@@ -461,7 +470,7 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
     megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",
                          *(() if searched else ("--vpp",)))
     if m.pipeline_layout is not None:
-        out.update(_layout_knobs(ctx, m.pipeline_layout, pp, out))
+        out.update(_layout_knobs(ctx, m.pipeline_layout, pp, out, num_layers))
         megatron_vpp = megatron_vpp or ["--pipeline-model-parallel-layout"]
     if m.vpp_layers is not None:
         if opt.given_flags(ctx, "vpp"):
