@@ -59,6 +59,10 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
         memory_headroom = DEFAULT_MEMORY_HEADROOM
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     pp_zero = _pp_zero_stages(framework)
+    fixed_now = fix if isinstance(fix, dict) else parse_fix(fix)
+    if pp_zero is not None and fixed_now.get("pp", 1) > 1 and fixed_now.get("zero", pp_zero[0]) not in pp_zero:
+        raise MeshplanError(f"--pp {fixed_now['pp']} and --zero {fixed_now['zero']}: framework {framework} "
+                            f"runs ZeRO {', '.join(map(str, pp_zero))} beside pipeline parallelism")
     if pp_zero is not None:
         from dataclasses import replace
 

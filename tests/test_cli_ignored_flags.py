@@ -137,13 +137,6 @@ def test_cost_keeps_the_options_that_act_on_a_program(capsys, extra, key):
     assert json.loads(out)[key] != json.loads(base)[key]
 
 
-def test_cost_keeps_recompute_none_on_a_program(capsys):
-    rc, base, err = run_main(capsys, *COST, "--json")
-    rc2, out, err2 = run_main(capsys, *COST, "--recompute", "none", "--json")
-    assert rc == rc2 == 0, err + err2
-    assert json.loads(out)["step_time_ms"] == json.loads(base)["step_time_ms"]  # the default, typed
-
-
 def test_cost_sequence_parallel_on_a_program_with_its_own_layout_is_refused(capsys):
     args = ("cost", "--cluster", "cpu-local", "--tp", "2", "--global-batch", "4",
             "--micro-batch-size", "4", "--dtype", "float32", "--sequence-parallel")

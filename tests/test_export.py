@@ -208,7 +208,8 @@ def parse_torchtitan(text: str, world: int) -> dict:
     # forward only without pp (with pp the parameters stay gathered: ZeRO-2)
     policy = par.get("fsdp_reshard_after_forward", "default")
     reshard = policy == "always" or (policy == "default" and pp == 1)
-    zero = 0 if shard == 1 else 3 if reshard else 2
+    # ParallelDims: FSDP runs over dp_shard x cp, so cp > 1 shards even with shard degree 1
+    zero = 0 if shard == 1 and cp == 1 else 3 if reshard else 2
     hsdp = shard if rep > 1 and shard > 1 else None  # 2-D mesh (replicate, shard)
     recompute = {("none", None): "none", ("full", None): "full",
                  ("selective", "op"): "selective-op"}[(ac["mode"], ac.get("selective_ac_option"))]

@@ -44,3 +44,30 @@ def test_cost_warns_and_export_writes_zero_1(capsys):
     assert json.loads(out.text)["zero_optimization"]["stage"] == 1
     assert {n.knob for n in out.notes} >= {"zero", "fsdp_shard_size"}
     assert (out.effective["zero"], out.effective["fsdp_shard_size"]) == (1, None)
+
+
+def test_tune_refuses_pinned_pp_and_zero_the_framework_does_not_run(capsys):
+    """The review: --framework deepspeed --pp 2 --zero 3 pruned every dp > 1 plan and said
+    nothing about the pins."""
+    from tests._cli import one_line_error
+
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
+                                    "--global-batch", "16", "--layers", "4", "--framework", "deepspeed",
+                                    "--pp", "2", "--zero", "3", "--storage", "memory"))
+    assert "--pp 2 and --zero 3: framework deepspeed runs ZeRO 0, 1 beside pipeline parallelism" in line
+
+
+def test_a_nemo_fp8_export_pastes_into_cost(capsys):
+    """The review: --grad-reduce-in-bf16 beside --fp8-format was refused as not bf16."""
+    import shlex
+
+    base = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "2", "--dp", "16", "--framework", "nemo")
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--global-batch", "64", "--dtype", "fp8-delayed")
+    assert rc == 0, err
+    args = [a for ln in out.splitlines() if not ln.startswith("#") for a in shlex.split(ln.rstrip(" \\"))]
+    assert "--grad-reduce-in-bf16" in args and "--fp8-format" in args
+    rc, pasted, err = run_main(capsys, "cost", *base, *args, "--json")
+    assert rc == 0, err
+    rc, direct, err = run_main(capsys, "cost", *base, "--global-batch", "64", "--dtype", "fp8-delayed", "--json")
+    assert rc == 0, err
+    assert json.loads(pasted)["step_time_ms"] == json.loads(direct)["step_time_ms"]

@@ -155,3 +155,52 @@ def test_zero_0_with_tp_is_written_as_fsdp(tmp_path):
     f = tmp_path / "j.toml"
     f.write_text(out.text)
     assert torchtitan_knobs(f, 16, lambda: 32)["zero"] == 2
+
+
+@pytest.mark.parametrize("text, words", [
+    # torchtitan 238fa99: DDP only as the one mesh dim
+    ('[parallelism]\ndata_parallel_replicate_degree = 8\ndata_parallel_shard_degree = 1\n'
+     'tensor_parallel_degree = 2\n', "DDP has not supported > 1D parallelism"),
+    ('[parallelism]\ndata_parallel_replicate_degree = 8\ndata_parallel_shard_degree = 1\n'
+     'context_parallel_degree = 2\n', "FSDP over the cp ranks only"),
+    ('[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2\n'
+     'pipeline_parallel_degree = 4\n', "set fsdp_reshard_after_forward = \"always\""),
+    ('[parallelism]\npipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\n'
+     'global_batch_size = 64\n', "torchtitan runs 2 pipeline passes a step"),
+    ('[parallelism]\npipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\n'
+     'global_batch_size = 36\n', "not a multiple of local_batch_size 8 x dp 4"),
+    ('[training]\nenable_cpu_offload = true\n', "CPU offload is not modelled"),
+    ('[compile]\nenable = true\ncomponents = ["loss"]\n', "[compile] components ['loss']"),
+    ('[quantize]\nlinear = 3\n[model]\nconverters = ["quantize.linear.float8"]\n', "must be a table"),
+    ('[model]\nconverters = 5\n', "converters must be a list"),
+    ('[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = '
+     '[["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]\n', "lists 2 decoder layers, the model has 32"),
+])
+def test_the_reviews_torchtitan_cases(tmp_path, text, words):
+    """The review of the importer: jobs torchtitan refuses or runs otherwise, gradient
+    accumulation over pipeline passes, keys that change the cost, malformed tables."""
+    with pytest.raises(TorchtitanConfigError) as e:
+        _knobs(tmp_path, '[activation_checkpoint]\nmode = "full"\n' + text)
+    assert words in str(e.value)
+
+
+def test_torchtitan_spellings_it_accepts(tmp_path):
+    """cp with shard degree 1 is FSDP over the cp ranks (ZeRO 3 without pp); the schedule is
+    read case-blind as torch does; selective_ac_option "1" checkpoints every layer (full);
+    a negative global batch is the default."""
+    k = _knobs(tmp_path, '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "1"\n'
+                         '[parallelism]\ndata_parallel_shard_degree = 1\ncontext_parallel_degree = 16\n'
+                         '[training]\nglobal_batch_size = -5\nlocal_batch_size = 1\n')
+    assert (k["zero"], k["dp"], k["cp"], k["recompute"], k["global_batch_size"]) == (3, 1, 16, "full", 1)
+    k = _knobs(tmp_path, '[activation_checkpoint]\nmode = "none"\n[parallelism]\npipeline_parallel_degree = 2\n'
+                         'pipeline_parallel_schedule = "gpipe"\n')
+    assert k["schedule"] == "FThenB"
+
+
+def test_plan_file_and_toml_together_are_refused(capsys, tmp_path):
+    toml = tmp_path / "j.toml"
+    toml.write_text('[activation_checkpoint]\nmode = "none"\n')
+    line = one_line_error(*run_main(capsys, "cost", "benchmarks/plans/dp2.json", "--torchtitan-config", str(toml)))
+    assert "give PLAN.json or --torchtitan-config, not both" in line
+    line = one_line_error(*run_main(capsys, "cost", "--torchtitan-config", str(toml), "--cluster", "dgx-h100"))
+    assert "give --model (the architecture) and --cluster" in line

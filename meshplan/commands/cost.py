@@ -261,6 +261,12 @@ def cost_cmd(
     from meshplan.commands.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
+    if plan_file is not None and torchtitan_config is not None:
+        raise MeshplanError(f"cost: give PLAN.json or --torchtitan-config, not both (got {plan_file} "
+                            f"and {torchtitan_config})")
+    if torchtitan_config is not None and (model is None or cluster is None):
+        raise MeshplanError("cost --torchtitan-config: give --model (the architecture) and --cluster "
+                            "(the GPUs) too; the file gives the strategy")
     plan = _plan_file(ctx, plan_file, cluster, nodes) if plan_file is not None else None
     if plan is not None:  # the strategy options below are their defaults, unused
         model, cluster, nodes = plan.model, plan.cluster, plan.nodes

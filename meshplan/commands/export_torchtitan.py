@@ -136,11 +136,13 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
         notes.append(Note("zero", "FSDP2 has no ZeRO-1 (optimizer states only); ZeRO-2 "
                                   "(reshard_after_forward never: gradients sharded too) is written"))
         zero = eff["zero"] = 2
-    if zero == 0 and dp > 1 and (eff["tp"] > 1 or eff["pp"] > 1 or eff["cp"] > 1):
+    if zero == 0 and ((dp > 1 and (eff["tp"] > 1 or eff["pp"] > 1)) or eff["cp"] > 1):
         # torchtitan runs DDP only as the one mesh dim (parallelize: "DDP has not supported > 1D
-        # parallelism"), and with cp it shards over cp anyway: FSDP2 without resharding
-        notes.append(Note("zero", "torchtitan's DDP (ZeRO 0) runs only without tp, pp and cp; "
-                                  "ZeRO-2 (FSDP2 shards, reshard_after_forward never) is written"))
+        # parallelism"), and with cp it shards over dp_shard x cp anyway (ParallelDims
+        # fsdp_enabled): FSDP2 without resharding
+        notes.append(Note("zero", "torchtitan's DDP (ZeRO 0) runs only without tp, pp and cp, and "
+                                  "with cp it shards over the cp ranks; ZeRO-2 (FSDP2 shards, "
+                                  "reshard_after_forward never) is written"))
         zero = eff["zero"] = 2
     shard = eff["fsdp_shard_size"] or dp  # HSDP: replicate outer, shard inner
     par["data_parallel_replicate_degree"] = dp if zero == 0 else dp // shard

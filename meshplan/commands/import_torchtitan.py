@@ -32,7 +32,9 @@ pytorch/torchtitan 238fa9953e4a (the last commit that reads TOML job files; the 
   ``quantize.linear.float8`` and its ``recipe_name`` (tensorwise by default, rowwise);
   ``[optimizer] name`` (AdamW, Adam).
 
-A value meshplan does not model is an error naming its section and key, never ignored.
+A value of the keys read that meshplan does not model is an error naming its section and
+key; keys that leave the step's cost alone (model name and flavor, data, checkpointing,
+logging, float8 filter lists) are not read.
 """
 
 from __future__ import annotations
@@ -125,7 +127,20 @@ def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict
     if policy not in ("default", "always", "never"):
         raise TorchtitanConfigError(f"{where}.fsdp_reshard_after_forward {policy!r}: default, always or never")
     reshard = policy == "always" or (policy == "default" and pp == 1)
-    zero = 0 if shard == 1 else (3 if reshard else 2)
+    if shard == 1 and rep > 1 and (tp > 1 or pp > 1):
+        raise TorchtitanConfigError(f"{where}: data_parallel_replicate_degree {rep} with shard degree 1 "
+                                    "is DDP, which torchtitan runs only without tp and pp (\"DDP has "
+                                    "not supported > 1D parallelism\"); shard the data-parallel ranks")
+    if shard == 1 and rep > 1 and cp > 1:
+        raise TorchtitanConfigError(f"{where}: replicate {rep} with shard degree 1 and cp {cp} is "
+                                    "torchtitan's FSDP over the cp ranks only (HSDP over cp), which "
+                                    "meshplan does not model")
+    # FSDP runs over dp_shard x cp (torchtitan ParallelDims: fsdp_enabled with cp too)
+    zero = 0 if shard == 1 and cp == 1 else (3 if reshard else 2)
+    if rep > 1 and shard > 1 and zero == 2:
+        raise TorchtitanConfigError(f"{where}: HSDP (replicate {rep} x shard {shard}) is modelled with "
+                                    "parameters resharded after forward: set "
+                                    "fsdp_reshard_after_forward = \"always\"")
     rotate = par.get("context_parallel_rotate_method", "allgather")
     if rotate not in ROTATE:
         raise TorchtitanConfigError(f"{where}.context_parallel_rotate_method {rotate!r}: allgather or alltoall")
@@ -137,13 +152,20 @@ def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict
 def _pipeline(par: dict[str, Any], pp: int, num_layers: Any, where: str) -> dict[str, Any]:
     if pp == 1:
         return {"schedule": "1F1B", "vpp": 1}
-    name = par.get("pipeline_parallel_schedule", "1F1B")
-    if name not in SCHEDULES:
-        raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {name!r}: meshplan costs "
+    typed = par.get("pipeline_parallel_schedule", "1F1B")
+    name = {k.lower(): k for k in SCHEDULES}.get(str(typed).lower())  # torch reads it case-blind
+    if name is None:
+        raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {typed!r}: meshplan costs "
                                     f"{', '.join(SCHEDULES)}")
+    if par.get("pipeline_parallel_schedule_csv"):
+        raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule_csv: a schedule from a CSV "
+                                    "is not modelled")
     fqns = par.get("module_fqns_per_model_part")
     if fqns is not None:
         split = _fqn_split(fqns, f"{where}.module_fqns_per_model_part")
+        if sum(split) != int(num_layers()):
+            raise TorchtitanConfigError(f"{where}.module_fqns_per_model_part lists {sum(split)} "
+                                        f"decoder layers, the model has {int(num_layers())}")
     else:
         layers = int(num_layers())
         first = _int(par, "pipeline_parallel_first_stage_less_layers", 1, where, low=0)
@@ -175,6 +197,8 @@ def _recompute(ac: dict[str, Any], src: str) -> str:
         return str(mode)
     if mode == "selective" and option == "op":
         return "selective-op"
+    if mode == "selective" and option == "1":  # every layer checkpointed: full recompute
+        return "full"
     if mode == "selective":
         raise TorchtitanConfigError(
             f"{src}: [activation_checkpoint] selective_ac_option {option!r} (torchtitan's default: "
@@ -188,13 +212,19 @@ def _fp8(doc: dict[str, Any], src: str) -> str | None:
     converters = _section(doc, "model", src).get("converters", [])
     if isinstance(converters, str):
         converters = [c.strip() for c in converters.split(",") if c.strip()]
+    if not isinstance(converters, list):
+        raise TorchtitanConfigError(f"{src}: [model] converters must be a list of names, got {converters!r}")
     used = [c for c in converters if c in FP8_CONVERTERS]
     other = [c for c in converters if c not in FP8_CONVERTERS]
     if other:
         raise TorchtitanConfigError(f"{src}: [model] converters {other} are not modelled")
     if not used:
         return None
-    sec = doc.get("quantize", {}).get("linear", {}).get("float8") or doc.get("float8") or {}
+    sec: Any = doc
+    for key in ("quantize", "linear", "float8"):  # [quantize.linear.float8] (238fa99)
+        sec = sec.get(key, {}) if isinstance(sec, dict) else None
+        if not isinstance(sec, dict):
+            raise TorchtitanConfigError(f"{src}: [quantize.linear.float8] must be a table")
     recipe = sec.get("recipe_name") or "tensorwise"
     if recipe not in ("tensorwise", "rowwise"):
         raise TorchtitanConfigError(f"{src}: float8 recipe_name {recipe!r}: meshplan costs tensorwise "
@@ -224,12 +254,30 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     pp = _int(par, "pipeline_parallel_degree", 1, where)
     knobs = _data_parallel(par, world, pp, where) | {"pp": pp} | _pipeline(par, pp, num_layers, where)
     local = _int(tr, "local_batch_size", 8, f"{src}: [training]")
-    glob = _int(tr, "global_batch_size", -1, f"{src}: [training]")
+    glob = tr.get("global_batch_size", -1)
+    if isinstance(glob, bool) or not isinstance(glob, int):
+        raise TorchtitanConfigError(f"{src}: [training].global_batch_size must be an integer, got {glob!r}")
+    glob = local * knobs["dp"] if glob < 0 else glob  # torchtitan: negative = local x dp
+    if glob % (local * knobs["dp"]):
+        raise TorchtitanConfigError(f"{src}: [training] global_batch_size {glob} is not a multiple of "
+                                    f"local_batch_size {local} x dp {knobs['dp']} (torchtitan asserts it)")
+    if pp > 1 and glob > local * knobs["dp"]:
+        raise TorchtitanConfigError(f"{src}: [training] global_batch_size {glob} > local_batch_size x dp "
+                                    f"under pp: torchtitan runs {glob // (local * knobs['dp'])} pipeline "
+                                    "passes a step, which meshplan does not model (one pass of "
+                                    "local_batch_size / pipeline_parallel_microbatch_size micro-batches)")
+    if tr.get("enable_cpu_offload"):
+        raise TorchtitanConfigError(f"{src}: [training] enable_cpu_offload: FSDP CPU offload is not modelled")
     micro = _int(par, "pipeline_parallel_microbatch_size", 1, where) if pp > 1 else local
     if local % micro:
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_microbatch_size {micro} does not "
                                     f"divide [training] local_batch_size {local}")
-    compiled = bool(_section(doc, "compile", src).get("enable", False))
+    comp = _section(doc, "compile", src)
+    compiled = bool(comp.get("enable", False))
+    if compiled and "model" not in (comp.get("components") or ["model", "loss"]):
+        raise TorchtitanConfigError(f"{src}: [compile] components {comp.get('components')!r}: meshplan "
+                                    "costs a compiled model or an eager one (components with \"model\", "
+                                    "or enable = false)")
     async_tp = bool(par.get("enable_async_tensor_parallel", False)) and knobs["tp"] > 1
     if async_tp and not compiled:
         raise TorchtitanConfigError(f"{where}.enable_async_tensor_parallel needs [compile] enable")
@@ -241,7 +289,7 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
         raise TorchtitanConfigError(f"{src}: [training] mixed_precision_param {dtype!r}: bfloat16 or float32")
     return knobs | {
         "micro_batch_size": micro,
-        "global_batch_size": glob if glob != -1 else local * knobs["dp"],
+        "global_batch_size": glob,
         "recompute": _recompute(_section(doc, "activation_checkpoint", src), src),
         "dtype": dtype, "fp8": _fp8(doc, src), "optimizer": OPTIMIZERS[name],
         "framework": "fsdp2-async-tp" if async_tp else ("fsdp2" if compiled else "fsdp2-eager"),

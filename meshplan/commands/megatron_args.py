@@ -430,7 +430,7 @@ def check_grad_reduce(m: MegatronArgs, framework: Any, dtype: Any) -> None:
     from simulator.profiles import load_profile
 
     name = str(opt.value(framework))
-    if str(opt.value(dtype)) != "bfloat16":
+    if str(opt.value(dtype)) != "bfloat16" and not str(opt.value(dtype)).startswith("fp8"):  # FP8 is bf16 too
         raise MeshplanError(f"--grad-reduce-in-bf16 needs bf16 training (--bf16), got {opt.value(dtype)}")
     if load_profile(name).gradients.reduce_dtype.value != "same":
         raise MeshplanError(f"--grad-reduce-in-bf16: the {name} profile reduces gradients in fp32 "
