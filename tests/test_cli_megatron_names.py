@@ -267,7 +267,8 @@ def test_export_plan_file_or_options(capsys, tmp_path):
     line = one_line_error(*run_main(capsys, "export", "plan.json", "--to", "megatron",
                                     "--tensor-model-parallel-size", "2"))
     assert line == ("error: export: give PLAN.json or the strategy options, not both "
-                    "(got plan.json and --tensor-model-parallel-size)")
+                    "(got plan.json and --tensor-model-parallel-size; --cluster and --nodes move "
+                    "the plan to another cluster)")
     line = one_line_error(*run_main(capsys, "export", "--to", "torchtitan", "--tp", "2",
                                     "--global-batch-size", "8"))
     assert line == "error: export: give PLAN.json, or --model and --cluster with the strategy options"

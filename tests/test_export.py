@@ -74,6 +74,10 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--grad-reduce-in-bf16", action="store_true")
+    # DistributedDataParallelConfig / TransformerConfig switches (off by default in Megatron-LM)
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--overlap-param-gather", action="store_true")
+    p.add_argument("--tp-comm-overlap", action="store_true")
     p.add_argument("--optimizer", default="adam",
                    choices=["adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"])
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"],
@@ -354,7 +358,9 @@ def test_megatron_arguments_of_a_known_plan():
     assert argv == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
                     "--num-layers-per-virtual-pipeline-stage", "4", "--sequence-parallel",
                     "--recompute-granularity", "full", "--recompute-method", "uniform",
-                    "--recompute-num-layers", "1", "--use-distributed-optimizer", "--bf16",
+                    "--recompute-num-layers", "1", "--use-distributed-optimizer",
+                    # the megatron-core profile costs these overlaps, which Megatron-LM leaves off
+                    "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16",
                     "--optimizer", "adam", "--micro-batch-size", "1", "--global-batch-size", "16",
                     "--num-layers", "32", "--seq-length", "4096"]
     assert "dp 2 = 16 / (tp 2 x pp 4 x cp 1)" in text

@@ -154,7 +154,9 @@ def test_exported_fsdp_and_grad_reduce_arguments_cost_the_same_plan(capsys, zero
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--data-parallel-sharding-strategy", "optim_grads"], "give --use-megatron-fsdp with them"),
+    (["--data-parallel-sharding-strategy", "optim_grads"], "give --use-megatron-fsdp with it"),
+    (["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"],
+     "Megatron-LM's partial distributed optimizer"),
     (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--zero", "3"],
      "--zero and --data-parallel-sharding-strategy optim: they ask for ZeRO stages 3 and 1"),
     (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--num-distributed-optimizer-instances", "2"],

@@ -179,6 +179,7 @@ def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
                                              "fsdp_shard_size")}, megatron,
                      lambda: mg.model_layers(model, seq_len, layers), dp=p["dp"])
     mg.check_grad_reduce(megatron, p["framework"], knobs["dtype"])
+    mg.check_overlaps(megatron, p["framework"])
     strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
         "dp", "tp", "cp", "cp_comm", "ep", "moe_capacity_factor", "moe_load_imbalance",
         "micro_batch_size", "sequence_parallel", "framework", "attention")},
@@ -237,6 +238,9 @@ def cost_cmd(
     num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
     outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
     grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
+    overlap_grad_reduce: bool = mg.OVERLAP_GRAD_REDUCE,
+    overlap_param_gather: bool = mg.OVERLAP_PARAM_GATHER,
+    tp_comm_overlap: bool = mg.TP_COMM_OVERLAP,
     num_experts: int | None = moe_args.NUM_EXPERTS,
     moe_router_topk: int | None = moe_args.TOPK,
     moe_ffn_hidden_size: int | None = moe_args.FFN,
@@ -247,9 +251,9 @@ def cost_cmd(
     moe_grouped_gemm: bool = moe_args.GROUPED,
     moe_token_dispatcher_type: moe_args.Dispatcher | None = moe_args.DISPATCHER,
     torchtitan_config: str | None = typer.Option(
-        None, "--torchtitan-config", help="A torchtitan job TOML to cost (its [parallelism], "
-        "[training], [activation_checkpoint], [compile], float8): the strategy comes from it, the "
-        "model from --model, the GPUs from --cluster / --nodes."),
+        None, "--torchtitan-config", help="A torchtitan job TOML to cost (its \\[parallelism], "
+        "\\[training], \\[activation_checkpoint], \\[compile], float8): the strategy comes from it, "
+        "the model from --model, the GPUs from --cluster / --nodes."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),

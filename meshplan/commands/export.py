@@ -44,6 +44,7 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
                                                  "fsdp_shard_size")},
                      megatron, lambda: mg.model_layers(model, seq_len, layers), dp=int(knobs["dp"]))
     mg.check_grad_reduce(megatron, knobs["framework"], moved["dtype"])
+    mg.check_overlaps(megatron, knobs["framework"])
     strategy = opt.build_strategy(ctx, **{**knobs, **moved})
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))
@@ -135,6 +136,9 @@ def export_cmd(
     num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
     outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
     grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
+    overlap_grad_reduce: bool = mg.OVERLAP_GRAD_REDUCE,
+    overlap_param_gather: bool = mg.OVERLAP_PARAM_GATHER,
+    tp_comm_overlap: bool = mg.TP_COMM_OVERLAP,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan

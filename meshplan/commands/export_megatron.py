@@ -151,6 +151,30 @@ def _fp8_args(eff: dict[str, Any], notes: list[Note]) -> list[str]:
     return list(FP8_ARGS[fp8])
 
 
+#: Megatron-Core families whose overlaps are Megatron-LM's switches (off by default there)
+OVERLAP_FAMILIES = ("megatron-core", "megatron-bridge", "nemo")
+
+
+def overlap_args(framework: str, eff: dict[str, Any]) -> list[str]:
+    """The overlap switches of Megatron-LM d98e8a64 (all off by default) that the plan's
+    profile costs as on (``overlap``): ``--overlap-grad-reduce`` (dp_grad_reduce, with more
+    than one data-parallel rank), ``--overlap-param-gather`` (dp_param_gather, with the
+    distributed optimizer), ``--tp-comm-overlap`` (tp_forward: Transformer Engine's
+    userbuffers, with tp > 1 and sequence parallelism). Without them the exported run would
+    not overlap as costed. [] for other families."""
+    if framework not in OVERLAP_FAMILIES:
+        return []
+    ov = load_profile(framework).overlap
+    out = []
+    if ov.dp_grad_reduce.value and eff["dp"] * eff["cp"] > 1:
+        out.append("--overlap-grad-reduce")
+    if ov.dp_param_gather.value and eff["zero"] >= 1 and eff["dp"] * eff["cp"] > 1:
+        out.append("--overlap-param-gather")
+    if ov.tp_forward.value and eff["tp"] > 1 and eff["sequence_parallel"]:
+        out.append("--tp-comm-overlap")
+    return out
+
+
 def _grad_args(framework: str, eff: dict[str, Any]) -> list[str]:
     """``--grad-reduce-in-bf16`` for a bf16 plan whose profile keeps its gradients and their
     reduction in bf16 (``gradients.reduce_dtype: same``); Megatron-LM's default with
@@ -228,6 +252,7 @@ def export(plan: Any) -> Export:
         eff["recompute"] = "selective"
     args += RECOMPUTE_ARGS[eff["recompute"]]
     args += ZERO_ARGS[eff["zero"]]
+    args += overlap_args(plan.strategy.framework, eff)
     if eff["fsdp_shard_size"]:
         args += ["--num-distributed-optimizer-instances", str(eff["dp"] // eff["fsdp_shard_size"]),
                  "--outer-dp-sharding-strategy", "no_shard"]

@@ -158,7 +158,7 @@ def framework_note(plan: Any, families: tuple[str, ...], target: str) -> list[No
     if fw in families:
         return []
     return [Note("framework", f"the plan was costed with the {fw!r} profile; {target} runs its "
-                              f"own kernels and overlap (re-cost with framework={families[0]!r})")]
+                              f"own kernels and overlap (re-cost with --framework {families[0]})")]
 
 
 def routing_notes(plan: Any, target: str, capacity: str | None) -> list[Note]:

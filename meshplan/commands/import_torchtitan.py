@@ -51,6 +51,29 @@ SINGLE_STAGE = ("GPipe", "1F1B")
 OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
 ROTATE = {"allgather": "all_gather", "alltoall": "p2p"}
 FP8_CONVERTERS = ("float8", "quantize.linear.float8")
+#: the keys of the sections read (job_config.py at 238fa99); another one is warned about
+#: (a misspelled ``tensor_parallel_degre`` would be costed as its default)
+KNOWN_KEYS = {
+    "training": {"dataloader", "dataset", "dataset_path", "dtype", "enable_cpu_offload", "gc_debug",
+                 "gc_freq", "global_batch_size", "local_batch_size", "max_norm", "mixed_precision_param",
+                 "mixed_precision_reduce", "seq_len", "steps", "compile"},  # compile: before [compile]
+    "parallelism": {"context_parallel_degree", "context_parallel_load_balancer",
+                    "context_parallel_rotate_method", "data_parallel_replicate_degree",
+                    "data_parallel_shard_degree", "disable_loss_parallel", "enable_async_tensor_parallel",
+                    "expert_parallel_comm_backend", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree", "fsdp_reshard_after_forward",
+                    "module_fqns_per_model_part", "pipeline_parallel_degree",
+                    "pipeline_parallel_expert_parallel_overlap", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_microbatch_size", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "tensor_parallel_degree"},
+    "activation_checkpoint": {"debug", "determinism_check", "early_stop", "memory_budget", "mode",
+                              "per_op_sac_force_recompute_mm_shapes_by_fqns", "preserve_rng_state",
+                              "selective_ac_option", "visualize_memory_budget_pareto"},
+    "compile": {"backend", "components", "enable"},
+}
+FLOAT8_KEYS = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+               "recipe_name", "filter_fqns", "emulate"}
 
 
 class TorchtitanConfigError(MeshplanError):
@@ -89,6 +112,17 @@ def _fqn_split(fqns: Any, where: str) -> tuple[int, ...]:
         raise TorchtitanConfigError(f"{where}: meshplan reads a llama model's modules in order "
                                     "(tok_embeddings, layers.0 ..., norm, output)")
     return tuple(sum(str(m).startswith("layers.") for m in part) for part in fqns)
+
+
+def _warn_unknown(sec: dict[str, Any], known: set[str], name: str, src: str) -> None:
+    """One warning naming the keys of ``sec`` torchtitan 238fa99 does not have (a
+    misspelling is otherwise costed as the key's default)."""
+    import warnings
+
+    unknown = sorted(set(sec) - known)
+    if unknown:
+        warnings.warn(f"{src}: {name} has keys torchtitan does not read, ignored: {', '.join(unknown)}",
+                      UserWarning, stacklevel=3)
 
 
 def _int(sec: dict[str, Any], key: str, default: int, where: str, low: int = 1) -> int:
@@ -221,10 +255,15 @@ def _fp8(doc: dict[str, Any], src: str) -> str | None:
     if not used:
         return None
     sec: Any = doc
-    for key in ("quantize", "linear", "float8"):  # [quantize.linear.float8] (238fa99)
+    path = ("float8",) if "float8" in used and "float8" in doc else ("quantize", "linear", "float8")
+    for key in path:  # [quantize.linear.float8] (238fa99); [float8] of the older converter
         sec = sec.get(key, {}) if isinstance(sec, dict) else None
         if not isinstance(sec, dict):
-            raise TorchtitanConfigError(f"{src}: [quantize.linear.float8] must be a table")
+            raise TorchtitanConfigError(f"{src}: [{'.'.join(path)}] must be a table")
+    _warn_unknown(sec, FLOAT8_KEYS, f"[{'.'.join(path)}]", src)
+    if sec.get("enable_fsdp_float8_all_gather"):
+        raise TorchtitanConfigError(f"{src}: [{'.'.join(path)}] enable_fsdp_float8_all_gather: FSDP "
+                                    "all-gathers of float8 weights are not modelled (bf16 ones are)")
     recipe = sec.get("recipe_name") or "tensorwise"
     if recipe not in ("tensorwise", "rowwise"):
         raise TorchtitanConfigError(f"{src}: float8 recipe_name {recipe!r}: meshplan costs tensorwise "
@@ -250,6 +289,8 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TorchtitanConfigError(f"{src}: not a TOML file: {e}") from None
     par, tr = _section(doc, "parallelism", src), _section(doc, "training", src)
+    for name, known in KNOWN_KEYS.items():
+        _warn_unknown(_section(doc, name, src), known, f"[{name}]", src)
     where = f"{src}: [parallelism]"
     pp = _int(par, "pipeline_parallel_degree", 1, where)
     knobs = _data_parallel(par, world, pp, where) | {"pp": pp} | _pipeline(par, pp, num_layers, where)
@@ -273,7 +314,7 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_microbatch_size {micro} does not "
                                     f"divide [training] local_batch_size {local}")
     comp = _section(doc, "compile", src)
-    compiled = bool(comp.get("enable", False))
+    compiled = bool(comp.get("enable", tr.get("compile", False)))  # [training] compile: older torchtitan
     if compiled and "model" not in (comp.get("components") or ["model", "loss"]):
         raise TorchtitanConfigError(f"{src}: [compile] components {comp.get('components')!r}: meshplan "
                                     "costs a compiled model or an eager one (components with \"model\", "
@@ -313,7 +354,15 @@ def config_strategy(ctx: Any, path: str, model: str, cluster: str, nodes: int | 
     if typed:
         raise MeshplanError(f"--torchtitan-config {path} states the strategy; drop {', '.join(typed)}")
     world = load_cluster(cluster, nodes).world_size
-    knobs = torchtitan_knobs(path, world, lambda: mg.model_layers(model, seq_len, layers))
+
+    def model_layers() -> int:  # the layer count only: the model's warnings come with the cost
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return mg.model_layers(model, seq_len, layers)
+
+    knobs = torchtitan_knobs(path, world, model_layers)
     toml_seq = knobs.pop("seq_len")
     if seq_len is not None and seq_len != toml_seq:
         raise MeshplanError(f"--seq-len {seq_len}, but {path} trains at [training] seq_len {toml_seq}")

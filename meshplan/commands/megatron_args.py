@@ -39,6 +39,7 @@ typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,7 +58,8 @@ MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granul
                   "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--optimizer",
                   "--pipeline-model-parallel-layout", "--use-megatron-fsdp",
                   "--data-parallel-sharding-strategy", "--num-distributed-optimizer-instances",
-                  "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16")
+                  "--outer-dp-sharding-strategy", "--grad-reduce-in-bf16", "--overlap-grad-reduce",
+                  "--overlap-param-gather", "--tp-comm-overlap")
 
 
 class Fp8Format(str, Enum):
@@ -148,6 +150,15 @@ OUTER_SHARDING = typer.Option(None, "--outer-dp-sharding-strategy",
 GRAD_REDUCE_BF16 = typer.Option(False, "--grad-reduce-in-bf16",
                                 help="Megatron-LM: gradients reduced in bf16; must be what the "
                                      "--framework profile does (nemo, megatron-bridge).")
+OVERLAP_GRAD_REDUCE = typer.Option(False, "--overlap-grad-reduce",
+                                   help="Megatron-LM: gradient reduce overlapped with backward "
+                                        "(the megatron-core profiles cost it so).")
+OVERLAP_PARAM_GATHER = typer.Option(False, "--overlap-param-gather",
+                                    help="Megatron-LM: the distributed optimizer's all_gather "
+                                         "overlapped with forward (the megatron-core profiles).")
+TP_COMM_OVERLAP = typer.Option(False, "--tp-comm-overlap",
+                               help="Megatron-LM: Transformer Engine userbuffers overlap of the "
+                                    "TP collectives (the megatron-core profiles).")
 PIPELINE_LAYOUT = typer.Option(
     None, "--pipeline-model-parallel-layout",
     help="Megatron-LM: decoder layers per virtual stage, e.g. 'E,t*4|t*4,L' (E embedding on the "
@@ -193,6 +204,7 @@ class MegatronArgs:
     optimizer_instances: int | None = None
     outer_sharding: str | None = None
     grad_reduce_bf16: bool = False
+    overlaps: tuple[bool, bool, bool] = (False, False, False)
 
     #: the command parameter (the typer function's argument) of each field
     PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
@@ -212,7 +224,12 @@ class MegatronArgs:
         :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``); one the
         command does not offer keeps its default (``tune`` has no
         ``--pipeline-model-parallel-layout``)."""
-        return cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
+        out = cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
+        flags = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+        if all(f in params for f in flags):
+            grad, param, tp_comm = (bool(params[f]) for f in flags)
+            out = dataclasses.replace(out, overlaps=(grad, param, tp_comm))
+        return out
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""
@@ -391,9 +408,13 @@ def _fsdp_knobs(ctx: Any, m: MegatronArgs, knobs: dict[str, Any], dp: int | None
     when they contradict ``--zero``, need Megatron-FSDP, or K does not divide dp."""
     out: dict[str, Any] = {}
     sharding = opt.value(m.dp_sharding)
-    if (sharding is not None or m.optimizer_instances is not None) and not m.megatron_fsdp:
-        raise MeshplanError("--data-parallel-sharding-strategy and --num-distributed-optimizer-"
-                            "instances set Megatron-FSDP: give --use-megatron-fsdp with them")
+    if m.optimizer_instances not in (None, 1) and not m.megatron_fsdp:
+        raise MeshplanError(f"--num-distributed-optimizer-instances {m.optimizer_instances} without "
+                            "--use-megatron-fsdp is Megatron-LM's partial distributed optimizer "
+                            "(ZeRO-1 within each of K groups), which meshplan does not model")
+    if sharding is not None and not m.megatron_fsdp:
+        raise MeshplanError("--data-parallel-sharding-strategy sets Megatron-FSDP: give "
+                            "--use-megatron-fsdp with it")
     if not m.megatron_fsdp:
         return out
     zero = FSDP_ZERO[sharding or "no_shard"]
@@ -418,6 +439,26 @@ def _fsdp_knobs(ctx: Any, m: MegatronArgs, knobs: dict[str, Any], dp: int | None
                             f"the shard group is dp / K = {dp // k}")
         out["fsdp_shard_size"] = dp // k
     return out
+
+
+def check_overlaps(m: MegatronArgs, framework: Any) -> None:
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather`` / ``--tp-comm-overlap`` name
+    overlaps the ``framework`` profile must cost (``overlap.dp_grad_reduce``,
+    ``dp_param_gather``, ``tp_forward``); one the profile does not overlap is refused
+    naming it (the figures would be of another run)."""
+    if not any(m.overlaps):
+        return
+    from simulator.profiles import load_profile
+
+    name = str(opt.value(framework))
+    ov = load_profile(name).overlap
+    for given, flag, on in zip(m.overlaps, ("--overlap-grad-reduce", "--overlap-param-gather",
+                                            "--tp-comm-overlap"),
+                               (ov.dp_grad_reduce.value, ov.dp_param_gather.value, ov.tp_forward.value),
+                               strict=True):
+        if given and not on:
+            raise MeshplanError(f"{flag}: the {name} profile does not overlap it; a profile that "
+                                "does (megatron-core, nemo, megatron-bridge) costs that run")
 
 
 def check_grad_reduce(m: MegatronArgs, framework: Any, dtype: Any) -> None:
