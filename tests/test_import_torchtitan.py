@@ -204,3 +204,24 @@ def test_plan_file_and_toml_together_are_refused(capsys, tmp_path):
     assert "give PLAN.json or --torchtitan-config, not both" in line
     line = one_line_error(*run_main(capsys, "cost", "--torchtitan-config", str(toml), "--cluster", "dgx-h100"))
     assert "give --model (the architecture) and --cluster" in line
+
+
+def test_older_torchtitan_spellings_and_unknown_keys(tmp_path):
+    """The new-user pass: [float8] recipe_name = "rowwise" (the older converter's section) and
+    [training] compile = true (before [compile]) were ignored; a misspelled key was costed
+    as its default in silence; float8 FSDP all-gathers are not modelled."""
+    import warnings
+
+    base = '[activation_checkpoint]\nmode = "full"\n'
+    k = _knobs(tmp_path, base + '[training]\ncompile = true\n[model]\nconverters = ["float8"]\n'
+                                '[float8]\nrecipe_name = "rowwise"\n')
+    assert (k["fp8"], k["framework"]) == ("rowwise", "fsdp2")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        k = _knobs(tmp_path, base + "[parallelism]\ntensor_parallel_degre = 2\n")
+    assert k["tp"] == 1
+    assert any("[parallelism] has keys torchtitan does not read, ignored: tensor_parallel_degre"
+               in str(w.message) for w in seen)
+    with pytest.raises(TorchtitanConfigError, match="enable_fsdp_float8_all_gather"):
+        _knobs(tmp_path, base + '[model]\nconverters = ["quantize.linear.float8"]\n'
+                                '[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n')
