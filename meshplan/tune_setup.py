@@ -83,11 +83,25 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
                             f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
+    zeros = _zero_stages(framework)
+    if "zero" in fixed and zeros is not None and fixed["zero"] not in zeros:
+        raise MeshplanError(f"--zero {fixed['zero']}: framework {framework} offers ZeRO "
+                            f"{', '.join(map(str, zeros))} (its profile's memory.zero_stages)")
     space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes, cp_degrees=cps,
-                        schedules=framework_schedules(framework, all_schedules))
+                        schedules=framework_schedules(framework, all_schedules),
+                        **({"zero_stages": zeros} if zeros is not None else {}))
     return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def _zero_stages(framework: str) -> tuple[int, ...] | None:
+    """The ZeRO stages ``framework`` offers (its profile's ``memory.zero_stages``; None: every
+    one): FSDP has no ZeRO-1."""
+    from simulator.profiles import load_profile
+
+    z = load_profile(framework).memory.zero_stages
+    return None if z is None else tuple(z.value)
 
 
 def _pp_zero_stages(framework: str) -> tuple[int, ...] | None:

@@ -71,3 +71,26 @@ def test_a_nemo_fp8_export_pastes_into_cost(capsys):
     rc, direct, err = run_main(capsys, "cost", *base, "--global-batch", "64", "--dtype", "fp8-delayed", "--json")
     assert rc == 0, err
     assert json.loads(pasted)["step_time_ms"] == json.loads(direct)["step_time_ms"]
+
+
+def test_fsdp_frameworks_offer_no_zero_1(capsys):
+    """The new-user pass: tune under fsdp2 picked ZeRO-1 winners, which FSDP2 has no form of
+    (export wrote them as ZeRO-2). Profile fact memory.zero_stages: 0, 2, 3 under fsdp2 and
+    llm-foundry; the search leaves ZeRO-1 out, a pinned one is refused, cost warns."""
+    from meshplan.tune_setup import tune_config
+    from tests._cli import one_line_error
+
+    for name in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry"):
+        assert load_profile(name).memory.zero_stages.value == (0, 2, 3), name
+    assert load_profile("megatron-core").memory.zero_stages is None
+    cfg = tune_config("llama2-7b", "dgx-h100", 1, 8, 2048, "pattern-based", 0, False, None, "tpe", 2,
+                      False, framework="fsdp2")
+    assert cfg.space.zero_choices() == [0, 2, 3]
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--global-batch", "8", "--layers", "2", "--framework", "fsdp2",
+                                    "--zero", "1", "--storage", "memory"))
+    assert "--zero 1: framework fsdp2 offers ZeRO 0, 2, 3" in line
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "8",
+                            "--zero", "1", "--framework", "fsdp2", "--global-batch", "8", "--layers", "2")
+    assert rc == 0, err
+    assert "the fsdp2 profile's framework offers ZeRO 0, 2, 3, not ZeRO-1" in out + err

@@ -140,10 +140,15 @@ def unrun_cp_warning(engine: Any) -> str | None:
 
 
 def unrun_zero_warning(engine: Any) -> str | None:
-    """One line when the plan pipelines (pp > 1) with a ZeRO stage its framework does not
-    run beside pipeline parallelism (``pipeline.zero_stages``: DeepSpeed runs ZeRO 0 and 1
-    there). None otherwise."""
+    """One line when the plan's ZeRO stage is not one its framework offers
+    (``memory.zero_stages``: FSDP has no ZeRO-1), or it pipelines (pp > 1) with a stage the
+    framework does not run beside pipeline parallelism (``pipeline.zero_stages``: DeepSpeed
+    runs ZeRO 0 and 1 there). None otherwise."""
     s = engine.strategy
+    offers = engine.profile.memory.zero_stages
+    if offers is not None and s.zero not in offers.value:
+        return (f"the {s.framework} profile's framework offers ZeRO "
+                f"{', '.join(map(str, offers.value))}, not ZeRO-{s.zero}: costed as asked")
     runs = engine.profile.pipeline.zero_stages
     if s.pp == 1 or runs is None or s.zero in runs.value:
         return None

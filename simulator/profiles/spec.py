@@ -326,7 +326,8 @@ class Memory(BaseModel):
 
     Attributes:
         model_states: how weights, gradients and optimizer states are held
-            (``simulator.model_states``).
+            (``simulator.model_states``); zero_stages: the ZeRO stages the framework offers
+            (absent: 0-3; FSDP has no optimizer-only sharding, ZeRO-1).
         fragmentation: the caching allocator's reserved-but-unallocated bytes as a fraction
             of the allocated peak (PyTorch ``memory_reserved / memory_allocated - 1``).
         cuda_context_bytes: the CUDA context and library handles (outside the allocator).
@@ -341,6 +342,7 @@ class Memory(BaseModel):
 
     model_config = _STRICT
     model_states: StateModel
+    zero_stages: ZeroStages | None = None
     fragmentation: Fraction
     cuda_context_bytes: NonNegative
     workspace_bytes: NonNegative
