@@ -123,7 +123,12 @@ def test_megatron_spelling_costs_the_same(capsys):
         rc, text, err = run_main(capsys, *BASE, *spelling, "--json")
         assert rc == 0, err
         out.append(json.loads(text))
+    # the Megatron spelling also says Megatron-LM splits evenly where the cost model balanced
+    notes = out[0].pop("warnings"), out[1].pop("warnings")
     assert out[0] == out[1]
+    extra = [w for w in notes[0] if w not in notes[1]]
+    assert len(extra) == 1 and extra[0].startswith("with Megatron-LM arguments: the cost model balanced "
+                                                   "the pipeline stages as [6, 7, 6, 5]")
     assert out[0]["layout"] == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "ep": 1, "vpp": 2, "schedule": "VPP",
                                 "micro_batch_size": 2, "global_batch_size": 16,
                                 "recompute": "full", "zero": 1, "sequence_parallel": False}

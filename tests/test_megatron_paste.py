@@ -217,3 +217,19 @@ def test_layout_errors_name_the_layout(capsys, args, words):
     line = one_line_error(*run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
                                     "--dp", "4", "--global-batch", "8", *args))
     assert "--pipeline-model-parallel-layout" in line and words in line
+
+
+def test_megatron_arguments_note_the_even_split_megatron_runs(capsys):
+    """The new-user pass: with Megatron-LM arguments cost balanced qwen3-30b-a3b's 8 layers on
+    pp 2 as [5, 3] without a word, while Megatron-LM splits evenly, [4, 4]."""
+    base = ("cost", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2", "--dp", "8",
+            "--expert-model-parallel-size", "8", "--global-batch-size", "64", "--num-layers", "8")
+    rc, out, err = run_main(capsys, *base, "--pipeline-model-parallel-size", "2")
+    assert rc == 0, err
+    assert ("note: with Megatron-LM arguments: the cost model balanced the pipeline stages as [5, 3], "
+            "while Megatron-LM splits the layers evenly, [4, 4]") in err
+    rc, out, err = run_main(capsys, *base, "--pipeline-model-parallel-size", "2", "--layers-per-stage", "even")
+    assert rc == 0 and "splits the layers evenly" not in err
+    rc, out, err = run_main(capsys, "cost", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2",
+                            "--dp", "8", "--ep", "8", "--pp", "2", "--global-batch", "64", "--layers", "8")
+    assert rc == 0 and "splits the layers evenly" not in err  # meshplan's own spellings: no note

@@ -74,6 +74,9 @@ def test_cost_text_report_echoes_inputs_and_warns_of_idle_gpus(capsys):
     assert "framework megatron-core; attention flash" in out
     assert "from the framework profile's default" in out
     assert "warning: the plan uses 4 of the 8 GPUs (dp*cp*tp*pp = 2*1*1*2); 4 stay idle" in out
+    # the dp that fills them: 8 / (cp 1 x tp 1 x pp 2) = 4 (the new-user pass: Megatron-LM
+    # derives dp, and the warning said "pass --nodes" beside a given --nodes)
+    assert "--dp 4 fills them (Megatron-LM derives dp from the world size" in out
     rc, out, _ = run_main(capsys, *COST, "--dp", "4")
     assert rc == 0 and "warning" not in out and "GPUs: 8 used of 8" in out
 

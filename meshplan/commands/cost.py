@@ -320,7 +320,7 @@ def cost_cmd(
         _replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
-    moe_notes = _check_moe(moe, engine)
+    moe_notes = _check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config)
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
@@ -349,6 +349,28 @@ def cost_cmd(
         for n in moe_notes:
             typer.echo(f"note: {n}", err=True)
         typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy)))
+
+
+def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str | None) -> list[str]:
+    """A note when Megatron-LM arguments were typed for a pipelined plan whose split the cost
+    model balanced: Megatron-LM splits the layers evenly unless told (d98e8a64
+    ``--decoder-first-pipeline-num-layers`` help: "Default None is even split"), so the
+    figures are of another run than the pasted arguments' (``export`` notes the same)."""
+    from simulator.layer_split import even_split
+
+    s = engine.strategy
+    typed = mg.typed(ctx, *mg.MEGATRON_FLAGS, "--tensor-model-parallel-size",
+                     "--pipeline-model-parallel-size", "--context-parallel-size",
+                     "--num-virtual-stages-per-pipeline-rank", "--global-batch-size")
+    if plan is not None or toml is not None or not typed or s.pp * s.vpp == 1 or s.layers_per_stage:
+        return []
+    costed = tuple(engine.resolved_strategy().layers_per_stage or ())
+    layers, stages = sum(costed), s.pp * s.vpp
+    if not costed or layers % stages or even_split(layers, stages) == costed:
+        return []
+    return [f"with Megatron-LM arguments: the cost model balanced the pipeline stages as "
+            f"{list(costed)}, while Megatron-LM splits the layers evenly, "
+            f"{list(even_split(layers, stages))}; --layers-per-stage even costs that split"]
 
 
 def _check_moe(moe: moe_args.MegatronMoE, engine: Any) -> list[str]:

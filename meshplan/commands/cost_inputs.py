@@ -162,9 +162,14 @@ def idle_gpu_warning(rec: dict[str, Any]) -> str | None:
     if rec["gpus_idle"] <= 0:
         return None
     s = rec["strategy"]
+    rest = s["cp"] * s["tp"] * s["pp"]
+    fill = rec["gpus_available"] // rest if rec["gpus_available"] % rest == 0 else None
+    how = (f"--dp {fill} fills them (Megatron-LM derives dp from the world size; meshplan takes "
+           f"--dp, default 1), or pass --nodes" if fill and fill != s["dp"] else
+           "raise a degree or pass --nodes")
     return (f"the plan uses {rec['gpus_used']} of the {rec['gpus_available']} GPUs "
             f"(dp*cp*tp*pp = {s['dp']}*{s['cp']}*{s['tp']}*{s['pp']}); {rec['gpus_idle']} stay "
-            f"idle and add nothing to the throughput: raise a degree or pass --nodes")
+            f"idle and add nothing to the throughput: {how}")
 
 
 def input_lines(rec: dict[str, Any], attention_kernel: str | None) -> list[str]:
