@@ -155,6 +155,12 @@ class Plan:
             raise PlanError(f"plan JSON: {str(e).split(';')[0]}") from None
         return cls.from_dict(data)
 
+    def on(self, cluster: str | None = None, nodes: int | None = None) -> Plan:
+        """This plan on another ``cluster`` and / or node count (None: the plan's own), as
+        ``meshplan cost PLAN.json --cluster`` and ``export PLAN.json --cluster`` move it."""
+        return replace(self, cluster=self.cluster if cluster is None else cluster,
+                       nodes=self.nodes if nodes is None else nodes)
+
     def save(self, path: str | Path) -> Path:
         """Write the plan's JSON to ``path``; returns the path. A model or cluster given as a
         relative file path (from the working directory) is written relative to the plan

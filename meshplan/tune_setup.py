@@ -58,21 +58,17 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if memory_headroom is None:
         memory_headroom = DEFAULT_MEMORY_HEADROOM
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
-    pp_zero = _pp_zero_stages(framework)
-    fixed_now = fix if isinstance(fix, dict) else parse_fix(fix)
-    if pp_zero is not None and fixed_now.get("pp", 1) > 1 and fixed_now.get("zero", pp_zero[0]) not in pp_zero:
-        raise MeshplanError(f"--pp {fixed_now['pp']} and --zero {fixed_now['zero']}: framework {framework} "
-                            f"runs ZeRO {', '.join(map(str, pp_zero))} beside pipeline parallelism")
-    if pp_zero is not None:
+    fixed = fix if isinstance(fix, dict) else parse_fix(fix)
+    zeros, pp_zeros = check_zero(framework, fixed)
+    if pp_zeros is not None:
         from dataclasses import replace
 
-        prob = replace(prob, pp_zero_stages=pp_zero)
+        prob = replace(prob, pp_zero_stages=pp_zeros)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
     if layer_split == "even":  # absent otherwise: a balanced search resumes as before
         sc["layer_split"] = "even"
-    fixed = fix if isinstance(fix, dict) else parse_fix(fix)
     cp_comm = CP_COMM_ALIASES.get(cp_comm, cp_comm)  # Megatron-LM's allgather
     check_cp(framework, fixed.get("cp"), search_cp, cp_comm)
     if cp_comm != "p2p":  # absent otherwise: a study stored before the option resumes
@@ -83,10 +79,6 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
                             f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
-    zeros = _zero_stages(framework)
-    if "zero" in fixed and zeros is not None and fixed["zero"] not in zeros:
-        raise MeshplanError(f"--zero {fixed['zero']}: framework {framework} offers ZeRO "
-                            f"{', '.join(map(str, zeros))} (its profile's memory.zero_stages)")
     space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes, cp_degrees=cps,
                         schedules=framework_schedules(framework, all_schedules),
                         **({"zero_stages": zeros} if zeros is not None else {}))
@@ -95,22 +87,25 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
 
 
-def _zero_stages(framework: str) -> tuple[int, ...] | None:
-    """The ZeRO stages ``framework`` offers (its profile's ``memory.zero_stages``; None: every
-    one): FSDP has no ZeRO-1."""
+def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] | None,
+                                                             tuple[int, ...] | None]:
+    """The ZeRO stages ``framework`` offers (its profile's ``memory.zero_stages``: FSDP has
+    no ZeRO-1) and those it runs beside pipeline parallelism (``pipeline.zero_stages``:
+    DeepSpeed's 0 and 1); None: every one. Raises MeshplanError naming the pins when the
+    pinned ZeRO stage (with a pinned pp > 1) is not among them."""
     from simulator.profiles import load_profile
 
-    z = load_profile(framework).memory.zero_stages
-    return None if z is None else tuple(z.value)
-
-
-def _pp_zero_stages(framework: str) -> tuple[int, ...] | None:
-    """The ZeRO stages ``framework`` runs beside pipeline parallelism (its profile's
-    ``pipeline.zero_stages``; None: every one)."""
-    from simulator.profiles import load_profile
-
-    z = load_profile(framework).pipeline.zero_stages
-    return None if z is None else tuple(z.value)
+    prof = load_profile(framework)
+    zeros = None if prof.memory.zero_stages is None else tuple(prof.memory.zero_stages.value)
+    pp_zeros = None if prof.pipeline.zero_stages is None else tuple(prof.pipeline.zero_stages.value)
+    zero = fixed.get("zero")
+    if zero is not None and zeros is not None and zero not in zeros:
+        raise MeshplanError(f"--zero {zero}: framework {framework} offers ZeRO "
+                            f"{', '.join(map(str, zeros))} (its profile's memory.zero_stages)")
+    if zero is not None and pp_zeros is not None and fixed.get("pp", 1) > 1 and zero not in pp_zeros:
+        raise MeshplanError(f"--pp {fixed['pp']} and --zero {zero}: framework {framework} "
+                            f"runs ZeRO {', '.join(map(str, pp_zeros))} beside pipeline parallelism")
+    return zeros, pp_zeros
 
 
 def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:

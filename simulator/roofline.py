@@ -322,21 +322,22 @@ class Roofline:
         has ``sm_count`` and the kernel a ``gemm_shape``, on ``sms_available`` SMs (fewer
         than ``sm_count`` when a collective beside it holds some; default all); otherwise
         the smooth ``exec_flops / (peak * gemm_eff(gemm_flops))``. Raises SimulatorError
-        for ``sms_available`` on a device without ``sm_count`` or out of range."""
+        for ``sms_available`` on a device without ``sm_count`` or out of range, or a dtype
+        without its peak (:meth:`peak`), naming the kernel's op."""
         if k.kind != "gemm":
             raise SimulatorError(f"roofline: gemm_time takes a GEMM kernel, got kind {k.kind!r} ({k.op or 'no op'})")
-        if k.dtype == "float32" and k.op:
-            try:  # the op at fault named (an fp32 GEMM in a bf16 program: a MoE gate, ...)
-                self.peak(k.dtype)
-            except SimulatorError as e:
-                raise SimulatorError(f"{e} (op {k.op})") from None
-        if self.sm_count is not None and k.gemm_shape is not None:
-            compute = self.gemm_tiling(k.gemm_shape, k.dtype, sms_available).compute_s
-        else:
-            if sms_available is not None:
-                self._check_sms(sms_available)  # raises without sm_count; else validates
-            peak = self.peak(k.dtype)
-            compute = k.exec_flops / (peak * self.gemm_eff(k.gemm_flops)) if k.exec_flops else 0.0
+        try:
+            if self.sm_count is not None and k.gemm_shape is not None:
+                compute = self.gemm_tiling(k.gemm_shape, k.dtype, sms_available).compute_s
+            else:
+                if sms_available is not None:
+                    self._check_sms(sms_available)  # raises without sm_count; else validates
+                peak = self.peak(k.dtype)
+                compute = k.exec_flops / (peak * self.gemm_eff(k.gemm_flops)) if k.exec_flops else 0.0
+        except SimulatorError as e:  # the op at fault named (an fp32 GEMM in a bf16 program, ...)
+            if not k.op:
+                raise
+            raise SimulatorError(f"{e} (op {k.op})") from None
         memory = k.bytes / (self.mem_bandwidth * self.mem_efficiency)
         return max(compute, memory) + self.kernel_overhead
 

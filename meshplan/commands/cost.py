@@ -145,7 +145,6 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
     when given (re-costing a plan on another cluster; the plan's node count stays unless
     ``--nodes`` says, as ``Engine.from_plan`` keeps it). Raises MeshplanError for a model or
     strategy option beside it (the plan states them), and what ``Plan.load`` raises."""
-    import dataclasses
 
     from meshplan.plan import Plan
 
@@ -157,8 +156,7 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
                             f"{plan_file} and {', '.join(typed)}; --cluster and --nodes re-cost the "
                             "plan on another cluster)")
     plan = Plan.load(plan_file)
-    changes = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
-    return dataclasses.replace(plan, **changes) if changes else plan
+    return plan.on(cluster, nodes)
 
 
 def flop_rate(flops_per_s: float) -> str:

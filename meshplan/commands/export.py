@@ -67,10 +67,7 @@ def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | 
         raise MeshplanError(f"export: give PLAN.json or the strategy options, not both "
                             f"(got {plan_file} and {', '.join(typed)}; --cluster and --nodes "
                             "move the plan to another cluster)")
-    plan = Plan.load(plan_file)
-    moved = {k: v for k, v in (("cluster", cluster), ("nodes", nodes)) if v is not None}
-    if moved:
-        plan = dataclasses.replace(plan, **moved)
+    plan = Plan.load(plan_file).on(cluster, nodes)
     if layers_per_stage is None:
         return plan
     if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):

@@ -39,7 +39,6 @@ typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -204,7 +203,9 @@ class MegatronArgs:
     optimizer_instances: int | None = None
     outer_sharding: str | None = None
     grad_reduce_bf16: bool = False
-    overlaps: tuple[bool, bool, bool] = (False, False, False)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
 
     #: the command parameter (the typer function's argument) of each field
     PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
@@ -216,7 +217,9 @@ class MegatronArgs:
               "pipeline_layout": "pipeline_model_parallel_layout",
               "megatron_fsdp": "use_megatron_fsdp", "dp_sharding": "data_parallel_sharding_strategy",
               "optimizer_instances": "num_distributed_optimizer_instances",
-              "outer_sharding": "outer_dp_sharding_strategy", "grad_reduce_bf16": "grad_reduce_in_bf16"}
+              "outer_sharding": "outer_dp_sharding_strategy", "grad_reduce_bf16": "grad_reduce_in_bf16",
+              "overlap_grad_reduce": "overlap_grad_reduce", "overlap_param_gather": "overlap_param_gather",
+              "tp_comm_overlap": "tp_comm_overlap"}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MegatronArgs:
@@ -224,12 +227,7 @@ class MegatronArgs:
         :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``); one the
         command does not offer keeps its default (``tune`` has no
         ``--pipeline-model-parallel-layout``)."""
-        out = cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
-        flags = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
-        if all(f in params for f in flags):
-            grad, param, tp_comm = (bool(params[f]) for f in flags)
-            out = dataclasses.replace(out, overlaps=(grad, param, tp_comm))
-        return out
+        return cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""
@@ -441,22 +439,25 @@ def _fsdp_knobs(ctx: Any, m: MegatronArgs, knobs: dict[str, Any], dp: int | None
     return out
 
 
+#: Megatron-LM overlap switch -> (its MegatronArgs field, the profile's ``overlap`` fact)
+OVERLAP_SWITCHES = {"--overlap-grad-reduce": ("overlap_grad_reduce", "dp_grad_reduce"),
+                    "--overlap-param-gather": ("overlap_param_gather", "dp_param_gather"),
+                    "--tp-comm-overlap": ("tp_comm_overlap", "tp_forward")}
+
+
 def check_overlaps(m: MegatronArgs, framework: Any) -> None:
-    """``--overlap-grad-reduce`` / ``--overlap-param-gather`` / ``--tp-comm-overlap`` name
-    overlaps the ``framework`` profile must cost (``overlap.dp_grad_reduce``,
-    ``dp_param_gather``, ``tp_forward``); one the profile does not overlap is refused
-    naming it (the figures would be of another run)."""
-    if not any(m.overlaps):
+    """The switches of :data:`OVERLAP_SWITCHES` name overlaps the ``framework`` profile must
+    cost; one the profile does not overlap is refused naming it (the figures would be of
+    another run)."""
+    given = [flag for flag, (field, _) in OVERLAP_SWITCHES.items() if getattr(m, field)]
+    if not given:
         return
     from simulator.profiles import load_profile
 
     name = str(opt.value(framework))
     ov = load_profile(name).overlap
-    for given, flag, on in zip(m.overlaps, ("--overlap-grad-reduce", "--overlap-param-gather",
-                                            "--tp-comm-overlap"),
-                               (ov.dp_grad_reduce.value, ov.dp_param_gather.value, ov.tp_forward.value),
-                               strict=True):
-        if given and not on:
+    for flag in given:
+        if not getattr(ov, OVERLAP_SWITCHES[flag][1]).value:
             raise MeshplanError(f"{flag}: the {name} profile does not overlap it; a profile that "
                                 "does (megatron-core, nemo, megatron-bridge) costs that run")
 
