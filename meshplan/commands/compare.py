@@ -307,17 +307,13 @@ def compare_cmd(
 
     if as_json:
         typer.echo(json.dumps(rows))
-        for knobs_row in rows:  # on stderr, as cost --json says them
-            for w in knobs_row.get("warnings") or ():
-                typer.echo(f"warning: {label(knobs_row, varied)}: {w}", err=True)
-        write_plot()
-        return
-    _echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
-    for knobs_row in rows:  # as cost warns: a plan its framework cannot run
+    else:
+        _echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
+    for knobs_row in rows:  # on stderr, as cost warns: a plan its framework cannot run
         for w in knobs_row.get("warnings") or ():
             typer.echo(f"warning: {label(knobs_row, varied)}: {w}", err=True)
     write_plot()
-    if plot is not None:
+    if plot is not None and not as_json:
         typer.echo(f"wrote {plot}")
 
 
