@@ -93,18 +93,18 @@ def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] |
     no ZeRO-1) and those it runs beside pipeline parallelism (``pipeline.zero_stages``:
     DeepSpeed's 0 and 1); None: every one. Raises MeshplanError naming the pins when the
     pinned ZeRO stage (with a pinned pp > 1) is not among them."""
+    from meshplan.tuning import zero_not_run
     from simulator.profiles import load_profile
 
     prof = load_profile(framework)
     zeros = None if prof.memory.zero_stages is None else tuple(prof.memory.zero_stages.value)
     pp_zeros = None if prof.pipeline.zero_stages is None else tuple(prof.pipeline.zero_stages.value)
-    zero = fixed.get("zero")
-    if zero is not None and zeros is not None and zero not in zeros:
-        raise MeshplanError(f"--zero {zero}: framework {framework} offers ZeRO "
-                            f"{', '.join(map(str, zeros))} (its profile's memory.zero_stages)")
-    if zero is not None and pp_zeros is not None and fixed.get("pp", 1) > 1 and zero not in pp_zeros:
-        raise MeshplanError(f"--pp {fixed['pp']} and --zero {zero}: framework {framework} "
-                            f"runs ZeRO {', '.join(map(str, pp_zeros))} beside pipeline parallelism")
+    zero, pp = fixed.get("zero"), fixed.get("pp", 1)
+    why = None if zero is None else zero_not_run(prof, zero, pp)
+    if why is not None:
+        offered = zeros is None or zero in zeros  # else the pp rule refused it
+        pins = f"--pp {pp} and --zero {zero}" if offered else f"--zero {zero}"
+        raise MeshplanError(f"{pins}: framework {framework} {why}")
     return zeros, pp_zeros
 
 

@@ -242,6 +242,21 @@ def framework_cp_comms(framework: str) -> tuple[str, ...]:
     return CP_COMMS if runs is None else runs.value
 
 
+def zero_not_run(profile: Any, zero: int, pp: int) -> str | None:
+    """Why a framework ``profile`` cannot run ZeRO stage ``zero`` on ``pp`` pipeline stages,
+    as a phrase (``offers ZeRO 0, 2, 3, not ZeRO-1``: ``memory.zero_stages``, FSDP has no
+    ZeRO-1; ``runs ZeRO 0, 1 beside pipeline parallelism, not ZeRO-2``:
+    ``pipeline.zero_stages``, DeepSpeed's PipelineEngine); None when it can."""
+    offers = profile.memory.zero_stages
+    if offers is not None and zero not in offers.value:
+        return f"offers ZeRO {', '.join(map(str, offers.value))}, not ZeRO-{zero}"
+    runs = profile.pipeline.zero_stages
+    if pp > 1 and runs is not None and zero not in runs.value:
+        return (f"runs ZeRO {', '.join(map(str, runs.value))} beside pipeline parallelism, "
+                f"not ZeRO-{zero}")
+    return None
+
+
 def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
     """The context-parallel degrees ``meshplan tune --search-cp`` tries: 1 and every divisor
     c > 1 of the world size with 2c dividing the sequence (the load-balanced causal split,
@@ -250,5 +265,5 @@ def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
                  if world_size % c == 0 and (c == 1 or seq_len % (2 * c) == 0))
 
 
-__all__ = ["LAYER_SPLITS", "framework_cp_comms", "search_cp_degrees", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
+__all__ = ["LAYER_SPLITS", "framework_cp_comms", "search_cp_degrees", "zero_not_run", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
            "framework_schedules", "runs_schedule", "search_problem", "template_kinds", "to_plan", "to_strategy"]

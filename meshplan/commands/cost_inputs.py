@@ -144,16 +144,11 @@ def unrun_zero_warning(engine: Any) -> str | None:
     (``memory.zero_stages``: FSDP has no ZeRO-1), or it pipelines (pp > 1) with a stage the
     framework does not run beside pipeline parallelism (``pipeline.zero_stages``: DeepSpeed
     runs ZeRO 0 and 1 there). None otherwise."""
+    from meshplan.tuning import zero_not_run
+
     s = engine.strategy
-    offers = engine.profile.memory.zero_stages
-    if offers is not None and s.zero not in offers.value:
-        return (f"the {s.framework} profile's framework offers ZeRO "
-                f"{', '.join(map(str, offers.value))}, not ZeRO-{s.zero}: costed as asked")
-    runs = engine.profile.pipeline.zero_stages
-    if s.pp == 1 or runs is None or s.zero in runs.value:
-        return None
-    return (f"the {s.framework} profile's framework runs ZeRO {', '.join(map(str, runs.value))} "
-            f"beside pipeline parallelism, not ZeRO-{s.zero}: costed as asked")
+    why = zero_not_run(engine.profile, s.zero, s.pp)
+    return None if why is None else f"the {s.framework} profile's framework {why}: costed as asked"
 
 
 def idle_gpu_warning(rec: dict[str, Any]) -> str | None:
