@@ -19,7 +19,9 @@ pipeline ranks of tensor rank 0 hold at least ``P_rank0 = sum over parameters of
 ``P_rank0 / pp``. The bound is
 the state model of the framework profile at that P, sharded over ``N`` = the ZeRO shard
 degree of the folded strategy (``dp * cp``, or ``fsdp_shard_size * cp``), with every buffer
-term (largest tensor, FSDP root and blocks) at 0. With expert parallelism (``ep`` > 1) a
+term (largest tensor, FSDP root and blocks) at 0 (and, where the pipeline accumulates
+FSDP gradients unsharded, ``simulator.dp_groups.pipeline_holds_unsharded``, its unsharded
+weights and gradients at that P: non-decreasing in P too). With expert parallelism (``ep`` > 1) a
 rank holds 1 / ep of the experts and all of the dense parameters, at least ``P / ep``
 elements, and its expert states shard over dp / ep ranks (``simulator.expert_parallel``):
 the bound takes ``P_rank0 / (pp * ep)`` sharded over N, below both.
@@ -37,6 +39,7 @@ from completion.models.source import resolve_model
 from completion.plan_program import build_plan_program
 from completion.strategy import Strategy
 from meshplan.engine import Engine
+from simulator.dp_groups import pipeline_holds_unsharded
 from simulator.model_states import StateInputs, model_states
 from simulator.program_costs import layer_roles
 from simulator.stage_timing import reduce_bytes
@@ -141,7 +144,9 @@ class Tier0Bound:
                               StateInputs(params=self.rank_params(c) // c.pp // c.ep, dp=n, zero=c.zero,
                                           param_bytes=x.param_bytes, grad_bytes=x.grad_bytes,
                                           optimizer_bytes=x.optimizer_bytes,
-                                          reduce_bytes=reduce_bytes(x)))
+                                          reduce_bytes=reduce_bytes(x),
+                                          accumulate_unsharded=pipeline_holds_unsharded(
+                                              self.profile, c.pp, c.zero, n)))
         return int(states.total)
 
     def __call__(self, c: Candidate) -> Bound:

@@ -22,7 +22,9 @@ every micro-batch's backward: torchtitan (b5bcd76) never turns the replicate all
 between micro-batches (no ``set_requires_all_reduce`` under ``torchtitan/``), while
 Megatron-FSDP all_reduces the outer dp "during the last backward pass before the
 optimization step" (Megatron-LM d98e8a64 ``docs/user-guide/features/megatron_fsdp.md``),
-as the end-of-step buckets of ``simulator.grad_sync.grad_buckets`` do.
+as the end-of-step buckets of ``simulator.grad_sync.grad_buckets`` do. Under pipeline
+parallelism torch's pipelining turns FSDP's sync off for every micro-batch and reduces once
+after the stage's last backward (:func:`accumulates_unsharded`).
 
 Rank layout: rank = stage * dp * tp + d * tp + t (``simulator.step``); the groups returned
 hold tensor rank 0 of shard group 0 (stages and groups are the same layout shifted; catalog
@@ -63,6 +65,25 @@ def replicate_group(cfg: Any, stage: int) -> list[int]:
     (one per shard group; a single rank without HSDP)."""
     base, n = stage * cfg.dp * cfg.tp, shard_degree(cfg)
     return [base + r * n * cfg.tp for r in range(replicate_degree(cfg))]
+
+
+def accumulates_unsharded(cfg: Any) -> bool:
+    """Whether the stage's FSDP-sharded gradients (ZeRO 2-3, shard degree > 1) accumulate
+    unsharded over the micro-batches and are reduced once after its last backward: pp > 1
+    under a profile with ``pipeline.fsdp_accumulate_unsharded`` (torch 2.13.0
+    ``torch/distributed/pipelining/stage.py``: ``backward_maybe_with_nosync`` turns off an
+    FSDP stage's gradient sync and its resharding after backward for every micro-batch, and
+    ``perform_reduce_grad`` reduce_scatters once, after the stage's last backward). The
+    weights then stay gathered from the first backward on and the unsharded gradients are
+    held in the reduce dtype (``simulator.model_states.fsdp_states``)."""
+    return pipeline_holds_unsharded(cfg.profile, cfg.pp, cfg.zero, shard_degree(cfg))
+
+
+def pipeline_holds_unsharded(profile: Any, pp: int, zero: int, shard: int) -> bool:
+    """:func:`accumulates_unsharded` of a plan given by parts: framework ``profile`` (None:
+    no), ``pp`` stages, ZeRO stage ``zero`` and ``shard`` ranks the states are split over."""
+    fact = None if profile is None else profile.pipeline.fsdp_accumulate_unsharded
+    return fact is not None and fact.value and pp > 1 and zero >= 2 and shard > 1
 
 
 def gather_time(cluster: Any, cfg: Any, stage: int, nbytes: float) -> float:

@@ -18,14 +18,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from completion.optimizer import OPTIMIZERS
-from simulator.dp_groups import dp_group, gather_time, reduce_time, shard_group
+from simulator.dp_groups import (
+    accumulates_unsharded,
+    dp_group,
+    gather_time,
+    reduce_time,
+    shard_group,
+)
 from simulator.expert_parallel import sharded_elements
 from simulator.roofline import Roofline
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import reduce_bytes, stream_time
 
-__all__ = ["dp_group", "fixed_time", "fsdp_style", "grad_buckets", "optimizer_time",
-           "param_gather_time", "sync_time", "tail_collectives"]
+__all__ = ["accumulates_unsharded", "dp_group", "fixed_time", "fsdp_style", "grad_buckets",
+           "held_reduce_time", "optimizer_time", "param_gather_time", "sync_time",
+           "tail_collectives"]
 
 
 def sync_time(cfg: Any, cluster: Any, stage: int, params: int, layers: Iterable[BlockCost],
@@ -59,6 +66,21 @@ def fsdp_style(cfg: Any) -> bool:
     return cfg.zero >= 3 and prof is not None and prof.overlap.fsdp_prefetch.value >= 1
 
 
+def held_reduce_time(cfg: Any, cluster: Any, stage: int, params: int) -> float:
+    """Seconds of the one reduce of pipeline rank ``stage``'s ``params`` accumulated
+    unsharded gradient elements after its last backward, in the profile's reduce dtype
+    (:func:`simulator.stage_timing.reduce_bytes`): a reduce_scatter within the shard group
+    (under HSDP then an all_reduce of the shard, :func:`simulator.dp_groups.reduce_time`).
+    Nothing overlaps it: the stage has no compute left (torch's ``perform_reduce_grad``
+    waits for it before the step ends). 0 unless :func:`accumulates_unsharded`.
+
+    E.g. 1e9 fp32 gradient elements over 8 ranks of one NVLink node at 360 GB/s busbw:
+    4e9 x 7/8 / 360e9 = 9.7 ms."""
+    if not accumulates_unsharded(cfg):
+        return 0.0
+    return reduce_time(cluster, cfg, stage, params * reduce_bytes(cfg))
+
+
 def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int]
                  ) -> dict[int, list[tuple[float, float]]]:
     """Chunk -> [(fraction of the chunk's last backward at which the bucket is ready,
@@ -69,9 +91,10 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
     reduced over the dp group in the profile's reduce dtype: an all_reduce without ZeRO, a
     reduce_scatter with ZeRO 1-2 (the distributed optimizer) or non-FSDP ZeRO-3 (under HSDP
     within the shard group, then an all_reduce of the shard across the replicas:
-    :func:`simulator.dp_groups.reduce_time`). Empty for dp = 1 and for FSDP-style ZeRO-3
-    (:func:`fsdp_style`)."""
-    if cfg.dp == 1 or fsdp_style(cfg):
+    :func:`simulator.dp_groups.reduce_time`). Empty for dp = 1, for FSDP-style ZeRO-3
+    (:func:`fsdp_style`) and when the stage reduces once after its last backward
+    (:func:`accumulates_unsharded`: :func:`held_reduce_time`)."""
+    if cfg.dp == 1 or fsdp_style(cfg) or accumulates_unsharded(cfg):
         return {}
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
     per = int(cfg.profile.gradients.bucket_params.value) if cfg.profile is not None else 0

@@ -74,6 +74,9 @@ class StateInputs:
             under an FP8 recipe), not 16-bit ones.
         embedding_params: of ``params``, the embedding tables' elements (word and position
             embeddings, a tied head's table), whose gradients NeMo keeps in fp32.
+        accumulate_unsharded: the pipeline keeps FSDP's weights gathered and accumulates
+            the gradients unsharded between micro-batches
+            (:func:`simulator.dp_groups.accumulates_unsharded`; :func:`fsdp_states`).
     """
 
     params: int
@@ -89,6 +92,7 @@ class StateInputs:
     reduce_bytes: int = FP32
     fp8_params: bool = False
     embedding_params: int = 0
+    accumulate_unsharded: bool = False
 
 
 def _shard(n: int, dp: int) -> int:
@@ -184,7 +188,22 @@ def deepspeed_states(x: StateInputs) -> ModelStates:
 
 def fsdp_states(x: StateInputs) -> ModelStates:
     """FSDP FULL_SHARD (zero 3): 16P/N + the unsharded buffers (module docstring); below
-    ZeRO-3 the ``megatron`` split."""
+    ZeRO-3 the ``megatron`` split.
+
+    Under a pipeline that accumulates unsharded (``x.accumulate_unsharded``, zero 2-3:
+    torch 2.13.0 pipelining turns FSDP2's gradient sync and resharding after backward off
+    for every micro-batch, ``simulator.dp_groups.accumulates_unsharded``), from the
+    stage's first backward to its one reduce_scatter the rank holds all P of its weights
+    gathered in 16 bits and all P gradients unsharded in the reduce dtype (FSDP2
+    ``FSDPParam.to_accumulated_grad_if_needed`` upcasts a bf16 gradient to reduce_dtype
+    float32 to accumulate it), plus the running block's fresh 16-bit gradient before it is
+    added: ``(2 + r) P + 2 L_block`` beside the sharded fp32 master and Adam states, i.e.
+    ZeRO-3 saves nothing over ZeRO-2 at that peak (approx.: under ZeRO-3 a resharding
+    forward between two backwards frees the weights it ran, counted held here). E.g. a
+    stage of P = 1e9 over N = 8 in bf16, fp32 reduce: 2 + 4 GB unsharded where FULL_SHARD
+    without pipelining holds 16/8 = 2 GB of states plus a few blocks."""
+    if x.accumulate_unsharded and x.zero >= 2:
+        return _fsdp_unsharded_accumulation(x)
     if x.zero < 3:
         return megatron_states(x)
     p, n = x.params, x.dp
@@ -196,6 +215,24 @@ def fsdp_states(x: StateInputs) -> ModelStates:
                        grads=_shard(p, n) * _main_grad_bytes(x),
                        optimizer=_shard(p, n) * (x.optimizer_bytes - master),
                        buffers=gathered + head_grad + block_grad)
+
+
+def _fsdp_unsharded_accumulation(x: StateInputs) -> ModelStates:
+    """:func:`fsdp_states` of a stage whose pipeline accumulates unsharded: the 16-bit
+    weights (ZeRO-2: its params line; ZeRO-3: buffers beside the sharded fp32 masters),
+    ``reduce_bytes`` x P unsharded gradients (the sharded fp32 gradient only exists after
+    the reduce_scatter, once the backward's activations are gone), the fp32 master and Adam
+    states over N, and one block's fresh 16-bit gradient."""
+    p, n = x.params, x.dp
+    fresh = x.grad_bytes * x.largest_block
+    acc = x.reduce_bytes * p
+    if x.zero < 3:
+        base = megatron_states(x)
+        return ModelStates(params=base.params, grads=acc, optimizer=base.optimizer, buffers=fresh)
+    master = FP32 if x.param_bytes < FP32 else 0
+    return ModelStates(params=_shard(p, n) * (master or x.param_bytes), grads=acc,
+                       optimizer=_shard(p, n) * (x.optimizer_bytes - master),
+                       buffers=x.param_bytes * p + fresh)
 
 
 #: state model name (profile ``memory.model_states``) -> function

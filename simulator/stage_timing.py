@@ -117,7 +117,9 @@ class StageTimer:
         the gathers run on a communication stream ahead of the blocks and each block's
         gradients are reduce_scattered after its backward
         (:func:`simulator.streams.prefetched_chain`); otherwise every gather is exposed
-        (:meth:`zero3_gather_time`). With the profile's pipeline scatter-gather (Megatron-
+        (:meth:`zero3_gather_time`). Where the pipeline accumulates FSDP gradients unsharded
+        (:func:`simulator.dp_groups.accumulates_unsharded`) a block gathers once per
+        micro-batch and reduces nothing until the stage's last backward. With the profile's pipeline scatter-gather (Megatron-
         LM 2021) a stage that receives a boundary tensor from another rank all_gathers it
         over its tensor-parallel group first (:meth:`scatter_gather_time`).
 
@@ -172,6 +174,13 @@ class StageTimer:
             return {"F": f + g, "B": b + g, "W": w, "BW": bw + g}, 2 * g
         again = prof.overlap.fsdp_reshard_after_forward.value
         reduces = [self.zero3_reduce_time(blk) for blk in blocks]
+        if dp_groups.accumulates_unsharded(c):
+            # no reduce per micro-batch (one after the last backward:
+            # simulator.grad_sync.held_reduce_time) and the weights stay gathered after a
+            # backward, so a block gathers once per micro-batch (approx.: in its forward;
+            # under 1F1B's steady state a resharding forward frees them and the backward
+            # gathers them again, the same count)
+            reduces, again = [0.0] * len(blocks), False
         bg = gathers[::-1] if again else [0.0] * len(blocks)
 
         def kernels(ph: str, order: int) -> list[Kernel]:

@@ -28,6 +28,7 @@ from simulator.expert_parallel import expert_sync_time
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
+    held_reduce_time,
     optimizer_time,
     param_gather_time,
     sync_time,
@@ -178,7 +179,8 @@ class StepResult:
     rank_tails: list[dict[str, float]] = field(default_factory=list, repr=False)
     """Per pipeline rank, seconds of what follows its last action (``StepModel._rank``):
     ``end`` (the last action's end), ``dp_wait`` (its dp stream still reducing),
-    ``tail_collectives``, ``optimizer`` (with the fixed per-step work), ``param_gather``
+    ``grad_reduce`` (the one reduce of gradients accumulated unsharded,
+    ``simulator.grad_sync.held_reduce_time``), ``tail_collectives``, ``optimizer`` (with the fixed per-step work), ``param_gather``
     and, without a profile, ``grad_sync`` (the legacy one-piece sync)."""
     dp_buckets: list[list[tuple[int, int]]] = field(default_factory=list, repr=False)
     """Per pipeline rank, (start, end) ns of each gradient bucket's reduce on its dp
@@ -460,12 +462,14 @@ class StepModel:
             tail = {"end": end, "grad_sync": sync}
         else:
             tail = {"end": end, "dp_wait": max(0.0, dp_end - end),
+                    "grad_reduce": held_reduce_time(c, self.cluster, r, synced),
                     "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
                     "param_gather": param_gather_time(c, self.cluster, r, synced,
                                                       times[vstages[0]]["F"])}
             if expert and c.ep < c.dp:
                 tail["expert_sync"] = expert_sync_time(c, self.cluster, r, expert, reduce_bytes(c))
-            sync = tail["dp_wait"] + tail["tail_collectives"] + tail["param_gather"] + tail.get("expert_sync", 0.0)
+            sync = (tail["dp_wait"] + tail["grad_reduce"] + tail["tail_collectives"] + tail["param_gather"]
+                    + tail.get("expert_sync", 0.0))
             fixed = fixed_time(c, self.cluster, self.rf, r, params, self.tied_elems(), expert=expert)
         # + once-per-step kernels of the layers (simulator.fp8: TE's FP8 weight casts)
         opt = optimizer_time(c, self.rf, params, tensors, expert=expert) + fixed + sum(b.per_step for b in layer_blocks)

@@ -41,6 +41,7 @@ from typing import Any
 
 from simulator.grad_sync import (
     fixed_time,
+    held_reduce_time,
     optimizer_time,
     param_gather_time,
     sync_time,
@@ -101,6 +102,7 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
             fixed = 0.0
         else:
             sync = tail_collectives(c, model.cluster, r, layer_blocks)
+            sync += held_reduce_time(c, model.cluster, r, synced)
             sync += param_gather_time(c, model.cluster, r, synced, times[vstages[0]]["F"])
             fixed = fixed_time(c, model.cluster, model.rf, r, params, model.tied_elems(), expert=expert)
         opt = optimizer_time(c, model.rf, params, tensors, expert=expert) + fixed

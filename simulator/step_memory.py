@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simulator.dp_groups import replicate_degree, shard_degree
+from simulator.dp_groups import pipeline_holds_unsharded, replicate_degree, shard_degree
 from simulator.expert_parallel import expert_dp_degree
 from simulator.memory import ModelStates, StageActivations, zero_model_states
 from simulator.model_states import StateInputs, model_states
@@ -133,7 +133,8 @@ def _states_over(cfg: Any, rp: RankParams, degree: int) -> ModelStates:
                     largest_param=rp.largest_param, largest_block=rp.largest_block,
                     root_params=rp.root, prefetch=prof.overlap.fsdp_prefetch.value,
                     reduce_bytes=reduce_bytes(cfg), fp8_params=bool(getattr(cfg, "fp8_params", False)),
-                    embedding_params=rp.embedding)
+                    embedding_params=rp.embedding,
+                    accumulate_unsharded=pipeline_holds_unsharded(prof, cfg.pp, cfg.zero, degree))
     return model_states(prof.memory.model_states.value, x)
 
 

@@ -151,6 +151,11 @@ def _tail_events(result: Any) -> list[StepEvent]:
             t += d
         else:
             t += _ns(tail["dp_wait"])
+            d = _ns(tail.get("grad_reduce", 0.0))
+            if d > 0:
+                out.append(StepEvent(r, "dp_sync", "accumulated grad reduce_scatter", "grad_reduce",
+                                     -1, -1, t, t + d))
+            t += d
             d = _ns(tail["tail_collectives"])
             if d > 0:
                 out.append(StepEvent(r, "dp_sync", "weight-grad collectives", "tail_collectives",

@@ -285,13 +285,19 @@ class Pipeline(BaseModel):
     """Pipeline point-to-point facts, the schedules the framework runs (``schedules``;
     absent: every schedule meshplan simulates) and the ZeRO stages it runs beside pp > 1
     (``zero_stages``; absent: every one). ``meshplan tune`` searches those by
-    default, and ``cost`` / ``export`` say when a plan's schedule is not among them."""
+    default, and ``cost`` / ``export`` say when a plan's schedule is not among them.
+    ``fsdp_accumulate_unsharded`` (absent: false): with pp > 1 the pipeline runs every
+    micro-batch's backward without FSDP's gradient sync and resharding, so a stage keeps
+    its weights gathered and accumulates its gradients unsharded until one reduce_scatter
+    after its last backward (torch.distributed.pipelining with FSDP2;
+    ``simulator.grad_sync.accumulates_unsharded``)."""
 
     model_config = _STRICT
     p2p: P2PMode
     scatter_gather: Flag
     schedules: Schedules | None = None
     zero_stages: ZeroStages | None = None
+    fsdp_accumulate_unsharded: Flag | None = None
 
 
 class Gradients(BaseModel):
