@@ -59,11 +59,11 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
         memory_headroom = DEFAULT_MEMORY_HEADROOM
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
-    zeros, pp_zeros = check_zero(framework, fixed)
-    if pp_zeros is not None:
+    zeros, pp_zeros, ddp_alone = check_zero(framework, fixed)
+    if pp_zeros is not None or ddp_alone:
         from dataclasses import replace
 
-        prob = replace(prob, pp_zero_stages=pp_zeros)
+        prob = replace(prob, pp_zero_stages=pp_zeros, ddp_alone=ddp_alone)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}
@@ -88,24 +88,28 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
 
 
 def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] | None,
-                                                             tuple[int, ...] | None]:
+                                                             tuple[int, ...] | None, bool]:
     """The ZeRO stages ``framework`` offers (its profile's ``memory.zero_stages``: FSDP has
-    no ZeRO-1) and those it runs beside pipeline parallelism (``pipeline.zero_stages``:
-    DeepSpeed's 0 and 1); None: every one. Raises MeshplanError naming the pins when the
-    pinned ZeRO stage (with a pinned pp > 1) is not among them."""
+    no ZeRO-1), those it runs beside pipeline parallelism (``pipeline.zero_stages``:
+    DeepSpeed's 0 and 1; None: every one), and whether it runs ZeRO 0 only as the one
+    parallel dimension (``memory.ddp_alone``: torchtitan). Raises MeshplanError naming the
+    pins when the pinned ZeRO stage (with the pinned pp, dp, tp, cp) is not run."""
     from meshplan.tuning import zero_not_run
     from simulator.profiles import load_profile
 
     prof = load_profile(framework)
     zeros = None if prof.memory.zero_stages is None else tuple(prof.memory.zero_stages.value)
     pp_zeros = None if prof.pipeline.zero_stages is None else tuple(prof.pipeline.zero_stages.value)
-    zero, pp = fixed.get("zero"), fixed.get("pp", 1)
-    why = None if zero is None else zero_not_run(prof, zero, pp)
+    zero = fixed.get("zero")
+    dims = {k: fixed.get(k, 1) for k in ("pp", "dp", "tp")}  # cp at ZeRO 0 is searched (zero0_alone)
+    why = None if zero is None else zero_not_run(prof, zero, **dims)
     if why is not None:
-        offered = zeros is None or zero in zeros  # else the pp rule refused it
-        pins = f"--pp {pp} and --zero {zero}" if offered else f"--zero {zero}"
+        offered = zeros is None or zero in zeros  # else a rule on the other degrees refused it
+        pins = " and ".join([f"--{k} {v}" for k, v in dims.items() if k in fixed and v > 1] * offered
+                            + [f"--zero {zero}"])
         raise MeshplanError(f"{pins}: framework {framework} {why}")
-    return zeros, pp_zeros
+    ddp_alone = prof.memory.ddp_alone is not None and prof.memory.ddp_alone.value
+    return zeros, pp_zeros, ddp_alone
 
 
 def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:

@@ -242,19 +242,37 @@ def framework_cp_comms(framework: str) -> tuple[str, ...]:
     return CP_COMMS if runs is None else runs.value
 
 
-def zero_not_run(profile: Any, zero: int, pp: int) -> str | None:
-    """Why a framework ``profile`` cannot run ZeRO stage ``zero`` on ``pp`` pipeline stages,
-    as a phrase (``offers ZeRO 0, 2, 3, not ZeRO-1``: ``memory.zero_stages``, FSDP has no
-    ZeRO-1; ``runs ZeRO 0, 1 beside pipeline parallelism, not ZeRO-2``:
-    ``pipeline.zero_stages``, DeepSpeed's PipelineEngine); None when it can."""
+def zero_not_run(profile: Any, zero: int, pp: int, *, dp: int = 1, tp: int = 1, cp: int = 1
+                 ) -> str | None:
+    """Why a framework ``profile`` cannot run ZeRO stage ``zero`` on ``pp`` pipeline stages
+    (beside ``dp``, ``tp``, ``cp``), as a phrase (``offers ZeRO 0, 2, 3, not ZeRO-1``:
+    ``memory.zero_stages``, FSDP has no ZeRO-1; ``runs ZeRO 0, 1 beside pipeline
+    parallelism, not ZeRO-2``: ``pipeline.zero_stages``, DeepSpeed's PipelineEngine;
+    ``runs ZeRO 0 (DDP) only as the one parallel dimension``: ``memory.ddp_alone``,
+    torchtitan: replicated dp > 1 beside tp or pp, or any cp > 1, is not DDP there); None
+    when it can."""
     offers = profile.memory.zero_stages
     if offers is not None and zero not in offers.value:
         return f"offers ZeRO {', '.join(map(str, offers.value))}, not ZeRO-{zero}"
+    if zero == 0 and ddp_beside_others(profile, dp, tp, pp, cp):
+        beside = ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1)
+        return (f"runs ZeRO 0 (DDP) only as the one parallel dimension (with cp it shards over "
+                f"the cp ranks), not beside {beside}")
     runs = profile.pipeline.zero_stages
     if pp > 1 and runs is not None and zero not in runs.value:
         return (f"runs ZeRO {', '.join(map(str, runs.value))} beside pipeline parallelism, "
                 f"not ZeRO-{zero}")
     return None
+
+
+def ddp_beside_others(profile: Any, dp: int, tp: int, pp: int, cp: int) -> bool:
+    """Whether ``profile`` says ZeRO 0 runs only as the one parallel dimension
+    (``memory.ddp_alone``) and a ZeRO-0 plan of these degrees is not that: dp > 1 beside
+    tp > 1 or pp > 1, or cp > 1 (torchtitan then shards over the cp ranks)."""
+    from tuner.legality import replicated_beside_others
+
+    fact = profile.memory.ddp_alone
+    return fact is not None and fact.value and replicated_beside_others(dp, tp, pp, cp)
 
 
 def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
@@ -265,5 +283,5 @@ def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
                  if world_size % c == 0 and (c == 1 or seq_len % (2 * c) == 0))
 
 
-__all__ = ["LAYER_SPLITS", "framework_cp_comms", "search_cp_degrees", "zero_not_run", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
+__all__ = ["LAYER_SPLITS", "ddp_beside_others", "framework_cp_comms", "search_cp_degrees", "zero_not_run", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
            "framework_schedules", "runs_schedule", "search_problem", "template_kinds", "to_plan", "to_strategy"]

@@ -94,3 +94,50 @@ def test_fsdp_frameworks_offer_no_zero_1(capsys):
                             "--zero", "1", "--framework", "fsdp2", "--global-batch", "8", "--layers", "2")
     assert rc == 0, err
     assert "the fsdp2 profile's framework offers ZeRO 0, 2, 3, not ZeRO-1" in out + err
+
+
+def test_torchtitan_runs_ddp_only_as_the_one_parallel_dimension(capsys):
+    """torchtitan 238fa99 parallelize_llama: DDP (ZeRO 0) only on a one-dimensional mesh ("DDP
+    has not supported > 1D parallelism"), FSDP whenever cp > 1. Before, tune under fsdp2
+    could recommend ZeRO 0 beside tp / pp (export then wrote ZeRO-2 with a note). Profile
+    fact memory.ddp_alone; a legality rule; a pinned layout refused; cost warns."""
+    from meshplan.tune_setup import tune_config
+    from tests._cli import one_line_error
+
+    for name in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"):
+        assert load_profile(name).memory.ddp_alone.value is True, name
+    for name in ("megatron-core", "deepspeed", "llm-foundry", "eager"):
+        assert load_profile(name).memory.ddp_alone is None, name
+    p = SearchProblem(DIMS, 16, 8, 32, 2048, ddp_alone=True)
+    assert L.zero0_alone(Candidate(8, 2, 1, zero=0), p) == \
+        "zero=0 with dp=8, tp=2, pp=1: the framework runs ZeRO 0 (DDP) only as the one parallel dimension"
+    assert L.zero0_alone(Candidate(8, 1, 2, zero=0), p) is not None  # beside pp
+    # cp at ZeRO 0 stays searchable (dp 1 has no other stage); cost warns that torchtitan shards
+    assert L.zero0_alone(Candidate(1, 1, 1, zero=0, cp=8), p) is None
+    assert L.zero0_alone(Candidate(16, 1, 1, zero=0), p) is None  # dp alone: DDP
+    assert L.zero0_alone(Candidate(1, 8, 2, zero=0), p) is None  # no dp: nothing to replicate
+    assert L.zero0_alone(Candidate(8, 2, 1, zero=2), p) is None
+    assert L.zero0_alone(Candidate(8, 2, 1, zero=0), SearchProblem(DIMS, 16, 8, 32, 2048)) is None
+    assert "ddp_alone" not in SearchProblem(DIMS, 16, 8, 32, 2048).to_dict()  # old studies resume
+    assert SearchProblem.from_dict(p.to_dict()) == p
+    cfg = tune_config("llama2-7b", "dgx-h100", 2, 16, 2048, "pattern-based", 0, False, None, "tpe", 2,
+                      False, framework="fsdp2")
+    assert cfg.space.problem.ddp_alone is True
+    assert tune_config("llama2-7b", "dgx-h100", 2, 16, 2048, "pattern-based", 0, False, None, "tpe", 2,
+                       False, framework="megatron-core").space.problem.ddp_alone is False
+    line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                                    "--nodes", "2", "--global-batch", "16", "--layers", "2",
+                                    "--framework", "fsdp2", "--dp", "8", "--tp", "2", "--zero", "0",
+                                    "--storage", "memory"))
+    assert ("--dp 8 and --tp 2 and --zero 0: framework fsdp2 runs ZeRO 0 (DDP) only as the one "
+            "parallel dimension (with cp it shards over the cp ranks), not beside tp 2") in line
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "4",
+                            "--tp", "2", "--zero", "0", "--framework", "fsdp2", "--global-batch", "8",
+                            "--layers", "2")
+    assert rc == 0, err
+    assert "runs ZeRO 0 (DDP) only as the one parallel dimension" in out + err
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "2",
+                            "--cp", "4", "--zero", "0", "--framework", "fsdp2", "--global-batch", "8",
+                            "--layers", "2", "--seq-len", "8192")
+    assert rc == 0, err
+    assert "(with cp it shards over the cp ranks), not beside cp 4" in out + err

@@ -212,6 +212,26 @@ def zero_runs_with_pp(c: Candidate, p: SearchProblem) -> str | None:
     return None
 
 
+def replicated_beside_others(dp: int, tp: int, pp: int, cp: int) -> bool:
+    """A ZeRO-0 layout that is not data parallelism alone: replicated dp > 1 beside tp > 1
+    or pp > 1, or any cp > 1 (torchtitan 238fa99 ``parallelize_llama`` runs DDP only on a
+    one-dimensional mesh, and shards over the cp ranks when cp > 1)."""
+    return (dp > 1 and (tp > 1 or pp > 1)) or cp > 1
+
+
+def zero0_alone(c: Candidate, p: SearchProblem) -> str | None:
+    """ZeRO 0 only as the one parallel dimension where the framework runs DDP so
+    (``SearchProblem.ddp_alone``: torchtitan, profile ``memory.ddp_alone``): replicated
+    dp > 1 beside tp or pp is refused there. cp > 1 at ZeRO 0 stays searchable (dp = 1
+    admits no other ZeRO stage, ``zero_needs_dp``): torchtitan shards such a plan over its
+    cp ranks, which costs less memory than the replicated plan scored, and ``export``
+    writes it as ZeRO-2 with a note."""
+    if p.ddp_alone and c.zero == 0 and replicated_beside_others(c.dp, c.tp, c.pp, 1):
+        return (f"zero=0 with dp={c.dp}, tp={c.tp}, pp={c.pp}: the framework runs ZeRO 0 (DDP) "
+                f"only as the one parallel dimension")
+    return None
+
+
 #: Every rule, in check order (cheap mesh rules first).
 RULES: tuple[Rule, ...] = (
     mesh_matches_world, tp_divides_heads, tp_divides_kv_heads, tp_divides_hidden,
@@ -219,7 +239,7 @@ RULES: tuple[Rule, ...] = (
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
-    zero_needs_dp, hsdp_shard_group, ep_layout, zero_runs_with_pp,
+    zero_needs_dp, hsdp_shard_group, ep_layout, zero_runs_with_pp, zero0_alone,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).

@@ -113,7 +113,9 @@ class SearchProblem:
         model: the model sizes; world_size: GPUs; devices_per_node: GPUs per node (tensor
         parallelism stays inside one unless ``allow_cross_node_tp``); global_batch_size:
         sequences per step; seq_len: tokens per sequence; uneven_pp: allow a layer count not
-        divisible by pp (stages differ by at most one layer).
+        divisible by pp (stages differ by at most one layer); pp_zero_stages: the ZeRO
+        stages the framework runs beside pp > 1 (None: every one); ddp_alone: ZeRO 0 only as
+        the one parallel dimension (``tuner.legality.zero0_alone``, torchtitan).
 
     Raises SpaceError naming the field when a number is not a positive integer.
     """
@@ -126,6 +128,7 @@ class SearchProblem:
     allow_cross_node_tp: bool = False
     uneven_pp: bool = False
     pp_zero_stages: tuple[int, ...] | None = None
+    ddp_alone: bool = False
 
     def __post_init__(self) -> None:
         if self.pp_zero_stages is not None:
@@ -146,6 +149,8 @@ class SearchProblem:
             d["model"].pop("num_experts", None)
         if d["pp_zero_stages"] is None:  # absent, as in studies stored before the field
             del d["pp_zero_stages"]
+        if not d["ddp_alone"]:  # likewise
+            del d["ddp_alone"]
         return d
 
     @classmethod

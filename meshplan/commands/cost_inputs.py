@@ -143,11 +143,12 @@ def unrun_zero_warning(engine: Any) -> str | None:
     """One line when the plan's ZeRO stage is not one its framework offers
     (``memory.zero_stages``: FSDP has no ZeRO-1), or it pipelines (pp > 1) with a stage the
     framework does not run beside pipeline parallelism (``pipeline.zero_stages``: DeepSpeed
-    runs ZeRO 0 and 1 there). None otherwise."""
+    runs ZeRO 0 and 1 there), or it replicates (ZeRO 0) beside tp / pp / cp where the
+    framework runs DDP only alone (``memory.ddp_alone``: torchtitan). None otherwise."""
     from meshplan.tuning import zero_not_run
 
     s = engine.strategy
-    why = zero_not_run(engine.profile, s.zero, s.pp)
+    why = zero_not_run(engine.profile, s.zero, s.pp, dp=s.dp, tp=s.tp, cp=s.cp)
     return None if why is None else f"the {s.framework} profile's framework {why}: costed as asked"
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from meshplan.commands.export_targets import Export, Note, framework_note, layout, routing_notes
 from simulator.profiles import load_profile
+from tuner.legality import replicated_beside_others
 
 TORCHTITAN_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 FAMILIES = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
@@ -136,7 +137,7 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
         notes.append(Note("zero", "FSDP2 has no ZeRO-1 (optimizer states only); ZeRO-2 "
                                   "(reshard_after_forward never: gradients sharded too) is written"))
         zero = eff["zero"] = 2
-    if zero == 0 and ((dp > 1 and (eff["tp"] > 1 or eff["pp"] > 1)) or eff["cp"] > 1):
+    if zero == 0 and replicated_beside_others(dp, eff["tp"], eff["pp"], eff["cp"]):
         # torchtitan runs DDP only as the one mesh dim (parallelize: "DDP has not supported > 1D
         # parallelism"), and with cp it shards over dp_shard x cp anyway (ParallelDims
         # fsdp_enabled): FSDP2 without resharding

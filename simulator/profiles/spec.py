@@ -333,7 +333,9 @@ class Memory(BaseModel):
     Attributes:
         model_states: how weights, gradients and optimizer states are held
             (``simulator.model_states``); zero_stages: the ZeRO stages the framework offers
-            (absent: 0-3; FSDP has no optimizer-only sharding, ZeRO-1).
+            (absent: 0-3; FSDP has no optimizer-only sharding, ZeRO-1); ddp_alone: ZeRO 0
+            (replicated, DDP) runs only as the one parallel dimension: beside tp or pp the
+            framework refuses it, and with cp it shards (torchtitan; absent: false).
         fragmentation: the caching allocator's reserved-but-unallocated bytes as a fraction
             of the allocated peak (PyTorch ``memory_reserved / memory_allocated - 1``).
         cuda_context_bytes: the CUDA context and library handles (outside the allocator).
@@ -349,6 +351,7 @@ class Memory(BaseModel):
     model_config = _STRICT
     model_states: StateModel
     zero_stages: ZeroStages | None = None
+    ddp_alone: Flag | None = None
     fragmentation: Fraction
     cuda_context_bytes: NonNegative
     workspace_bytes: NonNegative
