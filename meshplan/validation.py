@@ -63,7 +63,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
 
     Returns ``({"step_time": s, "max_memory_bytes": B (the heaviest rank's tensors, as
     the executor measures them), "stage_times": [{F, B, W} s per virtual stage], "rank_stage_times": [{F, B, W} s per pipeline rank, mean over its
-    chunks], "time_breakdown": {...}, "layers_per_vstage": [...]}, schedule)``. Raises
+    chunks], "time_breakdown": {...}, "layers_per_vstage": [...], "executor_attention_bytes":
+    B (:func:`executor_attention_bytes`, for the host check only)}, schedule)``. Raises
     ``EngineError`` (a ValueError) for a plan the cost model cannot cost."""
     from meshplan.engine import Engine
 
@@ -74,7 +75,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     if s.zero > EXECUTOR_MAX_ZERO:  # an HSDP group goes with ZeRO-3
         s = s.replace(zero=EXECUTOR_MAX_ZERO, fsdp_shard_size=None)
     eager = dataclasses.replace(plan, strategy=s)
-    res = Engine.from_plan(eager, cluster).step_model().run()
+    engine = Engine.from_plan(eager, cluster)
+    res = engine.step_model().run()
     sched = res.schedule
     per_rank = [{ph: sum(res.stage_times[vs][ph] for vs in vss) / len(vss) for ph in PHASES}
                 for vss in sched.vstage]  # what one action of a pipeline rank takes, on average
@@ -85,7 +87,8 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
     pred = {"step_time": res.step_time,
             "max_memory_bytes": max(allocated_bytes(m) for m in res.memory_per_stage),
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
-            "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage)}
+            "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage),
+            "executor_attention_bytes": executor_attention_bytes(engine.source, s)}
     return pred, sched
 
 
@@ -104,20 +107,65 @@ def host_memory_bytes() -> int | None:
         return None
 
 
+#: attention-score-sized tensors the executor's attention kernels hold at once, in their
+#: statistics dtype (float32 for a plan's bf16, fp16 or fp32): executor/kernels/attention.py
+#: and executor/ring_attention.py compute a block whole -- the scaled and masked scores,
+#: exp(S - lse), and in the backward dP = dO V^T, dP - D and dS = P (dP - D) besides the
+#: scores and P: 5 at the backward's peak
+EXECUTOR_SCORE_TENSORS = 5
+
+
+def executor_attention_bytes(source: Any, strategy: Any) -> int:
+    """Bytes the executor's attention kernel holds inside one op beyond the tensors it is
+    given and returns (which the executor's live-tensor count and the prediction hold):
+    :data:`EXECUTOR_SCORE_TENSORS` x micro-batch x local query heads x s_q x s_k x the
+    statistics dtype's bytes (float32 for every plan dtype), with s_q = s / cp and s_k = s / cp for ring attention's
+    blocks, s for all-gathered K/V (and s without cp). FlashAttention holds none of this
+    (it keeps one tile of the scores on chip), so the prediction, costed with flash
+    attention, does not either; only the host check (:func:`check_fits_host`) adds it.
+
+    ``source``: the plan's ``completion.models.source.ModelSource``; a given program (no
+    config) counts its largest ``flash_attention`` op's global [b, s, h, d] query over the
+    plan's dp and tp. E.g. llama2-7b at s 32768, micro-batch 1, tp 1: 5 x 32 x 32768^2 x 4
+    = 640 GiB."""
+    st = 4  # float32: the statistics dtype of every plan dtype (bf16, fp16, fp32)
+    cp = max(1, int(getattr(strategy, "cp", 1) or 1))
+    cfg = getattr(source, "config", None)
+    if cfg is not None:
+        b, heads, s = strategy.micro_batch_size, cfg.num_heads // strategy.tp, source.seq_len
+    else:
+        shapes = [op.operands[0].type.shape for op in getattr(source.program, "ops", ())
+                  if op.type == "flash_attention" and op.operands and op.operands[0] is not None
+                  and len(getattr(op.operands[0].type, "shape", ())) == 4]
+        if not shapes:
+            return 0
+        bq, s, hq, _ = max(shapes, key=lambda sh: sh[0] * sh[1] * sh[1] * sh[2])
+        b, heads = max(1, bq // strategy.dp), max(1, hq // strategy.tp)
+    s_q = s // cp
+    s_k = s if cp == 1 or getattr(strategy, "cp_comm", "p2p") == "all_gather" else s // cp
+    return EXECUTOR_SCORE_TENSORS * b * heads * s_q * s_k * st
+
+
 def check_fits_host(pred: dict[str, Any], nproc: int, backend: str) -> None:
     """Refuse (``executor.LaunchError``, before any rank starts) a CPU run whose predicted
-    peak memory, ``nproc`` ranks of ``max_memory_bytes`` each, exceeds what this machine
-    has (:func:`host_memory_bytes`): such a run would be killed by the kernel, or swap for
+    peak memory, ``nproc`` ranks of ``max_memory_bytes`` each plus what the executor's
+    attention kernel holds inside one op (``executor_attention_bytes``,
+    :func:`executor_attention_bytes`), exceeds what this machine has
+    (:func:`host_memory_bytes`): such a run would be killed by the kernel, or swap for
     minutes, instead of measuring anything."""
     from executor import LaunchError
 
     need, have = pred.get("max_memory_bytes"), host_memory_bytes()
     if backend != "gloo" or need is None or have is None:
         return
-    if need * nproc > have:
-        raise LaunchError(f"the plan needs {need / 2**30:.2f} GiB per rank (predicted), "
-                          f"{need * nproc / 2**30:.2f} GiB for {nproc} ranks; this machine has "
-                          f"{have / 2**30:.2f} GiB available")
+    scores = int(pred.get("executor_attention_bytes", 0))
+    if (need + scores) * nproc > have:
+        inside = (f" + {scores / 2**30:.2f} GiB of attention scores the executor's kernel "
+                  f"materialises (5 x micro-batch x heads x s_q x s_k in fp32; a shorter "
+                  f"--seq-len or a larger tp / cp shrinks it)") if scores else ""
+        raise LaunchError(f"the plan needs {need / 2**30:.2f} GiB per rank (predicted){inside}, "
+                          f"{(need + scores) * nproc / 2**30:.2f} GiB for {nproc} ranks; this "
+                          f"machine has {have / 2**30:.2f} GiB available")
 
 
 def predicted_plan(plan: Any, pred: dict[str, Any]) -> Any:

@@ -1,0 +1,91 @@
+"""The executor's attention kernel materialises the attention scores inside the op, which the
+prediction (costed with FlashAttention's memory) does not hold: ``validate``'s pre-launch
+host check adds them (``meshplan.validation.executor_attention_bytes``).
+
+Before, a long sequence passed the check and the ranks were killed by the kernel's OOM
+killer (llama2-7b, one layer, s 32768 on one CPU rank: 27.7 GiB predicted, 640 GiB of fp32
+scores inside the backward)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from completion.models.source import resolve_model
+from meshplan.plan import Plan
+from meshplan.strategy import Strategy
+from meshplan.validation import EXECUTOR_SCORE_TENSORS, check_fits_host, executor_attention_bytes
+
+
+def _s(**kw):
+    base = {"dp": 1, "micro_batch_size": 1, "global_batch_size": 1}
+    return Strategy(**{**base, **kw})
+
+
+def test_scores_by_hand():
+    """5 fp32 tensors of micro-batch x local heads x s_q x s_k: llama2-7b (32 heads) at s 4096,
+    micro-batch 2, tp 2: 5 x 2 x 16 x 4096^2 x 4 = 10,737,418,240 bytes; cp 2 ring blocks
+    (s/2)^2, all-gathered K/V s/2 x s; the same fp32 scores for a bf16 plan."""
+    src = resolve_model("llama2-7b", 4096)
+    assert EXECUTOR_SCORE_TENSORS == 5
+    assert executor_attention_bytes(src, _s(tp=2, micro_batch_size=2, global_batch_size=2)) == 10_737_418_240
+    ring = executor_attention_bytes(src, _s(cp=2))
+    assert ring == 5 * 32 * 2048 * 2048 * 4
+    assert executor_attention_bytes(src, _s(cp=2, cp_comm="all_gather")) == 2 * ring
+    assert executor_attention_bytes(src, _s(dtype="bfloat16")) == 5 * 32 * 4096 * 4096 * 4
+
+
+_MEASURE = textwrap.dedent("""
+    import resource, torch
+    from executor.kernels.attention import _flash_attention, _flash_attention_grad
+    from executor.kernels.base import KernelContext
+    s = 6144
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, s, 1, 64) for _ in range(3))
+    o, _, lse, _ = _flash_attention([q, k, v], {"causal": True}, KernelContext())
+    g = torch.randn_like(o)
+    before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    _flash_attention_grad([q, k, v, o, lse, None, g], {"causal": True}, KernelContext())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print((peak - before) / (s * s * 4))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ru_maxrss in KiB")
+def test_the_kernel_holds_five_fp32_score_tensors():
+    """Measured: the backward of one head at s 6144 (144 MiB of fp32 scores) raises the
+    process's peak resident memory by 5.0 score tensors (scores, P, dP, dP - D, dS)."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True, timeout=120,
+                         check=True)
+    held = float(out.stdout.split()[-1])
+    assert EXECUTOR_SCORE_TENSORS - 0.25 <= held <= EXECUTOR_SCORE_TENSORS + 0.5, held
+
+
+def test_host_check_counts_the_scores(monkeypatch):
+    """A plan whose tensors fit the host but whose scores do not is refused before launch,
+    naming the scores; without them it passes."""
+    import meshplan.validation as v
+    from executor import LaunchError
+
+    pred = {"max_memory_bytes": 2**30, "executor_attention_bytes": 3 * 2**30}
+    monkeypatch.setattr(v, "host_memory_bytes", lambda: 5 * 2**30)
+    check_fits_host({"max_memory_bytes": 2**30}, 2, "gloo")  # 2 GiB of 5: fits
+    with pytest.raises(LaunchError, match=r"1.00 GiB per rank \(predicted\) \+ 3.00 GiB of attention "
+                                          r"scores .* 8.00 GiB for 2 ranks; this machine has 5.00 GiB"):
+        check_fits_host(pred, 2, "gloo")
+    check_fits_host(pred, 2, "nccl")  # a GPU run: the host's memory is not the limit
+
+
+def test_predict_carries_the_scores():
+    """``predict`` of a one-layer llama2-7b plan at s 32768 on the CPU cluster: 640 GiB of
+    scores (5 x 32 x 32768^2 x 4), beside its 27.7 GiB of tensors."""
+    from meshplan.validation import predict
+
+    plan = Plan(model="llama2-7b", cluster="cpu-local", strategy=_s(dtype="float32"), seq_len=32768,
+                num_layers=1)
+    pred, _ = predict(plan)
+    assert pred["executor_attention_bytes"] == 5 * 32 * 32768**2 * 4 == 640 * 2**30
+    assert 20 * 2**30 < pred["max_memory_bytes"] < 40 * 2**30
