@@ -159,3 +159,14 @@ def test_compare_warns_as_cost_does(capsys):
     rows = json.loads(out)
     assert [r["schedule"] for r in rows] == ["ZBH1", "1F1B"]
     assert len(rows[0]["warnings"]) == 1 and rows[1]["warnings"] == []
+
+
+def test_compare_warns_about_the_zero_stage_as_cost_does(capsys):
+    """compare warned about schedules and cp exchanges but not a ZeRO stage the framework
+    does not run (torchtitan's DDP beside tp; cost warned)."""
+    rc, out, err = run_main(capsys, "compare", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "4",
+                            "--tp", "2", "--zero", "0,2", "--framework", "fsdp2", "--global-batch", "8",
+                            "--layers", "2")
+    assert rc == 0, err
+    assert ("warning: zero=0: the fsdp2 profile's framework runs ZeRO 0 (DDP) only as the one parallel "
+            "dimension") in err and "zero=2:" not in err

@@ -263,7 +263,7 @@ def compare_cmd(
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
     from meshplan.commands.cost import memory_fit
-    from meshplan.commands.cost_inputs import unrun_cp_warning, unrun_schedule_warning
+    from meshplan.commands.cost_inputs import framework_warnings
     from meshplan.engine import Engine
 
     if global_batch is None:
@@ -295,7 +295,7 @@ def compare_cmd(
         cl = engine.cluster
         rows.append({**_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
                             strategy.world_size, cl.num_nodes * cl.devices_per_node),
-                     "warnings": [w for w in (unrun_schedule_warning(engine), unrun_cp_warning(engine)) if w]})
+                     "warnings": framework_warnings(engine)})
         panels.append((label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]

@@ -106,9 +106,17 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
                              else attention_source(attention_flag, src)),
         "num_microbatches": s.num_microbatches, "strategy": s.to_dict(),
     }
-    rec["warnings"] = [w for w in (idle_gpu_warning(rec), unrun_schedule_warning(engine),
-                                   unrun_cp_warning(engine), unrun_zero_warning(engine)) if w]
+    rec["warnings"] = [w for w in (idle_gpu_warning(rec), *framework_warnings(engine)) if w]
     return rec
+
+
+def framework_warnings(engine: Any) -> list[str]:
+    """The lines ``cost`` and ``compare`` warn with when the plan's framework does not run it
+    as costed: its schedule (:func:`unrun_schedule_warning`), its context-parallel exchange
+    (:func:`unrun_cp_warning`) or its ZeRO stage beside the other degrees
+    (:func:`unrun_zero_warning`)."""
+    return [w for w in (unrun_schedule_warning(engine), unrun_cp_warning(engine),
+                        unrun_zero_warning(engine)) if w]
 
 
 def unrun_schedule_warning(engine: Any) -> str | None:
