@@ -168,5 +168,5 @@ def test_compare_warns_about_the_zero_stage_as_cost_does(capsys):
                             "--tp", "2", "--zero", "0,2", "--framework", "fsdp2", "--global-batch", "8",
                             "--layers", "2")
     assert rc == 0, err
-    assert ("warning: zero=0: the fsdp2 profile's framework runs ZeRO 0 (DDP) only as the one parallel "
-            "dimension") in err and "zero=2:" not in err
+    assert ("warning: ZeRO=0: the fsdp2 profile's framework runs ZeRO 0 (DDP) only as the one parallel "
+            "dimension") in err and "ZeRO=2:" not in err
