@@ -252,6 +252,11 @@ def cost_cmd(
         None, "--torchtitan-config", help="A torchtitan job TOML to cost (its \\[parallelism], "
         "\\[training], \\[activation_checkpoint], \\[compile], float8): the strategy comes from it, "
         "the model from --model, the GPUs from --cluster / --nodes."),
+    deepspeed_config: str | None = typer.Option(
+        None, "--deepspeed-config", help="A DeepSpeed JSON config (the config of deepspeed.initialize) "
+        "to cost: ZeRO stage, MiCS shard size, batch keys, bf16 / fp16, optimizer and AutoTP from it; "
+        "the model from --model, the GPUs from --cluster / --nodes, and what the training script sets "
+        "from --tp, --pp, --recompute, --sequence-parallel, --schedule (dp: the GPUs over tp x pp)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
                                      "a process per rank, a thread per stream, memory counters."),
@@ -263,11 +268,15 @@ def cost_cmd(
     from meshplan.commands.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
-    if plan_file is not None and torchtitan_config is not None:
-        raise MeshplanError(f"cost: give PLAN.json or --torchtitan-config, not both (got {plan_file} "
-                            f"and {torchtitan_config})")
-    if torchtitan_config is not None and (model is None or cluster is None):
-        raise MeshplanError("cost --torchtitan-config: give --model (the architecture) and --cluster "
+    inputs_given = {f: v for f, v in (("PLAN.json", plan_file), ("--torchtitan-config", torchtitan_config),
+                                      ("--deepspeed-config", deepspeed_config)) if v is not None}
+    if len(inputs_given) > 1:
+        raise MeshplanError(f"cost: give {' or '.join(inputs_given)}, "
+                            f"{'not both' if len(inputs_given) == 2 else 'only one'} (got "
+                            f"{' and '.join(inputs_given.values())})")
+    config_flag = next((f for f in inputs_given if f != "PLAN.json"), None)
+    if config_flag is not None and (model is None or cluster is None):
+        raise MeshplanError(f"cost {config_flag}: give --model (the architecture) and --cluster "
                             "(the GPUs) too; the file gives the strategy")
     plan = _plan_file(ctx, plan_file, cluster, nodes) if plan_file is not None else None
     if plan is not None:  # the strategy options below are their defaults, unused
@@ -279,6 +288,11 @@ def cost_cmd(
 
         strategy, seq_len = config_strategy(ctx, torchtitan_config, model, cluster, nodes, seq_len, layers)
         global_batch = strategy.global_batch_size
+    elif deepspeed_config is not None and model is not None and cluster is not None:
+        from meshplan.commands.import_deepspeed import config_strategy as deepspeed_strategy
+
+        strategy = deepspeed_strategy(ctx, deepspeed_config, locals())
+        global_batch = strategy.global_batch_size
     elif model is None or cluster is None or global_batch is None:
         missing = [f for f, v in (("--model", model), ("--cluster", cluster),
                                   ("--global-batch", global_batch)) if v is None]
@@ -288,7 +302,7 @@ def cost_cmd(
     if plan is not None and moe.given():
         raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
                             "PLAN.json names its own")
-    if torchtitan_config is None:
+    if torchtitan_config is None and deepspeed_config is None:
         strategy = _flag_strategy(ctx, locals())
     if plan is None and torchtitan_config is None:  # a .pir program is costed as written
         from meshplan.commands.program_input import refuse_ignored_cost_options
@@ -302,7 +316,8 @@ def cost_cmd(
     opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster),
-                          "--torchtitan-config": opt.input_file(torchtitan_config), "--trace": trace,
+                          "--torchtitan-config": opt.input_file(torchtitan_config),
+                          "--deepspeed-config": opt.input_file(deepspeed_config), "--trace": trace,
                           "--plot": plot, "--memory-png": memory_png})  # never over an input
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
@@ -318,7 +333,7 @@ def cost_cmd(
         _replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
-    moe_notes = _check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config)
+    moe_notes = _check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace

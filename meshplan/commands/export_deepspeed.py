@@ -9,10 +9,11 @@ autotp-training/, DeepSpeed >= 0.16.4). Mapping:
   m x dp and takes dp from the world size over its model-parallel groups, so dp = global /
   (micro x m) is stated by the batch keys.
 - ``zero_optimization.stage`` = ZeRO stage; ``tensor_parallel.autotp_size`` = tp (AutoTP
-  combines with ZeRO stages 0-2 only: ZeRO 3 with tp > 1 is noted).
+  trains with ZeRO stages 0-2 only, stage 3 being for inference: DeepSpeed's configuration
+  reference, PR 8167; ZeRO 3 with tp > 1 is written as ZeRO-2 with a note).
 - HSDP (ZeRO-3 in shard groups of N): ``zero_optimization.mics_shard_size`` = N (MiCS,
   Zhang et al. 2022: model states partitioned within groups of N ranks, replicated across
-  them; ``deepspeed.zero.MiCS_Init`` in the script). Noted: the newest DeepSpeed rejects
+  them; ``deepspeed.zero.MiCS_Init`` in the script). Noted: DeepSpeed releases without MiCS reject
   the MiCS keys, and ZeRO++ hpZ (``zero_hpz_partition_size``) is not the same thing (it
   keeps only a secondary copy of the weights per group; gradients and optimizer states
   stay sharded over all of dp).
@@ -78,7 +79,11 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                               f"layer list counted as a layer): {costed} is not "
                                               f"written; compare the partition DeepSpeed logs"))
     if eff["zero"] == 3 and eff["tp"] > 1:
-        notes.append(Note("zero", "DeepSpeed AutoTP combines with ZeRO stages 0-2 only"))
+        notes.append(Note("zero", "DeepSpeed's AutoTP trains with ZeRO stages 0-2 only (stage 3 "
+                                  "is for inference): ZeRO-2 is written, not ZeRO-3"))
+        if eff["fsdp_shard_size"]:
+            notes.append(Note("fsdp_shard_size", "HSDP shard groups are ZeRO-3's: none with ZeRO-2"))
+        eff["zero"], eff["fsdp_shard_size"] = 2, None
     if eff["fsdp_shard_size"]:
         notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
                                              f"{eff['fsdp_shard_size']}; build the model under "
