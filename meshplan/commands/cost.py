@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from meshplan.commands import megatron_args as mg
+from meshplan.commands import megatron_launch as launch
 from meshplan.commands import megatron_moe as moe_args
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
@@ -333,7 +334,8 @@ def cost_cmd(
         _replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
-    moe_notes = _check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
+    moe_notes = (_check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
+                 + launch.finish(ctx, lambda: getattr(engine.source, "config", None)))
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace

@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from meshplan.commands import megatron_args as mg
+from meshplan.commands import megatron_launch as launch
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
@@ -164,11 +165,13 @@ def export_cmd(
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
+    launch_notes = launch.finish(ctx, lambda: _model_config(checked))
     out = export_plan(checked, to.value)
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
-    notes = ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
+    notes = (([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
+             + launch_notes)
     for note in notes:
         typer.echo(f"note: {note}", err=True)
     if to.value != "deepspeed":  # the file keeps them too (JSON has no comments)
@@ -182,6 +185,18 @@ def export_cmd(
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)
+
+
+def _model_config(plan: Any) -> Any:
+    """The ModelConfig of ``plan``'s model (None for a program text), its warnings already
+    shown by the costing."""
+    import warnings
+
+    from completion.models.source import resolve_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_model(plan.model, plan.seq_len).config
 
 
 def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tuple[Any, str | None]:

@@ -248,13 +248,23 @@ class StrategyCommand(TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         """Record ``args`` in ``ctx.meta``, refuse one setting typed twice with different
-        values (:func:`conflicting_flags`), then parse them as typer does."""
+        values (:func:`conflicting_flags`), take out a Megatron-LM launch line's
+        cost-neutral and architecture arguments on the commands that read one
+        (``megatron_launch.split``; checked and noted by the command), then parse the rest
+        as typer does."""
         ctx.meta[ARGS_KEY] = tuple(args)
         clash = conflicting_flags(args)
-        if clash:
-            from meshplan.errors import click_exceptions
+        from meshplan.errors import click_exceptions
 
+        if clash:
             raise click_exceptions().UsageError(clash, ctx)
+        from meshplan.commands import megatron_launch as launch
+
+        if self.name in launch.COMMANDS:
+            try:
+                args, ctx.meta[launch.NEUTRAL_KEY], ctx.meta[launch.ARCH_KEY] = launch.split(args)
+            except ValueError as e:
+                raise click_exceptions().UsageError(str(e), ctx) from None
         return super().parse_args(ctx, args)
 
 
