@@ -77,6 +77,11 @@ class StateInputs:
         accumulate_unsharded: the pipeline keeps FSDP's weights gathered and accumulates
             the gradients unsharded between micro-batches
             (:func:`simulator.dp_groups.accumulates_unsharded`; :func:`fsdp_states`).
+        backward_freed: bytes of activations one micro-batch's backward frees on the rank
+            (its smallest chunk's); with ``accumulate_unsharded`` at ZeRO-3 the rank holds
+            all its weights gathered only right after a backward, with that much less
+            activation than at its peak. None (a lower bound: ``meshplan.tier0``): those
+            weights are not counted.
     """
 
     params: int
@@ -93,6 +98,7 @@ class StateInputs:
     fp8_params: bool = False
     embedding_params: int = 0
     accumulate_unsharded: bool = False
+    backward_freed: int | None = None
 
 
 def _shard(n: int, dp: int) -> int:
@@ -193,15 +199,18 @@ def fsdp_states(x: StateInputs) -> ModelStates:
     Under a pipeline that accumulates unsharded (``x.accumulate_unsharded``, zero 2-3:
     torch 2.13.0 pipelining turns FSDP2's gradient sync and resharding after backward off
     for every micro-batch, ``simulator.dp_groups.accumulates_unsharded``), from the
-    stage's first backward to its one reduce_scatter the rank holds all P of its weights
-    gathered in 16 bits and all P gradients unsharded in the reduce dtype (FSDP2
-    ``FSDPParam.to_accumulated_grad_if_needed`` upcasts a bf16 gradient to reduce_dtype
-    float32 to accumulate it), plus the running block's fresh 16-bit gradient before it is
-    added: ``(2 + r) P + 2 L_block`` beside the sharded fp32 master and Adam states, i.e.
-    ZeRO-3 saves nothing over ZeRO-2 at that peak (approx.: under ZeRO-3 a resharding
-    forward between two backwards frees the weights it ran, counted held here). E.g. a
-    stage of P = 1e9 over N = 8 in bf16, fp32 reduce: 2 + 4 GB unsharded where FULL_SHARD
-    without pipelining holds 16/8 = 2 GB of states plus a few blocks."""
+    stage's first backward to its one reduce_scatter the rank holds all P gradients
+    unsharded in the reduce dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``
+    upcasts a bf16 gradient to reduce_dtype float32 to accumulate it) plus the running
+    block's fresh 16-bit gradient before it is added, ``r P + 2 L_block``, beside the
+    sharded fp32 master and Adam states; its 16-bit weights stay gathered after each
+    backward: always under ZeRO-2 (``2P``), while under ZeRO-3 each forward reshards the
+    blocks it ran (``reshard_after_forward``), so the rank holds all 2P only right after a
+    backward, when one micro-batch's activations (``x.backward_freed``) are gone: the
+    buffers line is the larger of FSDP's gathered blocks (at the activation peak, after a
+    forward) and ``2P - backward_freed``. E.g. a stage of P = 1e9 over N = 8 in bf16,
+    fp32 reduce: 4 GB of unsharded gradients (+ 2 GB of weights under ZeRO-2) where
+    FULL_SHARD without pipelining holds 16/8 = 2 GB of states plus a few blocks."""
     if x.accumulate_unsharded and x.zero >= 2:
         return _fsdp_unsharded_accumulation(x)
     if x.zero < 3:
@@ -219,7 +228,8 @@ def fsdp_states(x: StateInputs) -> ModelStates:
 
 def _fsdp_unsharded_accumulation(x: StateInputs) -> ModelStates:
     """:func:`fsdp_states` of a stage whose pipeline accumulates unsharded: the 16-bit
-    weights (ZeRO-2: its params line; ZeRO-3: buffers beside the sharded fp32 masters),
+    weights (ZeRO-2: its params line; ZeRO-3: buffers beside the sharded fp32 masters, the
+    larger of the gathered blocks and all weights less ``backward_freed``),
     ``reduce_bytes`` x P unsharded gradients (the sharded fp32 gradient only exists after
     the reduce_scatter, once the backward's activations are gone), the fp32 master and Adam
     states over N, and one block's fresh 16-bit gradient."""
@@ -230,9 +240,11 @@ def _fsdp_unsharded_accumulation(x: StateInputs) -> ModelStates:
         base = megatron_states(x)
         return ModelStates(params=base.params, grads=acc, optimizer=base.optimizer, buffers=fresh)
     master = FP32 if x.param_bytes < FP32 else 0
+    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
+    held = 0 if x.backward_freed is None else x.param_bytes * p - x.backward_freed
     return ModelStates(params=_shard(p, n) * (master or x.param_bytes), grads=acc,
                        optimizer=_shard(p, n) * (x.optimizer_bytes - master),
-                       buffers=x.param_bytes * p + fresh)
+                       buffers=max(gathered, held) + fresh)
 
 
 #: state model name (profile ``memory.model_states``) -> function

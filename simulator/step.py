@@ -353,7 +353,10 @@ class StepModel:
         ends = [0.0] * c.pp
         for e in sim.timeline:
             ends[e.rank] = max(ends[e.rank], e.end * 1e-9)
-        ranks = [self._rank(r, sched, peaks[r], ends[r], times, parts, t_comm, dp_ends[r])
+        # one micro-batch's activations a backward frees on each rank (its smallest chunk's)
+        freed = [int(min((mb for (rk, _), (mb, _) in per_chunk.items() if rk == r), default=0))
+                 for r in range(c.pp)]
+        ranks = [self._rank(r, sched, peaks[r], ends[r], times, parts, t_comm, dp_ends[r], freed[r])
                  for r in range(c.pp)]
         crit = max(ranks, key=lambda x: x["finish"])
         heavy = max(ranks, key=lambda x: x["memory"]["total"])
@@ -440,7 +443,7 @@ class StepModel:
         return prof is not None and prof.pipeline.p2p.value == "sync"
 
     def _rank(self, r: int, sched: Schedule, act_peak: float, end: float, times: list,
-              parts: list, t_comm: float, dp_end: float = 0.0) -> dict[str, Any]:
+              parts: list, t_comm: float, dp_end: float = 0.0, freed: int | None = None) -> dict[str, Any]:
         """Finish time, memory and time breakdown of pipeline rank ``r``: its last action's
         end, then (under a profile) what its dp stream still has to reduce, the per-step
         collectives on weight gradients, the fixed per-iteration work, the optimizer and
@@ -479,7 +482,8 @@ class StepModel:
         # issued in-stage collectives: what the actions carry plus the context-parallel
         # exchange hidden beside attention (it is then all "overlapped")
         comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
-        facts = replace(self.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert)
+        facts = replace(self.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert,
+                        backward_freed=freed)
         memory = rank_memory(c, facts, act_peak,
                              self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
                              loss_elements=self.costs.loss.elements, loss_block=self.costs.post,

@@ -98,6 +98,9 @@ class RankParams:
     root: int = 0
     holds_loss: bool = False
     expert: int = 0
+    backward_freed: int | None = None
+    """Bytes of activations one micro-batch's backward frees on the rank (its smallest
+    chunk's M_B; ``simulator.model_states.StateInputs.backward_freed``); None: unknown."""
     """Of ``total``, the expert-parallel elements (``BlockCost.dp_split``), whose ZeRO
     states are sharded over dp / ep (:mod:`simulator.expert_parallel`)."""
     embedding: int = 0
@@ -134,7 +137,8 @@ def _states_over(cfg: Any, rp: RankParams, degree: int) -> ModelStates:
                     root_params=rp.root, prefetch=prof.overlap.fsdp_prefetch.value,
                     reduce_bytes=reduce_bytes(cfg), fp8_params=bool(getattr(cfg, "fp8_params", False)),
                     embedding_params=rp.embedding,
-                    accumulate_unsharded=pipeline_holds_unsharded(prof, cfg.pp, cfg.zero, degree))
+                    accumulate_unsharded=pipeline_holds_unsharded(prof, cfg.pp, cfg.zero, degree),
+                    backward_freed=rp.backward_freed)
     return model_states(prof.memory.model_states.value, x)
 
 

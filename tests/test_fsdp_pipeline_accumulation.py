@@ -21,20 +21,22 @@ from simulator.model_states import StateInputs, fsdp_states
 GiB = 2**30
 
 
-@pytest.mark.parametrize("zero", [2, 3])
-def test_state_model_by_hand(zero):
-    """P = 1000 over N = 4, bf16 weights, fp32 reduce, a 100-element block: ZeRO-2 keeps
-    2P weights + 4P unsharded gradients + 12P/N master and Adam + the fresh 2 x 100
-    gradient; ZeRO-3 the same bytes, its 4P/N master on the params line and the gathered
-    2P among the buffers."""
+@pytest.mark.parametrize("zero, freed, buffers", [
+    (2, 500, 200),  # ZeRO-2: the 2P weights are its params line; buffers: the fresh 2 x 100
+    (3, None, 620),  # ZeRO-3, a lower bound: gathered root + 2 blocks, 2 x (10 + 200), + 200
+    (3, 500, 1700),  # right after a backward: 2P - 500 = 1500 > 420, + 200
+    (3, 1800, 620),  # a micro-batch's activations outweigh the weights: the forward's peak
+])
+def test_state_model_by_hand(zero, freed, buffers):
+    """P = 1000 over N = 4, bf16 weights, fp32 reduce, a 100-element block, root 10,
+    prefetch 1: 4P unsharded gradients on both stages; ZeRO-2 2P weights + 12P/N master and
+    Adam; ZeRO-3 4P/N masters, 8P/N Adam and the larger of the gathered blocks and 2P less
+    the activations a backward frees."""
     x = StateInputs(params=1000, dp=4, zero=zero, reduce_bytes=4, largest_block=100,
-                    root_params=10, prefetch=1, accumulate_unsharded=True)
+                    root_params=10, prefetch=1, accumulate_unsharded=True, backward_freed=freed)
     s = fsdp_states(x)
-    if zero == 2:
-        assert (s.params, s.grads, s.optimizer, s.buffers) == (2000, 4000, 3000, 200)
-    else:
-        assert (s.params, s.grads, s.optimizer, s.buffers) == (1000, 4000, 2000, 2200)
-    assert s.total == 9200
+    lines = (2000, 4000, 3000) if zero == 2 else (1000, 4000, 2000)
+    assert (s.params, s.grads, s.optimizer, s.buffers) == (*lines, buffers)
     # without the pipeline's accumulation: FSDP's 16P/N + root and 2 blocks gathered + head
     # gradient (largest_param 0 here) + one block's gradient and its fp32 copy
     plain = fsdp_states(StateInputs(params=1000, dp=4, zero=3, reduce_bytes=4, largest_block=100,
@@ -68,10 +70,17 @@ def test_engine_lines_and_the_one_reduce_by_hand():
         assert one == pytest.approx(e.cluster.collective_time(
             "reduce_scatter", 4 * synced, [r * 4 + d for d in range(4)]), rel=1e-12)
         assert res.rank_tails[r]["grad_reduce"] == pytest.approx(one, rel=1e-12)
+    for r in range(2):  # ZeRO-3: the forward resharded; 2P less one micro-batch's activations
+        freed = min(mb for (rk, _), (mb, _) in res.activation_per_chunk.items() if rk == r)
+        params = sm.rank_params(list(res.schedule.vstage[r]))
+        block = 202_383_360  # a Llama 2 7B layer: 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096
+        root = 32000 * 4096 + (4096 if r == 1 else 0)  # the embedding; the final norm and head
+        gathered = 2 * (root + 2 * block)
+        assert res.memory_per_stage[r]["param_buffers"] == max(gathered, 2 * params - int(freed)) + 2 * block
     for vs, parts in enumerate(res.stage_parts):
         gathers = sum(sm.timer.zero3_gather_time(b) for b in sm.timer.blocks(vs))
         assert parts["fsdp"] == pytest.approx(gathers, rel=1e-12)  # once per micro-batch, no reduce
-    # the states grew by the unsharded gradients and weights: ~13 GiB on a 3.4 B stage
+    # the states grew by the unsharded fp32 gradients: 12.55 GiB on a 3.4 B stage
     assert res.memory_breakdown["grads"] / GiB == pytest.approx(4 * sm.rank_params([0]) / GiB)
     assert res.memory_breakdown["grads"] / GiB > 12.5
 
@@ -92,8 +101,9 @@ H = 32
 
 def _pipeline_rank(rank: int, nproc: int):
     """One of 4 gloo ranks (pp 2 x dp 2) running torch's Schedule1F1B over 4 micro-batches
-    on a 2-block FSDP2 stage (bf16 weights, fp32 reduce); after every backward the bytes of
-    unsharded accumulated gradients and of gathered weights it holds."""
+    on a 2-block FSDP2 stage (bf16 weights, fp32 reduce, blocks resharded after forward:
+    ZeRO-3); after every forward and every backward, the bytes of unsharded accumulated
+    gradients and of gathered weights it holds."""
     import torch
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
@@ -111,22 +121,24 @@ def _pipeline_rank(rank: int, nproc: int):
     fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
     params = sum(p.numel() for p in model.parameters())
     stage = PipelineStage(model, pp, 2, torch.device("cpu"), group=mesh["pp"].get_group())
-    held: list[tuple[int, int]] = []
-    backward = stage.backward_maybe_with_nosync
+    held: dict[str, list[tuple[int, int]]] = {"F": [], "B": []}
 
-    def recorded(*args, **kwargs):
-        out = backward(*args, **kwargs)
-        acc = gathered = 0
-        for block in model:
-            for fp in fully_shard.state(block)._fsdp_param_group.fsdp_params:
-                g = fp.unsharded_accumulated_grad
-                acc += 0 if g is None else g.numel() * g.element_size()
-                if fp.sharded_state.name == "UNSHARDED":
-                    gathered += fp._unsharded_param.numel() * fp._unsharded_param.element_size()
-        held.append((acc, gathered))
-        return out
+    def record(phase: str, fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            acc = gathered = 0
+            for block in model:
+                for fp in fully_shard.state(block)._fsdp_param_group.fsdp_params:
+                    g = fp.unsharded_accumulated_grad
+                    acc += 0 if g is None else g.numel() * g.element_size()
+                    if fp.sharded_state.name == "UNSHARDED":
+                        gathered += fp._unsharded_param.numel() * fp._unsharded_param.element_size()
+            held[phase].append((acc, gathered))
+            return out
+        return run
 
-    stage.backward_maybe_with_nosync = recorded
+    stage.forward_maybe_with_nosync = record("F", stage.forward_maybe_with_nosync)
+    stage.backward_maybe_with_nosync = record("B", stage.backward_maybe_with_nosync)
     sched = Schedule1F1B(stage, n_microbatches=4, loss_fn=lambda y, t: (y.float() - t).pow(2).mean())
     x, target = torch.randn(8, H), torch.randn(8, H)
     if pp == 0:
@@ -138,20 +150,26 @@ def _pipeline_rank(rank: int, nproc: int):
 
 
 def test_torch_pipelining_holds_what_the_state_model_counts():
-    """torch's own pipelining on 4 gloo ranks: after each of the 4 backwards a stage of P
-    = 8192 parameters holds 4P bytes of fp32 unsharded gradients and its 2P bytes of bf16
-    weights gathered -- the grads line and the gathered-weight buffer of
-    ``fsdp_states(accumulate_unsharded=True)`` at that P -- and reduce_scatters once at the
-    end (its gradients then sharded over dp 2)."""
+    """torch's own pipelining on 4 gloo ranks, a stage of P = 8192 parameters: after each
+    of the 4 backwards it holds 4P bytes of fp32 unsharded gradients (the grads line of
+    ``fsdp_states(accumulate_unsharded=True)``) and its 2P bytes of bf16 weights gathered
+    (what the buffers line counts right after a backward); after each forward past the
+    first backward the gradients are still held but the ZeRO-3 forward has resharded every
+    block (0 gathered: at the activation peak the buffers line counts FSDP's gathered
+    blocks, never more); one reduce_scatter at the end leaves the gradients sharded over
+    dp 2."""
     from executor.launch import launch
 
     results = launch(_pipeline_rank, 4, timeout=240)
     for params, held, sharded_rows in results:
         assert params == 2 * 2 * H * 2 * H == 8192
         model = fsdp_states(StateInputs(params=params, dp=2, zero=3, reduce_bytes=4,
-                                        largest_block=params // 2, accumulate_unsharded=True))
-        assert len(held) == 4
-        for acc, gathered in held:
+                                        largest_block=params // 2, accumulate_unsharded=True,
+                                        backward_freed=0))
+        assert len(held["B"]) == 4 and len(held["F"]) == 4
+        for acc, gathered in held["B"]:
             assert acc == model.grads == 4 * params
             assert gathered == model.buffers - 2 * (params // 2) == 2 * params
+        seen_backward = [f for f in held["F"] if f[0] > 0]  # forwards after the first backward
+        assert seen_backward and all(acc == 4 * params and gathered == 0 for acc, gathered in seen_backward)
         assert sharded_rows == 2 * H // 2
