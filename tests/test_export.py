@@ -246,13 +246,14 @@ def parse_deepspeed(text: str, world: int) -> dict:
     cfg = json.loads(text)
     assert set(cfg) <= DEEPSPEED_KEYS
     micro, gas = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
-    dp, rem = divmod(cfg["train_batch_size"], micro * gas)
-    assert rem == 0
     tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+    # AutoTP: the batch keys count every GPU of a stage, the tp ranks sharing a micro-batch
+    dp, rem = divmod(cfg["train_batch_size"], micro * gas * tp)
+    assert rem == 0
     assert world % (dp * tp) == 0
     assert not (cfg["bf16"]["enabled"] and cfg["fp16"]["enabled"])
     out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "cp": 1, "vpp": 1, "schedule": "1F1B",
-           "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"],
+           "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"] // tp,
            "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
            "fsdp_shard_size": cfg["zero_optimization"].get("mics_shard_size"),
            "recompute": "full" if "activation_checkpointing" in cfg else "none", "fp8": None,
@@ -430,10 +431,11 @@ def test_torchtitan_toml_of_a_known_plan():
 
 
 def test_deepspeed_json_of_a_known_plan():
-    """global 16 = micro 1 x 8 accumulation steps x dp 2; pp is a script setting (noted)."""
+    """global 16 = micro 1 x 8 accumulation steps x dp 2, written as AutoTP counts it: x tp
+    2 = 32; pp is a script setting (noted)."""
     out = export_plan(_plan(pp=1, vpp=1, schedule="1F1B", zero=2), "deepspeed")
     cfg = json.loads(out.text)
-    assert cfg["train_batch_size"] == 16 and cfg["gradient_accumulation_steps"] == 8
+    assert cfg["train_batch_size"] == 32 and cfg["gradient_accumulation_steps"] == 8
     assert cfg["zero_optimization"] == {"stage": 2} and cfg["tensor_parallel"] == {"autotp_size": 2}
     assert cfg["bf16"] == {"enabled": True} and "activation_checkpointing" in cfg
     assert "sequence_parallel" in {n.knob for n in out.notes}

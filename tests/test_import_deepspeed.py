@@ -81,11 +81,26 @@ def test_disagreeing_batch_keys_are_named(tmp_path, batch, words):
 
 
 def test_dp_is_the_gpus_over_tp_and_pp(tmp_path):
-    """AutoTP 4 on 16 GPUs: dp 4; with --pp 2: dp 2. --tp equal to AutoTP's passes, another
-    value is refused; 3 does not divide 16."""
+    """AutoTP 4 on 16 GPUs: dp 4, and DeepSpeed's batch keys count all 16 GPUs (no mpu:
+    runtime/config.py world_size): train_batch_size 32 of micro 1 is 2 accumulation steps,
+    dp 4 x 2 x 1 = 8 sequences a step (the AutoTP tutorial's config: 8, micro 1, autotp 4 on 8
+    GPUs: one step of 2). A script's own --tp 4 with --pp 2: dp 2. --tp equal to AutoTP's
+    passes, another value is refused; 3 does not divide 16."""
     base = {"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 4}}
     assert (_knobs(tmp_path, base)["dp"], _knobs(tmp_path, base, tp=4)["tp"]) == (4, 4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        k = _knobs(tmp_path, {**base, "train_batch_size": 32})
+    assert (k["dp"], k["micro_batch_size"], k["global_batch_size"]) == (4, 1, 8)
+    assert any("count every GPU of a stage (train_batch_size 32 = 1 x 2 x 16)" in str(w.message) for w in seen)
+    tut = _knobs(tmp_path, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                            "tensor_parallel": {"autotp_size": 4}}, world=8)
+    assert (tut["dp"], tut["global_batch_size"]) == (2, 2)
+    # with --pp 2 the PipelineModule's topology counts 16 / 2 = 8 GPUs: micro 1 alone is 8
+    # counted micro-batches, 8 / 4 = 2 sequences a step over dp 2
     k = _knobs(tmp_path, base, pp=2)
+    assert (k["dp"], k["tp"], k["pp"], k["global_batch_size"]) == (2, 4, 2, 2)
+    k = _knobs(tmp_path, {"train_micro_batch_size_per_gpu": 1}, tp=4, pp=2)  # a script's own tp
     assert (k["dp"], k["tp"], k["pp"], k["global_batch_size"]) == (2, 4, 2, 2)
     with pytest.raises(DeepSpeedConfigError, match="autotp_size 4, but --tp 2"):
         _knobs(tmp_path, base, tp=2)
@@ -213,20 +228,17 @@ def test_old_spellings(tmp_path):
     assert _knobs(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {}})["zero"] == 0
 
 
-def test_autotp_with_zero_3_is_refused_and_exported_as_zero_2(tmp_path):
-    """DeepSpeed's AutoTP trains with ZeRO stages 0-2 (configuration reference, PR 8167:
-    stage 3 only for inference); a script's own --tp is not AutoTP."""
-    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+def test_autotp_with_zero_3_reads_as_deepspeed_0_19_4_trains_it(tmp_path):
+    """AutoTP + ZeRO-3 trains from DeepSpeed 0.19.4 (engine.py at edaa722); the export notes
+    the older releases that assert stage <= 2 and writes ZeRO-3."""
+    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
            "tensor_parallel": {"autotp_size": 2}}
-    with pytest.raises(DeepSpeedConfigError, match="autotp_size 2 with zero_optimization.stage 3"):
-        _knobs(tmp_path, cfg)
-    del cfg["tensor_parallel"]
-    assert (_knobs(tmp_path, cfg, tp=2)["zero"], _knobs(tmp_path, cfg, tp=2)["tp"]) == (3, 2)
-    s = Strategy(dp=8, tp=2, micro_batch_size=1, global_batch_size=8, zero=3, fsdp_shard_size=4,
-                 framework="deepspeed")
+    k = _knobs(tmp_path, cfg, world=8)
+    assert (k["zero"], k["tp"]) == (3, 2)
+    s = Strategy(dp=8, tp=2, micro_batch_size=1, global_batch_size=8, zero=3, framework="deepspeed")
     out = export_plan(Plan(model="llama2-7b", cluster="dgx-h100", strategy=s, nodes=2), "deepspeed")
-    assert json.loads(out.text)["zero_optimization"] == {"stage": 2}
-    assert (out.effective["zero"], out.effective["fsdp_shard_size"]) == (2, None)
+    assert json.loads(out.text)["zero_optimization"] == {"stage": 3}
+    assert any("0.19.4" in str(n) for n in out.notes)
 
 
 def test_json_errors_name_the_file_line_and_column(tmp_path):
@@ -260,7 +272,9 @@ def test_export_then_import_gives_the_plan_deepspeed_runs(tmp_path, plan):
     assert ("activation_checkpointing" in cfg) == (eff["recompute"] == "full")
     f = tmp_path / "x.json"
     f.write_text(out.text)
-    got = deepspeed_knobs(f, eff["dp"] * eff["tp"] * eff["pp"], pp=eff["pp"], recompute=eff["recompute"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # AutoTP's batch-count warning
+        got = deepspeed_knobs(f, eff["dp"] * eff["tp"] * eff["pp"], pp=eff["pp"], recompute=eff["recompute"])
     for k in ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "zero", "fsdp_shard_size",
               "dtype", "recompute"):
         assert got[k] == eff[k], (k, out.text)
@@ -272,9 +286,9 @@ PLAN = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "2")
 
 @pytest.mark.parametrize("layout, script", [
     (("--dp", "16", "--zero", "3", "--micro-batch-size", "2", "--global-batch", "64"), ()),
-    (("--dp", "8", "--tp", "2", "--zero", "2", "--micro-batch-size", "2", "--global-batch", "64"), ()),
     (("--dp", "4", "--tp", "2", "--pp", "2", "--zero", "1", "--global-batch", "32", "--recompute", "full"),
      ("--pp", "2", "--recompute", "full")),
+    (("--dp", "8", "--tp", "2", "--zero", "3", "--micro-batch-size", "2", "--global-batch", "64"), ()),
 ])
 def test_cli_costs_the_exported_config_as_the_plan(capsys, tmp_path, layout, script):
     """meshplan export --to deepspeed, then cost --deepspeed-config with the script's --pp and
@@ -320,3 +334,44 @@ def test_cli_flags_beside_the_config(capsys, strategies, tmp_path):
     cfg.write_text('{"train_batch_size": 8,}')
     line = one_line_error(*run_main(capsys, "cost", *PLAN, "--deepspeed-config", str(cfg)))
     assert "ds.json: not a JSON file: line 1 column" in line
+
+
+def test_bf16_beside_pp_without_zero_is_deepspeeds_bf16_optimizer(tmp_path):
+    """DeepSpeed edaa722 runtime/engine.py _do_optimizer_sanity_check: bf16 at stage 0 under
+    pipeline parallelism runs BF16_Optimizer, which partitions the fp32 masters and Adam
+    states over dp (BLOOM's Megatron-DeepSpeed setting): costed as ZeRO-1, with a warning;
+    export writes ZeRO-1 for such a plan. An fp32 gradient accumulation buffer is warned
+    about."""
+    cfg = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 0}}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert _knobs(tmp_path, cfg, pp=4)["zero"] == 1
+        assert _knobs(tmp_path, cfg)["zero"] == 0  # no pipeline: DDP in bf16, unsharded
+        assert _knobs(tmp_path, {**cfg, "data_types": {"grad_accum_dtype": "fp32"},
+                                 "zero_optimization": {"stage": 1}})["zero"] == 1
+    text = " ".join(str(w.message) for w in seen)
+    assert "BF16_Optimizer (runtime/engine.py), which partitions" in text
+    assert "grad_accum_dtype fp32: DeepSpeed's BF16_Optimizer keeps a whole fp32 gradient buffer" in text
+    s = Strategy(dp=4, pp=4, micro_batch_size=1, global_batch_size=16, zero=0, framework="deepspeed")
+    out = export_plan(Plan(model="llama2-7b", cluster="dgx-h100", strategy=s, nodes=2), "deepspeed")
+    assert json.loads(out.text)["zero_optimization"] == {"stage": 1} and out.effective["zero"] == 1
+
+
+@pytest.mark.parametrize("key, sec, words", [
+    ("elasticity", {"enabled": True, "max_train_batch_size": 2000}, "elasticity.enabled: DeepSpeed then chooses"),
+    ("compile", {"deepcompile": True}, "compile.deepcompile: DeepCompile's compiled ZeRO passes"),
+])
+def test_keys_that_change_the_run_are_refused(tmp_path, key, sec, words):
+    with pytest.raises(DeepSpeedConfigError, match=words):
+        _knobs(tmp_path, {"train_micro_batch_size_per_gpu": 1, key: sec})
+    assert _knobs(tmp_path, {"train_micro_batch_size_per_gpu": 1, key: {}})["zero"] == 0
+
+
+def test_the_config_files_warnings_are_in_the_json_list(capsys, tmp_path):
+    """The break-it pass: under --json the unknown-key warning went to stderr only."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1, "foo": 1}}))
+    rc, out, err = run_main(capsys, *("cost", *PLAN, "--deepspeed-config", str(cfg), "--json"))
+    assert rc == 0, err
+    want = f"{cfg}: zero_optimization has keys DeepSpeed does not read, ignored: foo"
+    assert want in json.loads(out)["warnings"]

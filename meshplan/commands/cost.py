@@ -284,15 +284,18 @@ def cost_cmd(
         model, cluster, nodes = plan.model, plan.cluster, plan.nodes
         seq_len, layers = plan.seq_len, plan.num_layers
         global_batch = plan.strategy.global_batch_size
-    elif torchtitan_config is not None and model is not None and cluster is not None:
+    read: list[warnings.WarningMessage] = []  # the config file's warnings (also in --json's list)
+    if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
         from meshplan.commands.import_torchtitan import config_strategy
 
-        strategy, seq_len = config_strategy(ctx, torchtitan_config, model, cluster, nodes, seq_len, layers)
+        (strategy, seq_len), read = _reading(lambda: config_strategy(ctx, torchtitan_config, model, cluster,
+                                                                     nodes, seq_len, layers), as_json)
         global_batch = strategy.global_batch_size
-    elif deepspeed_config is not None and model is not None and cluster is not None:
+    elif plan is None and deepspeed_config is not None and model is not None and cluster is not None:
         from meshplan.commands.import_deepspeed import config_strategy as deepspeed_strategy
 
-        strategy = deepspeed_strategy(ctx, deepspeed_config, locals())
+        params = locals()
+        strategy, read = _reading(lambda: deepspeed_strategy(ctx, deepspeed_config, params), as_json)
         global_batch = strategy.global_batch_size
     elif model is None or cluster is None or global_batch is None:
         missing = [f for f, v in (("--model", model), ("--cluster", cluster),
@@ -355,7 +358,7 @@ def cost_cmd(
                             attention_flag=None if plan is not None else opt.value(attention),
                             plan=plan, seq_len_from="torchtitan" if torchtitan_config else None)
     if as_json:
-        inputs["warnings"] = [str(w.message) for w in caught] + inputs["warnings"] + moe_notes
+        inputs["warnings"] = [str(w.message) for w in (*read, *caught)] + inputs["warnings"] + moe_notes
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
                                "layout": layout(engine.strategy)}, sort_keys=True))
         for w in inputs["warnings"]:
@@ -399,6 +402,24 @@ def _check_moe(moe: moe_args.MegatronMoE, engine: Any) -> list[str]:
         raise MeshplanError("the Megatron-LM MoE arguments describe a model config; a .pir program "
                             "is costed as written")
     return moe_args.check(moe, cfg, engine.source.num_layers)
+
+
+def _reading(read: Any, as_json: bool) -> tuple[Any, list[warnings.WarningMessage]]:
+    """``read()`` with its warnings recorded: shown at once (text output, or when it
+    raises, before its error) and returned for ``--json``'s list."""
+    err: Exception | None = None
+    out: Any = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            out = read()
+        except Exception as e:  # re-raised below, after the warnings it gave
+            err = e
+    if err is not None or not as_json:
+        _replay(caught)
+    if err is not None:
+        raise err
+    return out, (list(caught) if as_json else [])
 
 
 def _replay(caught: list[warnings.WarningMessage]) -> None:

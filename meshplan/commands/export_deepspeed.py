@@ -7,10 +7,12 @@ autotp-training/, DeepSpeed >= 0.16.4). Mapping:
 - batch: ``train_batch_size`` = global, ``train_micro_batch_size_per_gpu`` = micro,
   ``gradient_accumulation_steps`` = m; DeepSpeed requires train_batch_size = micro x
   m x dp and takes dp from the world size over its model-parallel groups, so dp = global /
-  (micro x m) is stated by the batch keys.
+  (micro x m) is stated by the batch keys. With AutoTP no mpu reaches the config
+  (``deepspeed/__init__.py``), so its dp is every GPU of a stage (under pp the
+  PipelineModule's default topology, world / pp): train_batch_size = global x tp.
 - ``zero_optimization.stage`` = ZeRO stage; ``tensor_parallel.autotp_size`` = tp (AutoTP
-  trains with ZeRO stages 0-2 only, stage 3 being for inference: DeepSpeed's configuration
-  reference, PR 8167; ZeRO 3 with tp > 1 is written as ZeRO-2 with a note).
+  combines with ZeRO stages 0-3 from DeepSpeed 0.19.4 on, ``docs/_pages/config-json.md``
+  at edaa722; ZeRO 3 with tp > 1 is noted for older releases).
 - HSDP (ZeRO-3 in shard groups of N): ``zero_optimization.mics_shard_size`` = N (MiCS,
   Zhang et al. 2022: model states partitioned within groups of N ranks, replicated across
   them; ``deepspeed.zero.MiCS_Init`` in the script). Noted: DeepSpeed releases without MiCS reject
@@ -62,6 +64,11 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
         if eff["fsdp_shard_size"]:
             notes.append(Note("fsdp_shard_size", "HSDP shard groups are ZeRO-3's: none with ZeRO-1"))
         eff["zero"], eff["fsdp_shard_size"] = 1, None
+    if eff["pp"] > 1 and eff["zero"] == 0 and eff["dtype"] == "bfloat16":
+        notes.append(Note("zero", "bf16 beside pipeline parallelism without ZeRO runs DeepSpeed's "
+                                  "BF16_Optimizer (runtime/engine.py), which partitions the optimizer "
+                                  "states over dp (its own ZeRO-1): ZeRO-1 is written"))
+        eff["zero"] = 1
     if eff["vpp"] > 1:
         notes.append(Note("vpp", f"DeepSpeed's pipeline engine runs one model chunk per rank, "
                                  f"not {eff['vpp']}"))
@@ -79,11 +86,9 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                               f"layer list counted as a layer): {costed} is not "
                                               f"written; compare the partition DeepSpeed logs"))
     if eff["zero"] == 3 and eff["tp"] > 1:
-        notes.append(Note("zero", "DeepSpeed's AutoTP trains with ZeRO stages 0-2 only (stage 3 "
-                                  "is for inference): ZeRO-2 is written, not ZeRO-3"))
-        if eff["fsdp_shard_size"]:
-            notes.append(Note("fsdp_shard_size", "HSDP shard groups are ZeRO-3's: none with ZeRO-2"))
-        eff["zero"], eff["fsdp_shard_size"] = 2, None
+        notes.append(Note("zero", "AutoTP with ZeRO-3 trains from DeepSpeed 0.19.4 on (runtime/"
+                                  "engine.py _configure_tensor_parallel_states); earlier releases "
+                                  "assert ZeRO stage <= 2"))
     if eff["fsdp_shard_size"]:
         notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
                                              f"{eff['fsdp_shard_size']}; build the model under "
@@ -127,7 +132,9 @@ def export(plan: Any) -> Export:
         eff["fp8"] = None
     m = eff["global_batch_size"] // (eff["dp"] * eff["micro_batch_size"])
     cfg: dict[str, Any] = {
-        "train_batch_size": eff["global_batch_size"],
+        # AutoTP: DeepSpeed's batch keys count every GPU of a stage, the tp ranks sharing a
+        # micro-batch (no mpu reaches its config; under pp the PipelineModule's own topology)
+        "train_batch_size": eff["global_batch_size"] * eff["tp"],
         "train_micro_batch_size_per_gpu": eff["micro_batch_size"],
         "gradient_accumulation_steps": m,
         "zero_optimization": {"stage": eff["zero"]},

@@ -17,7 +17,11 @@ edaa7221 (0.19.6 development), read for facts (paths below under ``deepspeed/``)
   ``--pp``, which has no config key (``deepspeed.pipe.PipelineModule(num_stages=pp)`` in
   the script).
 - batch: ``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
-  ``gradient_accumulation_steps`` x dp, asserted (``runtime/config.py``
+  ``gradient_accumulation_steps`` x dp (with AutoTP x all the GPUs: ``deepspeed/__init__.py``
+  passes no mpu, so ``DeepSpeedConfig`` takes the world size; the tp ranks of a group
+  share their micro-batches, so a step trains train_batch_size / autotp_size sequences;
+  with ``--pp`` the PipelineModule's default topology counts the world over pp), asserted
+  (``runtime/config.py``
   ``_batch_assertion``); any two of the three give the third (by integer division, then
   the assertion), one alone means one accumulation step, and ``train_batch_size`` or
   ``train_micro_batch_size_per_gpu`` must be given (``_set_batch_related_parameters``).
@@ -26,11 +30,10 @@ edaa7221 (0.19.6 development), read for facts (paths below under ``deepspeed/``)
 - zero: ``zero_optimization.stage`` (0; ``"zero_optimization": true`` is the old spelling
   of stage 1, ``runtime/zero/config.py`` ``read_zero_config_deprecated``). ZeRO-2 and 3
   with pp > 1 are refused as ``runtime/pipe/engine.py`` ``PipelineEngine.__init__``
-  asserts. AutoTP (``tensor_parallel.autotp_size`` > 1) with ZeRO-3 is refused: DeepSpeed's
-  configuration reference says AutoTP trains with ZeRO stages 0-2 only, stage 3 being for
-  inference without an optimizer (deepspeedai/DeepSpeed PR 8167, 2026-07,
-  ``docs/_pages/config-json.md``); a script's own tensor parallelism (``--tp``, e.g.
-  Megatron-DeepSpeed's mpu) is not AutoTP and is read with any stage.
+  asserts. AutoTP with ZeRO-3 is read: ``runtime/engine.py``
+  ``_configure_tensor_parallel_states`` at edaa722 ("AutoTP + ZeRO stage 3 is supported
+  for both inference and training"; commit eec237ee8, released in 0.19.4; earlier releases
+  assert stage <= 2).
 - HSDP: ``zero_optimization.mics_shard_size`` (-1: off) with stage 3 = shard groups of
   that many ranks (MiCS, ``runtime/zero/mics_utils.py``: the size divides dp; a group of
   all dp is plain ZeRO-3); DeepSpeed reads it with stage 3 only, below it is warned about.
@@ -55,8 +58,9 @@ Refused, naming the key: CPU / NVMe offload (``offload_optimizer`` / ``offload_p
 ``zenflow``, ``activation_checkpointing.cpu_checkpointing``), ZeRO++
 (``zero_hpz_partition_size`` > 1, ``zero_quantized_*``), Ulysses
 ``sequence_parallel_size`` > 1, AutoEP (``expert_parallel``), apex ``amp``,
-``torch_autocast``, 16-bit master weights or optimizer states, and ``"auto"`` values (the
-Hugging Face Trainer's placeholders). Keys that leave the step's cost alone (logging,
+``torch_autocast``, 16-bit master weights or optimizer states, ``elasticity.enabled``,
+``compile.deepcompile``, and ``"auto"`` in a key that is read (the Hugging Face Trainer's
+placeholders; in keys left alone it passes). Keys that leave the step's cost alone (logging,
 ``steps_per_print``, ``wall_clock_breakdown``, ``scheduler``, ``gradient_clipping``,
 communication buckets, checkpointing) are accepted silently; an unknown top-level or
 ``zero_optimization`` key gets one warning per section naming it (a misspelled key would
@@ -240,7 +244,8 @@ def batch_sizes(doc: dict[str, Any], dp: int, src: str, why: str = "") -> tuple[
     return micro, total
 
 
-def _tensor_parallel(doc: dict[str, Any], tp: int | None, sp: bool, src: str) -> int:
+def _tensor_parallel(doc: dict[str, Any], tp: int | None, sp: bool, src: str) -> tuple[int, bool]:
+    """(tp, whether it is AutoTP's ``tensor_parallel.autotp_size``)."""
     auto = _int(_section(doc, "tensor_parallel", src), "autotp_size", "tensor_parallel.autotp_size",
                 src, low=0) or 0
     if auto > 1 and tp is not None and tp != auto:
@@ -250,7 +255,7 @@ def _tensor_parallel(doc: dict[str, Any], tp: int | None, sp: bool, src: str) ->
         raise DeepSpeedConfigError(f"{src}: tensor_parallel.autotp_size {auto}: AutoTP shards the linear "
                                    "layers only, without Megatron sequence parallelism; drop "
                                    "--sequence-parallel")
-    return auto if auto > 1 else (tp or 1)
+    return (auto, True) if auto > 1 else (tp or 1, False)
 
 
 def _zero(doc: dict[str, Any], dp: int, pp: int, src: str) -> tuple[int, int | None]:
@@ -371,6 +376,14 @@ def _refuse_unmodelled(doc: dict[str, Any], src: str) -> None:
     if _on(ac, "cpu_checkpointing", "activation_checkpointing.cpu_checkpointing", src):
         raise DeepSpeedConfigError(f"{src}: activation_checkpointing.cpu_checkpointing: checkpoints "
                                    "offloaded to CPU memory are not modelled")
+    if _on(_section(doc, "elasticity", src), "enabled", "elasticity.enabled", src):
+        raise DeepSpeedConfigError(f"{src}: elasticity.enabled: DeepSpeed then chooses the batch and "
+                                   "micro-batch from the GPU count (runtime/config.py "
+                                   "compute_elastic_config), not the batch keys; give the batch the "
+                                   "run uses without elasticity")
+    if _on(_section(doc, "compile", src), "deepcompile", "compile.deepcompile", src):
+        raise DeepSpeedConfigError(f"{src}: compile.deepcompile: DeepCompile's compiled ZeRO passes "
+                                   "(scheduling, prefetch, offload) are not modelled")
 
 
 def _recompute(doc: dict[str, Any], pp: int, tp: int, recompute: str | None, src: str) -> str:
@@ -400,6 +413,26 @@ def _recompute(doc: dict[str, Any], pp: int, tp: int, recompute: str | None, src
     return recompute
 
 
+def _bf16_optimizer(doc: dict[str, Any], dtype: str, zero: int, pp: int, src: str) -> int:
+    """The ZeRO stage costed for DeepSpeed's BF16_Optimizer. ``runtime/engine.py``
+    ``_do_optimizer_sanity_check`` (edaa722) runs it for bf16 without ZeRO under pipeline
+    parallelism, and for bf16 at stage 1 with ``data_types.grad_accum_dtype`` fp32;
+    ``runtime/bf16_optimizer.py`` partitions the fp32 master weights and Adam states over dp
+    (its own ZeRO-1) beside a whole gradient buffer in the accumulation dtype. Stage 0 under
+    pp is costed as ZeRO-1 (a warning says so); an fp32 accumulation buffer (4 bytes a
+    parameter where ZeRO-1 is costed with 16-bit gradients) is warned about."""
+    acc = (_section(doc, "data_types", src).get("grad_accum_dtype") or "").lower()
+    if dtype == "bfloat16" and zero == 0 and pp > 1:
+        _warn(f"{src}: bf16 with --pp {pp} and zero_optimization.stage 0: DeepSpeed runs its BF16_Optimizer "
+              "(runtime/engine.py), which partitions the fp32 master weights and Adam states over dp: "
+              "costed as ZeRO-1")
+        zero = 1
+    if dtype == "bfloat16" and zero == 1 and acc in ("fp32", "float32", "float"):
+        _warn(f"{src}: data_types.grad_accum_dtype {acc}: DeepSpeed's BF16_Optimizer keeps a whole fp32 "
+              "gradient buffer, 2 bytes a parameter more than the 16-bit gradients costed")
+    return zero
+
+
 def deepspeed_knobs(path: str | Path, world: int, tp: int | None = None, pp: int = 1,
                     recompute: str | None = None, sequence_parallel: bool = False) -> dict[str, Any]:
     """Strategy keyword arguments of the DeepSpeed JSON config at ``path`` on ``world`` GPUs
@@ -412,23 +445,32 @@ def deepspeed_knobs(path: str | Path, world: int, tp: int | None = None, pp: int
     src = str(path)
     doc = read_config(path)
     _warn_unknown(doc, TOP_KEYS, "the top level", src)
-    tp = _tensor_parallel(doc, tp, sequence_parallel, src)
+    tp, autotp = _tensor_parallel(doc, tp, sequence_parallel, src)
     if world % (tp * pp):
         raise DeepSpeedConfigError(f"{src}: tp {tp} x pp {pp} = {tp * pp} does not divide the cluster's "
                                    f"{world} GPUs (--nodes sets them); DeepSpeed's data-parallel degree is "
                                    "the GPUs over tp x pp")
     dp = world // (tp * pp)
     zero, shard = _zero(doc, dp, pp, src)
-    auto = (doc.get("tensor_parallel") or {}).get("autotp_size") if isinstance(doc.get("tensor_parallel"), dict) else None
-    if zero == 3 and isinstance(auto, int) and auto > 1:
-        raise DeepSpeedConfigError(f"{src}: tensor_parallel.autotp_size {auto} with zero_optimization.stage "
-                                   "3: DeepSpeed's AutoTP trains with ZeRO stages 0-2 only (stage 3 is "
-                                   "for inference, without an optimizer); use stage 2, or the script's "
-                                   "own tensor parallelism with --tp")
     _refuse_unmodelled(doc, src)
-    micro, glob = batch_sizes(doc, dp, src, f" (dp = {world} GPUs / (tp {tp} x pp {pp}))")
+    if autotp:
+        # deepspeed/__init__.py passes no mpu with AutoTP (the config sets the groups up), so
+        # runtime/config.py takes the world size as the batch keys' dp -- the world over pp
+        # under a PipelineModule (its default PipeDataParallelTopology, runtime/pipe/module.py):
+        # every rank of a tensor-parallel group counts its micro-batch, though the group shares it
+        keys_dp = world // pp
+        micro, total = batch_sizes(doc, keys_dp, src, f" (AutoTP: DeepSpeed counts the {keys_dp} GPUs of "
+                                                      f"each pipeline stage in the batch keys)")
+        glob = total // tp
+        _warn(f"{src}: AutoTP: DeepSpeed's batch keys count every GPU of a stage (train_batch_size "
+              f"{total} = {micro} x {total // micro // keys_dp} x {keys_dp}); the {tp} tensor-parallel "
+              f"ranks of a group share their micro-batches: {glob} sequences a step over dp {dp}")
+    else:
+        micro, glob = batch_sizes(doc, dp, src, f" (dp = {world} GPUs / (tp {tp} x pp {pp}))")
+    dtype = _dtype(doc, src)
+    zero = _bf16_optimizer(doc, dtype, zero, pp, src)
     return {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "fsdp_shard_size": shard,
-            "micro_batch_size": micro, "global_batch_size": glob, "dtype": _dtype(doc, src),
+            "micro_batch_size": micro, "global_batch_size": glob, "dtype": dtype,
             "optimizer": _optimizer(doc, src), "recompute": _recompute(doc, pp, tp, recompute, src)}
 
 
