@@ -71,16 +71,22 @@ def _expand(t: torch.Tensor, rep: int, dt: torch.dtype) -> torch.Tensor:
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-            causal: bool) -> torch.Tensor:
-    """Scaled scores [b, h, s_q, s_k] with keys after the query masked (-inf)."""
+            causal: bool, window: int = 0) -> torch.Tensor:
+    """Scaled scores [b, h, s_q, s_k] with keys after the query masked (-inf), and with a
+    sliding ``window`` w > 0 the keys w or more positions before it (each query sees its w
+    most recent keys, itself included: FlashAttention-2 ``window_size = (w - 1, 0)``, as
+    ``executor.kernels.attention`` masks the whole sequence)."""
     s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if causal:
         s = s.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    if window > 0:
+        s = s.masked_fill(k_pos[None, :] <= q_pos[:, None] - window, float("-inf"))
     return s
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                    k_pos: torch.Tensor, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                    k_pos: torch.Tensor, causal: bool = True, window: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of queries ``q`` [b, s_q, hq, d] at positions ``q_pos`` [s_q] against one
     K/V block [b, s_k, hkv, d] at ``k_pos`` [s_k]. Returns (out [b, hq, s_q, d], lse
     [b, hq, s_q]) in the compute dtype; a query that sees no key of the block gets out 0
@@ -88,7 +94,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     rep = _heads(q, k)
     dt = _compute_dtype(q)
     qt, kt, vt = _expand(q, 1, dt), _expand(k, rep, dt), _expand(v, rep, dt)
-    s = _scores(qt, kt, q_pos, k_pos, causal)
+    s = _scores(qt, kt, q_pos, k_pos, causal, window)
     lse = torch.logsumexp(s, dim=-1)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - safe[..., None])
@@ -104,7 +110,7 @@ def merge_blocks(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor,
     return out, new
 
 
-def block_grads(q, k, v, out, lse, do, q_pos, k_pos, causal: bool = True):
+def block_grads(q, k, v, out, lse, do, q_pos, k_pos, causal: bool = True, window: int = 0):
     """(dq, dk, dv) of one K/V block (module docstring; FlashAttention-2 Algorithm 2) from
     the final ``out`` [b, s_q, hq, d] and ``lse`` [b, hq, s_q]; dq [b, hq, s_q, d], dk/dv
     [b, hkv, s_k, d] in the compute dtype (kv-head gradients summed over their query heads)."""
@@ -112,7 +118,7 @@ def block_grads(q, k, v, out, lse, do, q_pos, k_pos, causal: bool = True):
     dt = _compute_dtype(q)
     qt, kt, vt = _expand(q, 1, dt), _expand(k, rep, dt), _expand(v, rep, dt)
     ot, dot = _expand(out, 1, dt), _expand(do, 1, dt)
-    p = torch.exp(_scores(qt, kt, q_pos, k_pos, causal) - lse.to(dt)[..., None])
+    p = torch.exp(_scores(qt, kt, q_pos, k_pos, causal, window) - lse.to(dt)[..., None])
     dv = torch.matmul(p.transpose(-1, -2), dot)
     dp = torch.matmul(dot, vt.transpose(-1, -2))
     ds = p * (dp - (dot * ot).sum(dim=-1, keepdim=True))
@@ -151,7 +157,8 @@ def _out_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Sequence[int],
-                   rank: int, causal: bool = True, pg=None) -> tuple[torch.Tensor, torch.Tensor]:
+                   rank: int, causal: bool = True, pg=None, window: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring-attention forward of this rank's load-balanced tokens (module docstring).
 
     Args: q [b, s/cp, hq, d], k/v [b, s/cp, hkv, d] (this rank's tokens in
@@ -161,7 +168,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Seq
     RingAttentionError for a rank outside the group or mismatched heads."""
     c, cp = _index(group, rank)
     q_pos = _positions(q.shape[1], cp, c, q.device)
-    out, lse = block_attention(q, k, v, q_pos, q_pos, causal)
+    out, lse = block_attention(q, k, v, q_pos, q_pos, causal, window)
     kv = torch.stack([k, v]).contiguous()
     nxt, prv = group[(c + 1) % cp], group[(c - 1) % cp]
     for i in range(1, cp):
@@ -169,19 +176,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Seq
         for w in works:
             w.wait()
         j = (c - i) % cp
-        ob, lb = block_attention(q, kv[0], kv[1], q_pos, _positions(q.shape[1], cp, j, q.device), causal)
+        ob, lb = block_attention(q, kv[0], kv[1], q_pos, _positions(q.shape[1], cp, j, q.device), causal, window)
         out, lse = merge_blocks(out, lse, ob, lb)
     return _out_layout(out, q), lse
 
 
 def ring_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
-                        causal: bool = True, pg=None):
+                        causal: bool = True, pg=None, window: int = 0):
     """Ring-attention backward (module docstring): (dq, dk, dv) of this rank's q, k, v, in
     their dtypes and layouts. ``out`` [b, s/cp, hq, d] and ``lse`` [b, hq, s/cp] are the
     forward's results; ``do`` is the gradient of ``out``."""
     c, cp = _index(group, rank)
     q_pos = _positions(q.shape[1], cp, c, q.device)
-    dq, dk_own, dv_own = block_grads(q, k, v, out, lse, do, q_pos, q_pos, causal)
+    dq, dk_own, dv_own = block_grads(q, k, v, out, lse, do, q_pos, q_pos, causal, window)
     kv = torch.stack([k, v]).contiguous()
     nxt, prv = group[(c + 1) % cp], group[(c - 1) % cp]
     acc = None  # the dK/dV accumulator of the block held, received from the ring predecessor
@@ -194,7 +201,7 @@ def ring_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
             w.wait()
         j = (c - i) % cp
         dqb, dkb, dvb = block_grads(q, kv[0], kv[1], out, lse, do, q_pos,
-                                    _positions(q.shape[1], cp, j, q.device), causal)
+                                    _positions(q.shape[1], cp, j, q.device), causal, window)
         dq = dq + dqb
         part = torch.stack([dkb, dvb])
         acc = part if i == 1 else acc + part
@@ -225,20 +232,21 @@ def _whole_kv(q, k, v, group: Sequence[int], rank: int, pg=None):
     return kf, vf, _positions(s, cp, c, q.device), k_pos
 
 
-def all_gather_attention(q, k, v, group: Sequence[int], rank: int, causal: bool = True, pg=None):
+def all_gather_attention(q, k, v, group: Sequence[int], rank: int, causal: bool = True, pg=None,
+                         window: int = 0):
     """All-gather-K/V forward (module docstring); arguments and results as
     :func:`ring_attention`."""
     kf, vf, q_pos, k_pos = _whole_kv(q, k, v, group, rank, pg)
-    out, lse = block_attention(q, kf, vf, q_pos, k_pos, causal)
+    out, lse = block_attention(q, kf, vf, q_pos, k_pos, causal, window)
     return _out_layout(out, q), lse
 
 
 def all_gather_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
-                              causal: bool = True, pg=None):
+                              causal: bool = True, pg=None, window: int = 0):
     """All-gather-K/V backward (module docstring); as :func:`ring_attention_grad`."""
     c, s = _index(group, rank)[0], q.shape[1]
     kf, vf, q_pos, k_pos = _whole_kv(q, k, v, group, rank, pg)
-    dq, dk, dv = block_grads(q, kf, vf, out, lse, do, q_pos, k_pos, causal)
+    dq, dk, dv = block_grads(q, kf, vf, out, lse, do, q_pos, k_pos, causal, window)
     dkv = torch.stack([dk, dv]).contiguous()
     dist.all_reduce(dkv, group=pg)
     own = dkv[:, :, :, c * s:(c + 1) * s]

@@ -95,7 +95,8 @@ def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     if cpa is not None:
         if attrs.get("return_softmax"):
             raise KernelError("flash_attention: return_softmax is not available with context parallelism")
-        out, lse = cpa[0](q, k, v, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3])
+        out, lse = cpa[0](q, k, v, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3],
+                          window=int(attrs.get("sliding_window", 0) or 0))
         return [out, None, lse.float() if lse.dtype != torch.float64 else lse,
                 torch.zeros(2, dtype=torch.int64, device=q.device)]
     qt, kt, vt, _ = _heads(q, k, v)
@@ -115,7 +116,8 @@ def _flash_attention_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext
     _check_dropout(attrs)
     cpa = _context_parallel(attrs, ctx, "flash_attention_grad")
     if cpa is not None:
-        return list(cpa[1](q, k, v, out, lse, g, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3]))
+        return list(cpa[1](q, k, v, out, lse, g, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3],
+                           window=int(attrs.get("sliding_window", 0) or 0)))
     qt, kt, vt, rep = _heads(q, k, v)
     s = _scores(qt, kt, bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0))
     dt = s.dtype
