@@ -255,6 +255,8 @@ def zero_not_run(profile: Any, zero: int, pp: int, *, dp: int = 1, tp: int = 1, 
     if offers is not None and zero not in offers.value:
         return f"offers ZeRO {', '.join(map(str, offers.value))}, not ZeRO-{zero}"
     if zero == 0 and ddp_beside_others(profile, dp, tp, pp, cp):
+        if dp == 1:  # no replication: only cp, which the framework shards over
+            return f"shards over the cp ranks (FSDP) where cp > 1, not ZeRO 0 with cp {cp}"
         beside = ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1)
         return (f"runs ZeRO 0 (DDP) only as the one parallel dimension (with cp it shards over "
                 f"the cp ranks), not beside {beside}")

@@ -88,7 +88,7 @@ def predict(plan: Any, cluster: Any = None) -> tuple[dict[str, Any], Schedule]:
             "max_memory_bytes": max(allocated_bytes(m) for m in res.memory_per_stage),
             "stage_times": res.stage_times, "rank_stage_times": per_rank,
             "time_breakdown": res.time_breakdown, "layers_per_vstage": list(res.layers_per_vstage),
-            "executor_attention_bytes": executor_attention_bytes(engine.source, s)}
+            "executor_attention_bytes": executor_attention_bytes(engine.source, engine.strategy)}
     return pred, sched
 
 
@@ -126,11 +126,14 @@ def executor_attention_bytes(source: Any, strategy: Any) -> int:
 
     ``source``: the plan's ``completion.models.source.ModelSource``; a given program (no
     config) counts its largest ``flash_attention`` op's global [b, s, h, d] query over the
-    plan's dp and tp. E.g. llama2-7b at s 32768, micro-batch 1, tp 1: 5 x 32 x 32768^2 x 4
+    plan's dp and tp. 0 under ``strategy.attention`` unfused (the Engine's resolved one):
+    the program then has no flash_attention op, its score ops being in the prediction. E.g. llama2-7b at s 32768, micro-batch 1, tp 1: 5 x 32 x 32768^2 x 4
     = 640 GiB."""
     st = 4  # float32: the statistics dtype of every plan dtype (bf16, fp16, fp32)
     cp = max(1, int(getattr(strategy, "cp", 1) or 1))
     cfg = getattr(source, "config", None)
+    if cfg is not None and getattr(strategy, "attention", None) == "unfused":
+        return 0  # no flash_attention op: the program's own score ops are in the prediction
     if cfg is not None:
         b, heads, s = strategy.micro_batch_size, cfg.num_heads // strategy.tp, source.seq_len
     else:
@@ -146,13 +149,13 @@ def executor_attention_bytes(source: Any, strategy: Any) -> int:
     return EXECUTOR_SCORE_TENSORS * b * heads * s_q * s_k * st
 
 
-def check_fits_host(pred: dict[str, Any], nproc: int, backend: str) -> None:
+def check_fits_host(pred: dict[str, Any], nproc: int, backend: str, what: str = "the plan") -> None:
     """Refuse (``executor.LaunchError``, before any rank starts) a CPU run whose predicted
     peak memory, ``nproc`` ranks of ``max_memory_bytes`` each plus what the executor's
     attention kernel holds inside one op (``executor_attention_bytes``,
     :func:`executor_attention_bytes`), exceeds what this machine has
     (:func:`host_memory_bytes`): such a run would be killed by the kernel, or swap for
-    minutes, instead of measuring anything."""
+    minutes, instead of measuring anything. ``what`` names the run in the message."""
     from executor import LaunchError
 
     need, have = pred.get("max_memory_bytes"), host_memory_bytes()
@@ -163,7 +166,7 @@ def check_fits_host(pred: dict[str, Any], nproc: int, backend: str) -> None:
         inside = (f" + {scores / 2**30:.2f} GiB of attention scores the executor's kernel "
                   f"materialises (5 x micro-batch x heads x s_q x s_k in fp32; a shorter "
                   f"--seq-len or a larger tp / cp shrinks it)") if scores else ""
-        raise LaunchError(f"the plan needs {need / 2**30:.2f} GiB per rank (predicted){inside}, "
+        raise LaunchError(f"{what} needs {need / 2**30:.2f} GiB per rank (predicted){inside}, "
                           f"{(need + scores) * nproc / 2**30:.2f} GiB for {nproc} ranks; this "
                           f"machine has {have / 2**30:.2f} GiB available")
 
@@ -215,10 +218,33 @@ def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_predict
 
 def verify(plan: Any, nproc: int, **kwargs: Any) -> Any:
     """``executor.verify`` with the plan's registered schedule (``kwargs``: steps, seed,
-    rtol, backend, adam_epsilon). Returns an ``executor.VerifyResult``."""
+    rtol, backend, adam_epsilon), after the host check (:func:`check_fits_host`) of its
+    ranks and of its one-process reference, which runs the whole global batch unpartitioned
+    in this process (``completion.plan_program.single_process_strategy``). Returns an
+    ``executor.VerifyResult``; raises ``executor.LaunchError`` before anything runs when
+    either does not fit."""
     from executor import verify as _verify
 
+    backend = kwargs.get("backend", "gloo")
+    check_fits_host(predict(plan)[0], nproc, backend)
+    check_fits_host(predict(reference_plan(plan))[0], 1, backend, "verify's one-process reference")
     return _verify(plan, nproc, schedule=plain_schedule(plan), **kwargs)
+
+
+def reference_plan(plan: Any) -> Any:
+    """``plan`` as ``verify``'s one-process reference runs it: its model unpartitioned on
+    one rank, the global batch one micro-batch (a given program keeps its batch;
+    ``completion.plan_program.single_process_strategy``)."""
+    import warnings
+
+    from completion.models.source import resolve_model
+    from completion.plan_program import single_process_strategy
+
+    with warnings.catch_warnings():  # the plan's own costing shows the model's warnings
+        warnings.simplefilter("ignore")
+        source = resolve_model(plan.model, plan.seq_len, num_layers=plan.num_layers)
+    return dataclasses.replace(plan, strategy=single_process_strategy(plan.strategy, source),
+                               annotations={})
 
 
 def verify_many(plans: list[Any], nproc: int, **kwargs: Any) -> list[Any]:

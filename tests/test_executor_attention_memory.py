@@ -36,6 +36,7 @@ def test_scores_by_hand():
     assert ring == 5 * 32 * 2048 * 2048 * 4
     assert executor_attention_bytes(src, _s(cp=2, cp_comm="all_gather")) == 2 * ring
     assert executor_attention_bytes(src, _s(dtype="bfloat16")) == 5 * 32 * 4096 * 4096 * 4
+    assert executor_attention_bytes(src, _s(attention="unfused")) == 0  # no flash_attention op
 
 
 _MEASURE = textwrap.dedent("""
@@ -89,3 +90,22 @@ def test_predict_carries_the_scores():
     pred, _ = predict(plan)
     assert pred["executor_attention_bytes"] == 5 * 32 * 32768**2 * 4 == 640 * 2**30
     assert 20 * 2**30 < pred["max_memory_bytes"] < 40 * 2**30
+
+
+def test_verify_checks_its_one_process_reference(monkeypatch):
+    """The break-it pass: validate's numerics check runs the whole global batch on one
+    process (single_process_strategy), which no host check covered: dp 1 tp 2 mbs 1 gbs 8,
+    s 2048, one layer: 2 ranks of about 5.6 GiB passed, the reference needs about 17 GiB +
+    20 GiB of scores (5 x 8 x 32 x 2048^2 x 4)."""
+    import meshplan.validation as v
+    from executor import LaunchError
+
+    plan = Plan(model="llama2-7b", cluster="cpu-local", seq_len=2048, num_layers=1,
+                strategy=_s(tp=2, global_batch_size=8, dtype="float32"))
+    ref = v.reference_plan(plan)
+    assert (ref.strategy.tp, ref.strategy.dp, ref.strategy.micro_batch_size) == (1, 1, 8)
+    pred, _ = v.predict(ref)
+    assert pred["executor_attention_bytes"] == 5 * 8 * 32 * 2048**2 * 4 == 20 * 2**30
+    monkeypatch.setattr(v, "host_memory_bytes", lambda: 24 * 2**30)
+    with pytest.raises(LaunchError, match="verify's one-process reference needs"):
+        v.verify(plan, 2)

@@ -141,3 +141,14 @@ def test_torchtitan_runs_ddp_only_as_the_one_parallel_dimension(capsys):
                             "--layers", "2", "--seq-len", "8192")
     assert rc == 0, err
     assert "(with cp it shards over the cp ranks), not beside cp 4" in out + err
+
+
+def test_without_replication_only_cp_is_named(capsys):
+    """The break-it pass: dp 1, tp 4, cp 2 at ZeRO 0 warned 'not beside tp 4, cp 2'; with
+    no dp there is no DDP, and tp is not the matter: torchtitan shards over the cp ranks."""
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100", "--tp", "4",
+                            "--cp", "2", "--zero", "0", "--framework", "fsdp2", "--global-batch", "1",
+                            "--layers", "2", "--seq-len", "8192")
+    assert rc == 0, err
+    assert "framework shards over the cp ranks (FSDP) where cp > 1, not ZeRO 0 with cp 2" in out + err
+    assert "beside tp 4" not in out + err
