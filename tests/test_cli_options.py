@@ -94,7 +94,6 @@ def test_bad_tune_mode_is_an_error(capsys):
      "error: --global-batch (8) must be a multiple of --dp * --micro-batch-size = 3"),
     (["--global-batch-size=8", "--dp", "3", "--micro-batch-size", "1"],
      "error: --global-batch-size (8) must be a multiple of --dp * --micro-batch-size = 3"),
-    (["--global-batch", "8", "--sequence-parallel"], "error: --sequence-parallel needs --tp > 1"),
     (["--global-batch", "8", "--vpp", "2", "--schedule", "ZBH1"],
      "error: --vpp gives 2 model chunks per pipeline rank, but --schedule ZBH1 runs one"),
     (["--global-batch", "8", "--mp", "0"], "error: --mp must be an integer >= 1, got 0"),

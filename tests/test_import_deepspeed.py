@@ -349,6 +349,8 @@ def test_bf16_beside_pp_without_zero_is_deepspeeds_bf16_optimizer(tmp_path):
         assert _knobs(tmp_path, cfg)["zero"] == 0  # no pipeline: DDP in bf16, unsharded
         assert _knobs(tmp_path, {**cfg, "data_types": {"grad_accum_dtype": "fp32"},
                                  "zero_optimization": {"stage": 1}})["zero"] == 1
+    with pytest.raises(DeepSpeedConfigError, match="unsupported mix of model_dtype and grad_accum_dtype"):
+        _knobs(tmp_path, {**cfg, "data_types": {"grad_accum_dtype": "fp32"}}, pp=4)
     text = " ".join(str(w.message) for w in seen)
     assert "BF16_Optimizer (runtime/engine.py), which partitions" in text
     assert "grad_accum_dtype fp32: DeepSpeed's BF16_Optimizer keeps a whole fp32 gradient buffer" in text

@@ -181,7 +181,8 @@ def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
     mg.check_overlaps(megatron, p["framework"])
     strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
         "dp", "tp", "cp", "cp_comm", "ep", "moe_capacity_factor", "moe_load_imbalance",
-        "micro_batch_size", "sequence_parallel", "framework", "attention")},
+        "micro_batch_size", "framework", "attention")},
+        sequence_parallel=launch.sequence_parallel(ctx, bool(p["sequence_parallel"]), p["tp"]),
         global_batch_size=p["global_batch"], **knobs)
     return opt.pipeline_split(ctx, p["layers_per_stage"], strategy,
                               lambda: mg.model_layers(model, seq_len, layers))
@@ -338,7 +339,7 @@ def cost_cmd(
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
     moe_notes = (_check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
-                 + launch.finish(ctx, lambda: getattr(engine.source, "config", None)))
+                 + launch.finish(ctx, lambda: engine.source))
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace

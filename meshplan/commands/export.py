@@ -46,7 +46,8 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
                      megatron, lambda: mg.model_layers(model, seq_len, layers), dp=int(knobs["dp"]))
     mg.check_grad_reduce(megatron, knobs["framework"], moved["dtype"])
     mg.check_overlaps(megatron, knobs["framework"])
-    strategy = opt.build_strategy(ctx, **{**knobs, **moved})
+    sp = launch.sequence_parallel(ctx, bool(knobs["sequence_parallel"]), int(knobs["tp"]))
+    strategy = opt.build_strategy(ctx, **{**knobs, **moved, "sequence_parallel": sp})
     strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
                                   lambda: mg.model_layers(model, seq_len, layers))
     return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
@@ -165,7 +166,7 @@ def export_cmd(
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
-    launch_notes = launch.finish(ctx, lambda: _model_config(checked))
+    launch_notes = launch.finish(ctx, lambda: _model_source(checked))
     out = export_plan(checked, to.value)
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
@@ -187,16 +188,15 @@ def export_cmd(
         typer.echo(out.text, nl=False)
 
 
-def _model_config(plan: Any) -> Any:
-    """The ModelConfig of ``plan``'s model (None for a program text), its warnings already
-    shown by the costing."""
+def _model_source(plan: Any) -> Any:
+    """The ModelSource of ``plan``'s model, its warnings already shown by the costing."""
     import warnings
 
     from completion.models.source import resolve_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return resolve_model(plan.model, plan.seq_len).config
+        return resolve_model(plan.model, plan.seq_len)
 
 
 def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tuple[Any, str | None]:

@@ -422,12 +422,18 @@ def _bf16_optimizer(doc: dict[str, Any], dtype: str, zero: int, pp: int, src: st
     pp is costed as ZeRO-1 (a warning says so); an fp32 accumulation buffer (4 bytes a
     parameter where ZeRO-1 is costed with 16-bit gradients) is warned about."""
     acc = (_section(doc, "data_types", src).get("grad_accum_dtype") or "").lower()
+    fp32_acc = acc in ("fp32", "float32", "float")
+    if dtype == "bfloat16" and zero == 0 and fp32_acc:
+        raise DeepSpeedConfigError(f"{src}: bf16 with data_types.grad_accum_dtype {acc} and "
+                                   "zero_optimization.stage 0: DeepSpeed raises NotImplementedError "
+                                   "('unsupported mix of model_dtype and grad_accum_dtype', runtime/"
+                                   "engine.py _do_optimizer_sanity_check); use stage 1")
     if dtype == "bfloat16" and zero == 0 and pp > 1:
         _warn(f"{src}: bf16 with --pp {pp} and zero_optimization.stage 0: DeepSpeed runs its BF16_Optimizer "
               "(runtime/engine.py), which partitions the fp32 master weights and Adam states over dp: "
               "costed as ZeRO-1")
         zero = 1
-    if dtype == "bfloat16" and zero == 1 and acc in ("fp32", "float32", "float"):
+    if dtype == "bfloat16" and zero == 1 and fp32_acc:
         _warn(f"{src}: data_types.grad_accum_dtype {acc}: DeepSpeed's BF16_Optimizer keeps a whole fp32 "
               "gradient buffer, 2 bytes a parameter more than the 16-bit gradients costed")
     return zero

@@ -51,8 +51,7 @@ NEUTRAL_VALUE = frozenset({
     "--tensorboard-log-interval", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
     "--distributed-backend", "--distributed-timeout-minutes", "--exit-interval",
     "--exit-duration-in-mins", "--ckpt-format", "--num-workers", "--dataloader-type",
-    "--data-cache-path", "--timing-log-level", "--max-position-embeddings", "--rotary-base",
-    "--norm-epsilon",
+    "--data-cache-path", "--timing-log-level", "--rotary-base", "--norm-epsilon",
 })
 #: cost-neutral arguments taking a list (``nargs='*'``)
 NEUTRAL_LIST = frozenset({"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path"})
@@ -123,7 +122,14 @@ ARCH: dict[str, ArchArg] = {
     "--attention-dropout": ArchArg(lambda c: c.attention_dropout, float),
     "--hidden-dropout": ArchArg(lambda c: c.hidden_dropout, float),
     "--vocab-size": ArchArg(lambda c: c.vocab_size, int),
+    # learned positions: the table's rows (a model config's seq_len); else cost-neutral
+    "--max-position-embeddings": ArchArg(lambda c: c.seq_len, int),
 }
+#: the arguments that make a launch line describe the model: with one of them, a switch or
+#: value it leaves out is Megatron-LM's default (TransformerConfig at d98e8a64: GeLU, biases
+#: on, LayerNorm, learned absolute positions, tied embeddings, dropout 0.1, no qk-norm, one
+#: key/value group with --group-query-attention), checked against --model too
+DESCRIBING = ("--hidden-size", "--num-attention-heads", "--ffn-hidden-size")
 
 
 def split(args: Sequence[str]) -> tuple[list[str], list[str], dict[str, str | bool]]:
@@ -174,58 +180,150 @@ def split(args: Sequence[str]) -> tuple[list[str], list[str], dict[str, str | bo
     return kept, neutral, arch
 
 
-def check(arch: dict[str, str | bool], cfg: Any) -> None:
-    """Check the architecture arguments against model config ``cfg`` (a
-    ``completion.models.ModelConfig``). Raises MeshplanError naming the argument, its value
-    and the model's on a difference or an unreadable value. ``--num-query-groups`` counts
-    only with ``--group-query-attention`` (Megatron-LM builds multi-head attention
-    without it): given heads without the switch describe a model with as many key/value
-    heads as heads."""
-    def differ(flag: str, given: Any, ours: Any) -> MeshplanError:
-        return MeshplanError(f"{flag}{'' if given is True else f' {given}'}: model {cfg.name} has "
-                             f"{ours} (the architecture comes from --model; write a config.json "
-                             f"to cost another)")
+def _differ(cfg: Any, given: str, ours: Any) -> MeshplanError:
+    return MeshplanError(f"{given}: model {cfg.name} has {ours} (the architecture comes from "
+                         f"--model; write a config.json to cost another)")
 
+
+def _by_default(cfg: Any, builds: str, ours: Any, add: str) -> MeshplanError:
+    return MeshplanError(f"the launch line describes the model ({', '.join(DESCRIBING)}) and gives no "
+                         f"{add}: Megatron-LM then builds {builds}, model {cfg.name} has {ours} (add "
+                         f"{add}, or drop the architecture arguments)")
+
+
+def check(arch: dict[str, str | bool], cfg: Any, seq_len: int | None = None) -> None:
+    """Check the architecture arguments against model config ``cfg`` (a
+    ``completion.models.ModelConfig``) costed at ``seq_len`` tokens. Raises MeshplanError
+    naming the argument, its value and the model's on a difference or an unreadable value.
+
+    Megatron-LM's own rules: ``--num-query-groups`` (default 1) counts only with
+    ``--group-query-attention``, without which the model is multi-head attention;
+    ``--disable-bias-linear`` drops every linear's bias but the q/k/v one
+    ``--add-qkv-bias`` keeps; ``--max-position-embeddings`` is at least the sequence and,
+    with learned positions, the table's rows. When the line describes the model (one of
+    :data:`DESCRIBING`), what it leaves out is Megatron-LM's default and must match too."""
+    values: dict[str, Any] = {}
     for flag, given in arch.items():
         a = ARCH[flag]
-        if flag == "--num-query-groups" and "--group-query-attention" not in arch:
-            continue
         if a.switch:
-            if not a.ours(cfg):
-                raise differ(flag, True, a.says(cfg) if a.says is not None else "it off")
             continue
         assert a.parse is not None
         try:
-            value = a.parse(str(given))
+            values[flag] = a.parse(str(given))
         except ValueError as e:
             raise MeshplanError(f"Megatron-LM's {flag} {given!r}: not readable ({e})") from None
-        if value != a.ours(cfg):
-            raise differ(flag, given, a.ours(cfg))
-    if "--num-attention-heads" in arch and "--group-query-attention" not in arch \
-            and cfg.num_kv_heads != cfg.num_heads:
-        raise MeshplanError(f"--num-attention-heads {arch['--num-attention-heads']} without "
-                            f"--group-query-attention: Megatron-LM builds {cfg.num_heads} key/value "
-                            f"heads, model {cfg.name} has {cfg.num_kv_heads} (add "
-                            f"--group-query-attention --num-query-groups {cfg.num_kv_heads})")
+    for flag in ("--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+                 "--vocab-size", "--normalization", "--position-embedding-type", "--attention-dropout",
+                 "--hidden-dropout"):
+        if flag in values and values[flag] != ARCH[flag].ours(cfg):
+            raise _differ(cfg, f"{flag} {arch[flag]}", ARCH[flag].ours(cfg))
+    for flag in ("--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights", "--qk-layernorm",
+                 "--use-rotary-position-embeddings"):
+        a = ARCH[flag]
+        if flag in arch and not a.ours(cfg):
+            raise _differ(cfg, flag, a.says(cfg) if a.says is not None else "it off")
+    _check_attention(arch, values, cfg)
+    _check_biases(arch, cfg)
+    if seq_len is not None and "--max-position-embeddings" in values:
+        mpe = values["--max-position-embeddings"]
+        if mpe < seq_len:
+            raise MeshplanError(f"--max-position-embeddings {mpe} is below the sequence, {seq_len} tokens "
+                                "(Megatron-LM asserts max_position_embeddings >= seq_length)")
+        if cfg.resolved_positions == "learned" and mpe != cfg.seq_len:
+            raise _differ(cfg, f"--max-position-embeddings {mpe}", f"a learned position table of "
+                                                                     f"{cfg.seq_len} rows")
+    if any(f in arch for f in DESCRIBING):
+        _check_defaults(arch, cfg)
 
 
-def finish(ctx: Any, config: Callable[[], Any]) -> list[str]:
+def _check_attention(arch: dict[str, str | bool], values: dict[str, Any], cfg: Any) -> None:
+    """Grouped-query attention: Megatron-LM's groups are ``--num-query-groups`` (1 when not
+    given) under ``--group-query-attention``, else as many as heads."""
+    if "--group-query-attention" in arch:
+        groups = values.get("--num-query-groups", 1)
+        if groups != cfg.num_kv_heads:
+            given = f"--num-query-groups {groups}" if "--num-query-groups" in arch else \
+                "--group-query-attention without --num-query-groups (1 key/value group)"
+            raise _differ(cfg, given, f"{cfg.num_kv_heads} key/value heads")
+    elif ("--num-attention-heads" in arch or "--num-query-groups" in arch) and cfg.num_kv_heads != cfg.num_heads:
+        heads = arch.get("--num-attention-heads", cfg.num_heads)
+        raise MeshplanError(f"--num-attention-heads {heads} without --group-query-attention: Megatron-LM "
+                            f"builds {cfg.num_heads} key/value heads, model {cfg.name} has "
+                            f"{cfg.num_kv_heads} (add --group-query-attention --num-query-groups "
+                            f"{cfg.num_kv_heads})")
+
+
+def _check_biases(arch: dict[str, str | bool], cfg: Any) -> None:
+    """``--disable-bias-linear`` (no bias on the output and MLP linears, nor on q/k/v unless
+    ``--add-qkv-bias``); ``--add-qkv-bias`` alone (every bias on); nothing: checked only
+    when the line describes the model (every bias on)."""
+    ours = {w: cfg.bias(w) for w in ("qkv", "o", "mlp")}
+    has = "biases on " + ", ".join(w for w, on in ours.items() if on) if any(ours.values()) \
+        else "no linear biases"
+    if "--disable-bias-linear" in arch:
+        want = {"qkv": "--add-qkv-bias" in arch, "o": False, "mlp": False}
+    elif "--add-qkv-bias" in arch or any(f in arch for f in DESCRIBING):
+        want = {"qkv": True, "o": True, "mlp": True}
+    else:
+        return
+    if want == ours:
+        return
+    given = " ".join(f for f in ("--disable-bias-linear", "--add-qkv-bias") if f in arch)
+    if not given:
+        raise _by_default(cfg, "biases on every linear layer", has, "--disable-bias-linear")
+    raise _differ(cfg, given, has)
+
+
+def _check_defaults(arch: dict[str, str | bool], cfg: Any) -> None:
+    """What a describing launch line leaves out is Megatron-LM's default (:data:`DESCRIBING`)."""
+    if "--swiglu" not in arch and "--squared-relu" not in arch and cfg.mlp_activation != "gelu":
+        raise _by_default(cfg, "a gelu MLP", f"a {cfg.mlp_activation} MLP",
+                          "--swiglu" if cfg.mlp_activation == "swiglu" else "its activation")
+    if "--normalization" not in arch and cfg.resolved_norm != "layer_norm":
+        raise _by_default(cfg, "LayerNorm", cfg.resolved_norm, "--normalization RMSNorm")
+    rope = "--use-rotary-position-embeddings" in arch or "--position-embedding-type" in arch
+    if not rope and cfg.resolved_positions != "learned":
+        raise _by_default(cfg, "learned absolute positions", f"{cfg.resolved_positions} positions",
+                          "--position-embedding-type rope")
+    if "--untie-embeddings-and-output-weights" not in arch and not cfg.tie_word_embeddings:
+        raise _by_default(cfg, "an output layer tied to the embedding", "an untied one",
+                          "--untie-embeddings-and-output-weights")
+    for flag, ours in (("--attention-dropout", cfg.attention_dropout), ("--hidden-dropout", cfg.hidden_dropout)):
+        if flag not in arch and ours != 0.1:
+            raise _by_default(cfg, f"{flag[2:].replace('-', ' ')} 0.1", ours, f"{flag} {ours:g}")
+    if "--qk-layernorm" not in arch and cfg.qk_norm is not None:
+        raise _by_default(cfg, "no q/k normalisation", "q/k normalisation", "--qk-layernorm")
+
+
+def sequence_parallel(ctx: Any, sp: bool, tp: int) -> bool:
+    """``--sequence-parallel`` as Megatron-LM takes it: at tp 1 it turns it off with a warning
+    (d98e8a64 ``arguments.py`` ``validate_args``; its Llama 3 and Mixtral example scripts pass
+    it at tp 1), so it is costed off and named in :func:`finish`'s note."""
+    if sp and tp == 1:
+        meta = ctx.meta.setdefault(NEUTRAL_KEY, [])
+        meta.append("--sequence-parallel (at tp 1 Megatron-LM turns it off)")
+        return False
+    return sp
+
+
+def finish(ctx: Any, source: Callable[[], Any]) -> list[str]:
     """After the model is known: check the launch line's architecture arguments against
-    ``config()`` (the ``ModelConfig``, read only when there are some; None: a .pir program,
-    which has no config: refused) and return the note naming the cost-neutral ones (empty
-    when none)."""
+    ``source()`` (the ``completion.models.source.ModelSource`` costed, read only when there
+    are some; a .pir program has no config: refused) and return the note naming the
+    cost-neutral ones (empty when none)."""
     meta = getattr(ctx, "meta", {}) or {}
     arch, neutral = meta.get(ARCH_KEY) or {}, meta.get(NEUTRAL_KEY) or []
     if arch:
-        cfg = config()
+        src = source()
+        cfg = getattr(src, "config", None)
         if cfg is None:
             raise MeshplanError(f"{', '.join(arch)}: Megatron-LM architecture arguments describe a "
                                 "model config; a .pir program is costed as written")
-        check(arch, cfg)
+        check(arch, cfg, getattr(src, "seq_len", None))
     if not neutral:
         return []
     return [f"Megatron-LM arguments that leave a step's cost alone, not read: {', '.join(neutral)}"]
 
 
-__all__ = ["ARCH", "ArchArg", "COMMANDS", "NEUTRAL_LIST", "NEUTRAL_SWITCHES", "NEUTRAL_VALUE",
-           "check", "finish", "split"]
+__all__ = ["ARCH", "ArchArg", "COMMANDS", "DESCRIBING", "NEUTRAL_LIST", "NEUTRAL_SWITCHES",
+           "NEUTRAL_VALUE", "check", "finish", "sequence_parallel", "split"]

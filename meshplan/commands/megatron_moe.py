@@ -16,7 +16,6 @@ a note that the costing is of grouped GEMMs.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
@@ -171,8 +170,11 @@ def _check_balancing(moe: MegatronMoE, cfg: Any) -> None:
         raise MeshplanError(f"--moe-router-load-balancing-type none: model {cfg.name} has an aux "
                             f"loss of weight {ours:g}")
     coeff = moe.moe_aux_loss_coeff
-    if coeff is not None and kind != "none" and not math.isclose(coeff, ours, rel_tol=1e-9, abs_tol=0.0):
-        raise MeshplanError(f"--moe-aux-loss-coeff {coeff:g}: model {cfg.name} has {ours:g}")
+    # the weight scales one loss term: only whether there is one changes the step's cost
+    if coeff is not None and kind != "none" and (coeff > 0) != (ours > 0):
+        raise MeshplanError(f"--moe-aux-loss-coeff {coeff:g}: model {cfg.name} has "
+                            f"{'an aux loss' if ours > 0 else 'none'} (only whether the router has "
+                            "one changes the cost, not its weight)")
 
 
 __all__ = ["Balancing", "Dispatcher", "MegatronMoE", "check", "layer_pattern"]
