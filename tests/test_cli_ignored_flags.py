@@ -65,7 +65,6 @@ def test_complete_annotates_a_program_with_dist_attrs_on_its_own_mesh(capsys):
 
 @pytest.mark.parametrize("extra, start", [
     (["--tp", "3"], "error: --tp = 3 does not divide model 'llama2-7b' num_heads = 32"),
-    (["--sequence-parallel"], "error: --sequence-parallel needs --tp > 1"),
     (["--vpp", "2", "--schedule", "VPP"], "error: --vpp = 2 needs --pp > 1"),
 ])
 def test_complete_refuses_what_cost_refuses_in_the_same_words(capsys, extra, start):
@@ -181,3 +180,13 @@ def test_completes_output_reads_back_with_the_mesh_it_was_made_on(capsys, tmp_pa
     assert rc == 0, err
     line = one_line_error(*run_main(capsys, "complete", "--program", str(f), "--dp", "4"))
     assert "process mesh [2, 1] on ranks [0, 1]" in line
+
+
+def test_complete_refuses_sequence_parallel_at_tp_1_where_cost_turns_it_off(capsys):
+    """cost and export read --sequence-parallel at tp 1 as Megatron-LM does (turned off, with
+    a note: its example scripts pass it); complete, which annotates a program, refuses it."""
+    line = one_line_error(*run_main(capsys, "complete", *MODEL, "--sequence-parallel", "--summary-only"))
+    assert line.startswith("error: --sequence-parallel needs --tp > 1"), line
+    rc, out, err = run_main(capsys, "cost", *MODEL, "--cluster", "dgx-h100", "--global-batch", "8",
+                            "--sequence-parallel")
+    assert rc == 0 and "at tp 1 Megatron-LM turns it off" in out + err
