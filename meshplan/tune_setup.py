@@ -104,10 +104,10 @@ def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] |
     dims = {k: fixed.get(k, 1) for k in ("pp", "dp", "tp")}  # cp at ZeRO 0 is searched (zero0_alone)
     why = None if zero is None else zero_not_run(prof, zero, **dims)
     if why is not None:
-        offered = zeros is None or zero in zeros  # else a rule on the other degrees refused it
-        pins = " and ".join([f"--{k} {v}" for k, v in dims.items() if k in fixed and v > 1] * offered
-                            + [f"--zero {zero}"])
-        raise MeshplanError(f"{pins}: framework {framework} {why}")
+        pins = [f"--zero {zero}"]
+        if zeros is None or zero in zeros:  # offered: a rule on the pinned degrees refused it
+            pins[:0] = [f"--{k} {v}" for k, v in dims.items() if k in fixed and v > 1]
+        raise MeshplanError(f"{' and '.join(pins)}: framework {framework} {why}")
     ddp_alone = prof.memory.ddp_alone is not None and prof.memory.ddp_alone.value
     return zeros, pp_zeros, ddp_alone
 

@@ -215,15 +215,21 @@ def fsdp_states(x: StateInputs) -> ModelStates:
         return _fsdp_unsharded_accumulation(x)
     if x.zero < 3:
         return megatron_states(x)
-    p, n = x.params, x.dp
-    master = FP32 if x.param_bytes < FP32 else 0  # the sharded weight is the fp32 master
-    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
+    params, optimizer, gathered = _full_shard(x)
     head_grad = x.param_bytes * x.largest_param if x.root_params else 0
     block_grad = (x.param_bytes + x.reduce_bytes) * x.largest_block
-    return ModelStates(params=_shard(p, n) * (master or x.param_bytes),
-                       grads=_shard(p, n) * _main_grad_bytes(x),
-                       optimizer=_shard(p, n) * (x.optimizer_bytes - master),
-                       buffers=gathered + head_grad + block_grad)
+    return ModelStates(params=params, grads=_shard(x.params, x.dp) * _main_grad_bytes(x),
+                       optimizer=optimizer, buffers=gathered + head_grad + block_grad)
+
+
+def _full_shard(x: StateInputs) -> tuple[int, int, int]:
+    """FULL_SHARD's (params, optimizer, gathered) bytes: the sharded weights (the fp32
+    master for 16-bit weights), the rest of the optimizer states over N, and the unsharded
+    16-bit weights of the root and of ``prefetch + 1`` blocks."""
+    shard = _shard(x.params, x.dp)
+    master = FP32 if x.param_bytes < FP32 else 0  # the sharded weight is the fp32 master
+    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
+    return shard * (master or x.param_bytes), shard * (x.optimizer_bytes - master), gathered
 
 
 def _fsdp_unsharded_accumulation(x: StateInputs) -> ModelStates:
@@ -233,18 +239,14 @@ def _fsdp_unsharded_accumulation(x: StateInputs) -> ModelStates:
     ``reduce_bytes`` x P unsharded gradients (the sharded fp32 gradient only exists after
     the reduce_scatter, once the backward's activations are gone), the fp32 master and Adam
     states over N, and one block's fresh 16-bit gradient."""
-    p, n = x.params, x.dp
     fresh = x.grad_bytes * x.largest_block
-    acc = x.reduce_bytes * p
+    acc = x.reduce_bytes * x.params
     if x.zero < 3:
         base = megatron_states(x)
         return ModelStates(params=base.params, grads=acc, optimizer=base.optimizer, buffers=fresh)
-    master = FP32 if x.param_bytes < FP32 else 0
-    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
-    held = 0 if x.backward_freed is None else x.param_bytes * p - x.backward_freed
-    return ModelStates(params=_shard(p, n) * (master or x.param_bytes), grads=acc,
-                       optimizer=_shard(p, n) * (x.optimizer_bytes - master),
-                       buffers=max(gathered, held) + fresh)
+    params, optimizer, gathered = _full_shard(x)
+    held = 0 if x.backward_freed is None else x.param_bytes * x.params - x.backward_freed
+    return ModelStates(params=params, grads=acc, optimizer=optimizer, buffers=max(gathered, held) + fresh)
 
 
 #: state model name (profile ``memory.model_states``) -> function

@@ -119,9 +119,10 @@ class StageTimer:
         (:func:`simulator.streams.prefetched_chain`); otherwise every gather is exposed
         (:meth:`zero3_gather_time`). Where the pipeline accumulates FSDP gradients unsharded
         (:func:`simulator.dp_groups.accumulates_unsharded`) a block gathers once per
-        micro-batch and reduces nothing until the stage's last backward. With the profile's pipeline scatter-gather (Megatron-
-        LM 2021) a stage that receives a boundary tensor from another rank all_gathers it
-        over its tensor-parallel group first (:meth:`scatter_gather_time`).
+        micro-batch and reduces nothing until the stage's last backward. With the profile's
+        pipeline scatter-gather (Megatron-LM 2021) a stage that receives a boundary tensor
+        from another rank all_gathers it over its tensor-parallel group first
+        (:meth:`scatter_gather_time`).
 
         Each of T_F, T_B, T_W also carries the device's per-pass host overhead
         (``Roofline.action_overhead``, ``device.efficiency.action_overhead_s``): the

@@ -290,7 +290,7 @@ class Pipeline(BaseModel):
     micro-batch's backward without FSDP's gradient sync and resharding, so a stage keeps
     its weights gathered and accumulates its gradients unsharded until one reduce_scatter
     after its last backward (torch.distributed.pipelining with FSDP2;
-    ``simulator.grad_sync.accumulates_unsharded``)."""
+    ``simulator.dp_groups.accumulates_unsharded``)."""
 
     model_config = _STRICT
     p2p: P2PMode
