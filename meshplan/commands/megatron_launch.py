@@ -69,10 +69,11 @@ NEUTRAL_SWITCHES = frozenset({
 @dataclass(frozen=True)
 class ArchArg:
     """An architecture argument: ``switch`` (no value) or one value read by ``parse``;
-    ``ours(cfg)`` the model's value in the argument's terms; ``says(cfg)``, for a switch,
-    what the model has instead (the error's words)."""
+    ``ours(cfg)`` the model's value in the argument's terms, compared as it is (None: the
+    argument has a rule of its own in :func:`check`); ``says(cfg)``, for a switch, what the
+    model has instead (the error's words)."""
 
-    ours: Callable[[Any], Any]
+    ours: Callable[[Any], Any] | None = None
     parse: Callable[[str], Any] | None = None
     says: Callable[[Any], str] | None = None
 
@@ -101,9 +102,8 @@ ARCH: dict[str, ArchArg] = {
     "--hidden-size": ArchArg(lambda c: c.hidden_size, int),
     "--ffn-hidden-size": ArchArg(lambda c: c.ffn_hidden_size, int),
     "--num-attention-heads": ArchArg(lambda c: c.num_heads, int),
-    "--num-query-groups": ArchArg(lambda c: c.num_kv_heads, int),
-    "--group-query-attention": ArchArg(
-        lambda c: c.num_kv_heads < c.num_heads, says=lambda c: f"as many key/value heads as heads ({c.num_heads})"),
+    "--num-query-groups": ArchArg(parse=int),  # with --group-query-attention: _check_attention
+    "--group-query-attention": ArchArg(),
     "--kv-channels": ArchArg(lambda c: c.head_dim, int),
     "--swiglu": ArchArg(lambda c: c.mlp_activation == "swiglu",
                         says=lambda c: f"a {c.mlp_activation} MLP"),
@@ -112,9 +112,8 @@ ARCH: dict[str, ArchArg] = {
     "--normalization": ArchArg(lambda c: c.resolved_norm, _norm),
     "--untie-embeddings-and-output-weights": ArchArg(
         lambda c: not c.tie_word_embeddings, says=lambda c: "its output layer tied to the embedding"),
-    "--disable-bias-linear": ArchArg(lambda c: not any(c.bias(w) for w in ("qkv", "o", "mlp")),
-                                     says=lambda c: "biases on its linear layers"),
-    "--add-qkv-bias": ArchArg(lambda c: c.bias("qkv"), says=lambda c: "no q/k/v bias"),
+    "--disable-bias-linear": ArchArg(),  # the two bias switches: _check_biases
+    "--add-qkv-bias": ArchArg(),
     "--qk-layernorm": ArchArg(lambda c: c.qk_norm is not None, says=lambda c: "no q/k normalisation"),
     "--position-embedding-type": ArchArg(lambda c: c.resolved_positions, _positions),
     "--use-rotary-position-embeddings": ArchArg(
@@ -122,8 +121,8 @@ ARCH: dict[str, ArchArg] = {
     "--attention-dropout": ArchArg(lambda c: c.attention_dropout, float),
     "--hidden-dropout": ArchArg(lambda c: c.hidden_dropout, float),
     "--vocab-size": ArchArg(lambda c: c.vocab_size, int),
-    # learned positions: the table's rows (a model config's seq_len); else cost-neutral
-    "--max-position-embeddings": ArchArg(lambda c: c.seq_len, int),
+    # at least the sequence; learned positions: the table's rows (check)
+    "--max-position-embeddings": ArchArg(parse=int),
 }
 #: the arguments that make a launch line describe the model: with one of them, a switch or
 #: value it leaves out is Megatron-LM's default (TransformerConfig at d98e8a64: GeLU, biases
@@ -212,16 +211,15 @@ def check(arch: dict[str, str | bool], cfg: Any, seq_len: int | None = None) -> 
             values[flag] = a.parse(str(given))
         except ValueError as e:
             raise MeshplanError(f"Megatron-LM's {flag} {given!r}: not readable ({e})") from None
-    for flag in ("--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
-                 "--vocab-size", "--normalization", "--position-embedding-type", "--attention-dropout",
-                 "--hidden-dropout"):
-        if flag in values and values[flag] != ARCH[flag].ours(cfg):
-            raise _differ(cfg, f"{flag} {arch[flag]}", ARCH[flag].ours(cfg))
-    for flag in ("--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights", "--qk-layernorm",
-                 "--use-rotary-position-embeddings"):
-        a = ARCH[flag]
-        if flag in arch and not a.ours(cfg):
-            raise _differ(cfg, flag, a.says(cfg) if a.says is not None else "it off")
+    for flag in arch:
+        ours = ARCH[flag].ours
+        if ours is None:  # a rule of its own, below
+            continue
+        if flag in values and values[flag] != ours(cfg):
+            raise _differ(cfg, f"{flag} {arch[flag]}", ours(cfg))
+        says = ARCH[flag].says
+        if flag not in values and not ours(cfg):
+            raise _differ(cfg, flag, says(cfg) if says is not None else "it off")
     _check_attention(arch, values, cfg)
     _check_biases(arch, cfg)
     if seq_len is not None and "--max-position-embeddings" in values:
