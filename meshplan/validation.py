@@ -216,17 +216,18 @@ def run_plans(plans: list[Any], nproc: int, *, cluster: Any = None, with_predict
     return out
 
 
-def verify(plan: Any, nproc: int, **kwargs: Any) -> Any:
+def verify(plan: Any, nproc: int, predicted: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """``executor.verify`` with the plan's registered schedule (``kwargs``: steps, seed,
     rtol, backend, adam_epsilon), after the host check (:func:`check_fits_host`) of its
-    ranks and of its one-process reference, which runs the whole global batch unpartitioned
-    in this process (``completion.plan_program.single_process_strategy``). Returns an
-    ``executor.VerifyResult``; raises ``executor.LaunchError`` before anything runs when
-    either does not fit."""
+    ranks (``predicted``: the plan's :func:`predict` dict when the caller has it, e.g. from
+    its measured run) and of its one-process reference, which runs the whole global batch
+    unpartitioned in this process (``completion.plan_program.single_process_strategy``).
+    Returns an ``executor.VerifyResult``; raises ``executor.LaunchError`` before anything
+    runs when either does not fit."""
     from executor import verify as _verify
 
     backend = kwargs.get("backend", "gloo")
-    check_fits_host(predict(plan)[0], nproc, backend)
+    check_fits_host(predicted if predicted is not None else predict(plan)[0], nproc, backend)
     check_fits_host(predict(reference_plan(plan))[0], 1, backend, "verify's one-process reference")
     return _verify(plan, nproc, schedule=plain_schedule(plan), **kwargs)
 

@@ -198,7 +198,7 @@ def validate_cmd(
         runs = run_repeated(plan, nproc, repeats, cluster=cluster or None, backend=backend,
                             steps=steps, warmup=2, profile_dir=profile_trace or None)
         bar.advance(note="measured; verifying numerics" if check and fp32 else "measured")
-        numerics = verify(plan, nproc, backend=backend) if check and fp32 else None
+        numerics = verify(plan, nproc, runs[0].predicted, backend=backend) if check and fp32 else None
         if numerics is not None:
             bar.advance(note="numerics verified")
     after = host_load()
