@@ -42,6 +42,8 @@ SCHEDULE = "1F1B"
 
 
 def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
+    """What the config cannot carry or DeepSpeed runs otherwise, noted, with ``eff`` set to
+    what DeepSpeed runs."""
     if eff["ep"] > 1:
         notes.append(Note("ep", f"DeepSpeed sets expert parallelism in the model code "
                                 f"(deepspeed.moe.layer.MoE(ep_size={eff['ep']})), not in the config; "
@@ -53,6 +55,33 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                 f"up in the script); cp {eff['cp']} is not written: launch "
                                 f"dp x tp x pp ranks"))
         eff["cp"], eff["cp_comm"] = 1, "p2p"
+    _pipeline_notes(eff, notes)
+    if eff["zero"] == 3 and eff["tp"] > 1:
+        notes.append(Note("zero", "AutoTP with ZeRO-3 trains from DeepSpeed 0.19.4 on (runtime/"
+                                  "engine.py _configure_tensor_parallel_states); earlier releases "
+                                  "assert ZeRO stage <= 2"))
+    if eff["fsdp_shard_size"]:
+        notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
+                                             f"{eff['fsdp_shard_size']}; build the model under "
+                                             f"deepspeed.zero.MiCS_Init); DeepSpeed releases "
+                                             f"without MiCS reject the key: there drop it (ZeRO-3 "
+                                             f"over all dp) -- hpZ (zero_hpz_partition_size) "
+                                             f"shards only a secondary weight copy per group"))
+    if eff["recompute"] in ("selective", "selective-op"):
+        notes.append(Note("recompute", "DeepSpeed checkpoints whole wrapped layers; selective "
+                                       "recompute is not a config option (none written)"))
+        eff["recompute"] = "none"
+    if eff["sequence_parallel"]:
+        notes.append(Note("sequence_parallel", "AutoTP has no Megatron sequence parallelism"))
+        eff["sequence_parallel"] = False
+    if eff["attention"] is not None:
+        notes.append(Note("attention", f"the model code chooses the attention kernel "
+                                       f"({eff['attention']}); not a config key"))
+
+
+def _pipeline_notes(eff: dict[str, Any], notes: list[Note]) -> None:
+    """DeepSpeed's pipeline engine: stages set in the script, ZeRO 0-1 beside it (bf16 at
+    stage 0 runs BF16_Optimizer, ZeRO-1), one chunk, 1F1B, its own layer partition."""
     if eff["pp"] > 1:
         notes.append(Note("pp", f"set deepspeed.pipe.PipelineModule(num_stages={eff['pp']}) in the "
                                 f"training script (no config key); launch dp x tp x pp = "
@@ -85,28 +114,6 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                               f"balances layer counts, an embedding or head in the "
                                               f"layer list counted as a layer): {costed} is not "
                                               f"written; compare the partition DeepSpeed logs"))
-    if eff["zero"] == 3 and eff["tp"] > 1:
-        notes.append(Note("zero", "AutoTP with ZeRO-3 trains from DeepSpeed 0.19.4 on (runtime/"
-                                  "engine.py _configure_tensor_parallel_states); earlier releases "
-                                  "assert ZeRO stage <= 2"))
-    if eff["fsdp_shard_size"]:
-        notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
-                                             f"{eff['fsdp_shard_size']}; build the model under "
-                                             f"deepspeed.zero.MiCS_Init); DeepSpeed releases "
-                                             f"without MiCS reject the key: there drop it (ZeRO-3 "
-                                             f"over all dp) -- hpZ (zero_hpz_partition_size) "
-                                             f"shards only a secondary weight copy per group"))
-    if eff["recompute"] in ("selective", "selective-op"):
-        notes.append(Note("recompute", "DeepSpeed checkpoints whole wrapped layers; selective "
-                                       "recompute is not a config option (none written)"))
-        eff["recompute"] = "none"
-    if eff["sequence_parallel"]:
-        notes.append(Note("sequence_parallel", "AutoTP has no Megatron sequence parallelism"))
-        eff["sequence_parallel"] = False
-    if eff["attention"] is not None:
-        notes.append(Note("attention", f"the model code chooses the attention kernel "
-                                       f"({eff['attention']}); not a config key"))
-
 
 def _size_notes(plan: Any, notes: list[Note]) -> None:
     for knob in ("seq_len", "num_layers"):
