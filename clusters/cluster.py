@@ -89,6 +89,8 @@ class Cluster:
             nic_bandwidth=n.nic_bandwidth.value,
             nic_count=n.nic_count.value,
             devices_per_node=n.devices_per_node.value,
+            model=n.collective_model.value if n.collective_model is not None else "alpha-beta",
+            nvls_algbw=n.nvls_algbw.value if n.nvls_algbw is not None else 0.0,
         )
 
     # --- topology ---
@@ -160,4 +162,6 @@ class Cluster:
             "nic_count": n.nic_count.value,
             "nic_bandwidth_Bps": n.nic_bandwidth.value,
             "inter_latency_s": self.spec.cluster.inter_latency.value,
+            "collective_model": self.links.model,
+            "nvls_algbw_Bps": self.links.nvls_algbw,
         }

@@ -1,39 +1,49 @@
-"""Alpha-beta cost model of NCCL-style collectives.
+"""Cost model of NCCL's collectives: algorithms, protocols and the links they cross.
 
 Conventions follow NCCL's nccl-tests ``doc/PERFORMANCE.md`` (summarised in
 ``shared/reference/formulas.md``, "Communication"): ``S`` (``nbytes``) is the buffer size
 nccl-tests reports (the whole input of reduce_scatter, the whole output of all_gather, the
-per-rank send buffer of all_to_all), ``n`` the group size, and
+per-rank send buffer of all_to_all), ``n`` the group size, ``N`` the nodes it touches,
+``k`` its most ranks on one node, and
 
     algbw = S / t,    busbw = algbw * factor(n)
 
 with factor ``2(n-1)/n`` (all_reduce), ``(n-1)/n`` (reduce_scatter, all_gather,
-all_to_all) and ``1`` (broadcast, send_recv). Every algorithm step costs ``alpha`` (the
-per-step latency of the slowest link it uses) plus its bytes over the link bandwidth.
+all_to_all) and ``1`` (broadcast, send_recv).
 
-Per-rank link parameters (``Links``): ``B_i`` intra-node bus bandwidth, ``a_i`` intra-node
-step latency, ``a_n`` inter-node step latency; a node whose group holds ``k`` ranks can
-drive ``NIC(k) = nic_bandwidth * min(nic_count, k * nics_per_device)`` bytes/s off the node
-(``nics_per_device = max(1, nic_count // devices_per_node)``, rail-aligned NICs), shared by
-those ``k`` ranks.
+Links (``Links``): ``B_i`` the intra-node ring bus bandwidth per rank, ``a_i`` / ``a_n``
+the Simple protocol's latency of one intra- / inter-node ring step; a node whose group
+holds ``k`` ranks drives ``NIC(k) = nic_bandwidth * min(nic_count, k * nics_per_device)``
+bytes/s off the node (``nics_per_device = max(1, nic_count // devices_per_node)``,
+rail-aligned NICs). A ring spanning nodes runs one channel per NIC, so its bus bandwidth
+is ``B = min(B_i, NIC(k))`` (the slowest node's), one node's is ``B_i``.
 
-Single-node group of n ranks (``a = a_i``, ``B = B_i``):
-  * ring all_reduce: ``2(n-1) (a + S/(n B))``; tree all_reduce (reduce up, broadcast down a
-    binary tree of depth ceil(log2 n), pipelined): ``2 ceil(log2 n) a + 2 S / B``; the
-    faster is taken (NCCL picks ring or tree by size the same way).
-  * reduce_scatter / all_gather (ring): ``(n-1) (a + S/(n B))``.
-  * all_to_all (all peers at once): ``(n-1) a + (n-1) S / (n B)``.
-  * broadcast (pipelined chain): ``(n-1) a + S / B``; send_recv: ``a + S / B``.
+Each collective returns the time of every algorithm x protocol NCCL could run
+(``"ring/LL128"``, ...), and the cluster takes the fastest, as NCCL's tuner does
+(NVIDIA/nccl 5067397c ``src/graph/tuning.cc``; protocols and their constants:
+:mod:`clusters.nccl`). With protocol p (fixed call latency ``base_p``, hop latencies
+``h_i``, ``h_n``, bandwidth factor ``f_p``):
 
-Group spanning N nodes with at most k ranks per node (the faster of two algorithms):
-  * hierarchical: intra-node reduce_scatter over k, inter-node all_reduce of ``S/k`` per
-    rank over N nodes (ring or tree, each rank getting ``NIC(k)/k``), intra-node all_gather;
-    reduce_scatter and all_gather use their own half of that.
-  * flat ring over all n ranks with NCCL's channels spread over the node's NICs: per step
-    ``a_n + S / (n min(B_i, NIC(k)))``.
-  * all_to_all: ``(k-1) a_i + (n-k) a_n + max((k-1) S/(n B_i), (n-k) S / (n NIC(k)/k))``.
-  * broadcast: chain with ``N-1`` inter-node hops: ``(n-N) a_i + (N-1) a_n + S/min(B_i, NIC(k))``.
-  * send_recv between nodes: ``a_n + S / NIC(1)``.
+* ring (every kind but all_to_all, broadcast, send_recv): ``nsteps`` = 2(n-1) for
+  all_reduce, n-1 for reduce_scatter / all_gather, of which ``ninter`` = 2(N-1) resp. N-1
+  cross the network (NCCL's ring enters and leaves each node once):
+  ``t = base_p + (nsteps - ninter) h_i + ninter h_n + factor(n) S / (f_p B)``.
+  NCCL has no hierarchical all_gather or reduce_scatter (its other algorithms for them
+  need NVLink SHARP on one node, SHARP switches or one GPU per node), so at large n
+  their latency grows with the ring length (n-1): 1,535 steps on 192 DGX nodes.
+* tree all_reduce across nodes (NCCL's double binary tree: a chain through the k ranks of
+  a node, a binary tree over the N nodes, pipelined up and down):
+  ``t = base_p + 2 ((k-1) h_i + floor(log2 N) h_n) + 2 S / (f_tree_p B_tree)``, with
+  ``B_tree = min(B_i, NIC(k))``, or ``min(B_i, 2 NIC(k))`` on two nodes (each node's data
+  crosses the network once each way, NCCL's ``bwIntra`` for nNodes <= 2).
+* NVLS all_reduce on one NVSwitch node (``node.nvls_algbw``, H100): ``25 us + S / algbw``.
+* all_to_all (grouped send/recv, every peer at once):
+  ``(k-1) a_i + (n-k) a_n + max((k-1) S/(n B_i), (n-k) S / (n NIC(k)/k))`` on the
+  slowest node: across many nodes busbw -> the NIC bandwidth per GPU x N/(N-1) (sjeaugey,
+  NVIDIA/nccl-tests issue 130).
+* broadcast: a pipelined chain with ``N-1`` inter-node hops:
+  ``(n-N) a_i + (N-1) a_n + S / B``; send_recv: ``a_i + S/B_i`` on one node,
+  ``a_n + S / NIC(1)`` across nodes.
 """
 
 from __future__ import annotations
@@ -42,12 +52,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from clusters.nccl import MODELS, NVLS_LATENCY, Protocol
 from clusters.topology import GroupTopology
 
 
 @dataclass(frozen=True)
 class Links:
-    """Per-rank link parameters of a cluster (bytes/s and seconds)."""
+    """Per-rank link parameters of a cluster (bytes/s and seconds).
+
+    ``model``: the collective model (``clusters.nccl.MODELS``: ``nccl`` runs NCCL's
+    protocols, ``alpha-beta`` the plain model ``meshplan calibrate`` fits);
+    ``nvls_algbw``: NVLink SHARP all_reduce algorithm bandwidth on one node (B/s; 0: the
+    node has none)."""
 
     intra_bandwidth: float
     intra_latency: float
@@ -55,6 +71,8 @@ class Links:
     nic_bandwidth: float
     nic_count: int
     devices_per_node: int
+    model: str = "alpha-beta"
+    nvls_algbw: float = 0.0
 
     @property
     def nics_per_device(self) -> int:
@@ -69,77 +87,90 @@ class Links:
         """The smallest ``NIC(k_j)`` over the nodes j of a group (its bottleneck node)."""
         return min(self.node_nic_bandwidth(k) for k in topo.ranks_per_node.values())
 
+    @property
+    def protocols(self) -> tuple[Protocol, ...]:
+        """The protocols the collective model runs (``clusters.nccl.MODELS``)."""
+        return MODELS[self.model]
 
-# --- alpha-beta primitives: n ranks, per-step latency a (s), per-rank bandwidth b (B/s) ---
-
-
-def ring_all_reduce(s: float, n: int, a: float, b: float) -> float:
-    """Ring all_reduce: 2(n-1) steps of S/n bytes each."""
-    return 2 * (n - 1) * (a + s / (n * b)) if n > 1 else 0.0
-
-
-def tree_all_reduce(s: float, n: int, a: float, b: float) -> float:
-    """Pipelined binary-tree all_reduce: 2 ceil(log2 n) latencies, S/B up and S/B down."""
-    return 2 * math.ceil(math.log2(n)) * a + 2 * s / b if n > 1 else 0.0
-
-
-def ring_half(s: float, n: int, a: float, b: float) -> float:
-    """Ring reduce_scatter or all_gather: (n-1) steps of S/n bytes each."""
-    return (n - 1) * (a + s / (n * b)) if n > 1 else 0.0
-
-
-def _inter_all_reduce(s: float, topo: GroupTopology, ln: Links) -> float:
-    nb = ln.group_nic_bandwidth(topo)
-    n = topo.num_nodes
-    a = ln.inter_latency
-    return min(ring_all_reduce(s, n, a, nb), tree_all_reduce(s, n, a, nb))
-
-
-def _flat_ring_bw(topo: GroupTopology, ln: Links) -> float:
-    return min(ln.intra_bandwidth, ln.group_nic_bandwidth(topo))
-
-
-# --- one function per collective kind: returns {algorithm: seconds} ---
 
 Algorithms = dict[str, float]
 
 
+def ring_bandwidth(topo: GroupTopology, ln: Links) -> float:
+    """Bus bandwidth (B/s) of a ring on ``topo``: ``B_i`` on one node, else
+    ``min(B_i, NIC(k))`` of the slowest node (one channel per NIC)."""
+    if topo.single_node:
+        return ln.intra_bandwidth
+    return min(ln.intra_bandwidth, ln.group_nic_bandwidth(topo))
+
+
+def ring_latency(p: Protocol, nsteps: int, ninter: int, topo: GroupTopology, ln: Links) -> float:
+    """Seconds of latency of a ring of ``nsteps`` steps, ``ninter`` of them across the
+    network, under protocol ``p``: ``base_p + (nsteps - ninter) h_i + ninter h_n``; with one
+    rank per node every step is a network hop at the Tree network latency (NCCL
+    5067397c ``tuning.cc``: "With ppn=1 latencies are fully exposed")."""
+    spans = topo.spans_nodes
+    intra = p.intra_hop(ln.intra_latency, spans)
+    inter = p.inter_hop(ln.inter_latency, tree=spans and topo.max_ranks_per_node == 1)
+    return p.ring_base + (nsteps - ninter) * intra + ninter * inter
+
+
+def _ring(s: float, topo: GroupTopology, ln: Links, all_reduce_: bool) -> Algorithms:
+    """``ring/<protocol>`` seconds of a ring all_reduce or reduce_scatter / all_gather."""
+    n, nn = topo.size, topo.num_nodes
+    nsteps, ninter = (2 * (n - 1), 2 * (nn - 1)) if all_reduce_ else (n - 1, nn - 1)
+    share = nsteps / n  # busbw factor: 2(n-1)/n or (n-1)/n
+    b = ring_bandwidth(topo, ln)
+    return {f"ring/{p.name}": ring_latency(p, nsteps, ninter, topo, ln) + share * s / (p.ring_bw * b)
+            for p in ln.protocols}
+
+
+def _tree(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """``tree/<protocol>`` seconds of NCCL's Tree all_reduce across nodes (module
+    docstring); empty on one node (there NCCL's tree is a chain, never faster than the
+    ring)."""
+    if topo.single_node:
+        return {}
+    nn, k = topo.num_nodes, topo.max_ranks_per_node
+    nic = ln.group_nic_bandwidth(topo) * (2 if nn == 2 else 1)
+    b = min(ln.intra_bandwidth, nic)
+    out = {}
+    for p in ln.protocols:
+        lat = p.tree_base + 2 * ((k - 1) * p.intra_hop(ln.intra_latency, True, tree=True)
+                                 + int(math.log2(nn)) * p.inter_hop(ln.inter_latency, tree=True))
+        out[f"tree/{p.name}"] = lat + 2 * s / (p.tree_bw * b)
+    return out
+
+
+def _nvls(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
+    """``nvls/Simple``: NVLink SHARP all_reduce on one node, ``25 us + S / algbw``
+    (NCCL 5067397c ``tuning.cc`` NVLS latency; the algbw a cluster states); empty without
+    NVLS, across nodes or under the alpha-beta model."""
+    if ln.nvls_algbw <= 0 or not topo.single_node or ln.model != "nccl":
+        return {}
+    return {"nvls/Simple": NVLS_LATENCY + s / ln.nvls_algbw}
+
+
+# --- one function per collective kind: returns {algorithm/protocol: seconds} ---
+
+
 def all_reduce(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
     """Seconds of an all_reduce of ``s`` bytes (nccl-tests buffer size) on ``topo``, per
-    algorithm: ``ring`` and ``tree`` on one node; ``hierarchical`` and flat ``ring`` across
-    nodes (formulas in the module docstring, after nccl-tests ``doc/PERFORMANCE.md``)."""
-    n, bi, ai = topo.size, ln.intra_bandwidth, ln.intra_latency
-    if topo.single_node:
-        return {"ring": ring_all_reduce(s, n, ai, bi), "tree": tree_all_reduce(s, n, ai, bi)}
-    k = topo.max_ranks_per_node
-    hier = 2 * ring_half(s, k, ai, bi) + _inter_all_reduce(s, topo, ln)
-    flat = ring_all_reduce(s, n, max(ai, ln.inter_latency), _flat_ring_bw(topo, ln))
-    return {"hierarchical": hier, "ring": flat}
-
-
-def _half(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
-    n, bi, ai = topo.size, ln.intra_bandwidth, ln.intra_latency
-    if topo.single_node:
-        return {"ring": ring_half(s, n, ai, bi)}
-    k, nn = topo.max_ranks_per_node, topo.num_nodes
-    inter = ring_half(s, nn, ln.inter_latency, ln.group_nic_bandwidth(topo))
-    hier = ring_half(s, k, ai, bi) + inter
-    flat = ring_half(s, n, max(ai, ln.inter_latency), _flat_ring_bw(topo, ln))
-    return {"hierarchical": hier, "ring": flat}
+    algorithm and protocol: ``ring/*`` always, ``tree/*`` across nodes, ``nvls/Simple`` on
+    one NVSwitch node (formulas in the module docstring)."""
+    return {**_ring(s, topo, ln, True), **_tree(s, topo, ln), **_nvls(s, topo, ln)}
 
 
 def reduce_scatter(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
-    """Seconds of a reduce_scatter of ``s`` bytes (the whole input) on ``topo``, per
-    algorithm: ``ring`` on one node; ``hierarchical`` and flat ``ring`` across nodes
-    (module docstring)."""
-    return _half(s, topo, ln)
+    """Seconds of a reduce_scatter of ``s`` bytes (the whole input) on ``topo``: the ring
+    under each protocol, over all n ranks also across nodes (module docstring)."""
+    return _ring(s, topo, ln, False)
 
 
 def all_gather(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
-    """Seconds of an all_gather of ``s`` bytes (the whole output) on ``topo``, per
-    algorithm: ``ring`` on one node; ``hierarchical`` and flat ``ring`` across nodes
-    (module docstring); the same cost as reduce_scatter."""
-    return _half(s, topo, ln)
+    """Seconds of an all_gather of ``s`` bytes (the whole output) on ``topo``: the same
+    cost as reduce_scatter."""
+    return _ring(s, topo, ln, False)
 
 
 def all_to_all(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
@@ -162,8 +193,7 @@ def broadcast(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
     ``min(B_i, NIC(k))``; module docstring)."""
     n, nn = topo.size, topo.num_nodes
     lat = (n - nn) * ln.intra_latency + (nn - 1) * ln.inter_latency
-    bw = ln.intra_bandwidth if topo.single_node else _flat_ring_bw(topo, ln)
-    return {"chain": lat + s / bw}
+    return {"chain": lat + s / ring_bandwidth(topo, ln)}
 
 
 def send_recv(s: float, topo: GroupTopology, ln: Links) -> Algorithms:

@@ -33,7 +33,7 @@ A spec file looks like::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -234,6 +234,13 @@ class Count(_Quantity):
         return v
 
 
+class CollectiveModel(_Quantity):
+    """Which collective cost model a node's library follows: ``nccl`` or ``alpha-beta``
+    (``clusters.nccl.MODELS``), with its provenance."""
+
+    value: Literal["nccl", "alpha-beta"]
+
+
 class Flag(_Quantity):
     """A yes/no fact with its provenance: a YAML boolean (``true``/``false``), never a
     string or a number."""
@@ -403,6 +410,17 @@ class NodeSpec(BaseModel):
     intra_latency: Latency
     nic_count: Count
     nic_bandwidth: Bandwidth
+    collective_model: CollectiveModel | None = None
+    """Optional: how collectives are costed (``clusters.nccl.MODELS``): ``nccl`` (NCCL's
+    algorithms and LL / LL128 / Simple protocols, the fastest per call, as NCCL's tuner
+    picks), or ``alpha-beta`` (one protocol with the stated hop latencies and no fixed call
+    latency: a calibrated gloo host). Absent: ``alpha-beta`` (specs written before the
+    field)."""
+    nvls_algbw: Bandwidth | None = None
+    """Optional: NVLink SHARP (NVLS) all_reduce algorithm bandwidth on one node (B/s): an
+    NVSwitch node that reduces in the switch (H100, H200) runs a one-node all_reduce in
+    ``25 us + S / nvls_algbw`` when that beats the ring (``clusters.collectives``).
+    Absent: no NVLS."""
 
 
 class InterconnectSpec(BaseModel):

@@ -572,6 +572,7 @@ def spec_dict(cal: Calibration, name: str) -> dict[str, Any]:
             "intra_latency": _q(cal.intra_latency, f"{p}: the same joint fit (a)"),
             "nic_count": {"value": base.node.nic_count.value, "provenance": "not measured (one host): cpu-local placeholder"},
             "nic_bandwidth": _q(base.node.nic_bandwidth.value, "not measured (one host): cpu-local placeholder"),
+            "collective_model": {"value": "alpha-beta", "provenance": f"{p}: gloo collectives, fitted to steps*a + share*S/B"},
         },
         "cluster": {
             "num_nodes": {"value": 1, "provenance": f"{p}: this host only"},

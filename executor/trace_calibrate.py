@@ -312,5 +312,7 @@ def apply_fit(spec: dict[str, Any], fit: TraceFit, dtype: str, source: str) -> d
         node["intra_latency"] = {"value": fit.link_latency, "provenance": f"{prov}: collective fit (a)"}
         node["intra_bandwidth"] = {"value": fit.link_bandwidth,
                                    "provenance": f"{prov}: collective fit steps a + share S / B"}
+        node["collective_model"] = {"value": "alpha-beta", "provenance": f"{prov}: the fitted a and B are the "
+                                                                       f"plain steps a + share S / B model"}
     out["description"] = f"{spec.get('description', spec['name'])}; calibrated from {source}"
     return out

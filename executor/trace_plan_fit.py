@@ -261,6 +261,8 @@ def apply_plan_fit(spec: dict[str, Any], fit: PlanFit, dtype: str, source: str) 
         node["intra_latency"] = _q(fit.link_latency, f"{prov}: collective a, {how}")
         node["intra_bandwidth"] = _q(fit.link_bandwidth, f"{prov}: {n.get('collective', 0)} collectives, "
                                                          f"steps a + share S / B")
+        node["collective_model"] = {"value": "alpha-beta", "provenance": f"{prov}: the fitted a and B are the "
+                                                                       f"plain steps a + share S / B model"}
     out["description"] = f"{spec.get('description', spec['name'])}; calibrated from {source}"
     return out
 

@@ -95,6 +95,11 @@ def render_topology(console: Console, c: Cluster) -> None:
     t.add_row("intra-node latency", fmt_time(n.intra_latency.value), n.intra_latency.provenance)
     t.add_row("NICs per node", str(n.nic_count.value), n.nic_count.provenance)
     t.add_row("NIC bandwidth", f"{n.nic_bandwidth.value / 1e9:g} GB/s", n.nic_bandwidth.provenance)
+    cm = n.collective_model
+    t.add_row("collective model", cm.value if cm else "alpha-beta",
+              cm.provenance if cm else "not stated: the plain alpha-beta model (clusters.nccl)")
+    if n.nvls_algbw is not None:
+        t.add_row("NVLS all_reduce algbw", f"{n.nvls_algbw.value / 1e9:g} GB/s", n.nvls_algbw.provenance)
     lat = c.spec.cluster.inter_latency
     t.add_row("inter-node latency", fmt_time(lat.value), lat.provenance)
     console.print(t)
