@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from clusters import KINDS, CollectiveError, load_cluster
 
-# hardware_and_models.md: DGX A100 achieved busbw ~230 GB/s, 8 x 200 Gb/s HDR NICs.
+# hardware_and_models.md: DGX A100 achieved busbw ~230 GB/s, 8 x 200 Gb/s HDR NICs, each
+# achieving 24 GB/s in NCCL (192 GB/s all_reduce busbw over 8 NICs: NVIDIA/nccl issue 812).
 # formulas.md: Paddle latency constants 3.4 us intra-node, 9.6 us inter-node (= NCCL 2.7's
 # Ring / Simple NVLink and NET hop latencies, NVIDIA/nccl 5949d96f src/graph/tuning.cc).
 B_I, A_I, A_N = 230e9, 3.4e-6, 9.6e-6
-NIC, NICS = 25e9, 8
+NIC, NICS = 24e9, 8
 GIB, KIB, MIB = 1 << 30, 1 << 10, 1 << 20
 US = 1e-6
 # NCCL 5067397c src/graph/tuning.cc: base latencies (Ring LL / LL128 / Simple 6.6, 14.0,
@@ -56,7 +57,7 @@ def test_two_nodes_slower_and_nic_bound(c1, c2):
     t8 = c1.collective_time("all_reduce", GIB, range(8))
     t16 = c2.collective_time("all_reduce", GIB, range(16))
     assert t16 > 1.2 * t8
-    node_nic = NICS * NIC  # 200 GB/s leaves each node
+    node_nic = NICS * NIC  # 192 GB/s leaves each node
     algs = c2.collective_algorithms("all_reduce", GIB, range(16))
     # ring over 16 ranks, one channel per NIC: 30 steps, 2 of them across the network
     ring = BASE_SIMPLE + 28 * A_I + 2 * A_N + 30 / 16 * GIB / min(B_I, node_nic)
@@ -65,15 +66,20 @@ def test_two_nodes_slower_and_nic_bound(c1, c2):
     tree = BASE_SIMPLE + 2 * (7 * A_I + A_N) + 2 * GIB / (0.92 * min(B_I, 2 * node_nic))
     assert algs["ring/Simple"] == pytest.approx(ring)
     assert algs["tree/Simple"] == pytest.approx(tree)
-    assert t16 == pytest.approx(min(ring, tree)) == pytest.approx(ring)
-    # NIC-bound: the bytes the NICs carry take >= 95% of the time, busbw close to 200 GB/s
-    nic_time = 30 * GIB / (16 * node_nic)
-    assert nic_time >= 0.95 * t16
-    assert 0.95 * node_nic < c2.busbw("all_reduce", GIB, range(16)) <= node_nic
+    # on 2 nodes the tree moves each node's data across the network once each way, so it
+    # beats the ring's 30/16 S over the NICs once they are the slower link (NCCL issue 812:
+    # two-node tree busbw "exceed[s] the theoretical limit of the network cards")
+    assert t16 == pytest.approx(min(ring, tree)) == pytest.approx(tree)
+    assert c2.busbw("all_reduce", GIB, range(16)) > node_nic
+    # from 4 nodes on the tree is NIC-bound too and the ring wins: busbw close to 192 GB/s
+    c4 = load_cluster("dgx-a100-80g", num_nodes=4)
+    t32 = c4.collective_time("all_reduce", GIB, range(32))
+    assert t32 == pytest.approx(BASE_SIMPLE + 56 * A_I + 6 * A_N + 62 / 32 * GIB / node_nic)
+    assert 0.95 * node_nic < c4.busbw("all_reduce", GIB, range(32)) <= node_nic
 
 
 def test_one_rank_per_node_uses_one_nic(c2):
-    # ranks 0 and 8: a ring of 2 with one 25 GB/s NIC each; with one rank per node NCCL
+    # ranks 0 and 8: a ring of 2 with one 24 GB/s NIC each; with one rank per node NCCL
     # charges every step the Tree network hop (Simple: the cluster's 9.6 us)
     s = 64 * MIB
     algs = c2.collective_algorithms("all_reduce", s, [0, 8])
