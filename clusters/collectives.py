@@ -33,9 +33,12 @@ Each collective returns the time of every algorithm x protocol NCCL could run
   their latency grows with the ring length (n-1): 1,535 steps on 192 DGX nodes.
 * tree all_reduce across nodes (NCCL's double binary tree: a chain through the k ranks of
   a node, a binary tree over the N nodes, pipelined up and down):
-  ``t = base_p + 2 ((k-1) h_i + floor(log2 N) h_n) + 2 S / (f_tree_p B_tree)``, with
-  ``B_tree = min(B_i, NIC(k))``, or ``min(B_i, 2 NIC(k))`` on two nodes (each node's data
-  crosses the network once each way, NCCL's ``bwIntra`` for nNodes <= 2).
+  ``t = base_p + 2 ((k-1) h_i + floor(log2 N) h_n) + 2 S / (f_tree_p B)``: its bytes
+  cost more than the ring's (2 S / 0.92 against 2(n-1)/n S), its latency grows with
+  log2 N, so it wins mid-size messages at scale. On two nodes NCCL's tuner lets the tree
+  run at the intra-node bandwidth (each node's data crosses the network once each way);
+  the published two-node runs stay NIC-bound (NVIDIA/nccl issues 495 and 1048: 75 and 86
+  GB/s busbw on 100 GB/s of NICs), so the model keeps ``B`` there too.
 * NVLS all_reduce on one NVSwitch node (``node.nvls_algbw``, H100): ``25 us + S / algbw``.
 * all_to_all (grouped send/recv, every peer at once):
   ``(k-1) a_i + (n-k) a_n + max((k-1) S/(n B_i), (n-k) S / (n NIC(k)/k))`` on the
@@ -132,8 +135,7 @@ def _tree(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
     if topo.single_node:
         return {}
     nn, k = topo.num_nodes, topo.max_ranks_per_node
-    nic = ln.group_nic_bandwidth(topo) * (2 if nn == 2 else 1)
-    b = min(ln.intra_bandwidth, nic)
+    b = ring_bandwidth(topo, ln)
     out = {}
     for p in ln.protocols:
         lat = p.tree_base + 2 * ((k - 1) * p.intra_hop(ln.intra_latency, True, tree=True)

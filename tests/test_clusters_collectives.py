@@ -61,21 +61,16 @@ def test_two_nodes_slower_and_nic_bound(c1, c2):
     algs = c2.collective_algorithms("all_reduce", GIB, range(16))
     # ring over 16 ranks, one channel per NIC: 30 steps, 2 of them across the network
     ring = BASE_SIMPLE + 28 * A_I + 2 * A_N + 30 / 16 * GIB / min(B_I, node_nic)
-    # tree on 2 nodes: a chain of 8 ranks per node, log2(2) = 1 network hop, up and down;
-    # each node's data crosses the network once each way: B_tree = min(B_i, 2 NIC(8))
-    tree = BASE_SIMPLE + 2 * (7 * A_I + A_N) + 2 * GIB / (0.92 * min(B_I, 2 * node_nic))
+    # tree on 2 nodes: a chain of 8 ranks per node, log2(2) = 1 network hop, up and down,
+    # bound by the NICs as the ring (the published two-node runs: clusters.collectives)
+    tree = BASE_SIMPLE + 2 * (7 * A_I + A_N) + 2 * GIB / (0.92 * min(B_I, node_nic))
     assert algs["ring/Simple"] == pytest.approx(ring)
     assert algs["tree/Simple"] == pytest.approx(tree)
-    # on 2 nodes the tree moves each node's data across the network once each way, so it
-    # beats the ring's 30/16 S over the NICs once they are the slower link (NCCL issue 812:
-    # two-node tree busbw "exceed[s] the theoretical limit of the network cards")
-    assert t16 == pytest.approx(min(ring, tree)) == pytest.approx(tree)
-    assert c2.busbw("all_reduce", GIB, range(16)) > node_nic
-    # from 4 nodes on the tree is NIC-bound too and the ring wins: busbw close to 192 GB/s
-    c4 = load_cluster("dgx-a100-80g", num_nodes=4)
-    t32 = c4.collective_time("all_reduce", GIB, range(32))
-    assert t32 == pytest.approx(BASE_SIMPLE + 56 * A_I + 6 * A_N + 62 / 32 * GIB / node_nic)
-    assert 0.95 * node_nic < c4.busbw("all_reduce", GIB, range(32)) <= node_nic
+    assert t16 == pytest.approx(min(ring, tree)) == pytest.approx(ring)
+    # NIC-bound: the bytes the NICs carry take >= 95% of the time, busbw close to 192 GB/s
+    nic_time = 30 * GIB / (16 * node_nic)
+    assert nic_time >= 0.95 * t16
+    assert 0.95 * node_nic < c2.busbw("all_reduce", GIB, range(16)) <= node_nic
 
 
 def test_one_rank_per_node_uses_one_nic(c2):
@@ -85,7 +80,7 @@ def test_one_rank_per_node_uses_one_nic(c2):
     algs = c2.collective_algorithms("all_reduce", s, [0, 8])
     assert algs["ring/Simple"] == pytest.approx(BASE_SIMPLE + 2 * A_N + s / NIC)
     assert algs["ring/LL"] == pytest.approx(BASE_LL + 2 * 5.0 * US + s / (0.5 * NIC))
-    tree = BASE_SIMPLE + 2 * A_N + 2 * s / (0.92 * min(B_I, 2 * NIC))
+    tree = BASE_SIMPLE + 2 * A_N + 2 * s / (0.92 * NIC)
     assert algs["tree/Simple"] == pytest.approx(tree)
     assert c2.collective_time("all_reduce", s, [0, 8]) == pytest.approx(BASE_SIMPLE + 2 * A_N + s / NIC)
 
@@ -197,9 +192,9 @@ def test_non_uniform_group(c2):
     ranks = [0, 1, 2, 8]  # 3 ranks on node 0, 1 on node 1: node 1 drives one NIC
     # ring / Simple: 6 steps, 2 across the network, bound by node 1's one NIC
     ring = BASE_SIMPLE + 4 * A_I + 2 * A_N + 6 / 4 * s / NIC
-    # tree on 2 nodes: chain of the 3 ranks of node 0, one network hop; B_tree = min(B_i, 2 NIC)
-    tree = BASE_SIMPLE + 2 * (2 * A_I + A_N) + 2 * s / (0.92 * min(B_I, 2 * NIC))
-    assert c2.collective_time("all_reduce", s, ranks) == pytest.approx(min(ring, tree)) == pytest.approx(tree)
+    # tree on 2 nodes: chain of the 3 ranks of node 0, one network hop, node 1's one NIC
+    tree = BASE_SIMPLE + 2 * (2 * A_I + A_N) + 2 * s / (0.92 * NIC)
+    assert c2.collective_time("all_reduce", s, ranks) == pytest.approx(min(ring, tree)) == pytest.approx(ring)
 
 
 def test_p2p(c2):
