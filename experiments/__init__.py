@@ -37,6 +37,7 @@ EXPERIMENT_MODULES = [
     "experiments.measured_runs",
     "experiments.memory",
     "experiments.nccl_tests",
+    "experiments.zero3_vs_ptdp",
 ]
 
 for _name in EXPERIMENT_MODULES:

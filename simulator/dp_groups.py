@@ -100,3 +100,36 @@ def reduce_time(cluster: Any, cfg: Any, stage: int, nbytes: float) -> float:
         t += cluster.collective_time("all_reduce", nbytes / shard_degree(cfg),
                                      replicate_group(cfg, stage))
     return t
+
+
+def fsdp_unit(cfg: Any) -> str:
+    """What one ZeRO-3 gather / reduce moves under the plan's profile: ``block`` (absent
+    fact, no profile) or ``tensor`` (``overlap.fsdp_unit``)."""
+    fact = None if cfg.profile is None else cfg.profile.overlap.fsdp_unit
+    return "block" if fact is None else fact.value
+
+
+def host_synced(cfg: Any) -> bool:
+    """Whether ZeRO-3 (stage 3, dp > 1) runs with the profile's ``overlap.fsdp_host_sync``:
+    the host synchronises the device before every gather (DeepSpeed 8b8ed2a7d
+    ``partition_parameters.py`` ``_allgather_param``: ``torch.cuda.synchronize()``), so its
+    gathers and the gradient reduce_scatters queued before them run alone."""
+    fact = None if cfg.profile is None else cfg.profile.overlap.fsdp_host_sync
+    return cfg.zero >= 3 and cfg.dp > 1 and fact is not None and fact.value
+
+
+def unit_sizes(cfg: Any, tensors: list[tuple[int, float]], gather: bool = False) -> list[float]:
+    """The bytes each ZeRO-3 collective of a block moves, for its parameter ``tensors``
+    given as (elements, bytes): each tensor alone under :func:`fsdp_unit` ``tensor``, else
+    their sum in one call. A gather (``gather``) skips the tensors below the profile's
+    ``overlap.fsdp_persist_below`` elements: they stay gathered between steps (DeepSpeed
+    8b8ed2a7d ``stage3.py`` ``persistent_parameters``: ``ds_numel <
+    param_persistence_threshold``, 1e5 by default in ``constants.py``)."""
+    prof = cfg.profile
+    fact = None if prof is None else prof.overlap.fsdp_persist_below
+    if gather and fact is not None:
+        tensors = [(n, b) for n, b in tensors if n >= fact.value]
+    sizes = [b for _, b in tensors]
+    if fsdp_unit(cfg) == "tensor":
+        return sizes
+    return [sum(sizes)] if sizes else []

@@ -22,6 +22,7 @@ from simulator.dp_groups import (
     accumulates_unsharded,
     dp_group,
     gather_time,
+    host_synced,
     reduce_time,
     shard_group,
 )
@@ -93,8 +94,10 @@ def grad_buckets(cfg: Any, cluster: Any, stage: int, chunk_params: dict[int, int
     within the shard group, then an all_reduce of the shard across the replicas:
     :func:`simulator.dp_groups.reduce_time`). Empty for dp = 1, for FSDP-style ZeRO-3
     (:func:`fsdp_style`) and when the stage reduces once after its last backward
-    (:func:`accumulates_unsharded`: :func:`held_reduce_time`)."""
-    if cfg.dp == 1 or fsdp_style(cfg) or accumulates_unsharded(cfg):
+    (:func:`accumulates_unsharded`: :func:`held_reduce_time`), and when a host
+    synchronised before each ZeRO-3 gather puts the reduces in the backward
+    (:func:`simulator.dp_groups.host_synced`)."""
+    if cfg.dp == 1 or fsdp_style(cfg) or accumulates_unsharded(cfg) or host_synced(cfg):
         return {}
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
     per = int(cfg.profile.gradients.bucket_params.value) if cfg.profile is not None else 0
@@ -134,8 +137,11 @@ def param_gather_time(cfg: Any, cluster: Any, stage: int, params: int, first_for
     profile's ``overlap.dp_param_gather`` it overlaps the next step's first forward
     (Megatron-Core ``--overlap-param-gather``): only what that forward cannot hide is
     exposed, and at least the first bucket. 0 without ZeRO, with dp = 1 or FSDP-style.
-    Under HSDP the gather runs within the shard group (:mod:`simulator.dp_groups`)."""
-    if cfg.zero < 1 or cfg.dp == 1 or fsdp_style(cfg):
+    Under HSDP the gather runs within the shard group (:mod:`simulator.dp_groups`). 0 under
+    ZeRO-3 too: its parameters stay sharded after the step and each block gathers its own
+    before its next forward (Rajbhandari et al. 2020, sec. 5.3), which the stage times
+    charge (``simulator.stage_timing``)."""
+    if cfg.zero < 1 or cfg.zero >= 3 or cfg.dp == 1 or fsdp_style(cfg):
         return 0.0
     total = gather_time(cluster, cfg, stage, params * cfg.param_bytes)
     prof = cfg.profile

@@ -172,7 +172,11 @@ class StageTimer:
         depth = prof.overlap.fsdp_prefetch.value if prof is not None else 0
         if depth < 1:  # every gather exposed, before the forward and again the backward
             g = sum(gathers)
-            return {"F": f + g, "B": b + g, "W": w, "BW": bw + g}, 2 * g
+            # a host synchronised before each gather waits for the reduce_scatters queued
+            # before it too: they join the backward's critical path (dp_groups.host_synced;
+            # simulator.grad_sync.grad_buckets then has none)
+            r = sum(self.zero3_reduce_time(blk) for blk in blocks) if dp_groups.host_synced(c) else 0.0
+            return {"F": f + g, "B": b + g + r, "W": w, "BW": bw + g + r}, 2 * g + r
         again = prof.overlap.fsdp_reshard_after_forward.value
         reduces = [self.zero3_reduce_time(blk) for blk in blocks]
         if dp_groups.accumulates_unsharded(c):
@@ -195,26 +199,47 @@ class StageTimer:
 
     def zero3_gather_time(self, blk: BlockCost) -> float:
         """ZeRO-3: seconds of the all_gather of a block's parameters over the dp group
-        (one bucket per block, as DeepSpeed and FSDP gather a layer's flat parameters;
-        Rajbhandari et al. 2020, sec. 5.3); under HSDP over the shard group
+        (one bucket per block, as FSDP gathers a layer's flat parameters; Rajbhandari et al.
+        2020, sec. 5.3; one call per parameter tensor under the profile's
+        ``overlap.fsdp_unit`` ``tensor``, :func:`simulator.dp_groups.unit_sizes`, each
+        paying the ring's latency); under HSDP over the shard group
         (:func:`simulator.dp_groups.gather_time`). 0 below stage 3 or with dp = 1. The group
         is stage 0's (stages are the same layout shifted; catalog topologies are uniform)."""
         c = self.cfg
         if c.zero < 3 or c.dp == 1:
             return 0.0
-        nbytes = sum(b for _, b in blk.params.values())
-        return dp_groups.gather_time(self.cluster, c, 0, nbytes)
+        sizes = dp_groups.unit_sizes(c, list(blk.params.values()), gather=True)
+        return sum(dp_groups.gather_time(self.cluster, c, 0, nb) + self.rank_copies_time(nb)
+                   for nb in sizes)
+
+    def rank_copies_time(self, nbytes: float) -> float:
+        """Seconds of the per-rank copies of one ZeRO-3 list-form all_gather or
+        reduce_scatter of ``nbytes`` (whole) under the profile's
+        ``overlap.fsdp_rank_copies``: torch's ProcessGroupNCCL (pytorch 00f5dfd
+        ``torch/lib/c10d/ProcessGroupNCCL.cpp`` ``allgather`` / ``reduce_scatter``) copies
+        the flat buffer to (from) each of the shard group's N list tensors with one
+        ``copy_`` each, ``N (kernel overhead) + 2 nbytes / copy bandwidth``
+        (:func:`stream_time`); 0 otherwise. E.g. 1.2 GB over 768 ranks on an A100: 768 x 5
+        us + 2.4 GB / 1.63 TB/s = 5.3 ms."""
+        prof = self.cfg.profile
+        fact = None if prof is None else prof.overlap.fsdp_rank_copies
+        if fact is None or not fact.value:
+            return 0.0
+        n = dp_groups.shard_degree(self.cfg)
+        return n * self.rf.kernel_overhead + stream_time(self.rf, 2 * nbytes)
 
     def zero3_reduce_time(self, blk: BlockCost) -> float:
         """ZeRO-3 / FSDP: seconds of the reduce_scatter of a block's gradients over the dp
         group after its backward, in the profile's reduce dtype (fp32: 4 bytes per
-        element; else the gradient bytes); under HSDP within the shard group, then the
+        element; else the gradient bytes), one call per unit as the gather
+        (:func:`simulator.dp_groups.unit_sizes`); under HSDP within the shard group, then the
         1/N shard all_reduced across the replicas (:func:`simulator.dp_groups.reduce_time`)."""
         c = self.cfg
         if c.zero < 3 or c.dp == 1:
             return 0.0
-        elems = sum(n for n, _ in blk.params.values())
-        return dp_groups.reduce_time(self.cluster, c, 0, elems * reduce_bytes(c))
+        sizes = dp_groups.unit_sizes(c, [(n, n * reduce_bytes(c)) for n, _ in blk.params.values()])
+        return sum(dp_groups.reduce_time(self.cluster, c, 0, nb) + self.rank_copies_time(nb)
+                   for nb in sizes)
 
     def scatter_gather_time(self, vs: int) -> tuple[float, float]:
         """(F, B) seconds a virtual stage spends all_gathering the boundary tensor it

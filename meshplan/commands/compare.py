@@ -14,7 +14,10 @@ so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-pe
 takes the words only (``balanced,even``: the cost model's split beside the frameworks' even
 one; the table shows each split costed), the MoE routing options
 (``--moe-capacity-factor``, ``--moe-load-imbalance``) lists of numbers. ``--json`` prints
-one object per plan, with ``layers_per_vstage``.
+one object per plan, with ``layers_per_vstage``. Each costed plan carries its error band
+(``simulator.error_band``: the table's ``band ms``, ``step_time_band`` in ``--json``), and
+plans whose band overlaps the best plan's (the fastest that fits) are marked statistically
+tied (``~`` after the step time, ``tied_with_best`` in ``--json``).
 """
 
 from __future__ import annotations
@@ -160,6 +163,30 @@ def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
             "fits_in_memory": fit["fits_in_memory"], "error": None}
 
 
+def mark_ties(rows: list[dict[str, Any]]) -> None:
+    """Give each costed row ``step_time_band`` (its error band, ``simulator.error_band``) and
+    ``tied_with_best``: whether its band overlaps the band of the best plan (the fastest
+    that fits in memory, else the fastest) -- statistically tied with it (the best plan
+    itself: True). Refused rows get None for both. Replaces each row's ``band`` (a Band)."""
+    from simulator.error_band import tied
+
+    ok = [r for r in rows if r["error"] is None]
+    fitting = [r for r in ok if r["fits_in_memory"]] or ok
+    best = min(fitting, key=lambda r: r["step_time_ms"]) if fitting else None
+    for r in rows:
+        b = r.pop("band", None)
+        if r["error"] is not None or b is None or best is None:
+            r["step_time_band"], r["tied_with_best"] = None, None
+            continue
+        r["step_time_band"] = b.to_dict(r["step_time_ms"] / 1e3)
+        r["_band"] = b
+    for r in ok:
+        r["tied_with_best"] = tied((r["step_time_ms"] / 1e3, r["_band"]),
+                                   (best["step_time_ms"] / 1e3, best["_band"]))  # type: ignore[index]
+    for r in ok:
+        del r["_band"]
+
+
 def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool = False) -> Any:
     """A rich Table of the compared plans: the varied knobs, then step ms, tokens/s, MFU,
     bubble, peak GiB, fits (a refused plan: ``refused`` and the number ``[i]`` of its
@@ -170,19 +197,27 @@ def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool 
     tab = Table(title=title)
     for f in varied:
         tab.add_column(HEADS[f])
-    for col in (("GPUs",) if gpus else ()) + ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
+    for col in (("GPUs",) if gpus else ()) + ("step ms", "band ms", "tokens/s", "MFU", "bubble",
+                                              "peak GiB", "fits"):
         tab.add_column(col, justify="right")
     refused = 0
     for r in rows:
         knobs = [_cell(r, f) for f in varied]
         if r["error"] is not None:
             refused += 1
-            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
+            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", "", f"[{refused}]")
             continue
-        tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []), f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
+        tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []),
+                    f"{r['step_time_ms']:.2f}" + (" ~" if r.get("tied_with_best") else ""),
+                    _band_cell(r.get("step_time_band")), f"{r['tokens_per_s']:.0f}",
                     f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
                     f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
     return tab
+
+
+def _band_cell(b: dict[str, Any] | None) -> str:
+    """``low-high`` ms of an error band (empty without one)."""
+    return "" if b is None else f"{b['low_ms']:.0f}-{b['high_ms']:.0f}"
 
 
 def _cell(row: dict[str, Any], field: str) -> str:
@@ -209,6 +244,11 @@ def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> No
     used = sorted({r["gpus"] for r in rows if r["error"] is None})
     avail = next(r["gpus_available"] for r in rows if r["error"] is None)
     typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
+    if sum(bool(r.get("tied_with_best")) for r in rows) > 1:
+        typer.echo(textwrap.fill(
+            "~ statistically tied with the best plan (the fastest that fits): their error bands "
+            "(band ms: where 80% of comparable measured runs fell, simulator.error_band) overlap",
+            terminal.width()))
     if len(used) > 1 or used[0] < avail:
         typer.echo(textwrap.fill(
             f"note: the plans use {', '.join(map(str, used))} of the {avail} GPUs; tokens/s is "
@@ -265,6 +305,7 @@ def compare_cmd(
     from meshplan.commands.cost import memory_fit
     from meshplan.commands.cost_inputs import framework_warnings
     from meshplan.engine import Engine
+    from simulator.error_band import band_of
 
     if global_batch is None:
         raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
@@ -295,7 +336,7 @@ def compare_cmd(
         cl = engine.cluster
         rows.append({**_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
                             strategy.world_size, cl.num_nodes * cl.devices_per_node),
-                     "warnings": framework_warnings(engine)})
+                     "band": band_of(engine), "warnings": framework_warnings(engine)})
         panels.append((label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]
@@ -305,6 +346,7 @@ def compare_cmd(
 
             opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
 
+    mark_ties(rows)
     if as_json:
         typer.echo(json.dumps(rows))
     else:

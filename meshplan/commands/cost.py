@@ -16,7 +16,9 @@ shards, ``attention_source``, the whole ``strategy``, ``warnings``); and two bub
 under names that say which: ``zb_bubble_rate`` (the Zero Bubble paper's, Qi et al. 2024
 sec. 5.3, = ``bubble_ratio``) and ``critical_rank_idle_fraction`` (the critical rank's
 bubble time over the step time); ``layout`` (dp, tp, pp, cp, vpp, schedule, micro/global
-batch size, recompute, zero, sequence_parallel as costed; the text's ``plan:`` line).
+batch size, recompute, zero, sequence_parallel as costed; the text's ``plan:`` line);
+``step_time_band`` (the prediction's error band, ``simulator.error_band``: low_ms,
+high_ms, coverage, comparable_runs, basis; the text's ``error band:`` line).
 Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` and
 ``meshplan.commands.megatron_args``)."""
 
@@ -103,8 +105,15 @@ def layout_line(lay: dict[str, object]) -> str:
             f"sp {'on' if lay['sequence_parallel'] else 'off'}")
 
 
+def band_line(b: dict[str, Any]) -> str:
+    """One line of a prediction's error band (``simulator.error_band``: ``Band.to_dict``)."""
+    return (f"error band: {b['low_ms']:.2f} - {b['high_ms']:.2f} ms ({b['coverage']:.0%} of "
+            f"{b['comparable_runs']} comparable measured runs, grouped by {b['basis']}, measured "
+            f"within it; simulator.error_band)")
+
+
 def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object],
-            inputs: dict[str, object], lay: dict[str, object]) -> str:
+            inputs: dict[str, object], lay: dict[str, object], band: dict[str, Any]) -> str:
     from meshplan.commands.cost_inputs import input_lines
 
     d = res.to_dict()  # type: ignore[attr-defined]
@@ -114,6 +123,7 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
            f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),
+        band_line(band),
         layout_line(lay),
         f"pipeline bubble: ZB bubble rate {d['zb_bubble_rate']:.4f} (Qi et al. 2024 sec. 5.3: "
         f"(largest rank span - largest rank busy time) / largest rank span); critical rank idle "
@@ -358,16 +368,19 @@ def cost_cmd(
     inputs = assumed_inputs(engine, seq_len_flag=None if plan is not None else seq_len,
                             attention_flag=None if plan is not None else opt.value(attention),
                             plan=plan, seq_len_from="torchtitan" if torchtitan_config else None)
+    from simulator.error_band import band_of
+
+    band = band_of(engine).to_dict(res.step_time)
     if as_json:
         inputs["warnings"] = [str(w.message) for w in (*read, *caught)] + inputs["warnings"] + moe_notes
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
-                               "layout": layout(engine.strategy)}, sort_keys=True))
+                               "layout": layout(engine.strategy), "step_time_band": band}, sort_keys=True))
         for w in inputs["warnings"]:
             typer.echo(f"warning: {w}", err=True)
     else:
         for n in moe_notes:
             typer.echo(f"note: {n}", err=True)
-        typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy)))
+        typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy), band))
 
 
 def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str | None) -> list[str]:

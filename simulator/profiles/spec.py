@@ -236,8 +236,27 @@ class Kernels(BaseModel):
         return v
 
 
+class FsdpUnit(_Quantity):
+    """What one ZeRO-3 all_gather / reduce_scatter moves: ``block`` (the flat parameters of
+    a decoder layer, FSDP's wrapped unit) or ``tensor`` (one parameter tensor per call)."""
+
+    value: Literal["block", "tensor"]
+
+
 class Overlap(BaseModel):
-    """What runs on a communication stream beside compute."""
+    """What runs on a communication stream beside compute.
+
+    ``fsdp_unit`` (absent: ``block``): the unit of a ZeRO-3 gather and reduce (FsdpUnit).
+    ``fsdp_host_sync`` (absent: false): the host synchronises the device before each ZeRO-3
+    gather, so no ZeRO-3 collective (gathers, and the gradient reduce_scatters before them)
+    runs beside compute: every one is on the critical path
+    (``simulator.stage_timing.StageTimer.stage_time``).
+    ``fsdp_rank_copies`` (absent: false): ZeRO-3 calls the list forms of all_gather and
+    reduce_scatter, for which torch's ProcessGroupNCCL copies each rank's slice between
+    the list and a flat buffer in a kernel of its own: n copy kernels a call
+    (``simulator.stage_timing.StageTimer.rank_copies_time``).
+    ``fsdp_persist_below`` (absent: none): parameter tensors of fewer elements stay
+    gathered between steps and are never all_gathered (``simulator.dp_groups.unit_sizes``)."""
 
     model_config = _STRICT
     tp_backward: Flag
@@ -247,6 +266,10 @@ class Overlap(BaseModel):
     fsdp_prefetch: Depth
     fsdp_reshard_after_forward: Flag
     comm_sms: Count
+    fsdp_unit: FsdpUnit | None = None
+    fsdp_host_sync: Flag | None = None
+    fsdp_rank_copies: Flag | None = None
+    fsdp_persist_below: Positive | None = None
 
 
 class Schedules(_Quantity):
