@@ -4,9 +4,11 @@ times and model states of an HSDP step, the tuner dimension and the CLI.
 
 Hand values use the dgx-a100-80g catalog links (clusters/catalog/dgx-a100-80g.yaml):
 intra-node step latency a_i = 3.4 us and bus bandwidth B_i = 230 GB/s, inter-node latency
-a_n = 9.6 us, one 25 GB/s NIC per GPU; and the ring formulas of clusters/collectives.py
-(all_gather / reduce_scatter of S bytes over n ranks in a node: (n-1)(a_i + S/(n B_i));
-all_reduce over 2 ranks on 2 nodes, one per node: 2 (a_n + S / (2 NIC))).
+a_n = 9.6 us, one 24 GB/s NIC per GPU; and the ring formulas of clusters/collectives.py
+under NCCL's protocols (clusters/nccl.py: a call latency, per-step hops and a bandwidth
+factor each), the fastest taken: all_gather / reduce_scatter of S bytes over n ranks in a
+node: base + (n-1)(hop + S/(n f B_i)); all_reduce over 2 ranks on 2 nodes, one per node:
+base + 2 hop + S / (f NIC) (ring; the tree moves 2 S and loses).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from tuner import legality as L
 from tuner.space import Candidate, SearchSpace, parse_fix
 from tuner.suggest import enumerate_candidates
 
-A_I, B_I, A_N, NIC = 3.4e-6, 2.3e11, 9.6e-6, 25e9
+A_I, B_I, A_N, NIC = 3.4e-6, 2.3e11, 9.6e-6, 24e9
+#: NCCL 5067397c tuning.cc: (call latency, NVLink ring hop, Tree NET hop, bandwidth factor)
+#: of LL, LL128 and Simple (whose hops are the cluster's a_i, a_n)
+PROTOCOLS = ((6.6e-6, 0.6e-6, 5.0e-6, 0.5), (14e-6, 1.9e-6, 8.5e-6, 0.92), (8.4e-6, A_I, A_N, 1.0))
 H, FFN = 4096, 11008
 #: llama2-7b decoder layer: q, k, v, o (h x h each), gate, up, down (h x ffn) and two norms
 LAYER = 4 * H * H + 3 * H * FFN + 2 * H
@@ -45,11 +50,11 @@ def _engine(shard: int | None = 8, framework: str = "fsdp2", dp: int = 16, **kw)
 
 
 def _ring_in_node(nbytes: float, n: int) -> float:
-    return (n - 1) * (A_I + nbytes / (n * B_I))
+    return min(base + (n - 1) * (hop + nbytes / (n * f * B_I)) for base, hop, _, f in PROTOCOLS)
 
 
 def _all_reduce_two_nodes(nbytes: float) -> float:
-    return 2 * (A_N + nbytes / (2 * NIC))
+    return min(base + 2 * (net + nbytes / (2 * f * NIC)) for base, _, net, f in PROTOCOLS)
 
 
 # -- the Strategy field ---------------------------------------------------------------------
@@ -120,10 +125,11 @@ def test_hsdp_collectives_of_a_7b_layer_by_hand():
     blk = model.costs.layers[0]
     assert sum(n for n, _ in blk.params.values()) == LAYER == 202_383_360
     gather = _ring_in_node(2 * LAYER, 8)
-    assert gather == pytest.approx(1.5636734e-3, rel=1e-6)
+    assert gather == pytest.approx(8.4e-6 + 1.5636734e-3, rel=1e-6)  # Simple
     assert model.timer.zero3_gather_time(blk) == pytest.approx(gather, rel=1e-12)
     reduce = _ring_in_node(4 * LAYER, 8) + _all_reduce_two_nodes(4 * LAYER / 8)
-    assert _all_reduce_two_nodes(4 * LAYER / 8) == pytest.approx(4.0668672e-3, rel=1e-6)
+    # ring / Simple: 8.4 us + 2 x 9.6 us + 101,191,680 B / 24 GB/s
+    assert _all_reduce_two_nodes(4 * LAYER / 8) == pytest.approx(4.24392e-3, rel=1e-6)
     assert model.timer.zero3_reduce_time(blk) == pytest.approx(reduce, rel=1e-12)
 
 

@@ -142,7 +142,7 @@ def test_restating_any_pair_changes_that_pair_only(path, provenance):
 def test_unknown_parent_names_the_file_and_the_parent(tmp_path):
     child = _write(tmp_path / "child.yaml", {"extends": "fsdp3", "name": "c"})
     with pytest.raises(ProfileError, match=r"child\.yaml: field 'extends': unknown parent profile "
-                                           r"'fsdp3' \(not in the catalog: deepspeed, eager, fsdp2"):
+                                           r"'fsdp3' \(not in the catalog: deepspeed, deepspeed-2021, eager, fsdp2"):
         load_profile_file(child)
     _write(child, {"extends": "nowhere.yaml", "name": "c"})
     with pytest.raises(ProfileError, match=r"child\.yaml: field 'extends': parent profile file "
@@ -200,6 +200,11 @@ def test_a_bad_parent_is_reported_against_the_parent_file(tmp_path):
 
 #: the fields each catalog delta states, read by hand from its YAML
 CATALOG_DELTAS = {
+    "deepspeed-2021": ("deepspeed", {"name", "description", "kernels.fused", "kernels.attention",
+                                     "overlap.dp_param_gather", "overlap.fsdp_prefetch",
+                                     "overlap.fsdp_unit", "overlap.fsdp_host_sync",
+                                     "overlap.fsdp_rank_copies", "overlap.fsdp_persist_below",
+                                     "fixed.loss_scale_check"}),
     "fsdp2-eager": ("fsdp2", {"name", "description", "kernels.fused", "kernels.eager",
                               "kernels.compile"}),
     "fsdp2-async-tp": ("fsdp2", {"name", "description", "overlap.tp_backward", "overlap.tp_forward"}),

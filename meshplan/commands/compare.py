@@ -15,7 +15,7 @@ takes the words only (``balanced,even``: the cost model's split beside the frame
 one; the table shows each split costed), the MoE routing options
 (``--moe-capacity-factor``, ``--moe-load-imbalance``) lists of numbers. ``--json`` prints
 one object per plan, with ``layers_per_vstage``. Each costed plan carries its error band
-(``simulator.error_band``: the table's ``band ms``, ``step_time_band`` in ``--json``), and
+(``simulator.error_band``: ``step_time_band`` in ``--json``), and
 plans whose band overlaps the best plan's (the fastest that fits) are marked statistically
 tied (``~`` after the step time, ``tied_with_best`` in ``--json``).
 """
@@ -197,27 +197,21 @@ def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool 
     tab = Table(title=title)
     for f in varied:
         tab.add_column(HEADS[f])
-    for col in (("GPUs",) if gpus else ()) + ("step ms", "band ms", "tokens/s", "MFU", "bubble",
-                                              "peak GiB", "fits"):
+    for col in (("GPUs",) if gpus else ()) + ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
         tab.add_column(col, justify="right")
     refused = 0
     for r in rows:
         knobs = [_cell(r, f) for f in varied]
         if r["error"] is not None:
             refused += 1
-            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", "", f"[{refused}]")
+            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
             continue
         tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []),
                     f"{r['step_time_ms']:.2f}" + (" ~" if r.get("tied_with_best") else ""),
-                    _band_cell(r.get("step_time_band")), f"{r['tokens_per_s']:.0f}",
+                    f"{r['tokens_per_s']:.0f}",
                     f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
                     f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
     return tab
-
-
-def _band_cell(b: dict[str, Any] | None) -> str:
-    """``low-high`` ms of an error band (empty without one)."""
-    return "" if b is None else f"{b['low_ms']:.0f}-{b['high_ms']:.0f}"
 
 
 def _cell(row: dict[str, Any], field: str) -> str:
@@ -247,7 +241,8 @@ def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> No
     if sum(bool(r.get("tied_with_best")) for r in rows) > 1:
         typer.echo(textwrap.fill(
             "~ statistically tied with the best plan (the fastest that fits): their error bands "
-            "(band ms: where 80% of comparable measured runs fell, simulator.error_band) overlap",
+            "overlap (where 80% of comparable measured runs fell, simulator.error_band; --json: "
+            "step_time_band, tied_with_best)",
             terminal.width()))
     if len(used) > 1 or used[0] < avail:
         typer.echo(textwrap.fill(
