@@ -17,7 +17,7 @@ one; the table shows each split costed), the MoE routing options
 one object per plan, with ``layers_per_vstage``. Each costed plan carries its error band
 (``simulator.error_band``: ``step_time_band`` in ``--json``), and
 plans whose band overlaps the best plan's (the fastest that fits) are marked statistically
-tied (``~`` after the step time, ``tied_with_best`` in ``--json``).
+tied (``*`` after yes / NO in the fits column, ``tied_with_best`` in ``--json``).
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def mark_ties(rows: list[dict[str, Any]]) -> None:
 
 def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool = False) -> Any:
     """A rich Table of the compared plans: the varied knobs, then step ms, tokens/s, MFU,
-    bubble, peak GiB, fits (a refused plan: ``refused`` and the number ``[i]`` of its
+    bubble, peak GiB, fits (``*``: statistically tied with the best plan, :func:`mark_ties`;
+    a refused plan: ``refused`` and the number ``[i]`` of its
     reason, which the command prints under the table); ``gpus``: a GPUs column (when the
     plans use different GPU counts)."""
     from rich.table import Table
@@ -207,10 +208,10 @@ def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool 
             tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
             continue
         tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []),
-                    f"{r['step_time_ms']:.2f}" + (" ~" if r.get("tied_with_best") else ""),
-                    f"{r['tokens_per_s']:.0f}",
+                    f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
                     f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
-                    f"{r['max_memory_bytes'] / 2**30:.1f}", "yes" if r["fits_in_memory"] else "NO")
+                    f"{r['max_memory_bytes'] / 2**30:.1f}",
+                    ("yes" if r["fits_in_memory"] else "NO") + ("*" if r.get("tied_with_best") else ""))
     return tab
 
 
@@ -240,7 +241,7 @@ def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> No
     typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
     if sum(bool(r.get("tied_with_best")) for r in rows) > 1:
         typer.echo(textwrap.fill(
-            "~ statistically tied with the best plan (the fastest that fits): their error bands "
+            "* statistically tied with the best plan (the fastest that fits): their error bands "
             "overlap (where 80% of comparable measured runs fell, simulator.error_band; --json: "
             "step_time_band, tied_with_best)",
             terminal.width()))
