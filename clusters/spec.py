@@ -413,8 +413,15 @@ class InterconnectSpec(BaseModel):
     inter_latency: Latency
 
 
+# the goodput sections' models (clusters.goodput_spec) build on the quantities above
+from clusters.goodput_spec import JitterSpec, ReliabilitySpec, StorageSpec  # noqa: E402
+
+
 class ClusterSpec(BaseModel):
-    """A whole cluster spec as read from YAML."""
+    """A whole cluster spec as read from YAML. ``storage``, ``reliability`` and ``jitter``
+    (optional; :mod:`clusters.goodput_spec`) describe checkpoint storage, interruptions and
+    step-time variation; absent, ``clusters.goodput_spec.goodput_sections`` gives the
+    defaults."""
 
     model_config = _STRICT
     name: str = Field(min_length=1)
@@ -422,6 +429,9 @@ class ClusterSpec(BaseModel):
     device: DeviceSpec
     node: NodeSpec
     cluster: InterconnectSpec
+    storage: StorageSpec | None = None
+    reliability: ReliabilitySpec | None = None
+    jitter: JitterSpec | None = None
 
     @model_validator(mode="after")
     def _world_size(self) -> ClusterSpec:
