@@ -74,7 +74,7 @@ class Run:
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise SimulatorError(f"a run needs >= 1 step, got {self.steps!r}")
+            raise SimulatorError(f"a run's steps must be a whole number >= 1, got {self.steps!r}")
         vals = {"step_s": self.step_s, "stall_s": self.stall_s, "background_s": self.background_s,
                 "rate": self.rate, "restart_s": self.restart_s, "planned_rate": self.planned_rate,
                 "planned_restart_s": self.planned_restart_s, "write_s": self.write_s,

@@ -24,7 +24,7 @@ the engine's own plans). Slowdowns only: no sampled step is shorter than the
 deterministic one.
 
 Sensitivity (:func:`sensitivity`, deterministic): the step with one GPU slower by a factor
-(the worst stage for it) and with one link slower (the worst stage's p2p hops and in-stage
+(the worst stage for it) and with one link slower (the worst stage's p2p hops, in and out, and in-stage
 collectives -- tp, cp, ZeRO-3 gathers: ``comm_share`` of its action time -- in one replica,
 or its data-parallel synchronisation, whose ring runs at its slowest link), each relative
 to the step. A pipeline charges a slow stage its own actions only, the others'
@@ -225,6 +225,23 @@ class Sensitivity:
         return dict(self.__dict__)
 
 
+def _link_hops(sched: Schedule, stage: int, factor: float) -> list[np.ndarray]:
+    """Per rank and action, the factor of its incoming hop when ``stage``'s links are
+    ``factor`` times slower: every hop into or out of that rank (an F's input comes from the
+    rank of the previous virtual stage, a B's from the next one's)."""
+    owner = {vs: r for r, row in enumerate(sched.vstage) for vs in row}
+    out = []
+    for r, actions in enumerate(sched.actions):
+        f = np.ones(len(actions))
+        for j, a in enumerate(actions):
+            vs = sched.vstage[r][a.chunk]
+            src = owner.get(vs - 1) if a.kind == "F" else owner.get(vs + 1) if a.kind in ("B", "BW") else None
+            if src is not None and src != r and stage in (r, src):
+                f[j] = factor
+        out.append(f)
+    return out
+
+
 def _one_replica_slow(shape: StepShape, stage: int, rank: float, hop: float, sync: float) -> float:
     """The step with replica 0's stage ``stage`` scaled by ``rank`` (every replica's under
     ZeRO-3), its hops into that stage by ``hop`` and the stage's dp sync by ``sync``."""
@@ -235,7 +252,7 @@ def _one_replica_slow(shape: StepShape, stage: int, rank: float, hop: float, syn
     if shape.gather_every_layer:
         rank_f[:, stage] = rank
     ones = [np.ones(n) for n in counts]
-    hops = [np.full(n, hop if r == stage else 1.0) for r, n in enumerate(counts)]
+    hops = _link_hops(shape.schedule, stage, hop)
     share = list(shape.comm_share) or [0.0] * shape.schedule.num_vstages
     vst = shape.schedule.vstage[stage]
     kern = list(ones)  # the slow link also slows the stage's in-stage collectives
