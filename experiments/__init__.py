@@ -36,6 +36,7 @@ EXPERIMENT_MODULES = [
     "experiments.local_validation",
     "experiments.measured_runs",
     "experiments.memory",
+    "experiments.goodput",
 ]
 
 for _name in EXPERIMENT_MODULES:

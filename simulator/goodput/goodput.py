@@ -122,6 +122,8 @@ def retry_time(length: float, rate: float, restart: float) -> float:
     after each restart of ``restart`` s (module docstring); ``length`` when ``rate`` is 0."""
     if rate <= 0:
         return length
+    if rate * max(length, restart) > _EXP_MAX:  # never done in any time a float holds
+        return math.inf
     return math.expm1(rate * length) * (1.0 / rate + math.expm1(rate * restart) / rate)
 
 
@@ -129,9 +131,15 @@ def piece_time(first: float, retry: float, rate: float, restart: float) -> float
     """E1: a piece whose first try needs ``first`` s and each retry ``retry`` s."""
     if rate <= 0:
         return first
+    if rate * restart > _EXP_MAX:
+        return math.inf
     p_fail = -math.expm1(-rate * first)
     g = math.expm1(rate * restart) / rate
     return p_fail / rate + p_fail * (g + retry_time(retry, rate, restart))
+
+
+#: the largest rate x length whose e^x a float holds (e^709 ~ 8e307)
+_EXP_MAX = 700.0
 
 
 def _effective(run: Run, k: int) -> tuple[float, float]:
@@ -144,10 +152,21 @@ def _effective(run: Run, k: int) -> tuple[float, float]:
 
 def expected_time(run: Run, k: int) -> Breakdown:
     """The expected time to train with a checkpoint every ``k`` steps (module docstring).
-    Raises SimulatorError for k < 1 or a planned-interruption load that never lets the
-    job run (nu C_p >= 1)."""
+    Raises SimulatorError for k < 1, an interval (or restart) so far beyond the mean time
+    between interruptions that the job never finishes in a float's range, or a
+    planned-interruption load that never lets the job run (nu C_p >= 1)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise SimulatorError(f"checkpoint interval must be a whole number of steps >= 1, got {k!r}")
+    b = _expected(run, k)
+    if not math.isfinite(b.total_s):
+        raise SimulatorError(f"a checkpoint every {b.interval} steps ({b.interval * run.step_s:.3g} s) with "
+                             f"restarts of {run.restart_s:.3g} s, interrupted every {run.mtbf_s:.3g} s on "
+                             f"average: the run never finishes (save more often)")
+    return b
+
+
+def _expected(run: Run, k: int) -> Breakdown:
+    """:func:`expected_time` without the checks (an infinite total when it overflows)."""
     k = min(k, run.steps)
     stall, w = _effective(run, k)
     lam, r, t = run.rate, run.restart_s, run.step_s
@@ -164,6 +183,9 @@ def expected_time(run: Run, k: int) -> Breakdown:
         raise SimulatorError(f"planned interruptions ({run.planned_rate * 3600:.3g} per hour, "
                              f"{cost_p:.3g} s each) leave no time to train")
     total = unplanned / (1.0 - load)
+    if not math.isfinite(total):
+        return Breakdown(math.inf, run.steps * t, math.inf, math.inf, math.inf, 0.0, run.startup_s, k,
+                         math.inf, 0.0)
     failures = lam * unplanned
     restarts = failures * (-math.expm1(-lam * r) / lam) if lam > 0 else 0.0
     compute = run.steps * t
@@ -195,11 +217,11 @@ def optimal_interval(run: Run) -> int:
     is smooth and unimodal in k but for the whole-step rounding of the last piece)."""
     s = run.steps
     grid = sorted({max(1, min(s, round(1.1 ** i))) for i in range(int(math.log(s) / math.log(1.1)) + 2)})
-    times = [expected_time(run, k).total_s for k in grid]
+    times = [_expected(run, k).total_s for k in grid]
     i = min(range(len(grid)), key=times.__getitem__)
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
     span = range(lo, hi + 1) if hi - lo <= 4000 else range(lo, hi + 1, (hi - lo) // 4000 + 1)
-    return min(span, key=lambda k: (expected_time(run, k).total_s, k))
+    return min(span, key=lambda k: (_expected(run, k).total_s, k))
 
 
 def time_to_train(run: Run, interval: int | None = None) -> Breakdown:
