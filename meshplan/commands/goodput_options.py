@@ -224,6 +224,6 @@ def run_note(rec: Any, deadline_s: float | None) -> tuple[str, bool]:
         parts.append(f"P90 step {m['step_p90_s'] * 1e3:.1f} ms (P50 {m['step_p50_s'] * 1e3:.1f}, "
                      f"P99 {m['step_p99_s'] * 1e3:.1f})")
     missed = deadline_s is not None and m.get("time_to_train_s", 0.0) > deadline_s
-    if missed:
+    if missed and deadline_s is not None:
         parts.append(f"misses --deadline {deadline_s / 86400:.2f} days")
     return ("; " + ", ".join(parts)) if parts else "", missed

@@ -55,9 +55,11 @@ def _trainer(env: simpy.Environment, run: Run, k: int, st: _State):
                 yield env.timeout(run.stall_s)
                 st.pending = (st.pos, env.now + run.background_s)
                 st.settle(env.now)
-            else:  # the final save is still writing
+            elif st.pending is not None:  # the final save is still writing
                 yield env.timeout(st.pending[1] - env.now)
                 st.settle(env.now)
+            else:  # every step done and durable
+                return
         except simpy.Interrupt:
             st.settle(env.now)
             st.pos, st.pending, st.failures = st.durable, None, st.failures + 1
