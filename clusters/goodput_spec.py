@@ -51,7 +51,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clusters.errors import ClusterSpecError
-from clusters.spec import Bandwidth, NonNegative
+from clusters.quantities import Bandwidth, NonNegative
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 

@@ -205,3 +205,31 @@ def test_monte_carlo_is_seeded():
     run = Run(steps=200, step_s=10.0, stall_s=5.0, rate=1 / 3600, restart_s=60.0)
     a, b = simulate_runs(run, 20, 20, seed=3), simulate_runs(run, 20, 20, seed=3)
     assert np.array_equal(a.times, b.times)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None)
+@given(step=st.floats(0.1, 100), stall=st.floats(0, 600), background=st.floats(0, 600),
+       restart=st.floats(0, 7200), mtbf_h=st.floats(0.5, 1000), grow=st.floats(1.0, 3.0),
+       which=st.sampled_from(["step_s", "stall_s", "background_s", "restart_s"]))
+def test_the_optimal_expected_time_grows_with_each_cost(step, stall, background, restart, mtbf_h, grow, which):
+    # the objective's lower bound (simulator.goodput.objectives) rests on this: at its best
+    # interval, the expected time never falls when a step, a save or a restart takes longer
+    from dataclasses import replace
+
+    from simulator.goodput.goodput import time_to_train
+
+    run = Run(steps=200, step_s=step, stall_s=stall, background_s=background, rate=1 / (mtbf_h * 3600),
+              restart_s=restart)
+    worse = replace(run, **{which: getattr(run, which) * grow + (1e-3 if which != "step_s" else 0)})
+    try:
+        base = time_to_train(run).total_s
+    except SimulatorError:  # beyond a float's range: nothing to compare
+        return
+    try:
+        assert time_to_train(worse).total_s >= base * (1 - 1e-12)
+    except SimulatorError:  # the worse run never finishes: worse still
+        pass

@@ -42,7 +42,7 @@ import numpy as np
 import simpy
 
 from simulator.errors import SimulatorError
-from simulator.pipeline_sim import _hop_ns, _plan, normalize_stage_times
+from simulator.pipeline_sim import dependency_templates
 from simulator.schedules.base import Schedule
 
 #: step-time percentiles reported (:func:`percentiles`)
@@ -96,9 +96,7 @@ class StepShape:
                                  f"got {len(self.sync_s)} and {len(self.optimizer_s)}")
         if self.dp < 1 or self.tp < 1:
             raise SimulatorError(f"step shape: dp and tp must be >= 1, got {self.dp}, {self.tp}")
-        ns = normalize_stage_times(self.schedule, self.stage_times)
-        hop = _hop_ns(self.schedule, self.comm_s, None, None)
-        self._templates.extend(_plan(self.schedule, ns, hop, self.p2p_sync))
+        self._templates.extend(dependency_templates(self.schedule, self.stage_times, self.comm_s, self.p2p_sync))
 
     @classmethod
     def of(cls, model: Any, result: Any) -> StepShape:
