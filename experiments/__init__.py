@@ -38,6 +38,7 @@ EXPERIMENT_MODULES = [
     "experiments.memory",
     "experiments.nccl_tests",
     "experiments.zero3_vs_ptdp",
+    "experiments.goodput",
 ]
 
 for _name in EXPERIMENT_MODULES:

@@ -27,7 +27,7 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                 memory_headroom: float | None = None, hsdp: bool = False,
                 fp8: bool = False, layer_split: str | None = None,
                 all_schedules: bool = False, search_cp: bool = False,
-                cp_comm: str = "p2p") -> Any:
+                cp_comm: str = "p2p", objective: dict[str, Any] | None = None) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
     pinned knobs already parsed (``meshplan.commands.tune._pins``); ``hsdp``: also search HSDP shard groups with ZeRO-3
@@ -39,7 +39,8 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
     tuner knows with ``all_schedules``; ``search_cp``: also search context parallelism
     (``meshplan.tuning.search_cp_degrees``), ``cp_comm``: the K/V exchange of every plan
-    with cp > 1 (:func:`check_cp`). Raises ValueError (SpaceError, ModelConfigError,
+    with cp > 1 (:func:`check_cp`); ``objective``: an ``ObjectiveSettings`` dict the scorer
+    minimises (``meshplan.objective_scoring``; None or ``time``: the step time). Raises ValueError (SpaceError, ModelConfigError,
     ClusterError) naming the bad option. ``memory_headroom`` None: the default,
     ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help`` imports this
     module's callers and must not pull in pydantic)."""
@@ -73,6 +74,8 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     check_cp(framework, fixed.get("cp"), search_cp, cp_comm)
     if cp_comm != "p2p":  # absent otherwise: a study stored before the option resumes
         sc["cp_comm"] = cp_comm
+    if objective and objective.get("name", "time") != "time":  # likewise (meshplan.objective_scoring)
+        sc["objective"] = dict(objective)
     cps = search_cp_degrees(prob.world_size, prob.seq_len) if search_cp else (1,)
     check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
     recipes = fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)

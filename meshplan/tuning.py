@@ -19,10 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from clusters import load_cluster
+from clusters.goodput_spec import goodput_sections
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
 from completion.models import get_model_config
 from meshplan.engine import Engine
 from meshplan.layout_bound import SharedLayoutBound
+from meshplan.objective_scoring import ObjectiveBound, objective_of, objective_score
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from meshplan.templates import template_program
@@ -178,7 +180,9 @@ def make_scorer(config: Mapping[str, Any]):
     exchange of the candidates with cp > 1), memory_headroom (optional fraction of usable
     memory a plan leaves free, default ``clusters.spec.DEFAULT_MEMORY_HEADROOM``): the
     score's memory limit is ``device.memory_limit(memory_headroom)``; layer_split (optional,
-    :func:`with_layer_split`: each candidate costed with that pipeline split)."""
+    :func:`with_layer_split`: each candidate costed with that pipeline split); objective
+    (optional, ``meshplan.objective_scoring``: the score's ``time_s`` is then that objective
+    in seconds per step, and the bounds are its lower bounds)."""
     cl = load_cluster(config["cluster"], config.get("nodes"))
     model, num_layers = config["model"], config.get("num_layers")
     name, seq, gb = config["model"], int(config["seq_len"]), int(config["global_batch_size"])
@@ -187,12 +191,20 @@ def make_scorer(config: Mapping[str, Any]):
     cap = int(cl.device.memory_limit(config.get("memory_headroom", DEFAULT_MEMORY_HEADROOM)))
     dtype = config.get("dtype", "bfloat16")
 
+    # the objective (meshplan.objective_scoring; "time" unless the config names another)
+    goal = objective_of(config)
+    sections = None if goal.name == "time" else goodput_sections(cl)
+
     def score(c: Candidate) -> Score:
         s = strategy_of(c)
-        r = Engine(model, cl, s, seq_len=seq, num_layers=num_layers).simulate()
-        return Score(r.step_time, r.max_memory_bytes, cap,
+        eng = Engine(model, cl, s, seq_len=seq, num_layers=num_layers)
+        if sections is None:
+            r, value, extra = eng.simulate(), None, {}
+        else:
+            value, r, extra = objective_score(goal, eng, sections)
+        return Score(r.step_time if value is None else value, r.max_memory_bytes, cap,
                      {"tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
-                      "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio})
+                      "tflops_per_gpu": r.tflops_per_gpu, "bubble_ratio": r.sim.bubble_ratio, **extra})
 
     layers_of = _layers_of(config)
 
@@ -205,6 +217,10 @@ def make_scorer(config: Mapping[str, Any]):
     # one costed program per layout shared by its dp degrees and recompute modes
     score.bound = SharedLayoutBound(config, strategy_of, cl, cap)
     score.cheap_bound = _LazyTier0(config)  # and first, with no completion (meshplan.tier0)
+    if sections is not None:  # the objective's bounds, from the step-time ones
+        gpn = cl.devices_per_node
+        score.bound = ObjectiveBound(score.bound, goal, sections, gb * seq, gpn)
+        score.cheap_bound = ObjectiveBound(score.cheap_bound, goal, sections, gb * seq, gpn)
 
     return score
 

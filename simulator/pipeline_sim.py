@@ -219,6 +219,19 @@ def _plan(schedule: Schedule, times, hop, p2p_sync: bool = False) -> list[list[d
     return plan
 
 
+def dependency_templates(schedule: Schedule, stage_times: Any, comm_time: float = 0.0,
+                         p2p_sync: bool = False) -> list[list[dict[str, tuple]]]:
+    """The play's templates (:func:`_plan`: per rank, per chunk, per action kind its
+    duration, synchronous-send time, inputs with their hop delays and outputs, in integer
+    ns) of ``schedule`` with ``stage_times`` (:func:`normalize_stage_times`) and a hop of
+    ``comm_time`` seconds between ranks: the dependency graph a replay with other durations
+    (``simulator.goodput.jitter``) plays. Raises as :func:`simulate_pipeline` does for bad
+    times."""
+    schedule.validate()
+    times = normalize_stage_times(schedule, stage_times)
+    return _plan(schedule, times, _hop_ns(schedule, comm_time, None, None), p2p_sync)
+
+
 class _Stream(Event):
     """A rank's compute stream in the play: one SimPy event that the rank re-arms for each
     action (``callbacks = []``, then ``Environment.schedule(stream, NORMAL, delay)``, what

@@ -121,7 +121,8 @@ def test_tune_sizes_bad_flags_are_one_line_errors(capsys, tmp_path):
     line = one_line_error(*_tune(capsys, tmp_path, "--gpus", "12"))
     assert line == "error: --gpus '12': 12 GPUs is not a whole number of 8-GPU nodes"
     line = one_line_error(*_tune(capsys, tmp_path, "--objective", "money"))
-    assert line == "error: --objective 'money': choose one of time, cost"
+    assert line == ("error: --objective 'money': choose one of time, cost, time-to-train, cost-to-train, "
+                    "p90")
 
 
 def test_top_plans_table_keeps_every_cell_whole_at_80_columns(capsys, tmp_path, monkeypatch):

@@ -22,8 +22,14 @@ from dataclasses import dataclass
 
 from tuner.errors import TunerError
 
-#: objectives of :func:`choose`
-OBJECTIVES = ("time", "cost")
+#: objectives of :func:`choose`: ``time`` / ``cost`` (step time, GPU-hours per million
+#: tokens) and the search objectives that name a whole run (``simulator.goodput.objectives``):
+#: ``time-to-train`` (expected wall time), ``cost-to-train`` (its dollars), ``p90`` (the
+#: sampled 90th percentile step, the search's own score)
+OBJECTIVES = ("time", "cost", "time-to-train", "cost-to-train", "p90")
+#: the :class:`SizeOutcome` attribute each objective picks the least of
+_CHOOSE_BY = {"time": "step_time_s", "p90": "objective_s", "cost": "gpu_hours_per_mtok",
+              "time-to-train": "time_to_train_s", "cost-to-train": "cost_usd"}
 #: at most this many cluster sizes in one ``--gpus`` range (each is a whole search)
 MAX_SIZES = 16
 
@@ -108,6 +114,15 @@ class SizeOutcome:
     scored: int | None = None
     """Plans the size's search scored (None: not counted); 0 means every point it drew was
     refused by a legality rule or the scorer, before any memory was known."""
+    time_to_train_s: float | None = None
+    """The best plan's expected time to train (searches with a run objective; else None)."""
+    cost_usd: float | None = None
+    """Its dollars (with a price; else None)."""
+    objective_s: float | None = None
+    """The search's objective per step of the best plan (``time_s`` of its trial: the step,
+    the expected wall time per step, or the P90 step)."""
+    cluster: str = ""
+    """The cluster searched (``tune --cluster A,B``: one outcome per cluster and size)."""
 
     @property
     def feasible(self) -> bool:
@@ -127,35 +142,52 @@ class SizeOutcome:
         return None if self.step_time_s is None else self.tokens_per_step / self.step_time_s
 
 
+def qualifying(outcomes: Sequence[SizeOutcome], max_step_time: float | None = None,
+               deadline_s: float | None = None) -> list[SizeOutcome]:
+    """The feasible outcomes whose step meets ``max_step_time`` and whose expected time to
+    train meets ``deadline_s`` (seconds; None: no limit; an outcome without a time to train
+    meets no deadline). Raises SizingError for a non-positive limit."""
+    for flag, v in (("--max-step-time", max_step_time), ("--deadline", deadline_s)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise SizingError(f"{flag} must be > 0 seconds, got {v}")
+    return [o for o in outcomes if o.step_time_s is not None
+            and (max_step_time is None or o.step_time_s <= max_step_time)
+            and (deadline_s is None or (o.time_to_train_s is not None and o.time_to_train_s <= deadline_s))]
+
+
 def choose(outcomes: Sequence[SizeOutcome], objective: str = "cost",
-           max_step_time: float | None = None) -> SizeOutcome | None:
-    """The size to use: among feasible outcomes whose step meets ``max_step_time``
-    (seconds; None: no deadline), the lowest GPU-hours per million tokens (``cost``) or
-    the shortest step (``time``); ties go to fewer GPUs. None when no size qualifies.
-    Raises SizingError for an unknown objective or a non-positive deadline."""
+           max_step_time: float | None = None, deadline_s: float | None = None) -> SizeOutcome | None:
+    """The size to use: among the :func:`qualifying` outcomes, the least of the objective's
+    figure (:data:`_CHOOSE_BY`: GPU-hours per million tokens for ``cost``, the step for
+    ``time`` and ``p90``, the expected time to train, its dollars); ties go to fewer GPUs.
+    None when no size qualifies (or none has the figure). Raises SizingError for an unknown
+    objective or a non-positive limit."""
     if objective not in OBJECTIVES:
         raise SizingError(f"--objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
-    if max_step_time is not None and not (max_step_time > 0 and math.isfinite(max_step_time)):
-        raise SizingError(f"--max-step-time must be > 0 seconds, got {max_step_time}")
-    ok = [o for o in outcomes if o.step_time_s is not None
-          and (max_step_time is None or o.step_time_s <= max_step_time)]
+    attr = _CHOOSE_BY[objective]
+    ok = [o for o in qualifying(outcomes, max_step_time, deadline_s) if getattr(o, attr) is not None]
     if not ok:
         return None
-    if objective == "cost":
-        return min(ok, key=lambda o: (o.gpu_hours_per_mtok, o.gpus))
-    return min(ok, key=lambda o: (o.step_time_s, o.gpus))
+    return min(ok, key=lambda o: (getattr(o, attr), o.gpus))
 
 
-def why_none(outcomes: Sequence[SizeOutcome], max_step_time: float | None) -> str:
+def why_none(outcomes: Sequence[SizeOutcome], max_step_time: float | None,
+             deadline_s: float | None = None) -> str:
     """Why :func:`choose` found nothing: no size scored any plan (every point refused by a
-    legality rule or the scorer), no size had a plan that fits, or the fastest feasible
-    step misses the deadline (by how much)."""
+    legality rule or the scorer), no size had a plan that fits, the shortest time to train
+    misses ``deadline_s`` or the fastest feasible step ``max_step_time`` (by how much)."""
     feas = [o for o in outcomes if o.step_time_s is not None]
     if not feas:
         if outcomes and all(o.scored == 0 for o in outcomes):
             return ("no size has a plan to score: legality rules or the scorer refused every point "
                     "drawn (each size's report names the rules; loosen --fix or the search space)")
         return "no size has a plan that fits in memory"
+    timed = [o for o in feas if o.time_to_train_s is not None
+             and (max_step_time is None or o.step_time_s <= max_step_time)]
+    if deadline_s is not None and timed:
+        t = min(timed, key=lambda o: o.time_to_train_s)
+        return (f"the shortest expected time to train ({t.time_to_train_s / 86400:.2f} days on {t.gpus} "
+                f"GPUs) misses --deadline {deadline_s / 86400:.2f} days")
     best = min(feas, key=lambda o: o.step_time_s)
     return (f"the fastest feasible step ({best.step_time_s:.3f} s on {best.gpus} GPUs) misses "
             f"--max-step-time {max_step_time} s by {best.step_time_s - (max_step_time or 0):.3f} s")

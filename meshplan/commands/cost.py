@@ -19,6 +19,9 @@ bubble time over the step time); ``layout`` (dp, tp, pp, cp, vpp, schedule, micr
 batch size, recompute, zero, sequence_parallel as costed; the text's ``plan:`` line);
 ``step_time_band`` (the prediction's error band, ``simulator.error_band``: low_ms,
 high_ms, coverage, comparable_runs, basis; the text's ``error band:`` line).
+``--tokens`` adds the expected time to train, its breakdown and cost (``time_to_train`` in
+``--json``), ``--jitter-samples`` the step-time percentiles and straggler sensitivity
+(``jitter``): ``meshplan.commands.goodput_options``.
 Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` and
 ``meshplan.commands.megatron_args``)."""
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
 from meshplan.commands import megatron_moe as moe_args
@@ -275,6 +279,14 @@ def cost_cmd(
     plot: str | None = typer.Option(None, "--plot", help="Write the step's timeline (Gantt) as a PNG."),
     memory_png: str | None = typer.Option(None, "--memory-png",
                                           help="Write each rank's memory over the step as a PNG."),
+    tokens: str | None = gp.TOKENS,
+    price: float | None = gp.PRICE,
+    prices: str | None = gp.PRICES,
+    checkpoint: str = gp.CHECKPOINT,
+    checkpoint_interval: int | None = gp.CHECKPOINT_INTERVAL,
+    spares: int = gp.SPARES,
+    jitter_samples: int | None = gp.JITTER_SAMPLES,
+    jitter_seed: int = gp.JITTER_SEED,
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
     from meshplan.commands.cost_inputs import assumed_inputs
@@ -351,6 +363,9 @@ def cost_cmd(
     moe_notes = (_check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
                  + launch.finish(ctx, lambda: engine.source))
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
+    # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)
+    train, train_lines = gp.goodput_report(engine, res, gp.parse_tokens(tokens), price, prices, checkpoint,
+                                           checkpoint_interval, spares, jitter_samples, jitter_seed)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace
 
@@ -374,13 +389,16 @@ def cost_cmd(
     if as_json:
         inputs["warnings"] = [str(w.message) for w in (*read, *caught)] + inputs["warnings"] + moe_notes
         typer.echo(json.dumps({**res.to_dict(), **fit, **software(engine), **inputs,
-                               "layout": layout(engine.strategy), "step_time_band": band}, sort_keys=True))
+                               "layout": layout(engine.strategy), "step_time_band": band,
+                               **train}, sort_keys=True))
         for w in inputs["warnings"]:
             typer.echo(f"warning: {w}", err=True)
     else:
         for n in moe_notes:
             typer.echo(f"note: {n}", err=True)
         typer.echo(_render(model, cluster, res, fit, software(engine), inputs, layout(engine.strategy), band))
+        for line in train_lines:
+            typer.echo(line)
 
 
 def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str | None) -> list[str]:

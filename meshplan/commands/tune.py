@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
@@ -60,7 +61,7 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
 
 
 def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
-            max_step_time: float | None = None) -> bool:
+            max_step_time: float | None = None, deadline_s: float | None = None) -> bool:
     """Write history.csv, report.txt and plan.json and print the report; True when a
     feasible plan was found (and meets ``max_step_time``, when given)."""
     from meshplan.tuning import to_plan
@@ -79,6 +80,8 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
         typer.echo(f"no feasible plan found\n{why}")
         return False
     cand, rec = best
+    # the simulated step (a run objective scores time_s per step: meshplan.objective_scoring)
+    step = float((rec.get("metrics") or {}).get("step_time_s", rec["time_s"]))
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
     s = plan.strategy
@@ -88,18 +91,21 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
             + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
             + (f"fp8={s.fp8} " if s.fp8 else "") +
             f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
-            f"step {rec['time_s'] * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
+            f"step {step * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
             f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
             f"{cfg.scorer_config.get('memory_headroom', opt.DEFAULT_MEMORY_HEADROOM):.0%} headroom)")
     from tuner.sizing import gpu_hours_per_mtok
 
     p = cfg.space.problem
-    cost = gpu_hours_per_mtok(rec["time_s"], s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
+    cost = gpu_hours_per_mtok(step, s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
     line += f"; {cost:.4f} GPU-h per million tokens"
-    missed = max_step_time is not None and rec["time_s"] > max_step_time
+    note, late = gp.run_note(rec, deadline_s)  # --objective time-to-train, cost-to-train, p90
+    line += note
+    missed = max_step_time is not None and step > max_step_time
     if missed:
-        line += (f"; misses --max-step-time {max_step_time} s by {rec['time_s'] - max_step_time:.3f} s "
+        line += (f"; misses --max-step-time {max_step_time} s by {step - max_step_time:.3f} s "
                  f"(the fastest plan found)")
+    missed = missed or late
     (out / "report.txt").write_text(text + "\n" + line + "\n" + why + "\n")
     typer.echo(line)
     typer.echo(why)
@@ -322,7 +328,19 @@ def tune_cmd(
                                          "(doubling); one search per size."),
     objective: str = typer.Option("cost", "--objective",
                                   help="With --gpus: pick the size by 'cost' (GPU-hours per "
-                                       "million tokens) or 'time' (shortest step)."),
+                                       "million tokens) or 'time' (shortest step). 'time-to-train' "
+                                       "and 'cost-to-train' (with --tokens) score every plan by the "
+                                       "expected wall time to train, checkpoints and interruptions "
+                                       "included, and its dollars; 'p90' by the sampled P90 step."),
+    tokens: str | None = gp.TOKENS,
+    price: float | None = gp.PRICE,
+    prices: str | None = gp.PRICES,
+    checkpoint: str = gp.CHECKPOINT,
+    checkpoint_interval: int | None = gp.CHECKPOINT_INTERVAL,
+    spares: int = gp.SPARES,
+    deadline: str | None = gp.DEADLINE,
+    jitter_samples: int | None = gp.JITTER_SAMPLES,
+    jitter_seed: int = gp.JITTER_SEED,
     max_step_time: float | None = typer.Option(None, "--max-step-time",
                                                help="Deadline: only plans whose step takes at "
                                                     "most S seconds qualify."),
@@ -385,13 +403,25 @@ def tune_cmd(
                              "sequence_parallel": sequence_parallel},
                   megatron, lambda: mg.model_layers(model, seq_len, layers))
 
-    def config_for(n: int | None) -> Any:  # the search of this command line on n nodes
-        return _tune_config(model, cluster, n, global_batch, seq_len, mode_name, seed, pareto,
+    # --cluster A,B with --gpus: every size of each cluster (tune_sizes.tune_over_sizes)
+    many = [c.strip() for c in cluster.split(",")] if gpus is not None and "," in cluster else None
+    cluster = many[0] if many else cluster
+    deadline_s = gp.parse_duration(deadline)
+
+    def goal(cl: str) -> dict[str, Any] | None:  # --objective time-to-train ...: the scorer's
+        from clusters import load_cluster
+
+        return gp.search_objective(objective, load_cluster(cl), tokens, price, prices, checkpoint,
+                                   checkpoint_interval, spares, jitter_samples, jitter_seed)
+
+    def config_for(n: int | None, cl: str | None = None) -> Any:  # this command line on n nodes
+        cl = cl or cluster
+        return _tune_config(model, cl, n, global_batch, seq_len, mode_name, seed, pareto,
                             fixed, sampler, layers, cross_node_tp,
                             opt.value(mg.dtype_of(ctx, dtype, megatron)),
                             opt.value(framework), opt.value(attention), memory_headroom,
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
-                            opt.value(cp_comm))
+                            opt.value(cp_comm), goal(cl))
 
     try:
         cfg = config_for(nodes)
@@ -411,8 +441,8 @@ def tune_cmd(
                       progress_bar=terminal.Progress, seed_from_bound=seed_from_bound)
 
     if gpus is not None:
-        def run_one(n: int | None, study_name: str, d: Path) -> Any:
-            cfg_n = config_for(n)
+        def run_one(n: int | None, study_name: str, d: Path, cl: str | None = None) -> Any:
+            cfg_n = config_for(n, cl)
             if storage is None:
                 opt.ensure_dir(d)
                 _note_other_studies(d, study_name)
@@ -421,8 +451,8 @@ def tune_cmd(
             return res_n
 
         try:
-            chosen = tune_over_sizes(gpus, objective, max_step_time, cluster, name, out, run_one,
-                                     global_batch * cfg.space.problem.seq_len)
+            chosen = tune_over_sizes(gpus, objective, max_step_time, many or cluster, name, out, run_one,
+                                     global_batch * cfg.space.problem.seq_len, deadline_s)
         except ValueError as e:
             raise MeshplanError(str(e)) from None
         if chosen is None:
@@ -430,8 +460,8 @@ def tune_cmd(
         return
     res = run(cfg, name, out)
     where = storage or str(out / "journal.log")
-    if not _finish(res, cfg, name, where, out, top, max_step_time):
-        raise typer.Exit(1)  # no feasible plan, or none within --max-step-time
+    if not _finish(res, cfg, name, where, out, top, max_step_time, deadline_s):
+        raise typer.Exit(1)  # no feasible plan, or none within --max-step-time / --deadline
 
 
 def worker_cmd(

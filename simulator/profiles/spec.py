@@ -25,6 +25,8 @@ Sections:
   gradient sync between the first and last pipeline stages);
 - ``memory``: how model states are held (:data:`STATE_MODELS`), allocator fragmentation,
   CUDA context and library workspaces, NCCL buffers per communicator.
+- ``checkpoint`` (optional): whether the framework saves asynchronously and who writes the
+  tensors data-parallel ranks hold alike (``simulator.goodput.checkpoint``).
 
 Inheritance: a profile file may start from another and state only what it changes,
 ``extends: <parent>`` -- a catalog name (``fsdp2``) or a YAML file (a path ending in
@@ -383,8 +385,36 @@ class Memory(BaseModel):
     loss_temp_bytes: NonNegative | None = None
 
 
+class ReplicaWrites(_Quantity):
+    """Who writes a tensor that several data-parallel ranks hold alike in a checkpoint:
+    ``balanced`` (each replicated tensor goes to one of its holders, spreading the bytes
+    over them: Megatron-LM's fully parallel save, torch DCP's deduplicated save plans) or
+    ``first`` (the first data-parallel rank writes every replicated tensor)."""
+
+    value: Literal["balanced", "first"]
+
+
+class Checkpoint(BaseModel):
+    """How the framework saves a checkpoint (``simulator.goodput.checkpoint``):
+    ``async_save`` (it can snapshot the states to host memory and write them in the
+    background while training goes on) and ``replicas`` (:class:`ReplicaWrites`)."""
+
+    model_config = _STRICT
+    async_save: Flag
+    replicas: ReplicaWrites
+
+
+#: the checkpoint facts of a profile that states none: a synchronous ``torch.save`` of each
+#: replicated tensor by the first data-parallel rank (the plain PyTorch recipe)
+DEFAULT_CHECKPOINT = Checkpoint(
+    async_save=Flag(value=False, provenance="the profile states no checkpoint facts: a synchronous save"),
+    replicas=ReplicaWrites(value="first", provenance="the profile states no checkpoint facts: the "
+                           "first data-parallel rank writes the replicated tensors"))
+
+
 class ProfileSpec(BaseModel):
-    """A whole framework profile as read from YAML."""
+    """A whole framework profile as read from YAML; ``checkpoint`` (optional,
+    :data:`DEFAULT_CHECKPOINT` when absent) says how it saves."""
 
     model_config = _STRICT
     name: str = Field(min_length=1)
@@ -396,3 +426,9 @@ class ProfileSpec(BaseModel):
     optimizer: Optimizer
     fixed: Fixed
     memory: Memory
+    checkpoint: Checkpoint | None = None
+
+    @property
+    def checkpointing(self) -> Checkpoint:
+        """:attr:`checkpoint`, or :data:`DEFAULT_CHECKPOINT` when the profile states none."""
+        return self.checkpoint or DEFAULT_CHECKPOINT
