@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from meshplan import __version__
+from meshplan import __version__, help_format
 from meshplan.errors import click_exceptions
 
 # One entry per command module; each defines register(app: typer.Typer) -> None.
@@ -96,6 +96,8 @@ def _flag_type(display: Any) -> Any:
 if hasattr(TyperOption, "display_type_rich") and not hasattr(
         TyperOption.display_type_rich, "__wrapped__"):
     TyperOption.display_type_rich = _flag_type(TyperOption.display_type_rich)  # type: ignore[method-assign]
+
+help_format.install()  # option names whole at 80 columns (meshplan.help_format)
 
 app = typer.Typer(
     name="meshplan",

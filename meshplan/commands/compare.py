@@ -256,7 +256,8 @@ def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> No
 
 def _list_option(field: str, default: str | None, what: str) -> Any:
     extra = ("--schedules",) if field == "schedule" else ()
-    return typer.Option(default, *opt.FLAGS[field], *extra, help=f"{what}; a comma list compares.")
+    return typer.Option(default, *opt.FLAGS[field], *extra, help=f"{what}; a comma list compares.",
+                        rich_help_panel=opt.PANEL_STRATEGY)
 
 
 def compare_cmd(
@@ -293,9 +294,9 @@ def compare_cmd(
     framework: str = _list_option("framework", "megatron-core", "Framework profile"),
     attention: str | None = _list_option("attention", None, "Attention implementation"),
     memory_headroom: float = opt.MEMORY_HEADROOM,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per plan (a list)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per plan (a list).", rich_help_panel=opt.PANEL_OUTPUT),
     plot: str | None = typer.Option(None, "--plot", help="Write the plans' step timelines, one "
-                                    "panel each on a shared time axis, as a PNG."),
+                                    "panel each on a shared time axis, as a PNG.", rich_help_panel=opt.PANEL_OUTPUT),
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
     from meshplan.commands.cost import memory_fit

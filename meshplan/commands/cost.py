@@ -267,18 +267,18 @@ def cost_cmd(
     torchtitan_config: str | None = typer.Option(
         None, "--torchtitan-config", help="A torchtitan job TOML to cost (its \\[parallelism], "
         "\\[training], \\[activation_checkpoint], \\[compile], float8): the strategy comes from it, "
-        "the model from --model, the GPUs from --cluster / --nodes."),
+        "the model from --model, the GPUs from --cluster / --nodes.", rich_help_panel=opt.PANEL_INPUTS),
     deepspeed_config: str | None = typer.Option(
         None, "--deepspeed-config", help="A DeepSpeed JSON config (the config of deepspeed.initialize) "
         "to cost: ZeRO stage, MiCS shard size, batch keys, bf16 / fp16, optimizer and AutoTP from it; "
         "the model from --model, the GPUs from --cluster / --nodes, and what the training script sets "
-        "from --tp, --pp, --recompute, --sequence-parallel, --schedule (dp: the GPUs over tp x pp)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        "from --tp, --pp, --recompute, --sequence-parallel, --schedule (dp: the GPUs over tp x pp).", rich_help_panel=opt.PANEL_INPUTS),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.", rich_help_panel=opt.PANEL_OUTPUT),
     trace: str | None = typer.Option(None, "--trace", help="Write the step as Chrome trace JSON: "
-                                     "a process per rank, a thread per stream, memory counters."),
-    plot: str | None = typer.Option(None, "--plot", help="Write the step's timeline (Gantt) as a PNG."),
+                                     "a process per rank, a thread per stream, memory counters.", rich_help_panel=opt.PANEL_OUTPUT),
+    plot: str | None = typer.Option(None, "--plot", help="Write the step's timeline (Gantt) as a PNG.", rich_help_panel=opt.PANEL_OUTPUT),
     memory_png: str | None = typer.Option(None, "--memory-png",
-                                          help="Write each rank's memory over the step as a PNG."),
+                                          help="Write each rank's memory over the step as a PNG.", rich_help_panel=opt.PANEL_OUTPUT),
     tokens: str | None = gp.TOKENS,
     price: float | None = gp.PRICE,
     prices: str | None = gp.PRICES,

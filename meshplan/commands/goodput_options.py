@@ -13,29 +13,30 @@ from typing import Any
 
 import typer
 
+from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
 TOKENS = typer.Option(None, "--tokens", help="Tokens to train, e.g. 15T, 300B, 2.5e12: adds the "
                       "expected time to train and its breakdown (checkpoints, interruptions, restarts) "
-                      "and, with a price, the cost.")
+                      "and, with a price, the cost.", rich_help_panel=opt.PANEL_TRAIN)
 PRICE = typer.Option(None, "--price", help="Dollars per GPU-hour (default: the dated price table, "
-                     "clusters/defaults/prices.yaml).")
+                     "clusters/defaults/prices.yaml).", rich_help_panel=opt.PANEL_TRAIN)
 PRICES = typer.Option(None, "--prices", help="A price table YAML (dollars per GPU-hour by device, "
-                      "with date and source) instead of the default one.")
+                      "with date and source) instead of the default one.", rich_help_panel=opt.PANEL_TRAIN)
 CHECKPOINT = typer.Option("auto", "--checkpoint", help="Checkpoint save: auto (asynchronous where the "
-                          "framework saves so), sync or async.")
+                          "framework saves so), sync or async.", rich_help_panel=opt.PANEL_TRAIN)
 CHECKPOINT_INTERVAL = typer.Option(None, "--checkpoint-interval", min=1,
                                    help="Steps between checkpoints (default: the interval of least "
-                                        "expected time, near Young's and Daly's).")
+                                        "expected time, near Young's and Daly's).", rich_help_panel=opt.PANEL_TRAIN)
 SPARES = typer.Option(0, "--spares", min=0, max=2**20, help="Hot spare nodes (billed): a restart "
-                      "need not wait for a replacement node.")
+                      "need not wait for a replacement node.", rich_help_panel=opt.PANEL_TRAIN)
 JITTER_SAMPLES = typer.Option(None, "--jitter-samples", min=1, max=100_000,
                               help="Sample N steps with the cluster's stragglers and jitter on the "
                                    "SimPy engine: step-time P50 / P90 / P99 and what a slow GPU or "
-                                   "link costs.")
-JITTER_SEED = typer.Option(0, "--jitter-seed", min=0, max=2**31 - 1, help="Seed of --jitter-samples.")
+                                   "link costs.", rich_help_panel=opt.PANEL_TRAIN)
+JITTER_SEED = typer.Option(0, "--jitter-seed", min=0, max=2**31 - 1, help="Seed of --jitter-samples.", rich_help_panel=opt.PANEL_TRAIN)
 DEADLINE = typer.Option(None, "--deadline", help="With --objective time-to-train / cost-to-train: "
-                        "only plans that train the tokens within this time qualify, e.g. 30d, 720h.")
+                        "only plans that train the tokens within this time qualify, e.g. 30d, 720h.", rich_help_panel=opt.PANEL_TRAIN)
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}

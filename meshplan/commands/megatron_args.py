@@ -109,19 +109,19 @@ class Method(str, Enum):
 VPP_LAYERS = typer.Option(
     None, "--num-layers-per-virtual-pipeline-stage", min=1, max=opt.MAX_LAYERS,
     help="Megatron-LM: decoder layers per virtual pipeline stage; vpp = layers / (pp x N), "
-         "schedule VPP unless --schedule is given.")
+         "schedule VPP unless --schedule is given.", rich_help_panel=opt.PANEL_MEGATRON)
 GRANULARITY = typer.Option(None, "--recompute-granularity", case_sensitive=False,
-                           help="Megatron-LM: full or selective (= --recompute full / selective).")
+                           help="Megatron-LM: full or selective (= --recompute full / selective).", rich_help_panel=opt.PANEL_MEGATRON)
 METHOD = typer.Option(None, "--recompute-method", case_sensitive=False,
-                      help="Megatron-LM, with --recompute-granularity full: uniform or block.")
+                      help="Megatron-LM, with --recompute-granularity full: uniform or block.", rich_help_panel=opt.PANEL_MEGATRON)
 RECOMPUTE_LAYERS = typer.Option(
     None, "--recompute-num-layers", min=1, max=opt.MAX_LAYERS,
     help="Megatron-LM: layers per recompute unit (uniform; 1, the default) or recomputed layers "
-         "per model chunk (block; all of them).")
+         "per model chunk (block; all of them).", rich_help_panel=opt.PANEL_MEGATRON)
 RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
-                                     help="Megatron-LM: = --recompute-granularity selective.")
+                                     help="Megatron-LM: = --recompute-granularity selective.", rich_help_panel=opt.PANEL_MEGATRON)
 DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
-                                     help="Megatron-LM: optimizer states sharded over dp (= --zero 1).")
+                                     help="Megatron-LM: optimizer states sharded over dp (= --zero 1).", rich_help_panel=opt.PANEL_MEGATRON)
 class DpSharding(str, Enum):
     """``--data-parallel-sharding-strategy`` (Megatron-FSDP, arguments.py) -> a ZeRO stage."""
 
@@ -136,49 +136,49 @@ FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 
 
 MEGATRON_FSDP = typer.Option(False, "--use-megatron-fsdp",
                              help="Megatron-LM: Megatron-FSDP; --data-parallel-sharding-strategy "
-                                  "gives the ZeRO stage.")
+                                  "gives the ZeRO stage.", rich_help_panel=opt.PANEL_MEGATRON)
 DP_SHARDING = typer.Option(None, "--data-parallel-sharding-strategy", case_sensitive=False,
                            help="Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params "
-                                "(= --zero 0, 1, 2, 3).")
+                                "(= --zero 0, 1, 2, 3).", rich_help_panel=opt.PANEL_MEGATRON)
 OPTIMIZER_INSTANCES = typer.Option(None, "--num-distributed-optimizer-instances", min=1,
                                    help="Megatron-FSDP HSDP: K replicas of the sharded states "
-                                        "(= --hsdp dp / K, with --outer-dp-sharding-strategy no_shard).")
+                                        "(= --hsdp dp / K, with --outer-dp-sharding-strategy no_shard).", rich_help_panel=opt.PANEL_MEGATRON)
 OUTER_SHARDING = typer.Option(None, "--outer-dp-sharding-strategy",
                               help="Megatron-FSDP HSDP across the replicas: no_shard (what meshplan "
-                                   "costs).")
+                                   "costs).", rich_help_panel=opt.PANEL_MEGATRON)
 GRAD_REDUCE_BF16 = typer.Option(False, "--grad-reduce-in-bf16",
                                 help="Megatron-LM: gradients reduced in bf16; must be what the "
-                                     "--framework profile does (nemo, megatron-bridge).")
+                                     "--framework profile does (nemo, megatron-bridge).", rich_help_panel=opt.PANEL_MEGATRON)
 OVERLAP_GRAD_REDUCE = typer.Option(False, "--overlap-grad-reduce",
                                    help="Megatron-LM: gradient reduce overlapped with backward "
-                                        "(the megatron-core profiles cost it so).")
+                                        "(the megatron-core profiles cost it so).", rich_help_panel=opt.PANEL_MEGATRON)
 OVERLAP_PARAM_GATHER = typer.Option(False, "--overlap-param-gather",
                                     help="Megatron-LM: the distributed optimizer's all_gather "
-                                         "overlapped with forward (the megatron-core profiles).")
+                                         "overlapped with forward (the megatron-core profiles).", rich_help_panel=opt.PANEL_MEGATRON)
 TP_COMM_OVERLAP = typer.Option(False, "--tp-comm-overlap",
                                help="Megatron-LM: Transformer Engine userbuffers overlap of the "
-                                    "TP collectives (the megatron-core profiles).")
+                                    "TP collectives (the megatron-core profiles).", rich_help_panel=opt.PANEL_MEGATRON)
 PIPELINE_LAYOUT = typer.Option(
     None, "--pipeline-model-parallel-layout",
     help="Megatron-LM: decoder layers per virtual stage, e.g. 'E,t*4|t*4,L' (E embedding on the "
          "first, L loss on the last, | between stages): = --layers-per-stage 4,4, with vpp = "
-         "stages / pp.")
-BF16 = typer.Option(False, "--bf16", help="Megatron-LM: = --dtype bfloat16.")
-FP16 = typer.Option(False, "--fp16", help="Megatron-LM: = --dtype float16.")
+         "stages / pp.", rich_help_panel=opt.PANEL_MEGATRON)
+BF16 = typer.Option(False, "--bf16", help="Megatron-LM: = --dtype bfloat16.", rich_help_panel=opt.PANEL_MEGATRON)
+FP16 = typer.Option(False, "--fp16", help="Megatron-LM: = --dtype float16.", rich_help_panel=opt.PANEL_MEGATRON)
 FP8_FORMAT = typer.Option(None, "--fp8-format", case_sensitive=False,
                           help="Megatron-LM: FP8 decoder linears (hybrid or e4m3, the same cost) under "
-                               "BF16: = --dtype fp8-delayed.")
+                               "BF16: = --dtype fp8-delayed.", rich_help_panel=opt.PANEL_MEGATRON)
 FP8_RECIPE = typer.Option(None, "--fp8-recipe", case_sensitive=False,
                           help="Megatron-LM, with --fp8-format: delayed (the default) or tensorwise "
-                               "(current scaling, costed as delayed).")
+                               "(current scaling, costed as delayed).", rich_help_panel=opt.PANEL_MEGATRON)
 FP8_AMAX_HISTORY = typer.Option(None, "--fp8-amax-history-len", min=1,
                                 help="Megatron-LM: taken, no cost effect (the model keeps a "
-                                     "1024-step amax history).")
+                                     "1024-step amax history).", rich_help_panel=opt.PANEL_MEGATRON)
 FP8_AMAX_ALGO = typer.Option(None, "--fp8-amax-compute-algo",
-                             help="Megatron-LM: max or most_recent; taken, no cost effect.")
+                             help="Megatron-LM: max or most_recent; taken, no cost effect.", rich_help_panel=opt.PANEL_MEGATRON)
 OPTIMIZER = typer.Option(None, "--optimizer", case_sensitive=False,
                          help="Megatron-LM: adam (Adam with decoupled weight decay, meshplan's "
-                              "adamw, the default) or sgd.")
+                              "adamw, the default) or sgd.", rich_help_panel=opt.PANEL_MEGATRON)
 
 
 @dataclass(frozen=True)

@@ -140,70 +140,80 @@ FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", 
                    "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021",
                    "eager")
 
+#: the groups of options ``--help`` shows (typer's ``rich_help_panel``); options without one
+#: fall under "Options"
+PANEL_INPUTS = "Model and cluster"
+PANEL_STRATEGY = "Strategy"
+PANEL_MEGATRON = "Megatron-LM arguments (translated)"
+PANEL_SEARCH = "Search"
+PANEL_STORAGE = "Storage and output"
+PANEL_OUTPUT = "Output"
+PANEL_TRAIN = "Time to train and cost"
+
 MODEL = typer.Option(..., "--model", "-m",
                      help="Built-in model name, or a Hugging Face config.json (or its model folder; cost: also "
-                          "a .pir program text).")
+                          "a .pir program text).", rich_help_panel=PANEL_INPUTS)
 #: ``complete``'s --model: optional there (it takes --program FILE instead)
 MODEL_OR_PROGRAM = typer.Option(None, "--model", "-m",
-                                help="Built-in model name or config.json path (or --program).")
+                                help="Built-in model name or config.json path (or --program).", rich_help_panel=PANEL_INPUTS)
 #: ``cost``'s and ``export``'s --model, --cluster and --global-batch: optional there (a plan
 #: file gives them instead)
 MODEL_OR_PLAN = typer.Option(None, "--model", "-m",
                              help="Built-in model name, or a Hugging Face config.json (or its model "
-                                  "folder; cost: also a .pir program text); without PLAN.json.")
+                                  "folder; cost: also a .pir program text); without PLAN.json.", rich_help_panel=PANEL_INPUTS)
 CLUSTER_OR_PLAN = typer.Option(None, "--cluster", help="Catalog cluster name, or a file: a cluster "
-                                                       "YAML (with PLAN.json: instead of the plan's).")
-CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.")
-NODES = typer.Option(None, "--nodes", min=1, help="Number of nodes (default: the spec's).")
-DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.")
-TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.")
-PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
+                                                       "YAML (with PLAN.json: instead of the plan's).", rich_help_panel=PANEL_INPUTS)
+CLUSTER = typer.Option(..., "--cluster", help="Catalog cluster name, or a file: a cluster YAML.", rich_help_panel=PANEL_INPUTS)
+NODES = typer.Option(None, "--nodes", min=1, help="Number of nodes (default: the spec's).", rich_help_panel=PANEL_INPUTS)
+DP = typer.Option(1, *FLAGS["dp"], help="Data-parallel degree.", rich_help_panel=PANEL_STRATEGY)
+TP = typer.Option(1, *FLAGS["tp"], help="Tensor (model) parallel degree.", rich_help_panel=PANEL_STRATEGY)
+PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.", rich_help_panel=PANEL_STRATEGY)
 CP = typer.Option(1, *FLAGS["cp"],
-                  help="Context-parallel degree: each sequence split over CP ranks (ring attention).")
+                  help="Context-parallel degree: each sequence split over CP ranks (ring attention).", rich_help_panel=PANEL_STRATEGY)
 EP = typer.Option(1, *FLAGS["ep"],
                   help="Expert-parallel degree of a mixture-of-experts model, a divisor of dp (the "
                        "experts split over ep data-parallel ranks, tokens sent by all_to_all; "
-                       "expert gradients reduced over dp / ep).")
+                       "expert gradients reduced over dp / ep).", rich_help_panel=PANEL_STRATEGY)
 MOE_CAPACITY_FACTOR = typer.Option(None, *FLAGS["moe_capacity_factor"],
                                    help="Expert capacity factor c: each expert keeps at most "
                                         "ceil(c * s * k / E) tokens per sequence and drops the "
-                                        "rest (default: dropless).")
+                                        "rest (default: dropless).", rich_help_panel=PANEL_STRATEGY)
 MOE_LOAD_IMBALANCE = typer.Option(1.0, *FLAGS["moe_load_imbalance"],
                                   help="Tokens of the busiest expert over the mean (>= 1; 1: uniform "
-                                       "routing); experts are costed at that load, capped by the capacity.")
+                                       "routing); experts are costed at that load, capped by the capacity.", rich_help_panel=PANEL_STRATEGY)
 CP_COMM = typer.Option(CpComm.p2p, *FLAGS["cp_comm"], case_sensitive=False,
                        help="Context-parallel K/V exchange: p2p (ring) or all_gather "
-                            "(Megatron-LM's allgather).")
-VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).")
+                            "(Megatron-LM's allgather).", rich_help_panel=PANEL_STRATEGY)
+VPP = typer.Option(1, *FLAGS["vpp"], help="Model chunks per pipeline rank (VPP/ZBVPP).", rich_help_panel=PANEL_STRATEGY)
 SCHEDULE = typer.Option(
     Schedule["1F1B"], *FLAGS["schedule"], case_sensitive=False, show_choices=False,
     help=f"Pipeline schedule, case-insensitive: {', '.join(SCHEDULE_NAMES)} "
-         f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).")
-MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.")
-GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.")
+         f"(aliases: {', '.join(SCHEDULE_ALIAS_NAMES)}).", rich_help_panel=PANEL_STRATEGY)
+MICRO_BATCH_SIZE = typer.Option(1, *FLAGS["micro_batch_size"], help="Sequences per micro-batch.", rich_help_panel=PANEL_STRATEGY)
+GLOBAL_BATCH = typer.Option(..., *FLAGS["global_batch_size"], help="Sequences per step.", rich_help_panel=PANEL_INPUTS)
 GLOBAL_BATCH_OR_PLAN = typer.Option(None, *FLAGS["global_batch_size"],
-                                    help="Sequences per step (without PLAN.json).")
+                                    help="Sequences per step (without PLAN.json).", rich_help_panel=PANEL_INPUTS)
 SEQ_LEN = typer.Option(None, *SIZE_FLAGS["seq_len"], min=1, max=MAX_SEQ_LEN,
-                       help="Tokens per sequence (default: the model's).")
+                       help="Tokens per sequence (default: the model's).", rich_help_panel=PANEL_INPUTS)
 LAYERS = typer.Option(None, *SIZE_FLAGS["num_layers"], min=1, max=MAX_LAYERS,
-                      help="Override the layer count.")
+                      help="Override the layer count.", rich_help_panel=PANEL_INPUTS)
 RECOMPUTE = typer.Option(Recompute.none, *FLAGS["recompute"], case_sensitive=False,
-                         help="Activation recompute.")
-ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.")
+                         help="Activation recompute.", rich_help_panel=PANEL_STRATEGY)
+ZERO = typer.Option(0, *FLAGS["zero"], help="ZeRO sharding stage 0-3 over dp.", rich_help_panel=PANEL_STRATEGY)
 FSDP_SHARD_SIZE = typer.Option(
     None, *FLAGS["fsdp_shard_size"], min=0, max=MAX_NODES,
     help="HSDP with --zero 3: shard weights, gradients and optimizer states within groups of "
          "N dp ranks (N divides dp, 2 <= N < dp) and all_reduce gradients across the dp/N "
-         "groups. Default: shard over all of dp.")
+         "groups. Default: shard over all of dp.", rich_help_panel=PANEL_STRATEGY)
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
-                                 help="Megatron sequence parallelism (needs tp > 1).")
-DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.")
+                                 help="Megatron sequence parallelism (needs tp > 1).", rich_help_panel=PANEL_STRATEGY)
+DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.", rich_help_panel=PANEL_STRATEGY)
 Framework = Enum("Framework", {n: n for n in FRAMEWORK_NAMES}, type=str)
 FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_sensitive=False,
-                         help="Framework profile that runs the plan (what fuses, what overlaps).")
+                         help="Framework profile that runs the plan (what fuses, what overlaps).", rich_help_panel=PANEL_STRATEGY)
 ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
-                              "framework's).")
+                              "framework's).", rich_help_panel=PANEL_STRATEGY)
 #: the words ``--layers-per-stage`` takes besides a list (:func:`pipeline_split`): a mirror
 #: of ``simulator.layer_split.SPLITS`` (tests/test_cli_options.py checks that they agree)
 SPLIT_WORDS = ("balanced", "even")
@@ -213,32 +223,32 @@ LAYERS_PER_STAGE = typer.Option(
          "(e.g. 5,3), or 'even' (Megatron-LM's default split), or 'balanced' (cost's "
          "default: the stages' or ranks' times balanced, the first and last stage also "
          "carrying the embedding and the loss). export without it writes the even split "
-         "where the layers divide.")
-MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+         "where the layers divide.", rich_help_panel=PANEL_STRATEGY)
+MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.", rich_help_panel=PANEL_SEARCH)
 #: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
 #: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
-DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel degree.")
-TP_PIN = typer.Option(None, *FLAGS["tp"], min=1, help="Pin the tensor-parallel degree.")
-PP_PIN = typer.Option(None, *FLAGS["pp"], min=1, help="Pin the pipeline stages.")
-CP_PIN = typer.Option(None, *FLAGS["cp"], min=1, help="Pin the context-parallel degree.")
-EP_PIN = typer.Option(None, *FLAGS["ep"], min=1, help="Pin the expert-parallel degree (a MoE model).")
+DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel degree.", rich_help_panel=PANEL_STRATEGY)
+TP_PIN = typer.Option(None, *FLAGS["tp"], min=1, help="Pin the tensor-parallel degree.", rich_help_panel=PANEL_STRATEGY)
+PP_PIN = typer.Option(None, *FLAGS["pp"], min=1, help="Pin the pipeline stages.", rich_help_panel=PANEL_STRATEGY)
+CP_PIN = typer.Option(None, *FLAGS["cp"], min=1, help="Pin the context-parallel degree.", rich_help_panel=PANEL_STRATEGY)
+EP_PIN = typer.Option(None, *FLAGS["ep"], min=1, help="Pin the expert-parallel degree (a MoE model).", rich_help_panel=PANEL_STRATEGY)
 VPP_PIN = typer.Option(None, *FLAGS["vpp"], min=1, max=MAX_VPP,
-                       help="Pin the model chunks per pipeline rank.")
+                       help="Pin the model chunks per pipeline rank.", rich_help_panel=PANEL_STRATEGY)
 SCHEDULE_PIN = typer.Option(None, *FLAGS["schedule"], case_sensitive=False, show_choices=False,
-                            help="Pin the pipeline schedule (names as cost's --schedule).")
+                            help="Pin the pipeline schedule (names as cost's --schedule).", rich_help_panel=PANEL_STRATEGY)
 MICRO_BATCH_SIZE_PIN = typer.Option(None, *FLAGS["micro_batch_size"], min=1, max=MAX_BATCH,
-                                    help="Pin the sequences per micro-batch.")
+                                    help="Pin the sequences per micro-batch.", rich_help_panel=PANEL_STRATEGY)
 RECOMPUTE_PIN = typer.Option(None, *FLAGS["recompute"], case_sensitive=False,
-                             help="Pin activation recompute.")
-ZERO_PIN = typer.Option(None, *FLAGS["zero"], min=0, max=3, help="Pin the ZeRO stage (0-3).")
+                             help="Pin activation recompute.", rich_help_panel=PANEL_STRATEGY)
+ZERO_PIN = typer.Option(None, *FLAGS["zero"], min=0, max=3, help="Pin the ZeRO stage (0-3).", rich_help_panel=PANEL_STRATEGY)
 SEQUENCE_PARALLEL_PIN = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                     help="Pin Megatron sequence parallelism on or off.")
+                                     help="Pin Megatron sequence parallelism on or off.", rich_help_panel=PANEL_STRATEGY)
 #: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/test_cli_options.py checks it)
 DEFAULT_MEMORY_HEADROOM = 0.05
 MEMORY_HEADROOM = typer.Option(
     DEFAULT_MEMORY_HEADROOM, "--memory-headroom", min=0.0, max=0.99,
     help="Fraction of the device's usable memory (capacity minus the driver's reserve) a "
-         "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.")
+         "plan must leave free: it fits when peak <= usable x (1 - headroom). Default 0.05.", rich_help_panel=PANEL_INPUTS)
 
 ARGS_KEY = "meshplan.command_args"
 

@@ -278,26 +278,26 @@ def tune_cmd(
     mode: opt.Mode = opt.MODE,
     memory_headroom: float = opt.MEMORY_HEADROOM,
     trials: int = typer.Option(100, "--trials", min=1, max=opt.MAX_TRIALS,
-                               help="Finished trials the study should hold."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds."),
-    seed: int = typer.Option(0, "--seed", min=0, max=opt.MAX_SEED, help="Sampler seed."),
+                               help="Finished trials the study should hold.", rich_help_panel=opt.PANEL_SEARCH),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds.", rich_help_panel=opt.PANEL_SEARCH),
+    seed: int = typer.Option(0, "--seed", min=0, max=opt.MAX_SEED, help="Sampler seed.", rich_help_panel=opt.PANEL_SEARCH),
     storage: str | None = typer.Option(None, "--storage",
-                                       help="'memory', a journal file or a database URL."),
-    study: str | None = typer.Option(None, "--study", help="Study name (default: derived)."),
+                                       help="'memory', a journal file or a database URL.", rich_help_panel=opt.PANEL_STORAGE),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: derived).", rich_help_panel=opt.PANEL_STORAGE),
     workers: int = typer.Option(1, "--workers", min=1, max=opt.MAX_WORKERS,
-                                help="Local worker processes (with --sampler exhaustive they share its slices)."),
-    pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory)."),
+                                help="Local worker processes (with --sampler exhaustive they share its slices).", rich_help_panel=opt.PANEL_SEARCH),
+    pareto: bool = typer.Option(False, "--pareto", help="Minimise (step time, peak memory).", rich_help_panel=opt.PANEL_SEARCH),
     fix_items: list[str] | None = typer.Option(None, "--fix",
-                                               help="Pin knobs, e.g. dp=8,tp=8 (repeatable)."),
-    output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY)."),
-    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices)."),
+                                               help="Pin knobs, e.g. dp=8,tp=8 (repeatable).", rich_help_panel=opt.PANEL_SEARCH),
+    output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY).", rich_help_panel=opt.PANEL_STORAGE),
+    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices).", rich_help_panel=opt.PANEL_SEARCH),
     layers: int | None = typer.Option(None, "--layers", "--num-layers", min=1, max=opt.MAX_LAYERS,
-                                      help="Override the layer count."),
+                                      help="Override the layer count.", rich_help_panel=opt.PANEL_INPUTS),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
-                                       help="Let tensor parallelism span nodes."),
-    top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table."),
+                                       help="Let tensor parallelism span nodes.", rich_help_panel=opt.PANEL_SEARCH),
+    top: int = typer.Option(10, "--top", max=opt.MAX_TRIALS, help="Rows of the top-plans table.", rich_help_panel=opt.PANEL_STORAGE),
     no_progress: bool = typer.Option(False, "--no-progress",
-                                     help="No progress bar (there is none unless stderr is a terminal)."),
+                                     help="No progress bar (there is none unless stderr is a terminal).", rich_help_panel=opt.PANEL_STORAGE),
     dp: int | None = opt.DP_PIN,
     tp: int | None = opt.TP_PIN,
     pp: int | None = opt.PP_PIN,
@@ -325,13 +325,13 @@ def tune_cmd(
     megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
     gpus: str | None = typer.Option(None, "--gpus",
                                     help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
-                                         "(doubling); one search per size."),
+                                         "(doubling); one search per size.", rich_help_panel=opt.PANEL_SEARCH),
     objective: str = typer.Option("cost", "--objective",
                                   help="With --gpus: pick the size by 'cost' (GPU-hours per "
                                        "million tokens) or 'time' (shortest step). 'time-to-train' "
                                        "and 'cost-to-train' (with --tokens) score every plan by the "
                                        "expected wall time to train, checkpoints and interruptions "
-                                       "included, and its dollars; 'p90' by the sampled P90 step."),
+                                       "included, and its dollars; 'p90' by the sampled P90 step.", rich_help_panel=opt.PANEL_SEARCH),
     tokens: str | None = gp.TOKENS,
     price: float | None = gp.PRICE,
     prices: str | None = gp.PRICES,
@@ -343,35 +343,35 @@ def tune_cmd(
     jitter_seed: int = gp.JITTER_SEED,
     max_step_time: float | None = typer.Option(None, "--max-step-time",
                                                help="Deadline: only plans whose step takes at "
-                                                    "most S seconds qualify."),
+                                                    "most S seconds qualify.", rich_help_panel=opt.PANEL_SEARCH),
     search_fp8: bool = typer.Option(False, "--search-fp8",
                                     help="Also try the FP8 recipes the framework runs (te-delayed; "
                                          "tensorwise, rowwise under fsdp2) beside BF16; pin one with "
-                                         "--fix fp8=NAME. Needs a device with an FP8 peak."),
+                                         "--fix fp8=NAME. Needs a device with an FP8 peak.", rich_help_panel=opt.PANEL_SEARCH),
     seed_from_bound: int | None = typer.Option(
         None, "--seed-from-bound", min=0, max=opt.MAX_TRIALS, metavar="K",
         help="tpe/random samplers: enqueue the K plans with the lowest step-time lower bound "
              "first, and report the best bound still open (no unexplored plan can beat it: the "
              "gap to the optimum). Default: 16 for pattern-based TPE on a space of at most "
-             "1,000 plans, else off; 0: off. full_random: only its tp=1 plans are bounded."),
+             "1,000 plans, else off; 0: off. full_random: only its tp=1 plans are bounded.", rich_help_panel=opt.PANEL_SEARCH),
     layers_per_stage: str | None = typer.Option(
         None, *opt.FLAGS["layers_per_stage"],
         help="Pipeline layer split each plan is costed with: 'balanced' (the default: the "
              "stages' times balanced) or 'even' (Megatron-LM's default split, which "
-             "export writes when the layers divide; plan.json then states it)."),
+             "export writes when the layers divide; plan.json then states it).", rich_help_panel=opt.PANEL_STRATEGY),
     all_schedules: bool = typer.Option(False, "--all-schedules",
                                        help="Also search the pipeline schedules the framework does "
                                             "not run (ZB-H1, ZB-2p ... under Megatron-LM): by "
                                             "default a search tries only the --framework "
-                                            "profile's (pipeline.schedules)."),
+                                            "profile's (pipeline.schedules).", rich_help_panel=opt.PANEL_SEARCH),
     search_cp: bool = typer.Option(False, "--search-cp",
                                    help="Also search context parallelism: cp over every divisor "
                                         "of the GPUs whose 2 cp divides --seq-len (long sequences), "
-                                        "under a --framework that runs it; pin one with --cp N."),
+                                        "under a --framework that runs it; pin one with --cp N.", rich_help_panel=opt.PANEL_SEARCH),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
-                                          "fsdp_shard_size=N."),
+                                          "fsdp_shard_size=N.", rich_help_panel=opt.PANEL_SEARCH),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (--gpus: the cheapest size).
 
