@@ -60,7 +60,9 @@ def top_table(outcome: SearchOutcome, k: int = 10) -> list[str]:
             "annotation | step time (s) | tokens/s | MFU | peak memory (GiB) | bubble ratio |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     lines += [_row(i, t) for i, t in enumerate(ranked(outcome.result, k), 1)]
-    return lines
+    from simulator.step import MFU_NOTE
+
+    return [*lines, "", MFU_NOTE.split(" (--json")[0] + "."]
 
 
 def _gap(t: Any, best_time: float) -> str:
@@ -188,7 +190,9 @@ def readme_text(outcome: SearchOutcome, best: BestPlan | None, files: Sequence[s
             f"**{plan_label(best.record['plan'])}** (annotation: "
             f"{annotation_label(best.record['plan'])}; {st.num_microbatches} micro-batches "
             f"per step): step time **{r.step_time:.3f} s**, {r.tokens_per_s:,.0f} tokens/s, "
-            f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}, peak memory "
+            f"{r.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%} (causal attention "
+            f"counted in full, as Megatron-LM does; {r.mfu_causal:.1%} counting it as "
+            f"executed), peak memory "
             f"{r.max_memory_bytes / GIB:.1f} GiB, bubble ratio {r.sim.bubble_ratio:.3f}.", "",
             "Why this plan:", ""]
         lines += why_lines(outcome, best)

@@ -20,6 +20,9 @@ Counting conventions (documented because every published figure depends on them)
   roofline times) skip masked blocks when causal (fraction (s_k+1)/(2 s_k) for s_q = s_k)
   and, in backward, include the recomputation of QK^T (FlashAttention-2, Dao 2023,
   section 3.1: backward = 5 products = 2.5x forward; model FLOPs keep the 2x of eq. 3).
+  ``causal_flops`` is the second convention MFU is reported in (``mfu_causal``): the model
+  FLOPs over the scores the mask keeps, (s_k+1)/(2 s_k) of the full count for a causal
+  mask (FlashAttention-2's and torchtitan's count of causal attention, half of eq. 3's).
 - elementwise ops, norms, softmax, rotary, cross entropy: a small per-element FLOP count
   (table ``ELEMENT_FLOPS``); their time is bound by bytes moved (read every operand,
   write every result), which is what the roofline uses.
@@ -52,6 +55,9 @@ class KernelCost:
         phase: ``"F"``, ``"B"``, ``"W"`` or ``"O"`` (see module docstring).
         flops: model FLOPs (the count MFU and Megatron's eq. 3 use).
         exec_flops: FLOPs the kernel really executes (causal skip, attention recompute).
+        causal_flops: for attention, the model FLOPs counted over the scores a causal (or
+            windowed) mask keeps, the keys each query sees (``mfu_causal``'s count); None
+            for every other kernel (the same as ``flops``).
         bytes: HBM bytes read + written.
         kind: ``"gemm"``, ``"attention"`` or ``"memory"`` (selects the efficiency).
         dtype: compute dtype (selects the peak FLOP/s).
@@ -72,6 +78,7 @@ class KernelCost:
     gemm_flops: float = 0.0
     op: str = ""
     gemm_shape: tuple[int, int, int, int] | None = None
+    causal_flops: float | None = None
 
 
 CostFn = Callable[[OpSig], list[KernelCost]]
@@ -309,7 +316,7 @@ def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
     fl = full * _window_share(sig, sk * cp)
     ex = full * _cp_fraction(sig, sq, sk, cp)
     nbytes = _bytes(sig.ins[0]) + cp * sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs)
-    return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig))]
+    return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig), causal_flops=ex)]
 
 
 @register_cost("flash_attention_grad", "attention_grad")
@@ -320,11 +327,13 @@ def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
     b, hq, sq, sk, d = _attn_dims(sig)
     cp = _cp_degree(sig)
     fwd = 4.0 * b * hq * sq * sk * cp * d
-    ex = 2.5 * fwd * _cp_fraction(sig, sq, sk, cp)
+    frac = _cp_fraction(sig, sq, sk, cp)
+    ex = 2.5 * fwd * frac
+    causal = 2.0 * fwd * frac  # the model's 2x forward over the scores the mask keeps
     fwd *= _window_share(sig, sk * cp)  # model FLOPs: the keys a query may see
     kv = sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs[1:3])
     nbytes = sum(_bytes(t) for t in sig.ins) + sum(_bytes(t) for t in sig.outs) + (cp - 1) * kv
-    return [KernelCost("B", 2.0 * fwd, ex, nbytes, "attention", _first_dtype(sig))]
+    return [KernelCost("B", 2.0 * fwd, ex, nbytes, "attention", _first_dtype(sig), causal_flops=causal)]
 
 
 # -- memory-bound ops -----------------------------------------------------------------------

@@ -99,6 +99,12 @@ class CostCache:
         return value
 
 
+#: the tuple keys of ``ProgramCosts.model_flops`` beside the per-block model FLOPs:
+#: executed beyond the model (recompute, padded expert slots) and the causal mask's share
+EXECUTED_EXTRA = ("recompute", "padding")
+EXTRA_FLOPS_KINDS = (*EXECUTED_EXTRA, "causal_skip")
+
+
 @dataclass
 class ProgramCosts:
     """Costs of one plan program, per micro-batch (seconds, bytes, FLOPs).
@@ -113,7 +119,8 @@ class ProgramCosts:
             F + B + W of one micro-batch over every dp replica; ``("recompute", i)`` the
             forward FLOPs that recompute re-runs for layer i; ``("padding", i)`` the expert
             op FLOPs on padded slots, recomputed ones twice (executed, not model FLOPs:
-            :func:`_slot_factor`).
+            :func:`_slot_factor`); ``("causal_skip", i)`` the attention model FLOPs a causal
+            mask leaves out (neither executed nor in ``mfu_causal``'s count).
         boundary_bytes: bytes of the activation a layer hands to the next (the pipeline p2p
             message per micro-batch, local shard of rank 0).
         loss: the loss's local logits and the bytes per element the program saves for them
@@ -160,7 +167,7 @@ class ProgramCosts:
                        if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}
         for i, key in enumerate(keys):  # every model layer, even when one stands for all
             model_flops[i] = flops.get(key, 0.0)
-            for kind in ("recompute", "padding"):
+            for kind in EXTRA_FLOPS_KINDS:
                 if (kind, key) in flops:
                     model_flops[(kind, i)] = flops[(kind, key)]
         loss = loss_logits(prog)
@@ -191,7 +198,11 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
     ``simulator.op_cost`` conventions), times ``replicas`` (the dp replicas an unannotated
     program stands for), and under ``("recompute", block)`` the forward FLOPs that
     recompute re-runs (the forward ops of a layer its ``simulator.recompute`` policy
-    selects: all for ``full``, the attention core for ``selective``)."""
+    selects: all for ``full``, the attention core for ``selective``), under
+    ``("padding", block)`` the expert FLOPs on padded slots and under
+    ``("causal_skip", block)`` the attention model FLOPs a causal (or windowed) mask
+    leaves out (``KernelCost.flops - causal_flops``: model FLOPs, not executed ones; the
+    count ``mfu_causal`` takes off)."""
     names = frozenset(p.name for p in prog.parameters() if p.name)
     rec = recomputed_ops(prog.ops, blocks, recompute)
     slots = expert_slot_factors(prog)
@@ -200,8 +211,12 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
         blk = blocks.get(id(op))
         if blk is None:
             continue
-        fl = sum(k.flops for k in op_cost(op_signature(op, None, names, global_shapes=True))
-                 if k.phase in PHASES) * replicas
+        kernels = [k for k in op_cost(op_signature(op, None, names, global_shapes=True))
+                   if k.phase in PHASES]
+        fl = sum(k.flops for k in kernels) * replicas
+        skip = sum(k.flops - k.causal_flops for k in kernels if k.causal_flops is not None)
+        if skip:
+            out[("causal_skip", blk)] = out.get(("causal_skip", blk), 0.0) + skip * replicas
         # an op on padded expert slots (factor f > 1): the model's share is 1 / f; below 1
         # (a capacity that drops tokens) every slot holds a routed token and the dropped
         # ones are not computed: all of it is the model's (MFU never above the executed)

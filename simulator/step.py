@@ -37,7 +37,7 @@ from simulator.grad_sync import (
 from simulator.layer_split import split_layers
 from simulator.memory import optimizer_bytes_per_param, timeline_activation_peaks
 from simulator.pipeline_sim import simulate_pipeline
-from simulator.program_costs import ProgramCosts
+from simulator.program_costs import EXECUTED_EXTRA, ProgramCosts
 from simulator.result import SimResult
 from simulator.roofline import Roofline
 from simulator.schedules import Schedule, build_schedule
@@ -132,6 +132,19 @@ class StepConfig:
                    and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
 
 
+#: MFU's two conventions, by the key each is reported under (``StepResult.to_dict``)
+MFU_CONVENTIONS = {
+    "mfu_megatron": "causal attention counted in full, every query against every key "
+                    "(Megatron-LM's and PaLM's count; also reported as mfu)",
+    "mfu_causal": "causal attention counted as executed, the scores the mask keeps "
+                  "(about half the attention FLOPs)",
+}
+
+#: the one-line statement of the convention a table's MFU column uses (``mfu``)
+MFU_NOTE = ("MFU counts causal attention in full, as Megatron-LM does (--json: mfu_causal "
+            "counts it as executed, about half)")
+
+
 @dataclass
 class StepResult:
     """Outcome of one simulated step (seconds, bytes, FLOPs).
@@ -151,7 +164,15 @@ class StepResult:
     ``tflops_per_gpu`` counts the executed FLOPs (recompute and padded expert slots
     included: the hardware FLOP/s, Megatron-LM's logged TFLOP/s with recompute) and ``mfu``
     the model FLOPs only (``model_flops`` / (step x GPUs x peak); Chowdhery et al. 2022,
-    app. B), so with recompute tflops_per_gpu / peak exceeds mfu."""
+    app. B), so with recompute tflops_per_gpu / peak exceeds mfu.
+
+    MFU comes in two conventions (:data:`MFU_CONVENTIONS`): ``mfu`` counts causal attention
+    in full, every query against every key (Megatron-LM d98e8a64
+    ``num_floating_point_operations``: ``seq_length / hidden_size`` in the attention term;
+    PaLM's 12 L h s per token), ``mfu_causal`` only the scores the mask keeps
+    (``model_flops_causal``: about half the attention FLOPs; FlashAttention-2's count of
+    causal attention). They differ by the attention's share of the step: little at 4k
+    tokens, much at 32k."""
 
     step_time: float
     tokens_per_s: float
@@ -166,6 +187,10 @@ class StepResult:
     model_flops: float
     executed_flops: float
     sim: SimResult = field(repr=False)
+    mfu_causal: float = 0.0
+    """MFU with causal attention counted as executed (:data:`MFU_CONVENTIONS`)."""
+    model_flops_causal: float = 0.0
+    """Model FLOPs per step with causal attention counted over the scores the mask keeps."""
     schedule: Schedule | None = field(default=None, repr=False)
     activation_per_chunk: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict,
                                                                            repr=False)
@@ -226,12 +251,18 @@ class StepResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view (times in ms for the headline, seconds in breakdowns).
         ``bubble_ratio`` is :attr:`zb_bubble_rate` under its older name (kept for readers
-        of earlier output)."""
+        of earlier output). ``mfu`` and ``mfu_megatron`` are the same number (causal
+        attention counted in full; ``mfu`` kept for readers of earlier output),
+        ``mfu_causal`` counts causal attention as executed, and ``mfu_conventions`` says
+        so in words."""
         return {
             "step_time_ms": self.step_time * 1e3,
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
+            "mfu_megatron": self.mfu,
+            "mfu_causal": self.mfu_causal,
+            "mfu_conventions": dict(MFU_CONVENTIONS),
             "max_memory_bytes": self.max_memory_bytes,
             "time_breakdown_s": self.time_breakdown,
             "memory_breakdown_bytes": self.memory_breakdown,
@@ -242,6 +273,7 @@ class StepResult:
             "zb_bubble_rate": self.zb_bubble_rate,
             "critical_rank_idle_fraction": self.critical_rank_idle_fraction,
             "model_flops_per_step": self.model_flops,
+            "model_flops_causal_per_step": self.model_flops_causal,
             "executed_flops_per_step": self.executed_flops,
         }
 
@@ -363,13 +395,18 @@ class StepModel:
         step = crit["finish"]
         gflops = self.costs.model_flops
         mflops = c.num_microbatches * sum(v for k, v in gflops.items() if not isinstance(k, tuple))
-        # executed beyond the model's FLOPs: recompute and padded expert slots (tuple keys)
-        rec = c.num_microbatches * sum(v for k, v in gflops.items() if isinstance(k, tuple))
+        # executed beyond the model's FLOPs: recompute and padded expert slots
+        rec = c.num_microbatches * sum(v for k, v in gflops.items()
+                                       if isinstance(k, tuple) and k[0] in EXECUTED_EXTRA)
+        skip = c.num_microbatches * sum(v for k, v in gflops.items()
+                                        if isinstance(k, tuple) and k[0] == "causal_skip")
         world = c.dp * c.tp * c.pp
         return StepResult(
             step_time=step, tokens_per_s=c.tokens_per_step / step,
             tflops_per_gpu=(mflops + rec) / step / world / 1e12,
             mfu=mflops / (step * world * c.peak_flops),
+            mfu_causal=(mflops - skip) / (step * world * c.peak_flops),
+            model_flops_causal=mflops - skip,
             max_memory_bytes=int(heavy["memory"]["total"]),
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,

@@ -148,7 +148,8 @@ def chunks_for(schedule: str) -> int:
 
 
 #: the result keys of a costed row (null in a refused one, which has ``error``)
-RESULT_KEYS = ("gpus", "gpus_available", "step_time_ms", "tokens_per_s", "mfu", "bubble_ratio",
+RESULT_KEYS = ("gpus", "gpus_available", "step_time_ms", "tokens_per_s", "mfu", "mfu_causal",
+               "bubble_ratio",
                "max_memory_bytes", "layers_per_vstage", "memory_limit_bytes", "fits_in_memory")
 
 
@@ -157,7 +158,7 @@ def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
     d = res.to_dict()
     return {**knobs, "gpus": gpus, "gpus_available": available,
             "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
-            "mfu": d["mfu"], "bubble_ratio": d["bubble_ratio"],
+            "mfu": d["mfu"], "mfu_causal": d["mfu_causal"], "bubble_ratio": d["bubble_ratio"],
             "max_memory_bytes": d["max_memory_bytes"], "layers_per_vstage": d["layers_per_vstage"],
             "memory_limit_bytes": fit["memory_limit_bytes"],
             "fits_in_memory": fit["fits_in_memory"], "error": None}
@@ -232,13 +233,17 @@ def _strategy(ctx: Any, knobs: dict[str, Any], sequence_parallel: bool, num_laye
 
 
 def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> None:
-    """Print the compared plans' table (:func:`table`), a note when they use different or
+    """Print the compared plans' table (:func:`table`), the MFU convention
+    (``simulator.step.MFU_NOTE``), a note when they use different or
     fewer GPUs than the cluster has, and each refused plan's reason ``[i]``."""
     from meshplan import terminal
 
     used = sorted({r["gpus"] for r in rows if r["error"] is None})
     avail = next(r["gpus_available"] for r in rows if r["error"] is None)
     typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
+    from simulator.step import MFU_NOTE
+
+    typer.echo(textwrap.fill(MFU_NOTE, terminal.width()))
     if sum(bool(r.get("tied_with_best")) for r in rows) > 1:
         typer.echo(textwrap.fill(
             "* statistically tied with the best plan (the fastest that fits): their error bands "

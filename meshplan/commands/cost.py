@@ -123,7 +123,9 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
-        f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}%"
+        f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}% "
+        f"(causal attention counted in full, as Megatron-LM does; {d['mfu_causal'] * 100:.1f}% "
+        f"counting it as executed)"
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
            f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),

@@ -56,7 +56,10 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
         con.print(result.exhaustive.summary())
     if result.bound_gap is not None:
         con.print(result.bound_gap.summary())
+    from simulator.step import MFU_NOTE
+
     con.print(top_table(result, k, None if width >= 200 else width))
+    con.print(MFU_NOTE.split(" (--json")[0])  # tune has no --json; history.csv's mfu likewise
     return con.export_text()
 
 

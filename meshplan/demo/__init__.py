@@ -163,6 +163,9 @@ def run_demo(output: str | Path, *, trials: int, seed: int, steps: int, cluster:
     best = best_plan(outcome)
     console.print(f"{outcome.result.counts_text()} in {outcome.seconds:.1f} s")
     console.print(_top_table(outcome))
+    from simulator.step import MFU_NOTE
+
+    console.print(MFU_NOTE.split(" (--json")[0])
     files = write_artifacts(out, outcome, best)
     validation = None
     if validate:
