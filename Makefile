@@ -9,7 +9,7 @@ CONSTRAINTS := constraints.txt
 PIP_INSTALL = -m pip install --quiet -c $(CONSTRAINTS)
 LOCK_VENV := $(or $(TMPDIR),/tmp)/meshplan-constraints-venv
 
-.PHONY: demo test bench lint typecheck clean venv constraints
+.PHONY: demo test bench lint typecheck clean venv constraints docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(STAMP_DEV)
 
 test: $(STAMP_DEV)
 	$(PY) -m pytest -q -n 2 --hypothesis-seed=0
+
+# the documentation site (mkdocs.yml) into site/; --strict: a warning (a broken link, a page
+# outside the nav, a docstring mkdocstrings cannot read) fails the build
+docs: $(STAMP_DEV)
+	$(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP_DEV)
 	$(PY) -m benchmarks.run
@@ -56,4 +61,4 @@ constraints:
 	rm -rf $(LOCK_VENV)
 
 clean:
-	rm -rf $(VENV) build *.egg-info reports/demo
+	rm -rf $(VENV) build *.egg-info reports/demo site

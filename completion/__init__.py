@@ -1,5 +1,5 @@
 """completion: program IR, process meshes, dist attrs, SPMD rules, Completer, partition and
-reshard passes. Knows nothing about time or hardware (see DESIGN.md)."""
+reshard passes. Knows nothing about time or hardware (see docs/design.md)."""
 
 from completion.annotate import annotate, shard_megatron
 from completion.backward import BackwardError, append_backward

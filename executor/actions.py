@@ -1,6 +1,6 @@
 """The executor's view of a pipeline schedule: per pipeline stage, the ordered actions.
 
-The executor does not build schedules (``simulator`` does; DESIGN.md: executor imports
+The executor does not build schedules (``simulator`` does; docs/design.md: executor imports
 only ``completion`` and ``clusters``). Its callers pass one in — ``meshplan.validation``
 builds it with ``simulator.build_schedule`` — and the executor reads it duck-typed: a
 schedule is either an object with an ``actions`` attribute or a sequence with one row per

@@ -1,5 +1,5 @@
 """meshplan: how should this model be split on this cluster, and how fast and how big will
-each training step be? See DESIGN.md for the architecture.
+each training step be? See docs/design.md for the architecture.
 
 The public API, imported lazily so that ``meshplan --help`` stays fast::
 

@@ -33,7 +33,7 @@ COMMAND_MODULES = [
     "meshplan.commands.export",
     "meshplan.commands.demo",
 ]
-# Commands of packages above meshplan in DESIGN.md's dependency order (``experiments``
+# Commands of packages above meshplan in docs/design.md's dependency order (``experiments``
 # imports everything, pandas included): the CLI is the composition root and loads them by
 # name, on first use (``meshplan --help`` lists them with this one-line help).
 LAZY_COMMANDS = {

@@ -65,8 +65,8 @@ class Engine:
             fitting that constant, e.g. on Megatron 2021 Table 1).
 
     Raises:
-        EngineError: dp * cp * tp * pp exceeds the cluster, or an option is out of range;
-        ``completion.plan_program.PlanProgramError`` for a plan the model cannot take.
+        EngineError: dp * cp * tp * pp exceeds the cluster, or an option is out of range.
+        PlanProgramError: (``completion.plan_program``) a plan the model cannot take.
     """
 
     def __init__(self, model: Any, cluster: Any, strategy: Strategy | None = None, *,

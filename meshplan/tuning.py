@@ -1,6 +1,6 @@
 """The bridge between the tuner and the cost model: candidates -> Strategy -> Engine.
 
-The tuner does not import meshplan (DESIGN.md dependency direction); it receives a scorer
+The tuner does not import meshplan (docs/design.md dependency direction); it receives a scorer
 built here by :func:`make_scorer` (named in the study as ``"meshplan.tuning:make_scorer"``
 so workers in other processes and on other machines rebuild the same one).
 

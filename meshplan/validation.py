@@ -1,6 +1,6 @@
 """Run and verify plans on torch.distributed with the schedule the simulator plays.
 
-The executor never imports the simulator (DESIGN.md: executor -> completion, clusters);
+The executor never imports the simulator (docs/design.md: executor -> completion, clusters);
 ``meshplan`` may import both, so it builds each plan's pipeline schedule with
 ``simulator.build_schedule`` and passes it to ``executor.run_plan`` / ``executor.verify``
 (``schedule=``), together with the simulator's prediction.

@@ -1,11 +1,11 @@
-"""DESIGN.md's dependency direction, checked on the import graph of every package's source
+"""docs/design.md's dependency direction, checked on the import graph of every package's source
 (every ``import`` / ``from ... import`` statement anywhere in a module, function-local
 ones included, relative imports resolved):
 
     completion -> completion only          clusters -> clusters only
-    simulator  -> completion, clusters     tuner    -> simulator, completion, clusters
-    executor   -> completion, clusters     meshplan -> anything but experiments
-    experiments -> anything
+    simulator  -> completion, clusters     tuner    -> completion (scores come from an
+    executor   -> completion, clusters        injected scorer: meshplan.tuning)
+    meshplan -> anything but experiments   experiments -> anything
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "completion": set(),
     "clusters": set(),
     "simulator": {"completion", "clusters"},
-    "tuner": {"simulator", "completion", "clusters"},
+    "tuner": {"completion"},
     "executor": {"completion", "clusters"},
     "meshplan": {"completion", "clusters", "simulator", "tuner", "executor"},
     "experiments": set(OURS),
@@ -55,7 +55,7 @@ def imported_packages(path: pathlib.Path) -> list[tuple[int, str, str]]:
 
 
 def violations(package: str) -> list[str]:
-    """``file:line imports module`` for every import of ``package`` that DESIGN.md forbids."""
+    """``file:line imports module`` for every import of ``package`` that docs/design.md forbids."""
     allowed = ALLOWED[package] | {package}
     bad = []
     for path in sorted((ROOT / package).rglob("*.py")):

@@ -22,15 +22,22 @@ from optuna.storages.journal import JournalFileBackend
 from meshplan.cli import main
 from meshplan.plan import Plan
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 TITLE = "## Inspect a search with Optuna's tools"
+#: the same guide on the documentation site (the whole page)
+DOCS_PAGE = ROOT / "docs" / "how-to" / "optuna-dashboard.md"
 
 
-def _section() -> tuple[list[str], str]:
-    """(shell commands, continuation lines joined, comments dropped; the Python block)."""
-    text = README.read_text()
-    body = text[text.index(TITLE) + len(TITLE):]
-    body = body[:body.index("\n## ")]
+def _section(source: str = "README") -> tuple[list[str], str]:
+    """(shell commands, continuation lines joined, comments dropped; the Python block) of
+    the README's section, or of the docs page (``source="docs"``)."""
+    if source == "docs":
+        body = DOCS_PAGE.read_text()
+    else:
+        text = README.read_text()
+        body = text[text.index(TITLE) + len(TITLE):]
+        body = body[:body.index("\n## ")]
     blocks = body.split("```")
     bash = next(b for b in blocks if b.startswith("bash\n"))[5:]
     py = next(b for b in blocks if b.startswith("python\n"))[7:]
@@ -39,8 +46,9 @@ def _section() -> tuple[list[str], str]:
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-def test_readme_optuna_section_runs(tmp_path, monkeypatch, capsys):
-    cmds, py = _section()
+@pytest.mark.parametrize("source", ["README", "docs"])
+def test_readme_optuna_section_runs(source, tmp_path, monkeypatch, capsys):
+    cmds, py = _section(source)
     monkeypatch.chdir(tmp_path)
     ran = set()
     for cmd in cmds:

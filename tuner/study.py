@@ -1,6 +1,6 @@
 """The Optuna study: one study per search, define-by-run, resumable, many workers.
 
-The tuner never imports ``meshplan`` (DESIGN.md: meshplan -> tuner -> simulator). Plans are
+The tuner imports neither ``meshplan`` nor the simulator (docs/design.md: meshplan -> tuner -> completion). Plans are
 scored by an injected *scorer*: ``scorer(candidate) -> Score``. Because a worker in another
 process (``--workers N``) or on another machine (``meshplan worker``) must build the same
 scorer, a search names a *scorer factory* by import path (``"meshplan.tuning:make_scorer"``)

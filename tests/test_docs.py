@@ -1,0 +1,118 @@
+"""The documentation site (issue 40): ``mkdocs build --strict`` passes (no broken link or
+anchor, every page in the nav, every docstring readable), the strictness really refuses a
+broken link and an orphan page, and every command block of the docs runs.
+
+The blocks of a page run in order in one scratch folder (a tutorial's later commands use
+what its earlier ones wrote): ```bash blocks line by line with the README runner of
+``tests/test_readme_commands.py`` (the same here-documents, illustrative lines, CI caps
+on trials and steps, shared calibration), ```python blocks with ``exec``. A page whose
+blocks take long is marked slow (:data:`SLOW`). Nothing may be written into the
+repository: the runner works in ``tmp_path`` and the test checks the repository's top
+level after each page."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_readme_commands import _fast, _lines, _run_block, _shared_calibration
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+mkdocs = pytest.importorskip("mkdocs", reason="the docs extra (make test installs it)")
+
+#: pages whose blocks take more than a few seconds (local torch.distributed runs, a
+#: calibration, searches, the time-to-train Monte Carlo): still run by make test
+SLOW = {"tutorials/check-locally.md", "tutorials/search-many-machines.md", "how-to/compare-plans.md",
+        "how-to/cluster-yaml.md", "explanation/search.md", "reference/models.md", "time_to_train.md"}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
+                           "-d", str(site)], capture_output=True, text=True, env=_env(), timeout=600)
+
+
+def test_the_site_builds_strict(tmp_path):
+    proc = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # the generated reference pages are there, with every command of the app
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    for cmd in ("meshplan-cost", "meshplan-tune", "meshplan-clusters-show", "meshplan-report"):
+        assert f'id="{cmd}"' in cli
+    assert "--tensor-model-parallel-size" in cli
+    clusters = (tmp_path / "site" / "reference" / "clusters" / "index.html").read_text()
+    assert 'id="dgx-h100"' in clusters and "provenance" in clusters
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert 'id="meshplan.engine.Engine"' in api and "mfu_causal" in api
+    assert not any(p.name == "gen_reference.py" for p in (tmp_path / "site").rglob("*"))
+
+
+def test_strict_refuses_a_broken_link_and_a_page_outside_the_nav(tmp_path):
+    """The validation settings of mkdocs.yml, on a two-page site: a link to a missing page,
+    a missing anchor and a page left out of the nav each fail the build."""
+    ours = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\n[gone](gone.md) and [no anchor](other.md#nowhere)\n")
+    (docs / "other.md").write_text("# Other\n")
+    (docs / "orphan.md").write_text("# Orphan\n")
+    cfg = {"site_name": "t", "strict": ours["strict"], "validation": ours["validation"],
+           "nav": ["index.md", "other.md"]}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(cfg))
+    proc = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert proc.returncode != 0
+    assert "gone.md" in proc.stderr and "nowhere" in proc.stderr and "orphan.md" in proc.stderr
+
+
+def _pages() -> list[str]:
+    """Every Markdown page of docs/ with a ```bash or ```python block."""
+    return sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
+                  if re.search(r"```(bash|python)\n", p.read_text()))
+
+
+def _blocks(page: str) -> list[tuple[str, str]]:
+    return re.findall(r"```(bash|python)\n(.*?)```", (DOCS / page).read_text(), re.S)
+
+
+PAGES = _pages()
+
+
+def test_every_guide_has_commands_that_run():
+    assert {"tutorials/plan-70b.md", "tutorials/check-locally.md", "tutorials/search-many-machines.md",
+            "how-to/cluster-yaml.md", "how-to/import-configs.md", "how-to/perfetto.md",
+            "how-to/optuna-dashboard.md"} <= set(PAGES)
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p
+                                  for p in PAGES])
+def test_docs_page_commands_run(page, tmp_path, monkeypatch, capsys, request):
+    before = sorted(os.listdir(ROOT))
+    calibrated = None
+    for kind, body in _blocks(page):
+        if kind == "bash" and any(_shared_calibration(_fast(shlex.split(ln))[1:])
+                                  for ln in _lines(body) if ln.startswith("meshplan calibrate")):
+            calibrated = request.getfixturevalue("quick_calibration")[0]
+    ran = 0
+    for kind, body in _blocks(page):
+        if kind == "bash":
+            ran += len(_run_block(body, tmp_path, monkeypatch, capsys, calibrated))
+        else:
+            monkeypatch.chdir(tmp_path)
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(body, f"docs/{page}", "exec"), {})
+            ran += 1
+    assert ran, f"docs/{page}: no block ran"
+    assert sorted(os.listdir(ROOT)) == before, f"docs/{page} wrote into the repository"
