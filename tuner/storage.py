@@ -33,18 +33,22 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import TunerError
+from tuner.errors import StorageError
+from tuner.journal import (
+    JournalError,
+    JournalWriteError,
+    OwnerLock,
+    RecordJournalBackend,
+    TornRecordWarning,
+    check_journal_path,
+    repair,
+)
 
 WORKER_ATTR = "meshplan_worker"
 HEARTBEAT_S = 10
 GRACE_S = 60
-
-
-class StorageError(TunerError):
-    """A storage URL that cannot be used; the message names it."""
 
 
 def _proc_start(pid: int) -> str | None:
@@ -148,22 +152,27 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     ``journal:PATH`` -> that journal file, in a directory that must exist (nothing is
     created beside a path the caller gave); a SQLAlchemy URL -> RDBStorage with heartbeats.
 
-    Raises StorageError naming the URL when its directory is missing, its driver is missing
-    or it is malformed."""
+    A journal path must be a regular file that holds an Optuna journal, or a new file in an
+    existing directory (:func:`tuner.journal.check_journal_path`: ``/dev/full``, a FIFO, a
+    directory or another file are refused before anything is written); a torn record in it
+    is cut out, a copy of the file kept (:func:`tuner.journal.repair`).
+
+    Raises StorageError naming the URL when it is empty, its directory is missing, it is not
+    a journal file, its driver is missing or it is malformed."""
     if url is None:
         if study_dir is None:
             return None
         study_dir.mkdir(parents=True, exist_ok=True)
-        return _journal(study_dir / "journal.log")
+        return _journal(study_dir / "journal.log", f"journal {str(study_dir / 'journal.log')!r}")
     if url.startswith("journal:"):
         url = url[len("journal:"):]
     if "://" not in url:
         parent = Path(url).parent
+        if not url.strip():
+            raise StorageError("storage '' is empty; give a journal file path or a database URL")
         if not parent.is_dir():
             raise StorageError(f"storage {url!r}: directory {str(parent)!r} does not exist")
-        if Path(url).is_dir():
-            raise StorageError(f"storage {url!r} is a directory; give a journal file path")
-        return _journal(Path(url))
+        return _journal(Path(url), f"storage {url!r}")
     url = rdb_url(url)
     for attempt in range(SCHEMA_RACE_RETRIES + 1):
         try:
@@ -185,16 +194,45 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-#: seconds before a journal lock left by a killed worker (SIGKILL while writing) is taken
-#: over; a live writer holds it for milliseconds (Optuna's default is 30 s)
+#: seconds before a journal ``.lock`` file that names no live meshplan holder (one an
+#: Optuna tool left) is taken over; a dead meshplan holder's is taken at once
+#: (:class:`tuner.journal.OwnerLock`); a live writer holds it for milliseconds (Optuna's
+#: default is 30 s)
 LOCK_GRACE_S = 5
 
 
-def _journal(path: Path) -> JournalStorage:
-    """Optuna's journal file storage at ``path`` with a short stale-lock grace period and
-    trial ownership (:class:`OwnedJournalStorage`)."""
-    return OwnedJournalStorage(JournalFileBackend(
-        str(path), lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
+def _journal(path: Path, label: str) -> JournalStorage:
+    """Optuna's journal storage on the file ``path`` with whole-record appends and torn-record
+    repair (:mod:`tuner.journal`), a lock a dead writer does not hold, and trial ownership
+    (:class:`OwnedJournalStorage`). Refuses a path that is not a regular file or not a
+    journal (:func:`tuner.journal.check_journal_path`, naming ``label``) before writing."""
+    check_journal_path(path, label)
+    lock = OwnerLock(str(path), LOCK_GRACE_S)
+    try:
+        backend = RecordJournalBackend(str(path), lock)  # creates an empty file if missing
+    except OSError as e:
+        raise JournalError(f"{label}: cannot create {str(path)!r}: {e.strerror or e}") from None
+    if _torn_tail(path):
+        try:
+            repair(path, lock)
+        except JournalWriteError as e:  # Optuna reads the records before it; appends retry
+            warnings.warn(str(e), TornRecordWarning, stacklevel=2)
+    try:
+        return OwnedJournalStorage(backend)
+    except ValueError:  # a line that is not a record: cut it (a copy kept), then read again
+        if not repair(path, lock):
+            raise
+        return OwnedJournalStorage(RecordJournalBackend(str(path), lock))
+
+
+def _torn_tail(path: Path) -> bool:
+    """True when the file at ``path`` is not empty and does not end in a newline."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 #: URL schemes of PostgreSQL without a driver named (``postgres://`` is Heroku's spelling,
