@@ -32,6 +32,7 @@ from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
 from meshplan.commands import megatron_moe as moe_args
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 
 
@@ -265,6 +266,7 @@ def cost_cmd(
     plot: str | None = typer.Option(None, "--plot", help="Write the step's timeline (Gantt) as a PNG."),
     memory_png: str | None = typer.Option(None, "--memory-png",
                                           help="Write each rank's memory over the step as a PNG."),
+    force: bool = outputs.FORCE,
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
     from meshplan.commands.cost_inputs import assumed_inputs
@@ -317,13 +319,13 @@ def cost_cmd(
         from completion.plan_program import plan_strategy
 
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
-    opt.image_path("--plot", plot)
-    opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster),
                           "--torchtitan-config": opt.input_file(torchtitan_config),
                           "--deepspeed-config": opt.input_file(deepspeed_config), "--trace": trace,
                           "--plot": plot, "--memory-png": memory_png})  # never over an input
+    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image"),
+                           "--memory-png": (memory_png, "image")}, force)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

@@ -311,22 +311,6 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
     return x
 
 
-def image_path(flag: str, path: str | None) -> None:
-    """Refuse, before any work, an image option whose file suffix matplotlib cannot write
-    (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, gif, ...; ValueError
-    naming ``flag``); None passes."""
-    if path is None:
-        return
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    known = sorted(FigureCanvasBase.get_supported_filetypes())
-    name = path.rsplit("/", 1)[-1]
-    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    if suffix not in known:
-        raise ValueError(f"{flag} {path!r}: the file name must end in one of .{', .'.join(known)} "
-                         f"(got {('.' + suffix) if suffix else 'no suffix'})")
-
-
 def writable_file(flag: str, path: str) -> None:
     """Refuse, before any work, an output file the command could not write at its end: a
     directory, a file in a folder that does not exist, or in one this user cannot write
@@ -577,3 +561,11 @@ def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
     raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
                         f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
                         f"give one of them")
+
+
+def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:
+    """The flags of ``params`` (parameter name -> flag) whose value came from the command
+    line of ``ctx`` (click's ``get_parameter_source``), in ``params`` order: for commands
+    that do not record their arguments (not a :class:`StrategyCommand`)."""
+    return [flag for name, flag in params.items()
+            if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
