@@ -153,6 +153,12 @@ class Plan:
             raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting
             raise PlanError(f"plan JSON: {str(e).split(';')[0]}") from None
+        if isinstance(data, Mapping) and "version" not in data:  # the spellings differ by version
+            import warnings
+
+            warnings.warn(f"the plan has no 'version' field: read as version {PLAN_VERSION} (this "
+                          f"meshplan's; version 1 spelled mp, schedule_mode and sharding_stage); "
+                          f"add \"version\": {PLAN_VERSION}", UserWarning, stacklevel=2)
         return cls.from_dict(data)
 
     def on(self, cluster: str | None = None, nodes: int | None = None) -> Plan:

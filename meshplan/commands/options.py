@@ -276,7 +276,8 @@ def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
     """The message for a setting given by two of its aliases with different values (``--tp
     2 --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
     flags as typed; None when every setting is given once or consistently. One flag typed
-    twice keeps the last value, as click and argparse do (an override)."""
+    twice with two values is refused for every command by
+    :func:`meshplan.commands.repeated.repeated_option`."""
     seen: dict[str, tuple[str, str]] = {}
     for i, tok in enumerate(args):
         if tok == "--":
@@ -520,6 +521,11 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
 
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
+    if knobs.get("pp", 1) == 1 and sched is not None and given_flags(ctx, "schedule") \
+            and canonical_schedule(sched) != Strategy.schedule:
+        raise StrategyError(f"{given_flags(ctx, 'schedule')[0]} {canonical_schedule(sched)} orders "
+                            f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
+                            f"or drop it")
     if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
         typed = given_flags(ctx, "vpp")
         if typed:

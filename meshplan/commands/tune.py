@@ -372,6 +372,7 @@ def tune_cmd(
 
     from meshplan import terminal
     from meshplan.commands.tune_sizes import tune_over_sizes
+    from meshplan.commands.unused import check_tune_options
     from tuner.search import MEMORY, search
     from tuner.space import SpaceError, parse_fix
 
@@ -399,6 +400,7 @@ def tune_cmd(
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
                             opt.value(cp_comm))
 
+    check_tune_options(ctx, fixed, fix_items, gpus)
     try:
         cfg = config_for(nodes)
     except SpaceError as e:
