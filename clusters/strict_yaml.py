@@ -28,30 +28,30 @@ class StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader without YAML 1.1's implicit-type surprises (module docstring):
     each refused scalar raises ``yaml.constructor.ConstructorError`` with its position."""
 
-    def _refuse(self, node: Any, read: Any, write: str) -> None:
+    def _refuse(self, node: Any, read: str, write: str) -> None:
         raise yaml.constructor.ConstructorError(
-            None, None, f"{node.value!r} reads as {read!r} in YAML 1.1 (PyYAML) but otherwise in "
+            None, None, f"{node.value!r} reads as {read} in YAML 1.1 (PyYAML) but otherwise in "
                         f"YAML 1.2; {write}", node.start_mark)
 
     def construct_yaml_int(self, node: Any) -> Any:
         """An integer of a form both YAML versions read alike; else refused."""
         value = super().construct_yaml_int(node)
         if node.style is None and not _INT_OK.fullmatch(node.value):
-            self._refuse(node, value, "write the number in decimal, or quote it for text")
+            self._refuse(node, repr(value), "write the number in decimal, or quote it for text")
         return value
 
     def construct_yaml_float(self, node: Any) -> Any:
         """A float of a form both YAML versions read alike; else refused."""
         value = super().construct_yaml_float(node)
         if node.style is None and not _FLOAT_OK.fullmatch(node.value):
-            self._refuse(node, value, "write it as 1.5 or 1.5e+3, or quote it for text")
+            self._refuse(node, repr(value), "write it as 1.5 or 1.5e+3, or quote it for text")
         return value
 
     def construct_yaml_bool(self, node: Any) -> Any:
         """``true`` / ``false`` only (not ``yes``, ``on``, ``y`` ...)."""
         value = super().construct_yaml_bool(node)
         if node.style is None and node.value not in _BOOL_OK:
-            self._refuse(node, value, "write true or false, or quote it for text")
+            self._refuse(node, repr(value), "write true or false, or quote it for text")
         return value
 
     def construct_yaml_timestamp(self, node: Any, values: Any = None) -> Any:

@@ -521,9 +521,10 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
 
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
-    if knobs.get("pp", 1) == 1 and sched is not None and given_flags(ctx, "schedule") \
-            and canonical_schedule(sched) != Strategy.schedule:
-        raise StrategyError(f"{given_flags(ctx, 'schedule')[0]} {canonical_schedule(sched)} orders "
+    sched_flag = given_flags(ctx, "schedule") + typed_flags(ctx, "--schedules")  # compare's too
+    if knobs.get("pp", 1) == 1 and knobs.get("vpp", 1) == 1 and sched is not None \
+            and sched_flag and canonical_schedule(sched) != Strategy.schedule:
+        raise StrategyError(f"{sched_flag[0]} {canonical_schedule(sched)} orders "
                             f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
                             f"or drop it")
     if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
