@@ -46,7 +46,8 @@ def calibrate_cmd(
     check_output("--output", output, "cluster", force)  # before minutes of measuring, not after
     _refuse_unused(ctx, bool(from_trace))
     if not from_trace:
-        check_processes("--nproc", nproc, "ranks timing collectives")
+        check_processes("--nproc", nproc, "ranks", "the collective timings it records would "
+                        "measure their contention, and take minutes")
     if from_trace:
         _from_trace(from_trace, plan, cluster, output, name)
         return

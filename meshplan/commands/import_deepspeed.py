@@ -199,9 +199,15 @@ def read_config(path: str | Path) -> dict[str, Any]:
     column of a JSON syntax error) when it cannot be read, is not an object, or repeats a
     key in one object (DeepSpeed refuses that too: ``runtime/config_utils.py``
     ``dict_raise_error_on_duplicate_keys``)."""
+    from completion.nesting import json_depth, too_deep
+
     src = str(path)
     try:
-        doc = json.loads(Path(path).read_text(), object_pairs_hook=_no_duplicates)
+        text = Path(path).read_text()
+        deep = too_deep(json_depth(text), "the DeepSpeed config")  # named with src below
+        if deep:
+            raise DeepSpeedConfigError(deep)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except OSError as e:
         raise DeepSpeedConfigError(f"{src}: cannot read the DeepSpeed config ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

@@ -310,8 +310,14 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         raise TorchtitanConfigError("--torchtitan-config reads TOML with Python 3.11's tomllib; "
                                     "this is Python 3.10") from None
+    from completion.nesting import toml_depth, too_deep
+
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        deep = too_deep(toml_depth(text), f"{src}: the torchtitan config")
+        if deep:
+            raise TorchtitanConfigError(deep)
+        doc = tomllib.loads(text)
     except OSError as e:
         raise TorchtitanConfigError(f"{src}: cannot read the torchtitan config ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

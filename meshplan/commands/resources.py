@@ -32,12 +32,12 @@ def process_limit() -> int:
     return max(MIN_PROCESSES, host_cores())
 
 
-def check_processes(flag: str, n: int, what: str) -> None:
-    """Refuse ``n`` processes (``what``: what each one is) beyond :func:`process_limit`:
-    ResourceError naming ``flag``, ``n``, the core count and why."""
+def check_processes(flag: str, n: int, what: str, why: str) -> None:
+    """Refuse ``n`` processes (``what``: what each one is; ``why``: what oversubscribing
+    would cost) beyond :func:`process_limit`: ResourceError naming ``flag``, ``n`` and the
+    core count."""
     limit = process_limit()
     if n > limit:
         cores = host_cores()
         raise ResourceError(f"{flag} {n}: this host has {cores} core(s); {n} {what} would run "
-                            f"{n / cores:.0f} to a core (no faster than {limit}, and their timings "
-                            f"meaningless): give at most {limit}")
+                            f"{n / cores:.0f} to a core ({why}): give at most {limit}")

@@ -14,12 +14,18 @@ class UnusedOptionError(MeshplanError):
 
 
 def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | None,
-                       gpus: str | None) -> None:
+                       gpus: str | None, workers: int = 1) -> None:
     """Refuse, before any search, a ``tune`` command line with an option that cannot act:
     an empty ``--fix`` item; ``--vpp N > 1`` or an interleaved ``--schedule`` pinned with
     ``--pp 1`` (no pipeline to interleave: cost refuses the same plan); ``--objective``
-    without ``--gpus`` (one size: the cheapest plan is the fastest). ``fixed``: the knobs the
-    options and ``--fix`` pin. Raises UnusedOptionError naming the option."""
+    without ``--gpus`` (one size: the cheapest plan is the fastest); more ``--workers``
+    than this host's cores (:func:`meshplan.commands.resources.check_processes`).
+    ``fixed``: the knobs the options and ``--fix`` pin. Raises UnusedOptionError (or
+    ResourceError) naming the option."""
+    from meshplan.commands.resources import check_processes
+
+    check_processes("--workers", workers, "worker processes", "no faster than one per core: "
+                    "each scores plans with the CPU")
     from completion.strategy import interleaved
     from meshplan.commands import options as opt
 
