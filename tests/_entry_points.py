@@ -94,7 +94,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         warnings.simplefilter("ignore")
         try:
             rc = main(argv)
-        except BaseException as e:  # noqa: BLE001 - a traceback is what the fuzz looks for
+        except BaseException:  # noqa: BLE001 - a traceback is what the fuzz looks for
             import traceback
 
             return 99, out.getvalue(), err.getvalue() + "Traceback\n" + traceback.format_exc()

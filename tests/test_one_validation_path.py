@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from tests._entry_points import as_the_cli_reads_it, plans, via_api, via_flags, via_plan_file
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(p=plans())
 def test_every_entry_point_accepts_and_refuses_the_same_plans(tmp_path, p):
     api, plan, flags = via_api(p), via_plan_file(p, tmp_path), via_flags(p)
