@@ -112,6 +112,8 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
         f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}%"
+        + (f" of the FP8 peak ({d['mfu_bf16'] * 100:.1f}% of the BF16 peak, as NeMo and "
+           f"torchtitan report it)" if abs(d["mfu_bf16"] - d["mfu"]) > 1e-12 else "")
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
            f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),
