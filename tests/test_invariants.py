@@ -79,7 +79,7 @@ def test_memory_never_rises_with_the_zero_stage_the_framework_runs(p):
     stages = [z for z in (0, 1, 2, 3) if _runs(p["framework"], z, p["dp"], p["tp"], p["pp"])]
     mem = {z: r.max_memory_bytes for z in stages if (r := _run(p, zero=z)) is not None}
     got = sorted(mem)
-    for lo, hi in zip(got, got[1:]):
+    for lo, hi in zip(got, got[1:], strict=False):
         assert mem[hi] <= mem[lo], (p, {z: mem[z] / 2**30 for z in got})
 
 
