@@ -139,3 +139,18 @@ def test_tune_output_of_another_study_is_refused_and_the_same_study_resumes(tmp_
     assert "no study this command knows" in line
     line = one_line_error(*run_main(capsys, *TUNE, "--output", ""))
     assert "--output is empty" in line
+
+
+def test_the_default_validation_log_grows_but_only_as_a_validation_csv(tmp_path, monkeypatch, capsys):
+    """``reports/validation.csv`` (the default ``--csv``) is the experiment reports' log:
+    it takes a row without ``--append``, but only when it is a validation CSV."""
+    import shutil
+
+    plan = tmp_path / "dp2.json"
+    shutil.copy("benchmarks/plans/dp2.json", plan)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    log = tmp_path / "reports" / "validation.csv"
+    log.write_text("something,else\n1,2\n")
+    line = one_line_error(*run_main(capsys, "validate", str(plan), "--nproc", "2"))
+    assert "columns are not this command's" in line and log.read_text() == "something,else\n1,2\n"

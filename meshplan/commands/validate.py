@@ -156,8 +156,8 @@ def validate_cmd(
     check: bool = typer.Option(True, "--verify/--no-verify",
                                help="Also check the numerics against one process."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
-    csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to write a row to (one that "
-                                 "exists needs --append or --force)."),
+    csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to write a row to (one given "
+                                 "that exists needs --append or --force; the default log grows)."),
     append: bool = outputs.APPEND,
     force: bool = outputs.FORCE,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -197,7 +197,11 @@ def validate_cmd(
 
     check_plan(plan, nproc)  # the rank count first: a memory check on the wrong count misleads
 
-    _check_csv(csv_path, append, force)  # before the ranks run: a measurement is never lost
+    # before the ranks run: a measurement is never lost. The default log (reports/
+    # validation.csv, the experiment reports' input) is meant to grow: it takes a row
+    # without --append, if it is a validation CSV
+    default_log = ctx.get_parameter_source("csv_path").name != "COMMANDLINE"
+    _check_csv(csv_path, append or (default_log and not force), force)
 
     cores, before = host_cores(), host_load()
     fp32 = plan.strategy.dtype == "float32"
