@@ -194,6 +194,31 @@ def _rewrite(path: Path, data: bytes) -> None:
                                 f"{e.strerror or e}") from None
 
 
+#: bytes read back from a journal's end to find its last line (a record is a few KiB)
+TAIL_BYTES = 1 << 20
+
+
+def whole_tail(fd: int) -> bool:
+    """True when the journal open at ``fd`` is empty or ends with a whole record: a newline
+    after a line that parses as a JSON object. A torn last record has no newline; a record
+    an older meshplan appended onto a torn one has one but does not parse (Optuna's reader
+    skips such a last line in silence, and fails on it once another record follows). A
+    last line longer than :data:`TAIL_BYTES` counts as whole."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return True
+    tail = os.pread(fd, min(size, TAIL_BYTES), max(0, size - TAIL_BYTES))
+    if not tail.endswith(b"\n"):
+        return False
+    start = tail.rfind(b"\n", 0, len(tail) - 1)
+    if start < 0 and size > TAIL_BYTES:
+        return True
+    try:
+        return isinstance(json.loads(tail[start + 1:]), dict)
+    except ValueError:
+        return False
+
+
 def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int]) -> None:
     """``write`` until all of ``data`` is written (a short write continues where it ended)."""
     view = memoryview(data)
@@ -205,8 +230,8 @@ def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int]) -> None
 class RecordJournalBackend(JournalFileBackend):
     """Optuna's journal file backend whose appends are whole records or nothing.
 
-    ``append_logs`` runs under ``lock``: it cuts a torn tail a dead writer left (a copy of
-    the file kept, :class:`TornRecordWarning`), writes the records, fsyncs, and on any
+    ``append_logs`` runs under ``lock``: it cuts a torn tail a dead writer left
+    (:func:`whole_tail`; a copy of the file kept, :class:`TornRecordWarning`), writes the records, fsyncs, and on any
     OSError cuts the file back to its size before the append and raises
     :class:`JournalWriteError` naming the file (the first such error is kept in
     :attr:`failure`). Reads are Optuna's."""
@@ -233,7 +258,7 @@ class RecordJournalBackend(JournalFileBackend):
             raise self._failed(f"cannot open it for writing: {e.strerror or e}") from None
         try:
             size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
+            if not whole_tail(fd):  # a writer died mid-record (or an older meshplan merged one)
                 os.close(fd)
                 fd = -1
                 repair(path, _Held())

@@ -44,6 +44,7 @@ from tuner.journal import (
     TornRecordWarning,
     check_journal_path,
     repair,
+    whole_tail,
 )
 
 WORKER_ATTR = "meshplan_worker"
@@ -212,7 +213,7 @@ def _journal(path: Path, label: str) -> JournalStorage:
         backend = RecordJournalBackend(str(path), lock)  # creates an empty file if missing
     except OSError as e:
         raise JournalError(f"{label}: cannot create {str(path)!r}: {e.strerror or e}") from None
-    if _torn_tail(path):
+    if not _whole_tail(path):
         try:
             repair(path, lock)
         except JournalWriteError as e:  # Optuna reads the records before it; appends retry
@@ -225,14 +226,13 @@ def _journal(path: Path, label: str) -> JournalStorage:
         return OwnedJournalStorage(RecordJournalBackend(str(path), lock))
 
 
-def _torn_tail(path: Path) -> bool:
-    """True when the file at ``path`` is not empty and does not end in a newline."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() == 0:
-            return False
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) != b"\n"
+def _whole_tail(path: Path) -> bool:
+    """:func:`tuner.journal.whole_tail` of the file at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return whole_tail(fd)
+    finally:
+        os.close(fd)
 
 
 #: URL schemes of PostgreSQL without a driver named (``postgres://`` is Heroku's spelling,
