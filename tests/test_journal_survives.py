@@ -143,7 +143,7 @@ def _reference(tmp: Path, whole: bytes) -> dict[int, tuple]:
         return {}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 1.0))
 def test_a_journal_cut_at_any_byte_resumes_without_loss_or_repeat(tmp_path_factory,
                                                                    journal_of_a_dead_worker, cut):

@@ -114,7 +114,7 @@ def test_append_csv_never_mixes_its_rows_into_another_csv(tmp_path):
 
 TUNE = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1",
         "--global-batch-size", "32", "--seq-len", "4096", "--layers", "4", "--no-progress",
-        "--trials", "2", "--sampler", "random"]
+        "--sampler", "random"]
 
 
 @pytest.mark.slow
@@ -122,22 +122,22 @@ def test_tune_output_of_another_study_is_refused_and_the_same_study_resumes(tmp_
     """``tune --output DIR`` replaced another study's plan.json and history.csv: refused
     unless --force; rerunning the same command line resumes its study there."""
     out = tmp_path / "run"
-    rc, _, err = run_main(capsys, *TUNE, "--output", str(out))
+    rc, _, err = run_main(capsys, *TUNE, "--output", str(out), "--trials", "2")
     assert rc == 0, err
     plan = (out / "plan.json").read_text()
     rc, _, err = run_main(capsys, *TUNE, "--output", str(out), "--trials", "3")  # the same study
     assert rc == 0, err
-    line = one_line_error(*run_main(capsys, *TUNE, "--output", str(out), "--seed", "7"))
+    line = one_line_error(*run_main(capsys, *TUNE, "--output", str(out), "--seed", "7", "--trials", "2"))
     assert "--output" in line and "holds the results of study" in line and "--force" in line
     assert (out / "plan.json").exists()
-    rc, _, err = run_main(capsys, *TUNE, "--output", str(out), "--seed", "7", "--force")
+    rc, _, err = run_main(capsys, *TUNE, "--output", str(out), "--seed", "7", "--force", "--trials", "2")
     assert rc == 0, err
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "plan.json").write_text(plan)  # a plan.json no tune report names
-    line = one_line_error(*run_main(capsys, *TUNE, "--output", str(foreign)))
+    line = one_line_error(*run_main(capsys, *TUNE, "--output", str(foreign), "--trials", "2"))
     assert "no study this command knows" in line
-    line = one_line_error(*run_main(capsys, *TUNE, "--output", ""))
+    line = one_line_error(*run_main(capsys, *TUNE, "--output", "", "--trials", "2"))
     assert "--output is empty" in line
 
 
