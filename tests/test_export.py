@@ -283,6 +283,8 @@ def plans(draw) -> Plan:
     cp = draw(st.sampled_from([1, 1, 2, 4]))
     schedule = draw(st.sampled_from(["1F1B", "FThenB", "VPP", "ZBH1", "ZBVPP", "ZB-1p"]))
     vpp = {"VPP": draw(st.sampled_from([2, 3, 4])), "ZBVPP": 2}.get(schedule, 1)
+    if pp == 1 and vpp == 1:  # one stage has no pipeline to schedule (Strategy: 1F1B only)
+        schedule = "1F1B"
     micro = draw(st.sampled_from([1, 2]))
     m = draw(st.integers(1, 8))
     model = draw(st.sampled_from(["llama2-7b", "gpt3-175b"]))

@@ -64,10 +64,11 @@ def _as_a_worker_that_exits(monkeypatch) -> None:
 
     import tuner.storage
     import tuner.study
+    import tuner.workers
 
     gone = {"host": socket.gethostname(), "pid": 2**22 + 11, "start": "1"}
-    monkeypatch.setattr(tuner.storage, "worker_id", lambda: dict(gone))
-    monkeypatch.setattr(tuner.study, "worker_id", lambda: dict(gone))
+    for module in (tuner.workers, tuner.storage, tuner.study):
+        monkeypatch.setattr(module, "worker_id", lambda: dict(gone))
 
 
 def _valid(journal: Path) -> None:

@@ -45,6 +45,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock
 
 from tuner.errors import StorageError
+from tuner.workers import worker_alive, worker_token
 
 #: how every Optuna journal record starts (``JournalStorage._write_log`` writes ``op_code``
 #: first, ``json.dumps`` with ``separators=(",", ":")``)
@@ -64,9 +65,10 @@ class JournalWriteError(JournalError):
     was left as it was before the append. The message names the file and the OS error."""
 
 
-class TornRecordWarning(UserWarning):
+class TornRecordWarning(JournalError, UserWarning):
     """A torn record was cut from a journal (a copy of the file was kept); names the file
-    and line."""
+    and line. A warning (the study goes on), of the tuner's error family as
+    ``completion.models.config.ModelConfigWarning`` is of completion's."""
 
 
 def check_journal_path(path: Path, label: str) -> None:
@@ -153,7 +155,7 @@ def repair(path: Path, lock: BaseJournalFileLock) -> bool:
     when the copy or the rewrite cannot be written (the journal is then left as it was)."""
     lock.acquire()
     try:
-        data = path.read_bytes()
+        data = original = path.read_bytes()
         changed, saved = False, None
         while (torn := _scan(data)) is not None:
             number, rest, start = torn
@@ -173,15 +175,26 @@ def repair(path: Path, lock: BaseJournalFileLock) -> bool:
             data = data[:start] + rest
             changed = True
         if changed:
-            _rewrite(path, data)
+            _rewrite(path, data, original)
         return changed
     finally:
         lock.release()
 
 
-def _rewrite(path: Path, data: bytes) -> None:
-    """Replace the file's bytes by ``data`` (a temporary file renamed over it: whole or not
-    at all). Raises JournalWriteError naming the file."""
+def _rewrite(path: Path, data: bytes, original: bytes) -> None:
+    """Replace the file's bytes ``original`` by ``data``: cut in place when ``data`` is a
+    prefix of it (a torn tail: the file keeps its inode, so the lock other writers hold on
+    it stays theirs), else a temporary file renamed over it (whole or not at all). Raises
+    JournalWriteError naming the file."""
+    if original.startswith(data):
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(len(data))
+                os.fsync(f.fileno())
+            return
+        except OSError as e:
+            raise JournalWriteError(f"journal {str(path)!r}: cannot cut its torn tail: "
+                                    f"{e.strerror or e}") from None
     tmp = path.with_name(f".{path.name}.repair")
     try:
         tmp.write_bytes(data)
@@ -294,18 +307,10 @@ class _Held(BaseJournalFileLock):
         """Nothing to give back."""
 
 
-def _token() -> str:
-    from tuner.storage import worker_token
-
-    return worker_token()
-
-
 def _holder_dead(text: str) -> bool:
     """True when ``text`` (a ``.lock`` file's ``host:pid:start``) names a process of this
     host that is gone; False for another host, a live process, or no token (an Optuna
     tool's lock: its grace period applies)."""
-    from tuner.storage import worker_alive
-
     host, _, rest = text.partition(":")
     pid, _, start = rest.partition(":")
     if not host or not pid.isdigit():
@@ -344,7 +349,7 @@ class OwnerLock(BaseJournalFileLock):
     def _take_lock_file(self) -> None:
         tmp = f"{self._lock_file}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            f.write(_token())
+            f.write(worker_token())
         try:
             mtime, since = None, time.monotonic()
             while True:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -46,31 +45,11 @@ from tuner.journal import (
     repair,
     whole_tail,
 )
+from tuner.workers import proc_start, worker_alive, worker_id, worker_token  # noqa: F401 (re-exported)
 
 WORKER_ATTR = "meshplan_worker"
 HEARTBEAT_S = 10
 GRACE_S = 60
-
-
-def _proc_start(pid: int) -> str | None:
-    """The start time (clock ticks since boot) of ``pid`` from /proc, None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def worker_id() -> dict[str, Any]:
-    """This process: host name, pid and process start time."""
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
-
-
-def worker_token(w: dict[str, Any] | None = None) -> str:
-    """A worker's identity as one string ``host:pid:start`` (default: this process)."""
-    w = worker_id() if w is None else w
-    return f"{w.get('host')}:{w.get('pid')}:{w.get('start')}"
 
 
 #: system attr prefix of a worker's claim on an enqueued trial (before it owns it)
@@ -124,23 +103,6 @@ def trial_owners(t: FrozenTrial) -> list[dict[str, Any]]:
     if w is not None:
         return [w]
     return [v for k, v in t.system_attrs.items() if k.startswith(CLAIM_PREFIX)]
-
-
-def worker_alive(w: dict[str, Any]) -> bool | None:
-    """True/False for a worker on this host; None when it ran on another host."""
-    if w.get("host") != socket.gethostname():
-        return None
-    pid = int(w.get("pid", -1))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    start = _proc_start(pid)
-    return start is None or w.get("start") is None or start == w.get("start")
 
 
 #: attempts after a lost race creating the schema (workers starting at once)

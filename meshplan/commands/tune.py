@@ -400,7 +400,7 @@ def tune_cmd(
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
                             opt.value(cp_comm))
 
-    check_tune_options(ctx, fixed, fix_items, gpus, workers)
+    check_tune_options(ctx, fixed, fix_items, gpus, workers, objective)
     try:
         cfg = config_for(nodes)
     except SpaceError as e:

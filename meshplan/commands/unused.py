@@ -14,7 +14,7 @@ class UnusedOptionError(MeshplanError):
 
 
 def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | None,
-                       gpus: str | None, workers: int = 1) -> None:
+                       gpus: str | None, workers: int = 1, objective: str = "cost") -> None:
     """Refuse, before any search, a ``tune`` command line with an option that cannot act:
     an empty ``--fix`` item; ``--vpp N > 1`` or an interleaved ``--schedule`` pinned with
     ``--pp 1`` (no pipeline to interleave: cost refuses the same plan); ``--objective``
@@ -45,6 +45,9 @@ def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | N
         if fixed.get("schedule") is not None and interleaved(fixed["schedule"]):
             raise UnusedOptionError(f"{pinned('schedule')} interleaves a pipeline's chunks, and "
                                     f"{pinned('pp')} has no pipeline")
-    if gpus is None and opt.typed_flags(ctx, "--objective"):
+    from tuner.sizing import OBJECTIVES
+
+    # an unknown objective is refused by name where the sizes are checked
+    if gpus is None and opt.typed_flags(ctx, "--objective") and objective in OBJECTIVES:
         raise UnusedOptionError("--objective picks among cluster sizes: give it with --gpus (on "
                                 "one size the cheapest plan is the fastest)")
