@@ -53,6 +53,18 @@ def annotate(program: Program, value_name: str | int, mesh: ProcessMesh,
     return set_annotation(program, v, mesh, dims_mapping, placements)
 
 
+def check_parameter_placement(v: Value, attr: TensorDistAttr) -> None:
+    """A parameter is held whole or sharded, never Partial: a Partial placement (DTensor)
+    means each rank holds a term of a pending reduction (sum, avg, max, min), which an
+    optimizer cannot update and a forward cannot read; completion gives Partial only to
+    results (a row-parallel matmul's output, a gradient before its reduce). Raises
+    DistAttrError naming the parameter and the placement."""
+    if v.is_parameter and attr.partial:
+        dim, op = attr.partial[0]
+        raise DistAttrError(f"{v.label()}: a parameter cannot be Partial({op}) (on mesh dim "
+                            f"{dim}); give Shard(dim) or Replicate()")
+
+
 def set_annotation(program: Program, v: Value, mesh: ProcessMesh,
                    dims_mapping: Sequence[int] | None = None,
                    placements: Sequence[Placement] | None = None) -> TensorDistAttr:
@@ -67,6 +79,7 @@ def set_annotation(program: Program, v: Value, mesh: ProcessMesh,
             dm = [-1] * v.ndim if dims_mapping is None else dims_mapping
             attr = TensorDistAttr(mesh, dm)
         attr.check_shape(v.shape, v.label())
+        check_parameter_placement(v, attr)
     except DistAttrError as e:
         # check_shape names the value already: once is enough
         raise DistAttrError(f"annotate {v.label()}: {str(e).removeprefix(v.label() + ': ')}") from None

@@ -47,6 +47,7 @@ from typing import Any
 from completion.annotate import (
     annotate,
     annotated_ranks,
+    check_parameter_placement,
     clear_annotations,
     set_annotation,
     shard_megatron,
@@ -180,7 +181,7 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
         if s.annotation != "megatron":
             raise PlanProgramError(f"strategy field 'ep' = {s.ep} needs annotation 'megatron' "
                                    f"(the layout that places the experts), got {s.annotation!r}")
-    if cfg is not None and s.annotation == "megatron":
+    if cfg is not None:  # every layout that splits attention over tp needs whole heads
         check_tensor_parallel(cfg, s.tp, source.seq_len, s.sequence_parallel, s.cp)
     if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
         raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
@@ -230,7 +231,33 @@ def _file_annotation(prog: Program, source: ModelSource, s: Strategy) -> bool:
         raise PlanProgramError(f"program {source.name!r} is annotated for ranks {list(ranks)} but "
                                f"the strategy's mesh dp*tp = {s.dp}*{s.tp} has ranks "
                                f"0..{s.dp * s.tp - 1}")
+    check_meshes(prog, source.name)
+    for v in prog.parameters():  # the program's own placements obey the annotation rule
+        if v.dist_attr is not None:
+            check_parameter_placement(v, v.dist_attr)
     return True
+
+
+def check_meshes(prog: Program, name: str) -> None:
+    """The process meshes of a program's dist attrs must be equal or disjoint (one mesh per
+    pipeline stage, as Paddle's partitioned programs have): two meshes that share some ranks
+    but not all place one rank in two stages at once, which no schedule runs. Raises
+    PlanProgramError naming both."""
+    meshes = sorted({a.process_mesh for a in _dist_attrs(prog)}, key=lambda m: m.process_ids)
+    for i, a in enumerate(meshes):
+        for b in meshes[i + 1:]:
+            if set(a.process_ids) & set(b.process_ids):
+                raise PlanProgramError(
+                    f"program {name!r} uses process meshes {list(a.shape)} on ranks "
+                    f"{list(a.process_ids)} and {list(b.shape)} on ranks {list(b.process_ids)}, "
+                    f"which share ranks without being the same mesh; give each pipeline stage "
+                    f"its own mesh (equal or disjoint)")
+
+
+def _dist_attrs(prog: Program) -> list[Any]:
+    """Every dist attr of the program's values and ops."""
+    return ([v.dist_attr for v in prog.values() if v.dist_attr is not None]
+            + [op.dist_attr for op in prog.ops if op.dist_attr is not None])
 
 
 _LAYER0 = re.compile(r"^(.*\blayers\.)0(\..+)$")

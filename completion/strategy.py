@@ -270,6 +270,13 @@ class Strategy:
         if self.schedule == "ZBVPP" and self.vpp != 2:
             raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
                                 f"a V), got {self.vpp}")
+        if self.pp == 1 and self.vpp == 1 and self.schedule != "1F1B":
+            raise StrategyError(f"strategy field 'schedule' is {self.schedule!r} but pp = 1 has no "
+                                f"pipeline to schedule (every schedule is the same step there): "
+                                f"use 1F1B, the default, or pp > 1")
+        if self.schedule == "VPP" and self.vpp == 1 and self.pp > 1:
+            raise StrategyError("strategy field 'vpp' is 1 with schedule 'VPP': one model chunk "
+                                "per pipeline rank is 1F1B; give vpp >= 2, or schedule 1F1B")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
                                 f"{self.schedule!r} runs one chunk per rank; use schedule VPP (or ZBVPP at vpp 2)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from completion.json_keys import unique_keys
 from completion.models.config import MAX_MODEL_SIZES
+from completion.nesting import json_depth
 from meshplan.errors import MeshplanError
 from meshplan.strategy import Strategy, StrategyError
 
@@ -143,7 +143,7 @@ class Plan:
         (an integer of more than 4300 digits), or the bad field."""
         if not isinstance(text, str):
             raise PlanError(f"plan JSON must be text, got {type(text).__name__}")
-        depth = _max_depth(text)
+        depth = json_depth(text)
         if depth > MAX_JSON_DEPTH:
             raise PlanError(f"plan JSON is nested {depth} levels deep; a plan has at most "
                             f"{MAX_JSON_DEPTH} (meshplan.plan.MAX_JSON_DEPTH)")
@@ -153,6 +153,12 @@ class Plan:
             raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting
             raise PlanError(f"plan JSON: {str(e).split(';')[0]}") from None
+        if isinstance(data, Mapping) and "version" not in data:  # the spellings differ by version
+            import warnings
+
+            warnings.warn(f"the plan has no 'version' field: read as version {PLAN_VERSION} (this "
+                          f"meshplan's; version 1 spelled mp, schedule_mode and sharding_stage); "
+                          f"add \"version\": {PLAN_VERSION}", UserWarning, stacklevel=2)
         return cls.from_dict(data)
 
     def on(self, cluster: str | None = None, nodes: int | None = None) -> Plan:
@@ -238,20 +244,5 @@ def _beside(ref: str, plan_path: Path) -> str:
     return ref
 
 
-def _max_depth(text: str) -> int:
-    """Deepest nesting of ``[`` / ``{`` in JSON ``text`` outside strings (no recursion)."""
-    brackets = _NON_BRACKET.sub("", _JSON_STRING.sub("", text))
-    depth = worst = 0
-    for ch in brackets:
-        if ch in "[{":
-            depth += 1
-            worst = max(worst, depth)
-        else:
-            depth -= 1
-    return worst
-
-
 #: suffixes of the model and cluster references that are files, not catalog names
 _FILE_SUFFIXES = (".json", ".yaml", ".yml", ".pir", ".txt")
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NON_BRACKET = re.compile(r"[^\[\]{}]+")

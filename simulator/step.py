@@ -69,6 +69,8 @@ class StepConfig:
     boundary_bytes: float
     tokens_per_step: int
     peak_flops: float
+    """FLOP/s MFU divides by: the peak of the plan's fastest GEMM precision
+    (``Roofline.mfu_peak``: FP8's for an FP8 plan)."""
     overlap: float = 0.0
     overlap_dp_sync: bool = False
     layers_per_stage: tuple[int, ...] | None = None
@@ -95,6 +97,9 @@ class StepConfig:
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
+    bf16_peak_flops: float = 0.0
+    """The device's BF16 peak (``Roofline.bf16_mfu_peak``): NeMo's and torchtitan's MFU
+    of an FP8 plan divides by it (0: :attr:`peak_flops`)."""
     cp: int = 1
     """Context-parallel ranks of the plan before folding (``completion.context_parallel
     .fold_strategy``: the step runs dp * cp replicas, so ``dp`` holds both): only the NCCL
@@ -123,7 +128,8 @@ class StepConfig:
                    param_bytes=dbytes, grad_bytes=dbytes,
                    optimizer_bytes=optimizer_bytes_per_param(s.dtype, s.optimizer),
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
-                   peak_flops=roofline.mfu_peak(), overlap=overlap,
+                   peak_flops=roofline.mfu_peak(fp8=getattr(s, "fp8", None) is not None),
+                   bf16_peak_flops=roofline.bf16_mfu_peak(), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
@@ -157,6 +163,8 @@ class StepResult:
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
+    """Model FLOPs / (step x GPUs x the peak of the plan's fastest GEMM precision: FP8's for
+    an FP8 plan, else the largest 16-bit one), in [0, 1]."""
     max_memory_bytes: int
     time_breakdown: dict[str, float]
     memory_breakdown: dict[str, int]
@@ -185,6 +193,9 @@ class StepResult:
     dp_buckets: list[list[tuple[int, int]]] = field(default_factory=list, repr=False)
     """Per pipeline rank, (start, end) ns of each gradient bucket's reduce on its dp
     stream (``simulator.dp_stream.grad_reduce_intervals``)."""
+    mfu_bf16: float = 0.0
+    """Model FLOPs over the BF16 peak instead (NeMo's and torchtitan's MFU, an FP8 run's
+    too; above 1 for a fast FP8 plan); equal to :attr:`mfu` for a plan without FP8."""
 
     def events(self) -> list[Any]:
         """Every action of the step on its stream, start order
@@ -232,6 +243,7 @@ class StepResult:
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
+            "mfu_bf16": self.mfu_bf16,
             "max_memory_bytes": self.max_memory_bytes,
             "time_breakdown_s": self.time_breakdown,
             "memory_breakdown_bytes": self.memory_breakdown,
@@ -370,6 +382,7 @@ class StepModel:
             step_time=step, tokens_per_s=c.tokens_per_step / step,
             tflops_per_gpu=(mflops + rec) / step / world / 1e12,
             mfu=mflops / (step * world * c.peak_flops),
+            mfu_bf16=mflops / (step * world * (c.bf16_peak_flops or c.peak_flops)),
             max_memory_bytes=int(heavy["memory"]["total"]),
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,

@@ -16,7 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from meshplan.engine import Engine
 from meshplan.strategy import Strategy
-from tests._cli import run_main
+from tests._cli import run_main, with_flags
 from tuner.explain import why_best, why_none
 from tuner.result import GIB, TuneResult
 
@@ -44,8 +44,8 @@ def test_cost_json_echoes_the_inputs_it_assumed(capsys):
 
 
 def test_cost_names_where_seq_len_and_attention_came_from(capsys):
-    rc, out, _ = run_main(capsys, *COST, "--dp", "4", "--seq-len", "1024", "--attention",
-                          "unfused", "--json")
+    rc, out, _ = run_main(capsys, *with_flags(COST, "--dp", "4", "--seq-len", "1024", "--attention",
+                                              "unfused"), "--json")
     d = json.loads(out)
     assert rc == 0 and (d["seq_len"], d["seq_len_source"]) == (1024, "flag")
     assert (d["attention"], d["attention_source"]) == ("unfused", "flag")
@@ -77,7 +77,7 @@ def test_cost_text_report_echoes_inputs_and_warns_of_idle_gpus(capsys):
     # the dp that fills them: 8 / (cp 1 x tp 1 x pp 2) = 4 (the new-user pass: Megatron-LM
     # derives dp, and the warning said "pass --nodes" beside a given --nodes)
     assert "--dp 4 fills them (Megatron-LM derives dp from the world size" in out
-    rc, out, _ = run_main(capsys, *COST, "--dp", "4")
+    rc, out, _ = run_main(capsys, *with_flags(COST, "--dp", "4"))
     assert rc == 0 and "warning" not in out and "GPUs: 8 used of 8" in out
 
 

@@ -10,6 +10,7 @@ cannot be shared: that raises TuneError).
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ def _worker_main(study_name: str, storage: str | None, n_trials: int, timeout: f
         run_worker(study_name, storage, n_trials, timeout, study_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the lead reports it
         raise SystemExit(130) from None
+    except ValueError as e:  # a failed journal write (full disk ...): one line, not a traceback
+        print(f"error: worker: {' '.join(str(e).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def search(cfg: TuneConfig, study_name: str, *, storage: str | None = None,

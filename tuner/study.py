@@ -53,6 +53,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
+from tuner.journal import JournalWriteError, write_failure
 from tuner.result import MEMORY_CONSTRAINT, history_cache, memory_constraint, record_attrs
 from tuner.space import Candidate, SearchSpace
 from tuner.storage import (
@@ -429,6 +430,11 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
     log.addFilter(quiet)
     try:
         study.optimize(objective, timeout=timeout, callbacks=[callback])
+    except Exception:  # a failed journal write, under Optuna's follow-up errors: say it alone
+        failed = write_failure(study._storage)
+        if failed is not None:
+            raise failed from None
+        raise
     finally:
         log.removeFilter(quiet)
     return ran
@@ -440,10 +446,10 @@ REPEATS_BEFORE_COUNTING = 20
 
 
 class _InterruptedTrialFilter(logging.Filter):
-    """Drops Optuna's two warnings about a trial that Ctrl-C stopped (its traceback and
-    "failed with value None"): the trial is left FAIL, a resumed search redoes it
-    (:func:`tuner.storage.recover_interrupted`), and the CLI prints one ``interrupted:``
-    line instead."""
+    """Drops Optuna's two warnings about a trial that Ctrl-C or a failed journal write
+    stopped (its traceback and "failed with value None"): the trial is left FAIL (or
+    RUNNING), a resumed search redoes it (:func:`tuner.storage.recover_interrupted`), and
+    the CLI prints one ``interrupted:`` or ``error:`` line instead."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -453,7 +459,7 @@ class _InterruptedTrialFilter(logging.Filter):
         exc = record.exc_info[0] if record.exc_info else None
         msg = record.getMessage()
         number = msg.split(" ", 2)[1] if msg.startswith("Trial ") else ""
-        if exc is not None and issubclass(exc, KeyboardInterrupt):
+        if exc is not None and issubclass(exc, (KeyboardInterrupt, JournalWriteError)):
             self.dropped.add(number)
             return False
         return not (number in self.dropped and msg.endswith("failed with value None."))

@@ -30,6 +30,7 @@ from completion.models.hf_types import (
     REFUSED_MODEL_TYPES,
     HFModelType,
 )
+from completion.nesting import json_depth, too_deep
 
 
 def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
@@ -71,7 +72,13 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     if not p.is_file():
         raise ModelFileNotFoundError(f"model config not found: {p}")
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
+        text = p.read_text(encoding="utf-8")
+        deep = too_deep(json_depth(text), str(p))
+        if deep:
+            raise ModelConfigError(deep)
+        raw = json.loads(text, object_pairs_hook=unique_keys)
+    except ModelConfigError:
+        raise
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except UnicodeDecodeError as e:

@@ -38,6 +38,7 @@ from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
 from meshplan.commands import megatron_moe as moe_args
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 
 
@@ -124,6 +125,8 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
         f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}%"
+        + (f" of the FP8 peak ({d['mfu_bf16'] * 100:.1f}% of the BF16 peak, as NeMo and "
+           f"torchtitan report it)" if abs(d["mfu_bf16"] - d["mfu"]) > 1e-12 else "")
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
            f"{_fmt_bytes(fit['memory_limit_bytes'])} limit)"),
@@ -287,6 +290,7 @@ def cost_cmd(
     spares: int = gp.SPARES,
     jitter_samples: int | None = gp.JITTER_SAMPLES,
     jitter_seed: int = gp.JITTER_SEED,
+    force: bool = outputs.FORCE,
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
     from meshplan.commands.cost_inputs import assumed_inputs
@@ -339,13 +343,13 @@ def cost_cmd(
         from completion.plan_program import plan_strategy
 
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
-    opt.image_path("--plot", plot)
-    opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster),
                           "--torchtitan-config": opt.input_file(torchtitan_config),
                           "--deepspeed-config": opt.input_file(deepspeed_config), "--trace": trace,
                           "--plot": plot, "--memory-png": memory_png})  # never over an input
+    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image"),
+                           "--memory-png": (memory_png, "image")}, force)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

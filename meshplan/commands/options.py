@@ -277,7 +277,8 @@ def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
     """The message for a setting given by two of its aliases with different values (``--tp
     2 --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
     flags as typed; None when every setting is given once or consistently. One flag typed
-    twice keeps the last value, as click and argparse do (an override)."""
+    twice with two values is refused for every command by
+    :func:`meshplan.commands.repeated.repeated_option`."""
     seen: dict[str, tuple[str, str]] = {}
     for i, tok in enumerate(args):
         if tok == "--":
@@ -310,22 +311,6 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
         hi = "" if high == float("inf") else f" and at most {high:g}"
         raise ValueError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
     return x
-
-
-def image_path(flag: str, path: str | None) -> None:
-    """Refuse, before any work, an image option whose file suffix matplotlib cannot write
-    (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, gif, ...; ValueError
-    naming ``flag``); None passes."""
-    if path is None:
-        return
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    known = sorted(FigureCanvasBase.get_supported_filetypes())
-    name = path.rsplit("/", 1)[-1]
-    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    if suffix not in known:
-        raise ValueError(f"{flag} {path!r}: the file name must end in one of .{', .'.join(known)} "
-                         f"(got {('.' + suffix) if suffix else 'no suffix'})")
 
 
 def writable_file(flag: str, path: str) -> None:
@@ -537,6 +522,12 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
 
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
+    sched_flag = given_flags(ctx, "schedule") + typed_flags(ctx, "--schedules")  # compare's too
+    if knobs.get("pp", 1) == 1 and knobs.get("vpp", 1) == 1 and sched is not None \
+            and sched_flag and canonical_schedule(sched) != Strategy.schedule:
+        raise StrategyError(f"{sched_flag[0]} {canonical_schedule(sched)} orders "
+                            f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
+                            f"or drop it")
     if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
         typed = given_flags(ctx, "vpp")
         if typed:
@@ -578,3 +569,11 @@ def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
     raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
                         f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
                         f"give one of them")
+
+
+def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:
+    """The flags of ``params`` (parameter name -> flag) whose value came from the command
+    line of ``ctx`` (click's ``get_parameter_source``), in ``params`` order: for commands
+    that do not record their arguments (not a :class:`StrategyCommand`)."""
+    return [flag for name, flag in params.items()
+            if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]

@@ -7,6 +7,7 @@ import json
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 
 #: Longest time option (ms): ``simulator.schedules.base.MAX_TIME_S`` in milliseconds.
 MAX_TIME_MS = opt.MAX_TIME_S * 1e3
@@ -29,6 +30,7 @@ def simulate_cmd(
     plot: str | None = typer.Option(None, "--plot", help="Write a Gantt PNG here."),
     framework: opt.Framework = opt.FRAMEWORK,
     as_json: bool = typer.Option(False, "--json", help="Print step_time_ms, bubble_ratio, peak_memory as JSON."),
+    force: bool = outputs.FORCE,
 ) -> None:
     """Simulate one pipeline step of a schedule from given stage times.
 
@@ -44,8 +46,8 @@ def simulate_cmd(
     for flag, x in (("--tw", tw), ("--tcomm", tcomm)):
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
-    opt.image_path("--plot", plot)
     opt.distinct_outputs({"--trace": trace, "--plot": plot})
+    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image")}, force)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     asked = schedule
     schedule, zb_limit = _builder(schedule, stages)

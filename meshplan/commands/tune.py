@@ -229,7 +229,7 @@ def _note_other_studies(out: Path, name: str) -> None:
 def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
                     storage: str | None, seed_from_bound: int | None, objective: str,
                     max_step_time: float | None, gpus: str | None, nodes: int | None,
-                    cluster: str) -> tuple[str, Path]:
+                    cluster: str, force: bool = False) -> tuple[str, Path]:
     """The study name and output folder of a search, after every refusal that needs no
     search (so that a refused command line leaves no folder behind): ``--seed-from-bound``
     with the sampler, ``--sampler exhaustive`` with ``--pareto``, ``--objective`` /
@@ -237,6 +237,7 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     cluster cannot take. Makes the folder (or the journal's) unless the storage is a
     database or in memory. ``names``: (MODEL as given, the mode's name) for the default
     study name. Raises MeshplanError (or the tuner's own error) naming the option."""
+    from meshplan.commands.outputs import check_tune_output
     from meshplan.commands.tune_sizes import check_single, check_sizes
     from tuner.bound_seed import check_seed_option
     from tuner.search import MEMORY, check_exhaustive
@@ -255,7 +256,10 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
             raise MeshplanError(str(e)) from None
     model, mode_name = names
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
-    out = Path(output) if output else Path("meshplan-runs") / name
+    if output is not None and not output.strip():
+        raise MeshplanError("--output is empty; give a folder (default: meshplan-runs/STUDY)")
+    out = Path(output) if output is not None else Path("meshplan-runs") / name
+    check_tune_output("--output", out, name, force)  # another study's results: not replaced
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
         if gpus is None:  # with --gpus each size has a folder of its own (run_one)
@@ -372,6 +376,8 @@ def tune_cmd(
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
                                           "fsdp_shard_size=N."),
+    force: bool = typer.Option(False, "--force", help="Write into an --output folder that holds "
+                                                      "another study's plan.json and history.csv."),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (--gpus: the cheapest size).
 
@@ -384,6 +390,7 @@ def tune_cmd(
 
     from meshplan import terminal
     from meshplan.commands.tune_sizes import tune_over_sizes
+    from meshplan.commands.unused import check_tune_options
     from tuner.search import MEMORY, search
     from tuner.space import SpaceError, parse_fix
 
@@ -423,6 +430,7 @@ def tune_cmd(
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
                             opt.value(cp_comm), goal(cl))
 
+    check_tune_options(ctx, fixed, fix_items, gpus, workers, objective)
     try:
         cfg = config_for(nodes)
     except SpaceError as e:
@@ -432,7 +440,8 @@ def tune_cmd(
     _note_unrun_cp(fixed.get("cp"), opt.value(framework))
     _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
-                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
+                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster,
+                                force)
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
