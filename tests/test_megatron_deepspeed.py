@@ -12,7 +12,8 @@ from completion.models import ModelConfig
 from completion.strategy import Strategy
 from meshplan.engine import Engine
 from simulator.eager_ops import EAGER_IMPLS, eager_kernels, impl_for
-from simulator.fusion import FusionPlan, softmax_batch_per_block, softmax_kernel_available
+from simulator.fused_softmax import softmax_batch_per_block, softmax_kernel_available
+from simulator.fusion import FusionPlan
 from simulator.op_signature import op_signature
 from simulator.profiles import load_profile
 
