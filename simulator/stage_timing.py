@@ -190,6 +190,8 @@ class StageTimer:
         its kernels (:meth:`action_dispatch`, ``Dispatch.exposed``; 0 without a profile
         ``host`` section). Returns ``{"host_split": F + B + W gaps, "host_fused": F + BW
         gaps}`` (the step adds the one its schedule runs to the compute line)."""
+        if getattr(getattr(self.cfg, "profile", None), "host", None) is None:
+            return {"host_split": 0.0, "host_fused": 0.0}  # no dispatch time: nothing to compose
         gaps = {k: d.exposed for k, d in self.action_dispatch(vs, blocks).items()}
         for k, g in gaps.items():
             times[k] += g
