@@ -14,8 +14,10 @@ checks one row against the command). Outputs beside the per-row table:
   batch, model; they differ only in tp, pp, dp and micro-batch) the layout pairs in the
   measured order and the regret of the predicted-fastest layout (``experiments.ranking``).
 
-No constant is fitted on these rows. ``--quick`` (CI): the rows of :data:`QUICK_SWEEP`
-and :data:`QUICK_ROWS`.
+One constant is fitted on half of these rows: the ``megatron-deepspeed`` profile's host
+seconds per launch (``experiments.fit_constants.host_fit_rows``: every second sweep); the
+rows it was fitted on are marked ``fitted`` and the notes give the error on the others.
+``--quick`` (CI): the rows of :data:`QUICK_SWEEP` and :data:`QUICK_ROWS`.
 """
 
 from __future__ import annotations
@@ -60,13 +62,14 @@ def predict(run: Any) -> tuple[float, str]:
         return math.nan, f"error: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
-def row_record(run: Any) -> dict[str, Any]:
-    """One line of the per-row table."""
+def row_record(run: Any, fitted: frozenset[int] | set[int] = frozenset()) -> dict[str, Any]:
+    """One line of the per-row table (``fitted``: the row ids a constant was fitted on)."""
     pred, status = predict(run)
     return {"row_id": run.row_id, "gpus": run.gpus, "global_batch": run.global_batch,
             "hidden": run.hidden, "layers": run.layers, "tp": run.tp, "pp": run.pp, "dp": run.dp,
             "micro_batch": run.micro_batch, "measured_ms": run.measured_ms, "predicted_ms": pred,
-            "error_pct": 100.0 * (pred / run.measured_ms - 1.0), "status": status}
+            "error_pct": 100.0 * (pred / run.measured_ms - 1.0), "fitted": run.row_id in fitted,
+            "status": status}
 
 
 def _stats(g: pd.DataFrame) -> dict[str, Any]:
@@ -111,7 +114,8 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
         runs = selected(rows_mod.load(), quick)
     except FileNotFoundError as e:
         raise ExperimentError(f"experiment {NAME!r}: {e}") from None
-    df = pd.DataFrame.from_records([row_record(r) for r in runs])
+    fitted, _ = require(NAME, "experiments.fit_constants", "host_fit_rows")()
+    df = pd.DataFrame.from_records([row_record(r, fitted) for r in runs])
     if df.empty:
         raise ExperimentError(f"experiment {NAME!r}: no row to predict")
     out = Path(out_dir)
@@ -126,6 +130,11 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
              f"{overall['signed_pct']:+.1f} %, worst row {overall['worst_row']} "
              f"({overall['worst_error_pct']:+.1f} %), {overall['within_25_pct']:.0f} % within 25 %.",
              summary_line("ranking", total)]
+    for label, part in (("fitted rows", df[df["fitted"]]), ("held-out rows", df[~df["fitted"]])):
+        st = _stats(part)
+        if st["n"]:
+            notes.append(f"{label} (megatron-deepspeed host.kernel_launch_s, fit_constants."
+                         f"host_fit_rows): n={st['n']}, MAPE {st['MAPE_pct']:.1f} %")
     notes += [f"{r.regime}: MAPE {r.MAPE_pct:.1f} %, signed {r.signed_pct:+.1f} %, worst row "
               f"{r.worst_row} ({r.worst_error_pct:+.1f} %)" for r in regimes.iloc[:-1].itertuples()]
     failed = df[df["status"] != "ok"]
@@ -139,8 +148,10 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
             "eager attention and dropout 0.1, `dgx-a100-80g`, fp16, full recompute, ZeRO-1, "
             "the `megatron-deepspeed` profile, an even layer split) and predicted by "
             "`Engine(...).simulate().step_time`. error_pct = 100 (predicted / measured - 1). "
+            "`fitted`: the rows the profile's host time per launch was fitted on (every second "
+            "sweep; `python -m experiments.fit_constants --host`). "
             f"By regime: `{NAME}_by_regime.md`; ranking per sweep (same GPUs, global batch and "
-            f"model; `experiments.ranking`): `{NAME}_sweeps.md`. Nothing is fitted on these rows.")
+            f"model; `experiments.ranking`): `{NAME}_sweeps.md`.")
     return ExperimentResult(NAME, TITLE, df, desc, notes, float_format=".2f")
 
 
