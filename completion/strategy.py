@@ -96,7 +96,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 #: ``simulator/profiles/catalog/*.yaml`` holds exactly these files, each ``name:`` its file
 #: name; ``meshplan.commands.options.FRAMEWORK_NAMES`` mirrors it, see there)
 FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021",
+              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
               "eager")
 #: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
 #: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,

@@ -35,6 +35,7 @@ EXPERIMENT_MODULES = [
     "experiments.search_quality_time",
     "experiments.local_validation",
     "experiments.measured_runs",
+    "experiments.vtrain_single_node",
     "experiments.memory",
     "experiments.nccl_tests",
     "experiments.zero3_vs_ptdp",

@@ -491,7 +491,11 @@ class StepModel:
         opt = optimizer_time(c, self.rf, params, tensors, expert=expert) + fixed + sum(b.per_step for b in layer_blocks)
         tail["optimizer"] = opt
         m = c.num_microbatches
-        compute = m * sum(parts[vs]["compute"] for vs in vstages)
+        fused = any(a[0] == "BW" for a in sched.actions[r])
+        # kernels, plus what the host's dispatch added to the actions the schedule runs
+        # (simulator.host_time; StageTimer.stage_time)
+        host = "host_fused" if fused else "host_split"
+        compute = m * sum(parts[vs]["compute"] + parts[vs].get(host, 0.0) for vs in vstages)
         # issued in-stage collectives: what the actions carry plus the context-parallel
         # exchange hidden beside attention (it is then all "overlapped")
         comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
@@ -518,7 +522,6 @@ class StepModel:
         # ZeRO-3 gathers) are "overlapped", so the lines add up to the step:
         # compute + tp_comm - overlapped + bubble (+ pp_comm with synchronous sends)
         # + dp_sync + optimizer = step time
-        fused = any(a[0] == "BW" for a in sched.actions[r])
         busy = m * sum(times[vs]["F"] + (times[vs]["BW"] if fused else times[vs]["B"] + times[vs]["W"])
                        for vs in vstages)
         exposed = max(0.0, busy - compute)

@@ -78,7 +78,7 @@ def software(engine: object) -> dict[str, object]:
 
 #: time-breakdown key -> what its line means (the critical rank's step, seconds)
 TIME_TERMS = {
-    "compute": "kernels of its stages (forward, backward, recompute)",
+    "compute": "kernels of its stages (forward, backward, recompute), and the host's dispatch where it is slower",
     "tp_comm": "collectives inside its stages (TP, CP, EP all_to_all, ZeRO-3 gathers and reduces), all issued",
     "overlapped": "of tp_comm, the part that ran beside compute (not on the critical path)",
     "pp_comm": "the p2p hops it sends to other pipeline stages (synchronous sends: busy time; "

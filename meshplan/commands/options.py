@@ -137,7 +137,7 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 #: importing ``completion`` here would load numpy and pydantic on ``meshplan --help``
 #: (tests/test_cli_structure.py). tests/test_cli_options.py checks that they are equal.
 FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-                   "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021",
+                   "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
                    "eager")
 
 MODEL = typer.Option(..., "--model", "-m",

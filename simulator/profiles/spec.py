@@ -27,6 +27,10 @@ Sections:
   CUDA context and library workspaces, NCCL buffers per communicator.
 - ``checkpoint`` (optional): whether the framework saves asynchronously and who writes the
   tensors data-parallel ranks hold alike (``simulator.goodput.checkpoint``).
+- ``host`` (optional): the host (CPU) time the framework's eager step spends per kernel it
+  launches and per collective it issues (``simulator.host_time``: a block whose kernels
+  are shorter than their dispatch runs at the host's pace); absent: dispatch is never the
+  bound.
 
 Inheritance: a profile file may start from another and state only what it changes,
 ``extends: <parent>`` -- a catalog name (``fsdp2``) or a YAML file (a path ending in
@@ -50,7 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from clusters.spec import Count, Fraction, NonNegative, Positive
+from clusters.spec import Count, Fraction, Latency, NonNegative, Positive
 from simulator.errors import SimulatorError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -58,6 +62,11 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 #: memory-bound op groups a framework may run as one kernel (``simulator.fusion``)
 FUSION_GROUPS = ("bias_gelu", "bias_dropout_add", "scale_mask_softmax", "norm", "rope",
                  "swiglu", "cross_entropy", "residual_add")
+#: fusion groups whose fused kernel applies only to some shapes (``simulator.fusion``:
+#: Megatron's fused softmax, ``softmax_kernel_available``): a profile may list one both as
+#: fused and in ``kernels.eager``, the eager implementation being what runs where the
+#: kernel does not apply
+FALLBACK_GROUPS = ("scale_mask_softmax",)
 #: how model states are counted (``simulator.model_states``)
 STATE_MODELS = ("megatron", "megatron-ddp", "apex-distributed-adam", "deepspeed", "fsdp", "plain")
 
@@ -232,7 +241,8 @@ class Kernels(BaseModel):
     @classmethod
     def _not_fused(cls, v: EagerMap, info: Any) -> EagerMap:
         fused = info.data.get("fused")
-        both = sorted({g for g, _ in v.value} & set(fused.value if fused is not None else ()))
+        both = sorted({g for g, _ in v.value} & set(fused.value if fused is not None else ())
+                      - set(FALLBACK_GROUPS))
         if both:
             raise ValueError(f"group(s) {both} both fused and run eager")
         return v
@@ -412,6 +422,23 @@ DEFAULT_CHECKPOINT = Checkpoint(
                            "first data-parallel rank writes the replicated tensors"))
 
 
+class Host(BaseModel):
+    """Host (CPU) dispatch time of the framework's eager training step
+    (``simulator.host_time``), seconds.
+
+    Attributes:
+        kernel_launch_s: host seconds per GPU kernel the step launches: the Python of the
+            framework's modules and autograd functions, PyTorch's dispatcher and autograd
+            recording, and ``cudaLaunchKernel``, spread over the kernels they launch.
+        collective_launch_s: host seconds per collective it issues (``torch.distributed``
+            and NCCL's enqueue) beyond a kernel launch (absent: 0).
+    """
+
+    model_config = _STRICT
+    kernel_launch_s: Latency
+    collective_launch_s: Latency | None = None
+
+
 class ProfileSpec(BaseModel):
     """A whole framework profile as read from YAML; ``checkpoint`` (optional,
     :data:`DEFAULT_CHECKPOINT` when absent) says how it saves."""
@@ -427,6 +454,7 @@ class ProfileSpec(BaseModel):
     fixed: Fixed
     memory: Memory
     checkpoint: Checkpoint | None = None
+    host: Host | None = None
 
     @property
     def checkpointing(self) -> Checkpoint:
