@@ -48,6 +48,7 @@ that cannot fit without playing its pipeline.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -107,19 +108,27 @@ def order_activation_peaks(model: Any, times: list[dict[str, float]]) -> list[fl
     if not all(_passes_positive(t, fused) for t in times):
         return None
     peaks = []
-    for r, row in enumerate(sched.actions):
-        deltas = {}
-        cur = best = 0.0
-        for a in row:
-            key = (a[0], a[3])
-            d = deltas.get(key)
-            if d is None:
-                d = deltas[key] = activation_delta(a[0], *per_chunk.get((r, a[3]), (0.0, 0.0)))
-            cur += d
-            if cur > best:
-                best = cur
-        peaks.append(best)
+    for r, (kinds, codes) in enumerate(_action_codes(sched)):
+        table = [activation_delta(k, *per_chunk.get((r, ch), (0.0, 0.0))) for k, ch in kinds]
+        # the running sum of StepModel.run's peak (timeline_activation_peaks), the same float
+        # additions in the same order: accumulate adds left to right
+        peaks.append(max(itertools.accumulate(map(table.__getitem__, codes), initial=0.0)))
     return peaks
+
+
+def _action_codes(sched: Any) -> list[tuple[list[tuple[str, int]], list[int]]]:
+    """Per rank of ``sched``: its distinct (kind, chunk) pairs and, per action in order, the
+    index of its pair; computed once per schedule (kept on it: a built schedule is
+    immutable and shared by every plan of its shape, ``build_schedule``'s cache)."""
+    hit = sched.__dict__.get("_action_codes")
+    if hit is None:
+        hit = []
+        for row in sched.actions:
+            index: dict[tuple[str, int], int] = {}
+            codes = [index.setdefault((a[0], a[3]), len(index)) for a in row]
+            hit.append((list(index), codes))
+        object.__setattr__(sched, "_action_codes", hit)
+    return hit
 
 
 def step_lower_bound(model: Any) -> tuple[float, int]:
