@@ -33,10 +33,15 @@ from meshplan.errors import MeshplanError
 from simulator.profiles import load_profile
 from simulator.program_costs import ByIdentity, CostCache, ProgramCosts, costing_strategy
 from simulator.roofline import Roofline
+from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
 
 #: block costs of representative programs, shared by every Engine of this process
 COSTS = CostCache()
+#: the representative program of a costing strategy with recompute ``none`` and its rank-0
+#: block costs, shared by the recompute modes of one layout (:meth:`Engine.program_costs`);
+#: programs are large, so fewer are kept than costs
+PROGRAMS = CostCache(maxsize=128)
 
 
 class EngineError(MeshplanError):
@@ -173,17 +178,40 @@ class Engine:
             return ProgramCosts.of(self.costed_program(), self.cluster, self.roofline, layers,
                                    self.profile)
         cs = costing_strategy(self.strategy)
+        key = self._cost_key(cs)
+
+        def build() -> ProgramCosts:
+            # the program and its block costs do not depend on the recompute mode (the
+            # completion reads none); only the saved activations and recompute FLOPs do
+            prog, blocks = self.shared_program(cs)
+            return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile,
+                                   recompute=cs.recompute, block_costs=blocks)
+
+        return COSTS.get(key, build)
+
+    def _cost_key(self, cs: Strategy) -> tuple:
+        """The :data:`COSTS` key of costing strategy ``cs`` for this engine's model, cluster,
+        GEMM efficiency, layer count and profile."""
+        layers = self.num_layers or (None if self.source.is_program else self.source.num_layers)
         ann = cs.annotation
         if isinstance(ann, dict):  # a mapping annotation: its hashable form
             ann = tuple(sorted((k, tuple(v)) for k, v in ann.items()))
-        key = (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
-               ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
+        return (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
+                ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
 
-        def build() -> ProgramCosts:
-            prog = build_plan_program(self.source, cs, representative=True, resolve_reshards=False)
-            return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile)
+    def shared_program(self, cs: Strategy) -> tuple[PlanProgram, dict[Any, Any]]:
+        """The representative program of costing strategy ``cs``
+        (``simulator.program_costs.costing_strategy``) at recompute ``none`` and its rank-0
+        block costs (``StageCoster.block_costs``), from :data:`PROGRAMS`: built once for
+        every recompute mode of the layout (a model given by config only)."""
+        base = cs.replace(recompute="none")
 
-        return COSTS.get(key, build)
+        def build() -> tuple[PlanProgram, dict[Any, Any]]:
+            prog = build_plan_program(self.source, base, representative=True, resolve_reshards=False)
+            return prog, StageCoster(prog.program, self.cluster, self.roofline, rank=0,
+                                     profile=self.profile).block_costs()
+
+        return PROGRAMS.get(self._cost_key(base), build)
 
     def step_model(self, accumulate_grads: bool | None = None,
                    costs: ProgramCosts | None = None) -> StepModel:

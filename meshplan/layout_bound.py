@@ -43,7 +43,6 @@ from typing import Any
 
 from clusters import Cluster
 from completion.ir import OpRole
-from completion.plan_program import build_plan_program
 from completion.reshard.planner import plan_reshard
 from completion.strategy import Strategy
 from meshplan.engine import Engine
@@ -57,7 +56,7 @@ from simulator.program_costs import (
     layer_roles,
     merged_activations,
 )
-from simulator.stage_cost import BlockCost, StageCoster
+from simulator.stage_cost import BlockCost
 from simulator.step_bound import fused_backward
 from tuner.exhaustive_report import Bound
 
@@ -87,11 +86,8 @@ class LayoutCosts:
     docstring), built once each. ``num_layers``: the model layers the program stands for."""
 
     def __init__(self, engine: Engine, num_layers: int) -> None:
-        pp = build_plan_program(engine.source, layout_key(engine.strategy), representative=True,
-                                resolve_reshards=False)
+        pp, costs = engine.shared_program(layout_key(engine.strategy))  # shared with the simulation
         self.program, self.cluster, self.profile = pp.program, engine.cluster, engine.profile
-        costs = StageCoster(pp.program, engine.cluster, engine.roofline, rank=0,
-                            profile=engine.profile).block_costs()
         ids = sorted(k for k in costs if isinstance(k, int))
         self.keys = layer_roles(ids, num_layers) if ids else ids
         self.layers = [costs[k] for k in self.keys]

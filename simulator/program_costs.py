@@ -133,17 +133,25 @@ class ProgramCosts:
 
     @classmethod
     def of(cls, plan_program: Any, cluster: Any, roofline: Roofline,
-           num_layers: int | None = None, profile: Any = None) -> ProgramCosts:
+           num_layers: int | None = None, profile: Any = None, *,
+           recompute: str | None = None, block_costs: dict[Any, BlockCost] | None = None) -> ProgramCosts:
         """Costs of a ``completion.plan_program.PlanProgram`` on ``cluster`` for rank 0.
 
         ``num_layers``: how many model layers the program's layers stand for (module
         docstring; for a representative program: the model's layer count); None costs
         every layer of the program separately. ``profile``: the framework profile the
-        kernels run under (fusion: ``simulator.profiles``). Raises ProgramCostError when
-        pp > 1 and the program has no decoder layers."""
+        kernels run under (fusion: ``simulator.profiles``). ``recompute``: the recompute
+        mode whose saved activations and recompute FLOPs to count (None: the program's
+        strategy's; the program itself does not depend on it, ``build_plan_program`` reads
+        no recompute). ``block_costs``: the program's ``StageCoster(...).block_costs()`` on
+        this cluster, roofline and profile when the caller has them (:class:`LayoutCache`).
+        Raises ProgramCostError when pp > 1 and the program has no decoder layers."""
         prog, s = plan_program.program, plan_program.strategy
+        recompute = s.recompute if recompute is None else recompute
         blocks = assign_blocks(prog)
-        costs = StageCoster(prog, cluster, roofline, rank=0, profile=profile).block_costs()
+        costs = block_costs
+        if costs is None:
+            costs = StageCoster(prog, cluster, roofline, rank=0, profile=profile).block_costs()
         layer_ids = sorted(k for k in costs if isinstance(k, int))
         if num_layers is not None and layer_ids:
             keys = layer_roles(layer_ids, num_layers)
@@ -155,7 +163,7 @@ class ProgramCosts:
         # an annotated program holds every dp replica of its mesh; with 1 < ep < dp it is one
         # of dp / ep expert-data-parallel copies (PlanProgram.replicas)
         reps = getattr(plan_program, "replicas", 1) if plan_program.annotated else s.dp
-        flops = block_model_flops(prog, blocks, s.recompute, reps)
+        flops = block_model_flops(prog, blocks, recompute, reps)
         model_flops = {k: v for k, v in flops.items()
                        if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}
         for i, key in enumerate(keys):  # every model layer, even when one stands for all
@@ -164,7 +172,7 @@ class ProgramCosts:
                 if (kind, key) in flops:
                     model_flops[(kind, i)] = flops[(kind, key)]
         loss = loss_logits(prog)
-        acts = framework_activations(merged_activations(prog, s.recompute, moe_unsaved(profile)),
+        acts = framework_activations(merged_activations(prog, recompute, moe_unsaved(profile)),
                                      loss, profile)
         return cls([costs[k] for k in keys], costs.get("pre"), costs.get("post"), keys,
                    acts, model_flops, boundary_bytes(prog, blocks), loss)
