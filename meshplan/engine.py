@@ -37,11 +37,11 @@ from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
 
 #: block costs of representative programs, shared by every Engine of this process
-COSTS = CostCache()
+COSTS: CostCache[ProgramCosts] = CostCache()
 #: the representative program of a costing strategy with recompute ``none`` and its rank-0
 #: block costs, shared by the recompute modes of one layout (:meth:`Engine.program_costs`);
 #: programs are large, so fewer are kept than costs
-PROGRAMS = CostCache(maxsize=128)
+PROGRAMS: CostCache[tuple[PlanProgram, dict[Any, Any]]] = CostCache(maxsize=128)
 
 
 class EngineError(MeshplanError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole, Program
@@ -69,8 +69,11 @@ class ByIdentity:
         return isinstance(other, ByIdentity) and other.obj is self.obj
 
 
-class CostCache:
-    """A small LRU cache of :class:`ProgramCosts` by a caller's key (the model, its costing
+_T = TypeVar("_T")
+
+
+class CostCache(Generic[_T]):
+    """A small LRU cache of :class:`ProgramCosts` (or another value, ``_T``) by a caller's key (the model, its costing
     strategy, the cluster and device efficiency): a search costs each distinct layer layout
     once, whatever its dp, pp, schedule and ZeRO stage. 2048 entries by default: an
     exhaustive search bounds every candidate before it simulates any, so every distinct
@@ -79,14 +82,14 @@ class CostCache:
 
     def __init__(self, maxsize: int = 2048) -> None:
         self.maxsize = maxsize
-        self._items: OrderedDict[Any, ProgramCosts] = OrderedDict()
+        self._items: OrderedDict[Any, _T] = OrderedDict()
         self.hits = self.misses = 0
 
     def clear(self) -> None:
         """Forget every entry (benchmarks time cold searches)."""
         self._items.clear()
 
-    def get(self, key: Any, build: Callable[[], ProgramCosts]) -> ProgramCosts:
+    def get(self, key: Any, build: Callable[[], _T]) -> _T:
         """The costs under ``key``, built with ``build()`` on a miss."""
         if key in self._items:
             self._items.move_to_end(key)
