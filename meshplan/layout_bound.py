@@ -47,7 +47,7 @@ from completion.reshard.planner import plan_reshard
 from completion.strategy import Strategy
 from meshplan.engine import Engine
 from simulator.blocks import assign_blocks
-from simulator.memory import StageActivations, loss_logits
+from simulator.memory import StageActivations, loss_logits, moe_unsaved
 from simulator.program_costs import (
     ProgramCosts,
     boundary_bytes,
@@ -86,7 +86,7 @@ class LayoutCosts:
     docstring), built once each. ``num_layers``: the model layers the program stands for."""
 
     def __init__(self, engine: Engine, num_layers: int) -> None:
-        pp, costs = engine.shared_program(layout_key(engine.strategy))  # shared with the simulation
+        pp, costs, self.tables = engine.shared_program(layout_key(engine.strategy))  # shared with the simulation
         self.program, self.cluster, self.profile = pp.program, engine.cluster, engine.profile
         ids = sorted(k for k in costs if isinstance(k, int))
         self.keys = layer_roles(ids, num_layers) if ids else ids
@@ -103,8 +103,8 @@ class LayoutCosts:
     def activations(self, recompute: str) -> StageActivations:
         """Saved activation bytes per block under ``recompute`` (``ProgramCosts.of``'s)."""
         if recompute not in self._acts:
-            self._acts[recompute] = framework_activations(merged_activations(self.program, recompute),
-                                                          self.loss, self.profile)
+            acts = merged_activations(self.program, recompute, moe_unsaved(self.profile), self.tables)
+            self._acts[recompute] = framework_activations(acts, self.loss, self.profile)
         return self._acts[recompute]
 
     def post_at(self, dp: int, tp: int) -> BlockCost | None:
