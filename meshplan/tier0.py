@@ -49,22 +49,24 @@ splits, of the heaviest rank). Rank r holding ``n`` decoder layers has at least
   (floor), the CUDA context and the NCCL buffers of its communicators
   (``simulator.step_memory.rank_memory``; ``communicators`` without the HSDP group).
 
-``a``, ``d``, logits: the unsharded one-rank program of the micro-batch saves, per layer,
-the values its backward reads (``simulator.memory.saved_activations``, same recompute
-policy and framework reads). The plan's costing program runs the same forward and
-backward ops on ``[dp, tp]`` ranks with reshards between them
-(``completion.plan_program``); a value its backward reads is the same global tensor, or,
-read through a reshard, the reshard's input (the same tensor; the sequence-parallel
-all_gather keeps its sharded input: ``simulator.memory``), with ``dp`` times the batch
-(global batch ``mbs * dp``). The accounting takes each value's largest shard on the mesh,
-at least its global size over the ``dp * tp`` ranks, hence at least the unsharded value
-over ``tp``: each bound is the unsharded one ``// tp``. Made only where that argument
-holds: ``cp = 1`` (a cp program splits sequences), no FP8 recipe (its FP8 copies replace
-16-bit values), no expert layers (routing sizes the expert values), at least 3 layers
-and forward passes of at least 1 ns (the in-flight argument: a layer's forward kernels
-over ``tp``, ``simulator.tier0_bound``, or the per-pass host overhead); elsewhere 0.
-``tests/test_tier0_memory.py`` checks them against every layer of completed programs and
-the whole bound against simulated peaks (hypothesis, four frameworks, every schedule).
+``a``, ``d``, logits: the unsharded one-rank program of the micro-batch (its ``seq_len /
+cp`` tokens and FP8 recipe) saves, per layer, the values its backward reads
+(``simulator.memory.saved_activations``, same recompute policy and framework reads). The
+plan's costing program runs the same forward and backward ops on its ``[D, tp]`` mesh with
+reshards between them (``completion.plan_program``; D data-parallel replicas: dp, dp x cp
+once a cp plan is folded, ``completion.context_parallel.fold_strategy``, or the ep ranks
+of one expert-data-parallel copy); a value its backward reads is the same global tensor,
+or, read through a reshard, the reshard's input (the same tensor; the sequence-parallel
+all_gather keeps its sharded input: ``simulator.memory``), with D times the batch (expert
+slots are per sequence, ``completion.models.moe``: D times too). The accounting takes each
+value's largest shard on the mesh, at least its global size over the ``D * tp`` ranks,
+hence at least the unsharded value over ``tp``: each bound is the unsharded one ``// tp``.
+Made where the in-flight argument holds (forward passes of at least 1 ns: a layer's
+forward kernels over ``tp``, ``simulator.tier0_bound``, or the per-pass host overhead)
+and for at least 3 layers; elsewhere 0. ``tests/test_tier0_memory.py`` checks them against
+every layer of completed programs (Megatron and pattern layouts, cp, FP8 recipes, expert
+parallelism) and the whole bound against simulated peaks (hypothesis, four frameworks,
+every schedule).
 """
 
 from __future__ import annotations
@@ -124,25 +126,25 @@ class Tier0Bound:
         self._rank_params: dict[tuple[int, tuple], int] = {}
         self._times: dict[tuple, float] = {}
         self._works: dict[tuple[int, int, bool], tuple[list[BlockWork], BlockWork | None, BlockWork | None]] = {}
-        self._programs: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._programs: dict[tuple[int, int, str | None], tuple[Any, int]] = {}
         self._layer_params: dict[tuple, int] = {}
-        self._acts: dict[tuple[int, str, int], tuple[tuple[int, int, int], tuple[int, int, int], int]] = {}
+        self._acts: dict[tuple, tuple[tuple[int, int, int], tuple[int, int, int], int]] = {}
         self._split: dict[tuple, int] = {}
         self._inflight: dict[tuple, tuple[float, ...]] = {}
         self.one = sm
         self._states: dict[tuple, np.ndarray] = {}
         self.tied = sm.tied_elems() > 0
         self.layer_elems = min((sum(n for n, _ in b.params.values()) for b in sm.costs.layers), default=0)
-        self.moe = any(op.type == "moe_dispatch" for op in e.costed_program().program.ops)
 
-    def program(self, mbs: int, cp: int) -> Any:
+    def program(self, mbs: int, cp: int, fp8: str | None = None) -> Any:
         """The unsharded one-rank representative program of micro-batch ``mbs`` and
-        ``seq_len / cp`` tokens (built once per key)."""
-        key = (mbs, cp)
+        ``seq_len / cp`` tokens, under FP8 recipe ``fp8`` (built once per key)."""
+        key = (mbs, cp, fp8)
         if key not in self._programs:
             src = resolve_model(self.model, self.seq // cp, None, self.num_layers)
             s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=mbs, global_batch_size=mbs, dtype=self.dtype,
-                         framework=self.framework, attention=self.attention)
+                         framework=self.framework, attention=self.attention,
+                         **({"fp8": fp8} if fp8 is not None else {}))
             self._programs[key] = (build_plan_program(src, s, representative=True, resolve_reshards=False).program,
                                    src.num_layers)
         return self._programs[key][0]
@@ -156,7 +158,7 @@ class Tier0Bound:
             prog = self.program(mbs, cp)
             w = block_work(prog, self.rf, self.profile, compute_peak(self.rf, fp8))
             ids = sorted(k for k in w if isinstance(k, int))
-            layers = [w[k] for k in layer_roles(ids, self._programs[(mbs, cp)][1])] if ids else []
+            layers = [w[k] for k in layer_roles(ids, self._programs[(mbs, cp, None)][1])] if ids else []
             self._works[key] = (layers, w.get("pre"), w.get("post"))
         return self._works[key]
 
@@ -258,21 +260,21 @@ class Tier0Bound:
         (``l``), all from the unsharded program over ``tp`` (module docstring); zeros where
         the argument is not made (and for fewer than 3 layers)."""
         zero = ((0, 0, 0), (0, 0, 0), 0)
-        if c.cp != 1 or c.fp8 is not None or self.moe or self.layers < 3:
+        if self.layers < 3:
             return zero
-        key = (c.micro_batch_size, c.recompute, c.tp)
+        key = (c.micro_batch_size, c.recompute, c.tp, c.cp, c.fp8)
         hit = self._acts.get(key)
         if hit is None:
             from simulator.memory import loss_logits, moe_unsaved
             from simulator.program_costs import merged_activations
 
-            layers = self.works(c.micro_batch_size, 1)[0]
+            layers = self.works(c.micro_batch_size, c.cp)[0]
             if min((w.phase["F"] for w in layers), default=0.0) / c.tp < 1e-9 and self.rf.action_overhead < 1e-9:
                 hit = zero  # a forward pass might round to 0 ns: the in-flight argument needs >= 1
             else:
-                prog = self.program(c.micro_batch_size, 1)
+                prog = self.program(c.micro_batch_size, c.cp, c.fp8)
                 acts = merged_activations(prog, c.recompute, moe_unsaved(self.profile))
-                roles = self._roles(c.micro_batch_size)
+                roles = self._roles(c.micro_batch_size, c.cp, c.fp8)
                 tp = c.tp
                 a = tuple(min(acts.by_block.get(k, 0) for k in ks) // tp for ks in roles)
                 d = (0, 0, 0) if c.recompute == "none" else tuple(
@@ -281,14 +283,14 @@ class Tier0Bound:
             self._acts[key] = hit
         return hit
 
-    def _roles(self, mbs: int) -> tuple[set, set, set]:
+    def _roles(self, mbs: int, cp: int, fp8: str | None) -> tuple[set, set, set]:
         """The unsharded program's layer keys standing for the first model layer, the
         middle ones and the last (``layer_roles``)."""
-        prog = self.program(mbs, 1)
+        prog = self.program(mbs, cp, fp8)
         from simulator.blocks import assign_blocks
 
         ids = sorted({k for k in assign_blocks(prog).values() if isinstance(k, int)})
-        roles = layer_roles(ids, self._programs[(mbs, 1)][1])
+        roles = layer_roles(ids, self._programs[(mbs, cp, fp8)][1])
         return {roles[0]}, set(roles[1:-1]), {roles[-1]}
 
     def inflight(self, c: Candidate) -> tuple[float, ...]:
