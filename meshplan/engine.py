@@ -14,6 +14,7 @@ the executor runs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,20 @@ from completion.plan_program import (
     PlanProgram,
     build_plan_program,
     check_plan,
+    expert_group_strategy,
     plan_strategy,
     resolve_attention,
 )
 from completion.strategy import Strategy
 from meshplan.errors import MeshplanError
 from simulator.profiles import load_profile
-from simulator.program_costs import ByIdentity, CostCache, ProgramCosts, costing_strategy
+from simulator.program_costs import (
+    ByIdentity,
+    CostCache,
+    ProgramCosts,
+    ProgramTables,
+    costing_strategy,
+)
 from simulator.roofline import Roofline
 from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
@@ -41,7 +49,7 @@ COSTS: CostCache[ProgramCosts] = CostCache()
 #: the representative program of a costing strategy with recompute ``none`` and its rank-0
 #: block costs, shared by the recompute modes of one layout (:meth:`Engine.program_costs`);
 #: programs are large, so fewer are kept than costs
-PROGRAMS: CostCache[tuple[PlanProgram, dict[Any, Any]]] = CostCache(maxsize=128)
+PROGRAMS: CostCache[tuple[PlanProgram, dict[Any, Any], ProgramTables]] = CostCache(maxsize=128)
 
 
 class EngineError(MeshplanError):
@@ -183,9 +191,9 @@ class Engine:
         def build() -> ProgramCosts:
             # the program and its block costs do not depend on the recompute mode (the
             # completion reads none); only the saved activations and recompute FLOPs do
-            prog, blocks = self.shared_program(cs)
+            prog, blocks, tables = self.shared_program(cs)
             return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile,
-                                   recompute=cs.recompute, block_costs=blocks)
+                                   recompute=cs.recompute, block_costs=blocks, tables=tables)
 
         return COSTS.get(key, build)
 
@@ -199,19 +207,28 @@ class Engine:
         return (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
                 ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
 
-    def shared_program(self, cs: Strategy) -> tuple[PlanProgram, dict[Any, Any]]:
+    def shared_program(self, cs: Strategy) -> tuple[PlanProgram, dict[Any, Any], ProgramTables]:
         """The representative program of costing strategy ``cs``
-        (``simulator.program_costs.costing_strategy``) at recompute ``none`` and its rank-0
-        block costs (``StageCoster.block_costs``), from :data:`PROGRAMS`: built once for
-        every recompute mode of the layout (a model given by config only)."""
+        (``simulator.program_costs.costing_strategy``) at recompute ``none``, its rank-0
+        block costs (``StageCoster.block_costs``) and its :class:`ProgramTables`, from
+        :data:`PROGRAMS`: built once for every recompute mode of the layout (a model given
+        by config only), and, with ``1 < ep < dp`` and no cp, once for every dp of the same
+        ep: such a plan's program is its ep group's
+        (``completion.plan_program.expert_group_strategy``), only the PlanProgram's plan
+        fields (strategy, micro-batches, world size, dp / ep replicas) are the plan's own."""
         base = cs.replace(recompute="none")
+        group = expert_group_strategy(base) if base.cp == 1 else base
 
-        def build() -> tuple[PlanProgram, dict[Any, Any]]:
-            prog = build_plan_program(self.source, base, representative=True, resolve_reshards=False)
+        def build() -> tuple[PlanProgram, dict[Any, Any], ProgramTables]:
+            prog = build_plan_program(self.source, group, representative=True, resolve_reshards=False)
             return prog, StageCoster(prog.program, self.cluster, self.roofline, rank=0,
-                                     profile=self.profile).block_costs()
+                                     profile=self.profile).block_costs(), ProgramTables(prog.program)
 
-        return PROGRAMS.get(self._cost_key(base), build)
+        prog, blocks, tables = PROGRAMS.get(self._cost_key(group), build)
+        if group is not base:  # the fields build_plan_program(base) gives its PlanProgram
+            prog = dataclasses.replace(prog, strategy=base, num_microbatches=base.num_microbatches,
+                                       world_size=base.world_size, replicas=base.dp // base.ep)
+        return prog, blocks, tables
 
     def step_model(self, accumulate_grads: bool | None = None,
                    costs: ProgramCosts | None = None) -> StepModel:

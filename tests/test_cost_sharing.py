@@ -53,3 +53,18 @@ def test_block_times_memo_returns_fresh_equal_dicts():
     assert blk.times(e.profile, 0.0) == b
     other = load_profile("megatron-2021")
     assert blk.times(other, 0.0) == blk._times(other, 0.0)
+
+
+def test_expert_group_program_shared_by_dp():
+    """Mixtral (2 layers) at ep 2: dp 4 and dp 8 plans are one ep group's program run as
+    dp / ep copies; their ProgramCosts through the shared program equal those of programs
+    built alone (model FLOPs scale with the copies), and one program serves both."""
+    COSTS.clear()
+    PROGRAMS.clear()
+    cluster = load_cluster("dgx-h100", 2)
+    for dp in (4, 8):
+        s = Strategy(dp=dp, tp=2, ep=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=dp,
+                     annotation="megatron")
+        e = Engine("mixtral-8x7b", cluster, s, num_layers=2, seq_len=2048)
+        assert e.program_costs() == _alone(e), dp
+    assert len(PROGRAMS._items) == 1
