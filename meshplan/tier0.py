@@ -90,6 +90,7 @@ from simulator.stage_timing import reduce_bytes
 from simulator.step_bound import fused_backward
 from simulator.step_memory import communicators
 from simulator.tier0_bound import (
+    INFLIGHT,
     BlockWork,
     block_work,
     compute_peak,
@@ -132,6 +133,8 @@ class Tier0Bound:
         self._split: dict[tuple, int] = {}
         self._inflight: dict[tuple, tuple[float, ...]] = {}
         self.one = sm
+        self._ends: dict[int, tuple[int, int, int]] = {}
+        self._n = np.arange(self.layers + 1, dtype=np.int64)
         self._states: dict[tuple, np.ndarray] = {}
         self.tied = sm.tied_elems() > 0
         self.layer_elems = min((sum(n for n, _ in b.params.values()) for b in sm.costs.layers), default=0)
@@ -305,7 +308,9 @@ class Tier0Bound:
             from simulator.schedules.base import TIME_AWARE
 
             ks = [0] * c.pp
-            if not (c.schedule in TIME_AWARE or c.schedule.startswith("ZB-")):
+            if c.schedule in INFLIGHT:  # the builder's counts in closed form (no schedule built)
+                ks = INFLIGHT[c.schedule](c.pp, m)
+            elif not (c.schedule in TIME_AWARE or c.schedule.startswith("ZB-")):
                 ks = inflight_counts(build_schedule(c.schedule, c.pp, m, c.vpp))
             self._inflight[key] = tuple(max(float(k), 1.0 / c.vpp) for k in ks)
         return self._inflight[key]
@@ -313,11 +318,15 @@ class Tier0Bound:
     def _end_params(self, c: Candidate) -> tuple[int, int, int]:
         """Elements of the "pre" block, of the "post" block and of both together (a tied
         table once) on tensor rank 0: at least the unsharded ones over ``tp``."""
-        pre, post = self.one.costs.pre, self.one.costs.post
-        p_pre = {k: n for k, (n, _) in pre.params.items()} if pre is not None else {}
-        p_post = {k: n for k, (n, _) in post.params.items()} if post is not None else {}
-        both = {**p_pre, **p_post}
-        return sum(p_pre.values()) // c.tp, sum(p_post.values()) // c.tp, sum(both.values()) // c.tp
+        hit = self._ends.get(c.tp)
+        if hit is None:
+            pre, post = self.one.costs.pre, self.one.costs.post
+            p_pre = {k: n for k, (n, _) in pre.params.items()} if pre is not None else {}
+            p_post = {k: n for k, (n, _) in post.params.items()} if post is not None else {}
+            both = {**p_pre, **p_post}
+            hit = self._ends[c.tp] = (sum(p_pre.values()) // c.tp, sum(p_post.values()) // c.tp,
+                                      sum(both.values()) // c.tp)
+        return hit
 
     def _states_table(self, c: Candidate, extra: int) -> np.ndarray:
         """Model states (bytes) of a rank holding ``n`` layers and ``extra`` more elements,
@@ -357,7 +366,7 @@ class Tier0Bound:
         loss_rank = vstage_ranks(c.schedule, c.pp, c.vpp)[-1]
         temp = getattr(mem, "loss_temp_bytes", None)
         loss_temp = int(temp.value * logits) if temp is not None else 0
-        n = np.arange(self.layers + 1, dtype=np.int64)
+        n = self._n
         fixed = int(mem.workspace_bytes.value)
         frac = float(mem.fragmentation.value)
         outside = int(mem.cuda_context_bytes.value) + int(
@@ -367,13 +376,14 @@ class Tier0Bound:
         # least the smallest role's bytes, and a middle layer's once n >= 3
         held = np.maximum(n * a[1] - max(a[1] - a[0], 0) - max(a[1] - a[2], 0), 0)
         drop = np.where(n >= 3, max(d[1], min(d)), min(d)) * (n > 0)
-        rows = []
-        for r, k in enumerate(ks):
-            first, last = r == 0, r == loss_rank
-            extra = both if first and last else pre if first else post if last else 0
-            alloc = (self._states_table(c, extra) + np.floor(k * held).astype(np.int64) + drop + fixed
-                     + (loss_temp if last else 0))
-            rows.append(alloc + np.floor(frac * alloc).astype(np.int64) + outside)
+        states = np.repeat(self._states_table(c, 0)[None, :], c.pp, axis=0)
+        if loss_rank == 0:
+            states[0] = self._states_table(c, both)
+        else:
+            states[0], states[loss_rank] = self._states_table(c, pre), self._states_table(c, post)
+        alloc = states + np.floor(np.asarray(ks)[:, None] * held[None, :]).astype(np.int64) + drop + fixed
+        alloc[loss_rank] += loss_temp
+        rows = alloc + np.floor(frac * alloc).astype(np.int64) + outside
         return least_peak(rows, self.layers)
 
     def __call__(self, c: Candidate) -> Bound:

@@ -66,6 +66,7 @@ from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import vstage_ranks
 from simulator.step_memory import rank_memory, vstage_activation_bytes
+from simulator.tier0_bound import INFLIGHT
 
 NS = 1e-9
 
@@ -96,6 +97,18 @@ def order_activation_peaks(model: Any, times: list[dict[str, float]]) -> list[fl
     c = model.cfg
     if c.schedule in TIME_AWARE:
         return None
+    fused = fused_backward(c.schedule, c.vpp)
+    if not all(_passes_positive(t, fused) for t in times):
+        return None
+    if c.schedule in INFLIGHT and c.vpp == 1 and fused:
+        # one chunk per rank, F and BW only: the running sum peaks at k_r forwards in a row
+        # (INFLIGHT: the builder's in-flight counts), k_r x M_B -- exact in floats for whole
+        # byte counts below 2**53, as the play's repeated additions are
+        ks = INFLIGHT[c.schedule](c.pp, c.num_microbatches)
+        mbs = [vstage_activation_bytes(model.costs.activations, "by_block", model.costs.layer_keys,
+                                       model.vs_layers[r], r == 0, r == model.nvs - 1) for r in range(c.pp)]
+        if all(mb >= 0 and mb == int(mb) and k * mb < 2**53 for k, mb in zip(ks, mbs, strict=True)):
+            return [k * mb for k, mb in zip(ks, mbs, strict=True)]
     sched = model.schedule(times)
     where = sched.rank_of_vstage()
     per_chunk = {}
@@ -104,9 +117,6 @@ def order_activation_peaks(model: Any, times: list[dict[str, float]]) -> list[fl
         mb = vstage_activation_bytes(model.costs.activations, "by_block", *args)
         mw = vstage_activation_bytes(model.costs.activations, "w_by_block", *args)
         per_chunk[where[vs]] = (mb, min(mw, mb))
-    fused = fused_backward(c.schedule, c.vpp)
-    if not all(_passes_positive(t, fused) for t in times):
-        return None
     peaks = []
     for r, (kinds, codes) in enumerate(_action_codes(sched)):
         table = [activation_delta(k, *per_chunk.get((r, ch), (0.0, 0.0))) for k, ch in kinds]

@@ -63,7 +63,7 @@ rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,6 +227,20 @@ def inflight_counts(schedule: Any) -> list[int]:
     return out
 
 
+#: ``inflight_counts`` of the registered order-fixed schedules in closed form, (pp, m) ->
+#: per rank (``tests/test_tier0_memory.py`` checks each against its builder over a grid):
+#: 1F1B and ZB-H1 hold min(p - r, m) micro-batches on rank r (Narayanan et al. 2021, sec.
+#: 2.2; ZB-H1 keeps 1F1B's warm-up, Qi et al. 2024, sec. 3), FThenB all m, Megatron's
+#: interleaved schedule min(m, p, 2 (p - r) - 1) of every chunk at once (its warm-up of
+#: 2 (p - r - 1) + (v - 1) p forwards goes chunk by chunk)
+INFLIGHT: dict[str, Callable[[int, int], list[int]]] = {
+    "1F1B": lambda p, m: [min(p - r, m) for r in range(p)],
+    "ZBH1": lambda p, m: [min(p - r, m) for r in range(p)],
+    "FThenB": lambda p, m: [m] * p,
+    "VPP": lambda p, m: [min(m, p, 2 * (p - r) - 1) for r in range(p)],
+}
+
+
 def least_peak(rank_bytes: Sequence[Sequence[int]], layers: int) -> int:
     """The smallest ``max_r rank_bytes[r][n_r]`` over every split of ``layers`` decoder
     layers into ``n_r >= 0`` per pipeline rank (``rank_bytes[r][n]``: a lower bound on rank
@@ -244,5 +258,5 @@ def least_peak(rank_bytes: Sequence[Sequence[int]], layers: int) -> int:
     return int(max(rows[:, 0].max(), np.partition(pooled, layers - 1)[layers - 1]))
 
 
-__all__ = ["BlockWork", "COMPUTE_KINDS", "block_work", "compute_peak", "inflight_counts",
+__all__ = ["BlockWork", "COMPUTE_KINDS", "INFLIGHT", "block_work", "compute_peak", "inflight_counts",
            "least_peak", "max_efficiency", "tier0_step_time"]

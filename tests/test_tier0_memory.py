@@ -17,7 +17,7 @@ from meshplan.engine import Engine
 from meshplan.tier0 import Tier0Bound
 from meshplan.tuning import make_scorer, search_problem, template_kinds
 from simulator.schedules import build_schedule
-from simulator.tier0_bound import inflight_counts, least_peak
+from simulator.tier0_bound import INFLIGHT, inflight_counts, least_peak
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
 
@@ -137,6 +137,23 @@ def test_inflight_counts_by_hand():
     assert inflight_counts(build_schedule("1F1B", 4, 8)) == [4, 3, 2, 1]
     assert inflight_counts(build_schedule("1F1B", 4, 2)) == [2, 2, 2, 1]
     assert inflight_counts(build_schedule("FThenB", 3, 5)) == [5, 5, 5]
+
+
+def test_inflight_closed_forms_match_the_builders():
+    """Each closed form of INFLIGHT equals inflight_counts of its registered builder on a
+    grid of stages, micro-batches and chunks (every (p, m, v) the builder accepts)."""
+    checked = 0
+    for name, form in INFLIGHT.items():
+        for p in range(1, 11):
+            for m in range(1, 3 * p + 3):
+                for v in ((2, 3, 4) if name == "VPP" else (1,)):
+                    try:
+                        sched = build_schedule(name, p, m, v)
+                    except ValueError:
+                        continue
+                    assert form(p, m) == inflight_counts(sched), (name, p, m, v)
+                    checked += 1
+    assert checked > 300
 
 
 def _brute(rows, layers):
