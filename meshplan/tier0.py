@@ -49,6 +49,23 @@ splits, of the heaviest rank). Rank r holding ``n`` decoder layers has at least
   (floor), the CUDA context and the NCCL buffers of its communicators
   (``simulator.step_memory.rank_memory``; ``communicators`` without the HSDP group).
 
+FP8 weight copies and amax histories (``simulator.fp8.fp8_state_bytes``, added to a rank's
+total outside the allocator lines): at least ``n`` times the unsharded FP8 program's
+smallest layer's over ``tp * ep`` (the same linears are marked at every tp,
+``completion.fp8.mark_fp8_linears``; a local weight is at least the global one over the
+ranks that split it).
+
+Time under ZeRO-3 (:meth:`Tier0Bound.zero3_time_s`): every layer's chain all_gathers its
+weights over the shard group in each micro-batch's forward (and again in its backward when
+the profile reshards after forward, or always when nothing is prefetched) and, unless the
+pipeline holds its gradients unsharded, reduce-scatters its gradients in the backward, all
+on one communication stream (``simulator.stage_timing.StageTimer._zero3_times``,
+``simulator.streams.prefetched_chain``: a chain ends after every item its stream ran), so
+``sum_r busy_r >= m * L * (per-layer collectives)`` with the layer's bytes at least
+``p_layer`` elements x the smallest parameter element size (1 byte where the framework
+keeps FP8 parameters) and the cluster's collective times non-decreasing in bytes; the
+bound is that over pp, less 1 ns per action, beside the compute bound (their maximum).
+
 ``a``, ``d``, logits: the unsharded one-rank program of the micro-batch (its ``seq_len /
 cp`` tokens and FP8 recipe) saves, per layer, the values its backward reads
 (``simulator.memory.saved_activations``, same recompute policy and framework reads). The
@@ -134,6 +151,10 @@ class Tier0Bound:
         self._inflight: dict[tuple, tuple[float, ...]] = {}
         self.one = sm
         self._ends: dict[int, tuple[int, int, int]] = {}
+        self._z3: dict[tuple, float] = {}
+        self._fp8_state: dict[tuple, int] = {}
+        self.elem_bytes = min((b // n for blk in sm.costs.layers for n, b in blk.params.values() if n),
+                              default=1)
         self._n = np.arange(self.layers + 1, dtype=np.int64)
         self._states: dict[tuple, np.ndarray] = {}
         self.tied = sm.tied_elems() > 0
@@ -178,6 +199,49 @@ class Tier0Bound:
                                                    num_microbatches=m, recompute=c.recompute,
                                                    fused_backward=fused)
         return t
+
+    def zero3_time_s(self, c: Candidate) -> float:
+        """A second tier-0 time bound (s) for ZeRO-3: the parameter gathers and gradient
+        reduces every layer's chain runs on one communication stream per micro-batch
+        (module docstring), 0 below ZeRO-3 or with one shard rank."""
+        n = (c.fsdp_shard_size or c.dp) * c.cp
+        if c.zero < 3 or c.dp * c.cp == 1:
+            return 0.0
+        key = (self.layer_params(c), self._param_bytes(c), c.zero, c.dp, c.cp, c.fsdp_shard_size, c.tp, c.pp,
+               c.vpp, c.num_microbatches(self.gb), fused_backward(c.schedule, c.vpp))
+        t = self._z3.get(key)
+        if t is None:
+            from types import SimpleNamespace
+
+            from simulator import dp_groups
+            from simulator.stage_timing import reduce_bytes as _reduce_bytes
+
+            cfg = SimpleNamespace(dp=c.dp * c.cp, tp=c.tp, pp=c.pp, zero=c.zero, profile=self.profile,
+                                  fsdp_shard_size=None if c.fsdp_shard_size is None else c.fsdp_shard_size * c.cp)
+            g = dp_groups.gather_time(self.cl, cfg, 0, self._param_bytes(c) * self.layer_params(c))
+            depth = self.profile.overlap.fsdp_prefetch.value
+            unsharded = dp_groups.pipeline_holds_unsharded(self.profile, c.pp, c.zero, n)
+            if depth < 1:  # every gather exposed, in F and again in B
+                per = 2 * g
+            else:
+                again = self.profile.overlap.fsdp_reshard_after_forward.value and not unsharded
+                red = 0.0 if unsharded else dp_groups.reduce_time(
+                    self.cl, cfg, 0, self.layer_params(c) * _reduce_bytes(self.step_cfg))
+                per = g * (2 if again else 1) + red
+            m, nvs = c.num_microbatches(self.gb), c.pp * c.vpp
+            actions = m * nvs * (2 if key[-1] else 3) + 2 * nvs
+            t = self._z3[key] = max(0.0, m * self.layers * per / c.pp - actions * 1e-9)
+        return t
+
+    def _param_bytes(self, c: Candidate) -> int:
+        """Bytes per parameter element a layer's gathered weights have at least: the
+        smallest of the one-rank program's layer parameters' (1 for an FP8 recipe whose
+        framework keeps FP8 parameters, ``completion.fp8.FP8_PARAM_FRAMEWORKS``)."""
+        from completion.fp8 import FP8_PARAM_FRAMEWORKS
+
+        if c.fp8 is not None and self.framework in FP8_PARAM_FRAMEWORKS:
+            return 1
+        return self.elem_bytes
 
     def rank_params(self, c: Candidate) -> int:
         """A lower bound on the parameter elements tensor rank 0 holds over all its
@@ -351,7 +415,7 @@ class Tier0Bound:
         candidate fields it reads."""
         acts, p_layer = self.layer_activation_bytes(c), self.layer_params(c)
         key = (acts, p_layer, c.tp, c.dp, c.cp, c.ep, c.fsdp_shard_size, c.zero, c.pp, c.vpp, c.schedule,
-               c.num_microbatches(self.gb))
+               c.num_microbatches(self.gb), c.fp8, c.micro_batch_size)
         hit = self._split.get(key)
         if hit is None:
             hit = self._split[key] = self._split_memory(c, *acts)
@@ -383,14 +447,40 @@ class Tier0Bound:
             states[0], states[loss_rank] = self._states_table(c, pre), self._states_table(c, post)
         alloc = states + np.floor(np.asarray(ks)[:, None] * held[None, :]).astype(np.int64) + drop + fixed
         alloc[loss_rank] += loss_temp
-        rows = alloc + np.floor(frac * alloc).astype(np.int64) + outside
+        rows = alloc + np.floor(frac * alloc).astype(np.int64) + outside + self.fp8_state_bytes(c) * n
         return least_peak(rows, self.layers)
+
+    def fp8_state_bytes(self, c: Candidate) -> int:
+        """A lower bound on the FP8 weight copies and amax histories one decoder layer keeps
+        on tensor rank 0 (``simulator.fp8.fp8_state_bytes`` of its FP8 linears, added to
+        the rank's total outside the allocator lines): the unsharded FP8 program's
+        smallest layer's over ``tp * ep`` (its local weights are at least the global ones
+        over the ranks that split them; the histories are per op). 0 without a recipe."""
+        if c.fp8 is None:
+            return 0
+        key = (c.micro_batch_size, c.cp, c.fp8)
+        if key not in self._fp8_state:
+            from simulator.blocks import assign_blocks
+            from simulator.fp8 import fp8_state_bytes
+            from simulator.op_signature import op_signature
+
+            prog = self.program(*key)
+            blocks = assign_blocks(prog)
+            names = frozenset(p.name for p in prog.parameters() if p.name)
+            per: dict[Any, float] = {}
+            for op in prog.ops:
+                blk = blocks.get(id(op))
+                if isinstance(blk, int) and op.attrs.get("fp8"):
+                    per[blk] = per.get(blk, 0.0) + fp8_state_bytes(op_signature(op, 0, names))
+            roles = self._roles(*key)
+            self._fp8_state[key] = int(min(min(per.get(k, 0.0) for k in ks) for ks in roles))
+        return self._fp8_state[key] // (c.tp * c.ep)
 
     def __call__(self, c: Candidate) -> Bound:
         mem = self.memory_bytes(c)
         if mem <= self.cap:  # the second bound only where the first does not prune
             mem = max(mem, self.split_memory_bytes(c))
-        return Bound(self.time_s(c), mem, self.cap)
+        return Bound(max(self.time_s(c), self.zero3_time_s(c)), mem, self.cap)
 
 
 __all__ = ["Tier0Bound"]
