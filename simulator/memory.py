@@ -37,7 +37,7 @@ from completion.ops.registry import op_traits
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
 from simulator.fp8 import saved_input_bytes
-from simulator.op_signature import local_tensor, op_signature
+from simulator.op_signature import grad_weights, local_tensor
 from simulator.recompute import (
     RECOMPUTE_POLICIES,
     is_attention_core,
@@ -263,8 +263,7 @@ def _kept_bytes(r: Value, readers: list[Operation], fp8_readers: list[Operation]
 
 def _w_ops(program: Program, names: frozenset[str]) -> list[Operation]:
     """Backward ops that compute a weight gradient (their reads stay until W)."""
-    return [op for op in program.ops if op.role == OpRole.BACKWARD
-            and any(op_signature(op, None, names).weights)]
+    return [op for op in program.ops if op.role == OpRole.BACKWARD and any(grad_weights(op, names))]
 
 
 @dataclass
