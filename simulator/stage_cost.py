@@ -189,7 +189,22 @@ class BlockCost:
         kernels (:class:`OverlapCandidate`) takes ``simulator.streams.overlapped_time``
         with them instead of their sum; a B collective whose partners are W kernels (the
         input-gradient all_reduce beside the weight-gradient GEMM) overlaps only inside a
-        BW action. Without a profile (or with every flag off): :meth:`time`."""
+        BW action. Without a profile (or with every flag off): :meth:`time`.
+
+        Returns a new dict per call (callers add to it); the values are computed once per
+        (profile, overlap) and block (a search times the same blocks for every candidate
+        of a layout). A BlockCost is complete when ``StageCoster.block_costs`` returns it:
+        nothing changes its fields afterwards (``dataclasses.replace`` makes a new one)."""
+        memo = self.__dict__.setdefault("_times_memo", {})
+        hit = memo.get((id(profile), overlap))
+        if hit is not None and hit[0] is profile:
+            return dict(hit[1])
+        out = self._times(profile, overlap)
+        memo[(id(profile), overlap)] = (profile, out)
+        return dict(out)
+
+    def _times(self, profile: Any, overlap: float) -> dict[str, float]:
+        """:meth:`times` computed (no memo)."""
         out = {ph: self.time(ph, overlap) for ph in PHASES}
         out["BW"] = out["B"] + out["W"]
         if profile is None or not self.overlaps:

@@ -71,6 +71,26 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ModelFileNotFoundError(f"model config not found: {p}")
+    st = p.stat()
+    key = (str(p), str(p.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _LOADED.get(key)
+    if hit is None:  # parse once per file version; its warnings are kept and replayed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = _load_hf_config(p)
+        hit = _LOADED[key] = (cfg, [(w.message, w.category) for w in caught])
+    for message, category in hit[1]:
+        warnings.warn(message, category, stacklevel=2)
+    return hit[0]
+
+
+#: configs read by :func:`load_hf_config`, by (path, resolved path, mtime, size): a search
+#: builds an Engine per candidate and each resolves the model (a ModelConfig is immutable)
+_LOADED: dict[tuple, tuple[ModelConfig, list[tuple[Any, Any]]]] = {}
+
+
+def _load_hf_config(p: pathlib.Path) -> ModelConfig:
+    """:func:`load_hf_config`'s parse of an existing file (no memo)."""
     try:
         text = p.read_text(encoding="utf-8")
         deep = too_deep(json_depth(text), str(p))
