@@ -34,12 +34,15 @@ from optuna.trial import TrialState
 
 from tuner.errors import TunerError
 from tuner.exhaustive_report import Bound, Evaluate, ExhaustiveReport, bound_arrays
+from tuner.gap import shape_bounds
 from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs
 
 
 def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limit: Sequence[float],
                evaluate: Evaluate, deadline: float | None = None,
-               incumbent: Callable[[], float] | None = None) -> ExhaustiveReport:
+               incumbent: Callable[[], float] | None = None,
+               stop: Callable[[], bool] | None = None,
+               can_evaluate: Callable[[int], bool] | None = None) -> ExhaustiveReport:
     """Branch and bound over candidates ``0 .. n-1`` (module docstring, steps 1-2).
 
     Args:
@@ -53,11 +56,16 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
             Sound as long as the incumbent is the time of a feasible plan of the space (an
             upper bound on the optimum): a slice of the space pruned against it holds no
             plan faster than the best of the union (:mod:`tuner.exhaustive_shared`).
-    Returns an :class:`ExhaustiveReport` (``resumed`` left 0: the caller counts it).
+        stop: called before each candidate; True stops the search unproven.
+        can_evaluate: whether candidate i may be evaluated (None: all); the search stops
+            unproven at the first that may not (:func:`tuner.exhaustive_tiered.prove_tiered`).
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0; ``lower`` and, when stopped,
+    ``open_bound_s`` and ``open`` as :func:`tuner.exhaustive_tiered.prove_tiered` sets them).
     Raises TunerError on arrays of different lengths or a NaN bound."""
     t_lb, m_lb, cap = bound_arrays(time_lb, memory_lb, memory_limit)
     rep = ExhaustiveReport(space_size=len(t_lb))
     fits = m_lb <= cap
+    rep.lower = np.where(fits, t_lb, math.inf)
     rep.pruned_memory = int((~fits).sum())
     idx = np.flatnonzero(fits)
     order = idx[np.argsort(t_lb[idx], kind="stable")]
@@ -66,12 +74,14 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
         if t_lb[i] >= (best if incumbent is None else min(best, incumbent())):
             rep.pruned_time = len(order) - pos
             break
-        if deadline is not None and time.monotonic() > deadline:
-            rep.open_bound_s = float(t_lb[i])
+        if ((deadline is not None and time.monotonic() > deadline) or (stop is not None and stop())
+                or (can_evaluate is not None and not can_evaluate(int(i)))):
+            rep.open_bound_s, rep.open = float(t_lb[i]), len(order) - pos
             rep.pruned_time = 0
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         rec = evaluate(int(i))
+        rep.lower[i] = math.nan
         rep.simulated += 1
         if rec is None:
             rep.refused += 1
@@ -124,11 +134,25 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    on_scored: Callable[[int], None] | None = None,
                    members: Sequence[int] | None = None,
                    incumbent: Callable[[], float] | None = None,
-                   tick: Callable[[], None] | None = None) -> ExhaustiveReport:
+                   tick: Callable[[], None] | None = None,
+                   max_simulated: int | None = None,
+                   only_cached: bool = False,
+                   quantum: float | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
     reusing the records in ``history`` (plan_key -> record, ``tuner.result.history_cache``)
     and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
-    search unproven, also while it is still bounding.
+    search unproven, also while it is still bounding; so does ``max_simulated`` (a trial
+    budget: at most that many candidates scored or read back). ``only_cached``: evaluate
+    only the candidates ``history`` holds, stopping at the first other one (nothing is
+    simulated: the bound a sampled search leaves, :func:`tuner.gap.sampled_gap`).
+    ``quantum`` (seconds) stops the branch and bound that long after the bounding (a
+    shared search's turn on one slice, :func:`tuner.exhaustive_shared.run_shared`).
+
+    A candidate the scorer refuses (a ValueError: an engine limit legality does not model)
+    has no step time and no bound covers it: the report's proof then does not hold
+    (``ExhaustiveReport.holds``; ``refused``, ``refusal`` the first message: the optimum may
+    be among them).
+    The report's ``shapes`` holds the bounds per mesh shape (:func:`tuner.gap.shape_bounds`).
 
     ``members`` (indices into ``candidates``; None: all) restricts the search to one slice
     of the space, ``incumbent`` is the best time other workers found (see
@@ -161,10 +185,20 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
         if tick is not None and (cheap is None or i % 1024 == 0):
             tick()
         t_lb[i], m_lb[i], cap[i] = _bounds(cheap or bound, candidates[j])
-    resumed = 0
+    resumed = evaluated = 0
+    refusal: list[str] = []
+    turn_end = None if quantum is None else time.monotonic() + quantum
+
+    def stop() -> bool:
+        return ((max_simulated is not None and evaluated >= max_simulated)
+                or (turn_end is not None and time.monotonic() > turn_end))
+
+    def cached(i: int) -> bool:
+        return plan_key(candidates[idx[i]]) in history
 
     def evaluate(i: int) -> tuple[float, int, int] | None:
-        nonlocal resumed
+        nonlocal resumed, evaluated
+        evaluated += 1
         if tick is not None:
             tick()
         c = candidates[idx[i]]
@@ -185,11 +219,13 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
             if on_scored is not None:
                 on_scored(idx[i])
         if "error" in rec:
+            refusal.append(rec["error"])
             return None
         return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
+    can = cached if only_cached else None
     if cheap is None:
-        rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent)
+        rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent, stop, can)
     else:
         from tuner.exhaustive_tiered import prove_tiered
 
@@ -207,11 +243,14 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                 return -math.inf
 
         rep = prove_tiered(t_lb, m_lb, cap, tight, evaluate, deadline, incumbent,
-                           None if layout is None else middle)
+                           None if layout is None else middle, stop, can)
     if rep.best_index is not None:
         rep.best_index = idx[rep.best_index]
     rep.resumed = resumed
     rep.bounded = bounded
+    if refusal:  # no bound covers a refused plan: the proof does not hold (``holds``)
+        rep.refusal = refusal[0]
+    rep.shapes = shape_bounds([candidates[j] for j in idx], rep.lower)
     rep.seconds = time.monotonic() - t0
     return rep
 

@@ -50,7 +50,9 @@ Tight = Callable[[int], "tuple[float, float, float]"]
 def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], memory_limit: Sequence[float],
                  tight: Tight, evaluate: Evaluate, deadline: float | None = None,
                  incumbent: Callable[[], float] | None = None,
-                 middle: Callable[[int], float] | None = None) -> ExhaustiveReport:
+                 middle: Callable[[int], float] | None = None,
+                 stop: Callable[[], bool] | None = None,
+                 can_evaluate: Callable[[int], bool] | None = None) -> ExhaustiveReport:
     """Best-first branch and bound over candidates ``0 .. n-1`` (module docstring).
 
     Args:
@@ -64,11 +66,23 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             gets it first and goes back under ``max(cheap, middle)``; only when that
             entry comes up again is it tight-bounded. An entry pruned while at this tier
             counts as pruned by time.
-    Returns an :class:`ExhaustiveReport` (``resumed`` left 0). Raises TunerError on arrays
-    of different shapes or a NaN bound."""
+        stop: called before each step; True stops the search unproven (a trial budget).
+        can_evaluate: whether candidate i may be evaluated now (None: every one); the
+            search stops unproven at the first one that may not (a sampled search's gap:
+            only the plans it scored are evaluated, :mod:`tuner.gap`).
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0). When it stops unproven,
+    ``open_bound_s`` is the smallest key still on the heap: a lower bound on the step time
+    of every candidate not decided (``open`` of them), so the optimum is at least
+    ``min(best, open_bound_s)``. ``rep.lower`` (not serialised) holds each candidate's
+    final lower bound: its key when it was not evaluated, inf when a memory bound proved
+    it cannot fit, NaN when evaluated. Raises TunerError on arrays of different shapes or
+    a NaN bound."""
     t0, m0, cap = bound_arrays(cheap_time, cheap_memory, memory_limit, "a cheap lower bound")
     rep = ExhaustiveReport(space_size=len(t0))
+    lower = t0.copy()
     fits = m0 <= cap
+    lower[~fits] = math.inf
+    rep.lower = lower
     rep.pruned_cheap = int((~fits).sum())
     heap: list[tuple[float, int, int]] = [(float(t0[i]), 0, int(i)) for i in np.flatnonzero(fits)]
     heapq.heapify(heap)
@@ -80,9 +94,11 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             rep.pruned_cheap += cheap_left
             rep.pruned_time += len(heap) - cheap_left
             break
-        if deadline is not None and time.monotonic() > deadline:
-            rep.open_bound_s = key
-            rep.pruned_cheap, rep.pruned_time = int((~fits).sum()), 0  # memory prunes stand
+        if ((deadline is not None and time.monotonic() > deadline) or (stop is not None and stop())
+                or (tier == 2 and can_evaluate is not None and not can_evaluate(i))):
+            rep.open_bound_s, rep.open = key, len(heap)
+            rep.pruned_cheap = int((~fits).sum())  # memory prunes stand
+            rep.pruned_time = 0
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         heapq.heappop(heap)
@@ -91,7 +107,8 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             t = middle(i)
             if math.isnan(t):
                 raise TunerError(f"the layout lower bound of candidate {i} is NaN")
-            heapq.heappush(heap, (max(key, t), 1, i))
+            lower[i] = max(key, t)
+            heapq.heappush(heap, (lower[i], 1, i))
             continue
         if tier <= 1:
             t, m, c = tight(i)
@@ -99,12 +116,15 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
                 raise TunerError(f"the tight lower bound of candidate {i} is NaN")
             if m > c:
                 rep.pruned_memory += 1
+                lower[i] = math.inf
                 continue
-            if known:
-                heapq.heappush(heap, (max(key, t), 2, i))
+            lower[i] = max(key, t)
+            if known or (can_evaluate is not None and not can_evaluate(i)):
+                heapq.heappush(heap, (lower[i], 2, i))
                 continue
             # no feasible plan known yet: simulate it now (a dive) for a first incumbent
         rec = evaluate(i)
+        lower[i] = math.nan
         rep.simulated += 1
         if rec is None:
             rep.refused += 1

@@ -108,6 +108,32 @@ class SizeOutcome:
     scored: int | None = None
     """Plans the size's search scored (None: not counted); 0 means every point it drew was
     refused by a legality rule or the scorer, before any memory was known."""
+    optimum_at_least_s: float | None = None
+    """A proven lower bound on the step time of every plan of this size's space
+    (``tuner.gap.SearchAnswer.optimum_at_least_s``; None: unknown)."""
+    proven: bool = False
+    """The size's best plan is its proven optimum (or, with none, no plan of it fits)."""
+
+    @property
+    def gap(self) -> float | None:
+        """``(step - lower bound) / step`` of the size's answer (0 when proven; None: no
+        plan or no bound)."""
+        if self.proven and self.step_time_s is not None:
+            return 0.0
+        if self.step_time_s is None or self.optimum_at_least_s is None:
+            return None
+        return max(0.0, (self.step_time_s - self.optimum_at_least_s) / self.step_time_s)
+
+    def bound(self, objective: str) -> float | None:
+        """The smallest value of ``objective`` any plan of this size can reach, by its
+        lower bound (``cost``: GPU-hours per million tokens; ``time``: seconds); None when
+        unknown, inf when proven that no plan fits."""
+        low = self.step_time_s if self.proven else self.optimum_at_least_s
+        if low is None:
+            return math.inf if self.proven else None
+        if objective == "time":
+            return low
+        return low * self.gpus / 3600.0 / (self.tokens_per_step / 1e6)
 
     @property
     def feasible(self) -> bool:
@@ -144,6 +170,30 @@ def choose(outcomes: Sequence[SizeOutcome], objective: str = "cost",
     if objective == "cost":
         return min(ok, key=lambda o: (o.gpu_hours_per_mtok, o.gpus))
     return min(ok, key=lambda o: (o.step_time_s, o.gpus))
+
+
+def choice_proven(chosen: SizeOutcome, outcomes: Sequence[SizeOutcome], objective: str,
+                  max_step_time: float | None = None) -> tuple[bool, list[str]]:
+    """Whether no other size can beat ``chosen`` on ``objective``: (True, []) when every
+    other size's lower bound (:meth:`SizeOutcome.bound`) is at least the chosen value,
+    else (False, the sizes that might, each with its bound or ``no bound``). A size whose
+    bound misses ``max_step_time`` cannot qualify. ``chosen`` itself must be proven."""
+    value = chosen.gpu_hours_per_mtok if objective == "cost" else chosen.step_time_s
+    open_: list[str] = []
+    for o in outcomes:
+        if o is chosen:
+            continue
+        low = o.bound(objective)
+        step_low = o.bound("time")
+        if step_low is not None and max_step_time is not None and step_low > max_step_time:
+            continue
+        if low is None:
+            open_.append(f"{o.gpus} GPUs (no bound)")
+        elif value is not None and low < value:
+            unit = "GPU-h per million tokens" if objective == "cost" else "s"
+            open_.append(f"{o.gpus} GPUs (could reach {low:.4g} {unit})")
+    proven = chosen.proven and not open_
+    return proven, ([] if proven or open_ else [f"{chosen.gpus} GPUs itself is not proven"]) + open_
 
 
 def why_none(outcomes: Sequence[SizeOutcome], max_step_time: float | None) -> str:

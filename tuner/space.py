@@ -49,7 +49,11 @@ def tuner_schedule(name: Any) -> str:
         raise SpaceError(f"schedule {name!r} is not one of {list(PINNABLE_SCHEDULES)} (or their "
                          "aliases, as cost's --schedule takes them)") from None
     return "ZB" if canon == "ZB-2p" else canon
-RECOMPUTE = ("none", "selective", "full")
+#: Recompute modes a space may hold (``completion.strategy.RECOMPUTE``: ``selective-op`` is
+#: torchtitan's op-level selective checkpointing); :data:`DEFAULT_RECOMPUTE` is a space's
+#: default (``meshplan tune`` searches the framework's, ``meshplan.tune_setup``).
+RECOMPUTE = ("none", "selective", "selective-op", "full")
+DEFAULT_RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
@@ -332,7 +336,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     vpp_degrees: tuple[int, ...] = (2, 4)
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    recompute: tuple[str, ...] = RECOMPUTE
+    recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     zero_stages: tuple[int, ...] = ZERO_STAGES
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
@@ -381,9 +385,10 @@ class SearchSpace:
                              f"ZBVPP), and the search tries {list(self.schedule_choices())} (the "
                              "framework's: --all-schedules or another --framework widens it)")
         chunks = self.fix.get("pp", 1) * self.fix.get("vpp", 1)
-        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and layers % chunks:
+        uneven = self.problem.uneven_pp
+        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and (chunks > layers if uneven else layers % chunks):
             raise SpaceError(f"--fix: pp={self.fix['pp']} x vpp={self.fix['vpp']} = {chunks} virtual "
-                             f"stages do not divide the model's {layers} layers")
+                             f"stages {'exceed' if uneven else 'do not divide'} the model's {layers} layers")
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------
