@@ -202,6 +202,11 @@ def why_none(result: TuneResult) -> list[str]:
         parts.append("legality rules pruned " + ", ".join(f"{n} by {r}" for r, n in rules.most_common()))
     if errors:
         parts.append(f"the engine refused {len(errors)} (first: {errors[0]})")
+    ans = result.answer
+    if ans is not None and ans.holds and ans.space_size:  # every candidate pruned by memory
+        return [f"no feasible plan: the memory constraint binds -- all {ans.space_size} candidates "
+                "of the space need more than the limit (usable device memory less the headroom) "
+                "by their lower bound on the peak memory (proven; none was worth simulating)"]
     if result.exhaustive is not None and not parts:  # the enumeration itself was empty
         return ["no feasible plan: the search space holds no legal plan (the exhaustive "
                 "enumeration found no candidate); widen --fix (a fixed dp x micro-batch must "
