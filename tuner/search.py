@@ -9,6 +9,7 @@ cannot be shared: that raises TuneError).
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -16,7 +17,13 @@ from typing import Any
 
 from tuner.bound_seed import check_seed_option, gap_report, seed_study
 from tuner.exhaustive import run_exhaustive
-from tuner.exhaustive_shared import SLICES_PER_WORKER, is_slice_study, open_slices, run_shared
+from tuner.exhaustive_shared import (
+    SLICES_PER_WORKER,
+    is_slice_study,
+    open_slices,
+    run_shared,
+    study_best,
+)
 from tuner.gap import ANSWER_ATTR, SearchAnswer, from_report, gap_seconds, sampled_gap
 from tuner.result import ProgressReporter, TuneResult
 from tuner.study import (
@@ -164,7 +171,9 @@ def _branch_and_bound(study: Any, cfg: TuneConfig, scorer: Any, in_memory: bool,
     rep.seconds = time.monotonic() - t0
     res.exhaustive = rep
     scored = distinct_plans(study)
-    res.answer = from_report(rep, "exhaustive", _stopped_by(timeout, rep, cap, scored), scored=scored)
+    best = study_best(study)  # the study's: a slice stopped unfinished may hold the best
+    res.answer = from_report(rep, "exhaustive", _stopped_by(timeout, rep, cap, scored), scored=scored,
+                             best_s=best if math.isfinite(best) else None)
     return res
 
 
