@@ -18,6 +18,10 @@ def _either(names: Any) -> str:
     return f"{', '.join(first)} or {last}" if first else last
 
 
+#: the fewest tokens a context-parallel rank keeps in a default search: the Llama 3 report
+#: (Dubey et al. 2024, Table 4) trains 8,192-token sequences without cp and 131,072-token
+#: ones with cp 16, 8,192 tokens per cp rank; ``--search-cp`` searches every degree
+CP_MIN_TOKENS = 8192
 #: the interleaving degrees (model chunks per pipeline rank) a default search tries: 2 to 8,
 #: the range of the published recipes (NeMo's Llama 3 70B: pp 4 x vpp 5; Narayanan et al.
 #: 2021, Figure 13: 2 to 8 chunks); the legality rules keep at least one layer per chunk
@@ -47,14 +51,15 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     frameworks run as an explicit layout: pp need not divide the layers; ``layer_split``
     ``even``: Megatron-LM's default split, pp dividing them).
 
-    ``search_cp``: context parallelism (``meshplan.tuning.search_cp_degrees``): None
-    searches it where the framework runs it (its profile's ``kernels.cp_comms``) and cp is
-    not pinned, True insists (refused where it cannot), False leaves it out; ``cp_comm``:
-    the K/V exchange of every plan with cp > 1 (:func:`check_cp`). ``fp8``: the FP8
-    recipes ``framework`` runs (``completion.strategy.FP8_RECIPES``) beside BF16: None
-    searches them where the device has an FP8 peak and neither ``dtype`` nor ``--fix fp8``
-    fixes one, True insists (refused with a message naming the device or framework), False
-    leaves them out. ``hsdp``: also search HSDP shard groups with ZeRO-3
+    ``search_cp``: context parallelism (:func:`cp_degrees`): None (the default) searches
+    the degrees that keep at least :data:`CP_MIN_TOKENS` tokens per cp rank where the
+    framework runs cp (its profile's ``kernels.cp_comms``) and cp is not pinned, True every
+    degree ``meshplan.tuning.search_cp_degrees`` gives (refused where the framework runs
+    none), False none; ``cp_comm``: the K/V exchange of every plan with cp > 1
+    (:func:`check_cp`). ``fp8``: also the FP8 recipes ``framework`` runs
+    (``completion.strategy.FP8_RECIPES``) beside BF16, refused with a message naming the
+    device or framework where there is none; off by default (None, False): FP8 changes the
+    numerics, a choice the user makes (``--search-fp8``, ``--dtype``, ``--fix fp8``). ``hsdp``: also search HSDP shard groups with ZeRO-3
     (``tuner.space.SearchSpace.hsdp``). Raises ValueError (SpaceError, ModelConfigError,
     ClusterError, MeshplanError) naming the bad option. ``memory_headroom`` None: the
     default, ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help``
@@ -113,33 +118,26 @@ def framework_recompute(framework: str) -> tuple[str, ...]:
 def cp_degrees(framework: str, pinned: Any, search: bool | None, cp_comm: str, world: int,
                seq_len: int) -> tuple[int, ...]:
     """The context-parallel degrees of a search (:func:`tune_config`'s ``search_cp``),
-    after :func:`check_cp`: a pinned cp is the space's pin (``(1,)`` here), else every
-    degree ``meshplan.tuning.search_cp_degrees`` gives where the framework runs cp and
-    ``search`` is not False."""
+    after :func:`check_cp`: a pinned cp is the space's pin (``(1,)`` here); where the
+    framework runs cp, every degree ``meshplan.tuning.search_cp_degrees`` gives
+    (``search`` True) or, by default (None), those that keep at least
+    :data:`CP_MIN_TOKENS` tokens per cp rank; none with ``search`` False."""
     from meshplan.tuning import framework_cp_comms, search_cp_degrees
 
-    check_cp(framework, pinned, bool(search), cp_comm, search is None)
+    check_cp(framework, pinned, bool(search), cp_comm, search is None and seq_len >= 2 * CP_MIN_TOKENS)
     if search is False or pinned is not None or not framework_cp_comms(framework):
         return (1,)
-    return search_cp_degrees(world, seq_len)
+    every = search_cp_degrees(world, seq_len)
+    return every if search else tuple(c for c in every if c == 1 or seq_len // c >= CP_MIN_TOKENS)
 
 
 def fp8_choices(cluster: str, nodes: int | None, framework: str, dtype: str, search: bool | None,
                 pinned: Any) -> tuple[str | None, ...]:
     """The FP8 recipes of a search (:func:`tune_config`'s ``fp8``): :func:`fp8_recipes` when
-    asked (True), none when told not to (False) or when a recipe is fixed (an FP8
-    ``dtype``, ``--fix fp8``); by default (None) :func:`fp8_recipes` where the device has
-    an FP8 peak and the framework a recipe, else none."""
-    from completion.strategy import FP8_DTYPES
-
-    if search:
-        return fp8_recipes(cluster, nodes, framework, dtype)
-    if search is False or pinned is not None or dtype in FP8_DTYPES:
-        return (None,)
-    try:
-        return fp8_recipes(cluster, nodes, framework, dtype)
-    except MeshplanError:  # no FP8 on this device or under this framework: BF16 only
-        return (None,)
+    asked (True); else none (a pinned recipe is the space's pin): FP8 changes the
+    numerics, so a search tries it only when asked."""
+    del pinned  # the space's fix pins it
+    return fp8_recipes(cluster, nodes, framework, dtype) if search else (None,)
 
 
 def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] | None,
@@ -241,4 +239,4 @@ def fp8_recipes(cluster: str, nodes: int | None, framework: str, dtype: str) -> 
     return (None, *runs)
 
 
-__all__ = ["VPP_DEGREES", "check_fp8_pin", "cp_degrees", "fp8_choices", "fp8_recipes", "framework_recompute", "tune_config"]
+__all__ = ["CP_MIN_TOKENS", "VPP_DEGREES", "check_fp8_pin", "cp_degrees", "fp8_choices", "fp8_recipes", "framework_recompute", "tune_config"]

@@ -1,6 +1,7 @@
 """Context parallelism in the search: cp is a searched dimension wherever the framework
-runs it (issue 36: before, only with ``tune --search-cp``; ``--no-search-cp`` leaves it
-out), ``--cp-comm`` / ``--cp-comm-type`` chooses its K/V
+runs it (issue 36: before, only with ``tune --search-cp``; by default the degrees keeping
+8,192 tokens per cp rank, ``--search-cp`` every one, ``--no-search-cp`` none),
+``--cp-comm`` / ``--cp-comm-type`` chooses its K/V
 exchange, and a framework profile states the exchanges it runs (``kernels.cp_comms``:
 DeepSpeed, Megatron-LM 2021 and llm-foundry run none), so a plan that cannot run is never
 searched, and ``cost`` says when one is costed."""
@@ -57,7 +58,8 @@ def test_tune_config_searches_cp_and_carries_the_exchange():
     assert cfg.space.cp_choices() == [1, 2, 4, 8]
     assert cfg.scorer_config["cp_comm"] == "all_gather"  # Megatron-LM's spelling read
     plain = _config()
-    assert plain.space.cp_choices() == [1, 2, 4, 8]  # the default: searched (megatron-core runs cp)
+    # the default: searched where megatron-core runs it, keeping >= 8,192 tokens per cp rank
+    assert plain.space.cp_choices() == [1, 2, 4]
     assert "cp_comm" not in plain.scorer_config  # a study stored before the option resumes
     assert _config(search_cp=False).space.cp_choices() == [1]
     assert _config(framework="deepspeed").space.cp_choices() == [1]  # runs none: not searched
@@ -93,7 +95,7 @@ def test_tune_searches_cp_and_its_plan_costs_as_scored(tmp_path, capsys):
         rc, _, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
                               "--nodes", "1", "--global-batch", "8", "--seq-len", "32768",
                               "--layers", "2", "--sampler", "bruteforce", "--trials", "4",
-                              "--search-cp", "--no-search-fp8",
+                              "--search-cp",
                               "--fix", "tp=1,pp=1,zero=0,micro_batch_size=1,recompute=full",
                               "--framework", "fsdp2", "--storage", "memory", "--output",
                               str(out), "--no-progress", *extra)

@@ -32,31 +32,34 @@ def _cfg(model="llama2-7b", cluster="dgx-h100", mode="framework", fix=None, laye
 
 
 def test_the_default_space_is_the_frameworks():
-    """megatron-core on H100: the Megatron layout only, cp over 1-8 (2cp | 1024), BF16 and
-    TE's delayed FP8, Megatron-LM's recompute modes, vpp 2-8, 1F1B and VPP, any pp up to
-    the layers (the balanced split is an explicit layout); torchtitan (fsdp2) its own
-    recompute (op-level SAC) and FP8 recipes; DeepSpeed neither cp nor FP8; an A100 no FP8."""
+    """megatron-core on H100: the Megatron layout only, Megatron-LM's recompute modes,
+    vpp 2-8, 1F1B and VPP, any pp up to the layers (the balanced split is an explicit
+    layout), cp where each cp rank keeps 8,192 tokens (none at 1,024; 1, 2, 4 at 32,768 on
+    8 GPUs), BF16 (FP8 on request: it changes the numerics); torchtitan (fsdp2) its own
+    recompute (op-level SAC), ZeRO stages and FP8 recipes; DeepSpeed no cp."""
     s = _cfg().space
-    assert s.cp_choices() == [1, 2, 4, 8] and s.fp8_choices() == [None, "te-delayed"]
+    assert s.cp_choices() == [1] and s.fp8_choices() == [None]
+    assert _cfg(seq=32768).space.cp_choices() == [1, 2, 4]
     assert s.recompute_choices() == ["none", "selective", "full"] and tuple(s.vpp_choices()) == VPP_DEGREES
     assert s.schedule_choices() == ["1F1B", "VPP"] and s.problem.uneven_pp
     cands = enumerate_candidates(s, "framework")
     assert all(c.annotation == "megatron" and not c.templates for c in cands)
-    assert {c.sequence_parallel for c in cands} == {False, True} and {c.fp8 for c in cands} == {None, "te-delayed"}
-    fsdp = _cfg(framework="fsdp2").space
+    assert {c.sequence_parallel for c in cands} == {False, True}
+    assert {c.pp for c in enumerate_candidates(_cfg(layers=3).space, "framework")} == {1, 2}  # 2 + 1 layers
+    assert _cfg(fp8=True).space.fp8_choices() == [None, "te-delayed"]
+    fsdp = _cfg(framework="fsdp2", fp8=True).space
     assert fsdp.recompute_choices() == ["none", "selective-op", "full"]
     assert fsdp.fp8_choices() == [None, "tensorwise", "rowwise"] and fsdp.zero_choices() == [0, 2, 3]
-    ds = _cfg(framework="deepspeed").space
-    assert ds.cp_choices() == [1] and ds.fp8_choices() == [None] and ds.recompute_choices() == ["none", "full"]
-    assert _cfg(cluster="dgx-a100-80g").space.fp8_choices() == [None]
+    ds = _cfg(framework="deepspeed", seq=32768).space
+    assert ds.cp_choices() == [1] and ds.recompute_choices() == ["none", "full"]
     assert not _cfg(layer_split="even").space.problem.uneven_pp
 
 
 def test_narrowing_options_and_what_they_refuse():
-    """--no-search-cp / --no-search-fp8 narrow the space; --search-fp8 on an A100 and
-    --search-cp under DeepSpeed insist, and are refused naming why; a pin wins."""
-    assert _cfg(search_cp=False).space.cp_choices() == [1]
-    assert _cfg(fp8=False).space.fp8_choices() == [None]
+    """--no-search-cp narrows the space, --search-cp widens it to every degree; --search-fp8
+    on an A100 and --search-cp under DeepSpeed are refused naming why; a pin wins."""
+    assert _cfg(search_cp=False, seq=32768).space.cp_choices() == [1]
+    assert _cfg(search_cp=True).space.cp_choices() == [1, 2, 4, 8]
     assert _cfg(fix="cp=2").space.cp_choices() == [2] and _cfg(fix="fp8=none").space.fp8_choices() == [None]
     with pytest.raises(MeshplanError, match="no FP8 peak"):
         _cfg(cluster="dgx-a100-80g", fp8=True)
@@ -68,7 +71,7 @@ def test_pattern_variants_only_on_request():
     """The replicated attention / MLP / head layouts are in --mode pattern-based only; there
     a mixture-of-experts plan with ep > 1 keeps Megatron's layout (the plan pipeline places
     experts with it: tuner.legality.ep_needs_megatron_layout)."""
-    kw = {"layers": 2, "gb": 16, "search_cp": False, "fp8": False, "fix": "pp=1"}
+    kw = {"layers": 2, "gb": 16, "fix": "pp=1"}
     framework = enumerate_candidates(_cfg(**kw).space, "framework")
     cfg = _cfg(mode="pattern-based", **kw)
     pattern = enumerate_candidates(cfg.space, "pattern-based", cfg.template_kinds)
@@ -93,13 +96,15 @@ CASES = [  # model, framework, extra pins: dense and MoE (ep searched, and pinne
 @pytest.mark.parametrize("model, framework, fix", CASES)
 def test_no_plan_of_the_default_space_is_refused_by_the_engine(model, framework, fix):
     """Every candidate of the default space of a few models and frameworks (2 layers, one
-    node of H100) passes the plan pipeline's checks (``check_plan``: the refusal a MoE
+    node of H100), widened to every cp degree and FP8 recipe, passes the plan pipeline's checks (``check_plan``: the refusal a MoE
     pattern-based search hit, "strategy field 'ep' ... needs annotation 'megatron'") and
     gets a cheap bound; a seeded sample of 6 is simulated. None raises: a refusal after
     the legality rules would be a bug (the proof would not hold)."""
     mode = "pattern-based" if framework.endswith("-pattern") else "framework"
     fw = framework.removesuffix("-pattern")
-    cfg = _cfg(model, mode=mode, framework=fw, fix=fix)
+    # the widest space: every cp degree, and FP8 where the framework has a recipe
+    cfg = _cfg(model, mode=mode, framework=fw, fix=fix, search_cp=fw != "deepspeed",
+               fp8=fw != "deepspeed")
     cands = enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
     assert cands
     src = resolve_model(model, 1024, num_layers=2)

@@ -116,13 +116,15 @@ class SizeOutcome:
 
     @property
     def gap(self) -> float | None:
-        """``(step - lower bound) / step`` of the size's answer (0 when proven; None: no
-        plan or no bound)."""
+        """``(step - lower bound) / lower bound`` of the size's answer: at most how much
+        slower than the size's optimum its plan is (``tuner.gap.SearchAnswer.gap``; 0 when
+        proven; None: no plan or no positive bound)."""
         if self.proven and self.step_time_s is not None:
             return 0.0
-        if self.step_time_s is None or self.optimum_at_least_s is None:
+        low = self.optimum_at_least_s
+        if self.step_time_s is None or low is None or low <= 0:
             return None
-        return max(0.0, (self.step_time_s - self.optimum_at_least_s) / self.step_time_s)
+        return max(0.0, (self.step_time_s - low) / low)
 
     def bound(self, objective: str) -> float | None:
         """The smallest value of ``objective`` any plan of this size can reach, by its

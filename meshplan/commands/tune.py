@@ -390,12 +390,11 @@ def tune_cmd(
     max_step_time: float | None = typer.Option(None, "--max-step-time",
                                                help="Deadline: only plans whose step takes at "
                                                     "most S seconds qualify."),
-    search_fp8: bool | None = typer.Option(
-        None, "--search-fp8/--no-search-fp8",
-        help="The FP8 recipes the framework runs (te-delayed; tensorwise, rowwise under fsdp2) "
-             "beside BF16. Searched by default where the device has an FP8 peak; --search-fp8 "
-             "insists (refused without one), --no-search-fp8 keeps BF16 only; pin one with "
-             "--fix fp8=NAME."),
+    search_fp8: bool = typer.Option(False, "--search-fp8",
+                                    help="Also try the FP8 recipes the framework runs (te-delayed; "
+                                         "tensorwise, rowwise under fsdp2) beside BF16 (off by "
+                                         "default: FP8 changes the numerics); pin one with "
+                                         "--fix fp8=NAME. Needs a device with an FP8 peak."),
     seed_from_bound: int | None = typer.Option(
         None, "--seed-from-bound", min=0, max=opt.MAX_TRIALS, metavar="K",
         help="tpe/random samplers: enqueue the K plans with the lowest step-time lower bound "
@@ -414,9 +413,10 @@ def tune_cmd(
                                             "profile's (pipeline.schedules)."),
     search_cp: bool | None = typer.Option(
         None, "--search-cp/--no-search-cp",
-        help="Context parallelism: cp over every divisor of the GPUs whose 2 cp divides "
-             "--seq-len. Searched by default under a --framework that runs it; --search-cp "
-             "insists (refused where it cannot), --no-search-cp keeps cp 1; pin one with --cp N."),
+        help="Context parallelism, under a --framework that runs it: by default the degrees "
+             "that keep at least 8,192 tokens per cp rank (none at --seq-len 8192); "
+             "--search-cp every divisor of the GPUs whose 2 cp divides --seq-len; "
+             "--no-search-cp none; pin one with --cp N."),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
