@@ -22,10 +22,10 @@ from tuner.bound_seed import (
     seeds_in_order,
 )
 from tuner.exhaustive import plan_key
+from tuner.legal_draw import LegalTree, draw_candidate
 from tuner.search import search
 from tuner.space import SearchSpace
 from tuner.study import TuneConfig, history_cache
-from tuner.legal_draw import LegalTree, draw_candidate
 from tuner.suggest import enumerate_candidates
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

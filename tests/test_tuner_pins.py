@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 
 from meshplan.tuning import search_problem, template_kinds
-from tuner.space import SearchSpace, parse_fix
 from tuner.legal_draw import draw_candidate, legal_tree
+from tuner.space import SearchSpace, parse_fix
 from tuner.suggest import enumerate_candidates, tp_choices
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -487,7 +487,9 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
     """Every combination of the non-annotation knobs (legal or not), in a fixed order.
 
     vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp * cp) (combinations
-    where that is not an integer, or contradicts a fixed dp, are skipped)."""
+    where that is not an integer, or contradicts a fixed dp, are skipped); with dp = 1 the
+    ZeRO stage is 0, pinned or not (sharding over one rank is no sharding, the plan of
+    stage 0: ``tuner.legality.zero_needs_dp``)."""
     w = space.problem.world_size
     for tp, pp, cp in itertools.product(space.tp_choices(), space.pp_choices(), space.cp_choices()):
         if w % (tp * pp * cp):
@@ -495,10 +497,12 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
         dp = w // (tp * pp * cp)
         if "dp" in space.fix and space.fix["dp"] != dp:
             continue
+        # a ZeRO stage over one data-parallel rank shards nothing: stage 0 (also when pinned)
+        zeros = [0] if dp == 1 else space.zero_choices()
         for sched in space.schedule_choices():
             vpps = space.vpp_choices() if sched in ("VPP", "ZBVPP") else [1]
             for vpp, mbs, rc, z, sp in itertools.product(
-                    vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
+                    vpps, space.mbs_choices(), space.recompute_choices(), zeros,
                     space.sp_choices()):
                 for shard, fp8, ep in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
                                                         space.ep_choices(dp, cp, z)):
