@@ -187,3 +187,36 @@ def test_a_budget_stopped_default_search_reports_its_gap_everywhere(capsys, tmp_
     assert Plan.load(out / "plan.json").search["proven"] is True
     keys = [t.user_attrs["plan_key"] for t in load_result(out).study.trials]
     assert len(keys) == len(set(keys))  # the two plans of the first run were read back, not scored again
+
+
+def test_a_refused_plan_leaves_the_proof_not_holding():
+    """A plan the scorer refuses after the legality rules (a ValueError: an engine limit no
+    rule models) has no step time and no bound covers it: the search decides every other
+    plan but does not call its best the optimum, counts the refusal and names it, and the
+    answer has no lower bound (the optimum may be the refused plan)."""
+    from tests.counted_scorer import make_analytic_bounded
+    from tests.test_exhaustive_shared import TOY
+    from tuner.exhaustive import run_exhaustive
+    from tuner.gap import from_report
+    from tuner.space import SearchSpace
+    from tuner.study import TuneConfig, open_study
+
+    space = SearchSpace(TOY)
+    cands = enumerate_candidates(space, "semi-auto")
+    base = make_analytic_bounded({"global_batch_size": 64})
+    first = min(cands, key=lambda c: base.bound(c).time_s)  # the first the search simulates
+
+    def score(c):
+        if c == first:
+            raise ValueError("PlanProgramError: refused for the test")
+        return base(c)
+
+    score.bound = base.bound
+    study, _ = open_study(TuneConfig(space, mode="semi-auto"), "refused", None, None)
+    rep = run_exhaustive(study, cands, score, {})
+    assert rep.proven and not rep.holds and rep.refused == 1
+    assert "NOT a proof: the engine refused 1 candidate(s)" in rep.summary()
+    assert "refused for the test" in rep.summary()
+    ans = from_report(rep)
+    assert not ans.holds and ans.optimum_at_least_s is None and ans.gap is None
+    assert "NOT a proof" in ans.summary()

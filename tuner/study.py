@@ -7,25 +7,28 @@ scorer, a search names a *scorer factory* by import path (``"meshplan.tuning:mak
 plus a JSON-able ``scorer_config``; both are stored in the study's user attributes with the
 search space, so ``run_worker(study, storage)`` needs nothing else.
 
-Trial outcomes: an illegal point is pruned before any simulation (user attr ``illegal``
-names the rule); a point the scorer rejects with a ``ValueError`` (an engine limit legality
-does not model) is pruned with user attr ``error``; every scored point is COMPLETE with its
+Trial outcomes: a trial draws only legal plans (``tuner.legal_draw``: the sampler chooses
+among the enumerated legal candidates, so no draw is illegal); a point the scorer rejects
+with a ``ValueError`` (an engine limit legality does not model: a bug to fix with a rule)
+is pruned with user attr ``error``; every scored point is COMPLETE with its
 step time (and peak memory with ``pareto``), its memory excess recorded as the constraint
 ``memory = peak / capacity - 1`` (feasible when <= 0) via ``trial.set_constraint`` — an
 out-of-memory plan is never a failed trial — and the user attrs ``feasible``,
 ``memory_bytes``, ``memory_limit_bytes`` (and both in GiB) that optuna-dashboard lists
-(:func:`record_attrs`). Identical plans are scored once per study,
+(:func:`record_attrs`). A search's trial target counts distinct plans (:func:`distinct_plans`):
+a draw of a plan scored already is a COMPLETE trial answered from the cache (``cached``)
+that does not count. Identical plans are scored once per study,
 whichever process scores them: the cache includes the study's history (scores and scorer
 errors), so a resumed search or a second worker reuses it, and a worker that draws a plan
 another live worker is scoring right now (a RUNNING trial with the same ``plan_key``) waits
 for that score instead of computing it again (the claim protocol of
 :meth:`_Objective._claim`; at most :data:`PEER_WAIT_S`; a dead peer is not waited for).
 
-Samplers (seeded): ``random`` (RandomSampler; full_random's default), ``tpe``
-(multivariate grouped TPESampler, Watanabe 2023; pattern-based and semi-auto default),
-``bruteforce`` (BruteForceSampler: the exhaustive optimum of a small space), ``exhaustive``
-(no Optuna sampler: branch and bound over the enumerated space with the scorer's lower
-bounds, :mod:`tuner.exhaustive`). On resume the
+Samplers (seeded): ``exhaustive`` (the default: no Optuna sampler, branch and bound over
+the enumerated space with the scorer's lower bounds, :mod:`tuner.exhaustive`; a Pareto
+search defaults to TPE), ``random`` (RandomSampler; full_random's default), ``tpe``
+(multivariate grouped TPESampler, Watanabe 2023), ``bruteforce`` (BruteForceSampler: every
+plan of a small space). On resume the
 sampler seed is ``seed + number of trials already in the study``, so a resumed search does
 not replay the points it already has. Every process that opens the study registers in it
 (a study system attr per worker); when another live worker is registered, the seed also
@@ -291,7 +294,7 @@ CLAIM_ATTR = "plan_claim"
 class _Objective:
     """Draw a legal plan, score it (cached), record it."""
 
-    def __init__(self, study: optuna.Study, cfg: TuneConfig, scorer: Scorer, tree: Any) -> None:
+    def __init__(self, study: optuna.Study, cfg: TuneConfig, scorer: Scorer, tree: Any = None) -> None:
         self.study, self.cfg, self.scorer, self.tree = study, cfg, scorer, tree
         self.cache = history_cache(study)
         self.simulated = 0
