@@ -175,8 +175,8 @@ class _Dive:
     a poor one. A dive takes instead the candidate of smallest cheap time bound whose cheap
     memory bound, scaled by the largest peak / cheap-bound ratio seen on a plan that did
     not fit (``rho``, learned as plans are simulated), still fits -- while no feasible plan
-    is known, and then one simulation in :data:`DIVE_EVERY` among those whose bound is
-    below the best found. A dive candidate is tight-bounded first (its tight memory bound
+    is known (every second dive then takes the lightest plan left instead), and then one
+    simulation in :data:`DIVE_EVERY` among those whose bound is below the best found. A dive candidate is tight-bounded first (its tight memory bound
     may still prune it), as every candidate is before it is simulated. The order of simulation does not change what is proven (every
     evaluated plan is a plan of the space; the heap's keys stay lower bounds), only how
     soon a good plan is found."""
@@ -185,15 +185,25 @@ class _Dive:
         self.m0, self.cap = m0, cap
         idx = np.flatnonzero(fits)
         self.order = idx[np.argsort(t0[idx], kind="stable")]
+        self.lean = idx[np.lexsort((t0[idx], m0[idx] / cap[idx]))]  # lightest first, then fastest
         self.t0 = t0
         self.done = np.zeros(len(t0), dtype=bool)
         self.tightened = np.zeros(len(t0), dtype=bool)
-        self.rho, self.at, self.count = 1.0, 0, 0
+        self.rho, self.at, self.lean_at, self.count = 1.0, 0, 0, 0
 
     def pick(self, bar: float, lower: np.ndarray) -> int | None:
-        """The next dive candidate (None: not a dive's turn, or none left below ``bar``)."""
+        """The next dive candidate (None: not a dive's turn, or none left below ``bar``):
+        while no feasible plan is known, every second one is the lightest plan left by its
+        cheap memory bound (it fits if anything does, where the bound orders plans as their
+        peaks do), the others the fastest likely to fit."""
         if math.isfinite(bar) and self.count % DIVE_EVERY != DIVE_EVERY - 1:
             return None
+        if not math.isfinite(bar) and self.count % 2:
+            while self.lean_at < len(self.lean):
+                j = int(self.lean[self.lean_at])
+                if not self.done[j] and not math.isinf(lower[j]):
+                    return j
+                self.lean_at += 1
         while self.at < len(self.order):
             j = int(self.order[self.at])
             if self.t0[j] >= bar:
