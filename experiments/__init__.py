@@ -33,6 +33,7 @@ EXPERIMENT_MODULES = [
     "experiments.megatron_table1",
     "experiments.search_quality",
     "experiments.search_quality_time",
+    "experiments.search_quality_default",
     "experiments.local_validation",
     "experiments.measured_runs",
     "experiments.vtrain_single_node",

@@ -473,7 +473,8 @@ class Tier0Bound:
                 if isinstance(blk, int) and op.attrs.get("fp8"):
                     per[blk] = per.get(blk, 0.0) + fp8_state_bytes(op_signature(op, 0, names))
             roles = self._roles(*key)
-            self._fp8_state[key] = int(min(min(per.get(k, 0.0) for k in ks) for ks in roles))
+            self._fp8_state[key] = int(min((min((per.get(k, 0.0) for k in ks), default=0.0)  # a role
+                                             for ks in roles), default=0.0))  # without blocks: 0
         return self._fp8_state[key] // (c.tp * c.ep)
 
     def __call__(self, c: Candidate) -> Bound:

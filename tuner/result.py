@@ -137,6 +137,9 @@ class TuneResult:
     """The ``tuner.exhaustive.ExhaustiveReport`` of an exhaustive search (else None)."""
     bound_gap: Any = None
     """The ``tuner.bound_seed.BoundGap`` of a search seeded from the bound (else None)."""
+    answer: Any = None
+    """The ``tuner.gap.SearchAnswer`` of the search: its best plan and the proven lower
+    bound on the optimum (None: a result built by hand, or a study written before it)."""
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """All trials of the study, in trial-number order (not copied)."""

@@ -49,7 +49,11 @@ def tuner_schedule(name: Any) -> str:
         raise SpaceError(f"schedule {name!r} is not one of {list(PINNABLE_SCHEDULES)} (or their "
                          "aliases, as cost's --schedule takes them)") from None
     return "ZB" if canon == "ZB-2p" else canon
-RECOMPUTE = ("none", "selective", "full")
+#: Recompute modes a space may hold (``completion.strategy.RECOMPUTE``: ``selective-op`` is
+#: torchtitan's op-level selective checkpointing); :data:`DEFAULT_RECOMPUTE` is a space's
+#: default (``meshplan tune`` searches the framework's, ``meshplan.tune_setup``).
+RECOMPUTE = ("none", "selective", "selective-op", "full")
+DEFAULT_RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
@@ -332,7 +336,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     vpp_degrees: tuple[int, ...] = (2, 4)
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    recompute: tuple[str, ...] = RECOMPUTE
+    recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     zero_stages: tuple[int, ...] = ZERO_STAGES
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
@@ -381,9 +385,10 @@ class SearchSpace:
                              f"ZBVPP), and the search tries {list(self.schedule_choices())} (the "
                              "framework's: --all-schedules or another --framework widens it)")
         chunks = self.fix.get("pp", 1) * self.fix.get("vpp", 1)
-        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and layers % chunks:
+        uneven = self.problem.uneven_pp
+        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and (chunks > layers if uneven else layers % chunks):
             raise SpaceError(f"--fix: pp={self.fix['pp']} x vpp={self.fix['vpp']} = {chunks} virtual "
-                             f"stages do not divide the model's {layers} layers")
+                             f"stages {'exceed' if uneven else 'do not divide'} the model's {layers} layers")
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------
@@ -482,7 +487,9 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
     """Every combination of the non-annotation knobs (legal or not), in a fixed order.
 
     vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp * cp) (combinations
-    where that is not an integer, or contradicts a fixed dp, are skipped)."""
+    where that is not an integer, or contradicts a fixed dp, are skipped); with dp = 1 the
+    ZeRO stage is 0, pinned or not (sharding over one rank is no sharding, the plan of
+    stage 0: ``tuner.legality.zero_needs_dp``)."""
     w = space.problem.world_size
     for tp, pp, cp in itertools.product(space.tp_choices(), space.pp_choices(), space.cp_choices()):
         if w % (tp * pp * cp):
@@ -490,10 +497,12 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
         dp = w // (tp * pp * cp)
         if "dp" in space.fix and space.fix["dp"] != dp:
             continue
+        # a ZeRO stage over one data-parallel rank shards nothing: stage 0 (also when pinned)
+        zeros = [0] if dp == 1 else space.zero_choices()
         for sched in space.schedule_choices():
             vpps = space.vpp_choices() if sched in ("VPP", "ZBVPP") else [1]
             for vpp, mbs, rc, z, sp in itertools.product(
-                    vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
+                    vpps, space.mbs_choices(), space.recompute_choices(), zeros,
                     space.sp_choices()):
                 for shard, fp8, ep in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
                                                         space.ep_choices(dp, cp, z)):

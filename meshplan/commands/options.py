@@ -74,6 +74,7 @@ class Dtype(str, Enum):
 class Mode(str, Enum):
     """Strategy search mode (tuner.study.MODES)."""
 
+    framework = "framework"
     pattern_based = "pattern-based"
     full_random = "full_random"
     semi_auto = "semi-auto"
@@ -214,7 +215,11 @@ LAYERS_PER_STAGE = typer.Option(
          "default: the stages' or ranks' times balanced, the first and last stage also "
          "carrying the embedding and the loss). export without it writes the even split "
          "where the layers divide.")
-MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.")
+MODE = typer.Option(Mode.framework, "--mode", case_sensitive=False,
+                    help="Search mode: framework (the default: Megatron's tensor-parallel layout, "
+                         "as the frameworks run it), pattern-based (also the pattern variants "
+                         "that replicate attention, MLP, embedding or head across the tp ranks), "
+                         "full_random (a random layout per parameter), semi-auto.")
 #: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
 #: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
 DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel degree.")

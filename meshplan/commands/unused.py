@@ -48,6 +48,11 @@ def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | N
     from tuner.sizing import OBJECTIVES
 
     # an unknown objective is refused by name where the sizes are checked
-    if gpus is None and opt.typed_flags(ctx, "--objective") and objective in OBJECTIVES:
-        raise UnusedOptionError("--objective picks among cluster sizes: give it with --gpus (on "
-                                "one size the cheapest plan is the fastest)")
+    from meshplan.commands.goodput_options import RUN_OBJECTIVES
+
+    # time and cost only pick among sizes; a run objective also changes what one size's
+    # search minimises (meshplan.objective_scoring)
+    if (gpus is None and opt.typed_flags(ctx, "--objective") and objective in OBJECTIVES
+            and objective not in RUN_OBJECTIVES):
+        raise UnusedOptionError(f"--objective {objective} picks among cluster sizes: give it with --gpus "
+                                f"(on one size the cheapest plan is the fastest)")

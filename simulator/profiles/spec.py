@@ -316,6 +316,24 @@ class ZeroStages(_Quantity):
         return v
 
 
+class RecomputeModes(_Quantity):
+    """The activation recompute modes a framework runs, as ``completion.strategy.RECOMPUTE``
+    names them (Megatron-LM: none, selective, full; torchtitan: none, its op-level
+    selective-op, full; DeepSpeed and FSDP1: whole layers, full)."""
+
+    value: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from completion.strategy import RECOMPUTE
+
+        bad = [x for x in v if x not in RECOMPUTE]
+        if bad:
+            raise ValueError(f"unknown recompute mode(s) {bad}; known: {list(RECOMPUTE)}")
+        return v
+
+
 class Pipeline(BaseModel):
     """Pipeline point-to-point facts, the schedules the framework runs (``schedules``;
     absent: every schedule meshplan simulates) and the ZeRO stages it runs beside pp > 1
@@ -371,6 +389,8 @@ class Memory(BaseModel):
             (absent: 0-3; FSDP has no optimizer-only sharding, ZeRO-1); ddp_alone: ZeRO 0
             (replicated, DDP) runs only as the one parallel dimension: beside tp or pp the
             framework refuses it, and with cp it shards (torchtitan; absent: false).
+        recompute: the activation recompute modes the framework runs (absent: every
+            one); ``meshplan tune`` searches those.
         fragmentation: the caching allocator's reserved-but-unallocated bytes as a fraction
             of the allocated peak (PyTorch ``memory_reserved / memory_allocated - 1``).
         cuda_context_bytes: the CUDA context and library handles (outside the allocator).
@@ -387,6 +407,7 @@ class Memory(BaseModel):
     model_states: StateModel
     zero_stages: ZeroStages | None = None
     ddp_alone: Flag | None = None
+    recompute: RecomputeModes | None = None
     fragmentation: Fraction
     cuda_context_bytes: NonNegative
     workspace_bytes: NonNegative
