@@ -45,10 +45,9 @@ def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | N
         if fixed.get("schedule") is not None and interleaved(fixed["schedule"]):
             raise UnusedOptionError(f"{pinned('schedule')} interleaves a pipeline's chunks, and "
                                     f"{pinned('pp')} has no pipeline")
-    from tuner.sizing import OBJECTIVES
-
     # an unknown objective is refused by name where the sizes are checked
     from meshplan.commands.goodput_options import RUN_OBJECTIVES
+    from tuner.sizing import OBJECTIVES
 
     # time and cost only pick among sizes; a run objective also changes what one size's
     # search minimises (meshplan.objective_scoring)
