@@ -59,6 +59,7 @@ from completion.models.config import (
     ModelConfig,
     ModelConfigError,
 )
+from completion.models.mla import mla_qkv
 from completion.models.moe import moe_mlp
 
 
@@ -98,7 +99,7 @@ def _unfused_core(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: V
     probs = _dropout(pb, pb.op1("softmax", [sc], {"axis": -1}, pre), cfg.attention_dropout, pre)
     ctx = pb.op1("matmul", [probs, vt], {"transpose_x": False, "transpose_y": False}, pre)
     if hkv != hq:
-        ctx = pb.reshape(ctx, [b, hq, s, d], pre)
+        ctx = pb.reshape(ctx, [b, hq, s, cfg.value_head_dim], pre)
     return _heads_first(pb, ctx, pre)
 
 
@@ -108,15 +109,13 @@ def _qk_norm(pb: ProgramBuilder, cfg: ModelConfig, t: Value, width: int, struct:
     return pb.op1("rms_norm", [t, w], {"epsilon": cfg.norm_eps, "begin_norm_axis": t.ndim - 1}, struct)
 
 
-def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-               rope: tuple[Value, Value] | None, attention: str) -> Value:
+def _gqa_qkv(pb: ProgramBuilder, cfg: ModelConfig, x: Value, pre: str, b: int, s: int,
+             rope: tuple[Value, Value] | None) -> tuple[Value, Value, Value]:
     """q/k/v projections (biases per ``cfg.bias("qkv")``), optional q/k norm
-    (``cfg.qk_norm``: ``full`` on the projections, ``head`` per head), optional rotary
-    embedding, causal attention (flash or unfused; flash carries the layer's
-    ``sliding_window``), o_proj."""
+    (``cfg.qk_norm``: ``full`` on the projections, ``head`` per head) and optional rotary
+    embedding: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]``."""
     h, d = cfg.hidden_size, cfg.head_dim
     hq, hkv = cfg.num_heads, cfg.num_kv_heads
-    pre = f"{layer_struct(i)}.self_attn"
     bias = cfg.bias("qkv")
     q = pb.linear(x, h, hq * d, f"{pre}.q_proj", bias)
     k = pb.linear(x, h, hkv * d, f"{pre}.k_proj", bias)
@@ -135,17 +134,41 @@ def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s
         attrs = {"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": cfg.rope_theta}
         res = pb.op("fused_rotary_position_embedding", [q, k, None, sin, cos, None], attrs, pre)
         q, k = res[0], res[1]  # type: ignore[assignment]
-    window = cfg.window_of(i)
+    return q, k, v
+
+
+def _flash(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: Value, i: int, s: int,
+           pre: str) -> Value:
+    """One ``flash_attention``: causal, with the layer's sliding window and attention chunk
+    when shorter than the sequence, and the heads' sinks (a ``sinks`` ``[hq]`` parameter)
+    when ``cfg.attention_sinks``."""
+    fa = {"dropout": float(cfg.attention_dropout), "causal": True, "return_softmax": False,
+          "is_test": False}
+    for attr, span in (("sliding_window", cfg.window_of(i)), ("attention_chunk", cfg.chunk_of(i))):
+        if span is not None and span < s:
+            fa[attr] = span
+    operands = [q, k, v]
+    if cfg.attention_sinks:
+        operands.append(pb.param(pre, "sinks", [cfg.num_heads]))
+    return pb.op1("flash_attention", operands, fa, pre)
+
+
+def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
+               rope: tuple[Value, Value] | None, attention: str) -> Value:
+    """The q/k/v projections (multi-head / GQA, or multi-head latent attention,
+    :mod:`completion.models.mla`), rotary positions on the layers that use them, causal
+    attention (flash or unfused; flash carries the layer's ``sliding_window``,
+    ``attention_chunk`` and sinks), o_proj."""
+    pre = f"{layer_struct(i)}.self_attn"
+    rope = rope if cfg.uses_rope(i) else None
+    q, k, v = (mla_qkv if cfg.mla else _gqa_qkv)(pb, cfg, x, pre, b, s, rope)
     if attention == "unfused":
         out = _unfused_core(pb, cfg, q, k, v, b, s, pre)
     else:
-        fa = {"dropout": float(cfg.attention_dropout), "causal": True, "return_softmax": False,
-              "is_test": False}
-        if window is not None and window < s:
-            fa["sliding_window"] = window
-        out = pb.op1("flash_attention", [q, k, v], fa, pre)
-    out = pb.reshape(out, [b, s, hq * d], pre)
-    return pb.linear(out, hq * d, h, f"{pre}.o_proj", cfg.bias("o"))
+        out = _flash(pb, cfg, q, k, v, i, s, pre)
+    width = cfg.num_heads * cfg.value_head_dim
+    out = pb.reshape(out, [b, s, width], pre)
+    return pb.linear(out, width, cfg.hidden_size, f"{pre}.o_proj", cfg.bias("o"))
 
 
 def _layer_norm(pb: ProgramBuilder, cfg: ModelConfig, x: Value, struct: str) -> Value:
@@ -263,8 +286,9 @@ def _learned_positions(pb: ProgramBuilder, cfg: ModelConfig, x: Value, b: int, s
 
 def _rope_tables(pb: ProgramBuilder, cfg: ModelConfig, x: Value, b: int, s: int
                  ) -> tuple[Value, tuple[Value, Value] | None]:
-    """sin/cos tables [1, s, 1, head_dim] as inputs of every rotary op (LLaMA)."""
-    d = cfg.head_dim
+    """sin/cos tables [1, s, 1, rope_dim] as inputs of every rotary op (LLaMA; the
+    rotary part of each head under multi-head latent attention)."""
+    d = cfg.rope_dim
     sin = pb.data("rotary_emb.sin", [1, s, 1, d], pb.dtype, "rotary_emb")
     cos = pb.data("rotary_emb.cos", [1, s, 1, d], pb.dtype, "rotary_emb")
     return x, (sin, cos)
@@ -292,6 +316,9 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
     attention = attention or cfg.attention or "flash"
     if attention not in ATTENTIONS:
         raise ModelConfigError(f"model {cfg.name!r}: attention {attention!r} is not one of {list(ATTENTIONS)}")
+    if attention == "unfused" and cfg.attention_sinks:
+        raise ModelConfigError(f"model {cfg.name!r}: attention 'unfused' has no attention sinks "
+                               "(the GPT-OSS sinks are an operand of flash_attention); use 'flash'")
     pb = ProgramBuilder(dtype=dtype)
     b, s = batch_size, seq_len
     ids = pb.data("input_ids", [b, s], "int64", "embed_tokens")
