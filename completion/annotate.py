@@ -6,7 +6,9 @@ parallelism) on a mesh with a data-parallel and a tensor-parallel (mp) dim:
 - column-parallel ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` (and a fused
   ``qkv_proj``; multi-head latent attention's up-projections ``q_b_proj`` / ``kv_b_proj``,
   its down-projections ``q_a_proj`` / ``kv_a_proj_with_mqa`` replicated as Megatron-Core's
-  duplicated linears, :mod:`completion.models.mla`): weight ``[in, out]`` split on ``out``
+  duplicated linears, :mod:`completion.models.mla`; a multi-token prediction module's
+  ``eh_proj``, Megatron-Core's column-parallel ``eh_proj`` gathered after it): weight
+  ``[in, out]`` split on ``out``
   over mp, bias split over mp; attention sinks ``[heads]`` split with the heads;
 - row-parallel ``o_proj``, ``down_proj``: weight split on ``in`` over mp, bias replicated;
 - mixture-of-experts layers: the grouped expert weights ``mlp.experts.{gate,up}_proj``
@@ -103,7 +105,7 @@ def _replicated(v: Value, dp: int, mp: int) -> list[int]:
 
 #: parameter-name pattern -> layout (first match wins)
 MEGATRON_PARAMS: list[tuple[re.Pattern[str], Layout]] = [
-    (re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|q_b_proj|kv_b_proj)"
+    (re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|q_b_proj|kv_b_proj|eh_proj)"
                 r"\.(weight|bias)$"), _column),
     (re.compile(r"(^|\.)self_attn\.sinks$"), _column),
     (re.compile(r"(^|\.)(o_proj|down_proj)\.weight$"), _row),

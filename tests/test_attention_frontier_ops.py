@@ -224,3 +224,22 @@ def test_mla_tensor_and_sequence_parallel_collectives():
         ("F", "all_gather", (2, 32, 24)), ("F", "all_gather", (2, 32, 24)),
         ("B", "all_gather", (2, 32, 64)), ("B", "reduce_scatter", (2, 32, 1, 8)),
         ("B", "all_reduce", (2, 32, 16)), ("B", "reduce_scatter", (2, 32, 24))]
+
+
+def test_context_parallelism_refuses_sinks_and_chunks_by_name():
+    from completion.context_parallel import ContextParallelError, check_context_parallel
+
+    oss = config_from_hf_dict({"model_type": "gpt_oss", "num_hidden_layers": 1, "hidden_size": 32,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                               "intermediate_size": 16, "vocab_size": 64, "max_position_embeddings": 64,
+                               "num_local_experts": 2, "num_experts_per_tok": 1, "sliding_window": 4})
+    with pytest.raises(ContextParallelError, match="has attention_sinks \\(True\\)"):
+        check_context_parallel(resolve_model(oss, seq_len=32), Strategy(cp=2))
+    chunked = config_from_hf_dict(
+        {"model_type": "llama4_text", "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 16, "intermediate_size_mlp": 32,
+         "vocab_size": 64, "max_position_embeddings": 64, "num_local_experts": 2, "num_experts_per_tok": 1,
+         "attention_chunk_size": 16})
+    with pytest.raises(ContextParallelError, match="has attention_chunk \\(16\\)"):
+        check_context_parallel(resolve_model(chunked, seq_len=32), Strategy(cp=2))
+    check_context_parallel(resolve_model(chunked, seq_len=16), Strategy(cp=2))  # the chunk masks nothing

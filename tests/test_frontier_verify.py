@@ -4,8 +4,12 @@ process computes (loss at both steps and every parameter after the updates, fp32
 
 - DeepSeek-style: multi-head latent attention, a dense first layer, then a shared expert
   beside 8 routed experts chosen top-2 by sigmoid scores within the 2 best of 4 groups
-  (node-limited routing) and scaled by 2.5 -- under tp 2, tp 2 with sequence parallelism,
-  and dp 2 = ep 2 (dispatch and combine by all_to_all);
+  (node-limited routing) and scaled by 2.5 -- under tp 2 -- and with a multi-token
+  prediction module under tp 2 with sequence parallelism and dp 2 = ep 2 (dispatch and
+  combine by all_to_all); its dense layers' MLA under cp 2 (ring attention passing K and V of
+  different head sizes). (Not under pp: the executor does not yet run a parameter two
+  pipeline stages read -- MTP's shared embedding, as a tied GPT head -- though the cost
+  model counts it);
 - GPT-OSS-style: attention sinks, biases on the attention, router and experts, alternating
   sliding-window layers -- under tp 2 (the sinks split with the heads) and ep 2;
 - Llama 4-style: MoE every other layer with a shared expert, sigmoid top-1, chunked
@@ -38,7 +42,8 @@ TINY_L4 = {"model_type": "llama4", "text_config": {
 @pytest.mark.distributed
 def test_frontier_models_verify_on_two_gloo_ranks(tmp_path):
     paths = {}
-    for name, raw in (("ds", TINY_DS), ("oss", TINY_OSS), ("l4", TINY_L4)):
+    for name, raw in (("ds", TINY_DS), ("mtp", {**TINY_DS, "num_nextn_predict_layers": 1}), ("oss", TINY_OSS),
+                      ("l4", TINY_L4), ("mla", {**TINY_DS, "first_k_dense_replace": 2})):
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(raw))
 
@@ -47,8 +52,9 @@ def test_frontier_models_verify_on_two_gloo_ranks(tmp_path):
 
     cases = {
         "deepseek tp2": plan("ds", tp=2, micro_batch_size=2, global_batch_size=2),
-        "deepseek tp2 sp": plan("ds", tp=2, sequence_parallel=True, micro_batch_size=2, global_batch_size=2),
-        "deepseek dp2 ep2": plan("ds", dp=2, ep=2, micro_batch_size=1, global_batch_size=4),
+        "mla cp2": plan("mla", cp=2, micro_batch_size=1, global_batch_size=2),
+        "deepseek mtp tp2 sp": plan("mtp", tp=2, sequence_parallel=True, micro_batch_size=2, global_batch_size=2),
+        "deepseek mtp dp2 ep2": plan("mtp", dp=2, ep=2, micro_batch_size=1, global_batch_size=4),
         "gpt-oss tp2": plan("oss", tp=2, micro_batch_size=2, global_batch_size=2),
         "gpt-oss dp2 ep2": plan("oss", dp=2, ep=2, micro_batch_size=1, global_batch_size=4),
         "llama4 tp2": plan("l4", tp=2, micro_batch_size=2, global_batch_size=2),

@@ -57,6 +57,27 @@ def test_deepseek_v3_has_671b_parameters_and_37b_active():
     assert round(total / 1e9) == 671 and round((active - 129280 * 7168) / 1e9, 1) == 36.6
 
 
+def test_deepseek_v3_multi_token_prediction_module():
+    """``num_nextn_predict_layers`` 1 builds one MTP module (report sec. 2.2; Megatron-Core
+    ``MultiTokenPredictionLayer``): enorm and hnorm 2 * 7,168, eh_proj 14336*7168 =
+    102,760,448, one MoE decoder layer 11,507,286,016 (layer index 61), its
+    final norm 7,168 -- 11,610,067,968 besides the shared embedding and head
+    (README_WEIGHTS.md rounds the module to "11.5B") -- and the loss adds 0.1 (Megatron's
+    default ``--mtp-loss-scaling-factor``; the report uses 0.3 then 0.1) times its mean cross
+    entropy on the labels two tokens ahead."""
+    cfg = _load("deepseek-v3.json")
+    total, _ = parameter_counts(cfg)
+    assert total - 671_026_404_352 == 2 * 7168 + 14336 * 7168 + 11_507_286_016 + 7168 == 11_610_067_968
+    prog = build_model(cfg.replace(num_layers=1, dense_layers=(0,)), 1, seq_len=8)
+    names = {p.name for p in prog.parameters()}
+    assert {"mtp.layers.0.eh_proj.weight", "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight",
+            "mtp.layers.0.mlp.experts.gate_proj.weight", "mtp.layers.0.final_layernorm.weight"} <= names
+    loss_ops = [op for op in prog.ops if op.struct_name == "loss" and op.type in ("cross_entropy_with_softmax",
+                                                                                  "scale", "add")]
+    assert [op.type for op in loss_ops] == ["cross_entropy_with_softmax"] * 2 + ["scale", "add"]
+    assert loss_ops[2].attrs["scale"] == 0.1
+
+
 def test_kimi_k2_has_1t_parameters_and_32b_active():
     """Kimi-K2 (DeepSeek-V3's layout: 64 heads, 384 experts, one dense layer, V 163840).
     MLA: 11,010,048 + 1,536 + q_b 1536*64*192 = 18,874,368 + 4,128,768 + 512 + kv_b

@@ -154,12 +154,12 @@ def _flash(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: Value, i
 
 
 def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-               rope: tuple[Value, Value] | None, attention: str) -> Value:
+               rope: tuple[Value, Value] | None, attention: str, st: str | None = None) -> Value:
     """The q/k/v projections (multi-head / GQA, or multi-head latent attention,
     :mod:`completion.models.mla`), rotary positions on the layers that use them, causal
     attention (flash or unfused; flash carries the layer's ``sliding_window``,
     ``attention_chunk`` and sinks), o_proj."""
-    pre = f"{layer_struct(i)}.self_attn"
+    pre = f"{st or layer_struct(i)}.self_attn"
     rope = rope if cfg.uses_rope(i) else None
     q, k, v = (mla_qkv if cfg.mla else _gqa_qkv)(pb, cfg, x, pre, b, s, rope)
     if attention == "unfused":
@@ -211,13 +211,13 @@ UNARY_ACTIVATIONS: dict[str, Callable[[ProgramBuilder, Value, str], Value]] = {
 }
 
 
-def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
+def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, st: str | None = None) -> Value:
     """The MLP of ``cfg.mlp_activation``: plain ``down(act(up(x)))`` or gated
     ``down(act(gate(x)) * up(x))`` (SwiGLU as the one ``swiglu`` op, other GLUs as the
     activation then ``multiply``), biases per ``cfg.bias("mlp")``; a mixture-of-experts
     layer's router and experts (:func:`completion.models.moe.moe_mlp`)."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    pre = f"{layer_struct(i)}.mlp"
+    pre = f"{st or layer_struct(i)}.mlp"
     if cfg.is_moe_layer(i):  # router, experts, combine (completion.models.moe)
         return moe_mlp(pb, cfg, x, pre)
     bias = cfg.bias("mlp")
@@ -235,10 +235,10 @@ def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
 
 
 def _sublayer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, fn: Callable[[Value], Value],
-              pre_name: str, post_name: str, i: int) -> Value:
+              pre_name: str, post_name: str, i: int, st: str | None = None) -> Value:
     """``x + dropout(f(x))`` with the norms of ``cfg.norm_placement``: pre ``f(norm(x))``,
     post ``norm(f(x))``, sandwich ``norm(f(norm(x)))``."""
-    place, st = cfg.norm_placement, layer_struct(i)
+    place, st = cfg.norm_placement, st or layer_struct(i)
     y = fn(_norm(pb, cfg, x, f"{st}.{pre_name}") if place in ("pre", "sandwich") else x)
     if place in ("post", "sandwich"):
         y = _norm(pb, cfg, y, f"{st}.{post_name}")
@@ -246,7 +246,10 @@ def _sublayer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, fn: Callable[[Valu
 
 
 def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-           rope: tuple[Value, Value] | None, attention: str) -> Value:
+           rope: tuple[Value, Value] | None, attention: str, st: str | None = None) -> Value:
+    """Decoder layer ``i`` (its attention span, rotary use and MLP kind are layer i's), its
+    ops under ``st`` (default ``decoder.layers.{i}``; a multi-token prediction module's
+    layer names its own)."""
     # struct names follow Hugging Face: pre-norm input_layernorm / post_attention_layernorm;
     # post-norm (OLMo 2) post_attention_layernorm / post_feedforward_layernorm; Gemma 2
     # all four
@@ -255,21 +258,62 @@ def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: in
              "post": (("", "post_attention_layernorm"), ("", "post_feedforward_layernorm")),
              "sandwich": (("input_layernorm", "post_attention_layernorm"),
                           ("pre_feedforward_layernorm", "post_feedforward_layernorm"))}[place]
-    x = _sublayer(pb, cfg, x, lambda y: _attention(pb, cfg, y, i, b, s, rope, attention),
-                  names[0][0], names[0][1], i)
-    return _sublayer(pb, cfg, x, lambda y: _mlp(pb, cfg, y, i), names[1][0], names[1][1], i)
+    x = _sublayer(pb, cfg, x, lambda y: _attention(pb, cfg, y, i, b, s, rope, attention, st),
+                  names[0][0], names[0][1], i, st)
+    return _sublayer(pb, cfg, x, lambda y: _mlp(pb, cfg, y, i, st), names[1][0], names[1][1], i, st)
 
 
-def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value) -> Value:
-    x = _norm(pb, cfg, x, "decoder.norm")
-    h, vocab = cfg.hidden_size, cfg.vocab_size
-    if cfg.tie_word_embeddings:
-        logits = pb.op1("matmul", [x, wte], {"transpose_x": False, "transpose_y": True}, "lm_head")
-    else:
-        logits = pb.linear(x, h, vocab, "lm_head", False)
-    pb.role = OpRole.LOSS
+def _ce_mean(pb: ProgramBuilder, logits: Value, labels: Value) -> Value:
     res = pb.op("cross_entropy_with_softmax", [logits, labels], None, "loss")
-    loss = pb.op1("mean", [res[1]], {"axis": [], "keepdim": False}, "loss")
+    return pb.op1("mean", [res[1]], {"axis": [], "keepdim": False}, "loss")
+
+
+def _mtp(pb: ProgramBuilder, cfg: ModelConfig, h: Value, wte: Value, b: int, s: int,
+         rope: tuple[Value, Value] | None, attention: str) -> list[tuple[Value, Value]]:
+    """The multi-token prediction modules (DeepSeek-V3 report, sec. 2.2, eq. 21-25, as
+    Megatron-Core ``MultiTokenPredictionLayer`` computes them): module k (0-based, struct
+    ``mtp.layers.{k}``) embeds the tokens k + 1 ahead (``mtp.input_ids.{k}``, the shared
+    ``embed_tokens``), normalises them (``enorm``) and the previous hidden states
+    (``hnorm``: the decoder's output before its final norm for k = 0), projects their
+    concatenation ``[b, s, 2h] @ eh_proj [2h, h]`` and runs one more decoder layer (layer
+    index ``num_layers + k``: its MLP kind is that layer's). Returns (hidden states, labels
+    ``mtp.labels.{k}`` [b, s, 1]: the tokens k + 2 ahead) per module."""
+    out: list[tuple[Value, Value]] = []
+    for k in range(cfg.mtp_layers):
+        st = f"mtp.layers.{k}"
+        ids = pb.data(f"mtp.input_ids.{k}", [b, s], "int64", st)
+        labels = pb.data(f"mtp.labels.{k}", [b, s, 1], "int64", "loss")
+        emb = pb.op1("embedding", [ids, wte], {"padding_idx": -1, "sparse": False}, st)
+        x = pb.op1("concat", [_norm(pb, cfg, emb, f"{st}.enorm"), _norm(pb, cfg, h, f"{st}.hnorm")],
+                   {"axis": -1}, st)
+        x = pb.linear(x, 2 * cfg.hidden_size, cfg.hidden_size, f"{st}.eh_proj", False)
+        h = _layer(pb, cfg, x, cfg.num_layers + k, b, s, rope, attention, st)
+        out.append((h, labels))
+    return out
+
+
+def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value,
+                   mtp: list[tuple[Value, Value]]) -> Value:
+    """The final norm, the LM head (tied to ``wte`` or ``lm_head.weight`` [h, V]) and the
+    mean cross entropy; each multi-token prediction module's hidden states through its own
+    final norm and the same head, their mean cross entropies added with weight
+    ``mtp_loss_weight / mtp_layers`` (DeepSeek-V3 eq. 25; Megatron-Core
+    ``--mtp-loss-scaling-factor``)."""
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    x = _norm(pb, cfg, x, "decoder.norm")
+    head = wte if cfg.tie_word_embeddings else pb.param("lm_head", "weight", [h, vocab])
+    mm = {"transpose_x": False, "transpose_y": cfg.tie_word_embeddings}
+    logits = pb.op1("matmul", [x, head], mm, "lm_head")
+    extra = [(pb.op1("matmul", [_norm(pb, cfg, hk, f"mtp.layers.{k}.final_layernorm"), head], mm,
+                     f"mtp.layers.{k}.shared_head"), lk) for k, (hk, lk) in enumerate(mtp)]
+    pb.role = OpRole.LOSS
+    loss = _ce_mean(pb, logits, labels)
+    if extra:
+        means = [_ce_mean(pb, lg, lk) for lg, lk in extra]
+        tot = means[0] if len(means) == 1 else pb.op1("add_n", means, None, "loss")
+        w = float(cfg.mtp_loss_weight) / len(means)
+        tot = pb.op1("scale", [tot, None], {"scale": w, "bias": 0.0, "bias_after_scale": True}, "loss")
+        loss = pb.op1("add", [loss, tot], None, "loss")
     pb.op("shadow_output", [loss], {"output_name": "loss_0"}, "loss")
     pb.role = OpRole.FORWARD
     return loss
@@ -330,6 +374,6 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
     x = _dropout(pb, x, cfg.hidden_dropout, "embed_positions" if rope is None else "embed_tokens")
     for i in range(cfg.num_layers):
         x = _layer(pb, cfg, x, i, b, s, rope, attention)
-    _head_and_loss(pb, cfg, x, wte, labels)
+    _head_and_loss(pb, cfg, x, wte, labels, _mtp(pb, cfg, x, wte, b, s, rope, attention))
     pb.program.renumber()
     return pb.program
