@@ -56,3 +56,27 @@ def test_small_tune_of_each_family_finds_a_plan(config, nodes, tmp_path, capsys)
                             "--seed", "1", "--no-progress", "--output", str(tmp_path / "t"))
     assert rc == 0, err
     assert "best plan:" in out + err and "no feasible plan" not in out + err
+
+
+def test_megatron_export_states_routing_mtp_and_attention(capsys):
+    """DeepSeek-V3 as Megatron-LM runs what meshplan costs (TransformerConfig at d98e8a64):
+    sigmoid scores, routed scaling 2.5, 8 groups top-4, one MTP layer weighted 0.1, the
+    first dense layers in --moe-layer-freq; MLA and GPT-OSS sinks named as model arguments."""
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", str(CONFIGS / "deepseek-v3.json"),
+                            "--cluster", "dgx-h100", "--nodes", "2", "--dp", "16", "--ep", "16",
+                            "--global-batch", "64", "--seq-len", "4096", "--layers", "4")
+    assert rc == 0, err
+    lines = [ln.rstrip(" \\") for ln in out.splitlines()]
+    for want in ("--moe-router-score-function sigmoid", "--moe-router-topk-scaling-factor 2.5",
+                 "--moe-router-num-groups 8", "--moe-router-group-topk 4", "--mtp-num-layers 1",
+                 "--mtp-loss-scaling-factor 0.1", "--moe-layer-freq '[0,0,0,1]'",
+                 "--moe-shared-expert-intermediate-size 2048"):
+        assert want in lines, want
+    assert "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 " \
+           "--qk-pos-emb-head-dim 64 --v-head-dim 128" in out
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", str(CONFIGS / "gpt-oss-20b.json"),
+                            "--cluster", "dgx-h100", "--dp", "8", "--ep", "8", "--global-batch", "64",
+                            "--seq-len", "4096", "--layers", "2")
+    assert rc == 0, err
+    assert "--softmax-type learnable" in out and "--window-size 127,0" in out
+    assert "--moe-router-score-function" not in out
