@@ -182,7 +182,10 @@ def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_di
             dims (index or name; they must differ).
         expert_parallel: also split every grouped expert weight (:data:`EXPERT_PARAMS`) on
             its expert dim over ``dp_dim`` (ep = dp; the dispatch and combine become
-            all_to_all on the dp group, ``completion.spmd.moe``).
+            all_to_all on the dp group, ``completion.spmd.moe``); a weight laid out as
+            ``[ep_dp, E / ep_dp, in, out]`` (``ModelConfig.expert_grid``: whole experts
+            folded over data- and tensor-parallel ranks, etp 1) splits its first dim over
+            ``dp_dim`` and its second over ``mp_dim``, its GEMMs unsplit.
     Returns the annotations by value label. Raises DistAttrError for a missing mesh dim or
     dp_dim == mp_dim, CompletionError when the program has no parameters.
     """
@@ -197,8 +200,11 @@ def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_di
         name = v.name or ""
         layout = next(f for rx, f in MEGATRON_PARAMS if rx.search(name))
         dm = layout(v, dp, mp)
-        if expert_parallel and v.ndim == 3 and EXPERT_PARAMS.search(name):
-            dm[0] = dp
+        if expert_parallel and EXPERT_PARAMS.search(name):
+            if v.ndim == 4:  # [ep_dp, E / ep_dp, in, out]: whole experts over dp x tp (etp 1)
+                dm = [dp, mp, -1, -1]
+            elif v.ndim == 3:
+                dm[0] = dp
         out[v.label()] = set_annotation(program, v, mesh, dm)
     batch = _batch_size(program)
     for op in program.ops:
@@ -216,6 +222,31 @@ def shard_megatron(program: Program, mesh: ProcessMesh, dp_dim: int | str, mp_di
             out[v.label()] = set_annotation(program, v, mesh, [dp, mp, -1])
         for v in _gathered_values(program):
             out[v.label()] = set_annotation(program, v, mesh, [dp, -1, -1])
+    if expert_parallel:
+        for v, dm in _expert_grid_values(program, dp, mp):
+            out[v.label()] = set_annotation(program, v, mesh, dm)
+    return out
+
+
+def _expert_grid_values(program: Program, dp: int, mp: int) -> list[tuple[Value, list[int]]]:
+    """Layouts that make the reshards around whole experts folded over dp x tp
+    (``ModelConfig.expert_grid``) move each rank's share once, as Megatron-Core's all-to-all
+    dispatcher does: the expert-major tokens, reshaped to ``[g, E / g, slots, h]``, are split
+    over the tensor-parallel dim first (a local slice: each tensor-parallel rank sends only
+    the tokens of its own experts over the data-parallel all_to_all), and the expert
+    outputs come back over the data-parallel all_to_all before the tensor-parallel ranks
+    gather them (the input of the reshape back to ``[E, slots, h]`` is annotated as the
+    tokens were sent: experts over tp, slots over dp); their gradients alike. Each
+    pair: (value, dims_mapping); none without a 4-D expert grid."""
+    grid = [-1, mp, dp, -1]
+    out: list[tuple[Value, list[int]]] = []
+    for op in program.ops:
+        if op.type not in ("reshape", "reshape_grad") or not (op.struct_name or "").endswith(".mlp.experts"):
+            continue
+        # the 4-D side of each reshape between [E, slots, h] and [g, E / g, slots, h]: forward
+        # (its result or operand), backward (the gradient flowing in or out)
+        sides = [*op.operands[-1:], *op.results[:1]] if op.type == "reshape" else op.results[:1]
+        out += [(v, grid) for v in sides if v is not None and v.ndim == 4]
     return out
 
 

@@ -24,7 +24,7 @@ from completion.dtypes import DTYPE_BYTES
 from completion.fp8 import FP8_PARAM_FRAMEWORKS
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
-from simulator.expert_parallel import expert_sync_time
+from simulator.expert_parallel import expert_dp_degree, expert_sync_time
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
@@ -87,8 +87,11 @@ class StepConfig:
     within groups of this many consecutive dp ranks and all_reduces the sharded gradients
     across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
     ep: int = 1
-    """Expert-parallel ranks (``Strategy.ep``, a divisor of dp): expert gradients are reduced
-    and their ZeRO-1 states sharded over dp / ep ranks (:mod:`simulator.expert_parallel`)."""
+    """Expert-parallel ranks (``Strategy.ep``): expert gradients are reduced and their ZeRO-1
+    states sharded over the edp = dp * tp / (ep * etp) expert-data-parallel ranks
+    (:mod:`simulator.expert_parallel`; dp holds cp, folded)."""
+    etp: int | None = None
+    """Expert tensor-parallel ranks (``Strategy.etp``; None: tp)."""
     fp8_params: bool = False
     """The FP8 linears' weights are FP8 parameters (an FP8 recipe under a framework of
     ``completion.fp8.FP8_PARAM_FRAMEWORKS``): the state model sees no 16-bit weights."""
@@ -127,7 +130,7 @@ class StepConfig:
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
-                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""),
+                   ep=int(getattr(s, "ep", 1) or 1), etp=getattr(s, "etp", None), optimizer=str(getattr(s, "optimizer", "") or ""),
                    fp8_params=getattr(s, "fp8", None) is not None
                    and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
 
@@ -469,7 +472,7 @@ class StepModel:
                     "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
                     "param_gather": param_gather_time(c, self.cluster, r, synced,
                                                       times[vstages[0]]["F"])}
-            if expert and c.ep < c.dp:
+            if expert and expert_dp_degree(c) > 1:
                 tail["expert_sync"] = expert_sync_time(c, self.cluster, r, expert, reduce_bytes(c))
             sync = (tail["dp_wait"] + tail["grad_reduce"] + tail["tail_collectives"] + tail["param_gather"]
                     + tail.get("expert_sync", 0.0))

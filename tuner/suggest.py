@@ -124,8 +124,10 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     shard = _cat(trial, f"fsdp_shard_size_dp{dp}", shards) if len(shards) > 1 else shards[0]
     fp8s = space.fp8_choices()  # suggested only when there is a choice (trials stay as before)
     fp8 = _cat(trial, "fp8", fp8s) if len(fp8s) > 1 else fp8s[0]
-    eps = space.ep_choices(dp, cp, zero)  # a MoE model's expert parallelism, one name per dp
-    ep = _cat(trial, f"ep_dp{dp}", eps) if len(eps) > 1 else eps[0]
+    # a MoE model's expert parallelism, one name per dp: ep for etp = tp, "ep/etp1" folded
+    eps = [ep if etp is None else f"{ep}/etp1" for ep, etp in space.ep_choices(dp, cp, zero, tp)]
+    pick = _cat(trial, f"ep_dp{dp}", eps) if len(eps) > 1 else eps[0]
+    ep, etp = (pick, None) if isinstance(pick, int) else (int(str(pick).split("/")[0]), 1)
     templates: tuple[tuple[str, str], ...] = ()
     seed = None
     if mode == PATTERN:
@@ -137,7 +139,7 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
             seed = trial.suggest_int("annotation_seed", 0, 2**31 - 1)
     cand = Candidate(dp, tp, pp, vpp, sched, mbs, rc, zero, bool(sp), templates, seed,
                      "templates" if mode == PATTERN else ("random" if mode == RANDOM else annotation),
-                     cp, shard, fp8, ep)
+                     cp, shard, fp8, ep, etp)
     pinned = _sp_pin_violation(space, cand)
     return pinned or L.first_violation(cand, p) or cand
 

@@ -183,7 +183,12 @@ class ModelConfig:
         mtp_layers, mtp_loss_weight: multi-token prediction (DeepSeek-V3 sec. 2.2): that many
             sequential modules after the decoder, each predicting one token further with one
             more decoder layer, weighted ``mtp_loss_weight / mtp_layers`` in the loss
-            (:mod:`completion.models.mtp`).
+            (:func:`completion.models.transformer._mtp`).
+        expert_grid: the routed experts' weights and expert-major tokens laid out as
+            ``[expert_grid, E / expert_grid, ...]`` instead of ``[E, ...]`` (the same
+            parameters, row-major); set by the plan pipeline when whole experts fold over
+            data- and tensor-parallel ranks (``completion.plan_program.with_expert_grid``),
+            None otherwise.
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -239,6 +244,7 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     mtp_layers: int = 0
     mtp_loss_weight: float = 0.1
+    expert_grid: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -354,6 +360,11 @@ class ModelConfig:
                                        f"{self.router_topk_groups} groups a token may use hold at "
                                        f"least experts_per_token {self.experts_per_token} experts")
         self._int_field("mtp_layers", 0, MAX_MTP_LAYERS, none_ok=False)
+        if self.expert_grid is not None:
+            self._int_field("expert_grid", 1, MAX_EXPERTS, none_ok=False)
+            if self.num_experts is None or self.num_experts % self.expert_grid:
+                raise ModelConfigError(f"model {self.name!r}: expert_grid {self.expert_grid} must "
+                                       f"divide num_experts {self.num_experts}")
         w = self.mtp_loss_weight
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 100:
             raise ModelConfigError(f"model {self.name!r}: mtp_loss_weight must be a number in "

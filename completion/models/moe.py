@@ -36,25 +36,33 @@ from completion.models.config import ModelConfig
 
 
 def _expert_linear(pb: ProgramBuilder, xe: Value, shape: list[int], struct: str, bias: bool) -> Value:
-    """A grouped expert GEMM ``[E, T, in] @ [E, in, out]`` and, with ``bias``, its
+    """A grouped expert GEMM ``[E, T, in] @ [E, in, out]`` (``shape`` = the weight's; its
+    leading expert dims may be two, ``ModelConfig.expert_grid``) and, with ``bias``, its
     per-expert bias ``[E, 1, out]`` (GPT-OSS ``gate_up_proj_bias`` / ``down_proj_bias``)."""
     w = pb.param(struct, "weight", shape)
     y = pb.op1("matmul", [xe, w], {"transpose_x": False, "transpose_y": False}, struct)
     if bias:
-        y = pb.op1("add", [y, pb.param(struct, "bias", [shape[0], 1, shape[2]])], None, struct)
+        y = pb.op1("add", [y, pb.param(struct, "bias", [*shape[:-2], 1, shape[-1]])], None, struct)
     return y
 
 
 def _experts(pb: ProgramBuilder, cfg: ModelConfig, xe: Value, pre: str) -> Value:
     """Grouped SwiGLU on expert-major tokens ``[E, T, h]`` -> ``[E, T, h]`` (biases per
-    ``cfg.bias("mlp")``)."""
+    ``cfg.bias("mlp")``); with ``cfg.expert_grid`` = g the experts' dim is ``[g, E / g]``
+    (tokens reshaped to it and back: the weights and tokens are the same, laid out so that
+    two mesh dims can split the experts)."""
     e, h, f = cfg.num_experts, cfg.hidden_size, cfg.expert_ffn_hidden_size
     assert e is not None
+    g = cfg.expert_grid
+    lead = [e] if g is None else [g, e // g]
+    if g is not None:
+        xe = pb.reshape(xe, [*lead, *xe.shape[1:]], pre)
     bias = cfg.bias("mlp")
-    gate = _expert_linear(pb, xe, [e, h, f], f"{pre}.gate_proj", bias)
-    up = _expert_linear(pb, xe, [e, h, f], f"{pre}.up_proj", bias)
+    gate = _expert_linear(pb, xe, [*lead, h, f], f"{pre}.gate_proj", bias)
+    up = _expert_linear(pb, xe, [*lead, h, f], f"{pre}.up_proj", bias)
     act = pb.op1("swiglu", [gate, up], None, f"{pre}.act")
-    return _expert_linear(pb, act, [e, f, h], f"{pre}.down_proj", bias)
+    out = _expert_linear(pb, act, [*lead, f, h], f"{pre}.down_proj", bias)
+    return out if g is None else pb.reshape(out, [e, *out.shape[2:]], pre)
 
 
 def _shared_expert(pb: ProgramBuilder, cfg: ModelConfig, x: Value, pre: str) -> Value:

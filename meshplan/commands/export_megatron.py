@@ -8,7 +8,8 @@ generated from config dataclass fields (``megatron/training/argument_utils.py``:
 - ``ModelParallelConfig`` (``megatron/core/model_parallel_config.py``):
   ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--sequence-parallel``, ``--context-parallel-size``, ``--expert-model-parallel-size``
-  (written when ep > 1), ``--bf16``, ``--fp16``;
+  (written when ep > 1), ``--expert-tensor-parallel-size`` (when etp is not tp, Megatron's
+  default: MoE parallel folding, ``completion.expert_layout``), ``--bf16``, ``--fp16``;
 - ``TransformerConfig``: ``--num-layers``, ``--recompute-granularity {full, selective}``,
   ``--recompute-method {uniform, block}``, ``--recompute-num-layers``,
   ``--attention-backend {flash, fused, unfused, local, auto}``;
@@ -290,6 +291,8 @@ def export(plan: Any) -> Export:
             args += ["--cp-comm-type", CP_COMM_ARGS[eff["cp_comm"]]]
     if eff["ep"] > 1:  # ModelParallelConfig.expert_model_parallel_size
         args += ["--expert-model-parallel-size", str(eff["ep"])]
+    if eff["etp"] != eff["tp"]:  # ModelParallelConfig.expert_tensor_parallel_size (default: tp)
+        args += ["--expert-tensor-parallel-size", str(eff["etp"])]
     args += _moe_args(plan, notes)
     args += architecture_args(model_config(plan), notes)
     if eff["recompute"] == "selective-op":

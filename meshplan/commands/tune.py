@@ -82,7 +82,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     plan = to_plan(cand, cfg.scorer_config)
     plan.save(out / "plan.json")
     s = plan.strategy
-    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "")
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "") + (f"etp={s.etp} " if s.etp not in (None, s.tp) else "")
             + f"vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
