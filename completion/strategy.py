@@ -79,14 +79,17 @@ from completion.dist_attr import parse_placement
 from completion.errors import CompletionError, DistAttrError
 from completion.expert_layout import layout_problem
 
-SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 #: other spellings users bring, lower-case -> canonical name
 SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
                     "interleaved-1f1b": "VPP", "zb-h1": "ZBH1", "zb-h2": "ZBH2",
-                    "zb-v": "ZBVPP", "zbv": "ZBVPP"}
+                    "zb-v": "ZBVPP", "zbv": "ZBVPP", "dualpipe-v": "DualPipeV"}
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 #: schedules that run more than one model chunk per rank
-INTERLEAVED = ("VPP", "ZBVPP")
+INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
+#: schedules whose two chunks per rank run in a V (rank i holds virtual stages i and
+#: 2 pp - 1 - i): ZB-V (Qi et al. 2024, sec. 6) and DualPipeV (``simulator.schedules.dualpipe``)
+V_SHAPED = ("ZBVPP", "DualPipeV")
 #: the Zero Bubble paper's named memory limits: schedule -> limit in units of p M_B (p the
 #: pipeline stages) of the automatic ZB schedule (Qi et al. 2024, sec. 4); "ZB" alone
 #: runs at ZB-2p's (``Strategy.registered_schedule``; ``meshplan simulate``)
@@ -269,8 +272,12 @@ class Strategy:
             raise StrategyError(
                 f"strategy field 'global_batch_size' ({self.global_batch_size}) must be a multiple "
                 f"of dp * micro_batch_size = {per_step}")
-        if self.schedule == "ZBVPP" and self.vpp != 2:
-            raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
+        if self.schedule == "DualPipeV" and self.num_microbatches < 2 * self.pp:
+            raise StrategyError(f"schedule DualPipeV needs at least 2 x pp = {2 * self.pp} micro-batches "
+                                f"per step, got {self.num_microbatches} (global_batch_size / (dp x "
+                                "micro_batch_size))")
+        if self.schedule in V_SHAPED and self.vpp != 2:
+            raise StrategyError(f"strategy field 'vpp' must be 2 for {self.schedule} (two chunks per rank in "
                                 f"a V), got {self.vpp}")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "

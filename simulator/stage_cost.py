@@ -123,6 +123,9 @@ class BlockCost:
             attention kernels (``simulator.context_parallel``: issued minus exposed). Not in
             ``comm`` (which holds what the block's time carries); the step's ``tp_comm``
             line shows it as issued and ``overlapped`` as hidden.
+        a2a: seconds per phase of the block's all_to_all collectives (part of ``comm``: the
+            expert-parallel dispatch and combine), what an overlapped F&B pair may hide
+            (``overlap.moe_a2a``, ``simulator.step``).
     """
 
     compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -139,6 +142,7 @@ class BlockCost:
     per_step: float = 0.0
     fp8_state_bytes: float = 0.0
     cp_hidden: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    a2a: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def attn_core_f(self) -> float:
@@ -320,6 +324,8 @@ class StageCoster:
             t = self.cluster.collective_time(st.kind, nbytes, group)
             bc.comm[phase] += t
             bc.comm_count[phase] += 1
+            if st.kind == "all_to_all":
+                bc.a2a[phase] += t
             self._candidate(op, st.kind, phase, t, bc)
             if regather:  # the gathered activation is not kept: B gathers it again
                 bc.comm["B"] += t

@@ -17,6 +17,7 @@ its forward and its backward (:meth:`simulator.stage_timing.StageTimer.zero3_gat
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -333,6 +334,28 @@ class StepModel:
         return build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
                               stage_times=worst, comm_time=self.comm_time())
 
+    def pair_hidden(self, sched: Schedule, times: list[dict[str, float]]) -> dict | None:
+        """Seconds of expert-parallel all_to_all each overlapped F&B pair of ``sched`` hides
+        (``Schedule.pairs``: DualPipeV) under the profile's ``overlap.moe_a2a``: the
+        forward's all_to_all runs beside the backward's compute and the backward's beside
+        the forward's (DeepSeek-V3 report sec. 3.2.1, Fig. 4: one chunk's dispatch and
+        combine beside the other chunk's attention and MLP), each hidden up to the other
+        pass's compute: min(a2a_F, B - a2a_B) + min(a2a_B, F - a2a_F), per rank and
+        (forward chunk, backward chunk); a BW backward counts B + W. None when nothing is
+        hidden (no pairs, no profile, or the flag off)."""
+        prof = self.cfg.profile
+        if not sched.pairs or prof is None or not prof.overlap.moe_a2a.value:
+            return None
+        where = {rc: vs for vs, rc in sched.rank_of_vstage().items()}
+        out = {}
+        for r in range(sched.num_stages):
+            for c0, c1 in itertools.product(range(sched.num_chunks), repeat=2):
+                v0, v1 = where[(r, c0)], where[(r, c1)]
+                (a_f, _), (_, a_b) = self.timer.a2a_time(v0), self.timer.a2a_time(v1)
+                bwd = times[v1]["BW"]
+                out[(r, c0, c1)] = min(a_f, bwd - a_b) + min(a_b, times[v0]["F"] - a_f)
+        return out
+
     def run(self) -> StepResult:
         """Simulate the step (see module docstring)."""
         c = self.cfg
@@ -343,7 +366,8 @@ class StepModel:
         where = sched.rank_of_vstage()
         prof = c.profile
         sync_p2p = self.sync_p2p()
-        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
+        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p,
+                                pair_hidden=self.pair_hidden(sched, times))
         spans = self._dp_stream(sched, sim) if prof is not None else [[] for _ in range(c.pp)]
         dp_ends = [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
         per_chunk = {}

@@ -26,9 +26,9 @@ import typer
 from typer.core import TyperCommand
 
 #: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
-SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
-                        "zb-v", "zbv")
+                        "zb-v", "zbv", "dualpipe-v")
 
 #: Pipeline schedule choices (canonical names and aliases; matched case-insensitively).
 Schedule = Enum("Schedule", {n: n for n in SCHEDULE_NAMES + SCHEDULE_ALIAS_NAMES}, type=str)
