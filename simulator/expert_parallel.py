@@ -45,9 +45,9 @@ def _ceil(n: int, d: int) -> int:
 
 def _degrees(cfg: Any) -> tuple[int, int]:
     """(ep, etp) of a step config (etp None: tp)."""
-    ep = int(getattr(cfg, "ep", 1) or 1)
+    ep, tp = int(getattr(cfg, "ep", 1) or 1), int(getattr(cfg, "tp", 1) or 1)
     etp = getattr(cfg, "etp", None)
-    return ep, int(cfg.tp if etp is None else etp)
+    return ep, int(tp if etp is None else etp)
 
 
 def expert_dp_degree(cfg: Any) -> int:
@@ -56,7 +56,7 @@ def expert_dp_degree(cfg: Any) -> int:
     parallelism: then every rank has its own copy, and edp = dp). Raises SimulatorError when
     the expert layers do not fold onto the stage."""
     ep, etp = _degrees(cfg)
-    n = cfg.dp * cfg.tp
+    n = cfg.dp * int(getattr(cfg, "tp", 1) or 1)
     if ep < 1 or n % (ep * etp):
         raise SimulatorError(f"ep = {ep} x etp = {etp} must divide dp x tp = {n}")
     return n // (ep * etp)
@@ -65,7 +65,7 @@ def expert_dp_degree(cfg: Any) -> int:
 def ep_group(cfg: Any, stage: int) -> list[int]:
     """Ranks of pipeline stage ``stage``'s first ep group (expert tensor rank 0): ranks
     ``e * etp`` for e < ep (dp ranks 0 .. ep - 1 at tensor rank 0 when etp = tp)."""
-    base, (ep, etp) = stage * cfg.dp * cfg.tp, _degrees(cfg)
+    base, (ep, etp) = stage * cfg.dp * int(getattr(cfg, "tp", 1) or 1), _degrees(cfg)
     return [base + e * etp for e in range(ep)]
 
 
@@ -73,7 +73,7 @@ def expert_dp_group(cfg: Any, stage: int) -> list[int]:
     """Ranks of the expert-data-parallel group of expert rank 0 of ``stage`` (expert tensor
     rank 0, ep rank 0): ranks ``g * ep * etp`` (dp ranks 0, ep, 2 ep, ... at tensor rank 0
     when etp = tp; module docstring)."""
-    base, (ep, etp) = stage * cfg.dp * cfg.tp, _degrees(cfg)
+    base, (ep, etp) = stage * cfg.dp * int(getattr(cfg, "tp", 1) or 1), _degrees(cfg)
     return [base + g * ep * etp for g in range(expert_dp_degree(cfg))]
 
 

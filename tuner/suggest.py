@@ -124,8 +124,11 @@ def suggest_candidate(trial: optuna.Trial, space: SearchSpace, mode: str,
     shard = _cat(trial, f"fsdp_shard_size_dp{dp}", shards) if len(shards) > 1 else shards[0]
     fp8s = space.fp8_choices()  # suggested only when there is a choice (trials stay as before)
     fp8 = _cat(trial, "fp8", fp8s) if len(fp8s) > 1 else fp8s[0]
-    # a MoE model's expert parallelism, one name per dp: ep for etp = tp, "ep/etp1" folded
-    eps = [ep if etp is None else f"{ep}/etp1" for ep, etp in space.ep_choices(dp, cp, zero, tp)]
+    # a MoE model's expert parallelism, one name per dp: ep for etp = tp; the folded layouts
+    # (etp 1, "ep/etp1") only where no other is left (a pinned ep above dp x cp): sampling stays
+    # as before, the enumerated space (iter_base_candidates) holds them all
+    pairs = space.ep_choices(dp, cp, zero, tp)
+    eps = [ep for ep, etp in pairs if etp is None] or [f"{ep}/etp1" for ep, _ in pairs]
     pick = _cat(trial, f"ep_dp{dp}", eps) if len(eps) > 1 else eps[0]
     ep, etp = (pick, None) if isinstance(pick, int) else (int(str(pick).split("/")[0]), 1)
     templates: tuple[tuple[str, str], ...] = ()
