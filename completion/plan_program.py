@@ -62,6 +62,7 @@ from completion.context_parallel import (
 )
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
+from completion.expert_layout import layout_of
 from completion.fp8 import mark_fp8_linears
 from completion.gc_pause import gc_paused
 from completion.ir import OpRole, Program
@@ -361,11 +362,12 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     cp = strategy.cp
     s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
     plan_s, replicas = s, 1
-    if 1 < s.ep < s.dp:  # one ep group's program, run as dp / ep copies (executor.expert_copies)
-        s, replicas = expert_group_strategy(s), s.dp // s.ep
+    group_dp = layout_of(s).group_dp
+    if s.ep > 1 and group_dp < s.dp:  # one ep group's program, run as edp copies (executor.expert_copies)
+        s, replicas = expert_group_strategy(s), s.dp // group_dp
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
-    prog = _forward(with_expert_slots(source, s), s, batch, representative, attention)
+    prog = _forward(with_expert_grid(with_expert_slots(source, s), s), s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
@@ -406,17 +408,32 @@ def with_expert_slots(source: ModelSource, s: Strategy) -> ModelSource:
 
 
 def expert_group_strategy(s: Strategy) -> Strategy:
-    """The strategy a representative program of ``s`` is built for when 1 < ep < dp: one
-    ep group (``dp = ep``, the global batch scaled by ep / dp so the micro-batches stay
-    the same). Each of the dp / ep expert-data-parallel copies of that group runs the
-    same program on its own data, so rank 0's local shapes, its all_to_all on the ep
-    group (ranks 0 .. ep*tp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
+    """The strategy a representative program of ``s`` (cp folded) is built for when an ep
+    group spans fewer data-parallel ranks than ``s.dp`` (``completion.expert_layout``:
+    ``group_dp`` = ep with etp = tp, ep / tp with etp = 1): one ep group (``dp =
+    group_dp``, the global batch scaled by group_dp / dp so the micro-batches stay the
+    same). Each of the edp expert-data-parallel copies of that group runs the same program
+    on its own data, so rank 0's local shapes, its all_to_all on the ep group (ranks 0 ..
+    ep * etp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
     ``simulator.expert_parallel``) and its activations are those of the whole plan; the
     step model (``simulator.step``, built from the plan's own strategy) reduces dense
-    gradients over dp and expert ones over dp / ep. ``s`` itself otherwise."""
-    if not 1 < s.ep < s.dp:
+    gradients over dp and expert ones over edp. ``s`` itself otherwise."""
+    g = layout_of(s).group_dp
+    if s.ep == 1 or g >= s.dp:
         return s
-    return replace(s, dp=s.ep, global_batch_size=s.global_batch_size * s.ep // s.dp)
+    return replace(s, dp=g, global_batch_size=s.global_batch_size * g // s.dp)
+
+
+def with_expert_grid(source: ModelSource, s: Strategy) -> ModelSource:
+    """``source`` whose config lays its routed experts out as ``[group_dp, E / group_dp]``
+    (``ModelConfig.expert_grid``) when the plan folds whole experts over tensor-parallel
+    ranks too (etp = 1 < tp: ``completion.expert_layout``), so the Megatron layout splits
+    the first dim over the data-parallel mesh dim and the second over the tensor-parallel
+    one; ``source`` itself otherwise (and for a given program)."""
+    lay = layout_of(s)
+    if s.ep == 1 or not lay.folded or source.config is None:
+        return source
+    return replace(source, config=source.config.replace(expert_grid=lay.group_dp))
 
 
 def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:
@@ -426,6 +443,6 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     micro-batches)."""
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
-    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, etp=None, vpp=1, schedule="1F1B", micro_batch_size=micro,
                    sequence_parallel=False, zero=0, fsdp_shard_size=None, annotation="none",
                    layers_per_stage=None)

@@ -129,6 +129,9 @@ class BlockCost:
             dispatches (:meth:`dispatch`). Not in :meth:`time`: the pipeline action that
             runs the block composes its blocks' dispatches
             (``simulator.stage_timing.StageTimer.stage_time``).
+        a2a: seconds per phase of the block's all_to_all collectives (part of ``comm``: the
+            expert-parallel dispatch and combine), what an overlapped F&B pair may hide
+            (``overlap.moe_a2a``, ``simulator.step``).
     """
 
     compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -165,6 +168,7 @@ class BlockCost:
             self._dispatched[key] = Dispatch.chain(
                 Dispatch.kernel(coll if c else kernel, t) for c, t in self.launched[phase])
         return self._dispatched[key]
+    a2a: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def attn_core_f(self) -> float:
@@ -370,6 +374,8 @@ class StageCoster:
             bc.comm[phase] += t
             bc.comm_count[phase] += 1
             bc.dispatched(phase, t, collective=True)
+            if st.kind == "all_to_all":
+                bc.a2a[phase] += t
             self._candidate(op, st.kind, phase, t, bc)
             if regather:  # the gathered activation is not kept: B gathers it again
                 bc.comm["B"] += t

@@ -38,9 +38,9 @@ def reduce_bytes(cfg: Any) -> int:
 
 def vstage_ranks(schedule: str, pp: int, vpp: int) -> list[int]:
     """The pipeline rank of each virtual stage (model order): round robin (vs mod pp) for
-    every schedule but ZB-V, whose two chunks per rank run in a V (rank i holds vs i and
-    2p - 1 - i; formulas.md, Qi et al. 2024)."""
-    if schedule == "ZBVPP":
+    every schedule but ZB-V and DualPipeV, whose two chunks per rank run in a V (rank i
+    holds vs i and 2p - 1 - i; formulas.md, Qi et al. 2024; ``simulator.schedules.dualpipe``)."""
+    if schedule in ("ZBVPP", "DualPipeV"):
         return [vs if vs < pp else 2 * pp - 1 - vs for vs in range(pp * vpp)]
     return [vs % pp for vs in range(pp * vpp)]
 
@@ -100,6 +100,20 @@ class StageTimer:
             t["BW"] += extra
             out.append(t)
         return blocks, out
+
+    def a2a_time(self, vs: int) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of the all_to_all collectives of
+        virtual stage ``vs`` (``BlockCost.a2a``, with the profile's in-stage overlap share
+        off; under full recompute the backward reruns the forward's too)."""
+        ov, cfg = self.cfg.overlap, self.cfg
+        recomputed = self._recomputed(vs)
+        f = b = 0.0
+        for blk in self.blocks(vs):
+            f += (1 - ov) * blk.a2a["F"]
+            b += (1 - ov) * (blk.a2a["B"] + blk.a2a["W"])
+            if id(blk) in recomputed and cfg.recompute == "full":
+                b += (1 - ov) * blk.a2a["F"]
+        return f, b
 
     def _recomputed(self, vs: int) -> set[int]:
         """ids of the BlockCosts of ``vs`` that recompute applies to (its layers, not the

@@ -17,6 +17,7 @@ its forward and its backward (:meth:`simulator.stage_timing.StageTimer.zero3_gat
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +25,7 @@ from completion.dtypes import DTYPE_BYTES
 from completion.fp8 import FP8_PARAM_FRAMEWORKS
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
-from simulator.expert_parallel import expert_sync_time
+from simulator.expert_parallel import expert_dp_degree, expert_sync_time
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
@@ -89,8 +90,11 @@ class StepConfig:
     within groups of this many consecutive dp ranks and all_reduces the sharded gradients
     across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
     ep: int = 1
-    """Expert-parallel ranks (``Strategy.ep``, a divisor of dp): expert gradients are reduced
-    and their ZeRO-1 states sharded over dp / ep ranks (:mod:`simulator.expert_parallel`)."""
+    """Expert-parallel ranks (``Strategy.ep``): expert gradients are reduced and their ZeRO-1
+    states sharded over the edp = dp * tp / (ep * etp) expert-data-parallel ranks
+    (:mod:`simulator.expert_parallel`; dp holds cp, folded)."""
+    etp: int | None = None
+    """Expert tensor-parallel ranks (``Strategy.etp``; None: tp)."""
     fp8_params: bool = False
     """The FP8 linears' weights are FP8 parameters (an FP8 recipe under a framework of
     ``completion.fp8.FP8_PARAM_FRAMEWORKS``): the state model sees no 16-bit weights."""
@@ -133,7 +137,7 @@ class StepConfig:
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
-                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""),
+                   ep=int(getattr(s, "ep", 1) or 1), etp=getattr(s, "etp", None), optimizer=str(getattr(s, "optimizer", "") or ""),
                    fp8_params=getattr(s, "fp8", None) is not None
                    and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
 
@@ -342,6 +346,28 @@ class StepModel:
         return build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
                               stage_times=worst, comm_time=self.comm_time())
 
+    def pair_hidden(self, sched: Schedule, times: list[dict[str, float]]) -> dict | None:
+        """Seconds of expert-parallel all_to_all each overlapped F&B pair of ``sched`` hides
+        (``Schedule.pairs``: DualPipeV) under the profile's ``overlap.moe_a2a``: the
+        forward's all_to_all runs beside the backward's compute and the backward's beside
+        the forward's (DeepSeek-V3 report sec. 3.2.1, Fig. 4: one chunk's dispatch and
+        combine beside the other chunk's attention and MLP), each hidden up to the other
+        pass's compute: min(a2a_F, B - a2a_B) + min(a2a_B, F - a2a_F), per rank and
+        (forward chunk, backward chunk); a BW backward counts B + W. None when nothing is
+        hidden (no pairs, no profile, or the flag off)."""
+        prof = self.cfg.profile
+        if not sched.pairs or prof is None or not prof.overlap.moe_a2a.value:
+            return None
+        where = {rc: vs for vs, rc in sched.rank_of_vstage().items()}
+        out = {}
+        for r in range(sched.num_stages):
+            for c0, c1 in itertools.product(range(sched.num_chunks), repeat=2):
+                v0, v1 = where[(r, c0)], where[(r, c1)]
+                (a_f, _), (_, a_b) = self.timer.a2a_time(v0), self.timer.a2a_time(v1)
+                bwd = times[v1]["BW"]
+                out[(r, c0, c1)] = min(a_f, bwd - a_b) + min(a_b, times[v0]["F"] - a_f)
+        return out
+
     def run(self) -> StepResult:
         """Simulate the step (see module docstring)."""
         c = self.cfg
@@ -352,7 +378,8 @@ class StepModel:
         where = sched.rank_of_vstage()
         prof = c.profile
         sync_p2p = self.sync_p2p()
-        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
+        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p,
+                                pair_hidden=self.pair_hidden(sched, times))
         spans = self._dp_stream(sched, sim) if prof is not None else [[] for _ in range(c.pp)]
         dp_ends = [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
         per_chunk = {}
@@ -482,7 +509,7 @@ class StepModel:
                     "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
                     "param_gather": param_gather_time(c, self.cluster, r, synced,
                                                       times[vstages[0]]["F"])}
-            if expert and c.ep < c.dp:
+            if expert and expert_dp_degree(c) > 1:
                 tail["expert_sync"] = expert_sync_time(c, self.cluster, r, expert, reduce_bytes(c))
             sync = (tail["dp_wait"] + tail["grad_reduce"] + tail["tail_collectives"] + tail["param_gather"]
                     + tail.get("expert_sync", 0.0))

@@ -36,7 +36,7 @@ LEVELS: tuple[tuple[str, Callable[[Candidate], Any]], ...] = (
     ("schedule", lambda c: c.schedule), ("vpp", lambda c: c.vpp),
     ("micro_batch_size", lambda c: c.micro_batch_size), ("recompute", lambda c: c.recompute),
     ("zero", lambda c: c.zero), ("fsdp_shard_size", lambda c: c.fsdp_shard_size),
-    ("fp8", lambda c: c.fp8), ("ep", lambda c: c.ep),
+    ("fp8", lambda c: c.fp8), ("ep", lambda c: c.ep), ("etp", lambda c: c.etp),
     ("sequence_parallel", lambda c: c.sequence_parallel),
 )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from completion.expert_layout import layout_problem
 from tuner.space import Candidate, SearchProblem
 
 Rule = Callable[[Candidate, SearchProblem], "str | None"]
@@ -194,19 +195,23 @@ def hsdp_shard_group(c: Candidate, p: SearchProblem) -> str | None:
 
 
 def ep_layout(c: Candidate, p: SearchProblem) -> str | None:
-    """Expert parallelism (``completion.strategy.Strategy.ep``): only for a model with
-    experts, ep | dp and ep | num_experts (each rank an equal share of the experts:
-    Megatron-Core's ``num_moe_experts % expert_model_parallel_size``), cp = 1 and ZeRO
+    """Expert parallelism (``completion.strategy.Strategy.ep``, ``etp``): only for a model
+    with experts, ep | num_experts (each rank an equal share of the experts: Megatron-Core's
+    ``num_moe_experts % expert_model_parallel_size``), the expert layers folding onto the
+    stage (``completion.expert_layout.layout_problem``, the Strategy's own rule) and ZeRO
     <= 1 (the modelled layouts)."""
-    if c.ep == 1:
+    if c.ep == 1 and c.etp is None:
         return None
     e = p.model.num_experts
     if e <= 1:
         return f"ep={c.ep}: model {p.model.name} has no mixture-of-experts layer (of more than one expert)"
-    if c.dp % c.ep or e % c.ep:
-        return f"ep={c.ep} must divide dp={c.dp} and num_experts={e}"
-    if c.cp > 1 or c.zero > 1:
-        return f"ep={c.ep} needs cp=1 and ZeRO <= 1, got cp={c.cp}, zero={c.zero}"
+    if e % c.ep:
+        return f"ep={c.ep} must divide num_experts={e}"
+    why = layout_problem(c.dp, c.cp, c.tp, c.ep, c.etp)
+    if why is not None:
+        return why
+    if c.zero > 1:
+        return f"ep={c.ep} needs ZeRO <= 1, got zero={c.zero}"
     return None
 
 

@@ -174,7 +174,9 @@ class Candidate:
     ``fsdp_shard_size``: the HSDP shard group of ZeRO-3 (``completion.strategy``), None:
     shard over all of dp. ``fp8``: the FP8 training recipe of the decoder linears
     (``completion.strategy.FP8_RECIPES``), None: none. ``ep``: expert-parallel ranks of a
-    mixture-of-experts model (``completion.strategy.Strategy.ep``; 1 for a dense one).
+    mixture-of-experts model (``completion.strategy.Strategy.ep``; 1 for a dense one);
+    ``etp``: its expert tensor-parallel degree (``Strategy.etp``; None: tp, 1: whole experts
+    folded over tensor-parallel ranks too, ``completion.expert_layout``).
     """
 
     dp: int
@@ -193,6 +195,7 @@ class Candidate:
     fsdp_shard_size: int | None = None
     fp8: str | None = None
     ep: int = 1
+    etp: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -217,7 +220,7 @@ class Candidate:
         written before HSDP hold."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
-        for opt_in in ("fsdp_shard_size", "fp8"):  # opt-in knobs: absent when unset
+        for opt_in in ("fsdp_shard_size", "fp8", "etp"):  # opt-in knobs: absent when unset
             if d[opt_in] is None:
                 del d[opt_in]
         if d["ep"] == 1:  # absent for a dense plan, as in studies written before MoE
@@ -241,7 +244,7 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
             c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp,
-            c.fsdp_shard_size, c.fp8, c.ep)
+            c.fsdp_shard_size, c.fp8, c.ep, c.etp)
 
 
 def divisors(n: int) -> list[int]:
@@ -437,18 +440,23 @@ class SearchSpace:
             return [None]
         return [None] + [n for n in divisors(dp) if 2 <= n < dp]
 
-    def ep_choices(self, dp: int, cp: int, zero: int) -> list[int]:
-        """Expert-parallel degrees to try for a candidate with ``dp``, ``cp`` and ZeRO stage
-        ``zero``: the fixed value; else, for a mixture-of-experts model, every divisor of
-        dp that divides its experts (an ep group inside the data-parallel ranks of a
-        stage: the ``ep | dp`` restriction of Megatron-Core's ep within dp x cp x tp,
-        ``completion.strategy``) where cp = 1 and zero <= 1; else [1]."""
+    def ep_choices(self, dp: int, cp: int, zero: int, tp: int = 1) -> list[tuple[int, int | None]]:
+        """(ep, etp) pairs to try for a candidate with ``dp``, ``cp``, ``tp`` and ZeRO stage
+        ``zero``: the fixed ep (etp None when it divides dp x cp, else 1); else, for a
+        mixture-of-experts model with zero <= 1, every ep dividing its experts that folds
+        onto the stage (``completion.expert_layout``): ep | dp x cp with etp = tp (None), and
+        with tp > 1 the multiples of tp dividing dp x cp x tp with etp 1 (whole experts over
+        tensor-parallel ranks too); else [(1, None)]."""
         if "ep" in self.fix:
-            return [self.fix["ep"]]
+            ep = self.fix["ep"]
+            return [(ep, None if (dp * cp) % ep == 0 else 1)]
         experts = self.problem.model.num_experts
-        if experts <= 1 or cp > 1 or zero > 1:
-            return [1]
-        return [e for e in divisors(dp) if experts % e == 0]
+        if experts <= 1 or zero > 1:
+            return [(1, None)]
+        out: list[tuple[int, int | None]] = [(e, None) for e in divisors(dp * cp) if experts % e == 0]
+        if tp > 1:
+            out += [(e, 1) for e in divisors(dp * cp * tp) if e % tp == 0 and experts % e == 0]
+        return out
 
     def fp8_choices(self) -> list[str | None]:
         """FP8 recipes to try: the fixed value (``--fix fp8=te-delayed``; ``none``: None),
@@ -504,7 +512,7 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
             for vpp, mbs, rc, z, sp in itertools.product(
                     vpps, space.mbs_choices(), space.recompute_choices(), zeros,
                     space.sp_choices()):
-                for shard, fp8, ep in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
-                                                        space.ep_choices(dp, cp, z)):
+                for shard, fp8, (ep, etp) in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
+                                                               space.ep_choices(dp, cp, z, tp)):
                     yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp,
-                                    fsdp_shard_size=shard, fp8=fp8, ep=ep)
+                                    fsdp_shard_size=shard, fp8=fp8, ep=ep, etp=etp)

@@ -90,20 +90,23 @@ TIME_TERMS = {
 
 
 #: the layout fields ``cost`` reports, in Megatron's short names (``layout`` in --json)
-LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "vpp", "schedule", "micro_batch_size",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "schedule", "micro_batch_size",
                  "global_batch_size", "recompute", "zero", "sequence_parallel")
 
 
 def layout(strategy: object) -> dict[str, object]:
     """The strategy's layout as costed (after the Megatron arguments were translated, e.g.
-    ``--num-layers-per-virtual-pipeline-stage`` into vpp): :data:`LAYOUT_FIELDS`."""
-    return {k: getattr(strategy, k) for k in LAYOUT_FIELDS}
+    ``--num-layers-per-virtual-pipeline-stage`` into vpp): :data:`LAYOUT_FIELDS` (``etp``
+    only when the plan states it: None is tp)."""
+    return {k: getattr(strategy, k) for k in LAYOUT_FIELDS if k != "etp" or getattr(strategy, k) is not None}
 
 
 def layout_line(lay: dict[str, object]) -> str:
     """``plan: dp=4 tp=4 pp=2 cp=1 vpp=2 VPP, mbs 1, gbs 64, recompute full, zero 1, sp off``
     (``ep=N`` after cp when expert parallelism is on)."""
     ep = f"ep={lay['ep']} " if lay.get("ep", 1) != 1 else ""
+    if lay.get("etp") is not None and lay.get("etp") != lay.get("tp"):
+        ep += f"etp={lay['etp']} "
     return (f"plan: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} {ep}vpp={lay['vpp']} "
             f"{lay['schedule']}, mbs {lay['micro_batch_size']}, gbs {lay['global_batch_size']}, "
             f"recompute {lay['recompute']}, zero {lay['zero']}, "
@@ -197,7 +200,7 @@ def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
     mg.check_grad_reduce(megatron, p["framework"], knobs["dtype"])
     mg.check_overlaps(megatron, p["framework"])
     strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
-        "dp", "tp", "cp", "cp_comm", "ep", "moe_capacity_factor", "moe_load_imbalance",
+        "dp", "tp", "cp", "cp_comm", "ep", "etp", "moe_capacity_factor", "moe_load_imbalance",
         "micro_batch_size", "framework", "attention")},
         sequence_parallel=launch.sequence_parallel(ctx, bool(p["sequence_parallel"]), p["tp"]),
         global_batch_size=p["global_batch"], **knobs)
@@ -219,6 +222,7 @@ def cost_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,

@@ -103,6 +103,7 @@ def export_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
@@ -154,7 +155,7 @@ def export_cmd(
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
                                 "strategy options")
-        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep,
+        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "etp": etp,
                  "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
                  "vpp": vpp,
                  "schedule": schedule, "micro_batch_size": micro_batch_size,

@@ -26,9 +26,9 @@ import typer
 from typer.core import TyperCommand
 
 #: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
-SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
-                        "zb-v", "zbv")
+                        "zb-v", "zbv", "dualpipe-v")
 
 #: Pipeline schedule choices (canonical names and aliases; matched case-insensitively).
 Schedule = Enum("Schedule", {n: n for n in SCHEDULE_NAMES + SCHEDULE_ALIAS_NAMES}, type=str)
@@ -110,6 +110,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "pp": ("--pp", "--pipeline-model-parallel-size"),
     "cp": ("--cp", "--context-parallel-size"),
     "ep": ("--ep", "--expert-model-parallel-size"),
+    "etp": ("--etp", "--expert-tensor-parallel-size"),
     "moe_capacity_factor": ("--moe-capacity-factor", "--moe-expert-capacity-factor"),
     "moe_load_imbalance": ("--moe-load-imbalance",),
     "cp_comm": ("--cp-comm", "--cp-comm-type"),
@@ -162,9 +163,13 @@ PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.")
 CP = typer.Option(1, *FLAGS["cp"],
                   help="Context-parallel degree: each sequence split over CP ranks (ring attention).")
 EP = typer.Option(1, *FLAGS["ep"],
-                  help="Expert-parallel degree of a mixture-of-experts model, a divisor of dp (the "
-                       "experts split over ep data-parallel ranks, tokens sent by all_to_all; "
-                       "expert gradients reduced over dp / ep).")
+                  help="Expert-parallel degree of a mixture-of-experts model (the experts split over "
+                       "ep ranks, tokens sent by all_to_all; the expert layers fold onto the same "
+                       "ranks: etp x ep x edp = tp x cp x dp, expert gradients reduced over edp).")
+ETP = typer.Option(None, *FLAGS["etp"], min=1,
+                   help="Expert tensor-parallel degree: tp (default, each expert split as a dense "
+                        "MLP) or 1 (whole experts; ep then spans tensor-parallel ranks too, a "
+                        "multiple of tp).")
 MOE_CAPACITY_FACTOR = typer.Option(None, *FLAGS["moe_capacity_factor"],
                                    help="Expert capacity factor c: each expert keeps at most "
                                         "ceil(c * s * k / E) tokens per sequence and drops the "

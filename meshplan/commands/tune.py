@@ -147,7 +147,7 @@ def _best_line(plan: Any, cand: Any, rec: Any, cfg: Any) -> str:
     from tuner.sizing import gpu_hours_per_mtok
 
     s = plan.strategy
-    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "")
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "") + (f"etp={s.etp} " if s.etp not in (None, s.tp) else "")
             + f"vpp={s.vpp} {s.schedule} "
             f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
             + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")

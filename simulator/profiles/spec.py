@@ -282,6 +282,14 @@ class Overlap(BaseModel):
     fsdp_host_sync: Flag | None = None
     fsdp_rank_copies: Flag | None = None
     fsdp_persist_below: Positive | None = None
+    moe_a2a: Flag = Field(default_factory=lambda: Flag(
+        value=False, provenance="default: one micro-batch's expert-parallel all-to-all is not run beside "
+                                "another's compute (Megatron-Core --overlap-moe-expert-parallel-comm is off)"))
+    """One micro-batch's expert-parallel all-to-all runs beside another micro-batch's compute
+    inside a schedule's overlapped F&B pairs (``simulator.schedules.base.Schedule.pairs``:
+    DualPipeV; DeepSeek-V3 report sec. 3.2.1, Fig. 4; Megatron-Core
+    ``TransformerConfig.overlap_moe_expert_parallel_comm`` at d98e8a64); ``simulator.step``
+    hides each pair's all-to-all behind the other pass's compute."""
 
 
 class Schedules(_Quantity):
