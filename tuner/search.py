@@ -176,6 +176,8 @@ def _branch_and_bound(study: Any, cfg: TuneConfig, scorer: Any, in_memory: bool,
     res.exhaustive = rep
     scored = distinct_plans(study)
     best = study_best(study)  # the study's: a slice stopped unfinished may hold the best
+    if math.isfinite(best) and (rep.best_time_s is None or best < rep.best_time_s):
+        rep.best_time_s = best  # the report's line states the study's best, not the slices'
     res.answer = from_report(rep, "exhaustive", _stopped_by(timeout, rep, cap, scored), scored=scored,
                              best_s=best if math.isfinite(best) else None)
     return res
