@@ -1,13 +1,13 @@
 """Strategy-search speed on llama2-7b, 4 x dgx-a100-80g (32 GPUs), global batch 512,
 sequence 4096 -- completion, partition, cost and simulation included (``make_scorer``
-runs ``Engine.simulate()`` per plan). Targets from issue 18:
+runs ``Engine.simulate()`` per plan). Targets from issue 36 (issue 18 asked 100 and 1,000):
 
 * distinct plans fully simulated per second (pattern-based space; a random sample of
   distinct plans, cost and schedule caches cleared first, so shared block costs and
-  schedules are reused only as a real search reuses them): >= 100 plans/s;
+  schedules are reused only as a real search reuses them): >= 30 plans/s;
 * ``--sampler exhaustive`` decided per second (simulated or pruned by a proven bound):
-  >= 1,000 plans/s, on the tp = 1 slice of the same space (the whole space is bounded by
-  the completion of each of its ~1,250 distinct layer layouts; see RESULTS.md);
+  >= 2,000 plans/s, on the tp = 1 slice of the same space (small: fixed costs weigh; the
+  issue's large cases are ``bench_search``'s);
 * the 100-trial TPE search as run (repeats served from the study's cache), recorded;
 * the floor SimPy sets under the first target: the pipeline actions of the 100 sampled
   plans played by a bare SimPy loop (``bench_pipeline.bare_loop``: one process per rank, one
@@ -114,8 +114,8 @@ def run() -> list[BenchResult]:
                 refused += 1
     sec = time.perf_counter() - t0
     out = [BenchResult(f"distinct plans fully simulated ({SAMPLE} random of {len(cands)})", sec, ref,
-                       SAMPLE / 100.0, f"{SAMPLE / sec:.1f} plans/s ({refused} refused by the engine); "
-                                       f"target 100 plans/s")]
+                       SAMPLE / 30.0, f"{SAMPLE / sec:.1f} plans/s ({refused} refused by the engine); "
+                                      f"target 30 plans/s")]
     floor = simpy_floor(sample)
     actions = sum(p * n for p, n in map(pipeline_actions, sample))
     out.append(BenchResult(f"SimPy plays inside those {SAMPLE} plans", played[0], ref, None,
@@ -134,8 +134,8 @@ def run() -> list[BenchResult]:
     t0 = time.perf_counter()
     rep = run_exhaustive(study, sl, scorer, {})
     sec = time.perf_counter() - t0
-    out.append(BenchResult(f"exhaustive tp=1 slice ({len(sl)} candidates)", sec, ref, len(sl) / 1000.0,
-                           f"{rep.decided / sec:.0f} decided/s (target 1000); " + rep.summary()))
+    out.append(BenchResult(f"exhaustive tp=1 slice ({len(sl)} candidates)", sec, ref, len(sl) / 2000.0,
+                           f"{rep.decided / sec:.0f} decided/s (target 2000); " + rep.summary()))
     res = measure(f"tune pattern-based llama2-7b 32 GPUs, {N} TPE trials", lambda: _search(scorer),
                   None, repeat=1)
     cached = _search(scorer)

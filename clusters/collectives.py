@@ -88,7 +88,7 @@ class Links:
 
     def group_nic_bandwidth(self, topo: GroupTopology) -> float:
         """The smallest ``NIC(k_j)`` over the nodes j of a group (its bottleneck node)."""
-        return min(self.node_nic_bandwidth(k) for k in topo.ranks_per_node.values())
+        return min(self.node_nic_bandwidth(k) for k in topo.node_loads)  # one per distinct load
 
     @property
     def protocols(self) -> tuple[Protocol, ...]:
@@ -181,7 +181,7 @@ def all_to_all(s: float, topo: GroupTopology, ln: Links) -> Algorithms:
     max((k-1) S/(n B_i), (n-k) S/(n NIC(k)/k))`` (module docstring)."""
     n, bi, ai = topo.size, ln.intra_bandwidth, ln.intra_latency
     worst = 0.0
-    for k in topo.ranks_per_node.values():
+    for k in topo.node_loads:  # the worst node depends only on its load k
         per_rank_nic = ln.node_nic_bandwidth(k) / k
         lat = (k - 1) * ai + (n - k) * ln.inter_latency
         bw = max((k - 1) * s / (n * bi), (n - k) * s / (n * per_rank_nic))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from clusters.catalog import catalog_spec, list_catalog
 from clusters.cluster import Cluster
 from clusters.collectives import BUSBW_FACTORS, KINDS
+from clusters.topology import GroupTopology
 
 KIB = 1024
 TABLE_SIZES: tuple[int, ...] = tuple(KIB * 4**i for i in range(11))
@@ -45,12 +46,15 @@ def collective_rows(
 ) -> list[dict[str, object]]:
     """Time (s), busbw (B/s) and chosen algorithm of every kind, size and group size."""
     rows = []
+    groups: dict[tuple[int, int, int], GroupTopology] = {}
     for g in group_sizes or table_group_sizes(cluster):
         for kind in KINDS:
             ranks = table_ranks(kind, g)
-            topo = cluster.group(ranks).describe()
+            key = (ranks[0], ranks[-1], len(ranks))  # the table's groups are 0..g-1 or {0, g-1}
+            group = groups.get(key) or groups.setdefault(key, cluster.group(ranks))  # once a group
+            topo = group.describe()
             for s in sizes:
-                algs = cluster.collective_algorithms(kind, s, ranks)
+                algs = cluster.algorithms_on(kind, s, group)
                 algo = min(algs, key=algs.__getitem__)
                 t = algs[algo]
                 rows.append(

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusters import strict_yaml
 from clusters.errors import ClusterSpecError
 from clusters.goodput_spec import JitterSpec, ReliabilitySpec, StorageSpec
 from clusters.quantities import (  # noqa: F401  (re-exported: clusters.spec names them too)
@@ -81,6 +82,19 @@ MAX_SPEC_BYTES = 2**20
 #: and int8 (integer GEMMs); any other key would never be read
 PEAK_FLOPS_DTYPES = ("bf16", "bfloat16", "fp16", "float16", "f16", "fp32", "float32", "tf32", "f32",
                      "fp8", "float8", "int8")
+def _fp8_not_below_bf16(peaks: dict[str, Any]) -> None:
+    """Refuse an FP8 peak below the BF16 one: a tensor core runs FP8 at twice the BF16 rate
+    (NVIDIA H100 datasheet: 989 vs 1,979 dense TFLOP/s; the same 2x on H200 and B200), and an
+    FP8 plan costed on a slower FP8 peak is a typo's result (its MFU, measured against the
+    BF16 peak, exceeded 1 the other way). Raises ValueError naming both values."""
+    fp8 = next((peaks[k] for k in ("fp8", "float8") if k in peaks), None)
+    bf16 = next((peaks[k] for k in ("bf16", "bfloat16") if k in peaks), None)
+    if fp8 is not None and bf16 is not None and fp8.value < bf16.value:
+        raise ValueError(f"the fp8 peak ({fp8.value:g} FLOP/s) is below the bf16 peak "
+                         f"({bf16.value:g} FLOP/s); FP8 tensor cores run at least as fast "
+                         f"(twice on H100, H200, B200)")
+
+
 #: attention kernel implementations a ``device.efficiency.attention_kernels`` key may name:
 #: the ones a framework profile's ``kernels.attention_kernel`` can select
 #: (``simulator.profiles.spec.AttentionKernel``; the test above keeps them equal)
@@ -203,6 +217,7 @@ class DeviceSpec(BaseModel):
         if not v:
             raise ValueError("needs at least one dtype")
         _keys_in(v, PEAK_FLOPS_DTYPES, "dtype(s)")
+        _fp8_not_below_bf16(v)
         return v
 
     @model_validator(mode="after")
@@ -358,21 +373,6 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
         raise ClusterSpecError(_one_line(e, source)) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader refusing a mapping that names one key twice (PyYAML keeps the
-    last in silence: a second ``name:`` renamed the cluster)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 #: Validated specs by (path as given, file bytes): a catalog YAML is read on every cost
 #: call (the measured-runs experiment loads one per row) and PyYAML's pure-Python loader
 #: takes ~15 ms a file; keying on the bytes, not the mtime, never serves a rewritten file.
@@ -406,7 +406,7 @@ def load_spec_file(path: str | Path) -> ClusterSpec:
 def _read_spec(p: Path, raw: bytes) -> ClusterSpec:
     """Parse and validate the bytes ``raw`` of file ``p`` (errors name ``p``)."""
     try:
-        data = yaml.load(raw.decode("utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
+        data = strict_yaml.load(raw.decode("utf-8"))  # one meaning per scalar, one value per key
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral
 
 from clusters.errors import CollectiveError
@@ -49,20 +50,27 @@ class GroupTopology:
         """True when the group touches more than one node."""
         return self.num_nodes > 1
 
-    @property
+    @cached_property
     def ranks_per_node(self) -> dict[int, int]:
-        """Node index -> number of group ranks on it."""
+        """Node index -> number of group ranks on it (computed once: a group of a million
+        ranks is asked for it by every collective of a table)."""
         return {n: len(rs) for n, rs in self.per_node}
+
+    @cached_property
+    def node_loads(self) -> tuple[int, ...]:
+        """The distinct numbers of group ranks on a touched node, ascending: what a cost
+        that is the worst over nodes depends on (one entry for a uniform group)."""
+        return tuple(sorted(set(self.ranks_per_node.values())))
 
     @property
     def max_ranks_per_node(self) -> int:
         """k: the most group ranks on any one node."""
-        return max(len(rs) for _, rs in self.per_node)
+        return self.node_loads[-1]
 
     @property
     def min_ranks_per_node(self) -> int:
         """The fewest group ranks on any node the group touches."""
-        return min(len(rs) for _, rs in self.per_node)
+        return self.node_loads[0]
 
     @property
     def uniform(self) -> bool:
@@ -90,6 +98,9 @@ def check_ranks(ranks: Iterable[int], world_size: int, cluster: str) -> tuple[in
         raise CollectiveError(f"ranks must be a sequence of ints, got {ranks!r}") from None
     if not group:
         raise CollectiveError("ranks must name at least one rank, got an empty group")
+    if all(type(r) is int for r in group) and len(set(group)) == len(group) \
+            and 0 <= min(group) and max(group) < world_size:  # the common case, in C loops
+        return group
     seen: set[int] = set()
     for r in group:
         if isinstance(r, bool) or not isinstance(r, Integral):

@@ -133,6 +133,8 @@ def _emit_grad(program: Program, op: Operation, od: OpDef, grads: _Grads) -> Ope
     outs = bind(od.results, op.results, od.variadic_results)
     operands: list[Value | None] = []
     for g in od.grad_inputs:
+        if base_name(g) in _left_out(od, op):
+            continue  # a trailing optional operand the forward op leaves out: so does its grad
         if g.endswith(GRAD_SUFFIX):
             for r in outs.get(base_name(g), [None]):
                 operands.append(grads.get(r) or _zeros(program, r, op))
@@ -163,6 +165,16 @@ def _emit_grad(program: Program, op: Operation, od: OpDef, grads: _Grads) -> Ope
         if x is not None and g is not None:
             grads.add(x, g)
     return gop
+
+
+def _left_out(od: OpDef, op: Operation) -> set[str]:
+    """Names of the trailing optional operands (``"sinks?"``) that ``op`` does not have at
+    all (its operand list ends before them; a null operand in place still counts as given).
+    Its grad op leaves them out too, so an op declared with a new trailing optional operand
+    keeps the grad op it had without it (``flash_attention``'s ``sinks``)."""
+    if od.variadic or len(op.operands) >= len(od.operands):
+        return set()
+    return {base_name(n) for n in od.operands[len(op.operands):] if n.endswith("?")}
 
 
 def _zeros(program: Program, r: Value | None, op: Operation) -> Value | None:

@@ -11,8 +11,9 @@ first and last stages with one layer less; a size may be 0). Segment k goes to:
 - ``VPP`` (interleaved 1F1B, Narayanan et al. 2021, sec. 2.2) and the non-interleaved
   schedules (``FThenB``, ``1F1B``, ``ZBH1``, ``ZBH2``; vpp_degree 1): stage ``k mod pp``,
   chunk ``k // pp``;
-- ``ZBVPP`` (ZB-V, Qi et al. 2024, sec. 6): a V — chunk ``c = k // pp`` runs over stages
-  ``0..p-1`` when c is even and ``p-1..0`` when c is odd.
+- ``ZBVPP`` (ZB-V, Qi et al. 2024, sec. 6) and ``DualPipeV`` (DeepSeek-V3's DualPipe cut in
+  half): a V — chunk ``c = k // pp`` runs over stages ``0..p-1`` when c is even and
+  ``p-1..0`` when c is odd.
 
 Ops outside any layer: forward ops before the first layer go to segment 0 (embeddings),
 later ones to the segment of the last layer seen (final norm, head, loss: reference case
@@ -34,8 +35,10 @@ from completion.ir import Operation, OpRole, Program
 
 DEFAULT_SEG_METHOD = r"layers\.(\d+)(?:\.|$)"
 SCHEDULES = {"fthenb": "FThenB", "1f1b": "1F1B", "vpp": "VPP", "zbh1": "ZBH1", "zbh2": "ZBH2",
-             "zbvpp": "ZBVPP", "zbv": "ZBVPP", "zb-v": "ZBVPP"}
-INTERLEAVED = ("VPP", "ZBVPP")
+             "zbvpp": "ZBVPP", "zbv": "ZBVPP", "zb-v": "ZBVPP", "dualpipev": "DualPipeV"}
+INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
+#: two chunks per rank in a V (``completion.strategy.V_SHAPED``)
+V_SHAPED = ("ZBVPP", "DualPipeV")
 
 
 @dataclass
@@ -55,7 +58,7 @@ class ChunkPlan:
         """(stage, chunk) of a segment under the schedule."""
         p = self.pp_degree
         c, pos = divmod(segment, p)
-        if self.schedule_mode == "ZBVPP" and c % 2 == 1:
+        if self.schedule_mode in V_SHAPED and c % 2 == 1:
             return p - 1 - pos, c
         return pos, c
 

@@ -88,6 +88,13 @@ def check_context_parallel(source: Any, strategy: Any) -> None:
         raise ContextParallelError(f"strategy field 'cp' = {cp}: context parallelism needs a model "
                                    f"built from a config; program {source.name!r} has its own sequence")
     chunk_len(source.seq_len, cp)
+    cfg = source.config
+    for field, on in (("attention_sinks", getattr(cfg, "attention_sinks", False)),
+                      ("attention_chunk", (getattr(cfg, "attention_chunk", None) or source.seq_len) < source.seq_len)):
+        if on:
+            raise ContextParallelError(f"strategy field 'cp' = {cp}: model {source.name!r} has {field} "
+                                       f"({getattr(cfg, field)}); ring attention with attention sinks or "
+                                       "chunked attention is not modelled")
 
 
 def fold_strategy(strategy: Any) -> Any:

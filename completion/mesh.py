@@ -47,7 +47,8 @@ class ProcessMesh:
 
     Raises:
         DistAttrError: empty or non-positive shape, wrong number of ranks, repeated or
-            negative ranks, or a dim_names length that differs from the shape.
+            negative ranks, a rank of :data:`MAX_MESH_SIZE` or more, or a dim_names length
+            that differs from the shape.
     """
 
     shape: tuple[int, ...]
@@ -63,8 +64,12 @@ class ProcessMesh:
             raise DistAttrError(
                 f"process mesh shape {list(shape)} needs {math.prod(shape)} process_ids, got {len(ids)}"
             )
-        if len(set(ids)) != len(ids) or any(r < 0 for r in ids):
+        if len(set(ids)) != len(ids) or min(ids, default=0) < 0:
             raise DistAttrError(f"process mesh process_ids {list(ids)} must be distinct and >= 0")
+        if max(ids, default=0) >= MAX_MESH_SIZE:  # no cluster has that rank
+            raise DistAttrError(f"process mesh process id {max(ids)} is above the largest rank "
+                                f"{MAX_MESH_SIZE - 1} (a cluster has at most {MAX_MESH_SIZE} ranks, "
+                                f"completion.mesh.MAX_MESH_SIZE)")
         names = tuple(self.dim_names) or tuple(f"d{i}" for i in range(len(shape)))
         if len(names) != len(shape):
             raise DistAttrError(f"process mesh dim_names {list(names)} do not match shape {list(shape)}")

@@ -47,6 +47,7 @@ from typing import Any
 from completion.annotate import (
     annotate,
     annotated_ranks,
+    check_parameter_placement,
     clear_annotations,
     set_annotation,
     shard_megatron,
@@ -61,6 +62,7 @@ from completion.context_parallel import (
 )
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
+from completion.expert_layout import layout_of
 from completion.fp8 import mark_fp8_linears
 from completion.gc_pause import gc_paused
 from completion.ir import OpRole, Program
@@ -180,7 +182,7 @@ def check_plan(source: ModelSource, strategy: Strategy) -> None:
         if s.annotation != "megatron":
             raise PlanProgramError(f"strategy field 'ep' = {s.ep} needs annotation 'megatron' "
                                    f"(the layout that places the experts), got {s.annotation!r}")
-    if cfg is not None and s.annotation == "megatron":
+    if cfg is not None:  # every layout that splits attention over tp needs whole heads
         check_tensor_parallel(cfg, s.tp, source.seq_len, s.sequence_parallel, s.cp)
     if s.layers_per_stage is not None and sum(s.layers_per_stage) != source.num_layers and cfg is not None:
         raise PlanProgramError(f"strategy field 'layers_per_stage' {list(s.layers_per_stage)} sums "
@@ -230,7 +232,33 @@ def _file_annotation(prog: Program, source: ModelSource, s: Strategy) -> bool:
         raise PlanProgramError(f"program {source.name!r} is annotated for ranks {list(ranks)} but "
                                f"the strategy's mesh dp*tp = {s.dp}*{s.tp} has ranks "
                                f"0..{s.dp * s.tp - 1}")
+    check_meshes(prog, source.name)
+    for v in prog.parameters():  # the program's own placements obey the annotation rule
+        if v.dist_attr is not None:
+            check_parameter_placement(v, v.dist_attr)
     return True
+
+
+def check_meshes(prog: Program, name: str) -> None:
+    """The process meshes of a program's dist attrs must be equal or disjoint (one mesh per
+    pipeline stage, as Paddle's partitioned programs have): two meshes that share some ranks
+    but not all place one rank in two stages at once, which no schedule runs. Raises
+    PlanProgramError naming both."""
+    meshes = sorted({a.process_mesh for a in _dist_attrs(prog)}, key=lambda m: m.process_ids)
+    for i, a in enumerate(meshes):
+        for b in meshes[i + 1:]:
+            if set(a.process_ids) & set(b.process_ids):
+                raise PlanProgramError(
+                    f"program {name!r} uses process meshes {list(a.shape)} on ranks "
+                    f"{list(a.process_ids)} and {list(b.shape)} on ranks {list(b.process_ids)}, "
+                    f"which share ranks without being the same mesh; give each pipeline stage "
+                    f"its own mesh (equal or disjoint)")
+
+
+def _dist_attrs(prog: Program) -> list[Any]:
+    """Every dist attr of the program's values and ops."""
+    return ([v.dist_attr for v in prog.values() if v.dist_attr is not None]
+            + [op.dist_attr for op in prog.ops if op.dist_attr is not None])
 
 
 _LAYER0 = re.compile(r"^(.*\blayers\.)0(\..+)$")
@@ -334,11 +362,12 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     cp = strategy.cp
     s, source = fold_strategy(strategy), fold_source(source, cp)  # identities for cp = 1
     plan_s, replicas = s, 1
-    if 1 < s.ep < s.dp:  # one ep group's program, run as dp / ep copies (executor.expert_copies)
-        s, replicas = expert_group_strategy(s), s.dp // s.ep
+    group_dp = layout_of(s).group_dp
+    if s.ep > 1 and group_dp < s.dp:  # one ep group's program, run as edp copies (executor.expert_copies)
+        s, replicas = expert_group_strategy(s), s.dp // group_dp
     annotated = _needs_annotation(source, s, representative)
     batch = s.micro_batch_size * (s.dp if annotated or not representative else 1)
-    prog = _forward(with_expert_slots(source, s), s, batch, representative, attention)
+    prog = _forward(with_expert_grid(with_expert_slots(source, s), s), s, batch, representative, attention)
     own = _file_annotation(prog, source, s)
     if not any(op.role == OpRole.BACKWARD for op in prog.ops):
         append_backward(prog)
@@ -379,17 +408,32 @@ def with_expert_slots(source: ModelSource, s: Strategy) -> ModelSource:
 
 
 def expert_group_strategy(s: Strategy) -> Strategy:
-    """The strategy a representative program of ``s`` is built for when 1 < ep < dp: one
-    ep group (``dp = ep``, the global batch scaled by ep / dp so the micro-batches stay
-    the same). Each of the dp / ep expert-data-parallel copies of that group runs the
-    same program on its own data, so rank 0's local shapes, its all_to_all on the ep
-    group (ranks 0 .. ep*tp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
+    """The strategy a representative program of ``s`` (cp folded) is built for when an ep
+    group spans fewer data-parallel ranks than ``s.dp`` (``completion.expert_layout``:
+    ``group_dp`` = ep with etp = tp, ep / tp with etp = 1): one ep group (``dp =
+    group_dp``, the global batch scaled by group_dp / dp so the micro-batches stay the
+    same). Each of the edp expert-data-parallel copies of that group runs the same program
+    on its own data, so rank 0's local shapes, its all_to_all on the ep group (ranks 0 ..
+    ep * etp - 1, Megatron-Core's ``tp-ep-dp-pp`` expert rank order:
     ``simulator.expert_parallel``) and its activations are those of the whole plan; the
     step model (``simulator.step``, built from the plan's own strategy) reduces dense
-    gradients over dp and expert ones over dp / ep. ``s`` itself otherwise."""
-    if not 1 < s.ep < s.dp:
+    gradients over dp and expert ones over edp. ``s`` itself otherwise."""
+    g = layout_of(s).group_dp
+    if s.ep == 1 or g >= s.dp:
         return s
-    return replace(s, dp=s.ep, global_batch_size=s.global_batch_size * s.ep // s.dp)
+    return replace(s, dp=g, global_batch_size=s.global_batch_size * g // s.dp)
+
+
+def with_expert_grid(source: ModelSource, s: Strategy) -> ModelSource:
+    """``source`` whose config lays its routed experts out as ``[group_dp, E / group_dp]``
+    (``ModelConfig.expert_grid``) when the plan folds whole experts over tensor-parallel
+    ranks too (etp = 1 < tp: ``completion.expert_layout``), so the Megatron layout splits
+    the first dim over the data-parallel mesh dim and the second over the tensor-parallel
+    one; ``source`` itself otherwise (and for a given program)."""
+    lay = layout_of(s)
+    if s.ep == 1 or not lay.folded or source.config is None:
+        return source
+    return replace(source, config=source.config.replace(expert_grid=lay.group_dp))
 
 
 def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy:
@@ -399,6 +443,6 @@ def single_process_strategy(strategy: Strategy, source: ModelSource) -> Strategy
     micro-batches)."""
     s = strategy
     micro = s.micro_batch_size * s.dp if source.is_program else s.global_batch_size
-    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, vpp=1, schedule="1F1B", micro_batch_size=micro,
+    return replace(s, dp=1, tp=1, pp=1, cp=1, ep=1, etp=None, vpp=1, schedule="1F1B", micro_batch_size=micro,
                    sequence_parallel=False, zero=0, fsdp_shard_size=None, annotation="none",
                    layers_per_stage=None)

@@ -14,17 +14,18 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   Liu et al. 2023, Megatron ``--cp-comm-type p2p``) or ``all_gather`` (K/V all-gathered
   before the attention, ``--cp-comm-type allgather``, which spelling is accepted too);
   ``completion.context_parallel``;
-- ``ep``: expert parallelism (Megatron's ``--expert-model-parallel-size``): the routed
-  experts of a mixture-of-experts model split over ``ep`` ranks, tokens sent to their
-  experts' ranks by all_to_all and back (``completion.spmd.moe``). ``ep`` divides ``dp``:
-  an ep group is ``ep`` consecutive data-parallel ranks (Megatron-Core's expert rank order
-  ``tp-ep-dp-pp``, ``megatron/core/parallel_state.py`` ``RankGenerator`` with
-  ``expert_tensor_parallel_size`` = tp here), and the ``dp / ep`` ranks holding the same
-  experts form the expert-data-parallel group (Megatron-Core's size
-  dp * cp * tp / (ep * etp), cp = 1 and etp = tp here) over which expert gradients are
+- ``ep``, ``etp``: expert parallelism (Megatron's ``--expert-model-parallel-size``,
+  ``--expert-tensor-parallel-size``): the routed experts of a mixture-of-experts model split
+  over ``ep`` ranks, tokens sent to their experts' ranks by all_to_all and back
+  (``completion.spmd.moe``); each expert split over ``etp`` tensor-parallel ranks (None:
+  tp, Megatron's default; 1: whole experts). The expert layers fold onto the stage's ranks
+  with their own degrees, tp x cp x dp = etp x ep x edp (:mod:`completion.expert_layout`:
+  Megatron-Core's expert rank order ``tp-ep-dp-pp``), so ep may exceed dp (etp 1: an ep
+  group spans whole tensor-parallel groups) and combine with cp; the ``edp`` ranks holding
+  the same experts form the expert-data-parallel group over which expert gradients are
   reduced and, with the distributed optimizer (``zero`` 1), expert optimizer states
-  sharded; dense ones over dp (``simulator.expert_parallel``). Not with cp > 1 nor zero >
-  1; ``completion.plan_program.check_plan`` checks the model (ep divides the experts);
+  sharded; dense ones over dp (``simulator.expert_parallel``). Not with zero > 1;
+  ``completion.plan_program.check_plan`` checks the model (ep divides the experts);
 - ``moe_capacity_factor``: expert capacity of a mixture-of-experts model (Megatron-Core's
   ``--moe-expert-capacity-factor``; GShard, Lepikhin et al. 2021, sec. 2.2): each expert
   takes at most ``ceil(c * s * k / E)`` (token, choice) pairs per sequence and drops the
@@ -76,15 +77,19 @@ from typing import Any
 
 from completion.dist_attr import parse_placement
 from completion.errors import CompletionError, DistAttrError
+from completion.expert_layout import layout_problem
 
-SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 #: other spellings users bring, lower-case -> canonical name
 SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
                     "interleaved-1f1b": "VPP", "zb-h1": "ZBH1", "zb-h2": "ZBH2",
-                    "zb-v": "ZBVPP", "zbv": "ZBVPP"}
+                    "zb-v": "ZBVPP", "zbv": "ZBVPP", "dualpipe-v": "DualPipeV"}
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 #: schedules that run more than one model chunk per rank
-INTERLEAVED = ("VPP", "ZBVPP")
+INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
+#: schedules whose two chunks per rank run in a V (rank i holds virtual stages i and
+#: 2 pp - 1 - i): ZB-V (Qi et al. 2024, sec. 6) and DualPipeV (``simulator.schedules.dualpipe``)
+V_SHAPED = ("ZBVPP", "DualPipeV")
 #: the Zero Bubble paper's named memory limits: schedule -> limit in units of p M_B (p the
 #: pipeline stages) of the automatic ZB schedule (Qi et al. 2024, sec. 4); "ZB" alone
 #: runs at ZB-2p's (``Strategy.registered_schedule``; ``meshplan simulate``)
@@ -96,7 +101,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 #: ``simulator/profiles/catalog/*.yaml`` holds exactly these files, each ``name:`` its file
 #: name; ``meshplan.commands.options.FRAMEWORK_NAMES`` mirrors it, see there)
 FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021",
+              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
               "eager")
 #: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
 #: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,
@@ -200,6 +205,7 @@ class Strategy:
     fp8: str | None = None
     fsdp_shard_size: int | None = None
     ep: int = 1
+    etp: int | None = None
     moe_capacity_factor: float | None = None
     moe_load_imbalance: float = 1.0
 
@@ -267,20 +273,28 @@ class Strategy:
             raise StrategyError(
                 f"strategy field 'global_batch_size' ({self.global_batch_size}) must be a multiple "
                 f"of dp * micro_batch_size = {per_step}")
-        if self.schedule == "ZBVPP" and self.vpp != 2:
-            raise StrategyError(f"strategy field 'vpp' must be 2 for ZBVPP (two chunks per rank in "
+        if self.schedule == "DualPipeV" and self.num_microbatches < 2 * self.pp:
+            raise StrategyError(f"schedule DualPipeV needs at least 2 x pp = {2 * self.pp} micro-batches "
+                                f"per step, got {self.num_microbatches} (global_batch_size / (dp x "
+                                "micro_batch_size))")
+        if self.schedule in V_SHAPED and self.vpp != 2:
+            raise StrategyError(f"strategy field 'vpp' must be 2 for {self.schedule} (two chunks per rank in "
                                 f"a V), got {self.vpp}")
+        if self.pp == 1 and self.vpp == 1 and self.schedule != "1F1B":
+            raise StrategyError(f"strategy field 'schedule' is {self.schedule!r} but pp = 1 has no "
+                                f"pipeline to schedule (every schedule is the same step there): "
+                                f"use 1F1B, the default, or pp > 1")
+        if self.schedule == "VPP" and self.vpp == 1 and self.pp > 1:
+            raise StrategyError("strategy field 'vpp' is 1 with schedule 'VPP': one model chunk "
+                                "per pipeline rank is 1F1B; give vpp >= 2, or schedule 1F1B")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
                                 f"{self.schedule!r} runs one chunk per rank; use schedule VPP (or ZBVPP at vpp 2)")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
-        if self.ep > 1 and self.dp % self.ep:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} must divide dp = {self.dp} "
-                                "(experts split over ep of the data-parallel ranks)")
-        if self.ep > 1 and self.cp > 1:
-            raise StrategyError(f"strategy field 'ep' = {self.ep} with 'cp' = {self.cp}: experts split "
-                                "over the data- and context-parallel ranks are not modelled; use cp 1")
+        why = layout_problem(self.dp, self.cp, self.tp, self.ep, self.etp)
+        if why is not None:
+            raise StrategyError(why)
         if self.ep > 1 and self.zero > 1:
             raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: only the "
                                 "distributed optimizer (zero 1, optimizer states sharded over the "

@@ -5,6 +5,8 @@ global shape)`` alone and keeps the block its layout assigns it, so a distribute
 a single-process run start from identical numbers. Rules:
 
 - parameters: 2-D weights ~ N(0, 1/sqrt(rows)) (embeddings, named ``embed*``, ~ N(0, 1));
+  a grouped expert weight laid out ``[g, E / g, in, out]`` (``ModelConfig.expert_grid``) is
+  the ``[E, in, out]`` one reshaped, as its one-process reference holds it;
   1-D parameters named ``*norm*`` ~ 1 + 0.1 N(0, 1), other 1-D (biases) ~ 0.1 N(0, 1);
 - inputs (``data`` ops without ``init_value``): integer ids uniform in [0, bound) where the
   bound is the vocabulary / class count the consumer implies (embedding rows,
@@ -44,6 +46,8 @@ def parameter_value(seed: int, name: str, shape: Sequence[int], dtype: str) -> t
     """The global initial value of parameter ``name`` (module docstring)."""
     rng = _rng(seed, name)
     shape = tuple(int(s) for s in shape)
+    if len(shape) == 4 and ".experts." in name:  # [g, E / g, in, out]: drawn as [E, in, out]
+        return parameter_value(seed, name, (shape[0] * shape[1], *shape[2:]), dtype).reshape(shape)
     z = rng.standard_normal(shape)
     if len(shape) >= 2:
         std = 1.0 if "embed" in name else 1.0 / math.sqrt(max(shape[0], 1))

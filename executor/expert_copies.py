@@ -1,5 +1,7 @@
-"""Running a plan with 1 < ep < dp: dp / ep expert-data-parallel copies of one ep group's
-program.
+"""Running a plan whose ep groups span fewer data-parallel ranks than dp (``completion
+.expert_layout``: ep < dp with etp = tp, ep / tp < dp with etp = 1): edp expert-data-parallel
+copies of one ep group's program (the text below says ep for the ep group's data-parallel
+ranks and tp for its tensor-parallel ones).
 
 ``completion.plan_program.build_plan_program`` builds such a plan as the program of one
 ep group (``expert_group_strategy``: dp = ep, ranks 0 .. ep*tp - 1, ``PlanProgram.replicas``
@@ -24,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from completion.expert_layout import layout_of
 from executor.errors import ExecutorError
 
 
@@ -87,5 +90,5 @@ def copies_of(plan_program: Any, rank: int) -> ExpertCopies | None:
         raise ExpertCopyError(f"strategy field 'ep' = {s.ep} below dp = {s.dp} with 'pp' = {s.pp}: "
                               "the executor runs expert-data-parallel copies on one pipeline stage "
                               "only; use pp 1 or ep = dp")
-    size = s.ep * s.tp
+    size = layout_of(s).group_dp * s.tp  # ep * tp when etp = tp
     return ExpertCopies(size=size, count=n, copy=rank // size)

@@ -7,6 +7,10 @@ raises :class:`RankFailure` carrying that rank's number and message. A run that 
 ``timeout`` seconds in total (e.g. a collective whose peer never arrives) is terminated
 the same way and raises :class:`LaunchTimeout`. Collectives also carry the process-group
 timeout (``collective_timeout``), so a rank blocked on a dead peer raises by itself.
+Every rank also beats (a thread touches a file every :data:`BEAT_S` s): a rank the kernel
+shows stopped (SIGSTOP) for :data:`STOPPED_AFTER` s, or whose beats stop for
+:data:`SILENT_AFTER` s, is named at once, as the torchrun watchdog (``executor.watchdog``)
+names it under torchrun, instead of the peer that times out waiting for it.
 
 All ranks run on this host (``torch.multiprocessing`` with a TCP rendezvous on
 127.0.0.1). A multi-node launcher (torchrun's environment rendezvous) is not implemented
@@ -20,6 +24,7 @@ import pickle
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from executor.errors import ExecutorError
+from executor.watchdog import DEAD_AFTER
 
 BACKENDS = ("gloo", "nccl")
 
@@ -96,12 +102,26 @@ def _write(path: Path, obj: Any) -> None:
     os.replace(tmp, path)  # atomic: the parent never reads half a file
 
 
+def _beat(path: Path) -> None:
+    """Touch ``path`` every :data:`BEAT_S` seconds (a daemon thread of each rank): the
+    parent names a rank whose beats stop (:func:`_silent_rank`)."""
+    while True:
+        try:
+            path.write_bytes(b"")
+            os.utime(path)
+        except OSError:
+            return
+        time.sleep(BEAT_S)
+
+
 def _worker(rank: int, fn: Callable[..., Any], nproc: int, backend: str, port: int,
             collective_timeout: float, outdir: str, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     out = Path(outdir)
+    threading.Thread(target=_beat, args=(out / f"beat_{rank}",), daemon=True,
+                     name="meshplan-beat").start()
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -136,6 +156,48 @@ def _first_error(outdir: Path) -> tuple[int, str, str] | None:
     return rank, msg, tb
 
 
+#: seconds between a rank's beats (:func:`_beat`)
+BEAT_S = 0.5
+#: a rank whose beats stop this long is named (executor.watchdog's DEAD_AFTER)
+SILENT_AFTER = DEAD_AFTER
+#: a rank the kernel shows stopped (SIGSTOP, SIGTSTP: state T) this long is named at once
+STOPPED_AFTER = 2.0
+
+
+def _proc_state(pid: int | None) -> str:
+    """The kernel's one-letter state of ``pid`` (``/proc/PID/stat``: R, S, D, T, t, Z ...);
+    "" where unknown (not Linux, gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _silent_rank(ctx: Any, outdir: Path, since: dict[int, float]) -> tuple[int, str] | None:
+    """The first live rank that is stopped by a signal (state T / t for
+    :data:`STOPPED_AFTER` s) or whose beats, once started, stopped :data:`SILENT_AFTER` s
+    ago, with why; None when every live rank beats. ``since``: rank -> when it was first
+    seen stopped."""
+    now = time.time()
+    for r, p in enumerate(ctx.processes):
+        if not p.is_alive():
+            continue
+        if _proc_state(p.pid) in ("T", "t"):
+            first = since.setdefault(r, now)
+            if now - first >= STOPPED_AFTER:
+                return r, (f"stopped by a signal for {now - first:.0f} s (SIGSTOP or SIGTSTP: "
+                           f"process state T; `kill -CONT {p.pid}` resumes it)")
+            continue
+        since.pop(r, None)
+        try:
+            last = (outdir / f"beat_{r}").stat().st_mtime
+        except OSError:
+            continue  # not beating yet (a spawned rank imports torch first: seconds on a busy host)
+        if now - last > SILENT_AFTER:
+            return r, f"stopped reporting for {now - last:.0f} s (frozen, or its node lost)"
+    return None
+
+
 def _stop(ctx: Any, grace: float = 3.0) -> None:
     for p in ctx.processes:
         if p.is_alive():
@@ -163,13 +225,19 @@ def launch(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = 
         ctx = mp.start_processes(
             _worker, args=(fn, nproc, backend, free_port(), collective_timeout, tmp, args),
             nprocs=nproc, join=False, start_method="spawn")
-        deadline = time.time() + timeout
+        started = time.time()
+        deadline = started + timeout
+        stopped: dict[int, float] = {}
         try:
             while True:
                 err = _first_error(outdir)
                 if err is not None:
                     _stop(ctx)
                     raise RankFailure(*err)
+                silent = _silent_rank(ctx, outdir, stopped)
+                if silent is not None:  # named before its peers time out waiting for it
+                    _stop(ctx)
+                    raise RankFailure(*silent)
                 dead = [r for r, p in enumerate(ctx.processes)
                         if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead and _first_error(outdir) is None:

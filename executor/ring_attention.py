@@ -151,6 +151,16 @@ def _exchange(send: torch.Tensor, nxt: int, prv: int, pg=None):
     return recv, dist.batch_isend_irecv(ops)
 
 
+def _pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """K and V as one tensor to send (concatenated on the head dim: v may have its own head
+    size, multi-head latent attention); :func:`_unpack` splits it at ``d``, k's head size."""
+    return torch.cat([k, v], dim=-1).contiguous()
+
+
+def _unpack(kv: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return kv[..., :d], kv[..., d:]
+
+
 def _out_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """[b, h, s, d] -> [b, s, h, d] in ``like``'s dtype."""
     return t.transpose(1, 2).to(like.dtype).contiguous()
@@ -169,14 +179,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Seq
     c, cp = _index(group, rank)
     q_pos = _positions(q.shape[1], cp, c, q.device)
     out, lse = block_attention(q, k, v, q_pos, q_pos, causal, window)
-    kv = torch.stack([k, v]).contiguous()
+    kv, d = _pack(k, v), k.shape[-1]
     nxt, prv = group[(c + 1) % cp], group[(c - 1) % cp]
     for i in range(1, cp):
         kv, works = _exchange(kv, nxt, prv, pg)
         for w in works:
             w.wait()
         j = (c - i) % cp
-        ob, lb = block_attention(q, kv[0], kv[1], q_pos, _positions(q.shape[1], cp, j, q.device), causal, window)
+        ob, lb = block_attention(q, *_unpack(kv, d), q_pos, _positions(q.shape[1], cp, j, q.device), causal, window)
         out, lse = merge_blocks(out, lse, ob, lb)
     return _out_layout(out, q), lse
 
@@ -189,7 +199,7 @@ def ring_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
     c, cp = _index(group, rank)
     q_pos = _positions(q.shape[1], cp, c, q.device)
     dq, dk_own, dv_own = block_grads(q, k, v, out, lse, do, q_pos, q_pos, causal, window)
-    kv = torch.stack([k, v]).contiguous()
+    kv, d = _pack(k, v), k.shape[-1]
     nxt, prv = group[(c + 1) % cp], group[(c - 1) % cp]
     acc = None  # the dK/dV accumulator of the block held, received from the ring predecessor
     for i in range(1, cp):
@@ -200,24 +210,25 @@ def ring_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank: int,
         for w in works:
             w.wait()
         j = (c - i) % cp
-        dqb, dkb, dvb = block_grads(q, kv[0], kv[1], out, lse, do, q_pos,
+        dqb, dkb, dvb = block_grads(q, *_unpack(kv, d), out, lse, do, q_pos,
                                     _positions(q.shape[1], cp, j, q.device), causal, window)
         dq = dq + dqb
-        part = torch.stack([dkb, dvb])
+        part = _pack(dkb, dvb)
         acc = part if i == 1 else acc + part
     if cp > 1:  # the last holder sends block (c + 1)'s accumulator home; ours comes from c - 1
         home, works = _exchange(acc.contiguous(), nxt, prv, pg)
         for w in works:
             w.wait()
-        dk_own, dv_own = dk_own + home[0], dv_own + home[1]
+        dk_home, dv_home = _unpack(home, d)
+        dk_own, dv_own = dk_own + dk_home, dv_own + dv_home
     return _out_layout(dq, q), _out_layout(dk_own, k), _out_layout(dv_own, v)
 
 
-def _gather_kv(k: torch.Tensor, v: torch.Tensor, cp: int, pg=None) -> list[torch.Tensor]:
-    kv = torch.stack([k, v]).contiguous()
+def _gather_kv(k: torch.Tensor, v: torch.Tensor, cp: int, pg=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    kv = _pack(k, v)
     parts = [torch.empty_like(kv) for _ in range(cp)]
     dist.all_gather(parts, kv, group=pg)
-    return parts
+    return [_unpack(p, k.shape[-1]) for p in parts]
 
 
 def _whole_kv(q, k, v, group: Sequence[int], rank: int, pg=None):
@@ -247,10 +258,10 @@ def all_gather_attention_grad(q, k, v, out, lse, do, group: Sequence[int], rank:
     c, s = _index(group, rank)[0], q.shape[1]
     kf, vf, q_pos, k_pos = _whole_kv(q, k, v, group, rank, pg)
     dq, dk, dv = block_grads(q, kf, vf, out, lse, do, q_pos, k_pos, causal, window)
-    dkv = torch.stack([dk, dv]).contiguous()
+    dkv = _pack(dk, dv)
     dist.all_reduce(dkv, group=pg)
-    own = dkv[:, :, :, c * s:(c + 1) * s]
-    return _out_layout(dq, q), _out_layout(own[0], k), _out_layout(own[1], v)
+    own_k, own_v = _unpack(dkv[:, :, c * s:(c + 1) * s], k.shape[-1])
+    return _out_layout(dq, q), _out_layout(own_k, k), _out_layout(own_v, v)
 
 
 #: cp_comm -> (forward, backward)

@@ -53,8 +53,17 @@ class VerifyResult:
                 + (f", missing {self.missing}" if self.missing else ""))
 
 
+def _merged(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether one shape is the other with its two leading dims merged (an expert weight
+    ``[g, E / g, in, out]`` against ``[E, in, out]``, ``ModelConfig.expert_grid``)."""
+    long, short = (a, b) if len(a) > len(b) else (b, a)
+    return len(long) == len(short) + 1 and long[0] * long[1] == short[0] and long[2:] == short[1:]
+
+
 def rel_error(a: Any, b: Any) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape and _merged(a.shape, b.shape):  # a grouped expert grid vs [E, ...]
+        a = a.reshape(b.shape)
     if a.shape != b.shape:
         return float("inf")
     scale = max(float(np.max(np.abs(b))) if b.size else 0.0, 1e-30)

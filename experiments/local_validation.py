@@ -65,7 +65,7 @@ def validate(plan: Path, steps: int, cluster_yaml: str | None, repeats: int | No
     JSON (``repeats`` None: validate's default)."""
     require(NAME, "executor", "run_plan", issue="issue 9")
     cmd = [sys.executable, "-m", "meshplan", "validate", str(plan), "--nproc", "2",
-           "--steps", str(steps), "--json", "--csv", str(plan.parent / "validate.csv")]
+           "--steps", str(steps), "--json", "--csv", str(plan.parent / "validate.csv"), "--append"]
     if repeats is not None:
         cmd += ["--repeats", str(repeats)]
     if cluster_yaml:

@@ -20,7 +20,11 @@ Outputs (beside the runner's ``measured_runs.csv`` / ``.md``, the per-row table)
   row and its error, plus an ``all`` line, and the same on the rows not used for fitting;
 - ``measured_runs.png``: predicted vs measured step time, log-log, one colour per source,
   y = x and the +-15 % band;
-- ``measured_runs_not_expressible.csv`` / ``.md``: counts by reason, then every refused row.
+- ``measured_runs_not_expressible.csv`` / ``.md``: counts by reason, then every refused row;
+- ``measured_runs_sweeps.csv`` / ``.md``: per sweep (rows that differ only in layout: the
+  same source, model, GPU type and count, sequence, tokens per step, framework and
+  precision, :data:`SWEEP_KEYS`) the layout pairs in the measured order and the regret of
+  the predicted-fastest layout (``experiments.ranking``), totals in the notes.
 
 Fitted constants are recorded in :data:`FITS` (constant, device, value, rows fitted on);
 the rows named there are marked ``fitted`` and the error on the other rows is reported
@@ -66,6 +70,10 @@ TITLE = "Measured training runs: predicted vs measured step time"
 QUICK_ROWS = (15, 368, 60, 130, 296, 1001)
 #: the band drawn around y = x, and counted in the notes
 BAND = 0.15
+#: rows that share these differ only in layout (a sweep, ``experiments.ranking``); the
+#: framework and precision are software, not layout
+SWEEP_KEYS = ("source", "model", "cluster", "gpus", "seq_len", "tokens_per_step", "framework",
+              "precision")
 GIB = 2**30
 
 
@@ -156,9 +164,12 @@ def row_record(spec: Any, pred: dict[str, Any], fitted: set[int]) -> dict[str, A
     mem_meas = spec.peak_mem_bytes
     mem_pred = compared_memory(pred, spec.peak_mem_convention) if mem_meas is not None else math.nan
     has_mem = mem_meas is not None and not math.isnan(mem_pred)
+    s = spec.strategy
     return {
         "row_id": spec.row_id, "source": spec.source_id, "model": spec.model_name,
         "cluster": spec.cluster, "gpus": spec.num_gpus, "layout": spec.layout,
+        "seq_len": spec.seq_len, "tokens_per_step": s.global_batch_size * spec.seq_len,
+        "precision": s.dtype + (f"+fp8-{s.fp8}" if s.fp8 else ""),
         "framework": spec.strategy.framework, "attention": spec.strategy.attention,
         "measured_s": meas, "predicted_s": got, "error_pct": 100 * (got / meas - 1),
         "mem_measured_GiB": mem_meas / GIB if mem_meas is not None else math.nan,
@@ -247,6 +258,19 @@ def plot(df: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def ranking(df: pd.DataFrame, out: Path) -> list[str]:
+    """Write the per-sweep ranking table (``experiments.ranking.sweeps`` over
+    :data:`SWEEP_KEYS` of the predicted rows) and return its note lines: the totals over the
+    dense CSV's rows (row ids below 1000) and over all."""
+    rk = require(NAME, "experiments.ranking")
+    ok = df[df["status"] == "ok"].rename(columns={"measured_s": "measured", "predicted_s": "predicted"})
+    table = rk.sweeps(ok, SWEEP_KEYS, layout="layout")
+    _write_table(table, out / f"{NAME}_sweeps.csv", f"{TITLE}: layouts ranked per sweep")
+    dense = table[table["measured_best"].map(lambda i: int(ok.loc[i, "row_id"]) < 1000)]
+    return [rk.summary_line("ranking, dense rows (the CSV)", rk.ranking_summary(dense)),
+            rk.summary_line("ranking, all rows", rk.ranking_summary(table))]
+
+
 def _write_table(df: pd.DataFrame, path: Path, title: str, float_format: str = ".2f") -> None:
     """``path`` (.csv) and its Markdown twin (.md, a heading and the pipe table)."""
     df.to_csv(path, index=False)
@@ -315,10 +339,12 @@ def run(quick: bool, out_dir: Path) -> ExperimentResult:
         f"{to_markdown(grouped)}\n\n{to_markdown(by_reason(refused))}\n\n"
         f"{to_markdown(each)}\n")
     fig = plot(df, out / f"{NAME}.png")
+    ranked = ranking(df, out)
     ok = df[df["status"] == "ok"]
     in_band = int((ok["error_pct"].abs() <= 100 * BAND).sum())
     notes = [_source_line(r) for _, r in table.iterrows()]
     notes.append(f"{in_band} of {len(ok)} predicted rows within ±{BAND:.0%} of the measurement.")
+    notes += ranked
     notes.append(f"Not expressible: {len(refused)} of {len(parsed)} rows -- "
                  + ", ".join(f"{r.reasons}: {r.rows}" for r in grouped.itertuples())
                  + "; by single reason (rows blocked / blocked by it alone): "

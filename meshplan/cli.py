@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from meshplan import __version__, help_format
+from meshplan.commands import repeated
 from meshplan.errors import click_exceptions
 
 # One entry per command module; each defines register(app: typer.Typer) -> None.
@@ -142,6 +143,7 @@ def _reflow_commands(t: typer.Typer) -> None:
             _reflow_commands(group.typer_instance)
 
 
+repeated.install()  # an option typed twice with two values is refused, never the last kept
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 _reflow_commands(app)

@@ -79,13 +79,13 @@ class DemoSetup:
         from meshplan.tune_setup import tune_config
 
         return tune_config(self.model, self.cluster, self.nodes, self.global_batch, self.seq_len,
-                           self.mode, self.seed, False, None, None, self.num_layers, False)
+                           self.mode, self.seed, False, None, "tpe", self.num_layers, False)
 
     def command(self) -> str:
         """The equivalent ``meshplan tune`` command line."""
         cmd = (f"meshplan tune --model {self.model} --cluster {self.cluster} --nodes {self.nodes} "
                f"--global-batch {self.global_batch} --seq-len {self.seq_len} --mode {self.mode} "
-               f"--trials {self.trials} --seed {self.seed} --storage memory")
+               f"--sampler tpe --trials {self.trials} --seed {self.seed} --storage memory")
         return cmd + (f" --layers {self.num_layers}" if self.num_layers else "")
 
 

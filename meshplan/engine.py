@@ -14,6 +14,7 @@ the executor runs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +26,30 @@ from completion.plan_program import (
     PlanProgram,
     build_plan_program,
     check_plan,
+    expert_group_strategy,
     plan_strategy,
     resolve_attention,
 )
 from completion.strategy import Strategy
 from meshplan.errors import MeshplanError
 from simulator.profiles import load_profile
-from simulator.program_costs import ByIdentity, CostCache, ProgramCosts, costing_strategy
+from simulator.program_costs import (
+    ByIdentity,
+    CostCache,
+    ProgramCosts,
+    ProgramTables,
+    costing_strategy,
+)
 from simulator.roofline import Roofline
+from simulator.stage_cost import StageCoster
 from simulator.step import StepConfig, StepModel, StepResult
 
 #: block costs of representative programs, shared by every Engine of this process
-COSTS = CostCache()
+COSTS: CostCache[ProgramCosts] = CostCache()
+#: the representative program of a costing strategy with recompute ``none`` and its rank-0
+#: block costs, shared by the recompute modes of one layout (:meth:`Engine.program_costs`);
+#: programs are large, so fewer are kept than costs
+PROGRAMS: CostCache[tuple[PlanProgram, dict[Any, Any], ProgramTables]] = CostCache(maxsize=128)
 
 
 class EngineError(MeshplanError):
@@ -173,17 +186,49 @@ class Engine:
             return ProgramCosts.of(self.costed_program(), self.cluster, self.roofline, layers,
                                    self.profile)
         cs = costing_strategy(self.strategy)
+        key = self._cost_key(cs)
+
+        def build() -> ProgramCosts:
+            # the program and its block costs do not depend on the recompute mode (the
+            # completion reads none); only the saved activations and recompute FLOPs do
+            prog, blocks, tables = self.shared_program(cs)
+            return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile,
+                                   recompute=cs.recompute, block_costs=blocks, tables=tables)
+
+        return COSTS.get(key, build)
+
+    def _cost_key(self, cs: Strategy) -> tuple:
+        """The :data:`COSTS` key of costing strategy ``cs`` for this engine's model, cluster,
+        GEMM efficiency, layer count and profile."""
+        layers = self.num_layers or (None if self.source.is_program else self.source.num_layers)
         ann = cs.annotation
         if isinstance(ann, dict):  # a mapping annotation: its hashable form
             ann = tuple(sorted((k, tuple(v)) for k, v in ann.items()))
-        key = (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
-               ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
+        return (self.source.config, self.source.seq_len, cs.replace(annotation="none"), ann,
+                ByIdentity(self.cluster), self.gemm_efficiency, layers, self.profile)
 
-        def build() -> ProgramCosts:
-            prog = build_plan_program(self.source, cs, representative=True, resolve_reshards=False)
-            return ProgramCosts.of(prog, self.cluster, self.roofline, layers, self.profile)
+    def shared_program(self, cs: Strategy) -> tuple[PlanProgram, dict[Any, Any], ProgramTables]:
+        """The representative program of costing strategy ``cs``
+        (``simulator.program_costs.costing_strategy``) at recompute ``none``, its rank-0
+        block costs (``StageCoster.block_costs``) and its :class:`ProgramTables`, from
+        :data:`PROGRAMS`: built once for every recompute mode of the layout (a model given
+        by config only), and, with ``1 < ep < dp`` and no cp, once for every dp of the same
+        ep: such a plan's program is its ep group's
+        (``completion.plan_program.expert_group_strategy``), only the PlanProgram's plan
+        fields (strategy, micro-batches, world size, dp / ep replicas) are the plan's own."""
+        base = cs.replace(recompute="none")
+        group = expert_group_strategy(base) if base.cp == 1 else base
 
-        return COSTS.get(key, build)
+        def build() -> tuple[PlanProgram, dict[Any, Any], ProgramTables]:
+            prog = build_plan_program(self.source, group, representative=True, resolve_reshards=False)
+            return prog, StageCoster(prog.program, self.cluster, self.roofline, rank=0,
+                                     profile=self.profile).block_costs(), ProgramTables(prog.program)
+
+        prog, blocks, tables = PROGRAMS.get(self._cost_key(group), build)
+        if group is not base:  # the fields build_plan_program(base) gives its PlanProgram
+            prog = dataclasses.replace(prog, strategy=base, num_microbatches=base.num_microbatches,
+                                       world_size=base.world_size, replicas=base.dp // base.ep)
+        return prog, blocks, tables
 
     def step_model(self, accumulate_grads: bool | None = None,
                    costs: ProgramCosts | None = None) -> StepModel:

@@ -43,12 +43,11 @@ from typing import Any
 
 from clusters import Cluster
 from completion.ir import OpRole
-from completion.plan_program import build_plan_program
 from completion.reshard.planner import plan_reshard
 from completion.strategy import Strategy
 from meshplan.engine import Engine
 from simulator.blocks import assign_blocks
-from simulator.memory import StageActivations, loss_logits
+from simulator.memory import StageActivations, loss_logits, moe_unsaved
 from simulator.program_costs import (
     ProgramCosts,
     boundary_bytes,
@@ -57,7 +56,7 @@ from simulator.program_costs import (
     layer_roles,
     merged_activations,
 )
-from simulator.stage_cost import BlockCost, StageCoster
+from simulator.stage_cost import BlockCost
 from simulator.step_bound import fused_backward
 from tuner.exhaustive_report import Bound
 
@@ -87,11 +86,8 @@ class LayoutCosts:
     docstring), built once each. ``num_layers``: the model layers the program stands for."""
 
     def __init__(self, engine: Engine, num_layers: int) -> None:
-        pp = build_plan_program(engine.source, layout_key(engine.strategy), representative=True,
-                                resolve_reshards=False)
+        pp, costs, self.tables = engine.shared_program(layout_key(engine.strategy))  # shared with the simulation
         self.program, self.cluster, self.profile = pp.program, engine.cluster, engine.profile
-        costs = StageCoster(pp.program, engine.cluster, engine.roofline, rank=0,
-                            profile=engine.profile).block_costs()
         ids = sorted(k for k in costs if isinstance(k, int))
         self.keys = layer_roles(ids, num_layers) if ids else ids
         self.layers = [costs[k] for k in self.keys]
@@ -107,8 +103,8 @@ class LayoutCosts:
     def activations(self, recompute: str) -> StageActivations:
         """Saved activation bytes per block under ``recompute`` (``ProgramCosts.of``'s)."""
         if recompute not in self._acts:
-            self._acts[recompute] = framework_activations(merged_activations(self.program, recompute),
-                                                          self.loss, self.profile)
+            acts = merged_activations(self.program, recompute, moe_unsaved(self.profile), self.tables)
+            self._acts[recompute] = framework_activations(acts, self.loss, self.profile)
         return self._acts[recompute]
 
     def post_at(self, dp: int, tp: int) -> BlockCost | None:

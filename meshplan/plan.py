@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from completion.json_keys import unique_keys
 from completion.models.config import MAX_MODEL_SIZES
+from completion.nesting import json_depth
 from meshplan.errors import MeshplanError
 from meshplan.strategy import Strategy, StrategyError
 
@@ -62,6 +62,10 @@ class Plan:
         annotations: value name -> placements, applied on top of the strategy's
             annotation (mesh dims in the order dp, mp).
         num_layers: decoder layers to cost (None = the model's own; see ``Engine``).
+        search: what the search that chose this plan knew of it (``meshplan tune``: the
+            predicted step and peak memory, the proven lower bound on the optimum and the
+            gap, ``tuner.gap.SearchAnswer``); metadata, not part of the plan (not
+            compared, never read by the cost model). None: not written by a search.
     """
 
     model: str
@@ -71,6 +75,7 @@ class Plan:
     seq_len: int | None = None
     annotations: dict[str, list[str]] = field(default_factory=dict)
     num_layers: int | None = None
+    search: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("model", "cluster"):
@@ -88,6 +93,9 @@ class Plan:
                                 f"(meshplan.plan.MAX_{name.upper()})")
         if not isinstance(self.annotations, Mapping):
             raise PlanError("plan field 'annotations' must be a mapping value name -> placements")
+        if self.search is not None and not isinstance(self.search, Mapping):
+            raise PlanError(f"plan field 'search' must be a mapping (what the search knew of the "
+                            f"plan) or null, got {type(self.search).__name__}")
         if self.annotations:  # the same placement checks as Strategy.annotation
             try:
                 self.strategy.replace(annotation=dict(self.annotations))
@@ -95,8 +103,9 @@ class Plan:
                 raise PlanError(f"plan field 'annotations': {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with ``version`` and every field; :meth:`from_dict` reads it back."""
-        return {
+        """JSON-ready dict with ``version`` and every field (``search`` only when set);
+        :meth:`from_dict` reads it back."""
+        d = {
             "version": PLAN_VERSION,
             "model": self.model,
             "cluster": self.cluster,
@@ -106,6 +115,9 @@ class Plan:
             "strategy": self.strategy.to_dict(),
             "annotations": {k: list(v) for k, v in self.annotations.items()},
         }
+        if self.search is not None:
+            d["search"] = dict(self.search)
+        return d
 
     def to_json(self, indent: int | None = 2) -> str:
         """``to_dict`` as JSON text (sorted keys; ``indent`` as ``json.dumps``)."""
@@ -117,7 +129,7 @@ class Plan:
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         known = {"version", "model", "cluster", "nodes", "seq_len", "num_layers", "strategy",
-                 "annotations"}
+                 "annotations", "search"}
         extra = sorted(set(data) - known)
         if extra:
             raise PlanError(f"unknown plan field(s) {extra}")
@@ -134,7 +146,8 @@ class Plan:
             raise PlanError(f"plan field 'strategy': {e}") from None
         return cls(model=data["model"], cluster=data["cluster"], strategy=strategy,
                    nodes=data.get("nodes"), seq_len=data.get("seq_len"),
-                   num_layers=data.get("num_layers"), annotations=_annotations(data))
+                   num_layers=data.get("num_layers"), annotations=_annotations(data),
+                   search=data.get("search"))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -143,7 +156,7 @@ class Plan:
         (an integer of more than 4300 digits), or the bad field."""
         if not isinstance(text, str):
             raise PlanError(f"plan JSON must be text, got {type(text).__name__}")
-        depth = _max_depth(text)
+        depth = json_depth(text)
         if depth > MAX_JSON_DEPTH:
             raise PlanError(f"plan JSON is nested {depth} levels deep; a plan has at most "
                             f"{MAX_JSON_DEPTH} (meshplan.plan.MAX_JSON_DEPTH)")
@@ -153,6 +166,12 @@ class Plan:
             raise PlanError(f"plan JSON line {e.lineno} column {e.colno}: {e.msg}") from None
         except (ValueError, RecursionError) as e:  # an over-long integer, nesting
             raise PlanError(f"plan JSON: {str(e).split(';')[0]}") from None
+        if isinstance(data, Mapping) and "version" not in data:  # the spellings differ by version
+            import warnings
+
+            warnings.warn(f"the plan has no 'version' field: read as version {PLAN_VERSION} (this "
+                          f"meshplan's; version 1 spelled mp, schedule_mode and sharding_stage); "
+                          f"add \"version\": {PLAN_VERSION}", UserWarning, stacklevel=2)
         return cls.from_dict(data)
 
     def on(self, cluster: str | None = None, nodes: int | None = None) -> Plan:
@@ -238,20 +257,5 @@ def _beside(ref: str, plan_path: Path) -> str:
     return ref
 
 
-def _max_depth(text: str) -> int:
-    """Deepest nesting of ``[`` / ``{`` in JSON ``text`` outside strings (no recursion)."""
-    brackets = _NON_BRACKET.sub("", _JSON_STRING.sub("", text))
-    depth = worst = 0
-    for ch in brackets:
-        if ch in "[{":
-            depth += 1
-            worst = max(worst, depth)
-        else:
-            depth -= 1
-    return worst
-
-
 #: suffixes of the model and cluster references that are files, not catalog names
 _FILE_SUFFIXES = (".json", ".yaml", ".yml", ".pir", ".txt")
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NON_BRACKET = re.compile(r"[^\[\]{}]+")

@@ -18,6 +18,16 @@ def _either(names: Any) -> str:
     return f"{', '.join(first)} or {last}" if first else last
 
 
+#: the fewest tokens a context-parallel rank keeps in a default search: the Llama 3 report
+#: (Dubey et al. 2024, Table 4) trains 8,192-token sequences without cp and 131,072-token
+#: ones with cp 16, 8,192 tokens per cp rank; ``--search-cp`` searches every degree
+CP_MIN_TOKENS = 8192
+#: the interleaving degrees (model chunks per pipeline rank) a default search tries: 2 to 8,
+#: the range of the published recipes (NeMo's Llama 3 70B: pp 4 x vpp 5; Narayanan et al.
+#: 2021, Figure 13: 2 to 8 chunks); the legality rules keep at least one layer per chunk
+VPP_DEGREES = tuple(range(2, 9))
+
+
 def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                 seq_len: int | None, mode: str, seed: int, pareto: bool,
                 fix: str | dict[str, Any] | None,
@@ -25,45 +35,54 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
                 dtype: str = "bfloat16", framework: str = "megatron-core",
                 attention: str | None = None,
                 memory_headroom: float | None = None, hsdp: bool = False,
-                fp8: bool = False, layer_split: str | None = None,
-                all_schedules: bool = False, search_cp: bool = False,
+                fp8: bool | None = None, layer_split: str | None = None,
+                all_schedules: bool = False, search_cp: bool | None = None,
                 cp_comm: str = "p2p", objective: dict[str, Any] | None = None) -> Any:
     """The ``tuner.study.TuneConfig`` of one ``meshplan tune`` command line (search space,
     pattern templates of the model, scorer settings); ``fix``: the ``--fix`` text or the
-    pinned knobs already parsed (``meshplan.commands.tune._pins``); ``hsdp``: also search HSDP shard groups with ZeRO-3
-    (``tuner.space.SearchSpace.hsdp``); ``fp8``: also search the FP8 recipes ``framework``
-    runs (``completion.strategy.FP8_RECIPES``), refused with a message naming the device
-    when it has no FP8 peak or with an FP8 ``dtype``; ``layer_split``: ``even`` costs every
-    plan with the frameworks' even pipeline split (``meshplan.tuning.with_layer_split``;
-    None or ``balanced``: the cost model's); the schedules searched are those ``framework``
-    runs (its profile's ``pipeline.schedules``: a recommended plan must run), every one the
-    tuner knows with ``all_schedules``; ``search_cp``: also search context parallelism
-    (``meshplan.tuning.search_cp_degrees``), ``cp_comm``: the K/V exchange of every plan
-    with cp > 1 (:func:`check_cp`); ``objective``: an ``ObjectiveSettings`` dict the scorer
-    minimises (``meshplan.objective_scoring``; None or ``time``: the step time). Raises ValueError (SpaceError, ModelConfigError,
-    ClusterError) naming the bad option. ``memory_headroom`` None: the default,
-    ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help`` imports this
-    module's callers and must not pull in pydantic)."""
+    pinned knobs already parsed (``meshplan.commands.tune._pins``).
+
+    The space is the framework's (issue 36): every knob ``framework`` runs is a dimension
+    -- tp, pp, vpp (:data:`VPP_DEGREES`), dp, cp, ep (a mixture-of-experts model),
+    micro-batch, recompute (the modes its profile's ``memory.recompute`` lists), ZeRO /
+    FSDP stage (``memory.zero_stages``, ``pipeline.zero_stages``), sequence parallelism, FP8
+    recipe, schedule (``pipeline.schedules``; every one the tuner knows with
+    ``all_schedules``) and the pipeline layer split (the cost model's balanced split, which
+    frameworks run as an explicit layout: pp need not divide the layers; ``layer_split``
+    ``even``: Megatron-LM's default split, pp dividing them).
+
+    ``search_cp``: context parallelism (:func:`cp_degrees`): None (the default) searches
+    the degrees that keep at least :data:`CP_MIN_TOKENS` tokens per cp rank where the
+    framework runs cp (its profile's ``kernels.cp_comms``) and cp is not pinned, True every
+    degree ``meshplan.tuning.search_cp_degrees`` gives (refused where the framework runs
+    none), False none; ``cp_comm``: the K/V exchange of every plan with cp > 1
+    (:func:`check_cp`). ``fp8``: also the FP8 recipes ``framework`` runs
+    (``completion.strategy.FP8_RECIPES``) beside BF16, refused with a message naming the
+    device or framework where there is none; off by default (None, False): FP8 changes the
+    numerics, a choice the user makes (``--search-fp8``, ``--dtype``, ``--fix fp8``). ``hsdp``: also search HSDP shard groups with ZeRO-3
+    (``tuner.space.SearchSpace.hsdp``). ``objective``: an ``ObjectiveSettings`` dict the
+    scorer minimises (``meshplan.objective_scoring``; None or ``time``: the step time).
+    Raises ValueError (SpaceError, ModelConfigError,
+    ClusterError, MeshplanError) naming the bad option. ``memory_headroom`` None: the
+    default, ``clusters.spec.DEFAULT_MEMORY_HEADROOM`` (imported here: ``meshplan --help``
+    imports this module's callers and must not pull in pydantic)."""
+    from dataclasses import replace
+
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from completion.strategy import CP_COMM_ALIASES
-    from meshplan.tuning import (
-        SCORER_FACTORY,
-        framework_schedules,
-        search_cp_degrees,
-        search_problem,
-        template_kinds,
-    )
+    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
     if memory_headroom is None:
         memory_headroom = DEFAULT_MEMORY_HEADROOM
     prob = search_problem(model, cluster, nodes, global_batch, seq_len, cross_node_tp, layers)
+    # the balanced split is an explicit layout (Megatron --pipeline-model-parallel-layout,
+    # torchtitan's per-stage modules): any pp up to the layers; the even one needs pp | layers
+    prob = replace(prob, uneven_pp=layer_split != "even")
     fixed = fix if isinstance(fix, dict) else parse_fix(fix)
     zeros, pp_zeros, ddp_alone = check_zero(framework, fixed)
     if pp_zeros is not None or ddp_alone:
-        from dataclasses import replace
-
         prob = replace(prob, pp_zero_stages=pp_zeros, ddp_alone=ddp_alone)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
@@ -71,23 +90,58 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     if layer_split == "even":  # absent otherwise: a balanced search resumes as before
         sc["layer_split"] = "even"
     cp_comm = CP_COMM_ALIASES.get(cp_comm, cp_comm)  # Megatron-LM's allgather
-    check_cp(framework, fixed.get("cp"), search_cp, cp_comm)
+    cps = cp_degrees(framework, fixed.get("cp"), search_cp, cp_comm, prob.world_size, prob.seq_len)
     if cp_comm != "p2p":  # absent otherwise: a study stored before the option resumes
         sc["cp_comm"] = cp_comm
     if objective and objective.get("name", "time") != "time":  # likewise (meshplan.objective_scoring)
         sc["objective"] = dict(objective)
-    cps = search_cp_degrees(prob.world_size, prob.seq_len) if search_cp else (1,)
     check_fp8_pin(cluster, nodes, fixed.get("fp8"), dtype, framework)
-    recipes = fp8_recipes(cluster, nodes, framework, dtype) if fp8 else (None,)
+    recipes = fp8_choices(cluster, nodes, framework, dtype, fp8, fixed.get("fp8"))
     if hsdp and fixed.get("zero", 3) != 3:
         raise MeshplanError(f"--search-hsdp searches HSDP shard groups of ZeRO-3 plans, but ZeRO is "
                             f"pinned to stage {fixed['zero']}; pin --zero 3 or drop --search-hsdp")
     space = SearchSpace(prob, fix=fixed, hsdp=hsdp, fp8_recipes=recipes, cp_degrees=cps,
                         schedules=framework_schedules(framework, all_schedules),
+                        recompute=framework_recompute(framework), vpp_degrees=VPP_DEGREES,
                         **({"zero_stages": zeros} if zeros is not None else {}))
     return TuneConfig(space, mode=mode,
                       template_kinds=template_kinds(model, prob.seq_len), sampler=sampler,
                       seed=seed, pareto=pareto, scorer_factory=SCORER_FACTORY, scorer_config=sc)
+
+
+def framework_recompute(framework: str) -> tuple[str, ...]:
+    """The recompute modes a search under ``framework`` tries: its profile's
+    ``memory.recompute`` (every one of ``tuner.space.RECOMPUTE`` when it does not say)."""
+    from simulator.profiles import load_profile
+    from tuner.space import RECOMPUTE
+
+    runs = load_profile(framework).memory.recompute
+    return RECOMPUTE if runs is None else tuple(runs.value)
+
+
+def cp_degrees(framework: str, pinned: Any, search: bool | None, cp_comm: str, world: int,
+               seq_len: int) -> tuple[int, ...]:
+    """The context-parallel degrees of a search (:func:`tune_config`'s ``search_cp``),
+    after :func:`check_cp`: a pinned cp is the space's pin (``(1,)`` here); where the
+    framework runs cp, every degree ``meshplan.tuning.search_cp_degrees`` gives
+    (``search`` True) or, by default (None), those that keep at least
+    :data:`CP_MIN_TOKENS` tokens per cp rank; none with ``search`` False."""
+    from meshplan.tuning import framework_cp_comms, search_cp_degrees
+
+    check_cp(framework, pinned, bool(search), cp_comm, search is None and seq_len >= 2 * CP_MIN_TOKENS)
+    if search is False or pinned is not None or not framework_cp_comms(framework):
+        return (1,)
+    every = search_cp_degrees(world, seq_len)
+    return every if search else tuple(c for c in every if c == 1 or seq_len // c >= CP_MIN_TOKENS)
+
+
+def fp8_choices(cluster: str, nodes: int | None, framework: str, dtype: str, search: bool | None,
+                pinned: Any) -> tuple[str | None, ...]:
+    """The FP8 recipes of a search (:func:`tune_config`'s ``fp8``): :func:`fp8_recipes` when
+    asked (True); else none (a pinned recipe is the space's pin): FP8 changes the
+    numerics, so a search tries it only when asked."""
+    del pinned  # the space's fix pins it
+    return fp8_recipes(cluster, nodes, framework, dtype) if search else (None,)
 
 
 def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] | None,
@@ -115,14 +169,16 @@ def check_zero(framework: str, fixed: dict[str, Any]) -> tuple[tuple[int, ...] |
     return zeros, pp_zeros, ddp_alone
 
 
-def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str) -> None:
+def check_cp(framework: str, pinned: Any, search: bool, cp_comm: str, default: bool = False) -> None:
     """The context parallelism of a search: ``--search-cp`` beside a pinned cp, or under a
     framework that runs none (its profile's ``kernels.cp_comms`` empty), and a ``--cp-comm``
     other than p2p when no plan can have cp > 1 (cp neither searched nor pinned above 1) or
-    that the framework does not run, raise MeshplanError naming the option."""
+    that the framework does not run, raise MeshplanError naming the option. ``default``:
+    cp is searched by default (``--search-cp`` not given), wherever the framework runs it."""
     from meshplan.tuning import framework_cp_comms
 
     runs = framework_cp_comms(framework)
+    search = search or (default and pinned is None and bool(runs))
     if search and pinned is not None:
         raise MeshplanError(f"--search-cp searches the context-parallel degree, but cp is pinned to "
                             f"{pinned}; drop one of them")
@@ -187,4 +243,4 @@ def fp8_recipes(cluster: str, nodes: int | None, framework: str, dtype: str) -> 
     return (None, *runs)
 
 
-__all__ = ["check_fp8_pin", "fp8_recipes", "tune_config"]
+__all__ = ["CP_MIN_TOKENS", "VPP_DEGREES", "check_fp8_pin", "cp_degrees", "fp8_choices", "fp8_recipes", "framework_recompute", "tune_config"]

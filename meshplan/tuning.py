@@ -87,7 +87,7 @@ def to_strategy(c: Candidate, global_batch_size: int, model: str, seq_len: int,
                     cp_comm=cp_comm if c.cp > 1 else "p2p",
                     micro_batch_size=c.micro_batch_size, global_batch_size=global_batch_size,
                     recompute=c.recompute, zero=c.zero, fsdp_shard_size=c.fsdp_shard_size,
-                    sequence_parallel=c.sequence_parallel, dtype=dtype, ep=c.ep,
+                    sequence_parallel=c.sequence_parallel, dtype=dtype, ep=c.ep, etp=c.etp,
                     annotation=annotation_of(c, model, seq_len, user_annotation),
                     framework=framework, attention=attention,
                     **({"fp8": c.fp8} if c.fp8 is not None else {}))

@@ -41,17 +41,29 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else float(x) * 1e3
 
 
-def append_csv(path: Path, plan_path: str, plan: Any, meas: Any) -> None:
-    """Append one row (prediction, measurement, relative error, peaks) to CSV ``path``,
-    writing the header when the file is new; creates its directory (announced)."""
+#: the columns of the validation CSV, its header line
+CSV_COLUMNS = ["time", "plan", "model", "dp", "tp", "pp", "vpp", "schedule", "nproc",
+               "predicted_step_time_ms", "measured_step_time_ms", "relative_error",
+               "measured_peak_bytes", "predicted_peak_bytes"]
+
+
+def append_csv(path: Path, plan_path: str, plan: Any, meas: Any, replace: bool = False) -> None:
+    """Append one row (prediction, measurement, relative error, peaks) to CSV ``path``
+    (``replace``: write it anew), writing the header :data:`CSV_COLUMNS` when the file is new;
+    creates its directory (announced). Raises ValueError when an existing file's header is
+    not :data:`CSV_COLUMNS` (the caller checked it before the run; this guards the
+    executor's own ``--csv``)."""
     _ensure_dir(path.parent)
-    new = not path.is_file()
-    with path.open("a", newline="") as f:
+    new = replace or not path.is_file() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as f:
+            if next(csv.reader(f), None) != CSV_COLUMNS:
+                raise ValueError(f"--csv {str(path)!r}: its columns are not the validation CSV's; "
+                                 f"give another file")
+    with path.open("w" if new else "a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(["time", "plan", "model", "dp", "tp", "pp", "vpp", "schedule", "nproc",
-                        "predicted_step_time_ms", "measured_step_time_ms", "relative_error",
-                        "measured_peak_bytes", "predicted_peak_bytes"])
+            w.writerow(CSV_COLUMNS)
         s = plan.strategy
         err = meas.relative_error()
         w.writerow([time.strftime("%Y-%m-%dT%H:%M:%S"), plan_path, plan.model, s.dp, s.tp, s.pp,

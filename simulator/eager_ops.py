@@ -32,6 +32,26 @@ Registered (each from the framework's code at the named commit):
   ``F.cross_entropy(pred.float(), labels)`` (log_softmax reading the logits twice: max and
   sum, then the output; nll_loss a gather); backward: zeros + scatter of nll_loss,
   log_softmax backward (gradient and output read), the cast back.
+- ``megatron-vocab-parallel-cross-entropy`` -- Megatron-DeepSpeed f4157bea
+  ``megatron/model/gpt_model.py`` (GPTModelPipe's loss:
+  ``vocab_parallel_cross_entropy(output.contiguous().float(), labels)``) and
+  ``megatron/core/tensor_parallel/cross_entropy.py`` ``_VocabParallelCrossEntropy``: the
+  cast to fp32; forward ``max`` over the vocabulary (a read), ``logits - max`` (fp32 read
+  and write), the target mask, clone, index and masked fill (small), ``exp(out=)`` (read,
+  write), ``sum`` (read), ``log`` and the subtraction (small), ``div_`` by the sum (read,
+  write: the softmax saved for backward); backward: an arange, the mask cast, its
+  ``1 - mask`` and the indexed subtraction (small), ``mul_`` by the output gradient (read,
+  write), the cast back to 16 bits. The tensor-parallel all_reduces of the max, the
+  target logit and the sum are the op's own collectives (``simulator.stage_cost``).
+- ``megatron-torch-softmax`` -- Megatron-DeepSpeed f4157bea ``megatron/model/fused_softmax.py``
+  ``FusedScaleMaskSoftmax.forward_torch_softmax``, what runs where the fused kernel does not
+  apply (``simulator.fusion.softmax_kernel_available``): with query-key layer scaling on
+  (``--no-query-key-layer-scaling`` is store_false, so on by default; ``CoreAttention`` then
+  sets ``attention_softmax_in_fp32``) ``input.float()``, the scale (the program's own
+  ``scale`` op), ``mask_func`` (an in-place ``masked_fill_``), ``Softmax`` and ``.half()``;
+  backward: the cast's gradient up, softmax backward (gradient and output read), the
+  masked fill's gradient, the cast back (the scale's gradient is the program's
+  ``scale_grad``).
 """
 
 from __future__ import annotations
@@ -103,6 +123,20 @@ EAGER_IMPLS: dict[str, EagerImpl] = {i.name: i for i in (
               backward=((0, 0, 0, 1), _TINY, (0, 2, 0, 1), (0, 1, 1, 0)),
               weight=(),
               source="torchtitan 9dec370 train.py loss_fn (F.cross_entropy of pred.float())"),
+    EagerImpl("megatron-torch-softmax", "scale_mask_softmax", "softmax", (0,),
+              forward=((1, 0, 0, 1), (0, 1, 0, 1), (0, 1, 0, 1), (0, 1, 1, 0)),
+              backward=((1, 0, 0, 1), (0, 2, 0, 1), (0, 1, 0, 1), (0, 1, 1, 0)),
+              weight=(),
+              source="Megatron-DeepSpeed f4157bea megatron/model/fused_softmax.py "
+                     "FusedScaleMaskSoftmax.forward_torch_softmax (softmax_in_fp32)"),
+    EagerImpl("megatron-vocab-parallel-cross-entropy", "cross_entropy", "cross_entropy_with_softmax", (0,),
+              forward=((1, 0, 0, 1), (0, 1, 0, 0), (0, 1, 0, 1), _TINY, _TINY, _TINY, _TINY, _TINY,
+                       _TINY, _TINY, _TINY, _TINY, (0, 1, 0, 1), (0, 1, 0, 0), _TINY, _TINY,
+                       (0, 1, 0, 1)),
+              backward=(_TINY, _TINY, _TINY, _TINY, (0, 1, 0, 1), (0, 1, 1, 0)),
+              weight=(),
+              source="Megatron-DeepSpeed f4157bea megatron/core/tensor_parallel/cross_entropy.py "
+                     "_VocabParallelCrossEntropy of the fp32 logits (megatron/model/gpt_model.py)"),
 )}
 
 #: op type (forward or grad) -> (implementation candidates by group)

@@ -1,17 +1,20 @@
 """Expert data parallelism: where the gradients and optimizer states of a mixture-of-experts
 model's routed experts are reduced and sharded, apart from the dense parameters.
 
-With ``ep`` expert-parallel ranks (``completion.strategy.Strategy.ep``, a divisor of dp) an
-ep group is ``ep`` consecutive data-parallel ranks of a pipeline stage and holds each
-expert once; the ``E = dp / ep`` ranks with the same ep index hold the same experts and
-form the expert-data-parallel group. Megatron-LM d98e8a64:
+With ``ep`` expert-parallel ranks (``completion.strategy.Strategy.ep``) and ``etp`` expert
+tensor-parallel ones (``Strategy.etp``, default tp) the expert layers fold onto a stage's
+dp x tp ranks (dp holding cp, folded) in Megatron-Core's expert order ``tp-ep-dp``: rank
+``(ed * ep + e) * etp + e_t``; an ep group holds each expert once and the ``E = edp = dp *
+tp / (ep * etp)`` ranks with the same (e, e_t) hold the same experts and form the
+expert-data-parallel group (:mod:`completion.expert_layout`). With etp = tp that is: an ep
+group is ``ep`` consecutive data-parallel ranks and E = dp / ep. Megatron-LM d98e8a64:
 
 - ``megatron/core/parallel_state.py`` ``initialize_model_parallel``:
   ``expert_data_parallel_size = world_size // (expert_tensor_parallel_size *
   expert_model_parallel_size * pipeline_model_parallel_size)`` and the expert
   ``RankGenerator(tp=etp, ep=ep, dp=expert_data_parallel_size, cp=1, ...)`` in the dense
-  order (``tp-cp-ep-dp-pp``): tp innermost, then ep, then the expert dp. Here etp = tp and
-  cp = 1, so E = dp / ep and dp rank d is ep rank ``d % ep`` of expert-dp rank ``d // ep``;
+  order (``tp-cp-ep-dp-pp``): etp innermost, then ep, then the expert dp, over the same
+  ranks as the dense layers' ``tp-cp-dp``;
 - ``megatron/core/distributed/distributed_data_parallel.py``: the buffers of expert
   parameters (``is_expert_parallel``) are reduced over ``intra_expt_dp_group``, the others
   over ``intra_dp_cp_group`` (with ``expert_gradient_scaling_factor = expt_dp_group.size()
@@ -40,28 +43,38 @@ def _ceil(n: int, d: int) -> int:
     return -(-n // d)
 
 
+def _degrees(cfg: Any) -> tuple[int, int]:
+    """(ep, etp) of a step config (etp None: tp)."""
+    ep, tp = int(getattr(cfg, "ep", 1) or 1), int(getattr(cfg, "tp", 1) or 1)
+    etp = getattr(cfg, "etp", None)
+    return ep, int(tp if etp is None else etp)
+
+
 def expert_dp_degree(cfg: Any) -> int:
-    """E = dp / ep: the ranks holding the same experts (1 without expert parallelism: then
-    every rank has its own copy, and E = dp). Raises SimulatorError when ep does not divide
-    dp."""
-    ep = int(getattr(cfg, "ep", 1) or 1)
-    if ep < 1 or cfg.dp % ep:
-        raise SimulatorError(f"ep = {ep} must divide dp = {cfg.dp}")
-    return cfg.dp // ep
+    """edp = dp * tp / (ep * etp): the ranks holding the same experts (``dp`` holds cp,
+    folded; ``completion.expert_layout``): dp / ep with etp = tp (1 without expert
+    parallelism: then every rank has its own copy, and edp = dp). Raises SimulatorError when
+    the expert layers do not fold onto the stage."""
+    ep, etp = _degrees(cfg)
+    n = cfg.dp * int(getattr(cfg, "tp", 1) or 1)
+    if ep < 1 or n % (ep * etp):
+        raise SimulatorError(f"ep = {ep} x etp = {etp} must divide dp x tp = {n}")
+    return n // (ep * etp)
 
 
 def ep_group(cfg: Any, stage: int) -> list[int]:
-    """Ranks of pipeline stage ``stage``'s first ep group (tensor rank 0): dp ranks
-    0 .. ep-1."""
-    base, ep = stage * cfg.dp * cfg.tp, int(getattr(cfg, "ep", 1) or 1)
-    return [base + d * cfg.tp for d in range(ep)]
+    """Ranks of pipeline stage ``stage``'s first ep group (expert tensor rank 0): ranks
+    ``e * etp`` for e < ep (dp ranks 0 .. ep - 1 at tensor rank 0 when etp = tp)."""
+    base, (ep, etp) = stage * cfg.dp * int(getattr(cfg, "tp", 1) or 1), _degrees(cfg)
+    return [base + e * etp for e in range(ep)]
 
 
 def expert_dp_group(cfg: Any, stage: int) -> list[int]:
-    """Ranks of the expert-data-parallel group of dp rank 0 of ``stage`` (tensor rank 0):
-    dp ranks 0, ep, 2 ep, ... (module docstring)."""
-    base, ep = stage * cfg.dp * cfg.tp, int(getattr(cfg, "ep", 1) or 1)
-    return [base + g * ep * cfg.tp for g in range(expert_dp_degree(cfg))]
+    """Ranks of the expert-data-parallel group of expert rank 0 of ``stage`` (expert tensor
+    rank 0, ep rank 0): ranks ``g * ep * etp`` (dp ranks 0, ep, 2 ep, ... at tensor rank 0
+    when etp = tp; module docstring)."""
+    base, (ep, etp) = stage * cfg.dp * int(getattr(cfg, "tp", 1) or 1), _degrees(cfg)
+    return [base + g * ep * etp for g in range(expert_dp_degree(cfg))]
 
 
 def sharded_elements(cfg: Any, params: int, expert: int = 0) -> int:

@@ -26,7 +26,10 @@ all in one block, ``simulator.blocks``):
   (``megatron/model/fused_softmax.py``, CUDA ``scaled_upper_triang_masked_softmax``):
   forward ``[scale] -> [add(., mask)] -> softmax`` (at least two); backward ``softmax_grad
   -> [add_grad(mask)] -> [scale_grad]`` (one kernel reading the probabilities and their
-  gradient). The attention dropout after it is a separate kernel, as in Megatron.
+  gradient). The attention dropout after it is a separate kernel, as in Megatron. Only
+  where Megatron's kernel takes the shape (``simulator.fused_softmax``, the costed
+  rank's local ``[b, heads, sq, sk]``): elsewhere ``FusedScaleMaskSoftmax`` falls back to
+  PyTorch's scale, mask and softmax, and the ops keep their own kernels.
 - ``swiglu`` -- Megatron-Core ``fusions/fused_bias_swiglu.py``: ``silu(a) -> multiply(., b)``
   and ``multiply_grad -> silu_grad`` (a program from the torch frontend; the builders
   already emit the one-op ``swiglu``).
@@ -67,6 +70,7 @@ from completion.dtypes import DTYPE_BYTES
 from completion.ir import Operation, OpRole, Program, Value
 from completion.ops.registry import get_opdef, op_traits
 from simulator.blocks import assign_blocks
+from simulator.fused_softmax import softmax_kernel_available
 from simulator.op_cost import KernelCost, op_cost
 from simulator.op_signature import is_weight, local_tensor, op_signature
 from simulator.types import BlockKey, Phase
@@ -310,6 +314,18 @@ class _Matcher:
             return self.chain(op, steps[1:], phase)
         return None
 
+    def softmax_fusable(self, ops: list[Operation]) -> bool:
+        """A ``scale_mask_softmax`` match runs fused: :func:`softmax_kernel_available` on
+        the local scores (rank 0, the costed rank) its softmax (or softmax_grad) reads."""
+        for op in ops:
+            if _forward_type(op) != "softmax":
+                continue
+            for v in op.operands:
+                if v is not None and len(v.shape) == 4:
+                    t = local_tensor(v, 0)
+                    return softmax_kernel_available(t.shape, t.dtype)
+        return True
+
     def add(self, name: str, phase: Phase, ops: list[Operation]) -> None:
         g = FusedGroup(name, phase, self.order(ops))
         for op in ops:
@@ -324,6 +340,8 @@ class _Matcher:
             for name in enabled:
                 fwd, bwd, least = PATTERNS[name]
                 found = self.chain(op, fwd if ph == "F" else bwd, ph)
+                if name == "scale_mask_softmax" and found and not self.softmax_fusable(found):
+                    continue
                 if found and len(found) >= least and found[0] is op:
                     self.add(name, ph, found)
                     break

@@ -37,7 +37,7 @@ from completion.ops.registry import op_traits
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
 from simulator.fp8 import saved_input_bytes
-from simulator.op_signature import local_tensor, op_signature
+from simulator.op_signature import grad_weights, local_tensor
 from simulator.recompute import (
     RECOMPUTE_POLICIES,
     is_attention_core,
@@ -263,32 +263,56 @@ def _kept_bytes(r: Value, readers: list[Operation], fp8_readers: list[Operation]
 
 def _w_ops(program: Program, names: frozenset[str]) -> list[Operation]:
     """Backward ops that compute a weight gradient (their reads stay until W)."""
-    return [op for op in program.ops if op.role == OpRole.BACKWARD
-            and any(op_signature(op, None, names).weights)]
+    return [op for op in program.ops if op.role == OpRole.BACKWARD and any(grad_weights(op, names))]
 
 
-def saved_activations(program: Program, recompute: str = "none",
-                      unsaved: frozenset[tuple[str, int]] = frozenset()) -> dict[StageKey, StageActivations]:
-    """Activation bytes per micro-batch for every (stage mesh, chunk) of ``program``, per
-    block (largest shard of each value on the stage's mesh, i.e. the heaviest rank).
-    ``unsaved``: (grad op type, operand index) reads the framework keeps nothing for
-    (:func:`moe_unsaved`).
+@dataclass
+class SavedPrepass:
+    """What :func:`saved_activations` reads off a program whatever the recompute mode: its
+    blocks, the saved storage roots with their backward readers, FP8 readers and kept
+    bytes, the weight-gradient ops and the roots they read. Computed once per program and
+    ``unsaved`` by :func:`saved_prepass` (a search asks every recompute mode of a layout)."""
 
-    ``program`` must contain its backward ops (``append_backward``). Raises ValueError for
-    an unknown ``recompute`` mode."""
-    if recompute not in RECOMPUTE_MODES:
-        raise SimulatorError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    blocks: dict[int, BlockKey]
+    roots: dict[int, Value]
+    users: dict[int, list[Operation]]
+    kept: dict[int, int]
+    w_ops: list[Operation]
+    w_ids: set[int]
+
+
+def saved_prepass(program: Program, unsaved: frozenset[tuple[str, int]] = frozenset()) -> SavedPrepass:
+    """The recompute-independent part of :func:`saved_activations` (:class:`SavedPrepass`)."""
     names = frozenset(p.name for p in program.parameters() if p.name)
     blocks = assign_blocks(program)
     roots, users, fp8_x = _saved_roots(program, unsaved)
     w_ops = _w_ops(program, names)
     w_ids = {id(_root(v)) for op in w_ops for v in op.operands if v is not None and not v.is_parameter}
+    kept = {rid: _kept_bytes(r, users[rid], fp8_x.get(rid, [])) for rid, r in roots.items()}
+    return SavedPrepass(blocks, roots, users, kept, w_ops, w_ids)
+
+
+def saved_activations(program: Program, recompute: str = "none",
+                      unsaved: frozenset[tuple[str, int]] = frozenset(),
+                      prepass: SavedPrepass | None = None) -> dict[StageKey, StageActivations]:
+    """Activation bytes per micro-batch for every (stage mesh, chunk) of ``program``, per
+    block (largest shard of each value on the stage's mesh, i.e. the heaviest rank).
+    ``unsaved``: (grad op type, operand index) reads the framework keeps nothing for
+    (:func:`moe_unsaved`); ``prepass``: :func:`saved_prepass` of the same program and
+    ``unsaved`` when the caller has it (the same result, computed once per program).
+
+    ``program`` must contain its backward ops (``append_backward``). Raises ValueError for
+    an unknown ``recompute`` mode."""
+    if recompute not in RECOMPUTE_MODES:
+        raise SimulatorError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    pre = saved_prepass(program, unsaved) if prepass is None else prepass
+    blocks, roots, users, w_ops, w_ids = pre.blocks, pre.roots, pre.users, pre.w_ops, pre.w_ids
     out: dict[StageKey, StageActivations] = {}
     policy = recompute_policy(recompute)
     rec = recomputed_ops(program.ops, blocks, recompute)
     for rid, r in roots.items():
         st = out.setdefault(stage_key(r.op), StageActivations())
-        nb, blk = _kept_bytes(r, users[rid], fp8_x.get(rid, [])), blocks.get(id(r.op), "pre")
+        nb, blk = pre.kept[rid], blocks.get(id(r.op), "pre")
         # a partial policy that keeps no layer inputs (selective) drops a value only when
         # every backward reader is inside the recomputed region too
         drop = id(r.op) in rec and (policy.keeps_layer_inputs

@@ -37,7 +37,9 @@ parameter tensor on the rank. Sources (FN = shared/reference/fidelity_notes.md):
   unsharded gradient (reduced with the root's at the end), ``prefetch + 1`` blocks'
   weights (the one running and those prefetched) and one block's unsharded gradient with
   its reduce-dtype copy for the reduce_scatter. Below ZeRO-3 the weights stay unsharded
-  in 16 bits and the fp32 states follow the ``megatron`` split.
+  in 16 bits and the fp32 states follow the ``megatron`` split; ZeRO-2 (FSDP2 with
+  ``reshard_after_forward=False``) also holds the same head and block gradient buffers,
+  since FSDP2 reduces each block's gradients the same way at either stage.
 """
 
 from __future__ import annotations
@@ -213,13 +215,29 @@ def fsdp_states(x: StateInputs) -> ModelStates:
     FULL_SHARD without pipelining holds 16/8 = 2 GB of states plus a few blocks."""
     if x.accumulate_unsharded and x.zero >= 2:
         return _fsdp_unsharded_accumulation(x)
-    if x.zero < 3:
+    if x.zero < 2:
         return megatron_states(x)
+    if x.zero == 2:  # all 16-bit weights stay gathered; the same per-block reduce as ZeRO-3
+        base = megatron_states(x)
+        return ModelStates(params=base.params, grads=base.grads, optimizer=base.optimizer,
+                           buffers=_reduce_buffers(x))
     params, optimizer, gathered = _full_shard(x)
-    head_grad = x.param_bytes * x.largest_param if x.root_params else 0
-    block_grad = (x.param_bytes + x.reduce_bytes) * x.largest_block
     return ModelStates(params=params, grads=_shard(x.params, x.dp) * _main_grad_bytes(x),
-                       optimizer=optimizer, buffers=gathered + head_grad + block_grad)
+                       optimizer=optimizer, buffers=gathered + _reduce_buffers(x))
+
+
+def _reduce_buffers(x: StateInputs) -> int:
+    """FSDP2's unsharded gradients at a block's backward, the same under ZeRO-2 and ZeRO-3:
+    the head's 16-bit gradient (the root's gradients are reduced only at the end of the
+    backward) and the running block's 16-bit gradient with its reduce-dtype copy for the
+    reduce_scatter. torch 2.13.0 ``_fully_shard/_fsdp_param_group.py`` ``post_backward``
+    collects each group's unsharded gradients and calls ``foreach_reduce`` (which copies them
+    into a ``reduce_dtype`` reduce_scatter input) whatever ``reshard_after_forward`` is:
+    ZeRO-2 (``reshard_after_forward=False``) differs from ZeRO-3 only in keeping the weights
+    gathered. Counting these for ZeRO-3 only made ZeRO-3 report more memory than ZeRO-2
+    (Qwen3-30B-A3B, 4 layers, dp 8: 17.75 -> 19.57 GiB)."""
+    head_grad = x.param_bytes * x.largest_param if x.root_params else 0
+    return head_grad + (x.param_bytes + x.reduce_bytes) * x.largest_block
 
 
 def _full_shard(x: StateInputs) -> tuple[int, int, int]:
@@ -228,7 +246,9 @@ def _full_shard(x: StateInputs) -> tuple[int, int, int]:
     16-bit weights of the root and of ``prefetch + 1`` blocks."""
     shard = _shard(x.params, x.dp)
     master = FP32 if x.param_bytes < FP32 else 0  # the sharded weight is the fp32 master
-    gathered = x.param_bytes * (x.root_params + (x.prefetch + 1) * x.largest_block)
+    # at most all of the rank's weights: a stage of fewer than prefetch + 1 blocks gathers
+    # every one it has, not blocks it does not hold
+    gathered = x.param_bytes * min(x.root_params + (x.prefetch + 1) * x.largest_block, x.params)
     return shard * (master or x.param_bytes), shard * (x.optimizer_bytes - master), gathered
 
 

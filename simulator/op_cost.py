@@ -242,21 +242,39 @@ def matmul_grad_cost(sig: OpSig) -> list[KernelCost]:
 
 
 # -- attention ------------------------------------------------------------------------------
-def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int]:
-    """(batch, heads_q, s_q, s_k, head_dim) from q, k in [b, s, heads, d] (Paddle's layout)."""
+def _attn_dims(sig: OpSig) -> tuple[int, int, int, int, int, int]:
+    """(batch, heads_q, s_q, s_k, head_dim of q and k, head_dim of v) from q, k, v in
+    [b, s, heads, d] (Paddle's layout; v's d differs under multi-head latent attention)."""
     q, k = sig.ins[0], sig.ins[1]
+    v = sig.ins[2] if len(sig.ins) > 2 else None
     if q is None or k is None or len(q.shape) != 4 or len(k.shape) != 4:
         raise SimulatorError(f"{sig.type}: expects q, k of shape [batch, seq, heads, head_dim]")
     b, sq, hq, d = q.shape
-    return b, hq, sq, k.shape[1], d
+    dv = v.shape[3] if v is not None and len(v.shape) == 4 else d
+    return b, hq, sq, k.shape[1], d, dv
+
+
+def _chunk_seen(sq: int, sk: int, c: int) -> float:
+    """Keys the queries of a causal ``attention_chunk`` = c attention see in all: query i
+    (key position p = i + sk - sq) sees positions floor(p / c) * c .. p, p mod c + 1 keys;
+    for sq = sk = s: (s // c) * c (c + 1) / 2 + r (r + 1) / 2 with r = s mod c."""
+    off = sk - sq
+    if sq <= 4096 or off:
+        return float(sum((i + off) % c + 1 for i in range(sq)))
+    r = sq % c
+    return (sq // c) * c * (c + 1) / 2 + r * (r + 1) / 2
 
 
 def _causal_fraction(sig: OpSig, sq: int, sk: int) -> float:
     """Fraction of the ``sq x sk`` score matrix a causal (and, with the
     ``sliding_window`` attribute w, windowed) kernel computes: query i sees keys
     ``(i + sk - sq) - w < j <= i + sk - sq`` (FlashAttention-2 ``window_size = (w - 1, 0)``,
-    whose kernel skips the key blocks outside the band)."""
+    whose kernel skips the key blocks outside the band); with the ``attention_chunk``
+    attribute c, the keys of its own chunk (:func:`_chunk_seen`; Llama 4)."""
     w = int(sig.attr("sliding_window", 0) or 0)
+    c = int(sig.attr("attention_chunk", 0) or 0)
+    if c > 0 and sk > 0:
+        return _chunk_seen(sq, sk, c) / (sq * sk)
     if w > 0 and sk > 0:
         off = sk - sq
         if sq <= 4096:
@@ -291,44 +309,50 @@ def _cp_fraction(sig: OpSig, sq: int, sk: int, cp: int) -> float:
 
 
 def _window_share(sig: OpSig, keys: int) -> float:
-    """Model FLOPs of windowed attention: a query sees at most ``sliding_window`` = w of the
-    ``keys`` keys, so the convention that counts every query against every key (Megatron's
-    and PaLM's 12 L h s per token, no causal halving) counts it against min(w, keys):
-    min(w, keys) / keys; 1 without a window. (Executed FLOPs use the exact band,
-    :func:`_causal_fraction`.)"""
-    w = int(sig.attr("sliding_window", 0) or 0)
+    """Model FLOPs of windowed attention: a query sees at most ``sliding_window`` = w (or
+    ``attention_chunk`` = c) of the ``keys`` keys, so the convention that counts every query
+    against every key (Megatron's and PaLM's 12 L h s per token, no causal halving) counts it
+    against min(w, keys): min(w, keys) / keys; 1 without a window or chunk. (Executed FLOPs
+    use the exact band, :func:`_causal_fraction`.)"""
+    w = int(sig.attr("sliding_window", 0) or 0) or int(sig.attr("attention_chunk", 0) or 0)
     return min(w, keys) / keys if w > 0 and keys > 0 else 1.0
 
 
 @register_cost("flash_attention", "attention")
 def flash_attention_cost(sig: OpSig) -> list[KernelCost]:
-    """Model FLOPs 4*b*h_q*s_q*s_k*d (with a sliding window w: s_k counted as min(w, s_k),
-    :func:`_window_share`); executed FLOPs times the causal fraction. Bytes: read
-    q, k, v (GQA: k, v have fewer heads), write out and the softmax log-sum-exp.
+    """Model FLOPs 2*b*h_q*s_q*s_k*(d + d_v): QK^T (inner dim d) and P V (inner dim d_v),
+    4*b*h_q*s_q*s_k*d when v's head size is q's (with a sliding window w or an attention
+    chunk c: s_k counted as min(w, s_k), :func:`_window_share`); executed FLOPs times the
+    causal fraction. Bytes: read q, k, v (GQA: k, v have fewer heads) and the sinks, write
+    out and the softmax log-sum-exp.
 
     Context parallelism (``context_parallel`` = cp > 1): the rank's s_q queries attend to
     all cp * s_k keys (cp blocks of the ring, or the all-gathered K/V), so s_k counts cp
     times and every K/V block is read once; the causal fraction is the load-balanced one
     (:func:`_cp_fraction`)."""
-    b, hq, sq, sk, d = _attn_dims(sig)
+    b, hq, sq, sk, d, dv = _attn_dims(sig)
     cp = _cp_degree(sig)
-    full = 4.0 * b * hq * sq * sk * cp * d
+    full = 2.0 * b * hq * sq * sk * cp * (d + dv)
     fl = full * _window_share(sig, sk * cp)
     ex = full * _cp_fraction(sig, sq, sk, cp)
-    nbytes = _bytes(sig.ins[0]) + cp * sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs)
+    nbytes = (_bytes(sig.ins[0]) + cp * sum(_bytes(t) for t in sig.ins[1:3])
+              + sum(_bytes(t) for t in sig.ins[3:]) + sum(_bytes(t) for t in sig.outs))
     return [KernelCost("F", fl, ex, nbytes, "attention", _first_dtype(sig), causal_flops=ex)]
 
 
 @register_cost("flash_attention_grad", "attention_grad")
 def flash_attention_grad_cost(sig: OpSig) -> list[KernelCost]:
-    """Model FLOPs 2x forward (dQ, dK, dV, dP); executed 2.5x forward (QK^T recomputed,
-    FlashAttention-2 section 3.1). All B: attention has no weights. Context parallelism as
-    in :func:`flash_attention_cost` (every K/V block and its dK/dV read and written once)."""
-    b, hq, sq, sk, d = _attn_dims(sig)
+    """Model FLOPs 2x forward (dQ, dK: inner dims d_v then d; dV, dP); executed 2x forward
+    plus QK^T recomputed, 2*b*h_q*s_q*s_k*d (2.5x forward when d_v = d: FlashAttention-2
+    section 3.1), times the causal fraction. All B: attention has no weights. Context
+    parallelism as in :func:`flash_attention_cost` (every K/V block and its dK/dV read and
+    written once)."""
+    b, hq, sq, sk, d, dv = _attn_dims(sig)
     cp = _cp_degree(sig)
-    fwd = 4.0 * b * hq * sq * sk * cp * d
+    fwd = 2.0 * b * hq * sq * sk * cp * (d + dv)
+    recompute = 2.0 * b * hq * sq * sk * cp * d
     frac = _cp_fraction(sig, sq, sk, cp)
-    ex = 2.5 * fwd * frac
+    ex = (2.0 * fwd + recompute) * frac
     causal = 2.0 * fwd * frac  # the model's 2x forward over the scores the mask keeps
     fwd *= _window_share(sig, sk * cp)  # model FLOPs: the keys a query may see
     kv = sum(_bytes(t) for t in sig.ins[1:3]) + sum(_bytes(t) for t in sig.outs[1:3])

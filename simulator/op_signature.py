@@ -120,6 +120,12 @@ def is_weight_grad(v: Value | None, param_names: frozenset[str]) -> bool:
     return bool(v.uses) and all(o.role == OpRole.OPTIMIZE for o, _ in v.uses)
 
 
+def grad_weights(op: Operation, param_names: frozenset[str]) -> tuple[bool, ...]:
+    """Per result of backward op ``op``, whether it is a weight gradient: ``op_signature(op,
+    ...).weights`` without the shapes (``param_names``: the program's parameter names)."""
+    return _grad_weights(op, param_names)
+
+
 def _grad_weights(op: Operation, param_names: frozenset[str]) -> tuple[bool, ...]:
     fwd = get_opdef(op.type[: -len("_grad")]) if op.type.endswith("_grad") else None
     flags = []

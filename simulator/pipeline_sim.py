@@ -104,6 +104,7 @@ def simulate_pipeline(
     cluster: Any = None,
     p2p_bytes: float | None = None,
     p2p_sync: bool = False,
+    pair_hidden: Mapping[tuple[int, int, int], float] | None = None,
 ) -> SimResult:
     """Simulate one training step of ``schedule`` and return a SimResult.
 
@@ -123,32 +124,39 @@ def simulate_pipeline(
             whose result goes to another rank; asynchronous (default): a send is only a
             delay on the receiver's dependency. Either way the receiver's input arrives
             one hop after the producer's end.
+        pair_hidden: seconds each overlapped F&B pair (``Schedule.pairs``) hides, by
+            (rank, forward chunk, backward chunk): the pair's backward is that much shorter
+            (``simulator.step.StepModel.pair_hidden``: one micro-batch's all-to-all beside
+            the other's compute); None: none.
 
     Raises:
         ValueError: bad times/memory; ScheduleError: an invalid schedule or a deadlock
         (the message lists each stuck rank's waiting action and the input it waits for).
     """
     with gc_paused():  # per-action tuples from the validation to the summary (completion.gc_pause)
-        return _simulate(schedule, stage_times, comm_time, memory, cluster, p2p_bytes, p2p_sync)
+        return _simulate(schedule, stage_times, comm_time, memory, cluster, p2p_bytes, p2p_sync, pair_hidden)
 
 
 def _simulate(schedule: Schedule, stage_times: Any, comm_time: float, memory: Mapping[str, float] | None,
-              cluster: Any, p2p_bytes: float | None, p2p_sync: bool) -> SimResult:
+              cluster: Any, p2p_bytes: float | None, p2p_sync: bool,
+              pair_hidden: Mapping[tuple[int, int, int], float] | None = None) -> SimResult:
     """The body of :func:`simulate_pipeline` (same arguments)."""
     schedule.validate()
     times = normalize_stage_times(schedule, stage_times)
+    hidden = {k: _ns(v, "pair_hidden") for k, v in (pair_hidden or {}).items()} if schedule.pairs else {}
     key = None
     if cluster is None:  # the play is a function of the actions, their placement, the ns
         # times and the hop: a copy of a schedule with other ``meta`` (``with_meta``, which
         # shares the action and placement tuples) replays the same
         acts, vst = schedule.actions, schedule.vstage
-        key = (id(acts), id(vst), tuple(map(tuple, times)), _ns(comm_time, "comm_time"), bool(p2p_sync))
+        key = (id(acts), id(vst), tuple(map(tuple, times)), _ns(comm_time, "comm_time"), bool(p2p_sync),
+               tuple(sorted(hidden.items())))
         hit = _PLAYED.get(key)
         if hit is not None and hit[0].actions is acts and hit[0].vstage is vst:
             timeline, stats = hit[1]
             return SimResult.from_timeline(schedule, list(timeline), memory, stats)
     plan = _plan(schedule, times, _hop_ns(schedule, comm_time, cluster, p2p_bytes), p2p_sync)
-    timeline, stats = _play(schedule, plan)
+    timeline, stats = _play(schedule, plan, hidden)
     if key is not None and len(timeline) <= _PLAYED_EVENTS // 8:
         _PLAYED[key] = (schedule, (tuple(timeline), stats))
         _PLAYED_SIZE[0] += len(timeline)
@@ -245,7 +253,8 @@ class _Stream(Event):
         self._value = None
 
 
-def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[TimelineEvent], tuple]:
+def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]],
+          hidden: Mapping[tuple[int, int, int], int] | None = None) -> tuple[list[TimelineEvent], tuple]:
     """Run the SimPy event loop over the schedule's actions with the templates of ``plan``
     (from ``_plan``): one process per rank that executes its actions in order, each
     waiting for its dependencies' finish times plus their hop delays (integer ns;
@@ -253,7 +262,7 @@ def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[
     and ``(busy, span, makespan)`` ns for ``SimResult.from_timeline``; raises
     ScheduleError on a deadlock. The garbage collector is paused while the loop runs (it
     would only scan live objects)."""
-    player = _Player(schedule, len(plan))
+    player = _Player(schedule, len(plan), hidden)
     for r, actions in enumerate(schedule.actions):
         player.env.process(player.run_rank(r, actions, plan[r]))
     enabled = gc.isenabled()
@@ -273,7 +282,9 @@ def _play(schedule: Schedule, plan: list[list[dict[str, tuple]]]) -> tuple[list[
 class _Player:
     """The state of one play (:func:`_play`): finish times (ns, -1 until done) and waiting
     Events of the dense keys of ``_plan``, the timeline, each rank's first start, last end
-    and busy ns, and ``stuck`` (rank -> (action index, key) while it waits).
+    and busy ns, and ``stuck`` (rank -> (action index, key) while it waits). An action that
+    opens an overlapped pair (``Schedule.pairs``, DualPipe's F&B) starts only when its
+    partner's inputs are there too: the pair runs as one unit of both passes' time.
 
     The hot loop (:meth:`run_rank`) allocates only what SimPy needs: each action is one
     scheduled event (the rank's :class:`_Stream`, re-armed ``end - now`` ns ahead, where a
@@ -281,7 +292,8 @@ class _Player:
     rank tracks its own clock (the delays it schedules are exact) and appends each
     TimelineEvent as the action starts."""
 
-    def __init__(self, schedule: Schedule, ranks: int) -> None:
+    def __init__(self, schedule: Schedule, ranks: int,
+                 hidden: Mapping[tuple[int, int, int], int] | None = None) -> None:
         self.env = simpy.Environment()
         nkeys = 3 * schedule.num_vstages * schedule.num_microbatches
         self.finish = [-1] * nkeys
@@ -289,6 +301,23 @@ class _Player:
         self.timeline: list[TimelineEvent] = []
         self.stuck: dict[int, tuple[int, int]] = {}
         self.first, self.last, self.busy = [0] * ranks, [0] * ranks, [0] * ranks
+        self.pairs = getattr(schedule, "pairs", ()) or ()
+        self.hidden = hidden or {}
+        self.partner = 0
+
+    def _partner_ready(self, r: int, j: int, partner: tuple, chunk: dict[str, tuple]):
+        """Wait until every input of ``partner`` (the action after action j of rank r,
+        the other half of an overlapped pair, ``Schedule.pairs``) is done; leave in
+        :attr:`partner` the time (ns) the last of them arrives."""
+        kind, _, mb, _ = partner
+        _, _, k1, d1, k2, d2, *_ = chunk[kind]
+        self.partner = 0
+        for k, d in ((k1, d1), (k2, d2)):
+            if k < 0:
+                continue
+            if self.finish[k + mb] < 0:
+                yield from self.wait(r, j, k + mb)
+            self.partner = max(self.partner, self.finish[k + mb] + d)
 
     def wait(self, r: int, j: int, key: int):
         """Block rank r (at its action j) until ``key`` finishes."""
@@ -306,12 +335,19 @@ class _Player:
         make = tuple.__new__  # TimelineEvent(...) without the NamedTuple constructor's call
         clock = _Stream(env)
         single = chunks[0] if len(chunks) == 1 else None
+        paired = self.pairs[r] if self.pairs else None
         now = busy_r = 0
         j = 0
         for kind, _, mb, c in actions:
             dur, post, k1, d1, k2, d2, o1, o2, vs = (single or chunks[c])[kind]
             o1 += mb
             ready = now
+            if paired is not None and j in paired:  # an overlapped pair starts on both inputs
+                yield from self._partner_ready(r, j, actions[j + 1], single or chunks[actions[j + 1][3]])
+                now = env.now
+                ready = max(ready, self.partner)
+            elif paired is not None and j - 1 in paired:  # its backward: less what the pair hides
+                dur = max(0, dur - self.hidden.get((r, actions[j - 1][3], c), 0))
             if k1 >= 0:
                 k1 += mb
                 fin = finish[k1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from completion.dtypes import DTYPE_BYTES
 from completion.ir import OpRole, Program
@@ -23,10 +23,12 @@ from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
 from simulator.memory import (
     LossLogits,
+    SavedPrepass,
     StageActivations,
     loss_logits,
     moe_unsaved,
     saved_activations,
+    saved_prepass,
 )
 from simulator.op_cost import op_cost
 from simulator.op_signature import local_tensor, op_signature
@@ -69,8 +71,11 @@ class ByIdentity:
         return isinstance(other, ByIdentity) and other.obj is self.obj
 
 
-class CostCache:
-    """A small LRU cache of :class:`ProgramCosts` by a caller's key (the model, its costing
+_T = TypeVar("_T")
+
+
+class CostCache(Generic[_T]):
+    """A small LRU cache of :class:`ProgramCosts` (or another value, ``_T``) by a caller's key (the model, its costing
     strategy, the cluster and device efficiency): a search costs each distinct layer layout
     once, whatever its dp, pp, schedule and ZeRO stage. 2048 entries by default: an
     exhaustive search bounds every candidate before it simulates any, so every distinct
@@ -79,14 +84,14 @@ class CostCache:
 
     def __init__(self, maxsize: int = 2048) -> None:
         self.maxsize = maxsize
-        self._items: OrderedDict[Any, ProgramCosts] = OrderedDict()
+        self._items: OrderedDict[Any, _T] = OrderedDict()
         self.hits = self.misses = 0
 
     def clear(self) -> None:
         """Forget every entry (benchmarks time cold searches)."""
         self._items.clear()
 
-    def get(self, key: Any, build: Callable[[], ProgramCosts]) -> ProgramCosts:
+    def get(self, key: Any, build: Callable[[], _T]) -> _T:
         """The costs under ``key``, built with ``build()`` on a miss."""
         if key in self._items:
             self._items.move_to_end(key)
@@ -140,17 +145,27 @@ class ProgramCosts:
 
     @classmethod
     def of(cls, plan_program: Any, cluster: Any, roofline: Roofline,
-           num_layers: int | None = None, profile: Any = None) -> ProgramCosts:
+           num_layers: int | None = None, profile: Any = None, *,
+           recompute: str | None = None, block_costs: dict[Any, BlockCost] | None = None,
+           tables: ProgramTables | None = None) -> ProgramCosts:
         """Costs of a ``completion.plan_program.PlanProgram`` on ``cluster`` for rank 0.
 
         ``num_layers``: how many model layers the program's layers stand for (module
         docstring; for a representative program: the model's layer count); None costs
         every layer of the program separately. ``profile``: the framework profile the
-        kernels run under (fusion: ``simulator.profiles``). Raises ProgramCostError when
-        pp > 1 and the program has no decoder layers."""
+        kernels run under (fusion: ``simulator.profiles``). ``recompute``: the recompute
+        mode whose saved activations and recompute FLOPs to count (None: the program's
+        strategy's; the program itself does not depend on it, ``build_plan_program`` reads
+        no recompute). ``block_costs``: the program's ``StageCoster(...).block_costs()`` on
+        this cluster, roofline and profile when the caller has them; ``tables``: the
+        program's :class:`ProgramTables` (``meshplan.engine.PROGRAMS`` keeps both).
+        Raises ProgramCostError when pp > 1 and the program has no decoder layers."""
         prog, s = plan_program.program, plan_program.strategy
-        blocks = assign_blocks(prog)
-        costs = StageCoster(prog, cluster, roofline, rank=0, profile=profile).block_costs()
+        recompute = s.recompute if recompute is None else recompute
+        blocks = assign_blocks(prog) if tables is None else tables.blocks
+        costs = block_costs
+        if costs is None:
+            costs = StageCoster(prog, cluster, roofline, rank=0, profile=profile).block_costs()
         layer_ids = sorted(k for k in costs if isinstance(k, int))
         if num_layers is not None and layer_ids:
             keys = layer_roles(layer_ids, num_layers)
@@ -162,7 +177,7 @@ class ProgramCosts:
         # an annotated program holds every dp replica of its mesh; with 1 < ep < dp it is one
         # of dp / ep expert-data-parallel copies (PlanProgram.replicas)
         reps = getattr(plan_program, "replicas", 1) if plan_program.annotated else s.dp
-        flops = block_model_flops(prog, blocks, s.recompute, reps)
+        flops = block_model_flops(prog, blocks, recompute, reps, None if tables is None else tables.flops())
         model_flops = {k: v for k, v in flops.items()
                        if not (isinstance(k, int) or isinstance(k, tuple) and isinstance(k[1], int))}
         for i, key in enumerate(keys):  # every model layer, even when one stands for all
@@ -171,7 +186,7 @@ class ProgramCosts:
                 if (kind, key) in flops:
                     model_flops[(kind, i)] = flops[(kind, key)]
         loss = loss_logits(prog)
-        acts = framework_activations(merged_activations(prog, s.recompute, moe_unsaved(profile)),
+        acts = framework_activations(merged_activations(prog, recompute, moe_unsaved(profile), tables),
                                      loss, profile)
         return cls([costs[k] for k in keys], costs.get("pre"), costs.get("post"), keys,
                    acts, model_flops, boundary_bytes(prog, blocks), loss)
@@ -192,8 +207,28 @@ def layer_roles(layer_ids: list[int], num_layers: int) -> list[int]:
     return [first] + [middle] * (num_layers - 2) + [last]
 
 
+def op_flops(prog: Program, blocks: dict[int, Any]) -> list[tuple[int, Any, float, float, float]]:
+    """Per op of a block, ``(id(op), block, model FLOPs of F + B + W from global shapes,
+    expert slot factor >= 1, the model FLOPs a causal or windowed mask leaves out)``: what
+    :func:`block_model_flops` sums, for any recompute mode and replica count."""
+    names = frozenset(p.name for p in prog.parameters() if p.name)
+    slots = expert_slot_factors(prog)
+    out = []
+    for op in prog.ops:
+        blk = blocks.get(id(op))
+        if blk is None:
+            continue
+        kernels = [k for k in op_cost(op_signature(op, None, names, global_shapes=True))
+                   if k.phase in PHASES]
+        fl = sum(k.flops for k in kernels)
+        skip = sum(k.flops - k.causal_flops for k in kernels if k.causal_flops is not None)
+        out.append((id(op), blk, fl, max(1.0, _slot_factor(op, slots)), skip))
+    return out
+
+
 def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
-                      replicas: int = 1) -> dict[Any, float]:
+                      replicas: int = 1, table: list[tuple[int, Any, float, float, float]] | None = None
+                      ) -> dict[Any, float]:
     """Model FLOPs per block of one micro-batch from global shapes (F + B + W kernels;
     ``simulator.op_cost`` conventions), times ``replicas`` (the dp replicas an unannotated
     program stands for), and under ``("recompute", block)`` the forward FLOPs that
@@ -202,34 +237,52 @@ def block_model_flops(prog: Program, blocks: dict[int, Any], recompute: str,
     ``("padding", block)`` the expert FLOPs on padded slots and under
     ``("causal_skip", block)`` the attention model FLOPs a causal (or windowed) mask
     leaves out (``KernelCost.flops - causal_flops``: model FLOPs, not executed ones; the
-    count ``mfu_causal`` takes off)."""
-    names = frozenset(p.name for p in prog.parameters() if p.name)
+    count ``mfu_causal`` takes off). ``table``: the program's :func:`op_flops` when the
+    caller has it."""
     rec = recomputed_ops(prog.ops, blocks, recompute)
-    slots = expert_slot_factors(prog)
     out: dict[Any, float] = {}
-    for op in prog.ops:
-        blk = blocks.get(id(op))
-        if blk is None:
-            continue
-        kernels = [k for k in op_cost(op_signature(op, None, names, global_shapes=True))
-                   if k.phase in PHASES]
-        fl = sum(k.flops for k in kernels) * replicas
-        skip = sum(k.flops - k.causal_flops for k in kernels if k.causal_flops is not None)
+    for oid, blk, fl0, f, skip in (op_flops(prog, blocks) if table is None else table):
+        fl = fl0 * replicas
         if skip:
             out[("causal_skip", blk)] = out.get(("causal_skip", blk), 0.0) + skip * replicas
         # an op on padded expert slots (factor f > 1): the model's share is 1 / f; below 1
         # (a capacity that drops tokens) every slot holds a routed token and the dropped
         # ones are not computed: all of it is the model's (MFU never above the executed)
-        f = max(1.0, _slot_factor(op, slots))
         pad = fl * (1.0 - 1.0 / f)
         fl -= pad
-        runs = 2 if id(op) in rec else 1  # a recomputed op runs its padding again too
+        runs = 2 if oid in rec else 1  # a recomputed op runs its padding again too
         if pad:
             out[("padding", blk)] = out.get(("padding", blk), 0.0) + runs * pad
         out[blk] = out.get(blk, 0.0) + fl
         if runs == 2:
             out[("recompute", blk)] = out.get(("recompute", blk), 0.0) + fl
     return out
+
+
+class ProgramTables:
+    """What :meth:`ProgramCosts.of` reads off one program for any recompute mode and replica
+    count, computed once (a search costs every recompute mode and, under expert
+    parallelism, several dp of one program): its blocks, per-op model FLOPs
+    (:func:`op_flops`) and the saved-activation prepass per ``unsaved`` set
+    (``simulator.memory.saved_prepass``). The program must not change afterwards."""
+
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+        self.blocks = assign_blocks(prog)
+        self._flops: list[tuple[int, Any, float, float, float]] | None = None
+        self._prepass: dict[frozenset, SavedPrepass] = {}
+
+    def flops(self) -> list[tuple[int, Any, float, float, float]]:
+        """The program's :func:`op_flops`."""
+        if self._flops is None:
+            self._flops = op_flops(self.prog, self.blocks)
+        return self._flops
+
+    def prepass(self, unsaved: frozenset[tuple[str, int]]) -> SavedPrepass:
+        """The program's ``saved_prepass`` for ``unsaved``."""
+        if unsaved not in self._prepass:
+            self._prepass[unsaved] = saved_prepass(self.prog, unsaved)
+        return self._prepass[unsaved]
 
 
 def expert_slot_factors(prog: Program) -> dict[str, float]:
@@ -276,12 +329,15 @@ def framework_activations(acts: StageActivations, loss: LossLogits, profile: Any
 
 
 def merged_activations(prog: Program, recompute: str,
-                       unsaved: frozenset[tuple[str, int]] = frozenset()) -> StageActivations:
+                       unsaved: frozenset[tuple[str, int]] = frozenset(),
+                       tables: ProgramTables | None = None) -> StageActivations:
     """Activation bytes saved for backward per block, summed over the program's stage
     meshes (``simulator.memory.saved_activations``; ``unsaved``: the framework's reads that
-    keep nothing, ``simulator.memory.moe_unsaved``)."""
+    keep nothing, ``simulator.memory.moe_unsaved``; ``tables``: the program's
+    :class:`ProgramTables` when the caller keeps them)."""
     merged = StageActivations()
-    for st in saved_activations(prog, recompute, unsaved).values():
+    pre = None if tables is None else tables.prepass(unsaved)
+    for st in saved_activations(prog, recompute, unsaved, pre).values():
         for table in ("by_block", "w_by_block", "dropped_by_block"):
             for k, v in getattr(st, table).items():
                 merged.add(table, k, v)

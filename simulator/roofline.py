@@ -220,13 +220,29 @@ class Roofline:
             epilogue_exposed=bool(epilogue is not None and epilogue.value),
         )
 
-    def mfu_peak(self) -> float:
-        """FLOP/s that MFU divides by: the device's largest floating-point peak other than
-        FP8 (int8 is not one either): its BF16 tensor-core peak on a GPU, a CPU's fp32 rate
-        when it emulates bf16. The same whatever the plan's dtype (an FP8 plan too, as NeMo
-        and torchtitan report MFU), so an fp32 plan's MFU shows what the device could do
-        (PaLM's MFU, Chowdhery et al. 2022 appendix B: the hardware's peak). Raises
-        SimulatorError when no such peak is listed."""
+    def mfu_peak(self, fp8: bool = False) -> float:
+        """FLOP/s that MFU divides by: the peak of the fastest precision the plan's GEMMs
+        run in, so that MFU <= 1 (PaLM's MFU, Chowdhery et al. 2022 appendix B: model FLOPs
+        over the hardware's peak for them). Without FP8 (``fp8`` False) the device's largest
+        floating-point peak other than FP8 (int8 is not one either): its BF16 tensor-core
+        peak on a GPU, a CPU's fp32 rate when it emulates bf16, also for an fp32 plan (what
+        the device could do). With FP8 GEMMs the FP8 peak (twice BF16's on an H100): NeMo
+        and torchtitan divide an FP8 run's FLOPs by the BF16 peak instead, which exceeds 1
+        for a fast FP8 plan (1.12 at hidden 16384); that figure is :meth:`bf16_mfu_peak`'s.
+        Raises SimulatorError when the needed peak is not listed."""
+        base = self.bf16_mfu_peak()
+        if not fp8:
+            return base
+        vals = [v for k, v in self.peak_flops.items() if k.startswith(("fp8", "float8"))]
+        if not vals:
+            raise SimulatorError(f"roofline: MFU of an FP8 plan needs the device's fp8 peak_flops; "
+                                 f"it lists {', '.join(sorted(self.peak_flops))}")
+        return float(max(max(vals), base))
+
+    def bf16_mfu_peak(self) -> float:
+        """The device's largest floating-point peak other than FP8 and integer ones (its
+        BF16 tensor-core peak on a GPU): what NeMo and torchtitan report MFU against, an FP8
+        run's too. Raises SimulatorError when none is listed."""
         vals = [v for k, v in self.peak_flops.items() if not k.startswith(("fp8", "float8", "int"))]
         if not vals:
             raise SimulatorError(f"roofline: MFU needs a floating-point peak_flops entry other than "

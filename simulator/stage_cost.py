@@ -38,6 +38,7 @@ from simulator.cp_impls import cp_impl
 from simulator.eager_ops import eager_kernels, eager_settings, impl_for
 from simulator.fp8 import cast_kernels, fp8_state_bytes
 from simulator.fusion import FusionPlan
+from simulator.host_time import Dispatch, host_seconds
 from simulator.memory import is_regather
 from simulator.op_cost import KernelCost, op_cost
 from simulator.op_signature import OpSig, is_weight_grad, local_tensor, op_signature, param_root
@@ -123,6 +124,14 @@ class BlockCost:
             attention kernels (``simulator.context_parallel``: issued minus exposed). Not in
             ``comm`` (which holds what the block's time carries); the step's ``tp_comm``
             line shows it as issued and ``overlapped`` as hidden.
+        launched: per phase, the block's kernels and collectives in program order as
+            ``(is_collective, device seconds)`` (a fused group one kernel): what the host
+            dispatches (:meth:`dispatch`). Not in :meth:`time`: the pipeline action that
+            runs the block composes its blocks' dispatches
+            (``simulator.stage_timing.StageTimer.stage_time``).
+        a2a: seconds per phase of the block's all_to_all collectives (part of ``comm``: the
+            expert-parallel dispatch and combine), what an overlapped F&B pair may hide
+            (``overlap.moe_a2a``, ``simulator.step``).
     """
 
     compute: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -139,6 +148,27 @@ class BlockCost:
     per_step: float = 0.0
     fp8_state_bytes: float = 0.0
     cp_hidden: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    launched: dict[Phase, list[tuple[bool, float]]] = field(
+        default_factory=lambda: {ph: [] for ph in PHASES})
+    _dispatched: dict[tuple[Phase, float, float], Dispatch] = field(
+        default_factory=dict, repr=False, compare=False)
+
+    def dispatched(self, phase: Phase, device_s: float, collective: bool = False) -> None:
+        """Record one kernel (or collective) of ``phase`` that runs ``device_s`` seconds."""
+        self.launched[phase].append((collective, device_s))
+        self._dispatched.clear()
+
+    def dispatch(self, phase: Phase, profile: Any) -> Dispatch:
+        """``phase``'s kernels as the host dispatches them under ``profile``'s ``host``
+        section (``simulator.host_time``: ``host_seconds`` per kernel and per collective;
+        none: no host time, ``finish == device``)."""
+        kernel, coll = host_seconds(profile, 1), host_seconds(profile, 0, 1)
+        key = (phase, kernel, coll)
+        if key not in self._dispatched:
+            self._dispatched[key] = Dispatch.chain(
+                Dispatch.kernel(coll if c else kernel, t) for c, t in self.launched[phase])
+        return self._dispatched[key]
+    a2a: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def attn_core_f(self) -> float:
@@ -163,7 +193,22 @@ class BlockCost:
         kernels (:class:`OverlapCandidate`) takes ``simulator.streams.overlapped_time``
         with them instead of their sum; a B collective whose partners are W kernels (the
         input-gradient all_reduce beside the weight-gradient GEMM) overlaps only inside a
-        BW action. Without a profile (or with every flag off): :meth:`time`."""
+        BW action. Without a profile (or with every flag off): :meth:`time`.
+
+        Returns a new dict per call (callers add to it); the values are computed once per
+        (profile, overlap) and block (a search times the same blocks for every candidate
+        of a layout). A BlockCost is complete when ``StageCoster.block_costs`` returns it:
+        nothing changes its fields afterwards (``dataclasses.replace`` makes a new one)."""
+        memo = self.__dict__.setdefault("_times_memo", {})
+        hit = memo.get((id(profile), overlap))
+        if hit is not None and hit[0] is profile:
+            return dict(hit[1])
+        out = self._times(profile, overlap)
+        memo[(id(profile), overlap)] = (profile, out)
+        return dict(out)
+
+    def _times(self, profile: Any, overlap: float) -> dict[str, float]:
+        """:meth:`times` computed (no memo)."""
         out = {ph: self.time(ph, overlap) for ph in PHASES}
         out["BW"] = out["B"] + out["W"]
         if profile is None or not self.overlaps:
@@ -270,17 +315,23 @@ class StageCoster:
         self.rank, self.offset = rank, rank_offset
         self.names = frozenset(p.name for p in program.parameters() if p.name)
         self._index = {id(op): i for i, op in enumerate(program.ops)}  # kernel keys by position
-        self._time_cache: dict[Any, tuple[dict[Phase, float], tuple[KernelCost, ...]]] = {}
+        self._time_cache: dict[Any, tuple[dict[Phase, float], tuple[KernelCost, ...],
+                                          tuple[float, ...]]] = {}
         self._eager = eager_settings(profile)
 
-    def _op_times(self, sig: OpSig, skip: Phase | None = None) -> tuple[dict[Phase, float], tuple]:
-        """Seconds per phase and the kernels of one op; ``skip``: leave out the kernels of
-        that phase from the times (they run inside a fused kernel)."""
+    def _op_times(self, sig: OpSig, skip: Phase | None = None) -> tuple[dict[Phase, float], tuple, tuple]:
+        """Seconds per phase, the kernels of one op and each kernel's seconds (0 for the
+        skipped ones); ``skip``: leave out the kernels of that phase from the times (they
+        run inside a fused kernel)."""
         key = (sig, skip)
         if key not in self._time_cache:
             kernels = self._kernels(sig)
-            self._time_cache[key] = (self.roofline.kernels_time(
-                [k for k in kernels if k.phase != skip]), kernels)
+            each = tuple(0.0 if k.phase == skip else self.roofline.kernel_time(k) for k in kernels)
+            times: dict[Phase, float] = {}
+            for k, t in zip(kernels, each, strict=True):
+                if k.phase != skip:
+                    times[k.phase] = times.get(k.phase, 0.0) + t
+            self._time_cache[key] = (times, kernels, each)
         return self._time_cache[key]
 
     def _kernels(self, sig: OpSig) -> tuple[KernelCost, ...]:
@@ -309,7 +360,9 @@ class StageCoster:
                 continue  # stage boundaries are the pipeline's p2p, costed by the engine
             group = tuple(r + self.offset for r in _group_of(st, self.rank))
             if not st.is_collective:
-                bc.compute[phase] += self.roofline.memory_time(st.nbytes)  # local slice
+                t = self.roofline.memory_time(st.nbytes)  # local slice
+                bc.compute[phase] += t
+                bc.dispatched(phase, t)
                 continue
             if grad:
                 bc.grad_sync.append((st.kind, int(st.nbytes), group))
@@ -320,10 +373,14 @@ class StageCoster:
             t = self.cluster.collective_time(st.kind, nbytes, group)
             bc.comm[phase] += t
             bc.comm_count[phase] += 1
+            bc.dispatched(phase, t, collective=True)
+            if st.kind == "all_to_all":
+                bc.a2a[phase] += t
             self._candidate(op, st.kind, phase, t, bc)
             if regather:  # the gathered activation is not kept: B gathers it again
                 bc.comm["B"] += t
                 bc.comm_count["B"] += 1
+                bc.dispatched("B", t, collective=True)
                 users = [u for u, _ in y.uses if u.role == OpRole.BACKWARD]
                 self._add_candidate(bc, "B", t, "tp_backward", "B", users)
 
@@ -368,8 +425,10 @@ class StageCoster:
             return
         for phase, kind, nbytes, group in fn(op, self.rank):
             g = tuple(r + self.offset for r in group)
-            bc.comm[phase] += self.cluster.collective_time(kind, nbytes, g)
+            t = self.cluster.collective_time(kind, nbytes, g)
+            bc.comm[phase] += t
             bc.comm_count[phase] += 1
+            bc.dispatched(phase, t, collective=True)
 
     def _context_parallel(self, sig: OpSig, times: dict[Phase, float], bc: BlockCost) -> float:
         """Context-parallel attention as the profile's implementation runs it
@@ -436,6 +495,7 @@ class StageCoster:
         if op is g.ops[0]:
             t = self.roofline.kernel_time(plan.kernel(g, self.rank))
             bc.compute[g.phase] += t
+            bc.dispatched(g.phase, t)
             if g.phase == "F":
                 own = {id(o): sum(self._op_times(op_signature(o, self.rank, self.names))[0].values())
                        for o in g.ops}
@@ -466,12 +526,14 @@ class StageCoster:
             self._params_and_workspace(op, sig, bc)
             self._kernel_collectives(op, bc)
             fused = self._fused(plan, op, bc, recomputed)
-            times, kernels = self._op_times(sig, fused)
+            times, kernels, each = self._op_times(sig, fused)
             cp_exposed = self._context_parallel(sig, times, bc) if op.type in CP_PHASE else 0.0
-            for k in kernels:
+            for k, t in zip(kernels, each, strict=True):
                 if k.phase in PHASES:
                     bc.flops[k.phase] += k.flops
                     bc.exec_flops[k.phase] += k.exec_flops
+                    if k.phase != fused:  # a fused group's kernels: its one launch
+                        bc.dispatched(k.phase, t)
             for ph, t in times.items():
                 if ph in PHASES:
                     bc.compute[ph] += t

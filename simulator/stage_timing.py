@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator import dp_groups
+from simulator.host_time import Dispatch
 from simulator.roofline import Roofline
 from simulator.stage_cost import PHASES, BlockCost
 from simulator.streams import Kernel, prefetched_chain
@@ -37,9 +38,9 @@ def reduce_bytes(cfg: Any) -> int:
 
 def vstage_ranks(schedule: str, pp: int, vpp: int) -> list[int]:
     """The pipeline rank of each virtual stage (model order): round robin (vs mod pp) for
-    every schedule but ZB-V, whose two chunks per rank run in a V (rank i holds vs i and
-    2p - 1 - i; formulas.md, Qi et al. 2024)."""
-    if schedule == "ZBVPP":
+    every schedule but ZB-V and DualPipeV, whose two chunks per rank run in a V (rank i
+    holds vs i and 2p - 1 - i; formulas.md, Qi et al. 2024; ``simulator.schedules.dualpipe``)."""
+    if schedule in ("ZBVPP", "DualPipeV"):
         return [vs if vs < pp else 2 * pp - 1 - vs for vs in range(pp * vpp)]
     return [vs % pp for vs in range(pp * vpp)]
 
@@ -100,6 +101,20 @@ class StageTimer:
             out.append(t)
         return blocks, out
 
+    def a2a_time(self, vs: int) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of the all_to_all collectives of
+        virtual stage ``vs`` (``BlockCost.a2a``, with the profile's in-stage overlap share
+        off; under full recompute the backward reruns the forward's too)."""
+        ov, cfg = self.cfg.overlap, self.cfg
+        recomputed = self._recomputed(vs)
+        f = b = 0.0
+        for blk in self.blocks(vs):
+            f += (1 - ov) * blk.a2a["F"]
+            b += (1 - ov) * (blk.a2a["B"] + blk.a2a["W"])
+            if id(blk) in recomputed and cfg.recompute == "full":
+                b += (1 - ov) * blk.a2a["F"]
+        return f, b
+
     def _recomputed(self, vs: int) -> set[int]:
         """ids of the BlockCosts of ``vs`` that recompute applies to (its layers, not the
         embeddings or the head)."""
@@ -124,6 +139,11 @@ class StageTimer:
         from another rank all_gathers it over its tensor-parallel group first
         (:meth:`scatter_gather_time`).
 
+        Each action also waits for the host where the framework's eager dispatch is slower
+        than its kernels (:meth:`_host_bound`, ``simulator.host_time``; profiles with a
+        ``host`` section); ``parts`` then holds ``host_fused`` / ``host_split``, the seconds
+        that adds per micro-batch when the schedule runs B and W as one action or apart.
+
         Each of T_F, T_B, T_W also carries the device's per-pass host overhead
         (``Roofline.action_overhead``, ``device.efficiency.action_overhead_s``): the
         framework's dispatch work per pipeline action outside its kernels (a BW action,
@@ -143,6 +163,7 @@ class StageTimer:
             elif id(blk) in recomputed:
                 parts["compute"] += blk.recompute_time(self.cfg.recompute)
         times, gathered = self._zero3_times(blocks, per)
+        parts.update(self._host_bound(vs, blocks, times))
         parts["comm"] += gathered
         parts["fsdp"] = gathered  # the ZeRO-3 part of comm (simulator.step_trace draws it apart)
         recv_f, recv_b = self.scatter_gather_time(vs)
@@ -160,6 +181,35 @@ class StageTimer:
         times["BW"] += 2 * host
         parts["compute"] += len(PHASES) * host
         return times, parts
+
+    def action_dispatch(self, vs: int, blocks: list[BlockCost] | None = None) -> dict[str, Dispatch]:
+        """Per action kind (F, B, W, BW) of virtual stage ``vs``, its blocks' kernels as the
+        host dispatches them (``simulator.host_time.Dispatch``, composed): the forward in
+        block order; the backward in reverse block order, a block under full recompute
+        replaying its forward before its backward; BW each block's B then W."""
+        blocks = self.blocks(vs) if blocks is None else blocks
+        again = self._recomputed(vs) if self.cfg.recompute == "full" else set()
+        prof = getattr(self.cfg, "profile", None)
+
+        def back(*phases: Any) -> Dispatch:
+            return Dispatch.chain((blk.dispatch("F", prof) if id(blk) in again else Dispatch()).then(
+                Dispatch.chain(blk.dispatch(ph, prof) for ph in phases)) for blk in reversed(blocks))
+
+        return {"F": Dispatch.chain(blk.dispatch("F", prof) for blk in blocks),
+                "B": back("B"), "W": Dispatch.chain(blk.dispatch("W", prof) for blk in reversed(blocks)),
+                "BW": back("B", "W")}
+
+    def _host_bound(self, vs: int, blocks: list[BlockCost], times: dict[str, float]) -> dict[str, float]:
+        """Add to each of ``times``' F, B, W and BW the seconds the host's dispatch adds to
+        its kernels (:meth:`action_dispatch`, ``Dispatch.exposed``; 0 without a profile
+        ``host`` section). Returns ``{"host_split": F + B + W gaps, "host_fused": F + BW
+        gaps}`` (the step adds the one its schedule runs to the compute line)."""
+        if getattr(getattr(self.cfg, "profile", None), "host", None) is None:
+            return {"host_split": 0.0, "host_fused": 0.0}  # no dispatch time: nothing to compose
+        gaps = {k: d.exposed for k, d in self.action_dispatch(vs, blocks).items()}
+        for k, g in gaps.items():
+            times[k] += g
+        return {"host_split": gaps["F"] + gaps["B"] + gaps["W"], "host_fused": gaps["F"] + gaps["BW"]}
 
     def _zero3_times(self, blocks: list[BlockCost], per: list[dict[str, float]]) -> tuple[dict[str, float], float]:
         """(F, B, W, BW seconds of the chain of ``blocks``, seconds of collectives added)."""

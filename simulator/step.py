@@ -17,6 +17,7 @@ its forward and its backward (:meth:`simulator.stage_timing.StageTimer.zero3_gat
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +25,7 @@ from completion.dtypes import DTYPE_BYTES
 from completion.fp8 import FP8_PARAM_FRAMEWORKS
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
-from simulator.expert_parallel import expert_sync_time
+from simulator.expert_parallel import expert_dp_degree, expert_sync_time
 from simulator.grad_sync import (
     fixed_time,
     grad_buckets,
@@ -69,6 +70,8 @@ class StepConfig:
     boundary_bytes: float
     tokens_per_step: int
     peak_flops: float
+    """FLOP/s MFU divides by: the peak of the plan's fastest GEMM precision
+    (``Roofline.mfu_peak``: FP8's for an FP8 plan)."""
     overlap: float = 0.0
     overlap_dp_sync: bool = False
     layers_per_stage: tuple[int, ...] | None = None
@@ -87,14 +90,20 @@ class StepConfig:
     within groups of this many consecutive dp ranks and all_reduces the sharded gradients
     across the dp / N groups (:mod:`simulator.dp_groups`); None: one group of all dp."""
     ep: int = 1
-    """Expert-parallel ranks (``Strategy.ep``, a divisor of dp): expert gradients are reduced
-    and their ZeRO-1 states sharded over dp / ep ranks (:mod:`simulator.expert_parallel`)."""
+    """Expert-parallel ranks (``Strategy.ep``): expert gradients are reduced and their ZeRO-1
+    states sharded over the edp = dp * tp / (ep * etp) expert-data-parallel ranks
+    (:mod:`simulator.expert_parallel`; dp holds cp, folded)."""
+    etp: int | None = None
+    """Expert tensor-parallel ranks (``Strategy.etp``; None: tp)."""
     fp8_params: bool = False
     """The FP8 linears' weights are FP8 parameters (an FP8 recipe under a framework of
     ``completion.fp8.FP8_PARAM_FRAMEWORKS``): the state model sees no 16-bit weights."""
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
+    bf16_peak_flops: float = 0.0
+    """The device's BF16 peak (``Roofline.bf16_mfu_peak``): NeMo's and torchtitan's MFU
+    of an FP8 plan divides by it (0: :attr:`peak_flops`)."""
     cp: int = 1
     """Context-parallel ranks of the plan before folding (``completion.context_parallel
     .fold_strategy``: the step runs dp * cp replicas, so ``dp`` holds both): only the NCCL
@@ -123,11 +132,12 @@ class StepConfig:
                    param_bytes=dbytes, grad_bytes=dbytes,
                    optimizer_bytes=optimizer_bytes_per_param(s.dtype, s.optimizer),
                    boundary_bytes=boundary_bytes, tokens_per_step=s.global_batch_size * seq_len,
-                   peak_flops=roofline.mfu_peak(), overlap=overlap,
+                   peak_flops=roofline.mfu_peak(fp8=getattr(s, "fp8", None) is not None),
+                   bf16_peak_flops=roofline.bf16_mfu_peak(), overlap=overlap,
                    overlap_dp_sync=overlap_dp_sync, layers_per_stage=s.layers_per_stage,
                    dtype=s.dtype, profile=profile, accumulate_grads=accumulate_grads,
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
-                   ep=int(getattr(s, "ep", 1) or 1), optimizer=str(getattr(s, "optimizer", "") or ""),
+                   ep=int(getattr(s, "ep", 1) or 1), etp=getattr(s, "etp", None), optimizer=str(getattr(s, "optimizer", "") or ""),
                    fp8_params=getattr(s, "fp8", None) is not None
                    and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
 
@@ -178,6 +188,8 @@ class StepResult:
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
+    """Model FLOPs / (step x GPUs x the peak of the plan's fastest GEMM precision: FP8's for
+    an FP8 plan, else the largest 16-bit one), in [0, 1]."""
     max_memory_bytes: int
     time_breakdown: dict[str, float]
     memory_breakdown: dict[str, int]
@@ -210,6 +222,9 @@ class StepResult:
     dp_buckets: list[list[tuple[int, int]]] = field(default_factory=list, repr=False)
     """Per pipeline rank, (start, end) ns of each gradient bucket's reduce on its dp
     stream (``simulator.dp_stream.grad_reduce_intervals``)."""
+    mfu_bf16: float = 0.0
+    """Model FLOPs over the BF16 peak instead (NeMo's and torchtitan's MFU, an FP8 run's
+    too; above 1 for a fast FP8 plan); equal to :attr:`mfu` for a plan without FP8."""
 
     def events(self) -> list[Any]:
         """Every action of the step on its stream, start order
@@ -263,6 +278,7 @@ class StepResult:
             "mfu_megatron": self.mfu,
             "mfu_causal": self.mfu_causal,
             "mfu_conventions": dict(MFU_CONVENTIONS),
+            "mfu_bf16": self.mfu_bf16,
             "max_memory_bytes": self.max_memory_bytes,
             "time_breakdown_s": self.time_breakdown,
             "memory_breakdown_bytes": self.memory_breakdown,
@@ -362,6 +378,28 @@ class StepModel:
         return build_schedule(c.schedule, c.pp, c.num_microbatches, c.vpp, c.memory_limit,
                               stage_times=worst, comm_time=self.comm_time())
 
+    def pair_hidden(self, sched: Schedule, times: list[dict[str, float]]) -> dict | None:
+        """Seconds of expert-parallel all_to_all each overlapped F&B pair of ``sched`` hides
+        (``Schedule.pairs``: DualPipeV) under the profile's ``overlap.moe_a2a``: the
+        forward's all_to_all runs beside the backward's compute and the backward's beside
+        the forward's (DeepSeek-V3 report sec. 3.2.1, Fig. 4: one chunk's dispatch and
+        combine beside the other chunk's attention and MLP), each hidden up to the other
+        pass's compute: min(a2a_F, B - a2a_B) + min(a2a_B, F - a2a_F), per rank and
+        (forward chunk, backward chunk); a BW backward counts B + W. None when nothing is
+        hidden (no pairs, no profile, or the flag off)."""
+        prof = self.cfg.profile
+        if not sched.pairs or prof is None or not prof.overlap.moe_a2a.value:
+            return None
+        where = {rc: vs for vs, rc in sched.rank_of_vstage().items()}
+        out = {}
+        for r in range(sched.num_stages):
+            for c0, c1 in itertools.product(range(sched.num_chunks), repeat=2):
+                v0, v1 = where[(r, c0)], where[(r, c1)]
+                (a_f, _), (_, a_b) = self.timer.a2a_time(v0), self.timer.a2a_time(v1)
+                bwd = times[v1]["BW"]
+                out[(r, c0, c1)] = min(a_f, bwd - a_b) + min(a_b, times[v0]["F"] - a_f)
+        return out
+
     def run(self) -> StepResult:
         """Simulate the step (see module docstring)."""
         c = self.cfg
@@ -372,7 +410,8 @@ class StepModel:
         where = sched.rank_of_vstage()
         prof = c.profile
         sync_p2p = self.sync_p2p()
-        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p)
+        sim = simulate_pipeline(sched, times, t_comm, p2p_sync=sync_p2p,
+                                pair_hidden=self.pair_hidden(sched, times))
         spans = self._dp_stream(sched, sim) if prof is not None else [[] for _ in range(c.pp)]
         dp_ends = [s[-1][1] * 1e-9 if s else 0.0 for s in spans]
         per_chunk = {}
@@ -407,6 +446,7 @@ class StepModel:
             mfu=mflops / (step * world * c.peak_flops),
             mfu_causal=(mflops - skip) / (step * world * c.peak_flops),
             model_flops_causal=mflops - skip,
+            mfu_bf16=mflops / (step * world * (c.bf16_peak_flops or c.peak_flops)),
             max_memory_bytes=int(heavy["memory"]["total"]),
             time_breakdown=crit["time"], memory_breakdown=heavy["memory"],
             memory_per_stage=[x["memory"] for x in ranks], stage_times=times,
@@ -506,7 +546,7 @@ class StepModel:
                     "tail_collectives": tail_collectives(c, self.cluster, r, layer_blocks),
                     "param_gather": param_gather_time(c, self.cluster, r, synced,
                                                       times[vstages[0]]["F"])}
-            if expert and c.ep < c.dp:
+            if expert and expert_dp_degree(c) > 1:
                 tail["expert_sync"] = expert_sync_time(c, self.cluster, r, expert, reduce_bytes(c))
             sync = (tail["dp_wait"] + tail["grad_reduce"] + tail["tail_collectives"] + tail["param_gather"]
                     + tail.get("expert_sync", 0.0))
@@ -515,7 +555,11 @@ class StepModel:
         opt = optimizer_time(c, self.rf, params, tensors, expert=expert) + fixed + sum(b.per_step for b in layer_blocks)
         tail["optimizer"] = opt
         m = c.num_microbatches
-        compute = m * sum(parts[vs]["compute"] for vs in vstages)
+        fused = any(a[0] == "BW" for a in sched.actions[r])
+        # kernels, plus what the host's dispatch added to the actions the schedule runs
+        # (simulator.host_time; StageTimer.stage_time)
+        host = "host_fused" if fused else "host_split"
+        compute = m * sum(parts[vs]["compute"] + parts[vs].get(host, 0.0) for vs in vstages)
         # issued in-stage collectives: what the actions carry plus the context-parallel
         # exchange hidden beside attention (it is then all "overlapped")
         comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
@@ -542,7 +586,6 @@ class StepModel:
         # ZeRO-3 gathers) are "overlapped", so the lines add up to the step:
         # compute + tp_comm - overlapped + bubble (+ pp_comm with synchronous sends)
         # + dp_sync + optimizer = step time
-        fused = any(a[0] == "BW" for a in sched.actions[r])
         busy = m * sum(times[vs]["F"] + (times[vs]["BW"] if fused else times[vs]["B"] + times[vs]["W"])
                        for vs in vstages)
         exposed = max(0.0, busy - compute)

@@ -63,8 +63,11 @@ rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
@@ -194,5 +197,66 @@ def tier0_step_time(layers: list[BlockWork], pre: BlockWork | None, post: BlockW
     return max(0.0, work / pp - actions * NS)
 
 
-__all__ = ["BlockWork", "COMPUTE_KINDS", "block_work", "compute_peak", "max_efficiency",
-           "tier0_step_time"]
+def inflight_counts(schedule: Any) -> list[int]:
+    """Per pipeline rank of an order-fixed ``schedule`` (``simulator.schedules``), ``k_r``:
+    the largest, over the prefixes of its action list, of the smallest over its chunks of
+    the micro-batches that chunk has forwarded and not yet backwarded (F less B or BW).
+
+    Why it bounds the activation peak: after a prefix the rank holds, per chunk c,
+    ``(F_c - B_c - BW_c) M_B,c + (B_c - W_c) M_W,c >= (F_c - B_c - BW_c) M_B,c`` bytes
+    (``simulator.memory.activation_delta``; a W follows its B, M_W >= 0), so at least
+    ``k_r * sum_c M_B,c``. A rank plays its actions in order on one stream and every pass
+    lasts at least the per-pass host overhead, so the simulated timeline reaches that
+    prefix's holding at the start of its last F (1F1B on p stages: ``k_r = min(p - r, m)``,
+    Narayanan et al. 2021, sec. 2.2)."""
+    out = []
+    for r, row in enumerate(schedule.actions):
+        chunks = len(schedule.vstage[r])
+        held = [0] * chunks
+        best = 0
+        for a in row:
+            kind, c = a[0], a[3]
+            if kind == "F":
+                held[c] += 1
+                low = min(held)
+                if low > best:
+                    best = low
+            elif kind in ("B", "BW"):
+                held[c] -= 1
+        out.append(best)
+    return out
+
+
+#: ``inflight_counts`` of the registered order-fixed schedules in closed form, (pp, m) ->
+#: per rank (``tests/test_tier0_memory.py`` checks each against its builder over a grid):
+#: 1F1B and ZB-H1 hold min(p - r, m) micro-batches on rank r (Narayanan et al. 2021, sec.
+#: 2.2; ZB-H1 keeps 1F1B's warm-up, Qi et al. 2024, sec. 3), FThenB all m, Megatron's
+#: interleaved schedule min(m, p, 2 (p - r) - 1) of every chunk at once (its warm-up of
+#: 2 (p - r - 1) + (v - 1) p forwards goes chunk by chunk)
+INFLIGHT: dict[str, Callable[[int, int], list[int]]] = {
+    "1F1B": lambda p, m: [min(p - r, m) for r in range(p)],
+    "ZBH1": lambda p, m: [min(p - r, m) for r in range(p)],
+    "FThenB": lambda p, m: [m] * p,
+    "VPP": lambda p, m: [min(m, p, 2 * (p - r) - 1) for r in range(p)],
+}
+
+
+def least_peak(rank_bytes: Sequence[Sequence[int]], layers: int) -> int:
+    """The smallest ``max_r rank_bytes[r][n_r]`` over every split of ``layers`` decoder
+    layers into ``n_r >= 0`` per pipeline rank (``rank_bytes[r][n]``: a lower bound on rank
+    r's peak memory when it holds n layers, non-decreasing in n, for n = 0 .. layers).
+
+    A lower bound on the heaviest rank whatever split the cost model picks: for the real
+    split n* with ``L* = max_r rank_bytes[r][n*_r]``, every ``rank_bytes[r][0] <= L*`` and
+    ``n*_r <= N_r(L*) = #{n >= 1 : rank_bytes[r][n] <= L*}`` (monotone rows), so at least
+    ``layers`` of the values ``rank_bytes[r][n]``, n >= 1, are <= L*: ``L*`` is at least the
+    ``layers``-th smallest of them, and at least every ``rank_bytes[r][0]``."""
+    if layers == 0:
+        return max(int(t[0]) for t in rank_bytes)
+    rows = np.asarray(rank_bytes, dtype=np.int64)
+    pooled = rows[:, 1:layers + 1].ravel()
+    return int(max(rows[:, 0].max(), np.partition(pooled, layers - 1)[layers - 1]))
+
+
+__all__ = ["BlockWork", "COMPUTE_KINDS", "INFLIGHT", "block_work", "compute_peak", "inflight_counts",
+           "least_peak", "max_efficiency", "tier0_step_time"]

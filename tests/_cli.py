@@ -25,3 +25,16 @@ def one_line_error(rc: int, out: str, err: str) -> str:
 class Stopped(ValueError):
     """Raised by a stand-in Engine or search once it has what the command built (the CLI
     prints it as a one-line error with exit code 2)."""
+
+
+def with_flags(argv: list[str] | tuple[str, ...], *extra: str) -> list[str]:
+    """``argv`` with the ``flag value`` pairs of ``extra`` set: a flag already there gets the
+    new value in place, others are appended (an option typed twice with two values is
+    refused, issue 43)."""
+    out = list(argv)
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out

@@ -18,15 +18,15 @@ from tuner.bound_seed import (
     AUTO_MAX_CANDIDATES,
     BoundGap,
     auto_k,
-    candidate_params,
     enumerable_part,
     seeds_in_order,
 )
 from tuner.exhaustive import plan_key
+from tuner.legal_draw import LegalTree, draw_candidate
 from tuner.search import search
 from tuner.space import SearchSpace
 from tuner.study import TuneConfig, history_cache
-from tuner.suggest import enumerate_candidates, suggest_candidate
+from tuner.suggest import enumerate_candidates
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SC = {"model": "llama2-7b", "cluster": "dgx-a100-80g", "nodes": 1, "global_batch_size": 32,
@@ -47,7 +47,7 @@ def small():
     return space, cands, [scorer.bound(c) for c in cands], [scorer(c) for c in cands]
 
 
-def _cfg(space, mode="pattern-based", sampler=None):
+def _cfg(space, mode="pattern-based", sampler="tpe"):
     return TuneConfig(space, mode=mode, template_kinds=KINDS, sampler=sampler,
                       scorer_factory=SCORER_FACTORY, scorer_config=SC)
 
@@ -108,12 +108,13 @@ def wide():
 @given(st.randoms(use_true_random=False))
 def test_enqueued_params_suggest_exactly_that_candidate(wide, rnd):
     """For random candidates (tp 1-8, every template kind, schedules, HSDP shard groups):
-    a trial enqueued with ``candidate_params(c)`` suggests ``c`` itself."""
+    a trial enqueued with the legal tree's ``params_of(c)`` draws ``c`` itself."""
     space, cands = wide
+    tree = LegalTree(cands, templates=True)
     c = rnd.choice(cands)
     study = optuna.create_study()
-    study.enqueue_trial(candidate_params(c, space, "pattern-based"))
-    assert suggest_candidate(study.ask(), space, "pattern-based", KINDS) == c
+    study.enqueue_trial(tree.params_of(c))
+    assert draw_candidate(tree, study.ask(), "pattern-based") == c
 
 
 def test_full_random_seeds_its_tp1_plans(small):
@@ -142,14 +143,15 @@ TINY = ["--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", "1", "--
 
 
 def test_cli_default_seeds_a_small_space_and_prints_the_gap(tmp_path, capsys):
-    """The README's command: a small pattern-based TPE search is seeded by default and the
-    report (terminal and report.txt) states the open bound."""
-    rc, out, _ = run_main(capsys, "tune", *TINY, "--trials", "20", "--storage", "memory",
+    """A small pattern-based TPE search is seeded by default and the report (terminal and
+    report.txt) states the open bound."""
+    tpe = ("--sampler", "tpe", "--mode", "pattern-based")
+    rc, out, _ = run_main(capsys, "tune", *TINY, *tpe, "--trials", "20", "--storage", "memory",
                           "--output", str(tmp_path))
     assert rc == 0
     assert f"seed-from-bound: {AUTO_K} seeds" in out
     assert "no unexplored plan of the enumerable part can beat" in (tmp_path / "report.txt").read_text()
-    rc, out, _ = run_main(capsys, "tune", *TINY, "--trials", "3", "--storage", "memory",
+    rc, out, _ = run_main(capsys, "tune", *TINY, *tpe, "--trials", "3", "--storage", "memory",
                           "--seed-from-bound", "0", "--output", str(tmp_path / "off"))
     assert rc == 0 and "seed-from-bound" not in out
 

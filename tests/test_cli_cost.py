@@ -54,7 +54,9 @@ def test_text_output_and_trace(tmp_path, capsys):
     (["--vpp", "2", "--pp", "1", "--dp", "4"], "--vpp = 2 needs --pp > 1"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, needle):
-    assert main([*ARGS, *extra]) == 2
+    from tests._cli import with_flags
+
+    assert main(with_flags(ARGS, *extra)) == 2  # in place: a repeated option is refused
     err = capsys.readouterr().err
     assert err.startswith("error:") and needle in err and len(err.strip().splitlines()) == 1
 

@@ -311,9 +311,12 @@ def test_readme_cost_commands_in_megatron_names(capsys):
 def test_readme_tune_command_in_megatron_names(capsys, tmp_path):
     cmds = _readme_commands("tune")
     assert cmds
-    for argv in cmds:  # as written, with a small budget and a scratch output
-        rc, out, err = run_main(capsys, *argv, "--trials", "8", "--storage", "memory",
-                                "--output", str(tmp_path), "--no-progress")
+    for argv in cmds:  # as written, with a small budget and a scratch output (in place: a
+        # repeated option is refused)
+        small = {"--trials": "8", "--output": str(tmp_path)}
+        argv = [small.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+        argv += [x for f, v in small.items() if f not in argv for x in (f, v)]
+        rc, out, err = run_main(capsys, *argv, "--storage", "memory", "--no-progress")
         # exit 1 is the search's own answer "no feasible plan found" in this small budget
         assert rc == 0 or (rc == 1 and "no feasible plan found" in out), (argv, err)
         rows = [r for r in csv.DictReader((tmp_path / "history.csv").open()) if r["dp_degree"]]

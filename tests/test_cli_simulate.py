@@ -106,7 +106,8 @@ def test_output_options_that_cannot_be_written_are_named(capsys, tmp_path):
     assert "--plot" in err and "g.xyz" in err and ".png" in err
     assert not (tmp_path / "t.json").exists()
     assert main(["simulate", "--schedule", "1F1B", *base, "--trace", "/proc/nope/t.json"]) == 2
-    assert "--trace '/proc/nope/t.json': cannot write it" in capsys.readouterr().err
+    # refused before the work now (issue 43): the folder is checked up front
+    assert "--trace '/proc/nope/t.json': its folder /proc/nope does not exist" in capsys.readouterr().err
     assert main(["simulate", "--schedule", "1F1B", *base, "--plot", str(tmp_path / "g.gif")]) == 0
     assert (tmp_path / "g.gif").stat().st_size > 0  # any format matplotlib writes
     capsys.readouterr()

@@ -107,8 +107,11 @@ def test_case8_sequence_parallel_norm_weight_grad_is_partial_over_tp(norm):
 # -- annotation API ------------------------------------------------------------------------
 def test_annotate_forms_and_errors():
     p, _, _ = megatron_mlp()
-    a = annotate(p, "W1", MESH22, placements=[Partial("sum"), Shard(1)])
-    assert a.dims_mapping == (-1, 1) and a.partial_dims == {0: "sum"}
+    a = annotate(p, "x", MESH22, placements=[Partial("sum"), Shard(1)])
+    assert a.dims_mapping == (-1, 1, -1) and a.partial_dims == {0: "sum"}
+    with pytest.raises(DistAttrError, match="W1.*a parameter cannot be Partial"):  # issue 43
+        annotate(p, "W1", MESH22, placements=[Partial("sum"), Shard(1)])
+    assert annotate(p, "W1", MESH22, placements=[Replicate(), Shard(1)]).dims_mapping == (-1, 1)
     assert annotate(p, "W2", MESH22).dims_mapping == (-1, -1)
     assert annotate(p, "x", MESH22, [0, -1, -1], [Shard(0), Replicate()]).dims_mapping == (0, -1, -1)
     with pytest.raises(DistAttrError, match="W1.*disagrees"):

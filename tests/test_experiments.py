@@ -170,3 +170,18 @@ def test_missing_prerequisite_fails_loudly(tmp_path, monkeypatch, capsys):
 def test_unknown_experiment_is_an_error(tmp_path, capsys):
     assert main(["report", "--output", str(tmp_path), "--only", "nope"]) == 2
     assert "unknown experiment(s) nope; known: zb_bubbles" in capsys.readouterr().err
+
+
+def test_vtrain_quick_report_tables(quick_report):
+    """The quick vtrain_single_node run predicts its sweep and rows and writes the regime and
+    sweep tables."""
+    from experiments import vtrain_single_node as vt
+
+    df = pd.read_csv(quick_report / f"{vt.NAME}.csv")
+    assert (df["status"] == "ok").all()
+    assert set(vt.QUICK_ROWS) <= set(df["row_id"])
+    regimes = pd.read_csv(quick_report / f"{vt.NAME}_by_regime.csv").set_index("regime")
+    assert regimes.loc["all", "n"] == len(df)
+    sw = pd.read_csv(quick_report / f"{vt.NAME}_sweeps.csv")
+    key = dict(zip(vt.SWEEP_KEYS, vt.QUICK_SWEEP, strict=True))
+    assert len(sw[(sw[list(key)] == pd.Series(key)).all(axis=1)]) == 1

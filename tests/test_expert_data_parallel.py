@@ -117,8 +117,11 @@ def test_bad_ep_layouts_are_refused_naming_the_field(tiny):
         Strategy(dp=4, ep=3, global_batch_size=4)
     with pytest.raises(StrategyError, match="'ep' = 2 with 'zero' = 3"):
         Strategy(dp=4, ep=2, zero=3, global_batch_size=4)
-    with pytest.raises(StrategyError, match="'ep' = 2 with 'cp' = 2"):
-        Strategy(dp=4, ep=2, cp=2, global_batch_size=4)
+    # ep beside cp folds over dp x cp (issue 42, tests/test_moe_folding.py); one that does not
+    # divide dp x cp is refused
+    assert Strategy(dp=4, ep=2, cp=2, global_batch_size=4).ep == 2
+    with pytest.raises(StrategyError, match="'ep' = 16 must divide dp x cp = 8"):
+        Strategy(dp=4, ep=16, cp=2, global_batch_size=4)
     with pytest.raises(PlanProgramError, match="'ep' = 3 does not divide model .* num_experts = 4"):
         build_plan_program(resolve_model(tiny, 32), Strategy(dp=6, ep=3, global_batch_size=6))
 

@@ -283,6 +283,8 @@ def plans(draw) -> Plan:
     cp = draw(st.sampled_from([1, 1, 2, 4]))
     schedule = draw(st.sampled_from(["1F1B", "FThenB", "VPP", "ZBH1", "ZBVPP", "ZB-1p"]))
     vpp = {"VPP": draw(st.sampled_from([2, 3, 4])), "ZBVPP": 2}.get(schedule, 1)
+    if pp == 1 and vpp == 1:  # one stage has no pipeline to schedule (Strategy: 1F1B only)
+        schedule = "1F1B"
     micro = draw(st.sampled_from([1, 2]))
     m = draw(st.integers(1, 8))
     model = draw(st.sampled_from(["llama2-7b", "gpt3-175b"]))
@@ -621,7 +623,7 @@ def test_output_paths_it_cannot_write_are_one_line_naming_the_option(tmp_path, c
     cases = [(str(tmp_path / "adir"), "is a directory; give a file name"),
              (str(tmp_path / "afile" / "x"), "a file is in the way of the folder it needs")]
     if Path("/dev/full").exists():
-        cases.append(("/dev/full", "cannot write it: No space left on device"))
+        cases.append(("/dev/full", "is not a regular file"))  # refused before the work (issue 43)
     for out, needle in cases:  # (a note on the plan's memory may come first)
         rc, _, err = run_main(capsys, *base, out)
         line = err.strip().splitlines()[-1]

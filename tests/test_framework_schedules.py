@@ -57,7 +57,8 @@ def test_a_pinned_schedule_the_framework_does_not_run_is_noted(capsys, tmp_path)
     rc, out, err = run_main(capsys, *base, "--schedule", "ZBH1")
     assert rc == 0, err
     assert "note: the megatron-core profile's framework does not run ZBH1 (it runs 1F1B, VPP)" in err
-    rc, out, err = run_main(capsys, *base, "--schedule", "ZBH1", "--framework", "eager")
+    rc, out, err = run_main(capsys, *base[:-1], str(tmp_path / "b"), "--schedule", "ZBH1",
+                            "--framework", "eager")  # another search: its own folder
     assert rc == 0 and "does not run" not in err
 
 

@@ -232,7 +232,8 @@ def test_tune_searches_hsdp_shard_groups(tmp_path, capsys):
     out = tmp_path / "run"
     rc, stdout, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g",
                                "--nodes", "2", "--global-batch", "64", "--layers", "4",
-                               "--sampler", "bruteforce", "--trials", "4", "--search-hsdp", "--fix",
+                               "--sampler", "bruteforce", "--trials", "4", "--search-hsdp",
+                               "--no-search-cp", "--fix",
                                "tp=1,pp=1,zero=3,micro_batch_size=1,recompute=none",
                                "--framework", "fsdp2", "--storage", "memory", "--output", str(out),
                                "--no-progress")

@@ -87,6 +87,17 @@ _EXTRA = {
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 64},
     "qwen3_moe": {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    # issue 42: multi-head latent attention (k/v heads = heads), a dense first layer, node-limited
+    # sigmoid routing; GPT-OSS sinks and biases; Llama 4's text config inside text_config
+    **{mt: {"num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+            "topk_group": 1, "routed_scaling_factor": 2.5} for mt in ("deepseek_v3", "kimi_k2")},
+    "gpt_oss": {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16},
+    "llama4_text": {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
+                    "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2},
+    "llama4": {"text_config": {**_TINY, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1,
+                               "intermediate_size_mlp": 128, "interleave_moe_layer_step": 2}},
 }
 
 

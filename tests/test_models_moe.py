@@ -1,6 +1,7 @@
 """Mixture-of-experts models (issue 21, part A): Hugging Face ``mixtral``, ``qwen2_moe`` and
 ``qwen3_moe`` config.json files parse into ModelConfig's MoE fields, the published configs
-have their exact parameter counts, ``deepseek_v3`` is refused naming its MLA field."""
+have their exact parameter counts (``deepseek_v3``, ``gpt_oss``, ``llama4``:
+``tests/test_models_frontier.py``)."""
 
 from __future__ import annotations
 
@@ -114,13 +115,6 @@ def test_mixtral_always_renormalises():
     raw = json.loads((CONFIGS / "mixtral-8x7b.json").read_text())
     with pytest.raises(ModelConfigError, match="'norm_topk_prob' false: this architecture always renormalises"):
         config_from_hf_dict({**raw, "norm_topk_prob": False}, "mixtral.json")
-
-
-def test_deepseek_v3_is_refused_naming_the_mla_field():
-    raw = {"model_type": "deepseek_v3", "n_routed_experts": 256, "kv_lora_rank": 512, "q_lora_rank": 1536}
-    with pytest.raises(ModelConfigError, match="model_type 'deepseek_v3' is refused: kv_lora_rank = 512: "
-                                               "multi-head latent attention \\(MLA\\) is not modelled"):
-        config_from_hf_dict(raw, "deepseek.json")
 
 
 def test_experts_under_a_dense_model_type_are_still_refused():

@@ -16,7 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from meshplan.engine import Engine
 from meshplan.strategy import Strategy
-from tests._cli import run_main
+from tests._cli import run_main, with_flags
 from tuner.explain import why_best, why_none
 from tuner.result import GIB, TuneResult
 
@@ -44,8 +44,8 @@ def test_cost_json_echoes_the_inputs_it_assumed(capsys):
 
 
 def test_cost_names_where_seq_len_and_attention_came_from(capsys):
-    rc, out, _ = run_main(capsys, *COST, "--dp", "4", "--seq-len", "1024", "--attention",
-                          "unfused", "--json")
+    rc, out, _ = run_main(capsys, *with_flags(COST, "--dp", "4", "--seq-len", "1024", "--attention",
+                                              "unfused"), "--json")
     d = json.loads(out)
     assert rc == 0 and (d["seq_len"], d["seq_len_source"]) == (1024, "flag")
     assert (d["attention"], d["attention_source"]) == ("unfused", "flag")
@@ -77,7 +77,7 @@ def test_cost_text_report_echoes_inputs_and_warns_of_idle_gpus(capsys):
     # the dp that fills them: 8 / (cp 1 x tp 1 x pp 2) = 4 (the new-user pass: Megatron-LM
     # derives dp, and the warning said "pass --nodes" beside a given --nodes)
     assert "--dp 4 fills them (Megatron-LM derives dp from the world size" in out
-    rc, out, _ = run_main(capsys, *COST, "--dp", "4")
+    rc, out, _ = run_main(capsys, *with_flags(COST, "--dp", "4"))
     assert rc == 0 and "warning" not in out and "GPUs: 8 used of 8" in out
 
 
@@ -186,18 +186,27 @@ TUNE = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", 
 
 def test_tune_cli_says_why_against_its_own_history(tmp_path, capsys):
     out = tmp_path / "run"
-    rc, text, _ = run_main(capsys, *TUNE, "--trials", "30", "--output", str(out))
+    rc, text, _ = run_main(capsys, *TUNE, "--sampler", "tpe", "--trials", "30", "--output", str(out))
     assert rc == 0
     h = pd.read_csv(out / "history.csv")
     feas = h[(h.state == "COMPLETE") & h.feasible].sort_values(["time", "peak_memory_bytes", "job_id"])
-    feas = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree", "vpp_degree", "schedule_mode",
-                                 "micro_batch_size", "use_recompute", "recompute_granularity",
-                                 "sharding_stage", "sequence_parallel", "templates"])
+    feas = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree", "cp_degree", "vpp_degree",
+                                 "schedule_mode", "micro_batch_size", "use_recompute",
+                                 "recompute_granularity", "sharding_stage", "sequence_parallel",
+                                 "templates", "fp8", "ep_degree"])
     runner = feas.iloc[1]
-    assert f"takes {runner.time * 1e3:.1f} ms per step: {(runner.time - feas.iloc[0].time) * 1e3:.2f} ms" in text
-    shapes = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree"]).iloc[1:]
+    gap = runner.time - feas.iloc[0].time
+    if gap > 0:
+        assert f"takes {runner.time * 1e3:.1f} ms per step: {gap * 1e3:.2f} ms" in text
+    else:
+        assert "as fast as the runner-up" in text
+    from tuner.explain import SHAPE_LINES
+
+    # the fastest shapes come first, SHAPE_LINES of them named, the rest summed up
+    shapes = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree", "cp_degree"]).iloc[1:SHAPE_LINES + 1]
     for _, r in shapes.iterrows():
-        name = f"dp{int(r.dp_degree)} tp{int(r.mp_degree)} pp{int(r.pp_degree)}"
+        cp = f" cp{int(r.cp_degree)}" if r.cp_degree > 1 else ""
+        name = f"dp{int(r.dp_degree)}{cp} tp{int(r.mp_degree)} pp{int(r.pp_degree)}"
         assert re.search(rf"^  {name} +{r.time * 1e3:.1f} ms", text, re.M), name
     assert "why it won" in (out / "report.txt").read_text()
 
@@ -206,8 +215,8 @@ def test_tune_cli_with_nothing_fitting_says_by_how_much(tmp_path, capsys):
     """--memory-headroom 0.99: the limit is 1% of usable memory (0.79 GiB on an 80 GB A100);
     every plan is over it, and the report names the lightest and its excess."""
     out = tmp_path / "run"
-    rc, text, _ = run_main(capsys, *TUNE, "--trials", "6", "--memory-headroom", "0.99",
-                           "--output", str(out))
+    rc, text, _ = run_main(capsys, *TUNE, "--sampler", "tpe", "--trials", "6", "--memory-headroom",
+                           "0.99", "--output", str(out))
     assert rc == 1 and "no feasible plan found" in text  # a script can tell
     h = pd.read_csv(out / "history.csv")
     done = h[h.state == "COMPLETE"]

@@ -18,7 +18,7 @@ from meshplan.strategy import Strategy, StrategyError
        zero=st.integers(0, 3), sched=st.sampled_from(["1F1B", "ZBH1", "ZB-2p", "FThenB"]))
 def test_plan_json_round_trip(dp, tp, pp, mbs, k, rc, zero, sched):
     strat = Strategy(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=dp * mbs * k,
-                     recompute=rc, zero=zero, schedule=sched,
+                     recompute=rc, zero=zero, schedule=sched if pp > 1 else "1F1B",  # pp 1: no pipeline
                      sequence_parallel=tp > 1)
     plan = Plan("llama2-7b", "dgx-h100", strat, nodes=4,
                 annotations={"lm_head.weight": ["Replicate()", "Shard(1)"]},
@@ -47,9 +47,11 @@ def test_strategy_errors_name_the_field():
 def test_schedule_names_are_case_insensitive_with_aliases():
     assert Strategy(schedule="zbvpp", vpp=2).schedule == "ZBVPP"
     assert Strategy(schedule="ZB-V", vpp=2).schedule == "ZBVPP"
-    assert Strategy(schedule="gpipe").schedule == "FThenB"
+    assert Strategy(schedule="gpipe", pp=2).schedule == "FThenB"  # pp 1 takes 1F1B only
     assert Strategy(schedule="1f1b-i", vpp=2).schedule == "VPP"
-    assert Strategy(schedule="zb-2P").schedule == "ZB-2p"
+    assert Strategy(schedule="zb-2P", pp=2).schedule == "ZB-2p"
+    with pytest.raises(StrategyError, match="pp = 1 has no pipeline to schedule"):
+        Strategy(schedule="ZBH1")  # issue 43: the API refuses what --schedule ZBH1 --pp 1 does
 
 
 def test_earlier_knob_names_are_read_and_a_knob_given_twice_is_refused():

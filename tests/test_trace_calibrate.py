@@ -156,6 +156,9 @@ def test_calibrate_from_trace_command(tmp_path, capsys):
     assert spec.device.efficiency.gemm_half_flops.value == pytest.approx(F_HALF, rel=0.02)
     line = one_line_error(main(["calibrate", "--from-trace", trace, "--output", str(out)]),
                           *capsys.readouterr())
+    assert "exists" in line and "--force" in line  # issue 43: not replaced in silence
+    line = one_line_error(main(["calibrate", "--from-trace", trace, "--output", str(out), "--force"]),
+                          *capsys.readouterr())
     assert "exactly one of --plan" in line
 
 

@@ -112,7 +112,7 @@ def test_calibration_loop_from_an_executor_trace(tmp_path, capsys):
     assert spec.device.efficiency.by_op and "sgd_:O" in spec.device.efficiency.by_op
 
     rc, out, err = run_main(capsys, "validate", plan, "--cluster", str(cal), "--steps", "2",
-                            "--repeats", "1", "--no-verify", "--json", "--csv", csv)
+                            "--repeats", "1", "--no-verify", "--json", "--csv", csv, "--append")
     assert rc == 0, err
     assert json.loads(out)["predicted_step_time_ms"] == pytest.approx(after, rel=1e-3)
 

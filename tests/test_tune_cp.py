@@ -1,5 +1,7 @@
-"""Context parallelism in the search: ``tune --search-cp`` makes cp a searched dimension
-(before, cp was only ever pinned), ``--cp-comm`` / ``--cp-comm-type`` chooses its K/V
+"""Context parallelism in the search: cp is a searched dimension wherever the framework
+runs it (issue 36: before, only with ``tune --search-cp``; by default the degrees keeping
+8,192 tokens per cp rank, ``--search-cp`` every one, ``--no-search-cp`` none),
+``--cp-comm`` / ``--cp-comm-type`` chooses its K/V
 exchange, and a framework profile states the exchanges it runs (``kernels.cp_comms``:
 DeepSpeed, Megatron-LM 2021 and llm-foundry run none), so a plan that cannot run is never
 searched, and ``cost`` says when one is costed."""
@@ -56,15 +58,18 @@ def test_tune_config_searches_cp_and_carries_the_exchange():
     assert cfg.space.cp_choices() == [1, 2, 4, 8]
     assert cfg.scorer_config["cp_comm"] == "all_gather"  # Megatron-LM's spelling read
     plain = _config()
-    assert plain.space.cp_choices() == [1]
+    # the default: searched where megatron-core runs it, keeping >= 8,192 tokens per cp rank
+    assert plain.space.cp_choices() == [1, 2, 4]
     assert "cp_comm" not in plain.scorer_config  # a study stored before the option resumes
+    assert _config(search_cp=False).space.cp_choices() == [1]
+    assert _config(framework="deepspeed").space.cp_choices() == [1]  # runs none: not searched
     assert _config(fix="cp=2", cp_comm="all_gather").space.cp_choices() == [2]
 
 
 @pytest.mark.parametrize("kw, words", [
     ({"search_cp": True, "fix": "cp=2"}, "cp is pinned to 2"),
     ({"search_cp": True, "framework": "deepspeed"}, "framework deepspeed runs no context parallelism"),
-    ({"cp_comm": "all_gather"}, "no plan has cp > 1: add --search-cp or pin --cp N"),
+    ({"cp_comm": "all_gather", "search_cp": False}, "no plan has cp > 1: add --search-cp or pin --cp N"),
     ({"cp_comm": "all_gather", "fix": "cp=1"}, "no plan has cp > 1"),
 ])
 def test_cp_options_that_cannot_hold_are_refused(kw, words):
@@ -80,7 +85,9 @@ def test_a_candidate_takes_the_exchange_only_with_cp_above_one():
 
 
 def test_tune_searches_cp_and_its_plan_costs_as_scored(tmp_path, capsys):
-    """A brute-force search over cp 1, 2, 4, 8 (mesh otherwise pinned) scores one plan per
+    """A brute-force search over cp 1, 2, 4, 8 (mesh otherwise pinned; ZeRO 0, which dp 1 at
+    cp 8 also takes: a pinned ZeRO-3 has no data-parallel group there,
+    ``tuner.legality.zero_needs_dp``, a pin the sampler once dropped) scores one plan per
     cp; the best plan reproduces its time through the Engine, with the all_gather exchange
     it was searched with; all_gather holds the cp gathered K/V blocks where the ring holds 2
     (``simulator.cp_torch.workspace_bytes``), so the cp 8 plan's peak differs."""
@@ -88,7 +95,8 @@ def test_tune_searches_cp_and_its_plan_costs_as_scored(tmp_path, capsys):
         rc, _, err = run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
                               "--nodes", "1", "--global-batch", "8", "--seq-len", "32768",
                               "--layers", "2", "--sampler", "bruteforce", "--trials", "4",
-                              "--search-cp", "--fix", "tp=1,pp=1,zero=3,micro_batch_size=1,recompute=full",
+                              "--search-cp",
+                              "--fix", "tp=1,pp=1,zero=0,micro_batch_size=1,recompute=full",
                               "--framework", "fsdp2", "--storage", "memory", "--output",
                               str(out), "--no-progress", *extra)
         assert rc == 0, err
@@ -123,7 +131,7 @@ def test_cli_notes_and_warnings_for_cp_a_framework_does_not_run(capsys, tmp_path
     assert "the deepspeed profile's framework runs no context parallelism: cp 4 costed as asked" in out + err
     line = one_line_error(*run_main(capsys, "tune", "--model", "llama2-7b", "--cluster", "dgx-h100",
                                     "--nodes", "1", "--global-batch", "8", "--cp-comm-type", "allgather",
-                                    "--storage", "memory"))
+                                    "--no-search-cp", "--storage", "memory"))
     assert "--cp-comm all_gather" in line and "--search-cp" in line
 
 

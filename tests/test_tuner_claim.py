@@ -20,7 +20,8 @@ import pytest
 from tests.test_tuner_study import cfg
 from tuner import study as S
 from tuner.result import record_attrs
-from tuner.storage import WORKER_ATTR, _proc_start, worker_id
+from tuner.storage import WORKER_ATTR, worker_id
+from tuner.workers import proc_start
 
 KEY = '{"plan": "same"}'
 REC = {"time_s": 1.25, "memory_bytes": 3 * 2**30, "memory_limit_bytes": 80 * 2**30,
@@ -32,7 +33,7 @@ def peer_owner():
     proc = subprocess.Popen(["sleep", "60"])
     import socket
 
-    yield proc, {"host": socket.gethostname(), "pid": proc.pid, "start": _proc_start(proc.pid)}
+    yield proc, {"host": socket.gethostname(), "pid": proc.pid, "start": proc_start(proc.pid)}
     proc.kill()
     proc.wait()
 

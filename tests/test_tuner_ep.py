@@ -1,8 +1,11 @@
-"""Expert parallelism as a tune dimension (issue 21): a mixture-of-experts model's ep is
-searched over the divisors of dp that divide its experts (cp 1, ZeRO <= 1); the legality
-rule names what breaks it; a dense model's space is unchanged."""
+"""Expert parallelism as a tune dimension (issue 21; folding, issue 42): a mixture-of-experts
+model's ep is searched over the divisors of dp x cp that divide its experts (etp = tp) and,
+with tp > 1, the multiples of tp dividing dp x cp x tp (etp 1), ZeRO <= 1; the legality rule
+names what breaks it; a dense model's space is unchanged."""
 
 from __future__ import annotations
+
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,13 +27,17 @@ def _space(dims: ModelDims, **kw) -> SearchSpace:
 
 
 def test_ep_choices_are_divisors_of_dp_dividing_the_experts():
-    """dp 8: divisors 1, 2, 4, 8; 60 experts take 1, 2, 4 (60 % 8 = 4). ZeRO-2/3 or cp > 1:
-    ep 1 only; a dense model: 1; --fix ep=2: 2."""
+    """dp 8: divisors 1, 2, 4, 8; 60 experts take 1, 2, 4 (60 % 8 = 4). ZeRO-2/3: ep 1 only;
+    cp 2 folds into dp x cp = 16 (still 1, 2, 4); tp 2 adds the multiples of 2 dividing 16
+    and 60 with etp 1 (2, 4); a dense model: 1; --fix ep=2: 2."""
     sp = _space(MOE)
-    assert sp.ep_choices(8, 1, 0) == [1, 2, 4] == sp.ep_choices(8, 1, 1)
-    assert sp.ep_choices(8, 1, 2) == [1] == sp.ep_choices(8, 2, 0)
-    assert _space(DENSE).ep_choices(8, 1, 0) == [1]
-    assert _space(MOE, fix={"ep": 2}).ep_choices(8, 1, 0) == [2]
+    assert sp.ep_choices(8, 1, 0) == [(1, None), (2, None), (4, None)] == sp.ep_choices(8, 1, 1)
+    assert sp.ep_choices(8, 1, 2) == [(1, None)]
+    assert sp.ep_choices(8, 2, 0) == [(1, None), (2, None), (4, None)]
+    assert sp.ep_choices(8, 1, 0, tp=2) == [(1, None), (2, None), (4, None), (2, 1), (4, 1)]
+    assert _space(DENSE).ep_choices(8, 1, 0) == [(1, None)]
+    assert _space(MOE, fix={"ep": 2}).ep_choices(8, 1, 0) == [(2, None)]
+    assert _space(MOE, fix={"ep": 4}).ep_choices(2, 1, 0, tp=2) == [(4, 1)]
 
 
 def test_the_enumerated_space_holds_each_legal_ep_once():
@@ -45,8 +52,10 @@ def test_the_enumerated_space_holds_each_legal_ep_once():
 def test_ep_layout_rule_names_the_numbers():
     p = _space(MOE).problem
     assert L.ep_layout(Candidate(8, 1, 1, ep=4), p) is None
-    assert "ep=8 must divide dp=8 and num_experts=60" in L.ep_layout(Candidate(8, 1, 1, ep=8), p)
-    assert "needs cp=1 and ZeRO <= 1" in L.ep_layout(Candidate(8, 1, 1, zero=2, ep=2), p)
+    assert "ep=8 must divide num_experts=60" in L.ep_layout(Candidate(8, 1, 1, ep=8), p)
+    assert "needs ZeRO <= 1" in L.ep_layout(Candidate(8, 1, 1, zero=2, ep=2), p)
+    assert L.ep_layout(Candidate(2, 2, 1, ep=4, etp=1), p) is None  # folded over dp x tp
+    assert "'ep' = 4 must divide dp = 2" in L.ep_layout(Candidate(2, 2, 1, ep=4), p)
     assert "has no mixture-of-experts layer" in L.ep_layout(Candidate(8, 1, 1, ep=2), _space(DENSE).problem)
 
 
@@ -57,7 +66,7 @@ def test_every_enumerated_ep_passes_the_rule(experts, zero):
     sp = _space(dims, zero_stages=(zero,))
     for c in iter_base_candidates(sp):
         assert L.ep_layout(c, sp.problem) is None
-        assert experts % c.ep == 0 and c.dp % c.ep == 0
+        assert experts % c.ep == 0 and (c.dp * c.cp * c.tp) % (c.ep * (c.etp or c.tp)) == 0
 
 
 def test_a_config_whose_experts_no_layer_uses_is_dense_and_ep_is_refused(tmp_path):
@@ -105,7 +114,7 @@ def test_a_pinned_ep_that_does_not_divide_the_experts_is_refused_up_front():
 
     with pytest.raises(SpaceError, match="--fix: ep=8 does not divide the model's 60 experts"):
         _space(MOE, fix={"ep": 8})
-    assert _space(MOE, fix={"ep": 4}).ep_choices(8, 1, 0) == [4]
+    assert _space(MOE, fix={"ep": 4}).ep_choices(8, 1, 0) == [(4, None)]
 
 
 def test_tune_pins_ep_by_its_megatron_name_and_reports_it(tmp_path, capsys):
@@ -120,7 +129,7 @@ def test_tune_pins_ep_by_its_megatron_name_and_reports_it(tmp_path, capsys):
                              "--layers", "2", "--seq-len", "1024", "--expert-model-parallel-size", "8",
                              "--trials", "3", "--output", str(out))
     assert rc == 0, err
-    assert "best plan: dp=8 tp=1 pp=1 cp=1 ep=8 " in text
+    assert re.search(r"best plan: dp=\d+ tp=\d+ pp=1 cp=1 ep=8 ", text)  # etp 1 folds ep over dp x tp
     rows = list(csv.DictReader((out / "history.csv").open()))
     assert rows and all(r["ep_degree"] == "8" and r["cp_degree"] == "1" for r in rows if r["state"] == "COMPLETE")
 

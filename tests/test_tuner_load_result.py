@@ -52,7 +52,9 @@ def test_a_rerun_of_another_configuration_says_it_starts_beside_the_old_study(tm
     assert other_studies(out, first) == []
     rc, _, err = run_main(capsys, *base, "--global-batch", "32")  # a plain resume: no note
     assert rc == 0 and "holds study" not in err
-    rc, _, err = run_main(capsys, *base, "--global-batch", "16")
+    rc, _, err = run_main(capsys, *base, "--global-batch", "16")  # issue 43: not in silence
+    assert rc == 2 and f"holds the results of study {first}" in err and "--force" in err
+    rc, _, err = run_main(capsys, *base, "--global-batch", "16", "--force")
     assert rc == 0 and f"journal.log holds study {first}, not this command line's" in " ".join(err.split())
     second = [n for n in other_studies(out, "") if n != first]
     assert len(second) == 1 and load_result(out, first).study.study_name == first
@@ -66,6 +68,8 @@ def test_each_size_of_a_gpus_search_says_so_too(tmp_path, capsys):
             "--seq-len", "2048", "--layers", "2", "--trials", "2", "--no-progress", "--output", str(tmp_path))
     rc, _, err = run_main(capsys, *base, "--global-batch", "32")
     assert rc == 0 and "holds study" not in err
-    rc, _, err = run_main(capsys, *base, "--global-batch", "64")
+    rc, _, err = run_main(capsys, *base, "--global-batch", "64")  # issue 43: refused ...
+    assert rc == 2 and "holds the results of study" in err
+    rc, _, err = run_main(capsys, *base, "--global-batch", "64", "--force")  # ... unless --force
     flat = " ".join(err.split())
     assert rc == 0 and f"{tmp_path / 'g8'}/journal.log holds study" in flat and f"{tmp_path / 'g16'}/journal.log holds study" in flat

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tuner.sizing import (
     SizeOutcome,
     SizingError,
+    choice_proven,
     choose,
     cluster_sizes,
     gpu_hours_per_mtok,
@@ -79,6 +80,27 @@ def test_choose_cost_is_the_minimum_of_gpu_seconds(pairs):
     assert choose(outs, "time").step_time_s == min(t for _, t in pairs)
 
 
+def test_choice_is_proven_only_when_no_other_size_can_beat_it_by_its_bound():
+    """8 GPUs at 1.0 s (proven) against 16 GPUs at 0.7 s found, no plan below 0.6 s: by cost
+    (GPU-seconds: 8.0 against at least 9.6) the choice of 8 is proven; by time 16 GPUs could
+    reach 0.6 s < 1.0 s, so choosing 8 would not be (and 16, found at 0.7 s, is itself not
+    proven: its best may be beaten by its own unexplored plans, down to 0.6 s)."""
+    tok = 1_000_000
+    a = SizeOutcome(1, 8, 1.0, 1.0, tok, optimum_at_least_s=1.0, proven=True)
+    b = SizeOutcome(2, 16, 0.7, 1.0, tok, optimum_at_least_s=0.6, proven=False)
+    assert b.gap == pytest.approx(0.1 / 0.6) and a.gap == 0.0
+    assert b.bound("cost") == pytest.approx(0.6 * 16 / 3600) and b.bound("time") == 0.6
+    assert choice_proven(a, [a, b], "cost") == (True, [])
+    proven, doubts = choice_proven(a, [a, b], "time")
+    assert not proven and doubts == ["16 GPUs (could reach 0.6 s)"]
+    proven, doubts = choice_proven(b, [a, b], "time")  # a's proven 1.0 s cannot win
+    assert not proven and doubts == ["16 GPUs itself is not proven"]
+    # a deadline the other size cannot meet even by its bound takes it out of the doubt
+    assert choice_proven(a, [a, b], "time", max_step_time=0.5)[0]
+    unknown = SizeOutcome(4, 32, 0.5, 1.0, tok)  # no bound at all
+    assert choice_proven(a, [a, unknown], "cost") == (False, ["32 GPUs (no bound)"])
+
+
 def _tune(capsys, out, *extra):
     from tests._cli import run_main
 
@@ -97,11 +119,20 @@ def test_tune_over_sizes_picks_the_cheapest_then_meets_a_deadline(capsys, tmp_pa
     assert rc == 0, err
     df = pd.read_csv(tmp_path / "a" / "sizes.csv")
     assert list(df.gpus) == [8, 16] and df.step_time_s.notna().all()
+    # each size's answer states what is proven: its bound never above its best, the gap from them
+    assert {"proven", "lower_bound_s", "gap_pct"} <= set(df.columns)
+    assert (df.lower_bound_s <= df.step_time_s * (1 + 1e-12)).all()
+    gap = (df.step_time_s - df.lower_bound_s) / df.lower_bound_s * 100
+    assert (abs(df.gap_pct - gap) <= 1e-9).all()
+    line = " ".join(out.split()).split("chosen: ", 1)[1]
+    assert ("; proven: no other size can do better" in line) != ("NOT proven:" in line)
     # the column is the formula, recomputed here from the step and the tokens per step
     hand = df.step_time_s * df.gpus / 3600 / (32 * 1024 / 1e6)
     assert (abs(df.gpu_hours_per_mtok - hand) <= 1e-12 * hand).all()
     cheapest = int(df.loc[df.gpu_hours_per_mtok.idxmin(), "gpus"])
     assert f"chosen: {cheapest} GPUs" in out
+    if not df.loc[df.gpus == cheapest, "proven"].item():
+        assert "NOT proven" in line
     assert json.loads((tmp_path / "a" / "plan.json").read_text()) == \
         json.loads((tmp_path / "a" / f"g{cheapest}" / "plan.json").read_text())
     # a deadline between the two steps leaves only the faster size

@@ -65,22 +65,6 @@ def enumerable_part(space: SearchSpace, mode: str, kinds: Any = None,
     return enumerate_candidates(space, mode, kinds, annotation), "every legal plan"
 
 
-def candidate_params(c: Candidate, space: SearchSpace, mode: str) -> dict[str, Any]:
-    """The trial parameters under which ``tuner.suggest.suggest_candidate`` suggests ``c``
-    (the names it suggests; a name it does not suggest for ``c`` is ignored by Optuna)."""
-    p: dict[str, Any] = {"tp": c.tp, "pp": c.pp, "cp": c.cp, "schedule": c.schedule, "vpp": c.vpp,
-                         "micro_batch_size": c.micro_batch_size, "recompute": c.recompute,
-                         "zero": c.zero, f"fsdp_shard_size_dp{c.dp}": c.fsdp_shard_size,
-                         "fp8": c.fp8, f"ep_dp{c.dp}": c.ep}
-    if mode == PATTERN:
-        p.update({f"template_{k}": v for k, v in c.templates})
-    else:
-        p["sequence_parallel"] = c.sequence_parallel
-        if c.annotation_seed is not None:
-            p["annotation_seed"] = c.annotation_seed
-    return p
-
-
 @dataclass
 class BoundState:
     """The bounded enumerable part: per candidate its plan key and bounds (s, bytes)."""
@@ -163,11 +147,13 @@ def _evaluated(study: optuna.Study) -> set[str]:
 
 def seed_study(study: optuna.Study, space: SearchSpace, mode: str, kinds: Any, annotation: str,
                sampler: str, scorer: Any, k: int | None, room: int,
-               deadline: float | None = None) -> BoundState | None:
+               deadline: float | None = None, tree: Any = None) -> BoundState | None:
     """Bound the enumerable part and enqueue its ``k`` best open candidates (at most
-    ``room``, the trials left); ``k`` None: :func:`auto_k` (off too for a scorer without
-    ``bound``). Returns None when seeding is off. Raises TunerError for a ``k`` below 0, a sampler that takes no seeds (a ``k`` > 0
-    given with bruteforce or exhaustive) or a scorer without ``bound``."""
+    ``room``, the trials left) with the parameters under which the sampler's legal tree
+    draws them (``tree``: ``tuner.legal_draw.LegalTree.params_of``; None: built here);
+    ``k`` None: :func:`auto_k` (off too for a scorer without ``bound``). Returns None when
+    seeding is off. Raises TunerError for a ``k`` below 0, a sampler that takes no seeds (a
+    ``k`` > 0 given with bruteforce or exhaustive) or a scorer without ``bound``."""
     check_seed_option(sampler, k)
     if sampler not in SEEDABLE:
         return None
@@ -197,8 +183,12 @@ def seed_study(study: optuna.Study, space: SearchSpace, mode: str, kinds: Any, a
     done = _evaluated(study)
     pick = [i for i in np.argsort(t_lb[:bounded], kind="stable")
             if math.isfinite(t_lb[i]) and m_lb[i] <= cap[i] and state.keys[i] not in done]
+    if tree is None and pick:
+        from tuner.legal_draw import legal_tree
+
+        tree = legal_tree(space, mode, kinds, annotation)
     for rank, i in enumerate(pick[:max(0, min(k, room))]):
-        study.enqueue_trial(candidate_params(cands[i], space, mode), skip_if_exists=True,
+        study.enqueue_trial(tree.params_of(cands[i]), skip_if_exists=True,
                             user_attrs={"bound_seed": rank, "bound_time_s": float(t_lb[i])})
         state.seeded += 1
     return state
@@ -222,6 +212,6 @@ def seeds_in_order(study: optuna.Study) -> Sequence[optuna.trial.FrozenTrial]:
     return sorted(ts, key=lambda t: t.user_attrs["bound_seed"])
 
 
-__all__ = ["AUTO_K", "AUTO_MAX_CANDIDATES", "BoundGap", "BoundState", "auto_k", "candidate_params",
+__all__ = ["AUTO_K", "AUTO_MAX_CANDIDATES", "BoundGap", "BoundState", "auto_k",
            "check_seed_option",
            "enumerable_part", "gap_report", "seed_study", "seeds_in_order"]

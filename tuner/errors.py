@@ -4,3 +4,7 @@
 class TunerError(ValueError):
     """Base class of every error the tuner raises on bad input (search space, storage,
     patterns, study); names the field or option at fault."""
+
+
+class StorageError(TunerError):
+    """A storage URL or journal file that cannot be used; the message names it."""

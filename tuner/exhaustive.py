@@ -1,4 +1,5 @@
-"""``--sampler exhaustive``: the proven optimum of an enumerable space, by branch and bound.
+"""The default search of ``meshplan tune`` (``--sampler exhaustive``): the proven optimum of an
+enumerable space, by branch and bound.
 
 Every legal candidate of the space (``tuner.suggest.enumerate_candidates``) gets a lower
 bound on its step time and on its peak memory (the scorer's ``bound`` attribute: for the
@@ -13,7 +14,10 @@ played). Then (:func:`prove_best`):
 
 The best feasible candidate found is then the optimum of the model over the space (ties:
 the first in bound order), and ``simulated + pruned_memory + pruned_time`` is the space
-size. Each simulated candidate is one trial written in one storage call
+size. Stopped earlier (a time or trial budget: ``meshplan tune``'s default search, issue
+36) it reports the smallest bound still open, below which no undecided plan can be
+(``tuner.gap``: the answer's gap); a plan the scorer refuses leaves the proof not holding
+(``ExhaustiveReport.holds``). Each simulated candidate is one trial written in one storage call
 (``Study.add_trial``) with the same record the Optuna path writes (``plan``, ``plan_key``,
 ``time_s``, ``memory_bytes``, ``memory_limit_bytes``, ``metrics``; ``error`` for a plan
 the scorer refused), so a killed search resumes from the study's history without
@@ -34,12 +38,15 @@ from optuna.trial import TrialState
 
 from tuner.errors import TunerError
 from tuner.exhaustive_report import Bound, Evaluate, ExhaustiveReport, bound_arrays
+from tuner.gap import shape_bounds
 from tuner.result import MEMORY_CONSTRAINT, memory_constraint, record_attrs
 
 
 def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limit: Sequence[float],
                evaluate: Evaluate, deadline: float | None = None,
-               incumbent: Callable[[], float] | None = None) -> ExhaustiveReport:
+               incumbent: Callable[[], float] | None = None,
+               stop: Callable[[], bool] | None = None,
+               can_evaluate: Callable[[int], bool] | None = None) -> ExhaustiveReport:
     """Branch and bound over candidates ``0 .. n-1`` (module docstring, steps 1-2).
 
     Args:
@@ -53,11 +60,16 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
             Sound as long as the incumbent is the time of a feasible plan of the space (an
             upper bound on the optimum): a slice of the space pruned against it holds no
             plan faster than the best of the union (:mod:`tuner.exhaustive_shared`).
-    Returns an :class:`ExhaustiveReport` (``resumed`` left 0: the caller counts it).
+        stop: called before each candidate; True stops the search unproven.
+        can_evaluate: whether candidate i may be evaluated (None: all); the search stops
+            unproven at the first that may not (:func:`tuner.exhaustive_tiered.prove_tiered`).
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0; ``lower`` and, when stopped,
+    ``open_bound_s`` and ``open`` as :func:`tuner.exhaustive_tiered.prove_tiered` sets them).
     Raises TunerError on arrays of different lengths or a NaN bound."""
     t_lb, m_lb, cap = bound_arrays(time_lb, memory_lb, memory_limit)
     rep = ExhaustiveReport(space_size=len(t_lb))
     fits = m_lb <= cap
+    rep.lower = np.where(fits, t_lb, math.inf)
     rep.pruned_memory = int((~fits).sum())
     idx = np.flatnonzero(fits)
     order = idx[np.argsort(t_lb[idx], kind="stable")]
@@ -66,12 +78,14 @@ def prove_best(time_lb: Sequence[float], memory_lb: Sequence[float], memory_limi
         if t_lb[i] >= (best if incumbent is None else min(best, incumbent())):
             rep.pruned_time = len(order) - pos
             break
-        if deadline is not None and time.monotonic() > deadline:
-            rep.open_bound_s = float(t_lb[i])
+        if ((deadline is not None and time.monotonic() > deadline) or (stop is not None and stop())
+                or (can_evaluate is not None and not can_evaluate(int(i)))):
+            rep.open_bound_s, rep.open = float(t_lb[i]), len(order) - pos
             rep.pruned_time = 0
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
         rec = evaluate(int(i))
+        rep.lower[i] = math.nan
         rep.simulated += 1
         if rec is None:
             rep.refused += 1
@@ -124,11 +138,25 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    on_scored: Callable[[int], None] | None = None,
                    members: Sequence[int] | None = None,
                    incumbent: Callable[[], float] | None = None,
-                   tick: Callable[[], None] | None = None) -> ExhaustiveReport:
+                   tick: Callable[[], None] | None = None,
+                   max_simulated: int | None = None,
+                   only_cached: bool = False,
+                   quantum: float | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
     reusing the records in ``history`` (plan_key -> record, ``tuner.result.history_cache``)
     and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
-    search unproven, also while it is still bounding.
+    search unproven, also while it is still bounding; so does ``max_simulated`` (a trial
+    budget: at most that many candidates scored or read back). ``only_cached``: evaluate
+    only the candidates ``history`` holds, stopping at the first other one (nothing is
+    simulated: the bound a sampled search leaves, :func:`tuner.gap.sampled_gap`).
+    ``quantum`` (seconds) stops the branch and bound that long after the bounding (a
+    shared search's turn on one slice, :func:`tuner.exhaustive_shared.run_shared`).
+
+    A candidate the scorer refuses (a ValueError: an engine limit legality does not model)
+    has no step time and no bound covers it: the report's proof then does not hold
+    (``ExhaustiveReport.holds``; ``refused``, ``refusal`` the first message: the optimum may
+    be among them).
+    The report's ``shapes`` holds the bounds per mesh shape (:func:`tuner.gap.shape_bounds`).
 
     ``members`` (indices into ``candidates``; None: all) restricts the search to one slice
     of the space, ``incumbent`` is the best time other workers found (see
@@ -150,46 +178,19 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     t0 = time.monotonic()
     deadline = None if timeout is None else t0 + timeout
     idx = list(range(len(candidates))) if members is None else [int(i) for i in members]
-    n = len(idx)
     cheap = getattr(scorer, "cheap_bound", None)
-    t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
-    bounded = None
-    for i, j in enumerate(idx):
-        if deadline is not None and time.monotonic() > deadline:
-            bounded = i  # the rest stay unbounded (-inf): the search stops before simulating them
-            break
-        if tick is not None and (cheap is None or i % 1024 == 0):
-            tick()
-        t_lb[i], m_lb[i], cap[i] = _bounds(cheap or bound, candidates[j])
-    resumed = 0
+    t_lb, m_lb, cap, bounded = _bound_all([candidates[j] for j in idx], cheap or bound, deadline,
+                                          tick, every=1 if cheap is None else 1024)
+    ev = _Evaluator(study, candidates, idx, scorer, history, t_lb, on_scored, tick)
+    turn_end = None if quantum is None else time.monotonic() + quantum
 
-    def evaluate(i: int) -> tuple[float, int, int] | None:
-        nonlocal resumed
-        if tick is not None:
-            tick()
-        c = candidates[idx[i]]
-        key = plan_key(c)
-        rec = history.get(key)
-        if rec is not None:
-            resumed += 1
-        else:
-            try:
-                s = scorer(c)
-                rec = {"time_s": float(s.time_s), "memory_bytes": int(s.memory_bytes),
-                       "memory_limit_bytes": int(s.memory_limit_bytes),
-                       "metrics": {k: float(v) for k, v in s.metrics.items()}}
-            except ValueError as e:
-                rec = {"error": f"{type(e).__name__}: {e}"}
-            history[key] = rec
-            _record_trial(study, c, key, rec, float(t_lb[i]))
-            if on_scored is not None:
-                on_scored(idx[i])
-        if "error" in rec:
-            return None
-        return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
+    def stop() -> bool:
+        return ((max_simulated is not None and ev.evaluated >= max_simulated)
+                or (turn_end is not None and time.monotonic() > turn_end))
 
+    can = ev.cached if only_cached else None
     if cheap is None:
-        rep = prove_best(t_lb, m_lb, cap, evaluate, deadline, incumbent)
+        rep = prove_best(t_lb, m_lb, cap, ev, deadline, incumbent, stop, can)
     else:
         from tuner.exhaustive_tiered import prove_tiered
 
@@ -206,14 +207,79 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
             except ValueError:  # the engine refuses it: no layout bound (its tight one says so)
                 return -math.inf
 
-        rep = prove_tiered(t_lb, m_lb, cap, tight, evaluate, deadline, incumbent,
-                           None if layout is None else middle)
+        rep = prove_tiered(t_lb, m_lb, cap, tight, ev, deadline, incumbent,
+                           None if layout is None else middle, stop, can)
     if rep.best_index is not None:
         rep.best_index = idx[rep.best_index]
-    rep.resumed = resumed
-    rep.bounded = bounded
+    rep.resumed, rep.bounded = ev.resumed, bounded
+    if ev.refusals:  # no bound covers a refused plan: the proof does not hold (``holds``)
+        rep.refusal = ev.refusals[0]
+    rep.shapes = shape_bounds([candidates[j] for j in idx], rep.lower)
     rep.seconds = time.monotonic() - t0
     return rep
+
+
+def _bound_all(cands: Sequence[Any], bound: Callable[[Any], Bound], deadline: float | None,
+               tick: Callable[[], None] | None, every: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+    """(time bounds, memory bounds, limits, bounded) of ``cands`` (:func:`_bounds`); past
+    ``deadline`` the rest stay unbounded (-inf: the search stops before simulating them)
+    and ``bounded`` counts those bounded (None: all); ``tick`` every ``every`` candidates."""
+    n = len(cands)
+    t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
+    for i, c in enumerate(cands):
+        if deadline is not None and time.monotonic() > deadline:
+            return t_lb, m_lb, cap, i
+        if tick is not None and i % every == 0:
+            tick()
+        t_lb[i], m_lb[i], cap[i] = _bounds(bound, c)
+    return t_lb, m_lb, cap, None
+
+
+class _Evaluator:
+    """``evaluate(i)`` of :func:`run_exhaustive` (an :data:`Evaluate`): member ``i``'s record
+    from ``history`` (``resumed``) or scored now and written to the study as one trial;
+    counts the evaluations and keeps the scorer's refusal messages."""
+
+    def __init__(self, study: optuna.Study, candidates: Sequence[Any], idx: Sequence[int], scorer: Any,
+                 history: dict[str, dict[str, Any]], t_lb: np.ndarray,
+                 on_scored: Callable[[int], None] | None, tick: Callable[[], None] | None) -> None:
+        self.study, self.candidates, self.idx, self.scorer = study, candidates, idx, scorer
+        self.history, self.t_lb, self.on_scored, self.tick = history, t_lb, on_scored, tick
+        self.resumed = self.evaluated = 0
+        self.refusals: list[str] = []
+
+    def cached(self, i: int) -> bool:
+        """Whether member ``i`` has a record already (``only_cached``)."""
+        return plan_key(self.candidates[self.idx[i]]) in self.history
+
+    def _score(self, c: Any) -> dict[str, Any]:
+        try:
+            s = self.scorer(c)
+        except ValueError as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+        return {"time_s": float(s.time_s), "memory_bytes": int(s.memory_bytes),
+                "memory_limit_bytes": int(s.memory_limit_bytes),
+                "metrics": {k: float(v) for k, v in s.metrics.items()}}
+
+    def __call__(self, i: int) -> tuple[float, int, int] | None:
+        self.evaluated += 1
+        if self.tick is not None:
+            self.tick()
+        c = self.candidates[self.idx[i]]
+        key = plan_key(c)
+        rec = self.history.get(key)
+        if rec is not None:
+            self.resumed += 1
+        else:
+            rec = self.history[key] = self._score(c)
+            _record_trial(self.study, c, key, rec, float(self.t_lb[i]))
+            if self.on_scored is not None:
+                self.on_scored(self.idx[i])
+        if "error" in rec:
+            self.refusals.append(rec["error"])
+            return None
+        return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
 
 __all__ = ["Bound", "ExhaustiveReport", "plan_key", "prove_best", "run_exhaustive"]

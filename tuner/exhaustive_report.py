@@ -57,10 +57,24 @@ class ExhaustiveReport:
     """Slices finished (== ``slices`` when proven)."""
     workers: int | None = None
     """Distinct worker processes that finished a slice."""
+    open: int = 0
+    refusal: str | None = None
+    """The first refusal message of the scorer (``refused`` > 0)."""
+    """Candidates still undecided when the search stopped unproven (their smallest bound
+    is ``open_bound_s``); 0 when proven."""
+    shapes: dict[str, Any] | None = None
+    """Per mesh shape (``tuner.gap.shape_key``): the smallest lower bound on the step time
+    of its candidates not evaluated that may fit (``lower_bound_s``, None: none), and how
+    many of its candidates a memory bound proved cannot fit (``cannot_fit``) out of
+    ``candidates`` (:func:`tuner.gap.shape_bounds`)."""
+    lower: Any = None
+    """Per candidate (the search's own order) its final lower bound (not serialised; see
+    :func:`tuner.exhaustive_tiered.prove_tiered`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (a non-finite ``open_bound_s`` becomes None)."""
         d = dict(self.__dict__)
+        d.pop("lower", None)
         if d["open_bound_s"] is not None and not math.isfinite(d["open_bound_s"]):
             d["open_bound_s"] = None
         return d
@@ -71,18 +85,29 @@ class ExhaustiveReport:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     @property
+    def holds(self) -> bool:
+        """The proof holds: every candidate decided (``proven``) and none refused by the
+        engine (a refused plan has no step time and no bound: the optimum may be it)."""
+        return self.proven and not self.refused
+
+    @property
     def decided(self) -> int:
         """Candidates simulated or pruned by a proven bound."""
         return self.simulated + self.pruned_memory + self.pruned_time + self.pruned_cheap
 
     def summary(self) -> str:
-        """One line for the tune report."""
+        """One line for the tune report: the counts (they add up to the space: the
+        candidates still ``open`` when a search stopped unproven are named), the best and
+        whether the proof holds."""
         best = "no feasible plan" if self.best_time_s is None else f"best {self.best_time_s * 1e3:.1f} ms"
-        if self.proven:
+        if self.holds:
             state = "proven optimum of the model over the space"
+        elif self.proven:
+            state = (f"NOT a proof: the engine refused {self.refused} candidate(s) after the "
+                     f"legality rules, which no bound covers (first: {self.refusal})")
         elif self.slices is not None:
             stop = ("" if self.open_bound_s is None or not math.isfinite(self.open_bound_s) else
-                    f"; smallest open bound of the slice stopped here {self.open_bound_s * 1e3:.1f} ms")
+                    f"; smallest open bound {self.open_bound_s * 1e3:.1f} ms")
             state = (f"NOT proven (stopped with {self.slices - (self.slices_done or 0)} of "
                      f"{self.slices} slices open{stop}; rerun to resume)")
         elif self.open_bound_s is None or not math.isfinite(self.open_bound_s):
@@ -93,10 +118,11 @@ class ExhaustiveReport:
         rate = self.decided / self.seconds if self.seconds > 0 else float("inf")
         shared = ("" if self.slices is None else
                   f"; {self.slices_done} of {self.slices} slices finished by {self.workers or 0} worker(s)")
+        left = f" + {self.open} open" if self.open else ""
         return (f"exhaustive: {self.space_size} candidates = {self.simulated} simulated "
                 f"({self.resumed} resumed from the study, {self.refused} refused by the engine) "
                 f"+ {self.pruned_memory} pruned by memory + {self.pruned_time} pruned by time "
-                f"+ {self.pruned_cheap} pruned by the cheap bound; "
+                f"+ {self.pruned_cheap} pruned by the cheap bound{left}; "
                 f"{best}; {state}{shared}; {self.seconds:.1f} s ({rate:.0f} decided/s)")
 
 

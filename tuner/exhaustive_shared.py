@@ -31,6 +31,7 @@ the search's report sums them (:func:`merged_report`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -254,6 +255,7 @@ def merged_report(cs: optuna.Study, n_slices: int, space_size: int) -> Exhaustiv
     for r in seen.values():
         for f in ("simulated", "resumed", "refused", "pruned_memory", "pruned_time", "pruned_cheap"):
             setattr(rep, f, getattr(rep, f) + getattr(r, f))
+        rep.refusal = rep.refusal or r.refusal
         if r.best_time_s is not None and (rep.best_time_s is None or r.best_time_s < rep.best_time_s):
             rep.best_time_s, rep.best_index = r.best_time_s, r.best_index
     rep.slices_done, rep.workers = len(seen), len(owners)
@@ -261,16 +263,100 @@ def merged_report(cs: optuna.Study, n_slices: int, space_size: int) -> Exhaustiv
     return rep
 
 
+#: the shortest turn (s) of branch and bound a worker spends on one slice when a time
+#: budget is shared among the open slices (:func:`run_shared`)
+MIN_TURN_S = 2.0
+
+
+def _open_slices(cs: optuna.Study, n_slices: int) -> int:
+    """Slices without a finished (COMPLETE) trial."""
+    done = {_slice(t) for t in cs.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    return sum(k not in done for k in range(n_slices))
+
+
+def _last_stop(cs: optuna.Study, k: int) -> FrozenTrial | None:
+    """The latest trial of slice ``k`` stopped with its open bound known (a stop during
+    the bounding records None: nothing is known below the candidates not bounded)."""
+    ts = [t for t in cs.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+          if _slice(t) == k and t.user_attrs.get("open_bound") is not None]
+    return max(ts, key=lambda t: t.number, default=None)
+
+
+def _cheap_bounds(candidates: Sequence[Any], members: Sequence[int], scorer: Any
+                  ) -> tuple[float | None, dict[str, Any]]:
+    """(smallest cheap bound, per-shape bounds) of a slice no worker has started: each
+    member's ``scorer.cheap_bound`` (else ``bound``); a member that cannot fit is left out,
+    one without a bound makes the bound unknown (None)."""
+    import numpy as np
+
+    from tuner.exhaustive import _bounds
+    from tuner.gap import _open_min, shape_bounds
+
+    bound = getattr(scorer, "cheap_bound", None) or scorer.bound
+    cands = [candidates[i] for i in members]
+    lower = np.array([t if m <= c else np.inf for t, m, c in (_bounds(bound, x) for x in cands)])
+    return _open_min(lower)[1], shape_bounds(cands, lower)
+
+
+def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], scorer: Any
+               ) -> tuple[float | None, dict[str, Any]]:
+    """The smallest lower bound (s) over every candidate of the unfinished slices that was
+    not decided, and the per-shape bounds of the whole space (``tuner.gap.merge_shapes``):
+    a finished slice gives its report's, a stopped one the open bound it recorded when it
+    stopped (a bound on fewer candidates since, so still a bound), one never started (or
+    stopped before its bounds were known) the cheap bounds of its members
+    (:func:`_cheap_bounds`). The bound is None when unknown or when nothing is open."""
+    from tuner.gap import merge_shapes
+
+    done: dict[int, dict[str, Any]] = {}
+    for t in sorted(cs.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda u: u.number):
+        k = _slice(t)
+        if k is not None and "report" in t.user_attrs:
+            done.setdefault(k, t.user_attrs["report"].get("shapes") or {})
+    low: float | None = float("inf")
+    parts = list(done.values())
+    for k in range(n_slices):
+        if k in done:
+            continue
+        last = _last_stop(cs, k)
+        if last is not None:
+            b, shapes = last.user_attrs["open_bound"], last.user_attrs.get("shapes") or {}
+        else:
+            b, shapes = _cheap_bounds(candidates, slice_members(k, n_slices, len(candidates)), scorer)
+        parts.append(shapes)
+        low = None if b is None or low is None else min(low, float(b))
+    return (None if low is None or math.isinf(low) else low), merge_shapes(parts)
+
+
+def _release(cs: optuna.Study, t: FrozenTrial, r: ExhaustiveReport) -> None:
+    """Fail a slice whose turn or budget ended (``stopped``), recording its open bound (None:
+    unknown) and per-shape bounds, so that a resume redoes it from the study's history."""
+    ob = r.open_bound_s
+    st = cs._storage
+    st.set_trial_user_attr(t._trial_id, "stopped", True)
+    st.set_trial_user_attr(t._trial_id, "open_bound", ob if ob is not None and math.isfinite(ob) else None)
+    st.set_trial_user_attr(t._trial_id, "shapes", r.shapes or {})
+    st.set_trial_state_values(t._trial_id, TrialState.FAIL)
+
+
 def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
-               n_slices: int | None, timeout: float | None = None, wait: bool = True
-               ) -> tuple[ExhaustiveReport, int]:
+               n_slices: int | None, timeout: float | None = None, wait: bool = True,
+               max_simulated: int | None = None) -> tuple[ExhaustiveReport, int]:
     """Work on the slices of ``study`` until none is open; with ``wait`` (the ``tune``
     process) also until every slice is finished, taking over the slices of workers that
     die meanwhile. ``n_slices``: the slices to cut a new search into (None: join one).
 
-    Returns (the merged report, plans this process scored). A ``timeout`` (s) stops it:
-    the slice in hand is released (failed, ``stopped``, so that a resume redoes it from
-    the study's history) and the report is not proven. Raises TunerError as
+    With a ``timeout`` (s) a worker takes turns: a slice gets at most the time left divided
+    by the slices still open (at least :data:`MIN_TURN_S` of branch and bound), then it is
+    released (failed, ``stopped``, with its open bound) and the next open slice is taken,
+    so that when the budget ends every slice has been searched alike and the answer's
+    bound covers them all (a slice never started is bounded by its cheap bounds). When the
+    time or ``max_simulated`` (plans scored by this process) runs out, the slice in hand is
+    released and the report is not proven: its ``open_bound_s`` is then the smallest
+    bound over every undecided candidate of the space (:func:`open_bound`), and its
+    ``shapes`` the per-shape bounds.
+
+    Returns (the merged report, plans this process scored). Raises TunerError as
     :func:`open_slices` and :func:`tuner.exhaustive.run_exhaustive` do."""
     t0 = time.monotonic()
     deadline = None if timeout is None else t0 + timeout
@@ -283,10 +369,10 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
         if "error" not in rec and rec["memory_bytes"] <= rec["memory_limit_bytes"]:
             incumbent.post(float(rec["time_s"]))
 
-    stopped: ExhaustiveReport | None = None
     from tuner.result import history_cache
 
-    while deadline is None or time.monotonic() < deadline:
+    budget_out = False
+    while not budget_out and (deadline is None or time.monotonic() < deadline):
         t = claim(cs, s)
         if t is None:
             if not wait or merged_report(cs, s, n).proven:
@@ -295,29 +381,32 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
             continue
         history.update(history_cache(study))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        turn = None if left is None else max(MIN_TURN_S, left / max(1, _open_slices(cs, s)))
+        cap = None if max_simulated is None else max(0, max_simulated - mine)
         r = run_exhaustive(study, candidates, scorer, history, left, on_scored=on_scored,
                            members=slice_members(_slice(t), s, n), incumbent=incumbent,
-                           tick=_Beat(cs, t))
+                           tick=_Beat(cs, t), max_simulated=cap, quantum=turn)
         mine += r.simulated - r.resumed
+        budget_out = ((deadline is not None and time.monotonic() >= deadline)
+                      or (max_simulated is not None and mine >= max_simulated))
         try:
             if r.proven:
                 cs._storage.set_trial_user_attr(t._trial_id, "report", r.to_dict())
                 cs._storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [float(r.simulated)])
             else:
-                cs._storage.set_trial_user_attr(t._trial_id, "stopped", True)
-                cs._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                stopped = r
-                break
+                _release(cs, t, r)
         except UpdateFinishedTrialError:
             pass  # a peer took this slice as dead meanwhile; its copy will be counted
     rep = merged_report(cs, s, n)
     if not rep.proven:
-        rep.open_bound_s = stopped.open_bound_s if stopped is not None else None
-        rep.bounded = stopped.bounded if stopped is not None else None
+        rep.open_bound_s, rep.shapes = open_bound(cs, s, candidates, scorer)
+        rep.open = n - rep.decided
+    else:
+        rep.shapes = open_bound(cs, s, candidates, scorer)[1]
     rep.seconds = time.monotonic() - t0
     return rep, mine
 
 
-__all__ = ["BEAT_S", "Incumbent", "SLICES_PER_WORKER", "SLICE_STUDY_SUFFIX", "STALE_S", "claim",
+__all__ = ["BEAT_S", "Incumbent", "MIN_TURN_S", "open_bound", "SLICES_PER_WORKER", "SLICE_STUDY_SUFFIX", "STALE_S", "claim",
            "is_slice_study", "merged_report", "open_slices", "recover", "repair", "run_shared",
            "slice_members", "slice_study_name", "study_best"]

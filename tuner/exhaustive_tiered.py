@@ -50,7 +50,9 @@ Tight = Callable[[int], "tuple[float, float, float]"]
 def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], memory_limit: Sequence[float],
                  tight: Tight, evaluate: Evaluate, deadline: float | None = None,
                  incumbent: Callable[[], float] | None = None,
-                 middle: Callable[[int], float] | None = None) -> ExhaustiveReport:
+                 middle: Callable[[int], float] | None = None,
+                 stop: Callable[[], bool] | None = None,
+                 can_evaluate: Callable[[int], bool] | None = None) -> ExhaustiveReport:
     """Best-first branch and bound over candidates ``0 .. n-1`` (module docstring).
 
     Args:
@@ -64,48 +66,91 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
             gets it first and goes back under ``max(cheap, middle)``; only when that
             entry comes up again is it tight-bounded. An entry pruned while at this tier
             counts as pruned by time.
-    Returns an :class:`ExhaustiveReport` (``resumed`` left 0). Raises TunerError on arrays
-    of different shapes or a NaN bound."""
+        stop: called before each step; True stops the search unproven (a trial budget).
+        can_evaluate: whether candidate i may be evaluated now (None: every one); the
+            search stops unproven at the first one that may not (a sampled search's gap:
+            only the plans it scored are evaluated, :mod:`tuner.gap`).
+    Returns an :class:`ExhaustiveReport` (``resumed`` left 0). When it stops unproven,
+    ``open_bound_s`` is the smallest key still on the heap: a lower bound on the step time
+    of every candidate not decided (``open`` of them), so the optimum is at least
+    ``min(best, open_bound_s)``. ``rep.lower`` (not serialised) holds each candidate's
+    final lower bound: its key when it was not evaluated, inf when a memory bound proved
+    it cannot fit, NaN when evaluated. Raises TunerError on arrays of different shapes or
+    a NaN bound."""
     t0, m0, cap = bound_arrays(cheap_time, cheap_memory, memory_limit, "a cheap lower bound")
     rep = ExhaustiveReport(space_size=len(t0))
+    lower = t0.copy()
     fits = m0 <= cap
+    lower[~fits] = math.inf
+    rep.lower = lower
     rep.pruned_cheap = int((~fits).sum())
     heap: list[tuple[float, int, int]] = [(float(t0[i]), 0, int(i)) for i in np.flatnonzero(fits)]
     heapq.heapify(heap)
+    dive = _Dive(t0, m0, cap, fits) if can_evaluate is None else None
     best = math.inf
-    while heap:
-        key, tier, i = heap[0]
-        if key >= (best if incumbent is None else min(best, incumbent())):
-            cheap_left = sum(1 for e in heap if e[1] == 0)
-            rep.pruned_cheap += cheap_left
-            rep.pruned_time += len(heap) - cheap_left
+    while True:
+        while heap and dive is not None and dive.done[heap[0][2]]:
+            heapq.heappop(heap)  # evaluated by a dive meanwhile
+        if not heap:
             break
-        if deadline is not None and time.monotonic() > deadline:
+        key, tier, i = heap[0]
+        bar = best if incumbent is None else min(best, incumbent())
+        if key >= bar:
+            live = [e for e in heap if dive is None or not dive.done[e[2]]]
+            cheap_left = sum(1 for e in live if e[1] == 0)
+            rep.pruned_cheap += cheap_left
+            rep.pruned_time += len(live) - cheap_left
+            break
+        if ((deadline is not None and time.monotonic() > deadline) or (stop is not None and stop())
+                or (tier == 2 and can_evaluate is not None and not can_evaluate(i))):
             rep.open_bound_s = key
-            rep.pruned_cheap, rep.pruned_time = int((~fits).sum()), 0  # memory prunes stand
+            rep.open = sum(1 for e in heap if dive is None or not dive.done[e[2]])
+            rep.pruned_cheap = int((~fits).sum())  # memory prunes stand
+            rep.pruned_time = 0
             rep.best_time_s = None if rep.best_index is None else best  # the best so far
             return rep
-        heapq.heappop(heap)
-        known = math.isfinite(best) or (incumbent is not None and math.isfinite(incumbent()))
-        if tier == 0 and middle is not None and known:
-            t = middle(i)
-            if math.isnan(t):
-                raise TunerError(f"the layout lower bound of candidate {i} is NaN")
-            heapq.heappush(heap, (max(key, t), 1, i))
-            continue
-        if tier <= 1:
-            t, m, c = tight(i)
-            if math.isnan(t) or math.isnan(m):
-                raise TunerError(f"the tight lower bound of candidate {i} is NaN")
-            if m > c:
-                rep.pruned_memory += 1
+        j = None if dive is None else dive.pick(bar, lower)
+        if j is not None:  # a dive: a plan likely to fit, simulated before its turn
+            i = j
+            if not dive.tightened[i]:
+                dive.tightened[i] = True
+                t, m, c = tight(i)
+                if math.isnan(t) or math.isnan(m):
+                    raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+                if m > c:  # its tight memory bound proves it cannot fit: never simulated
+                    rep.pruned_memory += 1
+                    lower[i], dive.done[i] = math.inf, True
+                    continue
+        else:
+            heapq.heappop(heap)
+            known = math.isfinite(bar)
+            if tier == 0 and middle is not None and known:
+                t = middle(i)
+                if math.isnan(t):
+                    raise TunerError(f"the layout lower bound of candidate {i} is NaN")
+                lower[i] = max(key, t)
+                heapq.heappush(heap, (lower[i], 1, i))
                 continue
-            if known:
-                heapq.heappush(heap, (max(key, t), 2, i))
-                continue
-            # no feasible plan known yet: simulate it now (a dive) for a first incumbent
+            if tier <= 1:
+                if dive is not None:
+                    dive.tightened[i] = True
+                t, m, c = tight(i)
+                if math.isnan(t) or math.isnan(m):
+                    raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+                if m > c:
+                    rep.pruned_memory += 1
+                    lower[i] = math.inf
+                    continue
+                lower[i] = max(key, t)
+                if known or (can_evaluate is not None and not can_evaluate(i)):
+                    heapq.heappush(heap, (lower[i], 2, i))
+                    continue
+                # no feasible plan known yet: simulate it now (a dive) for a first incumbent
         rec = evaluate(i)
+        lower[i] = math.nan
         rep.simulated += 1
+        if dive is not None:
+            dive.scored(i, rec)
         if rec is None:
             rep.refused += 1
             continue
@@ -117,4 +162,63 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
     return rep
 
 
-__all__ = ["Tight", "prove_tiered"]
+#: one simulation in this many is a dive once a feasible plan is known (:class:`_Dive`)
+DIVE_EVERY = 4
+
+
+class _Dive:
+    """Which candidate to simulate out of bound order, for a good feasible incumbent early.
+
+    The best-first order simulates first the plans of smallest time bound, which are often
+    the ones that hold the most memory (no recompute, large micro-batches) and, where the
+    memory bound is loose, do not fit: a search stopped by its budget then has no plan, or
+    a poor one. A dive takes instead the candidate of smallest cheap time bound whose cheap
+    memory bound, scaled by the largest peak / cheap-bound ratio seen on a plan that did
+    not fit (``rho``, learned as plans are simulated), still fits -- while no feasible plan
+    is known (every second dive then takes the lightest plan left instead), and then one
+    simulation in :data:`DIVE_EVERY` among those whose bound is below the best found. A dive candidate is tight-bounded first (its tight memory bound
+    may still prune it), as every candidate is before it is simulated. The order of simulation does not change what is proven (every
+    evaluated plan is a plan of the space; the heap's keys stay lower bounds), only how
+    soon a good plan is found."""
+
+    def __init__(self, t0: np.ndarray, m0: np.ndarray, cap: np.ndarray, fits: np.ndarray) -> None:
+        self.m0, self.cap = m0, cap
+        idx = np.flatnonzero(fits)
+        self.order = idx[np.argsort(t0[idx], kind="stable")]
+        self.lean = idx[np.lexsort((t0[idx], m0[idx] / cap[idx]))]  # lightest first, then fastest
+        self.t0 = t0
+        self.done = np.zeros(len(t0), dtype=bool)
+        self.tightened = np.zeros(len(t0), dtype=bool)
+        self.rho, self.at, self.lean_at, self.count = 1.0, 0, 0, 0
+
+    def pick(self, bar: float, lower: np.ndarray) -> int | None:
+        """The next dive candidate (None: not a dive's turn, or none left below ``bar``):
+        while no feasible plan is known, every second one is the lightest plan left by its
+        cheap memory bound (it fits if anything does, where the bound orders plans as their
+        peaks do), the others the fastest likely to fit."""
+        if math.isfinite(bar) and self.count % DIVE_EVERY != DIVE_EVERY - 1:
+            return None
+        if not math.isfinite(bar) and self.count % 2:
+            while self.lean_at < len(self.lean):
+                j = int(self.lean[self.lean_at])
+                if not self.done[j] and not math.isinf(lower[j]):
+                    return j
+                self.lean_at += 1
+        while self.at < len(self.order):
+            j = int(self.order[self.at])
+            if self.t0[j] >= bar:
+                return None
+            if not self.done[j] and not math.isinf(lower[j]) and self.m0[j] * self.rho <= self.cap[j]:
+                return j
+            self.at += 1  # evaluated, pruned, or too heavy for the ratio (it only grows)
+        return None
+
+    def scored(self, i: int, rec: tuple[float, int, int] | None) -> None:
+        """Record that candidate ``i`` was simulated (``rec``: its time, peak, limit)."""
+        self.done[i] = True
+        self.count += 1
+        if rec is not None and rec[1] > rec[2] and self.m0[i] > 0:
+            self.rho = max(self.rho, rec[1] / self.m0[i])
+
+
+__all__ = ["DIVE_EVERY", "Tight", "prove_tiered"]

@@ -16,6 +16,7 @@ Every figure is read from the trials' user attrs (``time_s``, ``memory_bytes``,
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -83,45 +84,93 @@ def why_best(result: TuneResult) -> list[str]:
             lines = [f"why it won ({scope}): as fast as the runner-up, {plan_label(r['plan'])} "
                      f"({r['time_s'] * 1e3:.1f} ms), and needs no more memory "
                      f"({b['memory_bytes'] / GIB:.1f} vs {r['memory_bytes'] / GIB:.1f} GiB)"]
-    ex = result.exhaustive
-    if ex is not None and getattr(ex, "proven", False):
+    ans = result.answer
+    if ans is not None and ans.holds:
         lines.append("the winner is the proven optimum of the space: every candidate not scored "
                      "has a lower bound on its step time no better than the winner's, or cannot fit")
-    elif ex is None:
-        lines.append("a sampled search: plans it did not score may be faster (--sampler exhaustive "
-                     "proves the optimum)")
+    elif ans is not None:
+        lines.append(f"not proven: {ans.summary()}")
+    elif result.exhaustive is None:
+        lines.append("a sampled search: plans it did not score may be faster (the default search "
+                     "proves the optimum or bounds the gap)")
     return lines + _per_shape(result, best)
 
 
+#: lines of the per-shape list before the rest is summed up in one line
+SHAPE_LINES = 12
+
+
 def _per_shape(result: TuneResult, best: optuna.trial.FrozenTrial) -> list[str]:
-    """The best plan of every mesh shape other than the winner's, fastest first; shapes
-    with no scored plan that fits after them, lightest first, with how many plans of that
-    shape were scored (a sampled search leaves others unscored; an exhaustive one prunes
-    those that cannot fit or cannot win)."""
+    """The best plan of every mesh shape other than the winner's, with what is proven of
+    it (:func:`_shape_state`), fastest first, then the shapes with no scored plan that fits
+    (with their bound, or proven not to fit); after :data:`SHAPE_LINES` lines the rest is
+    one line. Without per-shape bounds (a study written before them) only what was scored
+    is named."""
     mine = mesh_shape(best.user_attrs["plan"])
     bt = best.user_attrs["time_s"]
+    bounds = dict(getattr(result.answer, "shapes", None) or {})
     fits: dict[MeshShape, optuna.trial.FrozenTrial] = {}
     for t in result.feasible():  # fastest first: the first of a shape is its best
         fits.setdefault(mesh_shape(t.user_attrs["plan"]), t)
     tried: dict[MeshShape, list[optuna.trial.FrozenTrial]] = {}
     for t in _scored(result):
         tried.setdefault(mesh_shape(t.user_attrs["plan"]), []).append(t)
-    others = [s for s in fits if s != mine]
-    none_fit = sorted((s for s in tried if s not in fits),
-                      key=lambda s: memory_constraint(_lightest(tried[s]).user_attrs))
-    if not others and not none_fit:
+    names = {mesh_name(s): s for s in (*fits, *tried)}
+    rows: list[tuple[tuple[int, float], str]] = []
+    for name in sorted(set(names) | set(bounds)):
+        shape = names.get(name)
+        if shape == mine:
+            continue
+        b = bounds.get(name)
+        if shape in fits:
+            u = fits[shape].user_attrs
+            line = (f"  {name:<18} {u['time_s'] * 1e3:10.1f} ms  {(u['time_s'] - bt) / bt:+8.2%}  "
+                    f"{plan_label(u['plan'])}{_shape_state(b, u['time_s'], bt)}")
+            rows.append(((0, u["time_s"]), line))
+        elif b is not None and b["unscored"]:
+            low = b["lower_bound_s"]
+            what = ("no bound is known on them" if low is None else
+                    f"none is faster than {low * 1e3:.1f} ms ({(low - bt) / bt:+.2%})")
+            scored_ = "none of its scored plans fits; " if shape in tried else ""
+            rows.append(((1, -math.inf if low is None else low),
+                         f"  {name:<18} not searched to a proof: {scored_}{b['unscored']} plan(s) "
+                         f"not scored may fit, {what}"))
+        elif shape in tried:
+            t = _lightest(tried[shape])
+            n = len({_key(x) for x in tried[shape]})
+            proven = " (the rest cannot fit: their memory bounds exceed the limit)" if b is not None else ""
+            rows.append(((2, memory_constraint(t.user_attrs)),
+                         f"  {name:<18} none fits: none of its {n} scored plan(s) fits{proven}; the "
+                         f"lightest, {plan_label(t.user_attrs['plan'])}, {_over(t)}"))
+        elif b is not None:
+            rows.append(((3, 0.0), f"  {name:<18} none fits: the memory bounds of all its "
+                                   f"{b['candidates']} plan(s) exceed the limit"))
+    if not rows:
         return [f"every scored plan that fits has the winner's mesh shape ({mesh_name(mine)})"]
+    rows.sort(key=lambda r: r[0])
     lines = [f"best plan of each other mesh shape (the winner: {mesh_name(mine)}, {bt * 1e3:.1f} ms):"]
-    for s in others:
-        u = fits[s].user_attrs
-        lines.append(f"  {mesh_name(s):<18} {u['time_s'] * 1e3:10.1f} ms  "
-                     f"{(u['time_s'] - bt) / bt:+8.2%}  {plan_label(u['plan'])}")
-    for s in none_fit:
-        t = _lightest(tried[s])
-        n = len({_key(x) for x in tried[s]})
-        lines.append(f"  {mesh_name(s):<18} none of its {n} scored plan(s) fits: the lightest, "
-                     f"{plan_label(t.user_attrs['plan'])}, {_over(t)}")
+    lines += [line for _, line in rows[:SHAPE_LINES]]
+    rest = rows[SHAPE_LINES:]
+    if rest:
+        cannot = sum(1 for k, _ in rest if k[0] >= 2)
+        lines.append(f"  ... and {len(rest)} more shape(s), each slower or with a larger bound than "
+                     f"those above" + (f" ({cannot} of them cannot fit)" if cannot else ""))
     return lines
+
+
+def _shape_state(b: Mapping[str, Any] | None, time_s: float, best_s: float) -> str:
+    """What is proven of a shape's best scored plan (``time_s``) from its bounds ``b``
+    (``tuner.gap.shape_bounds``): the best of its shape (every plan of it not scored is
+    bounded at or above it, or cannot fit), or a bound on what its other plans can reach
+    (not searched to a proof)."""
+    if b is None:
+        return ""
+    low = b["lower_bound_s"]
+    if not b["unscored"] or (low is not None and low >= time_s):
+        return "  [the best of its shape, proven]"
+    if low is None:
+        return "  [not searched to a proof; no bound on its other plans]"
+    return f"  [not searched to a proof: none of its other plans is faster than {low * 1e3:.1f} ms]"
 
 
 def _key(t: optuna.trial.FrozenTrial) -> str:
@@ -153,6 +202,11 @@ def why_none(result: TuneResult) -> list[str]:
         parts.append("legality rules pruned " + ", ".join(f"{n} by {r}" for r, n in rules.most_common()))
     if errors:
         parts.append(f"the engine refused {len(errors)} (first: {errors[0]})")
+    ans = result.answer
+    if ans is not None and ans.holds and ans.space_size:  # every candidate pruned by memory
+        return [f"no feasible plan: the memory constraint binds -- all {ans.space_size} candidates "
+                "of the space need more than the limit (usable device memory less the headroom) "
+                "by their lower bound on the peak memory (proven; none was worth simulating)"]
     if result.exhaustive is not None and not parts:  # the enumeration itself was empty
         return ["no feasible plan: the search space holds no legal plan (the exhaustive "
                 "enumeration found no candidate); widen --fix (a fixed dp x micro-batch must "

@@ -14,7 +14,8 @@ sequence, Megatron ``get_batch_on_this_cp_rank``). Two more rules only remove du
 ``zero_needs_dp`` (a ZeRO stage over a data-parallel group of one rank is stage 0).
 ``hsdp_shard_group`` takes ``completion.strategy.Strategy``'s HSDP check: a shard group
 only with ZeRO-3, dividing dp, 2 <= N < dp; ``ep_layout`` its expert-parallel one (ep
-divides dp and the experts, cp 1, ZeRO <= 1).
+divides dp and the experts, cp 1, ZeRO <= 1); ``ep_needs_megatron_layout`` the plan
+pipeline's (experts are placed by Megatron's tensor-parallel layout only).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from completion.expert_layout import layout_problem
 from tuner.space import Candidate, SearchProblem
 
 Rule = Callable[[Candidate, SearchProblem], "str | None"]
@@ -87,7 +89,13 @@ def pp_divides_layers(c: Candidate, p: SearchProblem) -> str | None:
 
 
 def layers_divisible_by_chunks(c: Candidate, p: SearchProblem) -> str | None:
-    """With vpp chunks per rank, layers split into pp * vpp equal chunks."""
+    """With vpp chunks per rank, layers split into pp * vpp equal chunks (an uneven split:
+    at least one layer per chunk, pp * vpp <= layers)."""
+    if c.vpp > 1 and p.uneven_pp:
+        if c.pp * c.vpp > p.model.num_layers:
+            return (f"pp*vpp = {c.pp}*{c.vpp} = {c.pp * c.vpp} virtual stages exceed the "
+                    f"{p.model.num_layers} layers")
+        return None
     if c.vpp > 1 and p.model.num_layers % (c.pp * c.vpp):
         return (f"{p.model.num_layers} layers are not divisible by pp*vpp = "
                 f"{c.pp}*{c.vpp} = {c.pp * c.vpp}")
@@ -187,19 +195,53 @@ def hsdp_shard_group(c: Candidate, p: SearchProblem) -> str | None:
 
 
 def ep_layout(c: Candidate, p: SearchProblem) -> str | None:
-    """Expert parallelism (``completion.strategy.Strategy.ep``): only for a model with
-    experts, ep | dp and ep | num_experts (each rank an equal share of the experts:
-    Megatron-Core's ``num_moe_experts % expert_model_parallel_size``), cp = 1 and ZeRO
+    """Expert parallelism (``completion.strategy.Strategy.ep``, ``etp``): only for a model
+    with experts, ep | num_experts (each rank an equal share of the experts: Megatron-Core's
+    ``num_moe_experts % expert_model_parallel_size``), the expert layers folding onto the
+    stage (``completion.expert_layout.layout_problem``, the Strategy's own rule) and ZeRO
     <= 1 (the modelled layouts)."""
-    if c.ep == 1:
+    if c.ep == 1 and c.etp is None:
         return None
     e = p.model.num_experts
     if e <= 1:
         return f"ep={c.ep}: model {p.model.name} has no mixture-of-experts layer (of more than one expert)"
-    if c.dp % c.ep or e % c.ep:
-        return f"ep={c.ep} must divide dp={c.dp} and num_experts={e}"
-    if c.cp > 1 or c.zero > 1:
-        return f"ep={c.ep} needs cp=1 and ZeRO <= 1, got cp={c.cp}, zero={c.zero}"
+    if e % c.ep:
+        return f"ep={c.ep} must divide num_experts={e}"
+    why = layout_problem(c.dp, c.cp, c.tp, c.ep, c.etp)
+    if why is not None:
+        return why
+    if c.zero > 1:
+        return f"ep={c.ep} needs ZeRO <= 1, got zero={c.zero}"
+    return None
+
+
+#: Templates that make up Megatron's tensor-parallel layout (``tuner.patterns``); the norm's
+#: sequence-parallel variant is offered on top of it.
+MEGATRON_BASE = {"embedding": "vocab_parallel", "attention": "megatron", "mlp": "megatron",
+                 "lm_head": "vocab_parallel"}
+
+
+def megatron_layout(c: Candidate) -> bool:
+    """Whether ``c`` runs Megatron's tensor-parallel layout (the Strategy annotation
+    ``"megatron"``, ``meshplan.tuning.annotation_of``): tp = 1 (nothing sharded inside a
+    rank), the ``megatron`` annotation, or pattern templates equal to
+    :data:`MEGATRON_BASE` (a tied head follows the embedding)."""
+    if c.tp == 1:
+        return True
+    if c.annotation == "templates":
+        t = dict(c.templates)
+        return all(t.get(k, v) in (v, "tied") for k, v in MEGATRON_BASE.items())
+    return c.annotation == "megatron"
+
+
+def ep_needs_megatron_layout(c: Candidate, p: SearchProblem) -> str | None:
+    """Expert parallelism places the experts with Megatron's tensor-parallel layout
+    (``completion.plan_program.check_plan``: ep > 1 needs the annotation ``megatron``): a
+    pattern-based plan with other templates, or a full_random plan with tp > 1 (a random
+    annotation), cannot take ep > 1."""
+    if c.ep > 1 and not megatron_layout(c):
+        what = "a random annotation" if c.annotation == "random" else "templates other than Megatron's"
+        return f"ep={c.ep} needs Megatron's tensor-parallel layout; tp={c.tp} with {what}"
     return None
 
 
@@ -239,7 +281,8 @@ RULES: tuple[Rule, ...] = (
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
     sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
-    zero_needs_dp, hsdp_shard_group, ep_layout, zero_runs_with_pp, zero0_alone,
+    zero_needs_dp, hsdp_shard_group, ep_layout, ep_needs_megatron_layout, zero_runs_with_pp,
+    zero0_alone,
 )
 RULES_BY_NAME: dict[str, Rule] = {r.__name__: r for r in RULES}
 #: Rules that read only dp, tp, pp (checked right after the mesh is chosen).

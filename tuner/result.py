@@ -137,14 +137,28 @@ class TuneResult:
     """The ``tuner.exhaustive.ExhaustiveReport`` of an exhaustive search (else None)."""
     bound_gap: Any = None
     """The ``tuner.bound_seed.BoundGap`` of a search seeded from the bound (else None)."""
+    answer: Any = None
+    """The ``tuner.gap.SearchAnswer`` of the search: its best plan and the proven lower
+    bound on the optimum (None: a result built by hand, or a study written before it)."""
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """All trials of the study, in trial-number order (not copied)."""
         return self.study.get_trials(deepcopy=False)
 
+    def history_trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The trials of the history, in trial-number order: every trial except a failed
+        one (a kill interrupted it, user attr ``interrupted``, or a journal write failed
+        under it) whose plan was enqueued again (a trial with ``retry_of`` its number,
+        :func:`tuner.storage.recover_interrupted`): that plan's row is its retry's, so the
+        history has one row per plan drawn."""
+        trials = self.trials()
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        return [t for t in trials if not (t.state == TrialState.FAIL and t.number in retried)]
+
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per trial with :data:`HISTORY_COLUMNS`, ordered by trial number."""
-        rows = [_row(t, self.global_batch_size) for t in self.trials()]
+        """One row per trial of :meth:`history_trials` with :data:`HISTORY_COLUMNS`, ordered
+        by trial number."""
+        rows = [_row(t, self.global_batch_size) for t in self.history_trials()]
         df = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
         return df.astype({**{c: "Int64" for c in INT_COLUMNS}, **{c: "boolean" for c in BOOL_COLUMNS}})
 

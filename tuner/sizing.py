@@ -123,6 +123,41 @@ class SizeOutcome:
     the expected wall time per step, or the P90 step)."""
     cluster: str = ""
     """The cluster searched (``tune --cluster A,B``: one outcome per cluster and size)."""
+    optimum_at_least_s: float | None = None
+    """A proven lower bound on the search's objective per step over every plan of this
+    size's space (``tuner.gap.SearchAnswer.optimum_at_least_s``: the step time under the
+    default objective; None: unknown)."""
+    proven: bool = False
+    """The size's best plan is its proven optimum (or, with none, no plan of it fits)."""
+
+    @property
+    def _scored_s(self) -> float | None:
+        """The figure the search minimised (``objective_s``, else the step)."""
+        return self.objective_s if self.objective_s is not None else self.step_time_s
+
+    @property
+    def gap(self) -> float | None:
+        """``(objective - lower bound) / lower bound`` of the size's answer: at most how
+        much worse than the size's optimum its plan is (``tuner.gap.SearchAnswer.gap``; 0
+        when proven; None: no plan or no positive bound)."""
+        if self.proven and self.step_time_s is not None:
+            return 0.0
+        low, val = self.optimum_at_least_s, self._scored_s
+        if val is None or low is None or low <= 0:
+            return None
+        return max(0.0, (val - low) / low)
+
+    def bound(self, objective: str) -> float | None:
+        """The smallest value of ``objective`` any plan of this size can reach, by its
+        lower bound (``cost``: GPU-hours per million tokens; otherwise the search's
+        objective per step, seconds); None when unknown, inf when proven that no plan
+        fits."""
+        low = self._scored_s if self.proven else self.optimum_at_least_s
+        if low is None:
+            return math.inf if self.proven else None
+        if objective != "cost":
+            return low
+        return low * self.gpus / 3600.0 / (self.tokens_per_step / 1e6)
 
     @property
     def feasible(self) -> bool:
@@ -169,6 +204,34 @@ def choose(outcomes: Sequence[SizeOutcome], objective: str = "cost",
     if not ok:
         return None
     return min(ok, key=lambda o: (getattr(o, attr), o.gpus))
+
+
+def choice_proven(chosen: SizeOutcome, outcomes: Sequence[SizeOutcome], objective: str,
+                  max_step_time: float | None = None) -> tuple[bool, list[str]]:
+    """Whether no other size can beat ``chosen`` on ``objective``: (True, []) when every
+    other size's lower bound (:meth:`SizeOutcome.bound`) is at least the chosen value,
+    else (False, the sizes that might, each with its bound or ``no bound``). A size whose
+    step bound misses ``max_step_time`` cannot qualify (known for the step objectives
+    ``time`` and ``cost`` only). ``chosen`` itself must be proven. Under a run objective
+    (``time-to-train``, ``cost-to-train``, ``p90``) the compared figure is the search's
+    objective per step: every size runs the same steps, so it orders the sizes as the run's
+    total does."""
+    value = chosen.gpu_hours_per_mtok if objective == "cost" else chosen._scored_s
+    open_: list[str] = []
+    for o in outcomes:
+        if o is chosen:
+            continue
+        low = o.bound(objective)
+        step_low = o.bound("time") if objective in ("time", "cost") else None
+        if step_low is not None and max_step_time is not None and step_low > max_step_time:
+            continue
+        if low is None:
+            open_.append(f"{o.cluster + ' ' if o.cluster else ''}{o.gpus} GPUs (no bound)")
+        elif value is not None and low < value:
+            unit = "GPU-h per million tokens" if objective == "cost" else "s"
+            open_.append(f"{o.cluster + ' ' if o.cluster else ''}{o.gpus} GPUs (could reach {low:.4g} {unit})")
+    proven = chosen.proven and not open_
+    return proven, ([] if proven or open_ else [f"{chosen.gpus} GPUs itself is not proven"]) + open_
 
 
 def why_none(outcomes: Sequence[SizeOutcome], max_step_time: float | None,

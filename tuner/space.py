@@ -49,7 +49,11 @@ def tuner_schedule(name: Any) -> str:
         raise SpaceError(f"schedule {name!r} is not one of {list(PINNABLE_SCHEDULES)} (or their "
                          "aliases, as cost's --schedule takes them)") from None
     return "ZB" if canon == "ZB-2p" else canon
-RECOMPUTE = ("none", "selective", "full")
+#: Recompute modes a space may hold (``completion.strategy.RECOMPUTE``: ``selective-op`` is
+#: torchtitan's op-level selective checkpointing); :data:`DEFAULT_RECOMPUTE` is a space's
+#: default (``meshplan tune`` searches the framework's, ``meshplan.tune_setup``).
+RECOMPUTE = ("none", "selective", "selective-op", "full")
+DEFAULT_RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")
 #: Knobs that ``fix`` may pin, with their types.
@@ -170,7 +174,9 @@ class Candidate:
     ``fsdp_shard_size``: the HSDP shard group of ZeRO-3 (``completion.strategy``), None:
     shard over all of dp. ``fp8``: the FP8 training recipe of the decoder linears
     (``completion.strategy.FP8_RECIPES``), None: none. ``ep``: expert-parallel ranks of a
-    mixture-of-experts model (``completion.strategy.Strategy.ep``; 1 for a dense one).
+    mixture-of-experts model (``completion.strategy.Strategy.ep``; 1 for a dense one);
+    ``etp``: its expert tensor-parallel degree (``Strategy.etp``; None: tp, 1: whole experts
+    folded over tensor-parallel ranks too, ``completion.expert_layout``).
     """
 
     dp: int
@@ -189,6 +195,7 @@ class Candidate:
     fsdp_shard_size: int | None = None
     fp8: str | None = None
     ep: int = 1
+    etp: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -213,7 +220,7 @@ class Candidate:
         written before HSDP hold."""
         d = asdict(self)
         d["templates"] = dict(self.templates)
-        for opt_in in ("fsdp_shard_size", "fp8"):  # opt-in knobs: absent when unset
+        for opt_in in ("fsdp_shard_size", "fp8", "etp"):  # opt-in knobs: absent when unset
             if d[opt_in] is None:
                 del d[opt_in]
         if d["ep"] == 1:  # absent for a dense plan, as in studies written before MoE
@@ -237,7 +244,7 @@ def astuple_fast(c: Candidate) -> tuple[Any, ...]:
     returns, without its deep copies); used as the candidate's cache key."""
     return (c.dp, c.tp, c.pp, c.vpp, c.schedule, c.micro_batch_size, c.recompute,
             c.zero, c.sequence_parallel, c.templates, c.annotation_seed, c.annotation, c.cp,
-            c.fsdp_shard_size, c.fp8, c.ep)
+            c.fsdp_shard_size, c.fp8, c.ep, c.etp)
 
 
 def divisors(n: int) -> list[int]:
@@ -332,7 +339,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     vpp_degrees: tuple[int, ...] = (2, 4)
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    recompute: tuple[str, ...] = RECOMPUTE
+    recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     zero_stages: tuple[int, ...] = ZERO_STAGES
     sequence_parallel: tuple[bool, ...] = (False, True)
     fix: Mapping[str, Any] = field(default_factory=dict)
@@ -381,9 +388,10 @@ class SearchSpace:
                              f"ZBVPP), and the search tries {list(self.schedule_choices())} (the "
                              "framework's: --all-schedules or another --framework widens it)")
         chunks = self.fix.get("pp", 1) * self.fix.get("vpp", 1)
-        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and layers % chunks:
+        uneven = self.problem.uneven_pp
+        if self.fix.get("vpp", 1) > 1 and "pp" in self.fix and (chunks > layers if uneven else layers % chunks):
             raise SpaceError(f"--fix: pp={self.fix['pp']} x vpp={self.fix['vpp']} = {chunks} virtual "
-                             f"stages do not divide the model's {layers} layers")
+                             f"stages {'exceed' if uneven else 'do not divide'} the model's {layers} layers")
         object.__setattr__(self, "fix", dict(self.fix))
 
     # choices per knob, after fix -------------------------------------------------------
@@ -432,18 +440,23 @@ class SearchSpace:
             return [None]
         return [None] + [n for n in divisors(dp) if 2 <= n < dp]
 
-    def ep_choices(self, dp: int, cp: int, zero: int) -> list[int]:
-        """Expert-parallel degrees to try for a candidate with ``dp``, ``cp`` and ZeRO stage
-        ``zero``: the fixed value; else, for a mixture-of-experts model, every divisor of
-        dp that divides its experts (an ep group inside the data-parallel ranks of a
-        stage: the ``ep | dp`` restriction of Megatron-Core's ep within dp x cp x tp,
-        ``completion.strategy``) where cp = 1 and zero <= 1; else [1]."""
+    def ep_choices(self, dp: int, cp: int, zero: int, tp: int = 1) -> list[tuple[int, int | None]]:
+        """(ep, etp) pairs to try for a candidate with ``dp``, ``cp``, ``tp`` and ZeRO stage
+        ``zero``: the fixed ep (etp None when it divides dp x cp, else 1); else, for a
+        mixture-of-experts model with zero <= 1, every ep dividing its experts that folds
+        onto the stage (``completion.expert_layout``): ep | dp x cp with etp = tp (None), and
+        with tp > 1 the multiples of tp dividing dp x cp x tp with etp 1 (whole experts over
+        tensor-parallel ranks too); else [(1, None)]."""
         if "ep" in self.fix:
-            return [self.fix["ep"]]
+            ep = self.fix["ep"]
+            return [(ep, None if (dp * cp) % ep == 0 else 1)]
         experts = self.problem.model.num_experts
-        if experts <= 1 or cp > 1 or zero > 1:
-            return [1]
-        return [e for e in divisors(dp) if experts % e == 0]
+        if experts <= 1 or zero > 1:
+            return [(1, None)]
+        out: list[tuple[int, int | None]] = [(e, None) for e in divisors(dp * cp) if experts % e == 0]
+        if tp > 1:
+            out += [(e, 1) for e in divisors(dp * cp * tp) if e % tp == 0 and experts % e == 0]
+        return out
 
     def fp8_choices(self) -> list[str | None]:
         """FP8 recipes to try: the fixed value (``--fix fp8=te-delayed``; ``none``: None),
@@ -482,7 +495,9 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
     """Every combination of the non-annotation knobs (legal or not), in a fixed order.
 
     vpp is 1 for schedules other than VPP / ZBVPP; dp = world / (tp * pp * cp) (combinations
-    where that is not an integer, or contradicts a fixed dp, are skipped)."""
+    where that is not an integer, or contradicts a fixed dp, are skipped); with dp = 1 the
+    ZeRO stage is 0, pinned or not (sharding over one rank is no sharding, the plan of
+    stage 0: ``tuner.legality.zero_needs_dp``)."""
     w = space.problem.world_size
     for tp, pp, cp in itertools.product(space.tp_choices(), space.pp_choices(), space.cp_choices()):
         if w % (tp * pp * cp):
@@ -490,12 +505,14 @@ def iter_base_candidates(space: SearchSpace) -> Iterator[Candidate]:
         dp = w // (tp * pp * cp)
         if "dp" in space.fix and space.fix["dp"] != dp:
             continue
+        # a ZeRO stage over one data-parallel rank shards nothing: stage 0 (also when pinned)
+        zeros = [0] if dp == 1 else space.zero_choices()
         for sched in space.schedule_choices():
             vpps = space.vpp_choices() if sched in ("VPP", "ZBVPP") else [1]
             for vpp, mbs, rc, z, sp in itertools.product(
-                    vpps, space.mbs_choices(), space.recompute_choices(), space.zero_choices(),
+                    vpps, space.mbs_choices(), space.recompute_choices(), zeros,
                     space.sp_choices()):
-                for shard, fp8, ep in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
-                                                        space.ep_choices(dp, cp, z)):
+                for shard, fp8, (ep, etp) in itertools.product(space.shard_choices(dp, z), space.fp8_choices(),
+                                                               space.ep_choices(dp, cp, z, tp)):
                     yield Candidate(dp, tp, pp, vpp, sched, mbs, rc, z, sp, cp=cp,
-                                    fsdp_shard_size=shard, fp8=fp8, ep=ep)
+                                    fsdp_shard_size=shard, fp8=fp8, ep=ep, etp=etp)

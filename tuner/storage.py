@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -33,39 +32,24 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import TunerError
+from tuner.errors import StorageError
+from tuner.journal import (
+    JournalError,
+    JournalWriteError,
+    OwnerLock,
+    RecordJournalBackend,
+    TornRecordWarning,
+    check_journal_path,
+    repair,
+    whole_tail,
+)
+from tuner.workers import proc_start, worker_alive, worker_id, worker_token  # noqa: F401 (re-exported)
 
 WORKER_ATTR = "meshplan_worker"
 HEARTBEAT_S = 10
 GRACE_S = 60
-
-
-class StorageError(TunerError):
-    """A storage URL that cannot be used; the message names it."""
-
-
-def _proc_start(pid: int) -> str | None:
-    """The start time (clock ticks since boot) of ``pid`` from /proc, None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def worker_id() -> dict[str, Any]:
-    """This process: host name, pid and process start time."""
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
-
-
-def worker_token(w: dict[str, Any] | None = None) -> str:
-    """A worker's identity as one string ``host:pid:start`` (default: this process)."""
-    w = worker_id() if w is None else w
-    return f"{w.get('host')}:{w.get('pid')}:{w.get('start')}"
 
 
 #: system attr prefix of a worker's claim on an enqueued trial (before it owns it)
@@ -121,23 +105,6 @@ def trial_owners(t: FrozenTrial) -> list[dict[str, Any]]:
     return [v for k, v in t.system_attrs.items() if k.startswith(CLAIM_PREFIX)]
 
 
-def worker_alive(w: dict[str, Any]) -> bool | None:
-    """True/False for a worker on this host; None when it ran on another host."""
-    if w.get("host") != socket.gethostname():
-        return None
-    pid = int(w.get("pid", -1))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    start = _proc_start(pid)
-    return start is None or w.get("start") is None or start == w.get("start")
-
-
 #: attempts after a lost race creating the schema (workers starting at once)
 SCHEMA_RACE_RETRIES = 5
 
@@ -148,22 +115,27 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     ``journal:PATH`` -> that journal file, in a directory that must exist (nothing is
     created beside a path the caller gave); a SQLAlchemy URL -> RDBStorage with heartbeats.
 
-    Raises StorageError naming the URL when its directory is missing, its driver is missing
-    or it is malformed."""
+    A journal path must be a regular file that holds an Optuna journal, or a new file in an
+    existing directory (:func:`tuner.journal.check_journal_path`: ``/dev/full``, a FIFO, a
+    directory or another file are refused before anything is written); a torn record in it
+    is cut out, a copy of the file kept (:func:`tuner.journal.repair`).
+
+    Raises StorageError naming the URL when it is empty, its directory is missing, it is not
+    a journal file, its driver is missing or it is malformed."""
     if url is None:
         if study_dir is None:
             return None
         study_dir.mkdir(parents=True, exist_ok=True)
-        return _journal(study_dir / "journal.log")
+        return _journal(study_dir / "journal.log", f"journal {str(study_dir / 'journal.log')!r}")
     if url.startswith("journal:"):
         url = url[len("journal:"):]
     if "://" not in url:
         parent = Path(url).parent
+        if not url.strip():
+            raise StorageError("storage '' is empty; give a journal file path or a database URL")
         if not parent.is_dir():
             raise StorageError(f"storage {url!r}: directory {str(parent)!r} does not exist")
-        if Path(url).is_dir():
-            raise StorageError(f"storage {url!r} is a directory; give a journal file path")
-        return _journal(Path(url))
+        return _journal(Path(url), f"storage {url!r}")
     url = rdb_url(url)
     for attempt in range(SCHEMA_RACE_RETRIES + 1):
         try:
@@ -185,16 +157,44 @@ def open_storage(url: str | None, study_dir: Path | None) -> BaseStorage | None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-#: seconds before a journal lock left by a killed worker (SIGKILL while writing) is taken
-#: over; a live writer holds it for milliseconds (Optuna's default is 30 s)
+#: seconds before a journal ``.lock`` file that names no live meshplan holder (one an
+#: Optuna tool left) is taken over; a dead meshplan holder's is taken at once
+#: (:class:`tuner.journal.OwnerLock`); a live writer holds it for milliseconds (Optuna's
+#: default is 30 s)
 LOCK_GRACE_S = 5
 
 
-def _journal(path: Path) -> JournalStorage:
-    """Optuna's journal file storage at ``path`` with a short stale-lock grace period and
-    trial ownership (:class:`OwnedJournalStorage`)."""
-    return OwnedJournalStorage(JournalFileBackend(
-        str(path), lock_obj=JournalFileOpenLock(str(path), LOCK_GRACE_S)))
+def _journal(path: Path, label: str) -> JournalStorage:
+    """Optuna's journal storage on the file ``path`` with whole-record appends and torn-record
+    repair (:mod:`tuner.journal`), a lock a dead writer does not hold, and trial ownership
+    (:class:`OwnedJournalStorage`). Refuses a path that is not a regular file or not a
+    journal (:func:`tuner.journal.check_journal_path`, naming ``label``) before writing."""
+    check_journal_path(path, label)
+    lock = OwnerLock(str(path), LOCK_GRACE_S)
+    try:
+        backend = RecordJournalBackend(str(path), lock)  # creates an empty file if missing
+    except OSError as e:
+        raise JournalError(f"{label}: cannot create {str(path)!r}: {e.strerror or e}") from None
+    if not _whole_tail(path):
+        try:
+            repair(path, lock)
+        except JournalWriteError as e:  # Optuna reads the records before it; appends retry
+            warnings.warn(str(e), TornRecordWarning, stacklevel=2)
+    try:
+        return OwnedJournalStorage(backend)
+    except ValueError:  # a line that is not a record: cut it (a copy kept), then read again
+        if not repair(path, lock):
+            raise
+        return OwnedJournalStorage(RecordJournalBackend(str(path), lock))
+
+
+def _whole_tail(path: Path) -> bool:
+    """:func:`tuner.journal.whole_tail` of the file at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return whole_tail(fd)
+    finally:
+        os.close(fd)
 
 
 #: URL schemes of PostgreSQL without a driver named (``postgres://`` is Heroku's spelling,

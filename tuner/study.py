@@ -7,25 +7,28 @@ scorer, a search names a *scorer factory* by import path (``"meshplan.tuning:mak
 plus a JSON-able ``scorer_config``; both are stored in the study's user attributes with the
 search space, so ``run_worker(study, storage)`` needs nothing else.
 
-Trial outcomes: an illegal point is pruned before any simulation (user attr ``illegal``
-names the rule); a point the scorer rejects with a ``ValueError`` (an engine limit legality
-does not model) is pruned with user attr ``error``; every scored point is COMPLETE with its
+Trial outcomes: a trial draws only legal plans (``tuner.legal_draw``: the sampler chooses
+among the enumerated legal candidates, so no draw is illegal); a point the scorer rejects
+with a ``ValueError`` (an engine limit legality does not model: a bug to fix with a rule)
+is pruned with user attr ``error``; every scored point is COMPLETE with its
 step time (and peak memory with ``pareto``), its memory excess recorded as the constraint
 ``memory = peak / capacity - 1`` (feasible when <= 0) via ``trial.set_constraint`` — an
 out-of-memory plan is never a failed trial — and the user attrs ``feasible``,
 ``memory_bytes``, ``memory_limit_bytes`` (and both in GiB) that optuna-dashboard lists
-(:func:`record_attrs`). Identical plans are scored once per study,
+(:func:`record_attrs`). A search's trial target counts distinct plans (:func:`distinct_plans`):
+a draw of a plan scored already is a COMPLETE trial answered from the cache (``cached``)
+that does not count. Identical plans are scored once per study,
 whichever process scores them: the cache includes the study's history (scores and scorer
 errors), so a resumed search or a second worker reuses it, and a worker that draws a plan
 another live worker is scoring right now (a RUNNING trial with the same ``plan_key``) waits
 for that score instead of computing it again (the claim protocol of
 :meth:`_Objective._claim`; at most :data:`PEER_WAIT_S`; a dead peer is not waited for).
 
-Samplers (seeded): ``random`` (RandomSampler; full_random's default), ``tpe``
-(multivariate grouped TPESampler, Watanabe 2023; pattern-based and semi-auto default),
-``bruteforce`` (BruteForceSampler: the exhaustive optimum of a small space), ``exhaustive``
-(no Optuna sampler: branch and bound over the enumerated space with the scorer's lower
-bounds, :mod:`tuner.exhaustive`). On resume the
+Samplers (seeded): ``exhaustive`` (the default: no Optuna sampler, branch and bound over
+the enumerated space with the scorer's lower bounds, :mod:`tuner.exhaustive`; a Pareto
+search defaults to TPE), ``random`` (RandomSampler; full_random's default), ``tpe``
+(multivariate grouped TPESampler, Watanabe 2023), ``bruteforce`` (BruteForceSampler: every
+plan of a small space). On resume the
 sampler seed is ``seed + number of trials already in the study``, so a resumed search does
 not replay the points it already has. Every process that opens the study registers in it
 (a study system attr per worker); when another live worker is registered, the seed also
@@ -53,6 +56,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
+from tuner.journal import JournalWriteError, write_failure
 from tuner.result import MEMORY_CONSTRAINT, history_cache, memory_constraint, record_attrs
 from tuner.space import Candidate, SearchSpace
 from tuner.storage import (
@@ -64,9 +68,9 @@ from tuner.storage import (
     worker_id,
     worker_token,
 )
-from tuner.suggest import PATTERN, RANDOM, SEMI, enumerate_candidates, suggest_candidate
+from tuner.suggest import FRAMEWORK, PATTERN, RANDOM, SEMI
 
-MODES = (PATTERN, RANDOM, SEMI)
+MODES = (FRAMEWORK, PATTERN, RANDOM, SEMI)
 SAMPLERS = ("random", "tpe", "bruteforce", "exhaustive")
 CONFIG_ATTR = "meshplan_config"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -100,15 +104,16 @@ Scorer = Callable[[Candidate], Score]
 class TuneConfig:
     """Everything that defines a search (stored in the study; a resume must match it).
 
-    Attributes: space; mode (pattern-based | full_random | semi-auto); template_kinds:
-    pattern kind -> template names (pattern-based); annotation: the user's annotation name
-    (semi-auto); sampler (random | tpe | bruteforce; None = the mode's default); seed;
+    Attributes: space; mode (framework | pattern-based | full_random | semi-auto);
+    template_kinds: pattern kind -> template names (pattern-based); annotation: the user's
+    annotation name (semi-auto); sampler (exhaustive | random | tpe | bruteforce; None = the
+    mode's default, :attr:`sampler_name`); seed;
     pareto: minimise (time, peak memory) instead of time; scorer_factory: "module:function"
     taking ``scorer_config`` and returning a scorer.
     """
 
     space: SearchSpace
-    mode: str = PATTERN
+    mode: str = FRAMEWORK
     template_kinds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     annotation: str = "megatron"
     sampler: str | None = None
@@ -125,8 +130,13 @@ class TuneConfig:
 
     @property
     def sampler_name(self) -> str:
-        """The sampler used: ``sampler`` if set, else random for full_random and TPE otherwise."""
-        return self.sampler or ("random" if self.mode == RANDOM else "tpe")
+        """The sampler used: ``sampler`` if set, else random for full_random (its annotation
+        seeds cannot be enumerated), TPE for a Pareto search (the branch and bound minimises
+        step time) and otherwise ``exhaustive``, the branch and bound that proves the
+        optimum or bounds the gap (issue 36: a proof by default)."""
+        if self.sampler:
+            return self.sampler
+        return "random" if self.mode == RANDOM else "tpe" if self.pareto else "exhaustive"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (stored with the study; a resume compares it)."""
@@ -283,19 +293,20 @@ CLAIM_ATTR = "plan_claim"
 
 
 class _Objective:
-    """Suggest, check, score (cached), record."""
+    """Draw a legal plan, score it (cached), record it."""
 
-    def __init__(self, study: optuna.Study, cfg: TuneConfig, scorer: Scorer) -> None:
-        self.study, self.cfg, self.scorer = study, cfg, scorer
+    def __init__(self, study: optuna.Study, cfg: TuneConfig, scorer: Scorer, tree: Any = None) -> None:
+        self.study, self.cfg, self.scorer, self.tree = study, cfg, scorer, tree
         self.cache = history_cache(study)
         self.simulated = 0
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
-        got = suggest_candidate(trial, self.cfg.space, self.cfg.mode, self.cfg.template_kinds,
-                                self.cfg.annotation)
-        if not isinstance(got, Candidate):
-            trial.set_user_attr("illegal", str(got))
-            raise optuna.TrialPruned(str(got))
+        from tuner.legal_draw import draw_candidate
+
+        if self.tree is None:
+            trial.set_user_attr("illegal", "no_legal_plan: the search space holds no legal plan")
+            raise optuna.TrialPruned("the search space holds no legal plan")
+        got = draw_candidate(self.tree, trial, self.cfg.mode)
         key = json.dumps(got.to_dict(), sort_keys=True)
         trial.set_user_attr("plan", got.to_dict())
         trial.set_user_attr("plan_key", key)  # the claim: written before this worker looks
@@ -386,24 +397,34 @@ class _Objective:
             time.sleep(PEER_POLL_S)
 
 
+def distinct_plans(study: optuna.Study) -> int:
+    """Distinct plans ``study`` has scored (simulated or refused by the scorer); a repeat
+    of a plan already scored is not counted (issue 36: ``--trials N`` means N distinct
+    plans)."""
+    return len(history_cache(study))
+
+
 def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int,
              timeout: float | None = None,
-             on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
-             ) -> int:
-    """Run trials until the study holds ``n_trials`` finished (complete + pruned) trials
-    (running ones of other workers count), ``timeout`` seconds pass, the sampler has
-    exhausted the space (bruteforce), or every plan of an enumerable space (pattern-based,
-    semi-auto) has been scored: after :data:`REPEATS_BEFORE_COUNTING` draws in a row of
-    plans scored already, the space is counted once (``enumerate_candidates``), and the
-    search stops when the study holds every plan (a sampler that can only repeat would run
-    to ``n_trials`` for nothing). Returns the number of trials this call ran."""
+             on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+             tree: Any = None) -> int:
+    """Run trials until the study holds ``n_trials`` distinct scored plans
+    (:func:`distinct_plans`; a draw of a plan scored already is answered from the cache and
+    is not counted), ``timeout`` seconds pass, the sampler has exhausted the space
+    (bruteforce), or every plan of an enumerable space is scored. Every draw is a legal
+    plan (``tuner.legal_draw``: the sampler suggests only legal choices); ``tree`` is the
+    space's :class:`tuner.legal_draw.LegalTree` (None: built here). Returns the number of
+    trials this call ran."""
+    from tuner.legal_draw import legal_tree
+
     recover_interrupted(study)
-    done, running = trial_counts(study)
-    if done + running >= n_trials:
+    if distinct_plans(study) >= n_trials:
         return 0
-    obj = _Objective(study, cfg, scorer)
-    ran = repeats = 0
-    size: list[int | None] = []  # the space's plan count, once counted (None: not enumerable)
+    tree = tree if tree is not None else legal_tree(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
+    obj = _Objective(study, cfg, scorer, tree)
+    # every plan of the space scored: nothing new to draw (full_random's seeds never run out)
+    size = None if cfg.mode == RANDOM or tree is None else tree.size
+    ran = 0
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:
         if WORKER_ATTR not in study._storage.get_trial_system_attrs(trial._trial_id):
@@ -412,16 +433,12 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
         return obj(trial)
 
     def callback(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        nonlocal ran, repeats
+        nonlocal ran
         ran += 1
         if on_trial is not None:
             on_trial(st, ft)
-        repeats = repeats + 1 if ft.user_attrs.get("cached") else 0
-        if repeats >= REPEATS_BEFORE_COUNTING and not size:
-            size.append(len(enumerate_candidates(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation))
-                        if cfg.mode != RANDOM else None)
-        d, r = trial_counts(st)
-        if d + r >= n_trials or (size and size[0] is not None and len(obj.cache) >= size[0]):
+        done = len(obj.cache)
+        if done >= n_trials or (size is not None and done >= size) or tree is None:
             st.stop()
 
     quiet = _InterruptedTrialFilter()
@@ -429,21 +446,21 @@ def optimize(study: optuna.Study, cfg: TuneConfig, scorer: Scorer, n_trials: int
     log.addFilter(quiet)
     try:
         study.optimize(objective, timeout=timeout, callbacks=[callback])
+    except Exception:  # a failed journal write, under Optuna's follow-up errors: say it alone
+        failed = write_failure(study._storage)
+        if failed is not None:
+            raise failed from None
+        raise
     finally:
         log.removeFilter(quiet)
     return ran
 
 
-#: draws in a row of plans the study has scored already after which :func:`optimize`
-#: counts the space once, to stop when every plan of it is scored
-REPEATS_BEFORE_COUNTING = 20
-
-
 class _InterruptedTrialFilter(logging.Filter):
-    """Drops Optuna's two warnings about a trial that Ctrl-C stopped (its traceback and
-    "failed with value None"): the trial is left FAIL, a resumed search redoes it
-    (:func:`tuner.storage.recover_interrupted`), and the CLI prints one ``interrupted:``
-    line instead."""
+    """Drops Optuna's two warnings about a trial that Ctrl-C or a failed journal write
+    stopped (its traceback and "failed with value None"): the trial is left FAIL (or
+    RUNNING), a resumed search redoes it (:func:`tuner.storage.recover_interrupted`), and
+    the CLI prints one ``interrupted:`` or ``error:`` line instead."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -453,7 +470,7 @@ class _InterruptedTrialFilter(logging.Filter):
         exc = record.exc_info[0] if record.exc_info else None
         msg = record.getMessage()
         number = msg.split(" ", 2)[1] if msg.startswith("Trial ") else ""
-        if exc is not None and issubclass(exc, KeyboardInterrupt):
+        if exc is not None and issubclass(exc, (KeyboardInterrupt, JournalWriteError)):
             self.dropped.add(number)
             return False
         return not (number in self.dropped and msg.endswith("failed with value None."))

@@ -52,6 +52,7 @@ from completion.models.config import (
 )
 from completion.models.hf_config import config_from_hf_dict, load_hf_config
 from completion.models.mlp import build_mlp
+from completion.models.params import parameter_counts
 from completion.models.transformer import build_decoder
 
 #: Most sequences per built program (the batch dim of its inputs): 2**24, the
@@ -109,4 +110,5 @@ __all__ = [
     "load_hf_config",
     "megatron_2021",
     "model_names",
+    "parameter_counts",
 ]

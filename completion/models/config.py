@@ -87,6 +87,13 @@ MAX_MODEL_SIZES = {"num_layers": 2**14, "hidden_size": 2**20, "num_heads": 2**14
                    "seq_len": 2**24}
 #: Most routed experts per MoE layer (DeepSeek-V3 has 256, Qwen3-MoE 128)
 MAX_EXPERTS = 2**12
+#: Most multi-token prediction modules (DeepSeek-V3 trains with 1; its report, sec. 2.2,
+#: describes D sequential ones)
+MAX_MTP_LAYERS = 16
+#: router scoring functions (``ModelConfig.router_score``): softmax over the experts
+#: (Shazeer et al. 2017; Mixtral, Qwen-MoE) or an independent sigmoid per expert
+#: (DeepSeek-V3, Liu et al. 2024, eq. 15; Llama 4)
+ROUTER_SCORES = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,34 @@ class ModelConfig:
             (the dispatch / combine ``capacity_factor``, ``completion.ops.moe``); set by the
             plan pipeline from ``Strategy.expert_slot_factor`` (capacity factor, load
             imbalance), 1 by default.
+        q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim:
+            multi-head latent attention (MLA; DeepSeek-V2, Liu et al. 2024, sec. 2.1, eq. 9-19;
+            DeepSeek-V3) when ``kv_lora_rank`` is set: keys and values are up-projected per
+            head from a ``kv_lora_rank``-wide latent, queries from a ``q_lora_rank``-wide one
+            (None: a full ``q_proj``), each head's q and k are ``qk_nope_head_dim`` +
+            ``qk_rope_head_dim`` wide (the rotary part of k one head shared by all) and its v
+            ``v_head_dim`` (:mod:`completion.models.mla`). All None: multi-head / GQA attention.
+        attention_sinks: one learned logit per head joins each softmax denominator (GPT-OSS;
+            the ``sinks`` operand of ``flash_attention``).
+        attention_chunk: each query sees only the keys of its own chunk of this many
+            positions, on every layer with rotary positions (Llama 4's chunked attention;
+            its NoPE layers, ``nope_layers``, attend globally). None: no chunking.
+        nope_layers: decoder layers without rotary positions (Llama 4: every fourth).
+        router_score: ``softmax`` (Mixtral, Qwen) or ``sigmoid`` (DeepSeek-V3, Llama 4) over
+            the router logits (:data:`ROUTER_SCORES`).
+        router_groups, router_topk_groups: node-limited routing (DeepSeek-V3 ``n_group`` 8,
+            ``topk_group`` 4): experts cut into ``router_groups`` groups, a token's top-k
+            chosen among the ``router_topk_groups`` best groups (``completion.ops.moe``).
+        routed_scaling_factor: the routing weights are multiplied by it (DeepSeek-V3 2.5).
+        mtp_layers, mtp_loss_weight: multi-token prediction (DeepSeek-V3 sec. 2.2): that many
+            sequential modules after the decoder, each predicting one token further with one
+            more decoder layer, weighted ``mtp_loss_weight / mtp_layers`` in the loss
+            (:func:`completion.models.transformer._mtp`).
+        expert_grid: the routed experts' weights and expert-major tokens laid out as
+            ``[expert_grid, E / expert_grid, ...]`` instead of ``[E, ...]`` (the same
+            parameters, row-major); set by the plan pipeline when whole experts fold over
+            data- and tensor-parallel ranks (``completion.plan_program.with_expert_grid``),
+            None otherwise.
 
     Raises ModelConfigError naming the field when a value is out of range.
     """
@@ -195,6 +230,21 @@ class ModelConfig:
     router_aux_loss_coef: float = 0.0
     norm_topk_prob: bool = True
     expert_slot_factor: float = 1.0
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    attention_sinks: bool = False
+    attention_chunk: int | None = None
+    nope_layers: tuple[int, ...] = ()
+    router_score: str = "softmax"
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    mtp_layers: int = 0
+    mtp_loss_weight: float = 0.1
+    expert_grid: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -237,10 +287,88 @@ class ModelConfig:
                                                  for i in lay):
                 raise ModelConfigError(f"model {self.name!r}: sliding_window_layers must be a tuple of "
                                        f"layer indices >= 0, got {lay!r}")
-        if self.resolved_positions == "rope" and self.head_dim % 2:
+        if self.resolved_positions == "rope" and self.kv_lora_rank is None and self.head_dim % 2:
             raise ModelConfigError(f"model {self.name!r}: head_dim {self.head_dim} must be even for "
                                    "rotary positions")
         self._check_moe()
+        self._check_mla()
+        self._check_frontier()
+
+    def _int_field(self, f: str, lo: int, hi: int, none_ok: bool = True) -> None:
+        v = getattr(self, f)
+        if v is None and none_ok:
+            return
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ModelConfigError(f"model {self.name!r}: {f} must be an int in [{lo}, {hi}], got {v!r}")
+
+    def _check_mla(self) -> None:
+        """Multi-head latent attention: kv_lora_rank and the three head sizes together,
+        q_lora_rank only with them; rotary positions on an even rope part; one k/v head per
+        query head (MLA up-projects k and v per head); no kv_channels or q/k norm beside."""
+        fields = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        given = [f for f in fields if getattr(self, f) is not None]
+        if not given:
+            if self.q_lora_rank is not None:
+                raise ModelConfigError(f"model {self.name!r}: q_lora_rank needs kv_lora_rank "
+                                       "(multi-head latent attention)")
+            return
+        if len(given) != len(fields):
+            missing = [f for f in fields if f not in given]
+            raise ModelConfigError(f"model {self.name!r}: multi-head latent attention needs "
+                                   f"{missing} beside {given}")
+        for f in ("q_lora_rank", *fields):
+            self._int_field(f, 1, MAX_MODEL_SIZES["hidden_size"])
+        for f, bad in (("kv_channels", self.kv_channels is not None), ("qk_norm", self.qk_norm is not None),
+                       ("num_kv_heads", self.num_kv_heads != self.num_heads),
+                       ("positions", self.resolved_positions != "rope")):
+            if bad:
+                raise ModelConfigError(f"model {self.name!r}: {f} {getattr(self, f)!r} does not go "
+                                       "with multi-head latent attention (per-head k/v from one "
+                                       "latent, rotary on qk_rope_head_dim)")
+        if self.qk_rope_head_dim % 2:  # type: ignore[operator]
+            raise ModelConfigError(f"model {self.name!r}: qk_rope_head_dim {self.qk_rope_head_dim} "
+                                   "must be even for rotary positions")
+
+    def _check_frontier(self) -> None:
+        """Sinks, chunked attention, NoPE layers, the router's scoring and groups, the
+        routed scaling and multi-token prediction (class docstring)."""
+        if not isinstance(self.attention_sinks, bool):
+            raise ModelConfigError(f"model {self.name!r}: attention_sinks must be true or false")
+        self._int_field("attention_chunk", 1, MAX_MODEL_SIZES["seq_len"])
+        if not isinstance(self.nope_layers, tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.nope_layers):
+            raise ModelConfigError(f"model {self.name!r}: nope_layers must be a tuple of layer "
+                                   f"indices >= 0, got {self.nope_layers!r}")
+        if self.router_score not in ROUTER_SCORES:
+            raise ModelConfigError(f"model {self.name!r}: router_score {self.router_score!r} is not "
+                                   f"one of {list(ROUTER_SCORES)}")
+        self._int_field("router_groups", 1, MAX_EXPERTS, none_ok=False)
+        self._int_field("router_topk_groups", 1, self.router_groups, none_ok=False)
+        f = self.routed_scaling_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1e4:
+            raise ModelConfigError(f"model {self.name!r}: routed_scaling_factor must be a number in "
+                                   f"(0, 10000), got {f!r}")
+        routing = (self.router_score != "softmax" or self.router_groups != 1 or f != 1.0)
+        if routing and self.num_experts is None:
+            raise ModelConfigError(f"model {self.name!r}: router_score / router_groups / "
+                                   "routed_scaling_factor given without num_experts")
+        if self.num_experts is not None and self.router_groups > 1:
+            per = self.num_experts // self.router_groups
+            if self.num_experts % self.router_groups or self.experts_per_token > self.router_topk_groups * per:  # type: ignore[operator]
+                raise ModelConfigError(f"model {self.name!r}: router_groups {self.router_groups} must "
+                                       f"divide num_experts {self.num_experts} and the "
+                                       f"{self.router_topk_groups} groups a token may use hold at "
+                                       f"least experts_per_token {self.experts_per_token} experts")
+        self._int_field("mtp_layers", 0, MAX_MTP_LAYERS, none_ok=False)
+        if self.expert_grid is not None:
+            self._int_field("expert_grid", 1, MAX_EXPERTS, none_ok=False)
+            if self.num_experts is None or self.num_experts % self.expert_grid:
+                raise ModelConfigError(f"model {self.name!r}: expert_grid {self.expert_grid} must "
+                                       f"divide num_experts {self.num_experts}")
+        w = self.mtp_loss_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 100:
+            raise ModelConfigError(f"model {self.name!r}: mtp_loss_weight must be a number in "
+                                   f"[0, 100), got {w!r}")
 
     def _check_moe(self) -> None:
         """The mixture-of-experts fields: all None / defaults for a dense model; else
@@ -291,9 +419,39 @@ class ModelConfig:
                 raise ModelConfigError(f"model {self.name!r}: {f} must be true, false or None, got {v!r}")
 
     @property
+    def mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
     def head_dim(self) -> int:
-        """Per-head size d: ``kv_channels`` when given, else h / a (validated to divide)."""
+        """Per-head size d of q and k: ``kv_channels`` when given, else h / a (validated to
+        divide); under MLA ``qk_nope_head_dim + qk_rope_head_dim``."""
+        if self.kv_lora_rank is not None:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        """Per-head size of v (and of the attention output): ``v_head_dim`` under MLA, else
+        :attr:`head_dim`."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Channels a rotary embedding turns: ``qk_rope_head_dim`` under MLA, else
+        :attr:`head_dim`."""
+        return self.qk_rope_head_dim if self.qk_rope_head_dim is not None else self.head_dim
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` applies rotary positions (rope positions, not in
+        ``nope_layers``)."""
+        return self.resolved_positions == "rope" and layer not in self.nope_layers
+
+    def chunk_of(self, layer: int) -> int | None:
+        """The attention chunk of decoder layer ``layer``: ``attention_chunk`` on the layers
+        with rotary positions (Llama 4), None otherwise."""
+        return self.attention_chunk if self.attention_chunk and self.uses_rope(layer) else None
 
     @property
     def mlp_activation(self) -> str:
@@ -337,8 +495,10 @@ class ModelConfig:
         keys masks nothing, so it is full attention there). A representative program of
         the first, a middle and the last layer then stands for the model
         (``completion.plan_program``); otherwise every layer is costed."""
-        spans = {w if w is not None and w < seq_len else None
-                 for w in (self.window_of(i) for i in range(self.num_layers))}
+        def short(n: int | None) -> int | None:
+            return n if n is not None and n < seq_len else None
+        spans = {(short(self.window_of(i)), short(self.chunk_of(i)), self.uses_rope(i))
+                 for i in range(self.num_layers)}
         return self.uniform_layers and len(spans) == 1
 
     def is_moe_layer(self, layer: int) -> bool:

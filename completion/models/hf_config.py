@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import pathlib
 import re
 import warnings
@@ -23,6 +22,10 @@ from completion.models.config import (
     ModelConfigWarning,
     ModelFileNotFoundError,
 )
+from completion.models.hf_keys import bool_key as _bool_key
+from completion.models.hf_keys import float_key as _float_key
+from completion.models.hf_keys import get_key as _key
+from completion.models.hf_keys import int_key as _int_key
 from completion.models.hf_types import (
     GATED,
     HF_ACTIVATIONS,
@@ -30,6 +33,7 @@ from completion.models.hf_types import (
     REFUSED_MODEL_TYPES,
     HFModelType,
 )
+from completion.nesting import json_depth, too_deep
 
 
 def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
@@ -70,8 +74,34 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ModelFileNotFoundError(f"model config not found: {p}")
+    st = p.stat()
+    key = (str(p), str(p.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _LOADED.get(key)
+    if hit is None:  # parse once per file version; its warnings are kept and replayed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = _load_hf_config(p)
+        hit = _LOADED[key] = (cfg, [(w.message, w.category) for w in caught])
+    for message, category in hit[1]:
+        warnings.warn(message, category, stacklevel=2)
+    return hit[0]
+
+
+#: configs read by :func:`load_hf_config`, by (path, resolved path, mtime, size): a search
+#: builds an Engine per candidate and each resolves the model (a ModelConfig is immutable)
+_LOADED: dict[tuple, tuple[ModelConfig, list[tuple[Any, Any]]]] = {}
+
+
+def _load_hf_config(p: pathlib.Path) -> ModelConfig:
+    """:func:`load_hf_config`'s parse of an existing file (no memo)."""
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
+        text = p.read_text(encoding="utf-8")
+        deep = too_deep(json_depth(text), str(p))
+        if deep:
+            raise ModelConfigError(deep)
+        raw = json.loads(text, object_pairs_hook=unique_keys)
+    except ModelConfigError:
+        raise
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except UnicodeDecodeError as e:
@@ -81,32 +111,6 @@ def load_hf_config(path: str | pathlib.Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{p}: expected a JSON object at the top level")
     return config_from_hf_dict(raw, name=str(p))
-
-
-def _key(raw: dict[str, Any], name: str, *keys: str, default: Any = None) -> Any:
-    for k in keys:
-        if k in raw and raw[k] is not None:
-            return raw[k]
-    if default is None:
-        raise ModelConfigError(f"{name}: missing key {keys[0]!r}")
-    return default
-
-
-def _float_key(raw: dict[str, Any], name: str, keys: tuple[str, ...], default: float) -> float:
-    """The first of ``keys`` present as a finite number > 0 (else ``default``)."""
-    v = _key(raw, name, *keys, default=default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ModelConfigError(f"{name}: {keys[0]!r} must be a finite number > 0, got {v!r}")
-    return float(v)
-
-
-def _bool_key(raw: dict[str, Any], name: str, key: str, default: bool) -> bool:
-    v = raw.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):  # bool("false") is True: refuse strings and numbers
-        raise ModelConfigError(f"{name}: {key!r} must be true or false, got {v!r}")
-    return v
 
 
 def _prob_key(raw: dict[str, Any], name: str, keys: tuple[str, ...]) -> float:
@@ -188,7 +192,8 @@ def _warn_unmodelled(raw: dict[str, Any], name: str, mt: str, spec: HFModelType)
         v = raw.get(u.key)
         if v in u.inert or (u.needs is not None and raw.get(u.needs) is not True):
             continue
-        warnings.warn(f"{name}: {u.key}={v!r} (model_type {mt!r}) is not modelled: {u.why}",
+        shown = "{...}" if isinstance(v, dict) else repr(v)
+        warnings.warn(f"{name}: {u.key}={shown} (model_type {mt!r}) is not modelled: {u.why}",
                       ModelConfigWarning, stacklevel=3)
 
 
@@ -293,19 +298,6 @@ def _refuse_moe(raw: dict[str, Any], name: str, mt: str) -> None:
                                    f"would be wrong); experts are modelled for {moe_types}")
 
 
-def _int_key(raw: dict[str, Any], name: str, key: str, lo: int, default: int | None = None) -> int:
-    """``raw[key]`` as an int >= ``lo`` (``default`` when absent; absent without a default
-    is an error naming the key)."""
-    v = raw.get(key)
-    if v is None:
-        if default is None:
-            raise ModelConfigError(f"{name}: missing key {key!r}")
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ModelConfigError(f"{name}: {key!r} must be an int >= {lo}, got {v!r}")
-    return v
-
-
 def _moe_fields(raw: dict[str, Any], name: str, spec: HFModelType, layers: Any) -> dict[str, Any]:
     """The ModelConfig MoE fields of an architecture with experts (:class:`MoESpec`; {} for
     a dense one). Raises ModelConfigError naming the key."""
@@ -368,11 +360,13 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
     if not isinstance(mt, str) or mt not in MODEL_TYPES:
         raise ModelConfigError(f"{name}: model_type {mt!r} is not one of {sorted(MODEL_TYPES)}")
     spec = MODEL_TYPES[mt]
-    if spec.moe is None:
+    if spec.nested is not None:
+        return _text_model(raw, name, mt, spec)
+    if spec.moe is None and spec.reader is None:
         _refuse_moe(raw, name, mt)
     family = spec.family
     layers = _key(raw, name, *spec.layer_keys)
-    moe = _moe_fields(raw, name, spec, layers)
+    moe = spec.reader(raw, name, layers) if spec.reader else _moe_fields(raw, name, spec, layers)
     hidden = _key(raw, name, *spec.hidden_keys)
     heads = _key(raw, name, *spec.heads_keys)
     kv = _key(raw, name, "num_key_value_heads", default=heads)
@@ -396,6 +390,28 @@ def config_from_hf_dict(raw: dict[str, Any], name: str = "config.json") -> Model
                             raw, spec)
     _warn_near_misses(raw, name)
     return cfg
+
+
+#: keys of a multimodal config's top level that the text model reads (Llama 4 states
+#: ``tie_word_embeddings`` beside its ``text_config``)
+OUTER_KEYS = ("tie_word_embeddings", "attn_implementation", "_attn_implementation")
+
+
+def _text_model(raw: dict[str, Any], name: str, mt: str, spec: HFModelType) -> ModelConfig:
+    """The text model of a multimodal config (``HFModelType.nested``): its ``text_config``
+    (model_type defaulting to the text type) with the top level's :data:`OUTER_KEYS`; the
+    top level's unmodelled keys warn. Raises ModelConfigError naming the missing key."""
+    assert spec.nested is not None
+    key, text_type = spec.nested
+    inner = raw.get(key)
+    if not isinstance(inner, dict):
+        raise ModelConfigError(f"{name}: model_type {mt!r} keeps its text model in {key!r}, which "
+                               f"is {'missing' if inner is None else 'not an object'}")
+    _warn_unmodelled(raw, name, mt, spec)
+    merged = {k: raw[k] for k in OUTER_KEYS if k in raw}
+    merged.update(inner)
+    merged.setdefault("model_type", text_type)
+    return config_from_hf_dict(merged, f"{name} ({key})")
 
 
 def _config_keys(raw: dict[str, Any], spec: HFModelType) -> dict[str, str]:

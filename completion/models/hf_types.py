@@ -14,8 +14,11 @@ model (each produces one warning line naming it when present with an effect,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from completion.models.hf_frontier import deepseek_fields, gpt_oss_fields, llama4_fields
 
 #: Hugging Face activation names (``transformers.activations.ACT2FN``) -> the plain
 #: activation of :data:`completion.models.config.ACTIVATIONS`; a gated MLP turns
@@ -118,7 +121,13 @@ class HFModelType:
         unmodelled: keys known but not modelled (:class:`Unmodelled`).
         layer_keys / hidden_keys / heads_keys / ffn_keys / positions_keys: the size keys.
         moe: how its experts are stated (:class:`MoESpec`); None: a dense architecture
-            (a config that declares experts under it is refused).
+            (a config that declares experts under it is refused) or one with a ``reader``.
+        reader: ``reader(raw, name, num_layers) -> ModelConfig fields`` for the keys of an
+            architecture the fields above do not cover (:mod:`completion.models.hf_frontier`:
+            MLA, its experts and routing, sinks, chunked attention); it reads the experts too.
+        nested: (key, model_type) of a multimodal config that keeps its text model's config
+            under ``key`` (Llama 4: ``text_config`` of ``llama4_text``); the text model is
+            read and costed, its ``unmodelled`` keys (the vision tower) warn.
     """
 
     family: str
@@ -151,6 +160,8 @@ class HFModelType:
     ffn_keys: tuple[str, ...] = ("intermediate_size",)
     positions_keys: tuple[str, ...] = ("max_position_embeddings",)
     moe: MoESpec | None = None
+    reader: Callable[[dict[str, Any], str, Any], dict[str, Any]] | None = None
+    nested: tuple[str, str] | None = None
 
 
 _PRETRAINING_TP = Unmodelled("pretraining_tp", "the sliced linears of pretraining_tp > 1 cost as one",
@@ -230,10 +241,48 @@ MODEL_TYPES: dict[str, HFModelType] = {
                                "difference negligible)", (None, 1, 1.0)),)),
 }
 
-#: model types refused with the field that makes them unmodelled: field -> why (DeepSeek-V2/V3:
-#: multi-head latent attention, Liu et al. 2024 "DeepSeek-V2", sec. 2.1, low-rank compressed
-#: keys and values of rank ``kv_lora_rank``; this project's attention is multi-head / GQA only)
+#: keys of the frontier architectures known but not modelled (one warning each, present
+#: with an effect)
+_QUANTIZED = Unmodelled("quantization_config", "the checkpoint's storage format; weights and "
+                        "GEMMs are costed in the plan's dtype (--dtype, --fp8)")
+_DEEPSEEK = HFModelType(
+    "llama", bias_key="attention_bias", reader=deepseek_fields,
+    unmodelled=(_QUANTIZED, _PRETRAINING_TP,
+                Unmodelled("seq_aux", "the load-balancing loss is the Switch form over each "
+                           "micro-batch (DeepSeek's per-sequence statistics cost the same)",
+                           (None, False), needs=None)))
+_GPT_OSS = HFModelType(
+    "llama", bias_key="attention_bias", qkv_bias=True, o_bias=True, mlp_bias=True, head_dim_key="head_dim",
+    head_dim_default=64, sliding=True, sliding_every=2, window_default=128, reader=gpt_oss_fields,
+    unmodelled=(_QUANTIZED,
+                Unmodelled("swiglu_limit", "the experts' clamped GLU ((up + 1) * gate * "
+                           "sigmoid(1.702 gate), clamped at the limit) is costed as SwiGLU, one "
+                           "fused elementwise pass"),
+                Unmodelled("router_jitter_noise", "no router noise", (None, 0, 0.0))))
+_LLAMA4_TEXT = HFModelType(
+    "llama", bias_key="attention_bias", head_dim_key="head_dim", head_dim_default=128,
+    ffn_keys=("intermediate_size_mlp",), reader=llama4_fields,
+    unmodelled=(Unmodelled("use_qk_norm", "the weightless L2 norm of q and k on the rotary layers "
+                           "(one elementwise pass) is not costed", (None, False)),
+                Unmodelled("attn_temperature_tuning", "the per-position query scale of the NoPE "
+                           "layers (floor_scale, attn_scale; one elementwise pass) is not costed",
+                           (None, False, 0)),
+                Unmodelled("router_jitter_noise", "no router noise", (None, 0, 0.0))))
+MODEL_TYPES.update({
+    "deepseek_v3": _DEEPSEEK,
+    "kimi_k2": _DEEPSEEK,  # Kimi-K2 ships DeepSeek-V3's classes under its own model_type
+    "gpt_oss": _GPT_OSS,
+    "llama4_text": _LLAMA4_TEXT,
+    "llama4": HFModelType("llama", nested=("text_config", "llama4_text"),
+                          unmodelled=(Unmodelled("vision_config", "the vision encoder and its "
+                                                 "projector are not modelled: the text model is "
+                                                 "costed"),)),
+})
+
+#: model types refused with the field that makes them unmodelled: field -> why (DeepSeek-V2:
+#: its ``group_limited_greedy`` routing scores a group by its best expert, not modelled;
+#: DeepSeek-V3's is, :mod:`completion.models.hf_frontier`)
 REFUSED_MODEL_TYPES: dict[str, tuple[str, str]] = {
-    "deepseek_v2": ("kv_lora_rank", "multi-head latent attention (MLA) is not modelled"),
-    "deepseek_v3": ("kv_lora_rank", "multi-head latent attention (MLA) is not modelled"),
+    "deepseek_v2": ("topk_method", "DeepSeek-V2 (group_limited_greedy routing) is not modelled; "
+                                   "deepseek_v3 / kimi_k2 are"),
 }

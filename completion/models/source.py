@@ -167,11 +167,31 @@ def resolve_model(model: Any, seq_len: int | None = None, example_inputs: Any = 
     return src
 
 
+def check_positions(cfg: ModelConfig, seq_len: int) -> None:
+    """A sequence longer than the model's positions (``cfg.seq_len``: a config.json's
+    ``max_position_embeddings``, a catalog model's trained length): with a learned position
+    table (GPT-2, Megatron GPT: ``[max_position_embeddings, h]`` rows, one per position) the
+    positions past its end do not exist, so ModelSourceError; with rotary positions (no
+    table: RoFormer, Su et al. 2021, eq. 13 rotates q and k by the position) the model runs
+    but was not trained there, so a ModelConfigWarning. Costing is the same either way."""
+    if seq_len <= cfg.seq_len:
+        return
+    if cfg.resolved_positions == "learned":
+        raise ModelSourceError(f"seq_len {seq_len} is longer than the learned "
+                               f"position table of model {cfg.name} ({cfg.seq_len} positions, max_position_embeddings): "
+                               f"give at most {cfg.seq_len}")
+    warnings.warn(ModelConfigWarning(
+        f"seq_len {seq_len} is longer than the {cfg.seq_len} positions of model {cfg.name} "
+        f"(max_position_embeddings): its rotary positions were not trained that far (costed as "
+        f"given)"), stacklevel=3)
+
+
 def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSource:
     if isinstance(model, Program):
         return _from_program(model, "program", seq_len)
     if isinstance(model, ModelConfig):  # built like a catalog model, from the object itself
         s = model.seq_len if seq_len is None else seq_len
+        check_positions(model, s)
         return ModelSource(name=model.name, config=model, num_layers=model.num_layers, seq_len=s)
     if isinstance(model, (str, Path)):
         text = str(model)
@@ -182,6 +202,7 @@ def _resolve(model: Any, seq_len: int | None, example_inputs: Any) -> ModelSourc
             raise ModelSourceError(f"model config not found: {path}")
         cfg = get_model_config(text)
         s = cfg.seq_len if seq_len is None else seq_len
+        check_positions(cfg, s)
         window = 0
         if seq_len is None and path.suffix == ".json" and s > DEFAULT_TRAIN_SEQ:
             window, s = s, DEFAULT_TRAIN_SEQ

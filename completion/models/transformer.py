@@ -59,6 +59,7 @@ from completion.models.config import (
     ModelConfig,
     ModelConfigError,
 )
+from completion.models.mla import mla_qkv
 from completion.models.moe import moe_mlp
 
 
@@ -98,7 +99,7 @@ def _unfused_core(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: V
     probs = _dropout(pb, pb.op1("softmax", [sc], {"axis": -1}, pre), cfg.attention_dropout, pre)
     ctx = pb.op1("matmul", [probs, vt], {"transpose_x": False, "transpose_y": False}, pre)
     if hkv != hq:
-        ctx = pb.reshape(ctx, [b, hq, s, d], pre)
+        ctx = pb.reshape(ctx, [b, hq, s, cfg.value_head_dim], pre)
     return _heads_first(pb, ctx, pre)
 
 
@@ -108,15 +109,13 @@ def _qk_norm(pb: ProgramBuilder, cfg: ModelConfig, t: Value, width: int, struct:
     return pb.op1("rms_norm", [t, w], {"epsilon": cfg.norm_eps, "begin_norm_axis": t.ndim - 1}, struct)
 
 
-def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-               rope: tuple[Value, Value] | None, attention: str) -> Value:
+def _gqa_qkv(pb: ProgramBuilder, cfg: ModelConfig, x: Value, pre: str, b: int, s: int,
+             rope: tuple[Value, Value] | None) -> tuple[Value, Value, Value]:
     """q/k/v projections (biases per ``cfg.bias("qkv")``), optional q/k norm
-    (``cfg.qk_norm``: ``full`` on the projections, ``head`` per head), optional rotary
-    embedding, causal attention (flash or unfused; flash carries the layer's
-    ``sliding_window``), o_proj."""
+    (``cfg.qk_norm``: ``full`` on the projections, ``head`` per head) and optional rotary
+    embedding: q ``[b, s, hq, d]``, k and v ``[b, s, hkv, d]``."""
     h, d = cfg.hidden_size, cfg.head_dim
     hq, hkv = cfg.num_heads, cfg.num_kv_heads
-    pre = f"{layer_struct(i)}.self_attn"
     bias = cfg.bias("qkv")
     q = pb.linear(x, h, hq * d, f"{pre}.q_proj", bias)
     k = pb.linear(x, h, hkv * d, f"{pre}.k_proj", bias)
@@ -135,17 +134,41 @@ def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s
         attrs = {"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": cfg.rope_theta}
         res = pb.op("fused_rotary_position_embedding", [q, k, None, sin, cos, None], attrs, pre)
         q, k = res[0], res[1]  # type: ignore[assignment]
-    window = cfg.window_of(i)
+    return q, k, v
+
+
+def _flash(pb: ProgramBuilder, cfg: ModelConfig, q: Value, k: Value, v: Value, i: int, s: int,
+           pre: str) -> Value:
+    """One ``flash_attention``: causal, with the layer's sliding window and attention chunk
+    when shorter than the sequence, and the heads' sinks (a ``sinks`` ``[hq]`` parameter)
+    when ``cfg.attention_sinks``."""
+    fa = {"dropout": float(cfg.attention_dropout), "causal": True, "return_softmax": False,
+          "is_test": False}
+    for attr, span in (("sliding_window", cfg.window_of(i)), ("attention_chunk", cfg.chunk_of(i))):
+        if span is not None and span < s:
+            fa[attr] = span
+    operands = [q, k, v]
+    if cfg.attention_sinks:
+        operands.append(pb.param(pre, "sinks", [cfg.num_heads]))
+    return pb.op1("flash_attention", operands, fa, pre)
+
+
+def _attention(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
+               rope: tuple[Value, Value] | None, attention: str, st: str | None = None) -> Value:
+    """The q/k/v projections (multi-head / GQA, or multi-head latent attention,
+    :mod:`completion.models.mla`), rotary positions on the layers that use them, causal
+    attention (flash or unfused; flash carries the layer's ``sliding_window``,
+    ``attention_chunk`` and sinks), o_proj."""
+    pre = f"{st or layer_struct(i)}.self_attn"
+    rope = rope if cfg.uses_rope(i) else None
+    q, k, v = (mla_qkv if cfg.mla else _gqa_qkv)(pb, cfg, x, pre, b, s, rope)
     if attention == "unfused":
         out = _unfused_core(pb, cfg, q, k, v, b, s, pre)
     else:
-        fa = {"dropout": float(cfg.attention_dropout), "causal": True, "return_softmax": False,
-              "is_test": False}
-        if window is not None and window < s:
-            fa["sliding_window"] = window
-        out = pb.op1("flash_attention", [q, k, v], fa, pre)
-    out = pb.reshape(out, [b, s, hq * d], pre)
-    return pb.linear(out, hq * d, h, f"{pre}.o_proj", cfg.bias("o"))
+        out = _flash(pb, cfg, q, k, v, i, s, pre)
+    width = cfg.num_heads * cfg.value_head_dim
+    out = pb.reshape(out, [b, s, width], pre)
+    return pb.linear(out, width, cfg.hidden_size, f"{pre}.o_proj", cfg.bias("o"))
 
 
 def _layer_norm(pb: ProgramBuilder, cfg: ModelConfig, x: Value, struct: str) -> Value:
@@ -188,13 +211,13 @@ UNARY_ACTIVATIONS: dict[str, Callable[[ProgramBuilder, Value, str], Value]] = {
 }
 
 
-def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
+def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, st: str | None = None) -> Value:
     """The MLP of ``cfg.mlp_activation``: plain ``down(act(up(x)))`` or gated
     ``down(act(gate(x)) * up(x))`` (SwiGLU as the one ``swiglu`` op, other GLUs as the
     activation then ``multiply``), biases per ``cfg.bias("mlp")``; a mixture-of-experts
     layer's router and experts (:func:`completion.models.moe.moe_mlp`)."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    pre = f"{layer_struct(i)}.mlp"
+    pre = f"{st or layer_struct(i)}.mlp"
     if cfg.is_moe_layer(i):  # router, experts, combine (completion.models.moe)
         return moe_mlp(pb, cfg, x, pre)
     bias = cfg.bias("mlp")
@@ -212,10 +235,10 @@ def _mlp(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int) -> Value:
 
 
 def _sublayer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, fn: Callable[[Value], Value],
-              pre_name: str, post_name: str, i: int) -> Value:
+              pre_name: str, post_name: str, i: int, st: str | None = None) -> Value:
     """``x + dropout(f(x))`` with the norms of ``cfg.norm_placement``: pre ``f(norm(x))``,
     post ``norm(f(x))``, sandwich ``norm(f(norm(x)))``."""
-    place, st = cfg.norm_placement, layer_struct(i)
+    place, st = cfg.norm_placement, st or layer_struct(i)
     y = fn(_norm(pb, cfg, x, f"{st}.{pre_name}") if place in ("pre", "sandwich") else x)
     if place in ("post", "sandwich"):
         y = _norm(pb, cfg, y, f"{st}.{post_name}")
@@ -223,7 +246,10 @@ def _sublayer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, fn: Callable[[Valu
 
 
 def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: int,
-           rope: tuple[Value, Value] | None, attention: str) -> Value:
+           rope: tuple[Value, Value] | None, attention: str, st: str | None = None) -> Value:
+    """Decoder layer ``i`` (its attention span, rotary use and MLP kind are layer i's), its
+    ops under ``st`` (default ``decoder.layers.{i}``; a multi-token prediction module's
+    layer names its own)."""
     # struct names follow Hugging Face: pre-norm input_layernorm / post_attention_layernorm;
     # post-norm (OLMo 2) post_attention_layernorm / post_feedforward_layernorm; Gemma 2
     # all four
@@ -232,21 +258,62 @@ def _layer(pb: ProgramBuilder, cfg: ModelConfig, x: Value, i: int, b: int, s: in
              "post": (("", "post_attention_layernorm"), ("", "post_feedforward_layernorm")),
              "sandwich": (("input_layernorm", "post_attention_layernorm"),
                           ("pre_feedforward_layernorm", "post_feedforward_layernorm"))}[place]
-    x = _sublayer(pb, cfg, x, lambda y: _attention(pb, cfg, y, i, b, s, rope, attention),
-                  names[0][0], names[0][1], i)
-    return _sublayer(pb, cfg, x, lambda y: _mlp(pb, cfg, y, i), names[1][0], names[1][1], i)
+    x = _sublayer(pb, cfg, x, lambda y: _attention(pb, cfg, y, i, b, s, rope, attention, st),
+                  names[0][0], names[0][1], i, st)
+    return _sublayer(pb, cfg, x, lambda y: _mlp(pb, cfg, y, i, st), names[1][0], names[1][1], i, st)
 
 
-def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value) -> Value:
-    x = _norm(pb, cfg, x, "decoder.norm")
-    h, vocab = cfg.hidden_size, cfg.vocab_size
-    if cfg.tie_word_embeddings:
-        logits = pb.op1("matmul", [x, wte], {"transpose_x": False, "transpose_y": True}, "lm_head")
-    else:
-        logits = pb.linear(x, h, vocab, "lm_head", False)
-    pb.role = OpRole.LOSS
+def _ce_mean(pb: ProgramBuilder, logits: Value, labels: Value) -> Value:
     res = pb.op("cross_entropy_with_softmax", [logits, labels], None, "loss")
-    loss = pb.op1("mean", [res[1]], {"axis": [], "keepdim": False}, "loss")
+    return pb.op1("mean", [res[1]], {"axis": [], "keepdim": False}, "loss")
+
+
+def _mtp(pb: ProgramBuilder, cfg: ModelConfig, h: Value, wte: Value, b: int, s: int,
+         rope: tuple[Value, Value] | None, attention: str) -> list[tuple[Value, Value]]:
+    """The multi-token prediction modules (DeepSeek-V3 report, sec. 2.2, eq. 21-25, as
+    Megatron-Core ``MultiTokenPredictionLayer`` computes them): module k (0-based, struct
+    ``mtp.layers.{k}``) embeds the tokens k + 1 ahead (``mtp.input_ids.{k}``, the shared
+    ``embed_tokens``), normalises them (``enorm``) and the previous hidden states
+    (``hnorm``: the decoder's output before its final norm for k = 0), projects their
+    concatenation ``[b, s, 2h] @ eh_proj [2h, h]`` and runs one more decoder layer (layer
+    index ``num_layers + k``: its MLP kind is that layer's). Returns (hidden states, labels
+    ``mtp.labels.{k}`` [b, s, 1]: the tokens k + 2 ahead) per module."""
+    out: list[tuple[Value, Value]] = []
+    for k in range(cfg.mtp_layers):
+        st = f"mtp.layers.{k}"
+        ids = pb.data(f"mtp.input_ids.{k}", [b, s], "int64", st)
+        labels = pb.data(f"mtp.labels.{k}", [b, s, 1], "int64", "loss")
+        emb = pb.op1("embedding", [ids, wte], {"padding_idx": -1, "sparse": False}, st)
+        x = pb.op1("concat", [_norm(pb, cfg, emb, f"{st}.enorm"), _norm(pb, cfg, h, f"{st}.hnorm")],
+                   {"axis": -1}, st)
+        x = pb.linear(x, 2 * cfg.hidden_size, cfg.hidden_size, f"{st}.eh_proj", False)
+        h = _layer(pb, cfg, x, cfg.num_layers + k, b, s, rope, attention, st)
+        out.append((h, labels))
+    return out
+
+
+def _head_and_loss(pb: ProgramBuilder, cfg: ModelConfig, x: Value, wte: Value, labels: Value,
+                   mtp: list[tuple[Value, Value]]) -> Value:
+    """The final norm, the LM head (tied to ``wte`` or ``lm_head.weight`` [h, V]) and the
+    mean cross entropy; each multi-token prediction module's hidden states through its own
+    final norm and the same head, their mean cross entropies added with weight
+    ``mtp_loss_weight / mtp_layers`` (DeepSeek-V3 eq. 25; Megatron-Core
+    ``--mtp-loss-scaling-factor``)."""
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    x = _norm(pb, cfg, x, "decoder.norm")
+    head = wte if cfg.tie_word_embeddings else pb.param("lm_head", "weight", [h, vocab])
+    mm = {"transpose_x": False, "transpose_y": cfg.tie_word_embeddings}
+    logits = pb.op1("matmul", [x, head], mm, "lm_head")
+    extra = [(pb.op1("matmul", [_norm(pb, cfg, hk, f"mtp.layers.{k}.final_layernorm"), head], mm,
+                     f"mtp.layers.{k}.shared_head"), lk) for k, (hk, lk) in enumerate(mtp)]
+    pb.role = OpRole.LOSS
+    loss = _ce_mean(pb, logits, labels)
+    if extra:
+        means = [_ce_mean(pb, lg, lk) for lg, lk in extra]
+        tot = means[0] if len(means) == 1 else pb.op1("add_n", means, None, "loss")
+        w = float(cfg.mtp_loss_weight) / len(means)
+        tot = pb.op1("scale", [tot, None], {"scale": w, "bias": 0.0, "bias_after_scale": True}, "loss")
+        loss = pb.op1("add", [loss, tot], None, "loss")
     pb.op("shadow_output", [loss], {"output_name": "loss_0"}, "loss")
     pb.role = OpRole.FORWARD
     return loss
@@ -263,8 +330,9 @@ def _learned_positions(pb: ProgramBuilder, cfg: ModelConfig, x: Value, b: int, s
 
 def _rope_tables(pb: ProgramBuilder, cfg: ModelConfig, x: Value, b: int, s: int
                  ) -> tuple[Value, tuple[Value, Value] | None]:
-    """sin/cos tables [1, s, 1, head_dim] as inputs of every rotary op (LLaMA)."""
-    d = cfg.head_dim
+    """sin/cos tables [1, s, 1, rope_dim] as inputs of every rotary op (LLaMA; the
+    rotary part of each head under multi-head latent attention)."""
+    d = cfg.rope_dim
     sin = pb.data("rotary_emb.sin", [1, s, 1, d], pb.dtype, "rotary_emb")
     cos = pb.data("rotary_emb.cos", [1, s, 1, d], pb.dtype, "rotary_emb")
     return x, (sin, cos)
@@ -292,6 +360,9 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
     attention = attention or cfg.attention or "flash"
     if attention not in ATTENTIONS:
         raise ModelConfigError(f"model {cfg.name!r}: attention {attention!r} is not one of {list(ATTENTIONS)}")
+    if attention == "unfused" and cfg.attention_sinks:
+        raise ModelConfigError(f"model {cfg.name!r}: attention 'unfused' has no attention sinks "
+                               "(the GPT-OSS sinks are an operand of flash_attention); use 'flash'")
     pb = ProgramBuilder(dtype=dtype)
     b, s = batch_size, seq_len
     ids = pb.data("input_ids", [b, s], "int64", "embed_tokens")
@@ -303,6 +374,6 @@ def build_decoder(cfg: ModelConfig, batch_size: int, seq_len: int, dtype: str,
     x = _dropout(pb, x, cfg.hidden_dropout, "embed_positions" if rope is None else "embed_tokens")
     for i in range(cfg.num_layers):
         x = _layer(pb, cfg, x, i, b, s, rope, attention)
-    _head_and_loss(pb, cfg, x, wte, labels)
+    _head_and_loss(pb, cfg, x, wte, labels, _mtp(pb, cfg, x, wte, b, s, rope, attention))
     pb.program.renumber()
     return pb.program

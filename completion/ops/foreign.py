@@ -32,9 +32,6 @@ for _name in ("flatten", "view"):
 for _name in ("momentum_", "lamb_"):
     register_traits(_name, OpTraits(optimizer=True))
 
-# Paddle backward.yaml: expand_grad(x, out_grad) reads only the shape of x
-register_traits("expand_grad", OpTraits(no_need_buffer=frozenset({0})))
-
 # frontend spellings of the tuner's pattern ops
 register_traits("linear", OpTraits(kernel="gemm", pattern_role="matmul"))
 for _name in ("scaled_dot_product_attention", "memory_efficient_attention"):

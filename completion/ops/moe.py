@@ -7,7 +7,13 @@ Layouts (b sequences of s tokens, hidden h, E experts, top-k):
 
 - ``moe_topk(x [..., E]) -> (weights [..., k], indices [..., k] int64)``: the k largest
   router probabilities and their experts (``torch.topk``); ``normalize``: the weights are
-  divided by their sum (Mixtral ``MixtralSparseMoeBlock``; Qwen-MoE ``norm_topk_prob``).
+  divided by their sum (Mixtral ``MixtralSparseMoeBlock``; Qwen-MoE ``norm_topk_prob``);
+  ``scale`` (default 1): then multiplied by it (DeepSeek-V3 ``routed_scaling_factor``);
+  ``groups`` / ``topk_groups`` (default 1): node-limited routing, the E experts cut into
+  ``groups`` equal groups, each scored by the sum of its two best scores, and the k chosen
+  among the experts of the ``topk_groups`` best groups only (DeepSeek-V3, Liu et al. 2024,
+  sec. 2.1.2 "node-limited routing": with one group per node a token reaches at most
+  ``topk_groups`` nodes; transformers ``DeepseekV3MoE.get_topk_indices``).
 - ``moe_dispatch(x [b, s, h], indices [b, s, k]) -> out [E, b * C, h]``: every expert's
   tokens, ``C = ceil(capacity_factor * s * k / E)`` slots per expert per sequence (GShard,
   Lepikhin et al. 2021, sec. 2.2 "expert capacity"): sequence ``i``'s (token, choice) pairs
@@ -82,6 +88,12 @@ def _infer_topk(ts: T, attrs: dict[str, Any]) -> list[TensorType | None]:
     k = attrs.get("k")
     if not x.ndim or isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= x.shape[-1]:
         raise OpError(f"k must be an int in [1, {x.shape[-1] if x.ndim else 0}], got {k!r}")
+    g, tg = attrs.get("groups", 1), attrs.get("topk_groups", 1)
+    e = x.shape[-1]
+    if any(isinstance(a, bool) or not isinstance(a, int) for a in (g, tg)) or not (
+            1 <= tg <= g and e % g == 0 and k <= tg * (e // g)):
+        raise OpError(f"groups {g!r} must divide the {e} experts and topk_groups {tg!r} be in "
+                      f"[1, groups] with k = {k} <= topk_groups * experts per group")
     shape = x.shape[:-1] + (k,)
     return [TensorType(shape, x.dtype), TensorType(shape, "int64")]
 

@@ -173,38 +173,53 @@ def _infer_embedding_grad(ts: _T, attrs: dict[str, Any]) -> list[TensorType | No
 
 
 # -- flash_attention -----------------------------------------------------------------------
-def _check_qkv(q: TensorType, k: TensorType, v: TensorType) -> None:
+def _check_qkv(q: TensorType, k: TensorType, v: TensorType, sinks: TensorType | None = None) -> None:
+    """q [b, s, hq, d], k [b, t, hkv, d], v [b, t, hkv, d_v]: v may have its own head size
+    (multi-head latent attention: d = qk_nope + qk_rope = 192, d_v = 128 in DeepSeek-V3;
+    FlashAttention-3 and cuDNN take d_v != d); sinks, when given, one logit per query head
+    [hq]."""
     for nm, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise OpError(f"{nm} must be 4-D [batch, seq, heads, head_dim], got {list(t.shape)}")
-    if not _eq(k.shape, v.shape):
-        raise OpError(f"k {list(k.shape)} and v {list(v.shape)} must have the same shape")
+    if not _eq(k.shape[:3], v.shape[:3]):
+        raise OpError(f"k {list(k.shape)} and v {list(v.shape)} differ in batch, seq or heads")
     if not _eq(q.shape[::3], k.shape[::3]):
         raise OpError(f"q {list(q.shape)} and k {list(k.shape)} differ in batch or head_dim")
     if q.shape[2] > 0 and k.shape[2] > 0 and q.shape[2] % k.shape[2]:
         raise OpError(f"q heads {q.shape[2]} are not a multiple of k/v heads {k.shape[2]} (GQA)")
+    if sinks is not None and not _eq(sinks.shape, (q.shape[2],)):
+        raise OpError(f"sinks {list(sinks.shape)} must be [q heads = {q.shape[2]}]")
+
+
+def _qkv_sinks(ts: _T, n_fixed: int) -> tuple[TensorType, TensorType, TensorType, TensorType | None]:
+    """q, k, v and the optional sinks of a flash_attention (grad) op whose operand list has
+    ``n_fixed`` entries before the sinks."""
+    if len(ts) not in (n_fixed, n_fixed + 1):
+        raise OpError(f"expected {n_fixed} or {n_fixed + 1} operands, got {len(ts)}")
+    q, k, v = _need(ts, 0, "q"), _need(ts, 1, "k"), _need(ts, 2, "v")
+    sinks = ts[n_fixed] if len(ts) > n_fixed else None
+    _check_qkv(q, k, v, sinks)
+    return q, k, v, sinks
 
 
 def _infer_flash_attention(ts: _T, attrs: dict[str, Any]) -> list[TensorType | None]:
-    """q [b, s, hq, d], k/v [b, s_kv, hkv, d] -> out [b, s, hq, d], softmax (null unless
-    return_softmax) [b, hq, s, s_kv], softmax_lse [b, hq, s] float32, seed_offset [2] int64."""
-    _count(ts, 3)
-    q, k, v = _need(ts, 0, "q"), _need(ts, 1, "k"), _need(ts, 2, "v")
-    _check_qkv(q, k, v)
+    """q [b, s, hq, d], k [b, s_kv, hkv, d], v [b, s_kv, hkv, d_v], sinks? [hq] -> out
+    [b, s, hq, d_v], softmax (null unless return_softmax) [b, hq, s, s_kv], softmax_lse
+    [b, hq, s] float32, seed_offset [2] int64."""
+    q, k, v, _ = _qkv_sinks(ts, 3)
     b, s, hq, _ = q.shape
     sm = TensorType((b, hq, s, k.shape[1]), q.dtype) if attrs.get("return_softmax") else None
-    return [q, sm, TensorType((b, hq, s), "float32"), TensorType((2,), "int64")]
+    return [TensorType((b, s, hq, v.shape[3]), q.dtype), sm, TensorType((b, hq, s), "float32"),
+            TensorType((2,), "int64")]
 
 
 def _infer_flash_attention_grad(ts: _T, attrs: dict[str, Any]) -> list[TensorType | None]:
-    # (q, k, v, out, softmax_lse, seed_offset, out@GRAD)
-    _count(ts, 7)
-    q, k, v = _need(ts, 0, "q"), _need(ts, 1, "k"), _need(ts, 2, "v")
-    _check_qkv(q, k, v)
+    # (q, k, v, out, softmax_lse, seed_offset, out@GRAD, sinks?)
+    q, k, v, sinks = _qkv_sinks(ts, 7)
     g = _need(ts, 6, "out@GRAD")
-    if not _eq(g.shape, q.shape):
-        raise OpError(f"out@GRAD {list(g.shape)} does not match q {list(q.shape)}")
-    return [q, k, v]
+    if not _eq(g.shape, q.shape[:3] + v.shape[3:]):
+        raise OpError(f"out@GRAD {list(g.shape)} does not match q {list(q.shape)} and v {list(v.shape)}")
+    return [q, k, v] if len(ts) == 7 else [q, k, v, sinks]
 
 
 # -- fused_rotary_position_embedding -------------------------------------------------------
@@ -299,13 +314,20 @@ defop("embedding", ("x", "weight"), ("out",), _infer_embedding,
       family="embedding", pattern_role="embedding", grad_inputs=("x", "weight", "out@GRAD"),
       grad_infer=_infer_embedding_grad, no_need_buffer=("weight",), fusable=False)
 # Paddle's flash_attn also takes fixed_seed_offset and attn_mask operands (both optional);
-# causal masking is the only mask the models here need.
-defop("flash_attention", ("q", "k", "v"), ("out", "softmax", "softmax_lse", "seed_offset"),
+# causal masking is the only mask the models here need. ``sinks`` (optional, [hq]): one
+# learned logit per query head joining every softmax denominator and attending to nothing
+# (GPT-OSS, OpenAI 2025 model card sec. 2.1; transformers ``modeling_gpt_oss``
+# ``eager_attention_forward``): out = softmax([S, sink]) V without the sink column. A
+# forward op without it has a grad op without it (``completion.backward``). Attributes
+# beyond Paddle's: ``sliding_window`` (keys per query) and ``attention_chunk`` c (a query
+# at position i sees the keys of its own chunk, positions floor(i / c) * c .. i: Llama 4's
+# chunked attention, transformers ``modeling_llama4``), both carried to the grad op.
+defop("flash_attention", ("q", "k", "v", "sinks?"), ("out", "softmax", "softmax_lse", "seed_offset"),
       _infer_flash_attention,
       attrs={"dropout": 0.0, "causal": True, "return_softmax": False, "is_test": False},
       attr_tags={"dropout": _F}, family="flash_attention",
-      kernel="attention", attention_core=True, pattern_role="attention", grad_inputs=("q", "k", "v", "out", "softmax_lse", "seed_offset", "out@GRAD"),
-      grad_infer=_infer_flash_attention_grad, grad_carries=("sliding_window",))
+      kernel="attention", attention_core=True, pattern_role="attention", grad_inputs=("q", "k", "v", "out", "softmax_lse", "seed_offset", "out@GRAD", "sinks?"),
+      grad_infer=_infer_flash_attention_grad, grad_carries=("sliding_window", "attention_chunk"))
 defop("fused_rotary_position_embedding", ("q", "k?", "v?", "sin?", "cos?", "position_ids?"),
       ("out_q", "out_k", "out_v"), _infer_rope,
       attrs={"use_neox_rotary_style": True, "time_major": False, "rotary_emb_base": 10000.0},

@@ -1,9 +1,12 @@
-"""Layout ops: reshape, transpose, split, concat, slice, squeeze, unsqueeze.
+"""Layout ops: reshape, transpose, split, concat, slice, squeeze, unsqueeze, expand.
 
 Semantics follow Paddle: ``reshape`` shape entries 0 (copy the input dim) and one -1
 (inferred); ``split`` ``num_or_sections`` an int (equal parts) or a list with at most one -1;
 ``slice`` clamps ``starts``/``ends`` like Python slicing; ``squeeze`` with an empty axis
-removes every unit dim.
+removes every unit dim; ``expand`` broadcasts x to ``shape`` (right-aligned, an entry of
+-1 keeps x's dim; x's dims of size 1 stretch, numpy's broadcasting), its grad sums the
+gradient over the stretched dims (Paddle ``expand`` / ``expand_grad``, backward.yaml
+``no_need_buffer: x``).
 """
 
 from __future__ import annotations
@@ -137,6 +140,24 @@ def _unsqueeze(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
     return [TensorType(tuple(shape), x.dtype)]
 
 
+def _expand(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
+    x = need(types, 0, "x")
+    spec = [int(d) for d in attrs.get("shape") or []]
+    if len(spec) < x.ndim:
+        raise OpError(f"shape {spec} has fewer dims than x {list(x.shape)}")
+    lead = len(spec) - x.ndim
+    out = list(spec)
+    for i, n in enumerate(x.shape):
+        want = spec[lead + i]
+        if want == -1:
+            out[lead + i] = n
+        elif n not in (1, want) and n != -1:
+            raise OpError(f"cannot expand x {list(x.shape)} to {spec}: dim {i} is {n}, not 1 or {want}")
+    if any(d < 1 for d in out[:lead]):
+        raise OpError(f"shape {spec}: new leading dims must be positive")
+    return [TensorType(tuple(out), x.dtype)]
+
+
 def _split_grad(types: T, attrs: dict[str, Any]) -> list[TensorType | None]:
     return _concat(types, attrs)
 
@@ -165,6 +186,8 @@ defop("slice", ("input",), ("out",), _slice, family="slice",
       attrs={"axes": [], "decrease_axis": [], "ends": [], "infer_flags": [], "starts": []},
       attr_tags={"ends": IA, "starts": IA}, grad_inputs=("input", "out@GRAD"),
       no_need_buffer=("input",))
+defop("expand", ("x",), ("out",), _expand, family="expand", attrs={"shape": []},
+      attr_tags={"shape": IA}, grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))
 defop("squeeze", ("x",), ("out",), _squeeze, family="reshape",
       attrs={"axis": []}, attr_tags={"axis": IA}, kernel=None, view=True,
       grad_inputs=("x", "out@GRAD"), no_need_buffer=("x",))

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from completion.errors import CompletionError
+from completion.nesting import MAX_NESTING
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf|nan)")
@@ -44,6 +45,7 @@ class Cursor:
     def __init__(self, text: str) -> None:
         self.s = text
         self.i = 0
+        self.nesting = 0  # lists / dicts open in the attribute value being read
         self.context = ""  # what is being read (an op and its line), for semantic errors
         self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
@@ -175,18 +177,15 @@ class Cursor:
         c = self.s[self.i] if self.i < len(self.s) else ""
         if c == '"':
             return self.string()
-        if c == "[":
-            self.i += 1
-            items: list[Any] = []
-            if self.eat("]"):
-                return items
-            while True:
-                items.append(self.value()[0])
-                if self.eat("]"):
-                    return items
-                self.expect(",", "',' or ']' in a list")
-        if c == "{":
-            return self.dict_items()
+        if c in "[{" and c:
+            self.nesting += 1
+            if self.nesting > MAX_NESTING:
+                raise self.error(f"attribute value nested deeper than {MAX_NESTING} levels "
+                                 f"(completion.nesting.MAX_NESTING)")
+            try:
+                return self._list() if c == "[" else self.dict_items()
+            finally:
+                self.nesting -= 1
         m = _NUMBER.match(self.s, self.i)
         if m and (c.isdigit() or c in "-+."):
             self.i = m.end()
@@ -195,6 +194,18 @@ class Cursor:
                 return float(txt)
             return int(txt) if _INT.fullmatch(txt) else float(txt)
         return self.atom()
+
+    def _list(self) -> list[Any]:
+        """``[v, ...]`` (the cursor on its ``[``)."""
+        self.i += 1
+        items: list[Any] = []
+        if self.eat("]"):
+            return items
+        while True:
+            items.append(self.value()[0])
+            if self.eat("]"):
+                return items
+            self.expect(",", "',' or ']' in a list")
 
     def atom(self) -> Any:
         name = self.ident("an attribute value")

@@ -73,10 +73,13 @@ def rms_norm(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notat
 
 
 def flash_attention(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
-    """``q[b,s,h,d], k[b,t,h,d], v[b,t,h,d] -> out[b,s,h,d], softmax[b,h,s,t],
+    """``q[b,s,h,d], k[b,t,h,d], v[b,t,h,e], sinks?[h] -> out[b,s,h,e], softmax[b,h,s,t],
     softmax_lse[b,h,s], seed_offset[2]``: batch and heads may be sharded (heads only when
     the mesh dim divides the head counts; a single k/v head (MQA) is simply replicated);
-    the sequence and head_dim letters are replicated.
+    the sequence and head_dim letters are replicated. v's head size e is its own letter
+    (multi-head latent attention: e = v_head_dim, d = qk_nope + qk_rope). The sinks (one
+    logit per query head, GPT-OSS) follow the heads: a head-parallel (tensor-parallel)
+    attention holds its heads' sinks, and their gradient sums over the batch and sequence.
 
     Context-parallel attention (attribute ``context_parallel`` > 1,
     ``completion.context_parallel``): the kernel exchanges K/V over the ranks that split the
@@ -85,16 +88,19 @@ def flash_attention(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -
     sharded on a mesh dim stays sharded there, no reshard before or after; it must split
     evenly). The softmax's key dim stays replicated."""
     pool = LetterPool()
-    b, s, h, d, t = pool.take(5)
+    b, s, h, d, t, e = pool.take(6)
     cp = int(attrs.get("context_parallel", 1) or 1)
     if cp > 1:
-        rep, kv_seq, div = {t, d}, s, frozenset({h, s})
+        rep, kv_seq, div = {t, d, e}, s, frozenset({h, s})
     else:
-        rep, kv_seq, div = {s, t, d}, t, frozenset({h})
-    q, kv = (b, s, h, d), (b, kv_seq, h, d)
+        rep, kv_seq, div = {s, t, d, e}, t, frozenset({h})
+    q, k, v = (b, s, h, d), (b, kv_seq, h, d), (b, kv_seq, h, e)
     seed = replicated_letters(outs[3] if len(outs) > 3 else (2,), pool, rep)
-    outputs: list[Letters | None] = [q, (b, h, s, t), (b, h, s), seed]
-    return Notation([q, kv, kv], outputs, rep, divisible=div, aux_outputs=frozenset({3}))
+    outputs: list[Letters | None] = [(b, s, h, e), (b, h, s, t), (b, h, s), seed]
+    inputs: list[Letters | None] = [q, k, v]
+    if len(ins) > 3:
+        inputs.append((h,) if ins[3] is not None else None)
+    return Notation(inputs, outputs, rep, divisible=div, aux_outputs=frozenset({3}))
 
 
 def rotary_embedding(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:

@@ -171,6 +171,8 @@ class GradRule(EinsumRule):
         od = self.gdef
         full = {**od.attrs, **attrs}
         slots, n_fop, n_fres = self._slots(len(ins))
+        if not od.variadic:  # a trailing optional operand the op leaves out (completion.backward)
+            slots = slots[:len(ins)]
         f_in: list[tuple[int, ...] | None] = [None] * n_fop
         f_out: list[tuple[int, ...] | None] = [None] * n_fres
         for (kind, k), s in zip(slots, ins, strict=False):

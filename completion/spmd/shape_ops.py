@@ -1,5 +1,5 @@
 """Einsum notations of the layout ops (``completion.ops.shape_ops``): transpose, split,
-concat, slice. The reshape rule (``reshape``, ``squeeze``, ``unsqueeze``) is not einsum-
+concat, slice, expand. The reshape rule (``reshape``, ``squeeze``, ``unsqueeze``) is not einsum-
 shaped and lives in :mod:`completion.spmd.reshape`.
 """
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from completion.spmd.core import ALL_TYPES, LetterPool, LinearGroup, Notation, norm_axis
+from completion.spmd.elementwise import broadcast_letters
 from completion.spmd.rule import register_spmd_rule
 
 Shapes = Sequence[tuple[int, ...] | None]
@@ -51,7 +52,18 @@ def slice_(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notatio
     return Notation([lt], [tuple(L for d, L in enumerate(lt) if d not in dec)], rep)
 
 
+def expand(op: str, ins: Shapes, outs: Shapes, attrs: dict[str, Any]) -> Notation:
+    """``x -> out`` right-aligned as numpy broadcasting: a stretched size-1 dim of x has a
+    letter of its own (replicated), so the result may be sharded on it (each rank expands
+    to its block) and the gradient, summed over it, is Partial(sum) over that mesh dim."""
+    x = ins[0] or ()
+    out = outs[0] if outs and outs[0] is not None else x
+    lts, res = broadcast_letters([x, out], LetterPool())
+    return Notation([lts[0]], [res])
+
+
 register_spmd_rule("transpose", transpose)
+register_spmd_rule("expand", expand)
 register_spmd_rule("split", split)
 register_spmd_rule("concat", concat)
 register_spmd_rule("slice", slice_)

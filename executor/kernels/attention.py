@@ -4,7 +4,10 @@ flash_attention: q [b, s, hq, d], k/v [b, s_kv, hkv, d] (grouped-query attention
 hkv < hq: head i reads kv head ``i // (hq / hkv)``), scale 1/sqrt(d), causal mask aligned
 bottom-right (query i sees keys j <= i + s_kv - s, as FlashAttention-2 does). Results: out,
 softmax (only with ``return_softmax``), softmax_lse [b, hq, s] (log-sum-exp of the scaled,
-masked scores) and seed_offset [2] (zeros; dropout inside attention is not supported).
+masked scores, and of the head's sink logit when ``sinks`` [hq] is given: GPT-OSS) and
+seed_offset [2] (zeros; dropout inside attention is not supported). v may have its own head
+size (multi-head latent attention). ``sliding_window`` and ``attention_chunk`` mask the
+keys a query sees (:func:`_scores`).
 The grad follows FlashAttention-2's backward (Dao 2023, Algorithm 2): P = exp(S - lse),
 dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P (dP - D), dQ = dS K / sqrt(d),
 dK = dS^T Q / sqrt(d); kv-head gradients sum over their query-head group.
@@ -49,19 +52,37 @@ def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return qt, kt, vt, rep
 
 
-def _scores(qt: torch.Tensor, kt: torch.Tensor, causal: bool, window: int = 0) -> torch.Tensor:
-    """Scaled scores, masked causally (bottom-right aligned) and, for ``window`` w > 0, to
-    the w most recent keys of each query (FlashAttention-2 ``window_size = (w - 1, 0)``)."""
+def _scores(qt: torch.Tensor, kt: torch.Tensor, causal: bool, window: int = 0,
+            chunk: int = 0) -> torch.Tensor:
+    """Scaled scores, masked causally (bottom-right aligned), for ``window`` w > 0 to the w
+    most recent keys of each query (FlashAttention-2 ``window_size = (w - 1, 0)``) and for
+    ``chunk`` c > 0 to the keys of the query's own chunk of c positions (Llama 4)."""
     dt = stat_dtype(qt)
     s = torch.matmul(qt.to(dt), kt.to(dt).transpose(-1, -2)) / math.sqrt(qt.shape[-1])
-    if causal or window > 0:
+    if causal or window > 0 or chunk > 0:
         sq, sk = s.shape[-2], s.shape[-1]
-        i = torch.arange(sq, device=s.device)[:, None]
+        i = torch.arange(sq, device=s.device)[:, None] + (sk - sq)  # the query's key position
         j = torch.arange(sk, device=s.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+        s = s.masked_fill(j > i, float("-inf"))
         if window > 0:
-            s = s.masked_fill(j <= i + (sk - sq) - window, float("-inf"))
+            s = s.masked_fill(j <= i - window, float("-inf"))
+        if chunk > 0:
+            s = s.masked_fill(j // chunk != i // chunk, float("-inf"))
     return s
+
+
+def _masks(attrs: Mapping[str, Any]) -> tuple[bool, int, int]:
+    """(causal, sliding_window, attention_chunk) of an attention op (0: none)."""
+    return (bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0),
+            int(attrs.get("attention_chunk", 0) or 0))
+
+
+def _with_sinks(lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The log-sum-exp [b, h, s] with each head's sink logit joining the denominator:
+    log(exp(lse) + exp(sink_h)) (GPT-OSS attention sinks); ``lse`` itself without sinks."""
+    if sinks is None:
+        return lse
+    return torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])
 
 
 def _check_dropout(attrs: Mapping[str, Any]) -> None:
@@ -87,12 +108,20 @@ def _context_parallel(attrs: Mapping[str, Any], ctx: KernelContext, op: str):
     return fwd, bwd, group, pg
 
 
+def _refuse_cp_masks(attrs: Mapping[str, Any], sinks: torch.Tensor | None, op: str) -> None:
+    if sinks is not None or int(attrs.get("attention_chunk", 0) or 0):
+        raise KernelError(f"{op}: attention sinks and chunked attention are not available with "
+                          "context parallelism")
+
+
 @register_kernel("flash_attention")
 def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     q, k, v = (need(ins, i, "flash_attention", w) for i, w in enumerate("qkv"))
+    sinks = ins[3] if len(ins) > 3 else None
     _check_dropout(attrs)
     cpa = _context_parallel(attrs, ctx, "flash_attention")
     if cpa is not None:
+        _refuse_cp_masks(attrs, sinks, "flash_attention")
         if attrs.get("return_softmax"):
             raise KernelError("flash_attention: return_softmax is not available with context parallelism")
         out, lse = cpa[0](q, k, v, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3],
@@ -100,8 +129,8 @@ def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
         return [out, None, lse.float() if lse.dtype != torch.float64 else lse,
                 torch.zeros(2, dtype=torch.int64, device=q.device)]
     qt, kt, vt, _ = _heads(q, k, v)
-    s = _scores(qt, kt, bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0))
-    lse = torch.logsumexp(s, dim=-1)
+    s = _scores(qt, kt, *_masks(attrs))
+    lse = _with_sinks(torch.logsumexp(s, dim=-1), sinks)
     p = torch.exp(s - lse[..., None])
     out = torch.matmul(p, vt.to(p.dtype)).transpose(1, 2).to(q.dtype).contiguous()
     sm = p.to(q.dtype) if attrs.get("return_softmax") else None
@@ -110,31 +139,41 @@ def _flash_attention(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
 
 @register_kernel("flash_attention_grad")
 def _flash_attention_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
+    """FlashAttention-2's backward (module docstring) on the probabilities P = exp(S - lse),
+    the lse including the sinks; a sink's gradient is -sum over batch and queries of
+    P_sink * D with P_sink = exp(sink - lse) and D = rowsum(dO * O) (the sink's column of
+    dS = P (dP - D) with dP = 0: it attends to no value)."""
     q, k, v = (need(ins, i, "flash_attention_grad", w) for i, w in enumerate("qkv"))
     out, lse = need(ins, 3, "flash_attention_grad", "out"), need(ins, 4, "flash_attention_grad", "softmax_lse")
     g = need(ins, 6, "flash_attention_grad", "out@GRAD")
+    sinks = ins[7] if len(ins) > 7 else None
     _check_dropout(attrs)
     cpa = _context_parallel(attrs, ctx, "flash_attention_grad")
     if cpa is not None:
+        _refuse_cp_masks(attrs, sinks, "flash_attention_grad")
         return list(cpa[1](q, k, v, out, lse, g, cpa[2], ctx.rank, bool(attrs.get("causal", True)), cpa[3],
                            window=int(attrs.get("sliding_window", 0) or 0)))
     qt, kt, vt, rep = _heads(q, k, v)
-    s = _scores(qt, kt, bool(attrs.get("causal", True)), int(attrs.get("sliding_window", 0) or 0))
+    s = _scores(qt, kt, *_masks(attrs))
     dt = s.dtype
     p = torch.exp(s - lse.to(dt)[..., None])
     do, o = g.transpose(1, 2).to(dt), out.transpose(1, 2).to(dt)
     dv = torch.matmul(p.transpose(-1, -2), do)
     dp = torch.matmul(do, vt.to(dt).transpose(-1, -2))
-    ds = p * (dp - (do * o).sum(dim=-1, keepdim=True))
+    rowsum = (do * o).sum(dim=-1, keepdim=True)
+    ds = p * (dp - rowsum)
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq = torch.matmul(ds, kt.to(dt)) * scale
     dk = torch.matmul(ds.transpose(-1, -2), qt.to(dt)) * scale
     if rep > 1:
-        b, h, sk, d = dk.shape
-        dk = dk.reshape(b, h // rep, rep, sk, d).sum(dim=2)
-        dv = dv.reshape(b, h // rep, rep, sk, d).sum(dim=2)
+        b, h, sk = dk.shape[:3]
+        dk = dk.reshape(b, h // rep, rep, sk, dk.shape[-1]).sum(dim=2)
+        dv = dv.reshape(b, h // rep, rep, sk, dv.shape[-1]).sum(dim=2)
     back = [t.transpose(1, 2).to(x.dtype).contiguous() for t, x in ((dq, q), (dk, k), (dv, v))]
-    return back
+    if sinks is None:
+        return back
+    p_sink = torch.exp(sinks.to(dt)[None, :, None] - lse.to(dt))  # [b, h, s]
+    return back + [(-(p_sink * rowsum.squeeze(-1)).sum(dim=(0, 2))).to(sinks.dtype)]
 
 
 # -- rotary position embedding ----------------------------------------------------------

@@ -42,22 +42,39 @@ def _cap(attrs: Mapping[str, Any], s: int, k: int) -> tuple[int, int]:
     return e, capacity(s, k, e, float(attrs.get("capacity_factor", 1.0)))
 
 
-def _topk_weights(x: torch.Tensor, idx: torch.Tensor, normalize: bool) -> torch.Tensor:
+def _topk_weights(x: torch.Tensor, idx: torch.Tensor, normalize: bool, scale: float = 1.0) -> torch.Tensor:
     w = x.gather(-1, idx)
-    return w / w.sum(-1, keepdim=True) if normalize else w
+    w = w / w.sum(-1, keepdim=True) if normalize else w
+    return w * scale if scale != 1.0 else w
+
+
+def _choose(x: torch.Tensor, k: int, groups: int, topk_groups: int) -> torch.Tensor:
+    """The k chosen experts of each token: the k largest scores, among the experts of the
+    ``topk_groups`` best of ``groups`` equal groups when groups > 1 (a group scored by the
+    sum of its two best experts: DeepSeek-V3's node-limited routing, transformers
+    ``DeepseekV3MoE.get_topk_indices``; its ``e_score_correction_bias`` is 0 here)."""
+    if groups <= 1 or topk_groups >= groups:
+        return torch.topk(x, k, dim=-1).indices
+    e = x.shape[-1]
+    grouped = x.reshape(*x.shape[:-1], groups, e // groups)
+    best = grouped.topk(min(2, e // groups), dim=-1).values.sum(-1)
+    keep = torch.zeros_like(best, dtype=torch.bool).scatter(-1, best.topk(topk_groups, dim=-1).indices, True)
+    masked = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).reshape(x.shape)
+    return torch.topk(masked, k, dim=-1).indices
 
 
 @register_kernel("moe_topk")
 def _moe_topk(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x = need(ins, 0, "moe_topk", "x")
-    idx = torch.topk(x, int(attrs.get("k", 1)), dim=-1).indices
-    return [_topk_weights(x, idx, bool(attrs.get("normalize", True))), idx]
+    idx = _choose(x, int(attrs.get("k", 1)), int(attrs.get("groups", 1) or 1),
+                  int(attrs.get("topk_groups", 1) or 1))
+    return [_topk_weights(x, idx, bool(attrs.get("normalize", True)), float(attrs.get("scale", 1.0))), idx]
 
 
 @register_kernel("moe_topk_grad")
 def _moe_topk_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
     x, idx = need(ins, 0, "moe_topk_grad", "x"), need(ins, 1, "moe_topk_grad", "indices")
-    g = need(ins, 2, "moe_topk_grad", "weights@GRAD")
+    g = need(ins, 2, "moe_topk_grad", "weights@GRAD") * float(attrs.get("scale", 1.0))
     if bool(attrs.get("normalize", True)):  # w = v / S, v = x[idx]: dv = (g - sum(g w)) / S
         v = x.gather(-1, idx)
         tot = v.sum(-1, keepdim=True)

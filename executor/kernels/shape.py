@@ -1,4 +1,4 @@
-"""Layout ops (reshape, transpose, split, concat, slice, squeeze, unsqueeze) and reductions
+"""Layout ops (reshape, transpose, split, concat, slice, squeeze, unsqueeze, expand) and reductions
 (sum, mean, max) with their grads.
 
 Shape attributes in a program state *global* shapes; after partition a rank holds a block,
@@ -114,6 +114,29 @@ def _sections(x: torch.Tensor, ax: int, attrs: Mapping[str, Any], ctx: KernelCon
     if -1 in secs:
         secs[secs.index(-1)] = size - sum(s for s in secs if s != -1)
     return secs
+
+
+@register_kernel("expand")
+def _expand(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
+    """x broadcast to the rank's block of ``shape`` (its local result type)."""
+    x = need(ins, 0, "expand", "x")
+    spec = [int(d) for d in attrs.get("shape") or []]
+    shape = ctx.out_shape(0, tuple(x.shape[i - (len(spec) - x.ndim)] if d == -1 else d
+                                   for i, d in enumerate(spec)))
+    return [x.expand(*shape).contiguous()]
+
+
+@register_kernel("expand_grad")
+def _expand_grad(ins: Ins, attrs: Mapping[str, Any], ctx: KernelContext):
+    """The gradient summed over the dims expand stretched (and its new leading dims), shaped
+    as x's local gradient."""
+    x, g = need(ins, 0, "expand_grad", "x"), need(ins, 1, "expand_grad", "out@GRAD")
+    shape = ctx.out_shape(0, tuple(x.shape))
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(dim=tuple(range(lead)))
+    dims = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return [(g.sum(dim=dims, keepdim=True) if dims else g).reshape(shape)]
 
 
 @register_kernel("split")

@@ -26,6 +26,7 @@ import typer
 
 
 def calibrate_cmd(
+    ctx: typer.Context,
     output: str = typer.Option(..., "--output", "-o", help="Cluster YAML to write."),
     nproc: int = typer.Option(2, "--nproc", min=2, max=64,
                               help="Ranks for the collective timings (at most 64)."),
@@ -36,11 +37,17 @@ def calibrate_cmd(
                                    help="Fit to a PyTorch profiler Chrome trace instead of measuring."),
     plan: str = typer.Option("", "--plan", help="With --from-trace: the plan whose cluster is calibrated."),
     cluster: str = typer.Option("", "--cluster", help="With --from-trace: the cluster calibrated (name or YAML)."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
 ) -> None:
     """Measure this machine (or fit a profiler trace) and write a cluster YAML with provenance."""
-    from meshplan.commands import options as opt
+    from meshplan.commands.outputs import check_output
+    from meshplan.commands.resources import check_processes
 
-    opt.writable_file("--output", output)  # before minutes of measuring, not after
+    check_output("--output", output, "cluster", force)  # before minutes of measuring, not after
+    _refuse_unused(ctx, bool(from_trace))
+    if not from_trace:
+        check_processes("--nproc", nproc, "ranks", "the collective timings it records would "
+                        "measure their contention, and take minutes")
     if from_trace:
         _from_trace(from_trace, plan, cluster, output, name)
         return
@@ -87,6 +94,27 @@ def calibrate_cmd(
                f"bandwidth {n.intra_bandwidth.value / 1e9:.2f} GB/s")
     if cal.gemm_curve:
         typer.echo(format_gemm_curve(cal))
+
+
+#: options of one mode only: a measurement of this machine, or a fit to a trace
+MEASURE_ONLY = {"nproc": "--nproc", "quick": "--quick", "device": "--device"}
+TRACE_ONLY = {"plan": "--plan", "cluster": "--cluster"}
+
+
+def _refuse_unused(ctx: typer.Context, from_trace: bool) -> None:
+    """Refuse an option the chosen mode ignores (``--plan`` / ``--cluster`` without
+    ``--from-trace`` ran a 90 s measurement instead of the fit; ``--nproc``, ``--quick``,
+    ``--device`` with it). Raises click's BadParameter naming the option."""
+    from meshplan.commands.options import typed_on_line
+
+    unused = typed_on_line(ctx, MEASURE_ONLY if from_trace else TRACE_ONLY)
+    if unused:
+        verb = "applies" if len(unused) == 1 else "apply"
+        why = (f"{verb} only to a measurement of this machine; --from-trace fits a profiler "
+               f"trace and measures nothing" if from_trace else
+               f"{verb} only with --from-trace (a fit to a profiler trace); a measurement of "
+               f"this machine takes no plan or cluster")
+        raise typer.BadParameter(f"{' and '.join(unused)} {why}", param_hint=f"'{unused[0]}'")
 
 
 def _check_device(device: str) -> None:

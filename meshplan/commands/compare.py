@@ -32,6 +32,7 @@ import typer
 
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 
 #: most plans one compare costs (the product of the list lengths)
 MAX_PLANS = 64
@@ -302,6 +303,7 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per plan (a list).", rich_help_panel=opt.PANEL_OUTPUT),
     plot: str | None = typer.Option(None, "--plot", help="Write the plans' step timelines, one "
                                     "panel each on a shared time axis, as a PNG.", rich_help_panel=opt.PANEL_OUTPUT),
+    force: bool = outputs.FORCE,
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
     from meshplan.commands.cost import memory_fit
@@ -311,7 +313,7 @@ def compare_cmd(
 
     if global_batch is None:
         raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
-    opt.image_path("--plot", plot)
+    outputs.check_output("--plot", plot, "image", force)
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,

@@ -160,6 +160,25 @@ def build_program(program_file: Any, model: str | None, mesh: Any, megatron: boo
     return program
 
 
+def _check_batch(ctx: Any, program: Any, dp: int, program_file: Any) -> None:
+    """The data-parallel layout gives each of ``dp`` ranks whole sequences: the program's
+    batch (``--batch-size`` of a built model, the data input's rows of a program file) must
+    be a multiple of dp, as a plan's global batch must be of dp x micro-batch
+    (``completion.strategy.Strategy``); 3 sequences were sharded over 2 ranks. Raises
+    CompletionError naming the flags."""
+    from completion.errors import CompletionError
+    from completion.plan_program import program_batch
+
+    if dp <= 1:
+        return
+    batch = program_batch(program)
+    if batch % dp:
+        what = (f"program {pathlib.Path(str(program_file)).name} has batch {batch}" if program_file is not None
+                else f"--batch-size {batch}")
+        raise CompletionError(f"{what}, not a multiple of {opt.typed_flag(ctx, 'dp')} {dp}: the "
+                              f"data-parallel layout gives each rank whole sequences")
+
+
 def program_meshes(program: Any) -> list[Any]:
     """The distinct process meshes of ``program``'s dist attrs (values and ops), by their
     first rank; empty for a program without dist attrs."""
@@ -313,6 +332,8 @@ def complete_cmd(
             stage_mesh = check_program_mesh(read, program_file, stage_mesh, pp, typed) or stage_mesh
     program = build_program(read, model, stage_mesh, megatron, sequence_parallel,
                             bool(annotations), batch_size, seq_len, layers)
+    if not own_layout and not annotations:  # the data-parallel layouts shard the batch over dp
+        _check_batch(ctx, program, sizes.get("dp", 1), program_file)
     check_like_cost(ctx, program if model is None else model, knobs,
                     None if model is None else seq_len or program_seq_len(program), layers)
     if not megatron and not annotations and not own_layout:

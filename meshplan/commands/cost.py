@@ -38,6 +38,7 @@ from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
 from meshplan.commands import megatron_moe as moe_args
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 
 
@@ -77,7 +78,7 @@ def software(engine: object) -> dict[str, object]:
 
 #: time-breakdown key -> what its line means (the critical rank's step, seconds)
 TIME_TERMS = {
-    "compute": "kernels of its stages (forward, backward, recompute)",
+    "compute": "kernels of its stages (forward, backward, recompute), and the host's dispatch where it is slower",
     "tp_comm": "collectives inside its stages (TP, CP, EP all_to_all, ZeRO-3 gathers and reduces), all issued",
     "overlapped": "of tp_comm, the part that ran beside compute (not on the critical path)",
     "pp_comm": "the p2p hops it sends to other pipeline stages (synchronous sends: busy time; "
@@ -89,20 +90,23 @@ TIME_TERMS = {
 
 
 #: the layout fields ``cost`` reports, in Megatron's short names (``layout`` in --json)
-LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "vpp", "schedule", "micro_batch_size",
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "schedule", "micro_batch_size",
                  "global_batch_size", "recompute", "zero", "sequence_parallel")
 
 
 def layout(strategy: object) -> dict[str, object]:
     """The strategy's layout as costed (after the Megatron arguments were translated, e.g.
-    ``--num-layers-per-virtual-pipeline-stage`` into vpp): :data:`LAYOUT_FIELDS`."""
-    return {k: getattr(strategy, k) for k in LAYOUT_FIELDS}
+    ``--num-layers-per-virtual-pipeline-stage`` into vpp): :data:`LAYOUT_FIELDS` (``etp``
+    only when the plan states it: None is tp)."""
+    return {k: getattr(strategy, k) for k in LAYOUT_FIELDS if k != "etp" or getattr(strategy, k) is not None}
 
 
 def layout_line(lay: dict[str, object]) -> str:
     """``plan: dp=4 tp=4 pp=2 cp=1 vpp=2 VPP, mbs 1, gbs 64, recompute full, zero 1, sp off``
     (``ep=N`` after cp when expert parallelism is on)."""
     ep = f"ep={lay['ep']} " if lay.get("ep", 1) != 1 else ""
+    if lay.get("etp") is not None and lay.get("etp") != lay.get("tp"):
+        ep += f"etp={lay['etp']} "
     return (f"plan: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} {ep}vpp={lay['vpp']} "
             f"{lay['schedule']}, mbs {lay['micro_batch_size']}, gbs {lay['global_batch_size']}, "
             f"recompute {lay['recompute']}, zero {lay['zero']}, "
@@ -123,8 +127,10 @@ def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: d
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
         f"{model} on {cluster}: step {d['step_time_ms']:.2f} ms, {d['tokens_per_s']:.0f} tokens/s, "
-        f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}% "
-        f"(causal attention counted in full, as Megatron-LM does; {d['mfu_causal'] * 100:.1f}% "
+        f"{flop_rate(d['tflops_per_gpu'] * 1e12)} per GPU, MFU {d['mfu'] * 100:.1f}%"
+        + (f" of the FP8 peak ({d['mfu_bf16'] * 100:.1f}% of the BF16 peak, as NeMo and "
+           f"torchtitan report it)" if abs(d["mfu_bf16"] - d["mfu"]) > 1e-12 else "")
+        + f" (causal attention counted in full, as Megatron-LM does; {d['mfu_causal'] * 100:.1f}% "
         f"counting it as executed)"
         + ("" if fit["fits_in_memory"] else
            f" -- OUT OF MEMORY ({_fmt_bytes(d['max_memory_bytes'])} of a "
@@ -196,7 +202,7 @@ def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
     mg.check_grad_reduce(megatron, p["framework"], knobs["dtype"])
     mg.check_overlaps(megatron, p["framework"])
     strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
-        "dp", "tp", "cp", "cp_comm", "ep", "moe_capacity_factor", "moe_load_imbalance",
+        "dp", "tp", "cp", "cp_comm", "ep", "etp", "moe_capacity_factor", "moe_load_imbalance",
         "micro_batch_size", "framework", "attention")},
         sequence_parallel=launch.sequence_parallel(ctx, bool(p["sequence_parallel"]), p["tp"]),
         global_batch_size=p["global_batch"], **knobs)
@@ -218,6 +224,7 @@ def cost_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
@@ -289,6 +296,7 @@ def cost_cmd(
     spares: int = gp.SPARES,
     jitter_samples: int | None = gp.JITTER_SAMPLES,
     jitter_seed: int = gp.JITTER_SEED,
+    force: bool = outputs.FORCE,
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
     from meshplan.commands.cost_inputs import assumed_inputs
@@ -341,13 +349,13 @@ def cost_cmd(
         from completion.plan_program import plan_strategy
 
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
-    opt.image_path("--plot", plot)
-    opt.image_path("--memory-png", memory_png)
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster),
                           "--torchtitan-config": opt.input_file(torchtitan_config),
                           "--deepspeed-config": opt.input_file(deepspeed_config), "--trace": trace,
                           "--plot": plot, "--memory-png": memory_png})  # never over an input
+    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image"),
+                           "--memory-png": (memory_png, "image")}, force)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
     with warnings.catch_warnings(record=True) as caught:

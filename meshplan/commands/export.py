@@ -21,6 +21,7 @@ import typer
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 
 #: the targets of ``meshplan.commands.export_targets.TARGETS`` (spelled here so that
@@ -102,6 +103,7 @@ def export_cmd(
     cp: int = opt.CP,
     cp_comm: opt.CpComm = opt.CP_COMM,
     ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     moe_capacity_factor: float | None = opt.MOE_CAPACITY_FACTOR,
     moe_load_imbalance: float = opt.MOE_LOAD_IMBALANCE,
     vpp: int = opt.VPP,
@@ -138,19 +140,22 @@ def export_cmd(
     overlap_grad_reduce: bool = mg.OVERLAP_GRAD_REDUCE,
     overlap_param_gather: bool = mg.OVERLAP_PARAM_GATHER,
     tp_comm_overlap: bool = mg.TP_COMM_OVERLAP,
+    force: bool = outputs.FORCE,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.commands.export_targets import export_plan
 
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster), "--output": output or None})
+    if output or opt.typed_flags(ctx, "--output", "-o"):  # -o '' is not stdout
+        outputs.check_output("--output", output, to.value, force, new_folder=True)
     if plan_file is not None:
         plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
     else:
         if global_batch is None:
             raise MeshplanError("export: give PLAN.json, or --global-batch-size with the "
                                 "strategy options")
-        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep,
+        knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "etp": etp,
                  "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
                  "vpp": vpp,
                  "schedule": schedule, "micro_batch_size": micro_batch_size,
@@ -179,8 +184,6 @@ def export_cmd(
         out.text = "".join(f"# note: {n}\n" for n in (fit_note, run_note) if n) + out.text
     if output:
         path = Path(output)
-        if path.is_dir():
-            raise ValueError(f"--output {output!r} is a directory; give a file name")
         opt.ensure_dir(path.parent)
         opt.write_output("--output", output, lambda: path.write_text(out.text))
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)

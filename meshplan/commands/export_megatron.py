@@ -8,7 +8,8 @@ generated from config dataclass fields (``megatron/training/argument_utils.py``:
 - ``ModelParallelConfig`` (``megatron/core/model_parallel_config.py``):
   ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--sequence-parallel``, ``--context-parallel-size``, ``--expert-model-parallel-size``
-  (written when ep > 1), ``--bf16``, ``--fp16``;
+  (written when ep > 1), ``--expert-tensor-parallel-size`` (when etp is not tp, Megatron's
+  default: MoE parallel folding, ``completion.expert_layout``), ``--bf16``, ``--fp16``;
 - ``TransformerConfig``: ``--num-layers``, ``--recompute-granularity {full, selective}``,
   ``--recompute-method {uniform, block}``, ``--recompute-num-layers``,
   ``--attention-backend {flash, fused, unfused, local, auto}``;
@@ -184,6 +185,51 @@ def _grad_args(framework: str, eff: dict[str, Any]) -> list[str]:
     return ["--grad-reduce-in-bf16"] if load_profile(framework).gradients.reduce_dtype.value == "same" else []
 
 
+def _router_args(cfg: Any) -> list[str]:
+    """The router as meshplan costs it (TransformerConfig at d98e8a64):
+    ``--moe-router-score-function sigmoid`` (DeepSeek-V3, Llama 4; Megatron renormalises a
+    sigmoid top-k > 1, as DeepSeek-V3's norm_topk_prob), ``--moe-router-topk-scaling-factor``
+    (``routed_scaling_factor``), ``--moe-router-num-groups`` / ``--moe-router-group-topk``
+    (node-limited routing)."""
+    args = ["--moe-router-score-function", "sigmoid"] if cfg.router_score == "sigmoid" else []
+    if cfg.routed_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", f"{cfg.routed_scaling_factor:g}"]
+    if cfg.router_groups > 1:
+        args += ["--moe-router-num-groups", str(cfg.router_groups),
+                 "--moe-router-group-topk", str(cfg.router_topk_groups)]
+    return args
+
+
+def architecture_args(cfg: Any, notes: list[Note]) -> list[str]:
+    """Multi-token prediction (``--mtp-num-layers``, ``--mtp-loss-scaling-factor``:
+    TransformerConfig ``mtp_num_layers`` / ``mtp_loss_scaling_factor``, d98e8a64), and notes
+    naming the model arguments Megatron-LM needs for what meshplan costs beyond its
+    GPT defaults: multi-head latent attention (MLATransformerConfig ``q_lora_rank``,
+    ``kv_lora_rank``, ``qk_head_dim``, ``qk_pos_emb_head_dim``, ``v_head_dim``), attention
+    sinks (``softmax_type`` ``learnable``), a sliding window (``window_size``) and chunked
+    attention (none in Megatron-LM: noted)."""
+    if cfg is None:
+        return []
+    args = []
+    if cfg.mtp_layers:
+        args += ["--mtp-num-layers", str(cfg.mtp_layers), "--mtp-loss-scaling-factor", f"{cfg.mtp_loss_weight:g}"]
+    if cfg.mla:
+        q = f" --q-lora-rank {cfg.q_lora_rank}" if cfg.q_lora_rank else ""
+        notes.append(Note("model", f"multi-head latent attention: give the model arguments "
+                                   f"--multi-latent-attention{q} --kv-lora-rank {cfg.kv_lora_rank} "
+                                   f"--qk-head-dim {cfg.qk_nope_head_dim} --qk-pos-emb-head-dim "
+                                   f"{cfg.qk_rope_head_dim} --v-head-dim {cfg.v_head_dim}"))
+    if cfg.attention_sinks:
+        notes.append(Note("model", "attention sinks: give the model argument --softmax-type learnable"))
+    if cfg.sliding_window is not None:
+        notes.append(Note("model", f"sliding window {cfg.sliding_window}: give --window-size "
+                                   f"{cfg.sliding_window - 1},0 on the windowed layers"))
+    if cfg.attention_chunk is not None:
+        notes.append(Note("model", f"chunked attention ({cfg.attention_chunk} tokens) has no "
+                                   "Megatron-LM argument: it runs full causal attention there"))
+    return args
+
+
 def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
     """A mixture-of-experts model's arguments, as meshplan costs it (TransformerConfig
     fields of Megatron-LM d98e8a64, argparse names by ``ArgumentGroupFactory``): experts,
@@ -208,6 +254,7 @@ def _moe_args(plan: Any, notes: list[Note]) -> list[str]:
         args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
     if cfg.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(cfg.shared_expert_ffn_hidden_size)]
+    args += _router_args(cfg)
     if cfg.router_aux_loss_coef > 0:
         args += ["--moe-router-load-balancing-type", "aux_loss",
                  "--moe-aux-loss-coeff", f"{cfg.router_aux_loss_coef:g}"]
@@ -244,7 +291,10 @@ def export(plan: Any) -> Export:
             args += ["--cp-comm-type", CP_COMM_ARGS[eff["cp_comm"]]]
     if eff["ep"] > 1:  # ModelParallelConfig.expert_model_parallel_size
         args += ["--expert-model-parallel-size", str(eff["ep"])]
+    if eff["etp"] != eff["tp"]:  # ModelParallelConfig.expert_tensor_parallel_size (default: tp)
+        args += ["--expert-tensor-parallel-size", str(eff["etp"])]
     args += _moe_args(plan, notes)
+    args += architecture_args(model_config(plan), notes)
     if eff["recompute"] == "selective-op":
         notes.append(Note("recompute", "torchtitan's op-level selective recompute has no "
                                        "Megatron-LM equivalent; selective recompute (the core "

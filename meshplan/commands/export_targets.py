@@ -83,7 +83,8 @@ def layout(plan: Any) -> dict[str, Any]:
         lps = None
     layers, seq = model_sizes(plan)
     return {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp,
-            "cp_comm": s.cp_comm if s.cp > 1 else "p2p", "ep": s.ep, "vpp": s.vpp,
+            "cp_comm": s.cp_comm if s.cp > 1 else "p2p", "ep": s.ep,
+            "etp": s.tp if s.etp is None else s.etp, "vpp": s.vpp,
             "micro_batch_size": s.micro_batch_size, "global_batch_size": s.global_batch_size,
             "schedule": s.schedule, "recompute": s.recompute, "zero": s.zero if s.dp > 1 else 0,
             "fsdp_shard_size": s.fsdp_shard_size,

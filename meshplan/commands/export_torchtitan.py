@@ -173,7 +173,8 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
     torchtitan/distributed/parallel_dims.py at b5bcd76): a plan whose dp replicates (ZeRO 0)
     is written with its dp as FSDP shards (ZeRO-2, the nearest that torchtitan runs), with
     a note; an ep that still does not divide is an ExportError. torchtitan has no expert
-    tensor parallelism there: with tp > 1 its experts are split over ranks, not sharded."""
+    tensor parallelism there: with tp > 1 its experts are split over ranks, not sharded --
+    the plan's etp 1 (whole experts folded over dp x cp x tp), noted when the plan's etp is tp."""
     from meshplan.commands.export_targets import ExportError
 
     ep, dp, cp, tp = eff["ep"], eff["dp"], eff["cp"], eff["tp"]
@@ -193,7 +194,7 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
                           f"= {sparse} (its ParallelDims refuses it at start-up); the plan's HSDP "
                           f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}")
     par["expert_parallel_degree"] = ep
-    if tp > 1:
+    if tp > 1 and eff.get("etp", tp) == tp:
         notes.append(Note("ep", f"torchtitan has no expert tensor parallelism: its experts are "
                                 f"split over ep {ep} ranks drawn from dp_shard x cp x tp, while the "
                                 f"plan shards each expert over tp {tp}"))

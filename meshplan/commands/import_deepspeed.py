@@ -145,9 +145,18 @@ def _no_auto(v: Any, key: str, src: str) -> None:
                                    "fills in before DeepSpeed reads the config; give the value")
 
 
-def _int(sec: dict[str, Any], key: str, path: str, src: str, low: int = 1) -> int | None:
-    """``sec[key]`` as an integer >= ``low``; None when absent (or null)."""
+def _int(sec: dict[str, Any], key: str, path: str, src: str, low: int = 1,
+         nullable: bool = True) -> int | None:
+    """``sec[key]`` as an integer >= ``low``; None when absent (or null, for a key DeepSpeed
+    reads with ``get_scalar_param``, where null is the default). A key of one of DeepSpeed's
+    pydantic config models (``nullable`` False: ``DeepSpeedZeroConfig.stage: ZeroStageEnum =
+    0``, ``zero_hpz_partition_size: int``, ``TPTrainingConfig.autotp_size: int`` at edaa722)
+    refuses null, as pydantic does: it was read as the default in silence."""
     v = sec.get(key)
+    if v is None and key in sec and not nullable:
+        raise DeepSpeedConfigError(f"{src}: {path} is null; DeepSpeed's config model takes an "
+                                   f"integer there (and refuses null): give one, or leave the key "
+                                   f"out for its default")
     if v is None:
         return None
     _no_auto(v, path, src)
@@ -190,9 +199,15 @@ def read_config(path: str | Path) -> dict[str, Any]:
     column of a JSON syntax error) when it cannot be read, is not an object, or repeats a
     key in one object (DeepSpeed refuses that too: ``runtime/config_utils.py``
     ``dict_raise_error_on_duplicate_keys``)."""
+    from completion.nesting import json_depth, too_deep
+
     src = str(path)
     try:
-        doc = json.loads(Path(path).read_text(), object_pairs_hook=_no_duplicates)
+        text = Path(path).read_text()
+        deep = too_deep(json_depth(text), "the DeepSpeed config")  # named with src below
+        if deep:
+            raise DeepSpeedConfigError(deep)
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except OSError as e:
         raise DeepSpeedConfigError(f"{src}: cannot read the DeepSpeed config ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
@@ -247,7 +262,7 @@ def batch_sizes(doc: dict[str, Any], dp: int, src: str, why: str = "") -> tuple[
 def _tensor_parallel(doc: dict[str, Any], tp: int | None, sp: bool, src: str) -> tuple[int, bool]:
     """(tp, whether it is AutoTP's ``tensor_parallel.autotp_size``)."""
     auto = _int(_section(doc, "tensor_parallel", src), "autotp_size", "tensor_parallel.autotp_size",
-                src, low=0) or 0
+                src, low=0, nullable=False) or 0
     if auto > 1 and tp is not None and tp != auto:
         raise DeepSpeedConfigError(f"{src}: tensor_parallel.autotp_size {auto}, but --tp {tp}: give one "
                                    "of them, or the same value")
@@ -266,7 +281,7 @@ def _zero(doc: dict[str, Any], dp: int, pp: int, src: str) -> tuple[int, int | N
         return int(raw), None
     zero = _section(doc, "zero_optimization", src)
     _warn_unknown(zero, ZERO_KEYS, "zero_optimization", src)
-    stage = _int(zero, "stage", "zero_optimization.stage", src, low=0) or 0
+    stage = _int(zero, "stage", "zero_optimization.stage", src, low=0, nullable=False) or 0
     if stage > 3:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
     if pp > 1 and stage >= 2:
@@ -296,7 +311,8 @@ def _zero(doc: dict[str, Any], dp: int, pp: int, src: str) -> tuple[int, int | N
     if zero.get("zenflow") is not None:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.zenflow (ZenFlow's CPU-offloaded optimizer "
                                    "steps) is not modelled")
-    hpz = _int(zero, "zero_hpz_partition_size", "zero_optimization.zero_hpz_partition_size", src, low=0)
+    hpz = _int(zero, "zero_hpz_partition_size", "zero_optimization.zero_hpz_partition_size", src, low=0,
+               nullable=False)
     if hpz is not None and hpz > 1:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.zero_hpz_partition_size {hpz} (ZeRO++ hpZ, "
                                    "a secondary weight copy per group) is not modelled")

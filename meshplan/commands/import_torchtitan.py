@@ -72,6 +72,14 @@ KNOWN_KEYS = {
                               "selective_ac_option", "visualize_memory_budget_pareto"},
     "compile": {"backend", "components", "enable"},
 }
+#: the sections of torchtitan 238fa99's ``JobConfig`` (``torchtitan/config/job_config.py``),
+#: plus ``float8``, the section of the older float8 converter that this reader also takes;
+#: torchtitan's ``ConfigManager._dict_to_dataclass`` raises on any other (unless
+#: ``[job] custom_config_module`` extends the config)
+SECTIONS = frozenset({"job", "profiling", "metrics", "model", "optimizer", "lr_scheduler", "training",
+                      "parallelism", "checkpoint", "activation_checkpoint", "compile", "quantize",
+                      "comm", "memory_estimation", "fault_tolerance", "experimental", "validation",
+                      "debug", "float8"})
 FLOAT8_KEYS = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
                "recipe_name", "filter_fqns", "emulate"}
 
@@ -123,6 +131,26 @@ def _warn_unknown(sec: dict[str, Any], known: set[str], name: str, src: str) -> 
     if unknown:
         warnings.warn(f"{src}: {name} has keys torchtitan does not read, ignored: {', '.join(unknown)}",
                       UserWarning, stacklevel=3)
+
+
+def _check_sections(doc: dict[str, Any], src: str) -> None:
+    """Refuse a section torchtitan 238fa99 does not have (:data:`SECTIONS`; torchtitan
+    raises "Invalid field names" on it, and a misspelled ``[paralelism]`` was read as no
+    parallelism at all); with ``[job] custom_config_module`` (a config extended by the
+    user's module) only warn. Raises TorchtitanConfigError naming the file and sections."""
+    import warnings
+
+    unknown = sorted(k for k in doc if k not in SECTIONS)
+    if not unknown:
+        return
+    names = ", ".join(f"[{k}]" for k in unknown)
+    job = doc.get("job")
+    if isinstance(job, dict) and job.get("custom_config_module"):
+        warnings.warn(f"{src}: sections {names} come from [job] custom_config_module; meshplan does "
+                      "not read them", UserWarning, stacklevel=3)
+        return
+    raise TorchtitanConfigError(f"{src}: {names}: not a section of torchtitan's job config "
+                                f"(torchtitan refuses it too); known: {', '.join(sorted(SECTIONS))}")
 
 
 def _int(sec: dict[str, Any], key: str, default: int, where: str, low: int = 1) -> int:
@@ -282,12 +310,19 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         raise TorchtitanConfigError("--torchtitan-config reads TOML with Python 3.11's tomllib; "
                                     "this is Python 3.10") from None
+    from completion.nesting import toml_depth, too_deep
+
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        deep = too_deep(toml_depth(text), f"{src}: the torchtitan config")
+        if deep:
+            raise TorchtitanConfigError(deep)
+        doc = tomllib.loads(text)
     except OSError as e:
         raise TorchtitanConfigError(f"{src}: cannot read the torchtitan config ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TorchtitanConfigError(f"{src}: not a TOML file: {e}") from None
+    _check_sections(doc, src)
     par, tr = _section(doc, "parallelism", src), _section(doc, "training", src)
     for name, known in KNOWN_KEYS.items():
         _warn_unknown(_section(doc, name, src), known, f"[{name}]", src)

@@ -26,9 +26,9 @@ import typer
 from typer.core import TyperCommand
 
 #: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
-SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p")
+SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
-                        "zb-v", "zbv")
+                        "zb-v", "zbv", "dualpipe-v")
 
 #: Pipeline schedule choices (canonical names and aliases; matched case-insensitively).
 Schedule = Enum("Schedule", {n: n for n in SCHEDULE_NAMES + SCHEDULE_ALIAS_NAMES}, type=str)
@@ -74,6 +74,7 @@ class Dtype(str, Enum):
 class Mode(str, Enum):
     """Strategy search mode (tuner.study.MODES)."""
 
+    framework = "framework"
     pattern_based = "pattern-based"
     full_random = "full_random"
     semi_auto = "semi-auto"
@@ -109,6 +110,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "pp": ("--pp", "--pipeline-model-parallel-size"),
     "cp": ("--cp", "--context-parallel-size"),
     "ep": ("--ep", "--expert-model-parallel-size"),
+    "etp": ("--etp", "--expert-tensor-parallel-size"),
     "moe_capacity_factor": ("--moe-capacity-factor", "--moe-expert-capacity-factor"),
     "moe_load_imbalance": ("--moe-load-imbalance",),
     "cp_comm": ("--cp-comm", "--cp-comm-type"),
@@ -137,7 +139,7 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
 #: importing ``completion`` here would load numpy and pydantic on ``meshplan --help``
 #: (tests/test_cli_structure.py). tests/test_cli_options.py checks that they are equal.
 FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-                   "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021",
+                   "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
                    "eager")
 
 #: the groups of options ``--help`` shows (typer's ``rich_help_panel``); options without one
@@ -171,9 +173,14 @@ PP = typer.Option(1, *FLAGS["pp"], help="Pipeline stages.", rich_help_panel=PANE
 CP = typer.Option(1, *FLAGS["cp"],
                   help="Context-parallel degree: each sequence split over CP ranks (ring attention).", rich_help_panel=PANEL_STRATEGY)
 EP = typer.Option(1, *FLAGS["ep"],
-                  help="Expert-parallel degree of a mixture-of-experts model, a divisor of dp (the "
-                       "experts split over ep data-parallel ranks, tokens sent by all_to_all; "
-                       "expert gradients reduced over dp / ep).", rich_help_panel=PANEL_STRATEGY)
+                  help="Expert-parallel degree of a mixture-of-experts model (the experts split over "
+                       "ep ranks, tokens sent by all_to_all; the expert layers fold onto the same "
+                       "ranks: etp x ep x edp = tp x cp x dp, expert gradients reduced over edp).",
+                  rich_help_panel=PANEL_STRATEGY)
+ETP = typer.Option(None, *FLAGS["etp"], min=1,
+                   help="Expert tensor-parallel degree: tp (default, each expert split as a dense "
+                        "MLP) or 1 (whole experts; ep then spans tensor-parallel ranks too, a "
+                        "multiple of tp).", rich_help_panel=PANEL_STRATEGY)
 MOE_CAPACITY_FACTOR = typer.Option(None, *FLAGS["moe_capacity_factor"],
                                    help="Expert capacity factor c: each expert keeps at most "
                                         "ceil(c * s * k / E) tokens per sequence and drops the "
@@ -224,7 +231,12 @@ LAYERS_PER_STAGE = typer.Option(
          "default: the stages' or ranks' times balanced, the first and last stage also "
          "carrying the embedding and the loss). export without it writes the even split "
          "where the layers divide.", rich_help_panel=PANEL_STRATEGY)
-MODE = typer.Option(Mode.pattern_based, "--mode", case_sensitive=False, help="Search mode.", rich_help_panel=PANEL_SEARCH)
+MODE = typer.Option(Mode.framework, "--mode", case_sensitive=False,
+                    help="Search mode: framework (the default: Megatron's tensor-parallel layout, "
+                         "as the frameworks run it), pattern-based (also the pattern variants "
+                         "that replicate attention, MLP, embedding or head across the tp ranks), "
+                         "full_random (a random layout per parameter), semi-auto.",
+                    rich_help_panel=PANEL_SEARCH)
 #: ``tune``'s strategy options: each pins its knob in the search (as ``--fix`` does; default:
 #: searched), under the same spellings as ``cost``'s (:data:`FLAGS`)
 DP_PIN = typer.Option(None, *FLAGS["dp"], min=1, help="Pin the data-parallel degree.", rich_help_panel=PANEL_STRATEGY)
@@ -287,7 +299,8 @@ def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
     """The message for a setting given by two of its aliases with different values (``--tp
     2 --tensor-model-parallel-size 1``: click keeps the last one silently), naming both
     flags as typed; None when every setting is given once or consistently. One flag typed
-    twice keeps the last value, as click and argparse do (an override)."""
+    twice with two values is refused for every command by
+    :func:`meshplan.commands.repeated.repeated_option`."""
     seen: dict[str, tuple[str, str]] = {}
     for i, tok in enumerate(args):
         if tok == "--":
@@ -320,22 +333,6 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
         hi = "" if high == float("inf") else f" and at most {high:g}"
         raise ValueError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
     return x
-
-
-def image_path(flag: str, path: str | None) -> None:
-    """Refuse, before any work, an image option whose file suffix matplotlib cannot write
-    (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, gif, ...; ValueError
-    naming ``flag``); None passes."""
-    if path is None:
-        return
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    known = sorted(FigureCanvasBase.get_supported_filetypes())
-    name = path.rsplit("/", 1)[-1]
-    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    if suffix not in known:
-        raise ValueError(f"{flag} {path!r}: the file name must end in one of .{', .'.join(known)} "
-                         f"(got {('.' + suffix) if suffix else 'no suffix'})")
 
 
 def writable_file(flag: str, path: str) -> None:
@@ -547,6 +544,12 @@ def build_strategy(ctx: Any, **knobs: Any) -> Any:
 
     knobs = {k: value(v) for k, v in knobs.items()}
     sched = knobs.get("schedule")
+    sched_flag = given_flags(ctx, "schedule") + typed_flags(ctx, "--schedules")  # compare's too
+    if knobs.get("pp", 1) == 1 and knobs.get("vpp", 1) == 1 and sched is not None \
+            and sched_flag and canonical_schedule(sched) != Strategy.schedule:
+        raise StrategyError(f"{sched_flag[0]} {canonical_schedule(sched)} orders "
+                            f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
+                            f"or drop it")
     if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
         typed = given_flags(ctx, "vpp")
         if typed:
@@ -588,3 +591,11 @@ def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
     raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
                         f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
                         f"give one of them")
+
+
+def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:
+    """The flags of ``params`` (parameter name -> flag) whose value came from the command
+    line of ``ctx`` (click's ``get_parameter_source``), in ``params`` order: for commands
+    that do not record their arguments (not a :class:`StrategyCommand`)."""
+    return [flag for name, flag in params.items()
+            if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]

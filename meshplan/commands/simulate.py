@@ -7,6 +7,7 @@ import json
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
 
 #: Longest time option (ms): ``simulator.schedules.base.MAX_TIME_S`` in milliseconds.
 MAX_TIME_MS = opt.MAX_TIME_S * 1e3
@@ -29,6 +30,7 @@ def simulate_cmd(
     plot: str | None = typer.Option(None, "--plot", help="Write a Gantt PNG here."),
     framework: opt.Framework = opt.FRAMEWORK,
     as_json: bool = typer.Option(False, "--json", help="Print step_time_ms, bubble_ratio, peak_memory as JSON."),
+    force: bool = outputs.FORCE,
 ) -> None:
     """Simulate one pipeline step of a schedule from given stage times.
 
@@ -44,8 +46,8 @@ def simulate_cmd(
     for flag, x in (("--tw", tw), ("--tcomm", tcomm)):
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
-    opt.image_path("--plot", plot)
     opt.distinct_outputs({"--trace": trace, "--plot": plot})
+    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image")}, force)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     asked = schedule
     schedule, zb_limit = _builder(schedule, stages)
@@ -55,10 +57,10 @@ def simulate_cmd(
                                      f"--schedule ZB with --memory-limit {memory_limit:g} instead",
                                      param_hint="'--memory-limit'")
         memory_limit = zb_limit
-    if chunks is not None and chunks > 1 and schedule not in ("ZBVPP", "VPP"):
+    if chunks is not None and chunks > 1 and schedule not in ("ZBVPP", "VPP", "DualPipeV"):
         raise typer.BadParameter(f"{asked} runs one chunk per rank; --chunks {chunks} needs VPP or ZBVPP",
                                  param_hint="'--chunks'")
-    v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP") else 1)
+    v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP", "DualPipeV") else 1)
     if tw == 0 and schedule in SPLIT_BACKWARD:
         _no_weight_pass(asked, schedule)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
@@ -98,7 +100,7 @@ def register(app: typer.Typer) -> None:
 #: schedules that split the backward into B (input gradients) and W (weight gradients)
 #: and place W on its own (Qi et al. 2024): the builders that search the placement (ZB,
 #: ZBVPP) need W > 0, the handcrafted ZB-H1 / ZB-H2 with W = 0 are 1F1B / its 2p variant
-SPLIT_BACKWARD = ("ZBH1", "ZBH2", "ZB", "ZBVPP")
+SPLIT_BACKWARD = ("ZBH1", "ZBH2", "ZB", "ZBVPP", "DualPipeV")
 
 
 def _no_weight_pass(asked: str, schedule: str) -> None:

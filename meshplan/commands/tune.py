@@ -1,10 +1,14 @@
 """``meshplan tune`` (strategy search with Optuna) and ``meshplan worker`` (join a study).
 
-``tune`` writes ``plan.json`` (the best feasible plan, loadable with ``Plan.load``),
-``history.csv`` (Paddle auto-tuner style columns) and ``report.txt`` (counts, the top
+``tune`` runs, by default, the branch and bound over the framework's space under
+``--time-budget`` (``tuner.search``): the proven optimum, or the best plan and the gap to
+the optimum (``tuner.gap``). It writes ``plan.json`` (the best feasible plan, loadable with
+``Plan.load``, with what the search knew of it under ``search``), ``history.csv`` (Paddle
+auto-tuner style columns) and ``report.txt`` (counts, the answer and its gap, the top
 plans and why the best won: its margin over the runner-up and the best plan of each other
-mesh shape, or with no feasible plan which constraint bound and by how much,
-``tuner.explain``) to ``--output`` (default ``meshplan-runs/STUDY``). The default storage is the Optuna
+mesh shape with what is proven of it, or with no feasible plan which constraint bound and
+by how much, ``tuner.explain``) to ``--output`` (default ``meshplan-runs/STUDY``);
+``--json`` prints one JSON object instead of the report. The default storage is the Optuna
 journal file ``--output/journal.log``; rerunning the same command resumes the search.
 """
 
@@ -24,6 +28,9 @@ from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
+
+#: seconds the default search may take before it answers with its gap (``--time-budget``)
+DEFAULT_TIME_BUDGET = 120.0
 
 
 def _default_study(cfg_dict: dict, model: str, mode: str) -> str:
@@ -58,15 +65,43 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
         con.print(result.bound_gap.summary())
     from simulator.step import MFU_NOTE
 
+    if result.answer is not None:
+        con.print(f"answer: {result.answer.summary()}")
     con.print(top_table(result, k, None if width >= 200 else width))
-    con.print(MFU_NOTE.split(" (--json")[0])  # tune has no --json; history.csv's mfu likewise
+    con.print(MFU_NOTE.split(" (--json")[0])  # the convention of the table's and history.csv's mfu
     return con.export_text()
 
 
+def search_facts(result: Any, rec: Any = None) -> dict[str, Any]:
+    """What a search knew of its answer (plan.json's ``search``, ``tune --json``): the
+    predicted step and peak memory of the plan (``rec``: its record), the answer's proof
+    status and gap (``tuner.gap.SearchAnswer``, without its per-shape bounds) and the trial
+    counts."""
+    out: dict[str, Any] = {}
+    if rec is not None:
+        out.update(step_time_s=step_of(rec), peak_memory_bytes=int(rec["memory_bytes"]),
+                   memory_limit_bytes=int(rec["memory_limit_bytes"]))
+    if result.answer is not None:
+        ans = result.answer.to_dict()
+        ans.pop("shapes", None)
+        out.update(ans)
+    out["trials"] = result.counts()
+    if result.exhaustive is not None:
+        ex = result.exhaustive
+        out["candidates"] = {"space": ex.space_size, "simulated": ex.simulated, "resumed": ex.resumed,
+                             "refused": ex.refused, "pruned_memory": ex.pruned_memory,
+                             "pruned_time": ex.pruned_time, "pruned_cheap": ex.pruned_cheap,
+                             "open": ex.open}
+    return out
+
+
 def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
-            max_step_time: float | None = None, deadline_s: float | None = None) -> bool:
-    """Write history.csv, report.txt and plan.json and print the report; True when a
-    feasible plan was found (and meets ``max_step_time``, when given)."""
+            max_step_time: float | None = None, deadline_s: float | None = None, as_json: bool = False,
+            quiet: bool = False) -> bool:
+    """Write history.csv, report.txt and plan.json and print the report (``as_json``: one
+    JSON object instead, :func:`json_answer`; ``quiet``: nothing); True when a feasible
+    plan was found and meets ``max_step_time`` and ``deadline_s`` (seconds to train, a run
+    objective's), when given."""
     from meshplan.tuning import to_plan
     from tuner.explain import why_best
 
@@ -75,33 +110,25 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     from meshplan import terminal
 
     text = _report(result, study, storage, top)
-    typer.echo(_report(result, study, storage, top, terminal.width()))
+    say = (lambda *_a, **_k: None) if as_json or quiet else typer.echo
+    say(_report(result, study, storage, top, terminal.width()))
     best = result.best()
     why = "\n".join(why_best(result))  # why it won, or which constraint bound
     if best is None:
         (out / "report.txt").write_text(text + "\nno feasible plan found\n" + why + "\n")
-        typer.echo(f"no feasible plan found\n{why}")
+        say(f"no feasible plan found\n{why}")
+        if as_json:
+            typer.echo(json.dumps(json_answer(result, None, None, study, out), sort_keys=True))
         return False
     cand, rec = best
     # the simulated step (a run objective scores time_s per step: meshplan.objective_scoring)
-    step = float((rec.get("metrics") or {}).get("step_time_s", rec["time_s"]))
+    step = step_of(rec)
     plan = to_plan(cand, cfg.scorer_config)
-    plan.save(out / "plan.json")
-    s = plan.strategy
-    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "")
-            + f"vpp={s.vpp} {s.schedule} "
-            f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
-            + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
-            + (f"fp8={s.fp8} " if s.fp8 else "") +
-            f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
-            f"step {step * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
-            f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
-            f"{cfg.scorer_config.get('memory_headroom', opt.DEFAULT_MEMORY_HEADROOM):.0%} headroom)")
-    from tuner.sizing import gpu_hours_per_mtok
+    from dataclasses import replace
 
-    p = cfg.space.problem
-    cost = gpu_hours_per_mtok(step, s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
-    line += f"; {cost:.4f} GPU-h per million tokens"
+    plan = replace(plan, search=search_facts(result, rec))
+    plan.save(out / "plan.json")
+    line = _best_line(plan, cand, rec, cfg)
     note, late = gp.run_note(rec, deadline_s)  # --objective time-to-train, cost-to-train, p90
     line += note
     missed = max_step_time is not None and step > max_step_time
@@ -110,10 +137,51 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
                  f"(the fastest plan found)")
     missed = missed or late
     (out / "report.txt").write_text(text + "\n" + line + "\n" + why + "\n")
-    typer.echo(line)
-    typer.echo(why)
-    typer.echo(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
+    say(line)
+    say(why)
+    say(f"wrote {out / 'plan.json'}, {out / 'history.csv'}, {out / 'report.txt'}")
+    if as_json:
+        typer.echo(json.dumps(json_answer(result, plan, rec, study, out), sort_keys=True))
     return not missed
+
+
+def _best_line(plan: Any, cand: Any, rec: Any, cfg: Any) -> str:
+    """The report's ``best plan:`` line: the strategy, its step and peak, and its cost."""
+    from tuner.sizing import gpu_hours_per_mtok
+
+    s = plan.strategy
+    line = (f"best plan: dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} " + (f"ep={s.ep} " if s.ep > 1 else "") + (f"etp={s.etp} " if s.etp not in (None, s.tp) else "")
+            + f"vpp={s.vpp} {s.schedule} "
+            f"mbs={s.micro_batch_size} recompute={s.recompute} zero={s.zero} "
+            + (f"fsdp_shard_size={s.fsdp_shard_size} " if s.fsdp_shard_size else "")
+            + (f"fp8={s.fp8} " if s.fp8 else "") +
+            f"sp={s.sequence_parallel} annotation={_ann(cand)} framework={s.framework}: "
+            f"step {step_of(rec) * 1e3:.1f} ms, peak {rec['memory_bytes'] / 2**30:.1f} GiB "
+            f"of {rec['memory_limit_bytes'] / 2**30:.1f} GiB (usable memory less "
+            f"{cfg.scorer_config.get('memory_headroom', opt.DEFAULT_MEMORY_HEADROOM):.0%} headroom)")
+    p = cfg.space.problem
+    cost = gpu_hours_per_mtok(step_of(rec), s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
+    return line + f"; {cost:.4f} GPU-h per million tokens"
+
+
+def step_of(rec: Any) -> float:
+    """The simulated step (s) of a trial record: ``metrics.step_time_s`` where a run
+    objective scores ``time_s`` per step (``meshplan.objective_scoring``), else ``time_s``."""
+    return float((rec.get("metrics") or {}).get("step_time_s", rec["time_s"]))
+
+
+def json_answer(result: Any, plan: Any, rec: Any, study: str, out: Path) -> dict[str, Any]:
+    """``tune --json``: one object with the plan (``Plan.to_dict``, None: nothing fits),
+    its predicted step (s) and peak memory (bytes), the proof status and gap, and the
+    search counts (:func:`search_facts`), the study and the output folder."""
+    facts = search_facts(result, rec)
+    from dataclasses import replace
+
+    return {"plan": None if plan is None else replace(plan, search=None).to_dict(),
+            "study": study, "output": str(out),
+            "step_time_s": facts.pop("step_time_s", None),
+            "peak_memory_bytes": facts.pop("peak_memory_bytes", None),
+            "memory_limit_bytes": facts.pop("memory_limit_bytes", None), "search": facts}
 
 
 def _tune_config(*args: Any, **kwargs: Any) -> Any:
@@ -232,7 +300,7 @@ def _note_other_studies(out: Path, name: str) -> None:
 def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
                     storage: str | None, seed_from_bound: int | None, objective: str,
                     max_step_time: float | None, gpus: str | None, nodes: int | None,
-                    cluster: str) -> tuple[str, Path]:
+                    cluster: str, force: bool = False) -> tuple[str, Path]:
     """The study name and output folder of a search, after every refusal that needs no
     search (so that a refused command line leaves no folder behind): ``--seed-from-bound``
     with the sampler, ``--sampler exhaustive`` with ``--pareto``, ``--objective`` /
@@ -240,6 +308,7 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     cluster cannot take. Makes the folder (or the journal's) unless the storage is a
     database or in memory. ``names``: (MODEL as given, the mode's name) for the default
     study name. Raises MeshplanError (or the tuner's own error) naming the option."""
+    from meshplan.commands.outputs import check_tune_output
     from meshplan.commands.tune_sizes import check_single, check_sizes
     from tuner.bound_seed import check_seed_option
     from tuner.search import MEMORY, check_exhaustive
@@ -258,7 +327,10 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
             raise MeshplanError(str(e)) from None
     model, mode_name = names
     name = check_study_name(study) if study is not None else _default_study(cfg.to_dict(), model, mode_name)
-    out = Path(output) if output else Path("meshplan-runs") / name
+    if output is not None and not output.strip():
+        raise MeshplanError("--output is empty; give a folder (default: meshplan-runs/STUDY)")
+    out = Path(output) if output is not None else Path("meshplan-runs") / name
+    check_tune_output("--output", out, name, force)  # another study's results: not replaced
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
         if gpus is None:  # with --gpus each size has a folder of its own (run_one)
@@ -280,10 +352,18 @@ def tune_cmd(
     attention: opt.Attention | None = opt.ATTENTION,
     mode: opt.Mode = opt.MODE,
     memory_headroom: float = opt.MEMORY_HEADROOM,
-    trials: int = typer.Option(100, "--trials", min=1, max=opt.MAX_TRIALS,
-                               help="Finished trials the study should hold.", rich_help_panel=opt.PANEL_SEARCH),
-    timeout: float | None = typer.Option(None, "--timeout", help="Stop after S seconds.", rich_help_panel=opt.PANEL_SEARCH),
-    seed: int = typer.Option(0, "--seed", min=0, max=opt.MAX_SEED, help="Sampler seed.", rich_help_panel=opt.PANEL_SEARCH),
+    trials: int | None = typer.Option(
+        None, "--trials", min=1, max=opt.MAX_TRIALS,
+        help="Distinct plans to score (a repeat is not counted): a sampled search scores that "
+             "many (default 100); the default search scores at most that many (default: no "
+             "cap), then answers with its gap.", rich_help_panel=opt.PANEL_SEARCH),
+    time_budget: float = typer.Option(
+        DEFAULT_TIME_BUDGET, "--time-budget", "--timeout", metavar="SECONDS",
+        help="Wall-clock budget of the search: within it the default search proves the "
+             "optimum; past it every search answers with the best plan found and the proven "
+             "lower bound over the rest (the gap).", rich_help_panel=opt.PANEL_SEARCH),
+    seed: int = typer.Option(0, "--seed", min=0, max=opt.MAX_SEED, help="Sampler seed.",
+                             rich_help_panel=opt.PANEL_SEARCH),
     storage: str | None = typer.Option(None, "--storage",
                                        help="'memory', a journal file or a database URL.", rich_help_panel=opt.PANEL_STORAGE),
     study: str | None = typer.Option(None, "--study", help="Study name (default: derived).", rich_help_panel=opt.PANEL_STORAGE),
@@ -293,7 +373,8 @@ def tune_cmd(
     fix_items: list[str] | None = typer.Option(None, "--fix",
                                                help="Pin knobs, e.g. dp=8,tp=8 (repeatable).", rich_help_panel=opt.PANEL_SEARCH),
     output: str | None = typer.Option(None, "--output", help="Output dir (meshplan-runs/STUDY).", rich_help_panel=opt.PANEL_STORAGE),
-    sampler: str | None = typer.Option(None, "--sampler", help="random, tpe, bruteforce or exhaustive (proven optimum by branch and bound; --workers N and `meshplan worker` share its slices).", rich_help_panel=opt.PANEL_SEARCH),
+    sampler: str | None = typer.Option(None, "--sampler", help="exhaustive (the default: branch and bound, the proven optimum or, past --time-budget, the gap; --workers N and `meshplan worker` share its slices), tpe, random or bruteforce (sampled searches of legal plans; their answers carry the gap too).", rich_help_panel=opt.PANEL_SEARCH),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (the plan, its predicted step and peak memory, the proof status and gap, the search counts) instead of the report.", rich_help_panel=opt.PANEL_OUTPUT),
     layers: int | None = typer.Option(None, "--layers", "--num-layers", min=1, max=opt.MAX_LAYERS,
                                       help="Override the layer count.", rich_help_panel=opt.PANEL_INPUTS),
     cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", "--allow-cross-node-mp",
@@ -349,7 +430,8 @@ def tune_cmd(
                                                     "most S seconds qualify.", rich_help_panel=opt.PANEL_SEARCH),
     search_fp8: bool = typer.Option(False, "--search-fp8",
                                     help="Also try the FP8 recipes the framework runs (te-delayed; "
-                                         "tensorwise, rowwise under fsdp2) beside BF16; pin one with "
+                                         "tensorwise, rowwise under fsdp2) beside BF16 (off by "
+                                         "default: FP8 changes the numerics); pin one with "
                                          "--fix fp8=NAME. Needs a device with an FP8 peak.", rich_help_panel=opt.PANEL_SEARCH),
     seed_from_bound: int | None = typer.Option(
         None, "--seed-from-bound", min=0, max=opt.MAX_TRIALS, metavar="K",
@@ -367,14 +449,19 @@ def tune_cmd(
                                             "not run (ZB-H1, ZB-2p ... under Megatron-LM): by "
                                             "default a search tries only the --framework "
                                             "profile's (pipeline.schedules).", rich_help_panel=opt.PANEL_SEARCH),
-    search_cp: bool = typer.Option(False, "--search-cp",
-                                   help="Also search context parallelism: cp over every divisor "
-                                        "of the GPUs whose 2 cp divides --seq-len (long sequences), "
-                                        "under a --framework that runs it; pin one with --cp N.", rich_help_panel=opt.PANEL_SEARCH),
+    search_cp: bool | None = typer.Option(
+        None, "--search-cp/--no-search-cp",
+        help="Context parallelism, under a --framework that runs it: by default the degrees "
+             "that keep at least 8,192 tokens per cp rank (none at --seq-len 8192); "
+             "--search-cp every divisor of the GPUs whose 2 cp divides --seq-len; "
+             "--no-search-cp none; pin one with --cp N.", rich_help_panel=opt.PANEL_SEARCH),
     search_hsdp: bool = typer.Option(False, "--search-hsdp",
                                      help="With ZeRO-3 also try HSDP shard groups (every divisor "
                                           "N of dp, 2 <= N < dp); pin one with --fix "
                                           "fsdp_shard_size=N.", rich_help_panel=opt.PANEL_SEARCH),
+    force: bool = typer.Option(False, "--force", help="Write into an --output folder that holds "
+                                                      "another study's plan.json and history.csv.",
+                               rich_help_panel=opt.PANEL_STORAGE),
 ) -> None:
     """Search the fastest plan of MODEL on CLUSTER that fits in memory (--gpus: the cheapest size).
 
@@ -387,6 +474,7 @@ def tune_cmd(
 
     from meshplan import terminal
     from meshplan.commands.tune_sizes import tune_over_sizes
+    from meshplan.commands.unused import check_tune_options
     from tuner.search import MEMORY, search
     from tuner.space import SpaceError, parse_fix
 
@@ -395,8 +483,9 @@ def tune_cmd(
     fix = ",".join(fix_items) if fix_items else None
     if top < 1:
         raise MeshplanError(f"--top must be >= 1, got {top}")
-    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-        raise MeshplanError(f"--timeout must be > 0 seconds (and finite), got {timeout}")
+    if not (time_budget > 0 and math.isfinite(time_budget)):
+        flag = (opt.typed_flags(ctx, "--time-budget", "--timeout") or ["--time-budget"])[0]
+        raise MeshplanError(f"{flag} must be > 0 seconds (and finite), got {time_budget}")
     mode_name = opt.value(mode)
     split = _split_word(ctx, layers_per_stage)
     megatron = mg.MegatronArgs.from_params(locals())
@@ -426,6 +515,7 @@ def tune_cmd(
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
                             opt.value(cp_comm), goal(cl))
 
+    check_tune_options(ctx, fixed, fix_items, gpus, workers, objective)
     try:
         cfg = config_for(nodes)
     except SpaceError as e:
@@ -435,11 +525,12 @@ def tune_cmd(
     _note_unrun_cp(fixed.get("cp"), opt.value(framework))
     _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
-                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster)
+                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster,
+                                force)
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
-                      n_trials=trials, timeout=timeout, workers=workers,
+                      n_trials=trials, timeout=time_budget, workers=workers,
                       progress=not no_progress and terminal.progress_enabled(),
                       progress_bar=terminal.Progress, seed_from_bound=seed_from_bound)
 
@@ -450,12 +541,13 @@ def tune_cmd(
                 opt.ensure_dir(d)
                 _note_other_studies(d, study_name)
             res_n = run(cfg_n, study_name, d)
-            _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top)
+            _finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top,
+                    quiet=as_json)
             return res_n
 
         try:
             chosen = tune_over_sizes(gpus, objective, max_step_time, many or cluster, name, out, run_one,
-                                     global_batch * cfg.space.problem.seq_len, deadline_s)
+                                     global_batch * cfg.space.problem.seq_len, deadline_s, as_json)
         except ValueError as e:
             raise MeshplanError(str(e)) from None
         if chosen is None:
@@ -463,7 +555,7 @@ def tune_cmd(
         return
     res = run(cfg, name, out)
     where = storage or str(out / "journal.log")
-    if not _finish(res, cfg, name, where, out, top, max_step_time, deadline_s):
+    if not _finish(res, cfg, name, where, out, top, max_step_time, deadline_s, as_json):
         raise typer.Exit(1)  # no feasible plan, or none within --max-step-time / --deadline
 
 

@@ -32,24 +32,31 @@ def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str, cluste
     from tuner.sizing import SizeOutcome
 
     best = result.best()
+    ans = result.answer
+    proof = {"optimum_at_least_s": None if ans is None else ans.optimum_at_least_s,
+             "proven": ans is not None and ans.holds}
     if best is None:
         n = sum(t.state.name == "COMPLETE" and scored(t.user_attrs) for t in result.trials())
         return SizeOutcome(nodes, gpus, None, None, tokens, "no feasible plan", study, scored=n,
-                           cluster=cluster)
+                           cluster=cluster, **proof)
     cand, rec = best
     m = rec.get("metrics") or {}
     return SizeOutcome(nodes, gpus, float(m.get("step_time_s", rec["time_s"])), float(rec["memory_bytes"]),
                        tokens, plan_label(cand.to_dict()), study, time_to_train_s=m.get("time_to_train_s"),
-                       cost_usd=m.get("cost_usd"), objective_s=float(rec["time_s"]), cluster=cluster)
+                       cost_usd=m.get("cost_usd"), objective_s=float(rec["time_s"]), cluster=cluster, **proof)
 
 
 def sizes_frame(outcomes: list[Any]) -> pd.DataFrame:
-    """One row per size: gpus, nodes, best plan, step seconds, peak GiB, tokens/s and
-    GPU-hours per million tokens (NaN without a feasible plan); with a run objective also
-    the expected days to train and dollars; with several clusters, the cluster."""
+    """One row per size: gpus, nodes, best plan, step seconds, whether it is the size's
+    proven optimum, the proven lower bound on the search's objective per step there and the
+    gap (%), peak GiB, tokens/s and GPU-hours per million tokens (NaN without a feasible
+    plan); with a run objective also the expected days to train and dollars; with several
+    clusters, the cluster."""
     rows = []
     for o in outcomes:
         row = {"gpus": o.gpus, "nodes": o.nodes, "best_plan": o.label, "step_time_s": o.step_time_s,
+               "proven": o.proven, "lower_bound_s": o.optimum_at_least_s,
+               "gap_pct": None if o.gap is None else 100.0 * o.gap,
                "peak_memory_GiB": None if o.peak_memory_bytes is None else o.peak_memory_bytes / 2**30,
                "tokens_per_s": o.tokens_per_s, "gpu_hours_per_mtok": o.gpu_hours_per_mtok, "study": o.study}
         if any(x.time_to_train_s is not None for x in outcomes):
@@ -70,40 +77,49 @@ _WHAT = {"cost": "lowest GPU-hours per million tokens", "time": "shortest step",
 def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
                     cluster: str | list[str], name: str, out: Path,
                     run_one: Callable[..., Any],
-                    tokens_per_step: int, deadline_s: float | None = None) -> Any:
+                    tokens_per_step: int, deadline_s: float | None = None, as_json: bool = False) -> Any:
     """Search each size of ``gpus_spec`` with ``run_one(nodes, study, out_dir)`` (returns
     the ``TuneResult``), print the per-size table and the choice, write ``sizes.csv`` and
     the chosen ``plan.json``; returns the chosen ``tuner.sizing.SizeOutcome`` (None: no size
     qualifies; ``objective`` and ``max_step_time`` are checked by :func:`check_single`
     first). Several clusters (a list): each size of each, ``run_one(nodes, study, out_dir,
     cluster)``, studies and folders named by cluster too, and the Pareto front of time and
-    cost to train (:func:`pareto`; ``pareto.csv``, ``pareto.png``). Raises SizingError (a
+    cost to train (:func:`pareto`; ``pareto.csv``, ``pareto.png``). The choice line says
+    whether it is proven: the chosen size's plan is its proven optimum and every other
+    size's lower bound is no better (``tuner.sizing.choice_proven``). ``as_json``: the sizes
+    and the choice as one JSON object on stdout instead of the text. Raises SizingError (a
     ValueError) for a bad range."""
-    from tuner.sizing import choose, why_none
+    import json
+
+    from tuner.sizing import choice_proven, choose, why_none
 
     many = isinstance(cluster, list)
     clusters = cluster if many else [cluster]
     plans = [(c, check_sizes(gpus_spec, c)) for c in clusters]  # every range first
     outcomes = []
+    say = (lambda *_a: None) if as_json else typer.echo
     for c, (gpn, sizes) in plans:
         for nodes in sizes:
             g = nodes * gpn
             tag = f"{_slug(c)}-g{g}" if many else f"g{g}"
             study, d = f"{name}-{tag}", out / tag
-            typer.echo(f"--- {c + ': ' if many else ''}{g} GPUs ({nodes} node{'s' if nodes != 1 else ''}): "
+            say(f"--- {c + ': ' if many else ''}{g} GPUs ({nodes} node{'s' if nodes != 1 else ''}): "
                        f"study {study}")
             res = run_one(nodes, study, d, c) if many else run_one(nodes, study, d)
             outcomes.append(_outcome(res, nodes, g, tokens_per_step, study, c if many else ""))
     df = sizes_frame(outcomes)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "sizes.csv", index=False)
-    typer.echo(df.drop(columns=["study"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    say(df.drop(columns=["study"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if many:
         front = pareto(outcomes, max_step_time, deadline_s)
-        _write_pareto(front, out)
+        _write_pareto(front, out, say)
     best = choose(outcomes, objective, max_step_time, deadline_s)
+    rows = json.loads(df.to_json(orient="records"))
     if best is None:
-        typer.echo(f"no size qualifies: {why_none(outcomes, max_step_time, deadline_s)}")
+        say(f"no size qualifies: {why_none(outcomes, max_step_time, deadline_s)}")
+        if as_json:
+            typer.echo(json.dumps({"sizes": rows, "chosen": None}, sort_keys=True))
         return None
     src = out / (f"{_slug(best.cluster)}-g{best.gpus}" if many else f"g{best.gpus}") / "plan.json"
     shutil.copyfile(src, out / "plan.json")
@@ -112,9 +128,15 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     nodes = f"{best.nodes} node" + ("s" if best.nodes != 1 else "")
     run = "" if best.time_to_train_s is None else f", {best.time_to_train_s / 86400:.2f} days to train" + (
         "" if best.cost_usd is None else f", ${best.cost_usd:,.0f}")
-    typer.echo(f"chosen: {best.cluster + ', ' if many else ''}{best.gpus} GPUs ({nodes}), {best.label}: step "
-               f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens{run} "
-               f"({_WHAT[objective]}{limits}); wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
+    proven, doubts = choice_proven(best, outcomes, objective, max_step_time)
+    proof = ("proven: no other size can do better by its lower bound" if proven else
+             "NOT proven: " + "; ".join(doubts) + " (a longer --time-budget narrows the gaps)")
+    say(f"chosen: {best.cluster + ', ' if many else ''}{best.gpus} GPUs ({nodes}), {best.label}: step "
+        f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens{run} "
+        f"({_WHAT[objective]}{limits}); {proof}; wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
+    if as_json:
+        typer.echo(json.dumps({"sizes": rows, "chosen": best.gpus, "cluster": best.cluster or None,
+                               "proven": proven, "doubts": doubts}, sort_keys=True))
     return best
 
 
@@ -142,15 +164,16 @@ def pareto(outcomes: list[Any], max_step_time: float | None = None,
     return front
 
 
-def _write_pareto(front: list[Any], out: Path) -> None:
-    """Print the Pareto table, write ``pareto.csv`` and ``pareto.png`` (days vs dollars)."""
+def _write_pareto(front: list[Any], out: Path, say: Callable[..., Any] = typer.echo) -> None:
+    """Print the Pareto table (with ``say``), write ``pareto.csv`` and ``pareto.png`` (days
+    vs dollars)."""
     if not front:
-        typer.echo("Pareto front: no (cluster, size) has both a time and a cost to train (give a price)")
+        say("Pareto front: no (cluster, size) has both a time and a cost to train (give a price)")
         return
     df = sizes_frame(front).drop(columns=["study"])
     df.to_csv(out / "pareto.csv", index=False)
-    typer.echo("Pareto front (no other is both faster and cheaper to train):")
-    typer.echo(df[["cluster", "gpus", "best_plan", "days_to_train", "cost_usd"]].to_string(
+    say("Pareto front (no other is both faster and cheaper to train):")
+    say(df[["cluster", "gpus", "best_plan", "days_to_train", "cost_usd"]].to_string(
         index=False, float_format=lambda v: f"{v:,.4g}"))
     import matplotlib
 

@@ -36,7 +36,10 @@ from typing import Any
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.commands import outputs
+from meshplan.commands.resources import host_cores
 from meshplan.validation_report import (
+    CSV_COLUMNS,
     DEFAULT_CSV,
     append_csv,
     print_table,
@@ -56,14 +59,6 @@ def host_load() -> float | None:
         return float(os.getloadavg()[0])
     except (OSError, AttributeError):
         return None
-
-
-def host_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def load_warning(before: float | None, after: float | None, cores: int) -> str | None:
@@ -119,6 +114,17 @@ def _given(ctx: Any, param: str) -> bool:
     return getattr(src, "name", "") == "COMMANDLINE"  # click's ParameterSource, as typer ships it
 
 
+def _check_csv(csv_path: str, append: bool, force: bool) -> None:
+    """Refuse before the run a ``--csv`` that cannot take the row: not a CSV name, a
+    directory, in a folder that cannot be created, an existing file without ``--append``
+    (add the row; its columns must be this command's) or ``--force`` (replace it)."""
+    if append and force:
+        raise outputs.OutputError("--append adds a row to the CSV and --force replaces it; give one")
+    outputs.check_output("--csv", csv_path, "csv", force, append, new_folder=True)
+    if append and Path(csv_path).is_file():
+        outputs.check_csv_header("--csv", csv_path, CSV_COLUMNS)
+
+
 def executor_args(cluster: str, backend: str, csv_path: str, as_json: bool,
                   profile_trace: str, backend_given: bool) -> list[str]:
     """The options of ``validate`` that ``meshplan.executor.run`` takes too, for the printed
@@ -150,7 +156,10 @@ def validate_cmd(
     check: bool = typer.Option(True, "--verify/--no-verify",
                                help="Also check the numerics against one process."),
     backend: str = typer.Option("gloo", "--backend", help="gloo (CPU) or nccl (GPU)."),
-    csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to append a row to."),
+    csv_path: str = typer.Option(DEFAULT_CSV, "--csv", help="CSV to write a row to (one given "
+                                 "that exists needs --append or --force; the default log grows)."),
+    append: bool = outputs.APPEND,
+    force: bool = outputs.FORCE,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     launcher: str = typer.Option("local", "--launcher",
                                  help="local (run here) or torchrun (print the cluster command)."),
@@ -188,8 +197,11 @@ def validate_cmd(
 
     check_plan(plan, nproc)  # the rank count first: a memory check on the wrong count misleads
 
-    if Path(csv_path).is_dir():  # refused before the ranks run: a measurement is never lost
-        raise ValueError(f"--csv {csv_path!r} is a directory: give the CSV file's name")
+    # before the ranks run: a measurement is never lost. The default log (reports/
+    # validation.csv, the experiment reports' input) is meant to grow: it takes a row
+    # without --append, if it is a validation CSV
+    default_log = ctx.get_parameter_source("csv_path").name != "COMMANDLINE"
+    _check_csv(csv_path, append or (default_log and not force), force)
 
     cores, before = host_cores(), host_load()
     fp32 = plan.strategy.dtype == "float32"
@@ -211,7 +223,8 @@ def validate_cmd(
     note = zero_note(plan)
     if note:
         typer.echo(f"note: {note}", err=True)
-    opt.write_output("--csv", csv_path, lambda: append_csv(Path(csv_path), plan_file, plan, meas))
+    opt.write_output("--csv", csv_path,
+                     lambda: append_csv(Path(csv_path), plan_file, plan, meas, replace=force))
     rows = report_rows(plan, meas)
     num = {"checked": numerics is not None, "ok": None if numerics is None else bool(numerics.ok),
            "summary": numerics.summary() if numerics is not None else

@@ -18,7 +18,13 @@ from simulator.profiles.spec import FUSION_GROUPS, STATE_MODELS, ProfileError, P
 
 def list_profiles() -> list[str]:
     """Names of the built-in framework profiles (the catalog's file names), sorted."""
-    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+    return list(_catalog_names())
+
+
+@lru_cache(maxsize=1)
+def _catalog_names() -> tuple[str, ...]:
+    """The catalog's file names, read once (the package's own files: fixed while it runs)."""
+    return tuple(sorted(p.stem for p in CATALOG_DIR.glob("*.yaml")))
 
 
 @lru_cache(maxsize=1)
@@ -48,7 +54,7 @@ def load_profile(name_or_path: str | Path) -> ProfileSpec:
     """A profile from a catalog name (``megatron-core``) or a YAML file path. Raises
     ProfileError for an unknown name (listing the catalog) or a bad file."""
     text = str(name_or_path)
-    if text in list_profiles():
+    if text in _catalog_names():
         return _catalog(text)
     path = Path(text)
     if path.suffix in (".yaml", ".yml") or path.is_file():

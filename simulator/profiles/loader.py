@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from clusters import strict_yaml
 from simulator.profiles.inherit import check_fields, merge
 from simulator.profiles.spec import ProfileError, ProfileSpec
 
@@ -33,7 +34,7 @@ def _read(path: Path) -> Any:
     if not path.is_file():
         raise ProfileError(f"framework profile file not found: {path}")
     try:
-        return yaml.safe_load(path.read_text())
+        return strict_yaml.load(path.read_text())
     except yaml.YAMLError as e:
         raise ProfileError(f"{path}: not valid YAML: {e}") from None
 

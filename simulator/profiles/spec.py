@@ -27,6 +27,10 @@ Sections:
   CUDA context and library workspaces, NCCL buffers per communicator.
 - ``checkpoint`` (optional): whether the framework saves asynchronously and who writes the
   tensors data-parallel ranks hold alike (``simulator.goodput.checkpoint``).
+- ``host`` (optional): the host (CPU) time the framework's eager step spends per kernel it
+  launches and per collective it issues (``simulator.host_time``: a block whose kernels
+  are shorter than their dispatch runs at the host's pace); absent: dispatch is never the
+  bound.
 
 Inheritance: a profile file may start from another and state only what it changes,
 ``extends: <parent>`` -- a catalog name (``fsdp2``) or a YAML file (a path ending in
@@ -50,7 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from clusters.spec import Count, Fraction, NonNegative, Positive
+from clusters.spec import Count, Fraction, Latency, NonNegative, Positive
 from simulator.errors import SimulatorError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -58,6 +62,11 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 #: memory-bound op groups a framework may run as one kernel (``simulator.fusion``)
 FUSION_GROUPS = ("bias_gelu", "bias_dropout_add", "scale_mask_softmax", "norm", "rope",
                  "swiglu", "cross_entropy", "residual_add")
+#: fusion groups whose fused kernel applies only to some shapes (``simulator.fusion``:
+#: Megatron's fused softmax, ``softmax_kernel_available``): a profile may list one both as
+#: fused and in ``kernels.eager``, the eager implementation being what runs where the
+#: kernel does not apply
+FALLBACK_GROUPS = ("scale_mask_softmax",)
 #: how model states are counted (``simulator.model_states``)
 STATE_MODELS = ("megatron", "megatron-ddp", "apex-distributed-adam", "deepspeed", "fsdp", "plain")
 
@@ -232,7 +241,8 @@ class Kernels(BaseModel):
     @classmethod
     def _not_fused(cls, v: EagerMap, info: Any) -> EagerMap:
         fused = info.data.get("fused")
-        both = sorted({g for g, _ in v.value} & set(fused.value if fused is not None else ()))
+        both = sorted({g for g, _ in v.value} & set(fused.value if fused is not None else ())
+                      - set(FALLBACK_GROUPS))
         if both:
             raise ValueError(f"group(s) {both} both fused and run eager")
         return v
@@ -272,6 +282,14 @@ class Overlap(BaseModel):
     fsdp_host_sync: Flag | None = None
     fsdp_rank_copies: Flag | None = None
     fsdp_persist_below: Positive | None = None
+    moe_a2a: Flag = Field(default_factory=lambda: Flag(
+        value=False, provenance="default: one micro-batch's expert-parallel all-to-all is not run beside "
+                                "another's compute (Megatron-Core --overlap-moe-expert-parallel-comm is off)"))
+    """One micro-batch's expert-parallel all-to-all runs beside another micro-batch's compute
+    inside a schedule's overlapped F&B pairs (``simulator.schedules.base.Schedule.pairs``:
+    DualPipeV; DeepSeek-V3 report sec. 3.2.1, Fig. 4; Megatron-Core
+    ``TransformerConfig.overlap_moe_expert_parallel_comm`` at d98e8a64); ``simulator.step``
+    hides each pair's all-to-all behind the other pass's compute."""
 
 
 class Schedules(_Quantity):
@@ -303,6 +321,24 @@ class ZeroStages(_Quantity):
         bad = [x for x in v if x not in (0, 1, 2, 3)]
         if bad:
             raise ValueError(f"ZeRO stages are 0-3, got {bad}")
+        return v
+
+
+class RecomputeModes(_Quantity):
+    """The activation recompute modes a framework runs, as ``completion.strategy.RECOMPUTE``
+    names them (Megatron-LM: none, selective, full; torchtitan: none, its op-level
+    selective-op, full; DeepSpeed and FSDP1: whole layers, full)."""
+
+    value: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from completion.strategy import RECOMPUTE
+
+        bad = [x for x in v if x not in RECOMPUTE]
+        if bad:
+            raise ValueError(f"unknown recompute mode(s) {bad}; known: {list(RECOMPUTE)}")
         return v
 
 
@@ -361,6 +397,8 @@ class Memory(BaseModel):
             (absent: 0-3; FSDP has no optimizer-only sharding, ZeRO-1); ddp_alone: ZeRO 0
             (replicated, DDP) runs only as the one parallel dimension: beside tp or pp the
             framework refuses it, and with cp it shards (torchtitan; absent: false).
+        recompute: the activation recompute modes the framework runs (absent: every
+            one); ``meshplan tune`` searches those.
         fragmentation: the caching allocator's reserved-but-unallocated bytes as a fraction
             of the allocated peak (PyTorch ``memory_reserved / memory_allocated - 1``).
         cuda_context_bytes: the CUDA context and library handles (outside the allocator).
@@ -377,6 +415,7 @@ class Memory(BaseModel):
     model_states: StateModel
     zero_stages: ZeroStages | None = None
     ddp_alone: Flag | None = None
+    recompute: RecomputeModes | None = None
     fragmentation: Fraction
     cuda_context_bytes: NonNegative
     workspace_bytes: NonNegative
@@ -412,6 +451,23 @@ DEFAULT_CHECKPOINT = Checkpoint(
                            "first data-parallel rank writes the replicated tensors"))
 
 
+class Host(BaseModel):
+    """Host (CPU) dispatch time of the framework's eager training step
+    (``simulator.host_time``), seconds.
+
+    Attributes:
+        kernel_launch_s: host seconds per GPU kernel the step launches: the Python of the
+            framework's modules and autograd functions, PyTorch's dispatcher and autograd
+            recording, and ``cudaLaunchKernel``, spread over the kernels they launch.
+        collective_launch_s: host seconds per collective it issues (``torch.distributed``
+            and NCCL's enqueue) beyond a kernel launch (absent: 0).
+    """
+
+    model_config = _STRICT
+    kernel_launch_s: Latency
+    collective_launch_s: Latency | None = None
+
+
 class ProfileSpec(BaseModel):
     """A whole framework profile as read from YAML; ``checkpoint`` (optional,
     :data:`DEFAULT_CHECKPOINT` when absent) says how it saves."""
@@ -427,6 +483,7 @@ class ProfileSpec(BaseModel):
     fixed: Fixed
     memory: Memory
     checkpoint: Checkpoint | None = None
+    host: Host | None = None
 
     @property
     def checkpointing(self) -> Checkpoint:

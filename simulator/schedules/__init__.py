@@ -7,7 +7,7 @@ ZBVPP, ZB.
 
 from __future__ import annotations
 
-from simulator.schedules import classic, zb_auto, zbv, zero_bubble  # noqa: F401  (register builders)
+from simulator.schedules import classic, dualpipe, zb_auto, zbv, zero_bubble  # noqa: F401  (register builders)
 from simulator.schedules.base import (
     KINDS,
     SCHEDULES,

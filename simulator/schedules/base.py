@@ -72,6 +72,11 @@ class Schedule:
     actions: tuple[tuple[Action, ...], ...]
     vstage: tuple[tuple[int, ...], ...]
     meta: dict = field(default_factory=dict, compare=False)
+    pairs: tuple[frozenset[int], ...] = ()
+    """Per rank, the indices j of actions that run overlapped with action j + 1 (DualPipe's
+    F&B: one micro-batch's forward beside another's backward): the pair starts once both
+    actions' inputs are there and takes both passes' time (``simulator.pipeline_sim``);
+    empty for schedules without pairs."""
 
     @property
     def num_vstages(self) -> int:
@@ -112,7 +117,23 @@ class Schedule:
         else:  # the plain walk names the first bad action
             self._check_actions()
         check_p2p(self)
+        self._check_pairs()
         object.__setattr__(self, "_validated", True)
+
+    def _check_pairs(self) -> None:
+        """Each pair is an F followed by a backward of another chunk or micro-batch on the
+        same rank (DualPipe's F&B). Raises ScheduleError naming the first bad pair."""
+        if not self.pairs:
+            return
+        if len(self.pairs) != self.num_stages:
+            raise ScheduleError(f"{self.name}: pairs must give one set per rank, got {len(self.pairs)}")
+        for r, js in enumerate(self.pairs):
+            row = self.actions[r]
+            for j in js:
+                ok = 0 <= j < len(row) - 1 and row[j].kind == "F" and row[j + 1].kind in ("B", "BW") \
+                    and (row[j].chunk, row[j].microbatch) != (row[j + 1].chunk, row[j + 1].microbatch)
+                if not ok:
+                    raise ScheduleError(f"{self.name}: rank {r} action {j} does not open an F&B pair")
 
     def _check_actions(self) -> None:
         """The per-action checks of :meth:`validate` one action at a time (kind, rank,
@@ -152,7 +173,7 @@ class Schedule:
         """A copy with ``meta`` replaced by ``meta`` (same actions and placement), validated
         already when this one is."""
         out = Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
-                       self.actions, self.vstage, dict(meta))
+                       self.actions, self.vstage, dict(meta), self.pairs)
         for key in ("_validated", "_columns", "_p2p_in_order", "_p2p_plan"):
             if key in self.__dict__:
                 object.__setattr__(out, key, self.__dict__[key])
@@ -256,9 +277,10 @@ def v_shape_vstages(p: int) -> tuple[tuple[int, ...], ...]:
     return tuple((r, 2 * p - 1 - r) for r in range(p))
 
 
-def make_schedule(name: str, p: int, m: int, v: int, rows: list[list[Action]], vstage, **meta) -> Schedule:
-    """Freeze per-rank lists into a validated Schedule."""
-    s = Schedule(name, p, m, v, tuple(tuple(r) for r in rows), vstage, dict(meta))
+def make_schedule(name: str, p: int, m: int, v: int, rows: list[list[Action]], vstage,
+                  pairs: tuple[frozenset[int], ...] = (), **meta) -> Schedule:
+    """Freeze per-rank lists into a validated Schedule (``pairs``: :attr:`Schedule.pairs`)."""
+    s = Schedule(name, p, m, v, tuple(tuple(r) for r in rows), vstage, dict(meta), pairs)
     s.validate()
     return s
 
