@@ -123,7 +123,7 @@ def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, 
     study.add_trial(trial)
 
 
-def _bounds(bound: Callable[[Any], Bound], c: Any) -> tuple[float, float, float]:
+def candidate_bounds(bound: Callable[[Any], Bound], c: Any) -> tuple[float, float, float]:
     """(time, memory, limit) of ``bound(c)``; a ValueError (a plan the engine refuses)
     gives no bound: (-inf, 0, 1), simulated early and refused by the scorer the same way."""
     try:
@@ -148,7 +148,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     search unproven, also while it is still bounding; so does ``max_simulated`` (a trial
     budget: at most that many candidates scored or read back). ``only_cached``: evaluate
     only the candidates ``history`` holds, stopping at the first other one (nothing is
-    simulated: the bound a sampled search leaves, :func:`tuner.gap.sampled_gap`).
+    simulated: the bound a sampled search leaves, :func:`tuner.sampled_gap.sampled_gap`).
     ``quantum`` (seconds) stops the branch and bound that long after the bounding (a
     shared search's turn on one slice, :func:`tuner.exhaustive_shared.run_shared`).
 
@@ -197,7 +197,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
         def tight(i: int) -> tuple[float, float, float]:
             if tick is not None:
                 tick()
-            return _bounds(bound, candidates[idx[i]])
+            return candidate_bounds(bound, candidates[idx[i]])
 
         layout = getattr(bound, "layout_time", None)
 
@@ -222,7 +222,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
 def _bound_all(cands: Sequence[Any], bound: Callable[[Any], Bound], deadline: float | None,
                tick: Callable[[], None] | None, every: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
-    """(time bounds, memory bounds, limits, bounded) of ``cands`` (:func:`_bounds`); past
+    """(time bounds, memory bounds, limits, bounded) of ``cands`` (:func:`candidate_bounds`); past
     ``deadline`` the rest stay unbounded (-inf: the search stops before simulating them)
     and ``bounded`` counts those bounded (None: all); ``tick`` every ``every`` candidates."""
     n = len(cands)
@@ -232,7 +232,7 @@ def _bound_all(cands: Sequence[Any], bound: Callable[[Any], Bound], deadline: fl
             return t_lb, m_lb, cap, i
         if tick is not None and i % every == 0:
             tick()
-        t_lb[i], m_lb[i], cap[i] = _bounds(bound, c)
+        t_lb[i], m_lb[i], cap[i] = candidate_bounds(bound, c)
     return t_lb, m_lb, cap, None
 
 

@@ -289,13 +289,13 @@ def _cheap_bounds(candidates: Sequence[Any], members: Sequence[int], scorer: Any
     one without a bound makes the bound unknown (None)."""
     import numpy as np
 
-    from tuner.exhaustive import _bounds
-    from tuner.gap import _open_min, shape_bounds
+    from tuner.exhaustive import candidate_bounds
+    from tuner.gap import open_min, shape_bounds
 
     bound = getattr(scorer, "cheap_bound", None) or scorer.bound
     cands = [candidates[i] for i in members]
-    lower = np.array([t if m <= c else np.inf for t, m, c in (_bounds(bound, x) for x in cands)])
-    return _open_min(lower)[1], shape_bounds(cands, lower)
+    lower = np.array([t if m <= c else np.inf for t, m, c in (candidate_bounds(bound, x) for x in cands)])
+    return open_min(lower)[1], shape_bounds(cands, lower)
 
 
 def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], scorer: Any

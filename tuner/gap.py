@@ -12,7 +12,7 @@ plan faster than 57.3 s: within 25.1% of the optimum"). Where ``Y`` comes from:
   evaluated stays on its heap under a lower bound (the tier-0 bound, then the layout and
   the tight bounds of ``meshplan.tuning.make_scorer``); when the search stops unproven
   (``--time-budget``, ``--trials``) the smallest key left is ``Y``;
-- a sampled search (TPE, random): :func:`sampled_gap` runs the same branch and bound over
+- a sampled search (TPE, random): :func:`tuner.sampled_gap.sampled_gap` runs the same branch and bound over
   the enumerable space with the plans the sampler scored as its only evaluations (nothing
   is simulated): it refines the smallest bounds until the smallest one belongs to a plan
   the sampler did not score, or until its own time is up; that key is ``Y``.
@@ -44,7 +44,7 @@ def shape_key(c: Any) -> str:
     return mesh_words({"dp": c.dp, "cp": c.cp, "tp": c.tp, "pp": c.pp, "ep": c.ep})
 
 
-def _open_min(values: np.ndarray) -> tuple[int, float | None]:
+def open_min(values: np.ndarray) -> tuple[int, float | None]:
     """(count, smallest) of the lower bounds of candidates not evaluated that may fit
     (not NaN: evaluated, not inf: cannot fit); the smallest is None when there is none
     or one is unbounded (-inf)."""
@@ -71,7 +71,7 @@ def shape_bounds(candidates: Sequence[Any], lower: Any) -> dict[str, dict[str, A
     out = {}
     for key, idx in groups.items():
         vals = lower[idx]
-        n, low = _open_min(vals)
+        n, low = open_min(vals)
         out[key] = {"candidates": len(idx), "cannot_fit": int(np.isposinf(vals).sum()),
                     "unscored": n, "lower_bound_s": low}
     return out
@@ -206,7 +206,7 @@ def from_report(rep: Any, sampler: str = "exhaustive", stopped_by: str | None = 
                 what: str = "every legal plan of the space", best_s: float | None = None,
                 scored: int | None = None, seconds: float | None = None) -> SearchAnswer:
     """The :class:`SearchAnswer` of an ``ExhaustiveReport`` (a branch-and-bound search, or
-    the bounding pass of :func:`sampled_gap`); ``best_s``, ``scored``, ``seconds``
+    the bounding pass of :func:`tuner.sampled_gap.sampled_gap`); ``best_s``, ``scored``, ``seconds``
     override the report's (a sampled search's own best, trials and time)."""
     open_bound = rep.open_bound_s
     if open_bound is not None and not math.isfinite(open_bound):
@@ -232,37 +232,5 @@ def gap_seconds(budget_s: float | None) -> float:
     return 30.0 if budget_s is None else max(GAP_MIN_S, GAP_SHARE * budget_s)
 
 
-def sampled_gap(study: Any, cfg: Any, scorer: Any, seconds: float, elapsed_s: float = 0.0) -> SearchAnswer:
-    """The answer of a sampled search (TPE, random, bruteforce) on ``study``: its best
-    feasible plan and the lower bound the branch and bound reaches over the enumerable part
-    of ``cfg``'s space when only the plans the study scored may be evaluated
-    (``tuner.exhaustive.run_exhaustive(only_cached=True)``: nothing is simulated), within
-    ``seconds``. ``elapsed_s``: the sampler's own time (added to ``seconds``). A scorer
-    without ``bound`` gives an answer with no lower bound."""
-    from tuner.bound_seed import enumerable_part
-    from tuner.exhaustive import run_exhaustive
-    from tuner.exhaustive_shared import study_best
-    from tuner.result import history_cache
-
-    history = history_cache(study)
-    best = study_best(study)
-    best_s = best if math.isfinite(best) else None
-    scored = len(history)
-    refused = sum("error" in r for r in history.values())
-    if getattr(scorer, "bound", None) is None:
-        return SearchAnswer(cfg.sampler_name, best_s, None, False, None, scored=scored,
-                            refused=refused, seconds=elapsed_s)
-    cands, what = enumerable_part(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
-    part = dict(history)  # evaluations read back, never written as new trials
-    rep = run_exhaustive(study, cands, scorer, part, seconds, only_cached=True)
-    ans = from_report(rep, cfg.sampler_name, "trial or time budget", what, best_s=best_s,
-                      scored=scored, seconds=elapsed_s + rep.seconds)
-    if ans.proven and best_s is not None and rep.best_time_s is not None and rep.best_time_s > best_s:
-        ans.proven = False  # the part's optimum is slower than a plan outside it (full_random)
-        ans.lower_bound_s = rep.best_time_s
-    ans.refused = refused
-    return ans
-
-
 __all__ = ["ANSWER_ATTR", "GAP_MIN_S", "GAP_SHARE", "SearchAnswer", "from_report", "gap_seconds",
-           "merge_shapes", "sampled_gap", "shape_bounds", "shape_key"]
+           "merge_shapes", "open_min", "shape_bounds", "shape_key"]

@@ -25,8 +25,9 @@ from tuner.exhaustive_shared import (
     run_shared,
     study_best,
 )
-from tuner.gap import ANSWER_ATTR, SearchAnswer, from_report, gap_seconds, sampled_gap
+from tuner.gap import ANSWER_ATTR, SearchAnswer, from_report, gap_seconds
 from tuner.result import ProgressReporter, TuneResult
+from tuner.sampled_gap import sampled_gap
 from tuner.study import (
     TuneConfig,
     TuneError,
@@ -187,7 +188,7 @@ def _sampled(study: Any, cfg: TuneConfig, scorer: Any, workers: int, timeout: fl
              n_trials: int, t0: float, where: tuple[str, str | None, Path | None],
              progress: bool, progress_bar: Any, seed_from_bound: int | None) -> TuneResult:
     """A sampled search (TPE, random, bruteforce) of legal plans only, then its gap
-    (:func:`tuner.gap.sampled_gap`)."""
+    (:func:`tuner.sampled_gap.sampled_gap`)."""
     from tuner.legal_draw import legal_tree
 
     tree = legal_tree(cfg.space, cfg.mode, cfg.template_kinds, cfg.annotation)
