@@ -66,10 +66,12 @@ def test_pngs_decode_with_their_figure_sizes(report):
 def test_csv_has_one_row_per_trial(report):
     out, outcome, _, _ = report
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == SETUP.trials == len(outcome.result.trials())
+    assert len(rows) == len(outcome.result.trials())
     scored = [r for r in rows if r["time"]]
     assert len(scored) == outcome.result.counts()["complete"]
-    assert len({r["job_id"] for r in rows}) == SETUP.trials
+    assert len({r["job_id"] for r in rows}) == len(rows)
+    # --trials counts distinct plans (issue 36): the repeats are the rows served from the cache
+    assert sum(r["cached"] != "True" for r in rows) == SETUP.trials
 
 
 def test_readme_names_the_best_plan_and_its_numbers(report):

@@ -66,7 +66,13 @@ def test_readme_optuna_section_runs(source, tmp_path, monkeypatch, capsys):
             path = Path(argv[1])
             assert path.is_file() and not path.read_bytes().startswith(b"SQLite format 3")
             storage = JournalStorage(JournalFileBackend(str(path)))  # the dashboard's loader
-            (study,) = storage.get_all_studies()
+            # the search's study, and beside it the slices of its branch and bound
+            # (tuner.exhaustive_shared.slice_study_name), which the dashboard lists too
+            from tuner.exhaustive_shared import slice_study_name
+
+            studies = {s.study_name: s for s in storage.get_all_studies()}
+            study = studies.pop("7b-small")
+            assert set(studies) <= {slice_study_name("7b-small")}
             trials = storage.get_all_trials(study._study_id)
             done = [t for t in trials if t.state.name == "COMPLETE"]
             assert done and all(isinstance(t.user_attrs["feasible"], bool) for t in done)

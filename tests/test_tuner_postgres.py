@@ -132,7 +132,11 @@ def test_two_workers_on_one_postgres_study(pg_url):
     study = optuna.load_study(study_name="pg", storage=storage)
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.is_finished()]
-    assert 80 <= len(finished) <= 81  # the last trial may race between the two workers
+    from tuner.study import distinct_plans
+
+    # 80 distinct plans (issue 36: a repeat draw is served from the cache and not counted);
+    # the last ones may race between the two workers
+    assert 80 <= distinct_plans(study) <= 82  # each worker may start one plan past the target
     numbers = [t.number for t in trials]
     assert len(numbers) == len(set(numbers))
     by_pid = {}
