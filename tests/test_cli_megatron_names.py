@@ -281,11 +281,14 @@ def test_export_plan_file_or_options(capsys, tmp_path):
     assert line.startswith("error: export: give PLAN.json, or --global-batch-size")
 
 
-# --- the README tour's commands in Megatron's names run ------------------------------------
+# --- the tours' commands in Megatron's names run -------------------------------------------
 
 def _readme_commands(prefix: str) -> list[list[str]]:
-    """The README's ``meshplan PREFIX ...`` commands that use a Megatron-LM name, as argv."""
-    text = (ROOT / "README.md").read_text()
+    """The ``meshplan PREFIX ...`` commands that use a Megatron-LM name, as argv: those of
+    the README's five-minute tour, the docs' command tour (docs/tutorials/tour.md) and the
+    Megatron names page (their home since issue 40)."""
+    text = "\n".join((ROOT / f).read_text() for f in ("README.md", "docs/tutorials/tour.md",
+                                                         "docs/reference/megatron-names.md"))
     joined = text.replace("\\\n", " ")
     out = []
     for line in joined.splitlines():
