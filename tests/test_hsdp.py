@@ -240,11 +240,11 @@ def test_tune_searches_hsdp_shard_groups(tmp_path, capsys):
     assert rc == 0, err
     hist = pd.read_csv(out / "history.csv")
     done = hist[hist.state == "COMPLETE"]
-    assert sorted(done.sharding_degree) == [2, 4, 8, 16]
+    assert sorted(done.fsdp_shard_size.fillna(16)) == [2, 4, 8, 16]  # empty: the whole dp
     plan = Plan.load(out / "plan.json")
-    best = done.loc[done.time.idxmin()]
-    assert (plan.strategy.fsdp_shard_size or 16) == best.sharding_degree
-    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.time, rel=1e-9)
+    best = done.loc[done.step_time_s.idxmin()]
+    assert (plan.strategy.fsdp_shard_size or 16) == (16 if pd.isna(best.fsdp_shard_size) else best.fsdp_shard_size)
+    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.step_time_s, rel=1e-9)
 
 
 # -- the tour ---------------------------------------------------------------------------------

@@ -87,4 +87,4 @@ def test_every_command_and_snippet_runs(tmp_path, monkeypatch, capsys):
         assert float(g[2]) == pytest.approx(float(w[2]), rel=0.01)
     # the pandas views printed what they say
     assert "tp_comm" in outputs[3] and "optimizer" in outputs[3]
-    assert "mp_degree" in outputs[-1] and len(outputs[-1].splitlines()) >= 2
+    assert "micro_batch_size" in outputs[-1] and "step_time_s" in outputs[-1] and len(outputs[-1].splitlines()) >= 2
