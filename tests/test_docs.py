@@ -181,3 +181,33 @@ def test_the_link_check_catches_a_broken_anchor():
     assert "set-up" in _anchors(DOCS / "index.md")
     assert "no-such-heading" not in _anchors(DOCS / "index.md")
 
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the Markdown table whose header row starts ``header``."""
+    rows = []
+    for ln in text[text.index(header):].splitlines()[2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
+
+
+def test_readme_headline_figures_are_the_pages_figures():
+    """The README's two headline tables repeat the fidelity and search pages' figures (the
+    pages are where `meshplan report` results are recorded): a figure changed on a page
+    and not in the README, or the other way, fails here."""
+    readme = (ROOT / "README.md").read_text()
+    fid = {r[0].split(" (")[0]: r for r in _table((DOCS / "explanation" / "fidelity.md").read_text(),
+                                                   "| source | rows | MAPE |")}
+    ours = _table(readme, "| rows | count | MAPE |")
+    assert len(ours) == 2
+    for row, src in zip(ours, ("all dense", "mbridge_perf_moe"), strict=True):
+        page = fid[src]
+        assert (row[1], row[2], row[3]) == (page[1], page[2], page[6]), (row, page)
+        assert row[4] == re.search(r"\(([-+0-9.]+%)\)", page[4]).group(1)
+    search = (DOCS / "explanation" / "search.md").read_text()
+    table = _table(search, "| space (budget) | reference |")
+    for row, page in zip(_table(readme, "| space | best step |"), table, strict=True):
+        assert row[1].split(" ms")[0] == page[1].split(" ms")[0], (row, page)
+        assert re.search(r"\d+ s", row[2]).group(0) in page[1] + page[2], (row, page)
