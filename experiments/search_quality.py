@@ -66,9 +66,9 @@ def _config(quick: bool):
 def best_curve(history: pd.DataFrame) -> list[float]:
     """Best feasible step time (s) after each trial (NaN until one is feasible)."""
     best, out = math.inf, []
-    for _, row in history.sort_values("job_id").iterrows():
+    for _, row in history.sort_values("trial").iterrows():
         if row["state"] == "COMPLETE" and bool(row["feasible"]):
-            best = min(best, float(row["time"]))
+            best = min(best, float(row["step_time_s"]))
         out.append(best if best < math.inf else math.nan)
     return out
 

@@ -30,7 +30,7 @@ GIB = 2**30
 MARKER = ".meshplan-demo"
 FILES = {  # file name -> what it holds (the README lists them in this order)
     "README.md": "this summary",
-    "trials.csv": "every trial of the search, one row each (Paddle auto-tuner history columns)",
+    "trials.csv": "every trial of the search, one row each (the columns of history.csv: tuner.result.HISTORY_COLUMNS)",
     "plan.json": "the best plan (`meshplan.Plan`; `Plan.load` / `Engine.from_plan` read it)",
     "best_plan_timeline.png": "Gantt chart of the best plan's simulated step (one row per "
                               "pipeline stage)",

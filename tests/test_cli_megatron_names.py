@@ -199,9 +199,9 @@ def test_tune_with_megatron_names_searches_inside_the_pins(capsys, tmp_path):
                             "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
                             "--recompute-granularity", "selective")
     assert rc == 0, err
-    rows = [r for r in csv.DictReader((tmp_path / "history.csv").open()) if r["dp_degree"]]
+    rows = [r for r in csv.DictReader((tmp_path / "history.csv").open()) if r["dp"]]
     assert rows  # (a pruned trial has no candidate columns)
-    assert all(r["mp_degree"] == "2" and r["pp_degree"] == "1" and r["sharding_stage"] == "1"
+    assert all(r["tp"] == "2" and r["pp"] == "1" and r["zero"] == "1"
                for r in rows), rows
     s = json.loads((tmp_path / "plan.json").read_text())["strategy"]  # 4 small layers fit
     assert (s["tp"], s["pp"], s["zero"], s["recompute"]) == (2, 1, 1, "selective")
@@ -281,11 +281,14 @@ def test_export_plan_file_or_options(capsys, tmp_path):
     assert line.startswith("error: export: give PLAN.json, or --global-batch-size")
 
 
-# --- the README tour's commands in Megatron's names run ------------------------------------
+# --- the tours' commands in Megatron's names run -------------------------------------------
 
 def _readme_commands(prefix: str) -> list[list[str]]:
-    """The README's ``meshplan PREFIX ...`` commands that use a Megatron-LM name, as argv."""
-    text = (ROOT / "README.md").read_text()
+    """The ``meshplan PREFIX ...`` commands that use a Megatron-LM name, as argv: those of
+    the README's five-minute tour, the docs' command tour (docs/tutorials/tour.md) and the
+    Megatron names page (their home since issue 40)."""
+    text = "\n".join((ROOT / f).read_text() for f in ("README.md", "docs/tutorials/tour.md",
+                                                         "docs/reference/megatron-names.md"))
     joined = text.replace("\\\n", " ")
     out = []
     for line in joined.splitlines():
@@ -319,10 +322,10 @@ def test_readme_tune_command_in_megatron_names(capsys, tmp_path):
         rc, out, err = run_main(capsys, *argv, "--storage", "memory", "--no-progress")
         # exit 1 is the search's own answer "no feasible plan found" in this small budget
         assert rc == 0 or (rc == 1 and "no feasible plan found" in out), (argv, err)
-        rows = [r for r in csv.DictReader((tmp_path / "history.csv").open()) if r["dp_degree"]]
+        rows = [r for r in csv.DictReader((tmp_path / "history.csv").open()) if r["dp"]]
         # --use-distributed-optimizer pins ZeRO 1 wherever it means something (dp > 1; the
         # sampler takes no ZeRO stage for dp = 1, tuner.suggest)
-        assert rows and all(r["sharding_stage"] == ("1" if int(r["dp_degree"]) > 1 else "0")
+        assert rows and all(r["zero"] == ("1" if int(r["dp"]) > 1 else "0")
                             for r in rows)
 
 

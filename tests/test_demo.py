@@ -67,9 +67,9 @@ def test_csv_has_one_row_per_trial(report):
     out, outcome, _, _ = report
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert len(rows) == len(outcome.result.trials())
-    scored = [r for r in rows if r["time"]]
+    scored = [r for r in rows if r["step_time_s"]]
     assert len(scored) == outcome.result.counts()["complete"]
-    assert len({r["job_id"] for r in rows}) == len(rows)
+    assert len({r["trial"] for r in rows}) == len(rows)
     # --trials counts distinct plans (issue 36): the repeats are the rows served from the cache
     assert sum(r["cached"] != "True" for r in rows) == SETUP.trials
 

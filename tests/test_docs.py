@@ -32,7 +32,7 @@ mkdocs = pytest.importorskip("mkdocs", reason="the docs extra (make test install
 
 #: pages whose blocks take more than a few seconds (local torch.distributed runs, a
 #: calibration, searches, the time-to-train Monte Carlo): still run by make test
-SLOW = {"tutorials/check-locally.md", "tutorials/search-many-machines.md", "how-to/compare-plans.md",
+SLOW = {"tutorials/tour.md", "tutorials/check-locally.md", "tutorials/search-many-machines.md", "how-to/compare-plans.md",
         "how-to/cluster-yaml.md", "explanation/search.md", "reference/models.md", "time_to_train.md"}
 
 
@@ -116,3 +116,98 @@ def test_docs_page_commands_run(page, tmp_path, monkeypatch, capsys, request):
             ran += 1
     assert ran, f"docs/{page}: no block ran"
     assert sorted(os.listdir(ROOT)) == before, f"docs/{page} wrote into the repository"
+
+
+# -- the README's links into the site -------------------------------------------------------
+
+def _slug(title: str) -> str:
+    """A heading's anchor as the toc extension makes it (lower case, punctuation dropped,
+    spaces as hyphens)."""
+    return re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", title.strip().lower()))
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {_slug(m) for m in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.M)}
+
+
+def _generated() -> set[str]:
+    """The pages docs/gen_reference.py writes at build time (docs/reference/cli.md, ...)."""
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_reference
+    finally:
+        sys.path.remove(str(DOCS))
+    return set(gen_reference.PAGES)
+
+
+def test_readme_links_reach_pages_of_the_site():
+    """Every relative link of README.md names a file that exists (a page of docs/ that the
+    nav lists, or one generated at build time) and, with ``#anchor``, a heading of it; the
+    README is short (issue 40: at most 250 lines) and links every page of the nav."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(), )["nav"]
+
+    def pages(node) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, list):
+            return [p for x in node for p in pages(x)]
+        return [p for v in node.values() for p in pages(v)]
+
+    in_nav, generated = set(pages(nav)), _generated()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert len(links) >= 20
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        path, _, anchor = link.partition("#")
+        assert path.startswith("docs/"), f"README link outside the docs: {link}"
+        rel = path[len("docs/"):]
+        if rel.endswith("/") or rel == "":
+            rel += "index.md"
+        assert rel in in_nav, f"README links {link}, a page not in mkdocs.yml's nav"
+        if rel in generated:
+            continue
+        assert (DOCS / rel).is_file(), f"README links {link}: no such page"
+        if anchor:
+            assert anchor in _anchors(DOCS / rel), f"README links {link}: no such heading"
+    linked = {ln.partition("#")[0][len("docs/"):] for ln in links if ln.startswith("docs/")}
+    assert in_nav - linked - {"index.md"} == set(), f"nav pages the README does not link: {in_nav - linked}"
+
+
+def test_the_link_check_catches_a_broken_anchor():
+    assert "set-up" in _anchors(DOCS / "index.md")
+    assert "no-such-heading" not in _anchors(DOCS / "index.md")
+
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the Markdown table whose header row starts ``header``."""
+    rows = []
+    for ln in text[text.index(header):].splitlines()[2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
+
+
+def test_readme_headline_figures_are_the_pages_figures():
+    """The README's two headline tables repeat the fidelity and search pages' figures (the
+    pages are where `meshplan report` results are recorded): a figure changed on a page
+    and not in the README, or the other way, fails here."""
+    readme = (ROOT / "README.md").read_text()
+    fid = {r[0].split(" (")[0]: r for r in _table((DOCS / "explanation" / "fidelity.md").read_text(),
+                                                   "| source | rows | MAPE |")}
+    ours = _table(readme, "| rows | count | MAPE |")
+    assert len(ours) == 2
+    for row, src in zip(ours, ("all dense", "mbridge_perf_moe"), strict=True):
+        page = fid[src]
+        assert (row[1], row[2], row[3]) == (page[1], page[2], page[6]), (row, page)
+        assert row[4] == re.search(r"\(([-+0-9.]+%)\)", page[4]).group(1)
+    search = (DOCS / "explanation" / "search.md").read_text()
+    table = _table(search, "| space (budget) | reference |")
+    for row, page in zip(_table(readme, "| space | best step |"), table, strict=True):
+        assert row[1].split(" ms")[0] == page[1].split(" ms")[0], (row, page)
+        assert re.search(r"\d+ s", row[2]).group(0) in page[1] + page[2], (row, page)

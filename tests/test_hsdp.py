@@ -240,21 +240,21 @@ def test_tune_searches_hsdp_shard_groups(tmp_path, capsys):
     assert rc == 0, err
     hist = pd.read_csv(out / "history.csv")
     done = hist[hist.state == "COMPLETE"]
-    assert sorted(done.sharding_degree) == [2, 4, 8, 16]
+    assert sorted(done.fsdp_shard_size.fillna(16)) == [2, 4, 8, 16]  # empty: the whole dp
     plan = Plan.load(out / "plan.json")
-    best = done.loc[done.time.idxmin()]
-    assert (plan.strategy.fsdp_shard_size or 16) == best.sharding_degree
-    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.time, rel=1e-9)
+    best = done.loc[done.step_time_s.idxmin()]
+    assert (plan.strategy.fsdp_shard_size or 16) == (16 if pd.isna(best.fsdp_shard_size) else best.fsdp_shard_size)
+    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.step_time_s, rel=1e-9)
 
 
-# -- README ---------------------------------------------------------------------------------
+# -- the tour ---------------------------------------------------------------------------------
 
 README_HSDP = ("cost --model llama2-7b --cluster dgx-a100-80g --nodes 2 --dp 16 --global-batch 64 "
                "--framework fsdp2 --zero 3 --hsdp 8")
 
 
 def test_readme_hsdp_line_runs(capsys):
-    """The tour's HSDP line (README.md): params + grads + optimizer are 16 P / 8 bytes."""
+    """The tour's HSDP line (docs/tutorials/tour.md): params + grads + optimizer are 16 P / 8 bytes."""
     rc, out, err = run_main(capsys, *README_HSDP.split(), "--json")
     assert rc == 0, err
     mem = json.loads(out)["memory_breakdown_bytes"]

@@ -13,8 +13,11 @@ is either run here or explicitly accounted for.
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,10 @@ def _run_block(block: str, tmp: Path, monkeypatch, capsys, calibrated: Path | No
             head, *body = line.split("\n")
             (tmp / head.split()[2]).write_text("\n".join(body) + "\n")
             continue
+        if line.startswith("mkdir -p "):  # the scratch folder a tour writes into
+            for d in shlex.split(line)[2:]:
+                (tmp / d).mkdir(parents=True, exist_ok=True)
+            continue
         if any(re.search(p, line) for p in SHELL):
             continue
         if any(re.search(p, line) for p, _ in ILLUSTRATIVE):
@@ -145,12 +152,57 @@ def test_readme_block_runs(index, tmp_path, monkeypatch, capsys, request):
            if ln.startswith("meshplan calibrate")):
         calibrated = request.getfixturevalue("quick_calibration")[0]
     _run_block(BLOCKS[index], tmp_path, monkeypatch, capsys, calibrated)
+    # "the tour leaves git status clean" (issue 40): every file the block wrote, relative to
+    # where it ran (the checkout for a user), is one git ignores
+    written = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()]
+    assert written, "the tour wrote nothing"
+    assert not not_ignored(written), f"the README writes files git does not ignore: {not_ignored(written)}"
+
+
+def not_ignored(paths: list[str]) -> list[str]:
+    """Those of ``paths`` (relative to the repository root) that the repository's
+    .gitignore does not ignore (``git check-ignore --no-index``: the patterns alone, the
+    paths need not exist); skips when git or the repository is absent."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("no git checkout to ask")
+    proc = subprocess.run([git, "-C", str(ROOT), "check-ignore", "--no-index", "--stdin"],
+                          input="\n".join(paths) + "\n", capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    ignored = set(proc.stdout.splitlines())
+    return [p for p in paths if p not in ignored]
+
+
+#: options whose value is a path a command writes
+OUTPUT_OPTIONS = ("--output", "-o", "--plot", "--trace", "--memory-png")
+
+
+def test_readme_tour_writes_only_ignored_paths():
+    """Without running anything: every path the README's commands are told to write
+    (:data:`OUTPUT_OPTIONS`, ``mkdir``), where ``make demo`` writes (``meshplan demo``'s
+    default ``--output``) and what the commands write by default (``validate``'s CSV,
+    ``tune``'s folder without ``--output``) are ignored by git, and a file that is not
+    (``zbv.png`` in the checkout's root) is caught."""
+    from meshplan.commands.demo import demo_cmd
+    from meshplan.validation_report import DEFAULT_CSV
+
+    paths = []
+    for ln in (ln for b in BLOCKS for ln in _lines(b)):
+        args = shlex.split(ln) if not ln.startswith("cat > ") else []
+        if args[:2] == ["mkdir", "-p"]:
+            paths += args[2:]
+        paths += [args[k + 1] for k, a in enumerate(args[:-1]) if a in OUTPUT_OPTIONS]
+    assert len(paths) >= 6
+    demo_out = inspect.signature(demo_cmd).parameters["output"].default.default
+    paths += [demo_out + "/README.md", DEFAULT_CSV, "meshplan-runs/STUDY/history.csv", ".venv/bin/python"]
+    assert not_ignored(paths) == []
+    assert not_ignored(["zbv.png", "local.yaml"]) == ["zbv.png", "local.yaml"]
 
 
 def test_readme_has_commands_and_every_skip_is_accounted_for():
     lines = [ln for b in BLOCKS for ln in _lines(b)]
-    assert sum(ln.startswith("meshplan ") for ln in lines) >= 20
+    assert sum(ln.startswith("meshplan ") for ln in lines) >= 10
     for ln in lines:
-        if ln.startswith(("meshplan ", "cat > ")) or any(re.search(p, ln) for p in SHELL):
+        if ln.startswith(("meshplan ", "cat > ", "mkdir -p ")) or any(re.search(p, ln) for p in SHELL):
             continue
         assert any(re.search(p, ln) for p, _ in ILLUSTRATIVE), f"README line neither run nor listed: {ln!r}"

@@ -1,4 +1,6 @@
-"""README "Inspect a search with Optuna's tools": every command of the section runs, in a
+"""The guide "Inspect a search with optuna-dashboard" (docs/how-to/optuna-dashboard.md; the
+README's section "Inspect a search with Optuna's tools" until issue 40 moved it there):
+every command of the page runs, in a
 scratch directory: the ``meshplan tune`` line, the ``optuna`` CLI line, the Python block
 (``optuna.load_study`` on the journal), and optuna-dashboard's loading of the journal path
 (the dashboard opens an existing non-SQLite file as ``JournalStorage(JournalFileBackend(path))``,
@@ -23,21 +25,14 @@ from meshplan.cli import main
 from meshplan.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-TITLE = "## Inspect a search with Optuna's tools"
-#: the same guide on the documentation site (the whole page)
+#: the guide on the documentation site (the whole page)
 DOCS_PAGE = ROOT / "docs" / "how-to" / "optuna-dashboard.md"
 
 
-def _section(source: str = "README") -> tuple[list[str], str]:
+def _section() -> tuple[list[str], str]:
     """(shell commands, continuation lines joined, comments dropped; the Python block) of
-    the README's section, or of the docs page (``source="docs"``)."""
-    if source == "docs":
-        body = DOCS_PAGE.read_text()
-    else:
-        text = README.read_text()
-        body = text[text.index(TITLE) + len(TITLE):]
-        body = body[:body.index("\n## ")]
+    the docs page."""
+    body = DOCS_PAGE.read_text()
     blocks = body.split("```")
     bash = next(b for b in blocks if b.startswith("bash\n"))[5:]
     py = next(b for b in blocks if b.startswith("python\n"))[7:]
@@ -46,9 +41,8 @@ def _section(source: str = "README") -> tuple[list[str], str]:
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-@pytest.mark.parametrize("source", ["README", "docs"])
-def test_readme_optuna_section_runs(source, tmp_path, monkeypatch, capsys):
-    cmds, py = _section(source)
+def test_readme_optuna_section_runs(tmp_path, monkeypatch, capsys):
+    cmds, py = _section()
     monkeypatch.chdir(tmp_path)
     ran = set()
     for cmd in cmds:
@@ -84,7 +78,7 @@ def test_readme_optuna_section_runs(source, tmp_path, monkeypatch, capsys):
     assert ran == {"meshplan", "optuna", "optuna-dashboard"}
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        exec(compile(py, "README python block", "exec"), {})
+        exec(compile(py, "docs/how-to/optuna-dashboard.md python block", "exec"), {})
     printed = buf.getvalue().splitlines()
     # the block's best trial is the plan tune wrote: Optuna honours the memory constraint
     study = optuna.load_study(study_name="7b-small",

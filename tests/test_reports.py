@@ -189,25 +189,23 @@ def test_tune_cli_says_why_against_its_own_history(tmp_path, capsys):
     rc, text, _ = run_main(capsys, *TUNE, "--sampler", "tpe", "--trials", "30", "--output", str(out))
     assert rc == 0
     h = pd.read_csv(out / "history.csv")
-    feas = h[(h.state == "COMPLETE") & h.feasible].sort_values(["time", "peak_memory_bytes", "job_id"])
-    feas = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree", "cp_degree", "vpp_degree",
-                                 "schedule_mode", "micro_batch_size", "use_recompute",
-                                 "recompute_granularity", "sharding_stage", "sequence_parallel",
-                                 "templates", "fp8", "ep_degree"])
+    feas = h[(h.state == "COMPLETE") & h.feasible].sort_values(["step_time_s", "peak_memory_bytes", "trial"])
+    feas = feas.drop_duplicates(["dp", "tp", "pp", "cp", "vpp", "schedule", "micro_batch_size",
+                                 "recompute", "zero", "sequence_parallel", "templates", "fp8", "ep"])
     runner = feas.iloc[1]
-    gap = runner.time - feas.iloc[0].time
+    gap = runner.step_time_s - feas.iloc[0].step_time_s
     if gap > 0:
-        assert f"takes {runner.time * 1e3:.1f} ms per step: {gap * 1e3:.2f} ms" in text
+        assert f"takes {runner.step_time_s * 1e3:.1f} ms per step: {gap * 1e3:.2f} ms" in text
     else:
         assert "as fast as the runner-up" in text
     from tuner.explain import SHAPE_LINES
 
     # the fastest shapes come first, SHAPE_LINES of them named, the rest summed up
-    shapes = feas.drop_duplicates(["dp_degree", "mp_degree", "pp_degree", "cp_degree"]).iloc[1:SHAPE_LINES + 1]
+    shapes = feas.drop_duplicates(["dp", "tp", "pp", "cp"]).iloc[1:SHAPE_LINES + 1]
     for _, r in shapes.iterrows():
-        cp = f" cp{int(r.cp_degree)}" if r.cp_degree > 1 else ""
-        name = f"dp{int(r.dp_degree)}{cp} tp{int(r.mp_degree)} pp{int(r.pp_degree)}"
-        assert re.search(rf"^  {name} +{r.time * 1e3:.1f} ms", text, re.M), name
+        cp = f" cp{int(r.cp)}" if r.cp > 1 else ""
+        name = f"dp{int(r.dp)}{cp} tp{int(r.tp)} pp{int(r.pp)}"
+        assert re.search(rf"^  {name} +{r.step_time_s * 1e3:.1f} ms", text, re.M), name
     assert "why it won" in (out / "report.txt").read_text()
 
 

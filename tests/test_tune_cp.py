@@ -103,15 +103,15 @@ def test_tune_searches_cp_and_its_plan_costs_as_scored(tmp_path, capsys):
         hist = pd.read_csv(out / "history.csv")
         return hist[hist.state == "COMPLETE"]
     ag = run(tmp_path / "ag", "--cp-comm", "all_gather")
-    assert sorted(ag.cp_degree) == [1, 2, 4, 8]
-    assert list(ag.dp_degree * ag.cp_degree) == [8] * 4
+    assert sorted(ag.cp) == [1, 2, 4, 8]
+    assert list(ag.dp * ag.cp) == [8] * 4
     plan = Plan.load(tmp_path / "ag" / "plan.json")
-    best = ag.loc[ag.time.idxmin()]
+    best = ag.loc[ag.step_time_s.idxmin()]
     assert plan.strategy.cp_comm == ("all_gather" if plan.strategy.cp > 1 else "p2p")
-    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.time, rel=1e-9)
+    assert Engine.from_plan(plan).simulate().step_time == pytest.approx(best.step_time_s, rel=1e-9)
     p2p = run(tmp_path / "p2p")
-    t_ag = dict(zip(ag.cp_degree, ag.peak_memory_bytes, strict=True))
-    t_p2p = dict(zip(p2p.cp_degree, p2p.peak_memory_bytes, strict=True))
+    t_ag = dict(zip(ag.cp, ag.peak_memory_bytes, strict=True))
+    t_p2p = dict(zip(p2p.cp, p2p.peak_memory_bytes, strict=True))
     assert t_ag[1] == t_p2p[1]  # cp 1: no exchange, one plan
     assert t_ag[8] > t_p2p[8]  # cp 8: 8 gathered blocks against 2
 

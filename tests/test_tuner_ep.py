@@ -131,7 +131,7 @@ def test_tune_pins_ep_by_its_megatron_name_and_reports_it(tmp_path, capsys):
     assert rc == 0, err
     assert re.search(r"best plan: dp=\d+ tp=\d+ pp=1 cp=1 ep=8 ", text)  # etp 1 folds ep over dp x tp
     rows = list(csv.DictReader((out / "history.csv").open()))
-    assert rows and all(r["ep_degree"] == "8" and r["cp_degree"] == "1" for r in rows if r["state"] == "COMPLETE")
+    assert rows and all(r["ep"] == "8" and r["cp"] == "1" for r in rows if r["state"] == "COMPLETE")
 
 
 def test_the_top_table_and_the_mesh_lines_tell_ep_apart():

@@ -25,7 +25,7 @@ def test_load_result_reads_the_journal_of_a_tune(tmp_path, capsys):
     import pandas as pd
 
     csv = pd.read_csv(out / "history.csv")
-    assert list(csv.job_id) == list(df.job_id)
+    assert list(csv.trial) == list(df.trial)
     assert load_result(out / "journal.log").to_dataframe().equals(df)
     with pytest.raises(TuneError, match="holds no study 'nope'"):
         load_result(out, study="nope")

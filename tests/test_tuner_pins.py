@@ -56,7 +56,7 @@ def test_repeated_fix_flags_pin_together(capsys, tmp_path):
     assert rc == 0, err
     hist = pd.read_csv(tmp_path / "a" / "history.csv")
     plans = hist[hist.state == "COMPLETE"]
-    assert len(plans) and set(plans.mp_degree) == {1} and set(plans.pp_degree) == {2}
+    assert len(plans) and set(plans.tp) == {1} and set(plans.pp) == {2}
     line = one_line_error(*run_main(capsys, *base, "--output", str(tmp_path / "b"),
                                     "--fix", "tp=1", "--fix", "tp=2"))
     assert "knob 'tp' is given twice" in line

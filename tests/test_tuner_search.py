@@ -101,18 +101,18 @@ def test_cli_outputs_plan_and_history(tmp_path):
     assert hist.oom.dtype == bool
     raw = pd.read_csv(out / "history.csv", dtype=str)
     raw = raw[raw.state == "COMPLETE"]
-    for col in ("dp_degree", "micro_batch_size", "max_mem_usage", "memory_limit_bytes"):
+    for col in ("dp", "micro_batch_size", "peak_memory_bytes", "memory_limit_bytes"):
         assert raw[col].str.fullmatch(r"\d+").all(), col  # "2", not "2.0" or "OOM"
     done = hist[hist.state == "COMPLETE"]
-    assert (done.oom == (done.max_mem_usage > done.memory_limit_bytes)).all()
+    assert (done.oom == (done.peak_memory_bytes > done.memory_limit_bytes)).all()
     feas = done[~done.oom]
-    best_t = feas.time.min()
+    best_t = feas.step_time_s.min()
     # the plan reproduces its step time through the Engine (what the executor will load)
     res = Engine.from_plan(plan).simulate()
     assert res.step_time == pytest.approx(best_t, rel=1e-9)
     assert res.max_memory_bytes <= 80e9
-    row = feas.loc[feas.time.idxmin()]
-    assert (row.dp_degree, row.mp_degree, row.pp_degree) == (
+    row = feas.loc[feas.step_time_s.idxmin()]
+    assert (row.dp, row.tp, row.pp) == (
         plan.strategy.dp, plan.strategy.tp, plan.strategy.pp)
     assert "Top plans" in (out / "report.txt").read_text()
     # rerunning the same command resumes: nothing new to run, same best plan
@@ -134,7 +134,7 @@ def test_full_random_every_trial_complete_or_pruned(tmp_path):
     hist = pd.read_csv(out / "history.csv")
     # --trials 60 means 60 distinct plans (issue 36); a repeat draw is served from the cache
     assert (~hist.cached.astype(bool)).sum() == 60 and set(hist.state) <= {"COMPLETE", "PRUNED"}
-    rnd = hist[(hist.state == "COMPLETE") & (hist.mp_degree > 1)]
+    rnd = hist[(hist.state == "COMPLETE") & (hist.tp > 1)]
     assert len(rnd) and rnd.templates.str.startswith("seed=").all()
 
 

@@ -1,13 +1,22 @@
-"""Search results: history (Paddle auto-tuner style), best plans, tables, progress.
+"""Search results: history, best plans, tables, progress.
 
-History columns follow PaddlePaddle's auto-tuner ``history.csv`` (``dp_degree``,
-``mp_degree``, ``pp_degree``, ``vpp_degree``, ``micro_batch_size``, ``sharding_degree``,
-``sharding_stage``, ``use_recompute``, ``recompute_granularity``, ``time``,
-``max_mem_usage``), with meshplan's extras. Units: ``time`` is the step time in seconds
-(empty for a pruned trial); ``max_mem_usage`` is the peak memory over ranks in bytes, always
-a number (Paddle writes the string ``OOM`` there instead; here the boolean ``oom`` column says
-that the plan needs more than ``memory_limit_bytes``). Integer columns are integers (pandas
-``Int64``, empty where a pruned trial has no value) and flags are booleans.
+History columns use the project's one vocabulary (issue 40): the plan's knobs by the
+names of ``completion.strategy.Strategy`` (``dp``, ``tp``, ``pp``, ``vpp``, ``cp``, ``ep``,
+``micro_batch_size``, ``zero``, ``fsdp_shard_size``, ``recompute``, ``sequence_parallel``,
+``schedule``, ``fp8``, ``annotation``), ``num_microbatches`` and the metrics by the names of
+``meshplan cost --json`` (``tokens_per_s``, ``mfu``, ``bubble_ratio``,
+``memory_limit_bytes``), the step time and peak as ``sizes.csv`` names them
+(``step_time_s``, ``peak_memory_bytes``), and the search's own columns (``trial``, Optuna's
+trial number; ``state``; ``templates``; ``oom``, ``feasible``, ``cached``,
+``pruned_reason``). Units: ``step_time_s`` is the step time in seconds (empty for a pruned
+trial); ``peak_memory_bytes`` is the peak memory over ranks in bytes; ``oom`` says the plan
+needs more than ``memory_limit_bytes``. Integer columns are integers (pandas ``Int64``,
+empty where a pruned trial has no value) and flags are booleans.
+
+PaddlePaddle's auto-tuner names (``dp_degree``, ``mp_degree``, ``sharding_stage``,
+``use_recompute``, ``time``, ``max_mem_usage``, ...; Paddle 2.6
+``python/paddle/distributed/auto_tuner/recorder.py`` writes them) only on request:
+:func:`paddle_view`, ``TuneResult.to_dataframe(names="paddle")``.
 """
 
 from __future__ import annotations
@@ -26,17 +35,21 @@ from optuna.trial import TrialState
 from tuner.space import Candidate
 
 HISTORY_COLUMNS = (
-    "job_id", "state", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
-    "acc_steps", "sharding_degree", "sharding_stage", "use_recompute", "recompute_granularity",
-    "sequence_parallel", "schedule_mode", "annotation", "templates", "time", "tokens_per_s",
-    "mfu", "bubble_ratio", "max_mem_usage", "peak_memory_bytes", "memory_limit_bytes",
-    "oom", "feasible", "cached", "pruned_reason", "fp8", "cp_degree", "ep_degree",
+    "trial", "state", "dp", "tp", "pp", "vpp", "cp", "ep", "micro_batch_size", "num_microbatches",
+    "zero", "fsdp_shard_size", "recompute", "sequence_parallel", "schedule", "fp8", "annotation",
+    "templates", "step_time_s", "tokens_per_s", "mfu", "bubble_ratio", "peak_memory_bytes",
+    "memory_limit_bytes", "oom", "feasible", "cached", "pruned_reason",
 )
 #: history columns holding integers (nullable: a pruned trial may have none) and flags
-INT_COLUMNS = ("job_id", "dp_degree", "mp_degree", "pp_degree", "vpp_degree", "micro_batch_size",
-               "acc_steps", "sharding_degree", "sharding_stage", "max_mem_usage",
-               "peak_memory_bytes", "memory_limit_bytes", "cp_degree", "ep_degree")
-BOOL_COLUMNS = ("use_recompute", "sequence_parallel", "oom", "feasible", "cached")
+INT_COLUMNS = ("trial", "dp", "tp", "pp", "vpp", "cp", "ep", "micro_batch_size", "num_microbatches",
+               "zero", "fsdp_shard_size", "peak_memory_bytes", "memory_limit_bytes")
+BOOL_COLUMNS = ("sequence_parallel", "oom", "feasible", "cached")
+#: the project's history column -> PaddlePaddle's auto-tuner name (``paddle_view``)
+PADDLE_NAMES = {"trial": "job_id", "dp": "dp_degree", "tp": "mp_degree", "pp": "pp_degree",
+                "vpp": "vpp_degree", "cp": "cp_degree", "ep": "ep_degree",
+                "num_microbatches": "acc_steps", "zero": "sharding_stage",
+                "schedule": "schedule_mode", "step_time_s": "time",
+                "peak_memory_bytes": "max_mem_usage"}
 GIB = 1024**3
 
 SCORE_KEYS = ("time_s", "memory_bytes", "memory_limit_bytes")
@@ -94,32 +107,43 @@ def _row(t: optuna.trial.FrozenTrial, global_batch: int) -> dict[str, Any]:
     plan = ua.get("plan") or {}
     row: dict[str, Any] = dict.fromkeys(HISTORY_COLUMNS)
     # oom: True only for a scored plan over the limit (an unscored trial needs nothing)
-    row.update(job_id=t.number, state=t.state.name, oom=False,
+    row.update(trial=t.number, state=t.state.name, oom=False,
                pruned_reason=ua.get("illegal") or ua.get("error") or
                ("interrupted" if ua.get("interrupted") else None))
     if plan:
         dp, mbs = plan["dp"], plan["micro_batch_size"]
-        rc = plan["recompute"]
-        row.update(dp_degree=dp, mp_degree=plan["tp"], pp_degree=plan["pp"],
-                   vpp_degree=plan["vpp"], micro_batch_size=mbs,
-                   acc_steps=global_batch // (dp * mbs),
-                   sharding_degree=(plan.get("fsdp_shard_size") or dp) if plan["zero"] else 1,
-                   sharding_stage=plan["zero"], use_recompute=rc != "none",
-                   recompute_granularity=None if rc == "none" else rc,
-                   sequence_parallel=plan["sequence_parallel"], schedule_mode=plan["schedule"],
-                   annotation=plan.get("annotation"), fp8=plan.get("fp8") or "none",
-                   cp_degree=plan.get("cp", 1), ep_degree=plan.get("ep", 1),
+        row.update({k: plan.get(k) for k in ("dp", "tp", "pp", "vpp", "recompute", "zero", "schedule",
+                                             "sequence_parallel", "annotation", "fsdp_shard_size")},
+                   micro_batch_size=mbs, num_microbatches=global_batch // (dp * mbs),
+                   fp8=plan.get("fp8") or "none", cp=plan.get("cp", 1), ep=plan.get("ep", 1),
                    templates=",".join(f"{k}={v}" for k, v in sorted(plan["templates"].items()))
                    or (f"seed={plan['annotation_seed']}"
                        if plan.get("annotation_seed") is not None else None))
     if scored(ua):
         mem, lim = ua["memory_bytes"], ua["memory_limit_bytes"]
         m = ua.get("metrics", {})
-        row.update(time=ua["time_s"], tokens_per_s=m.get("tokens_per_s"), mfu=m.get("mfu"),
-                   bubble_ratio=m.get("bubble_ratio"),
-                   max_mem_usage=mem, peak_memory_bytes=mem, memory_limit_bytes=lim,
+        row.update(step_time_s=ua["time_s"], tokens_per_s=m.get("tokens_per_s"), mfu=m.get("mfu"),
+                   bubble_ratio=m.get("bubble_ratio"), peak_memory_bytes=mem, memory_limit_bytes=lim,
                    oom=mem > lim, feasible=mem <= lim, cached=bool(ua.get("cached")))
     return row
+
+
+def paddle_view(history: pd.DataFrame) -> pd.DataFrame:
+    """``history`` (:data:`HISTORY_COLUMNS`) under PaddlePaddle's auto-tuner names
+    (:data:`PADDLE_NAMES`; Paddle 2.6 ``python/paddle/distributed/auto_tuner``), with its
+    derived columns: ``sharding_degree`` (the ranks ZeRO shards over: the HSDP group, else
+    dp; 1 without ZeRO), ``use_recompute`` and ``recompute_granularity`` in place of
+    ``recompute``. Units as in the history (``time`` in seconds, ``max_mem_usage`` in
+    bytes, never Paddle's string ``OOM``: the ``oom`` column says it)."""
+    df = history.copy()
+    zero, dp = df["zero"], df["dp"]
+    shard = df["fsdp_shard_size"].fillna(dp).where(zero.fillna(0) > 0, 1).where(dp.notna())
+    rc = df["recompute"]
+    df.insert(df.columns.get_loc("fsdp_shard_size"), "sharding_degree", shard.astype("Int64"))
+    df.insert(df.columns.get_loc("recompute"), "use_recompute", (rc != "none").where(rc.notna()).astype("boolean"))
+    df["recompute"] = rc.where(rc != "none")
+    df = df.drop(columns=["fsdp_shard_size"]).rename(columns={**PADDLE_NAMES, "recompute": "recompute_granularity"})
+    return df
 
 
 @dataclass
@@ -155,12 +179,16 @@ class TuneResult:
         retried = {t.user_attrs.get("retry_of") for t in trials}
         return [t for t in trials if not (t.state == TrialState.FAIL and t.number in retried)]
 
-    def to_dataframe(self) -> pd.DataFrame:
+    def to_dataframe(self, names: str = "meshplan") -> pd.DataFrame:
         """One row per trial of :meth:`history_trials` with :data:`HISTORY_COLUMNS`, ordered
-        by trial number."""
+        by trial number; ``names="paddle"``: PaddlePaddle's auto-tuner columns instead
+        (:func:`paddle_view`). Raises ValueError for another ``names``."""
+        if names not in ("meshplan", "paddle"):
+            raise ValueError(f"names: 'meshplan' or 'paddle', got {names!r}")
         rows = [_row(t, self.global_batch_size) for t in self.history_trials()]
         df = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
-        return df.astype({**{c: "Int64" for c in INT_COLUMNS}, **{c: "boolean" for c in BOOL_COLUMNS}})
+        df = df.astype({**{c: "Int64" for c in INT_COLUMNS}, **{c: "boolean" for c in BOOL_COLUMNS}})
+        return paddle_view(df) if names == "paddle" else df
 
     def write_history_csv(self, path: str | Path) -> Path:
         """Write :meth:`to_dataframe` as CSV to ``path`` (parent directories created);

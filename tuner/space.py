@@ -17,8 +17,8 @@ with ``fix`` pinning any of them (``--fix dp=8,tp=8``).
 The knob names are the project's one vocabulary (``completion.strategy``: ``dp``, ``tp``,
 ``pp``, ``vpp``, ``schedule``, ``micro_batch_size``, ``recompute``, ``zero``,
 ``sequence_parallel``); ``--fix`` also reads ``mp``, ``mbs``, ``sp``, ``sharding_stage`` and
-``schedule_mode``. Only ``history.csv`` keeps PaddlePaddle's auto-tuner column names
-(``tuner.result``).
+``schedule_mode``. ``history.csv`` uses the same names (``tuner.result``; PaddlePaddle's
+auto-tuner column names only through ``tuner.result.paddle_view``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 ``tune`` runs, by default, the branch and bound over the framework's space under
 ``--time-budget`` (``tuner.search``): the proven optimum, or the best plan and the gap to
 the optimum (``tuner.gap``). It writes ``plan.json`` (the best feasible plan, loadable with
-``Plan.load``, with what the search knew of it under ``search``), ``history.csv`` (Paddle
-auto-tuner style columns) and ``report.txt`` (counts, the answer and its gap, the top
+``Plan.load``, with what the search knew of it under ``search``), ``history.csv`` (one row per
+trial, the project's names: ``tuner.result.HISTORY_COLUMNS``) and ``report.txt`` (counts, the answer and its gap, the top
 plans and why the best won: its margin over the runner-up and the best plan of each other
 mesh shape with what is proven of it, or with no feasible plan which constraint bound and
 by how much, ``tuner.explain``) to ``--output`` (default ``meshplan-runs/STUDY``);
