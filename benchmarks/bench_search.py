@@ -97,6 +97,8 @@ def summary(ans: dict[str, Any], cpu: float) -> tuple[bool, str]:
     s = ans.get("search") or {}
     c = s.get("candidates") or {}
     space = int(c.get("space", 0))
+    # a slice left unfinished by the budget counts none of its decisions (its candidates
+    # are all "open"); the plans scored are the study's distinct plans
     decided = space - int(c.get("open") or 0)
     proven = bool(s.get("holds"))
     gap = s.get("gap")
@@ -106,8 +108,8 @@ def summary(ans: dict[str, Any], cpu: float) -> tuple[bool, str]:
                                                               else f", above {MAX_GAP:.0%}"))
     best = s.get("best_s")
     return proven, (f"{state}; best {best * 1e3:,.1f} ms" if best else f"{state}; no plan") + (
-        f"; {space:,} candidates, {c.get('simulated', 0):,} simulated, {decided:,} decided "
-        f"({decided / cpu:,.0f} decided per CPU s)")
+        f"; {space:,} candidates, {s.get('scored') or 0:,} simulated, {decided:,} decided in finished "
+        f"slices ({decided / cpu:,.0f} decided per CPU s)")
 
 
 def run() -> list[BenchResult]:
