@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import itertools
 
+import numpy as np
+
 from simulator.errors import SimulatorError
 
 #: how the decoder layers are split when no list is given: the cost model's balanced split
@@ -107,36 +109,58 @@ def _rank_balanced(start: list[int], cost: list[float], pre: float, post: float,
     1e-12 counting as no gain): each step moves one layer from a stage of a busiest rank
     (or the busiest stage) to any other stage, every stage keeping at least one layer,
     until no such move lowers it (no other move can lower the busiest rank's load).
+    The moves of a step are scored together (:func:`_move_objectives`, the same floating
+    point operations as :func:`_objective`, so the same split) and taken in the order
+    sources ascending, then targets ascending, the first strictly lower one kept.
     Returns (split, objective)."""
     prefix = list(itertools.accumulate(cost, initial=0.0))
     counts = list(start)
     best = _objective(counts, cost, pre, post, ranks, prefix)
     n = len(counts)
+    pre_arr = np.asarray(prefix)
+    slot = {r: k for k, r in enumerate(dict.fromkeys(ranks))}
+    rank_of = [slot[r] for r in ranks]
     while True:
         loads = _stage_loads(counts, cost, pre, post, prefix)
         per = _rank_loads(loads, ranks)
         top = max(per.values())
         busy = {r for r, x in per.items() if x >= top * (1 - 1e-12)}
         sources = {v for v in range(n) if ranks[v] in busy} | {max(range(n), key=loads.__getitem__)}
+        moves = [(a, b) for a in sorted(sources) if counts[a] > 1 for b in range(n) if b != a]
+        if not moves:
+            return counts, best
+        worst_rank, worst_stage = _move_objectives(counts, moves, pre_arr, pre, post, rank_of, len(slot))
         move = None
-        for a in sorted(sources):
-            if counts[a] <= 1:
-                continue
-            for b in range(n):
-                if b == a:
-                    continue
-                counts[a] -= 1
-                counts[b] += 1
-                obj = _objective(counts, cost, pre, post, ranks, prefix)
-                counts[a] += 1
-                counts[b] -= 1
-                if _lower(obj, move[1] if move else best):
-                    move = ((a, b), obj)
+        for k, obj in enumerate(zip(worst_rank, worst_stage, strict=True)):
+            if _lower(obj, move[1] if move else best):
+                move = (moves[k], obj)
         if move is None:
             return counts, best
         (a, b), best = move
         counts[a] -= 1
         counts[b] += 1
+
+
+def _move_objectives(counts: list[int], moves: list[tuple[int, int]], prefix: np.ndarray, pre: float,
+                     post: float, rank_of: list[int], n_ranks: int) -> tuple[list[float], list[float]]:
+    """:func:`_objective` of ``counts`` after each one-layer move ``(a, b)`` (a layer from
+    stage a to stage b), as (largest rank loads, largest stage loads), one per move. Each
+    value is the one :func:`_objective` computes: a stage's load is the same difference of
+    running sums plus ``pre`` / ``post``, a rank's load the same sum of its stages' loads
+    in stage order, from 0.0."""
+    k = np.arange(len(moves))
+    src, dst = np.array(moves, dtype=np.intp).T
+    c = np.tile(np.asarray(counts, dtype=np.intp), (len(moves), 1))
+    c[k, src] -= 1
+    c[k, dst] += 1
+    ends = np.cumsum(c, axis=1)
+    loads = prefix[ends] - prefix[ends - c]
+    loads[:, 0] += pre
+    loads[:, -1] += post
+    per = np.zeros((len(moves), n_ranks))
+    for v, r in enumerate(rank_of):
+        per[:, r] += loads[:, v]
+    return per.max(axis=1).tolist(), loads.max(axis=1).tolist()
 
 
 def _lower(x: tuple[float, float], y: tuple[float, float]) -> bool:

@@ -141,7 +141,8 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
                    tick: Callable[[], None] | None = None,
                    max_simulated: int | None = None,
                    only_cached: bool = False,
-                   quantum: float | None = None) -> ExhaustiveReport:
+                   quantum: float | None = None,
+                   memo: dict[str, dict[int, Any]] | None = None) -> ExhaustiveReport:
     """Prove the best of ``candidates`` with ``scorer`` (which must carry ``bound``),
     reusing the records in ``history`` (plan_key -> record, ``tuner.result.history_cache``)
     and writing every new score to ``study`` as one trial. ``timeout`` (seconds) stops the
@@ -151,6 +152,10 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     simulated: the bound a sampled search leaves, :func:`tuner.sampled_gap.sampled_gap`).
     ``quantum`` (seconds) stops the branch and bound that long after the bounding (a
     shared search's turn on one slice, :func:`tuner.exhaustive_shared.run_shared`).
+    ``memo``: the bounds of earlier calls on the same ``candidates`` with the same scorer
+    (``"cheap"``, ``"tight"``, ``"layout"``: candidate index -> its bounds), filled here:
+    a slice taken again reuses them instead of bounding its members anew (the bounds are
+    functions of the candidate, so the search is the same).
 
     A candidate the scorer refuses (a ValueError: an engine limit legality does not model)
     has no step time and no bound covers it: the report's proof then does not hold
@@ -179,8 +184,20 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     deadline = None if timeout is None else t0 + timeout
     idx = list(range(len(candidates))) if members is None else [int(i) for i in members]
     cheap = getattr(scorer, "cheap_bound", None)
-    t_lb, m_lb, cap, bounded = _bound_all([candidates[j] for j in idx], cheap or bound, deadline,
-                                          tick, every=1 if cheap is None else 1024)
+    store: dict[str, dict[int, Any]] = {} if memo is None else memo
+
+    def memoised(name: str, fn: Callable[[Any], Any]) -> Callable[[int], Any]:
+        known = store.setdefault(name, {})
+
+        def get(j: int) -> Any:  # j indexes ``candidates``
+            v = known.get(j)
+            if v is None:
+                v = known[j] = fn(candidates[j])
+            return v
+        return get
+
+    first = memoised("cheap" if cheap is not None else "tight", lambda c: candidate_bounds(cheap or bound, c))
+    t_lb, m_lb, cap, bounded = _bound_all(idx, first, deadline, tick, every=1 if cheap is None else 1024)
     ev = _Evaluator(study, candidates, idx, scorer, history, t_lb, on_scored, tick)
     turn_end = None if quantum is None else time.monotonic() + quantum
 
@@ -194,21 +211,25 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     else:
         from tuner.exhaustive_tiered import prove_tiered
 
+        tight_of = memoised("tight", lambda c: candidate_bounds(bound, c))
+
         def tight(i: int) -> tuple[float, float, float]:
             if tick is not None:
                 tick()
-            return candidate_bounds(bound, candidates[idx[i]])
+            return tight_of(idx[i])
 
         layout = getattr(bound, "layout_time", None)
 
-        def middle(i: int) -> float:
+        def layout_of(c: Any) -> float:
             try:
-                return float(layout(candidates[idx[i]]))
+                return float(layout(c))
             except ValueError:  # the engine refuses it: no layout bound (its tight one says so)
                 return -math.inf
 
+        middle_of = memoised("layout", layout_of)
+
         rep = prove_tiered(t_lb, m_lb, cap, tight, ev, deadline, incumbent,
-                           None if layout is None else middle, stop, can)
+                           None if layout is None else (lambda i: middle_of(idx[i])), stop, can)
     if rep.best_index is not None:
         rep.best_index = idx[rep.best_index]
     rep.resumed, rep.bounded = ev.resumed, bounded
@@ -219,20 +240,21 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     return rep
 
 
-def _bound_all(cands: Sequence[Any], bound: Callable[[Any], Bound], deadline: float | None,
+def _bound_all(idx: Sequence[int], bound: Callable[[int], tuple[float, float, float]], deadline: float | None,
                tick: Callable[[], None] | None, every: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
-    """(time bounds, memory bounds, limits, bounded) of ``cands`` (:func:`candidate_bounds`); past
-    ``deadline`` the rest stay unbounded (-inf: the search stops before simulating them)
-    and ``bounded`` counts those bounded (None: all); ``tick`` every ``every`` candidates."""
-    n = len(cands)
+    """(time bounds, memory bounds, limits, bounded) of the candidates ``idx``
+    (``bound(j)``: :func:`candidate_bounds` of candidate j); past ``deadline`` the rest
+    stay unbounded (-inf: the search stops before simulating them) and ``bounded`` counts
+    those bounded (None: all); ``tick`` every ``every`` candidates."""
+    n = len(idx)
     t_lb, m_lb, cap = np.full(n, -math.inf), np.zeros(n), np.ones(n)
-    for i, c in enumerate(cands):
+    for i, j in enumerate(idx):
         if deadline is not None and time.monotonic() > deadline:
             return t_lb, m_lb, cap, i
         if tick is not None and i % every == 0:
             tick()
-        t_lb[i], m_lb[i], cap[i] = candidate_bounds(bound, c)
+        t_lb[i], m_lb[i], cap[i] = bound(j)
     return t_lb, m_lb, cap, None
 
 

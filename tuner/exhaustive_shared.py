@@ -282,30 +282,35 @@ def _last_stop(cs: optuna.Study, k: int) -> FrozenTrial | None:
     return max(ts, key=lambda t: t.number, default=None)
 
 
-def _cheap_bounds(candidates: Sequence[Any], members: Sequence[int], scorer: Any
-                  ) -> tuple[float | None, dict[str, Any]]:
+def _cheap_bounds(candidates: Sequence[Any], members: Sequence[int], scorer: Any,
+                  memo: dict[str, dict[int, Any]] | None = None) -> tuple[float | None, dict[str, Any]]:
     """(smallest cheap bound, per-shape bounds) of a slice no worker has started: each
-    member's ``scorer.cheap_bound`` (else ``bound``); a member that cannot fit is left out,
-    one without a bound makes the bound unknown (None)."""
+    member's ``scorer.cheap_bound`` (else ``bound``; ``memo``: those already computed,
+    as :func:`tuner.exhaustive.run_exhaustive` keeps them); a member that cannot fit is
+    left out, one without a bound makes the bound unknown (None)."""
     import numpy as np
 
     from tuner.exhaustive import candidate_bounds
     from tuner.gap import open_min, shape_bounds
 
-    bound = getattr(scorer, "cheap_bound", None) or scorer.bound
+    cheap = getattr(scorer, "cheap_bound", None)
+    known = (memo or {}).get("cheap" if cheap is not None else "tight", {})
+    bound = cheap or scorer.bound
     cands = [candidates[i] for i in members]
-    lower = np.array([t if m <= c else np.inf for t, m, c in (candidate_bounds(bound, x) for x in cands)])
+    bounds = (known.get(i) or candidate_bounds(bound, x) for i, x in zip(members, cands, strict=True))
+    lower = np.array([t if m <= c else np.inf for t, m, c in bounds])
     return open_min(lower)[1], shape_bounds(cands, lower)
 
 
-def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], scorer: Any
-               ) -> tuple[float | None, dict[str, Any]]:
+def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], scorer: Any,
+               memo: dict[str, dict[int, Any]] | None = None) -> tuple[float | None, dict[str, Any]]:
     """The smallest lower bound (s) over every candidate of the unfinished slices that was
     not decided, and the per-shape bounds of the whole space (``tuner.gap.merge_shapes``):
     a finished slice gives its report's, a stopped one the open bound it recorded when it
     stopped (a bound on fewer candidates since, so still a bound), one never started (or
     stopped before its bounds were known) the cheap bounds of its members
-    (:func:`_cheap_bounds`). The bound is None when unknown or when nothing is open."""
+    (:func:`_cheap_bounds`, ``memo`` the bounds this process computed). The bound is None
+    when unknown or when nothing is open."""
     from tuner.gap import merge_shapes
 
     done: dict[int, dict[str, Any]] = {}
@@ -322,7 +327,7 @@ def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], score
         if last is not None:
             b, shapes = last.user_attrs["open_bound"], last.user_attrs.get("shapes") or {}
         else:
-            b, shapes = _cheap_bounds(candidates, slice_members(k, n_slices, len(candidates)), scorer)
+            b, shapes = _cheap_bounds(candidates, slice_members(k, n_slices, len(candidates)), scorer, memo)
         parts.append(shapes)
         low = None if b is None or low is None else min(low, float(b))
     return (None if low is None or math.isinf(low) else low), merge_shapes(parts)
@@ -363,6 +368,7 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
     n = len(candidates)
     cs, s = open_slices(study, n_slices, n)
     incumbent, history, mine = Incumbent(study, cs), {}, 0
+    memo: dict[str, dict[int, Any]] = {}  # this process's bounds, reused when a slice comes round again
 
     def on_scored(i: int) -> None:  # post a feasible score so that peers prune against it
         rec = history[plan_key(candidates[i])]
@@ -385,7 +391,7 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
         cap = None if max_simulated is None else max(0, max_simulated - mine)
         r = run_exhaustive(study, candidates, scorer, history, left, on_scored=on_scored,
                            members=slice_members(_slice(t), s, n), incumbent=incumbent,
-                           tick=_Beat(cs, t), max_simulated=cap, quantum=turn)
+                           tick=_Beat(cs, t), max_simulated=cap, quantum=turn, memo=memo)
         mine += r.simulated - r.resumed
         budget_out = ((deadline is not None and time.monotonic() >= deadline)
                       or (max_simulated is not None and mine >= max_simulated))
@@ -399,10 +405,10 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
             pass  # a peer took this slice as dead meanwhile; its copy will be counted
     rep = merged_report(cs, s, n)
     if not rep.proven:
-        rep.open_bound_s, rep.shapes = open_bound(cs, s, candidates, scorer)
+        rep.open_bound_s, rep.shapes = open_bound(cs, s, candidates, scorer, memo)
         rep.open = n - rep.decided
     else:
-        rep.shapes = open_bound(cs, s, candidates, scorer)[1]
+        rep.shapes = open_bound(cs, s, candidates, scorer, memo)[1]
     rep.seconds = time.monotonic() - t0
     return rep, mine
 
