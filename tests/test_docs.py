@@ -207,7 +207,9 @@ def test_readme_headline_figures_are_the_pages_figures():
         assert (row[1], row[2], row[3]) == (page[1], page[2], page[6]), (row, page)
         assert row[4] == re.search(r"\(([-+0-9.]+%)\)", page[4]).group(1)
     search = (DOCS / "explanation" / "search.md").read_text()
-    table = _table(search, "| space (budget) | reference |")
-    for row, page in zip(_table(readme, "| space | best step |"), table, strict=True):
-        assert row[1].split(" ms")[0] == page[1].split(" ms")[0], (row, page)
-        assert re.search(r"\d+ s", row[2]).group(0) in page[1] + page[2], (row, page)
+    table = _table(search, "| case | candidates | default_ms |")
+    for row, page in zip(_table(readme, "| case | default answer |"), table, strict=True):
+        assert row[0] == page[0], (row, page)
+        assert row[1].split(" ms")[0].replace(",", "") == page[2], (row, page)
+        assert f"proven in {page[5]} s" in row[1] and page[4] == "yes", (row, page)
+        assert row[2] == f"+{page[9]}%", (row, page)
