@@ -9,7 +9,7 @@ CONSTRAINTS := constraints.txt
 PIP_INSTALL = -m pip install --quiet -c $(CONSTRAINTS)
 LOCK_VENV := $(or $(TMPDIR),/tmp)/meshplan-constraints-venv
 
-.PHONY: demo test bench lint typecheck clean venv constraints docs
+.PHONY: demo test test-fast bench lint typecheck clean venv constraints docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(STAMP_DEV)
 
 test: $(STAMP_DEV)
 	$(PY) -m pytest -q -n 2 --hypothesis-seed=0
+
+# for iteration: the suite without the tests marked slow (make test runs them all)
+test-fast: $(STAMP_DEV)
+	$(PY) -m pytest -q -n 2 --hypothesis-seed=0 -m "not slow"
 
 # the documentation site (mkdocs.yml) into site/; --strict: a warning (a broken link, a page
 # outside the nav, a docstring mkdocstrings cannot read) fails the build
