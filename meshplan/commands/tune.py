@@ -72,6 +72,14 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
     return con.export_text()
 
 
+def step_of(rec: Any) -> float:
+    """``meshplan.commands.tune_sizes.step_of`` (imported when called: ``tune --help`` stays
+    light)."""
+    from meshplan.commands.tune_sizes import step_of as _step
+
+    return _step(rec)
+
+
 def search_facts(result: Any, rec: Any = None) -> dict[str, Any]:
     """What a search knew of its answer (plan.json's ``search``, ``tune --json``): the
     predicted step and peak memory of the plan (``rec``: its record), the answer's proof
@@ -162,12 +170,6 @@ def _best_line(plan: Any, cand: Any, rec: Any, cfg: Any) -> str:
     p = cfg.space.problem
     cost = gpu_hours_per_mtok(step_of(rec), s.dp * s.cp * s.tp * s.pp, p.global_batch_size * p.seq_len)
     return line + f"; {cost:.4f} GPU-h per million tokens"
-
-
-def step_of(rec: Any) -> float:
-    """The simulated step (s) of a trial record: ``metrics.step_time_s`` where a run
-    objective scores ``time_s`` per step (``meshplan.objective_scoring``), else ``time_s``."""
-    return float((rec.get("metrics") or {}).get("step_time_s", rec["time_s"]))
 
 
 def json_answer(result: Any, plan: Any, rec: Any, study: str, out: Path) -> dict[str, Any]:

@@ -24,6 +24,12 @@ import typer
 from meshplan.errors import MeshplanError
 
 
+def step_of(rec: Any) -> float:
+    """The simulated step (s) of a trial record: ``metrics.step_time_s`` where a run
+    objective scores ``time_s`` per step (``meshplan.objective_scoring``), else ``time_s``."""
+    return float((rec.get("metrics") or {}).get("step_time_s", rec["time_s"]))
+
+
 def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str, cluster: str = "") -> Any:
     """The best plan of one size's search as a ``tuner.sizing.SizeOutcome``: its step (the
     simulated one, ``metrics.step_time_s``, when the search minimised a run objective), its
@@ -41,7 +47,7 @@ def _outcome(result: Any, nodes: int, gpus: int, tokens: int, study: str, cluste
                            cluster=cluster, **proof)
     cand, rec = best
     m = rec.get("metrics") or {}
-    return SizeOutcome(nodes, gpus, float(m.get("step_time_s", rec["time_s"])), float(rec["memory_bytes"]),
+    return SizeOutcome(nodes, gpus, step_of(rec), float(rec["memory_bytes"]),
                        tokens, plan_label(cand.to_dict()), study, time_to_train_s=m.get("time_to_train_s"),
                        cost_usd=m.get("cost_usd"), objective_s=float(rec["time_s"]), cluster=cluster, **proof)
 
