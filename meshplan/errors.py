@@ -3,7 +3,19 @@
 
 
 class MeshplanError(ValueError):
-    """Base class of every error the facade raises on bad input; names the field at fault."""
+    """Base class of every error the facade raises on bad input; names the field at fault.
+
+    Args:
+        message: the one-line explanation the CLI prints after ``error:``.
+        field: the input at fault, as the library spells it (a Strategy field such as
+            ``"tp"``, a config key such as ``"zero_optimization.stage"``, a Megatron-LM
+            argument such as ``"--num-layers"``), or None; the CLI maps a Strategy field
+            to the flag the user typed.
+    """
+
+    def __init__(self, message: str = "", *args: object, field: str | None = None) -> None:
+        super().__init__(message, *args)
+        self.field = field
 
 
 def click_exceptions():
