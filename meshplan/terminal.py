@@ -22,6 +22,14 @@ DESCRIPTION_WIDTH = 34
 BAR_WIDTH = 20
 
 
+def echo(message: str = "", err: bool = False) -> None:
+    """Print ``message`` and a newline to stdout (``err``: stderr), flushed: what the
+    library modules say while a command runs (``typer.echo``'s output, without typer)."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(f"{message}\n")
+    stream.flush()
+
+
 def width() -> int:
     """Columns of the terminal (``$COLUMNS`` first), :data:`DEFAULT_WIDTH` when unknown."""
     return max(20, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)

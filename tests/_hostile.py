@@ -204,7 +204,7 @@ def _unused(rng: random.Random, d: Path) -> Case:
 
 
 def _processes(rng: random.Random, d: Path) -> Case:
-    from meshplan.commands.resources import process_limit
+    from meshplan.resources import process_limit
 
     n = rng.randint(process_limit() + 1, 64)
     argv = rng.choice([["calibrate", "--quick", "--nproc", str(n), "-o", str(d / "c.yaml")],

@@ -108,7 +108,7 @@ def _o(gpus, step, ttt, usd, cluster="a"):
 
 
 def test_sizes_are_chosen_by_time_or_cost_to_train_within_a_deadline():
-    from meshplan.commands.tune_sizes import pareto
+    from meshplan.tune_sizes import pareto
     from tuner.sizing import choose
 
     outs = [_o(8, 4.0, 40 * 86400, 100.0), _o(16, 2.2, 22 * 86400, 110.0), _o(32, 1.3, 13 * 86400, 130.0),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from executor import span_trace
 from executor.span_trace import SPAN_CAT, SpanRecorder, span_cost
 from executor.trace_match import Target, event_cost, match_trace, recorded_spans
-from meshplan.commands.calibrate_trace import cpu_medians, measured_step, recording_cost
+from meshplan.calibration_trace import cpu_medians, measured_step, recording_cost
 
 
 def _clock(*ticks_ns: int):

@@ -41,7 +41,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure this machine (or fit a profiler trace) and write a cluster YAML with provenance."""
     from meshplan.commands.outputs import check_output
-    from meshplan.commands.resources import check_processes
+    from meshplan.resources import check_processes
 
     check_output("--output", output, "cluster", force)  # before minutes of measuring, not after
     _refuse_unused(ctx, bool(from_trace))
@@ -156,7 +156,7 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
 
         cluster = Plan.load(plan).cluster
     base = load_cluster(cluster).spec.model_dump(exclude_none=True)
-    from meshplan.commands.calibrate_trace import executor_traces, from_executor_trace
+    from meshplan.calibration_trace import executor_traces, from_executor_trace
 
     files = executor_traces(trace)
     if files:
@@ -169,7 +169,7 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
     out = Path(output)
     spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
     spec["name"] = name or out.stem
-    from meshplan.commands.calibrate_trace import check_fit
+    from meshplan.calibration_trace import check_fit
 
     check_fit(spec, out, trace)
     out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "

@@ -22,14 +22,13 @@ tied (``*`` after yes / NO in the fits column, ``tied_with_best`` in ``--json``)
 
 from __future__ import annotations
 
-import itertools
 import json
-import textwrap
 from enum import Enum
 from typing import Any
 
 import typer
 
+from meshplan import comparison as cmp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
@@ -99,12 +98,6 @@ EXAMPLES = {"schedule": "1F1B,VPP", "recompute": "none,full", "cp_comm": "p2p,al
             "attention": "flash,unfused", "moe_capacity_factor": "1,1.25",
             "moe_load_imbalance": "1,1.5", "layers_per_stage": "balanced,even",
             "fsdp_shard_size": "0,4"}
-#: column heads of the knobs in the table
-HEADS = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "micro_batch_size": "mbs",
-         "global_batch_size": "gbs", "zero": "ZeRO", "schedule": "schedule",
-         "recompute": "recompute", "cp_comm": "cp comm", "dtype": "dtype",
-         "framework": "framework", "attention": "attention", "moe_capacity_factor": "capacity",
-         "moe_load_imbalance": "imbalance", "layers_per_stage": "split", "fsdp_shard_size": "HSDP"}
 
 
 def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
@@ -129,101 +122,6 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
     return out
 
 
-def plans(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """The cross product of ``lists`` as knob dicts, first field varying slowest."""
-    fields = list(lists)
-    return [dict(zip(fields, combo, strict=True)) for combo in itertools.product(*lists.values())]
-
-
-def label(knobs: dict[str, Any], varied: list[str]) -> str:
-    """``schedule=VPP tp=8``: the knobs that differ between the plans (``plan`` for one)."""
-    return " ".join(f"{HEADS[f]}={knobs[f]}" for f in varied) or "plan"
-
-
-def chunks_for(schedule: str) -> int:
-    """Model chunks per rank a plan of ``schedule`` (a name or alias) runs when ``--vpp``
-    is not given: 2 for ``completion.strategy.INTERLEAVED``, else 1."""
-    from completion.strategy import interleaved
-
-    return 2 if interleaved(schedule) else 1
-
-
-#: the result keys of a costed row (null in a refused one, which has ``error``)
-RESULT_KEYS = ("gpus", "gpus_available", "step_time_ms", "tokens_per_s", "mfu", "mfu_causal",
-               "bubble_ratio",
-               "max_memory_bytes", "layers_per_vstage", "memory_limit_bytes", "fits_in_memory")
-
-
-def _row(knobs: dict[str, Any], res: Any, fit: dict[str, Any], gpus: int = 0,
-         available: int = 0) -> dict[str, Any]:
-    d = res.to_dict()
-    return {**knobs, "gpus": gpus, "gpus_available": available,
-            "step_time_ms": d["step_time_ms"], "tokens_per_s": d["tokens_per_s"],
-            "mfu": d["mfu"], "mfu_causal": d["mfu_causal"], "bubble_ratio": d["bubble_ratio"],
-            "max_memory_bytes": d["max_memory_bytes"], "layers_per_vstage": d["layers_per_vstage"],
-            "memory_limit_bytes": fit["memory_limit_bytes"],
-            "fits_in_memory": fit["fits_in_memory"], "error": None}
-
-
-def mark_ties(rows: list[dict[str, Any]]) -> None:
-    """Give each costed row ``step_time_band`` (its error band, ``simulator.error_band``) and
-    ``tied_with_best``: whether its band overlaps the band of the best plan (the fastest
-    that fits in memory, else the fastest) -- statistically tied with it (the best plan
-    itself: True). Refused rows get None for both. Replaces each row's ``band`` (a Band)."""
-    from simulator.error_band import tied
-
-    ok = [r for r in rows if r["error"] is None]
-    fitting = [r for r in ok if r["fits_in_memory"]] or ok
-    best = min(fitting, key=lambda r: r["step_time_ms"]) if fitting else None
-    for r in rows:
-        b = r.pop("band", None)
-        if r["error"] is not None or b is None or best is None:
-            r["step_time_band"], r["tied_with_best"] = None, None
-            continue
-        r["step_time_band"] = b.to_dict(r["step_time_ms"] / 1e3)
-        r["_band"] = b
-    for r in ok:
-        r["tied_with_best"] = tied((r["step_time_ms"] / 1e3, r["_band"]),
-                                   (best["step_time_ms"] / 1e3, best["_band"]))  # type: ignore[index]
-    for r in ok:
-        del r["_band"]
-
-
-def table(rows: list[dict[str, Any]], varied: list[str], title: str, gpus: bool = False) -> Any:
-    """A rich Table of the compared plans: the varied knobs, then step ms, tokens/s, MFU,
-    bubble, peak GiB, fits (``*``: statistically tied with the best plan, :func:`mark_ties`;
-    a refused plan: ``refused`` and the number ``[i]`` of its
-    reason, which the command prints under the table); ``gpus``: a GPUs column (when the
-    plans use different GPU counts)."""
-    from rich.table import Table
-
-    tab = Table(title=title)
-    for f in varied:
-        tab.add_column(HEADS[f])
-    for col in (("GPUs",) if gpus else ()) + ("step ms", "tokens/s", "MFU", "bubble", "peak GiB", "fits"):
-        tab.add_column(col, justify="right")
-    refused = 0
-    for r in rows:
-        knobs = [_cell(r, f) for f in varied]
-        if r["error"] is not None:
-            refused += 1
-            tab.add_row(*knobs, *([""] if gpus else []), "refused", "", "", "", "", f"[{refused}]")
-            continue
-        tab.add_row(*knobs, *([str(r["gpus"])] if gpus else []),
-                    f"{r['step_time_ms']:.2f}", f"{r['tokens_per_s']:.0f}",
-                    f"{r['mfu'] * 100:.1f}%", f"{r['bubble_ratio']:.3f}",
-                    f"{r['max_memory_bytes'] / 2**30:.1f}",
-                    ("yes" if r["fits_in_memory"] else "NO") + ("*" if r.get("tied_with_best") else ""))
-    return tab
-
-
-def _cell(row: dict[str, Any], field: str) -> str:
-    """A knob's table cell; a split word also shows the split costed (``even [4, 4]``)."""
-    if field == "layers_per_stage" and row.get("layers_per_vstage") is not None:
-        return f"{row[field]} {row['layers_per_vstage']}"
-    return str(row[field])
-
-
 def _strategy(ctx: Any, knobs: dict[str, Any], sequence_parallel: bool, num_layers: Any) -> Any:
     """The Strategy of one compared plan: its knobs (``opt.build_strategy``), then its
     ``layers_per_stage`` word (``opt.pipeline_split``; ``num_layers`` gives the model's
@@ -231,33 +129,6 @@ def _strategy(ctx: Any, knobs: dict[str, Any], sequence_parallel: bool, num_laye
     plain = {k: v for k, v in knobs.items() if k != "layers_per_stage"}
     strategy = opt.build_strategy(ctx, **plain, sequence_parallel=sequence_parallel)
     return opt.pipeline_split(ctx, knobs.get("layers_per_stage"), strategy, num_layers)
-
-
-def _echo_table(rows: list[dict[str, Any]], varied: list[str], title: str) -> None:
-    """Print the compared plans' table (:func:`table`), the MFU convention
-    (``simulator.step.MFU_NOTE``), a note when they use different or
-    fewer GPUs than the cluster has, and each refused plan's reason ``[i]``."""
-    from meshplan import terminal
-
-    used = sorted({r["gpus"] for r in rows if r["error"] is None})
-    avail = next(r["gpus_available"] for r in rows if r["error"] is None)
-    typer.echo(terminal.render(table(rows, varied, title, gpus=len(used) > 1)))
-    from simulator.step import MFU_NOTE
-
-    typer.echo(textwrap.fill(MFU_NOTE, terminal.width()))
-    if sum(bool(r.get("tied_with_best")) for r in rows) > 1:
-        typer.echo(textwrap.fill(
-            "* statistically tied with the best plan (the fastest that fits): their error bands "
-            "overlap (where 80% of comparable measured runs fell, simulator.error_band; --json: "
-            "step_time_band, tied_with_best)",
-            terminal.width()))
-    if len(used) > 1 or used[0] < avail:
-        typer.echo(textwrap.fill(
-            f"note: the plans use {', '.join(map(str, used))} of the {avail} GPUs; tokens/s is "
-            f"per plan, not per GPU (cost shows which GPUs a plan leaves idle)", terminal.width()))
-    reasons = [r["error"] for r in rows if r["error"] is not None]
-    for i, why in enumerate(reasons, 1):
-        typer.echo(textwrap.fill(f"[{i}] {why}", terminal.width(), subsequent_indent="    "))
 
 
 def _list_option(field: str, default: str | None, what: str) -> Any:
@@ -307,7 +178,7 @@ def compare_cmd(
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
     from meshplan.commands.cost import memory_fit
-    from meshplan.commands.cost_inputs import framework_warnings
+    from meshplan.cost_inputs import framework_warnings
     from meshplan.engine import Engine
     from simulator.error_band import band_of
 
@@ -323,9 +194,9 @@ def compare_cmd(
     lists = parse_lists(raw)
     varied = [f for f, v in lists.items() if len(v) > 1]
     rows, panels, first_error = [], [], None
-    for knobs in plans(lists):
+    for knobs in cmp.plans(lists):
         if vpp is None:
-            knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
+            knobs = {**knobs, "vpp": cmp.chunks_for(knobs["schedule"])}
         try:
             strategy = _strategy(ctx, knobs, sequence_parallel,
                                  lambda: mg.model_layers(model, seq_len, layers))
@@ -334,14 +205,14 @@ def compare_cmd(
         except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
             e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
-            rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split()),
+            rows.append({**knobs, **dict.fromkeys(cmp.RESULT_KEYS), "error": " ".join(str(e).split()),
                          "warnings": []})
             continue
         cl = engine.cluster
-        rows.append({**_row(knobs, res, memory_fit(res, cl.device, memory_headroom),
+        rows.append({**cmp.row(knobs, res, memory_fit(res, cl.device, memory_headroom),
                             strategy.world_size, cl.num_nodes * cl.devices_per_node),
                      "band": band_of(engine), "warnings": framework_warnings(engine)})
-        panels.append((label(knobs, varied), res))
+        panels.append((cmp.label(knobs, varied), res))
     if not panels:
         raise first_error  # type: ignore[misc]
     def write_plot() -> None:  # after the table: a plot that cannot be written loses no result
@@ -350,14 +221,14 @@ def compare_cmd(
 
             opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
 
-    mark_ties(rows)
+    cmp.mark_ties(rows)
     if as_json:
         typer.echo(json.dumps(rows))
     else:
-        _echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
+        cmp.echo_table(rows, varied, f"{model} on {cluster}: {len(rows)} plans")
     for knobs_row in rows:  # on stderr, as cost warns: a plan its framework cannot run
         for w in knobs_row.get("warnings") or ():
-            typer.echo(f"warning: {label(knobs_row, varied)}: {w}", err=True)
+            typer.echo(f"warning: {cmp.label(knobs_row, varied)}: {w}", err=True)
     write_plot()
     if plot is not None and not as_json:
         typer.echo(f"wrote {plot}")

@@ -301,7 +301,7 @@ def complete_cmd(
     from completion.errors import CompletionError
     from completion.ir import OpRole
     from completion.pir import print_program
-    from meshplan.commands.complete_summary import summary_lines
+    from meshplan.complete_summary import summary_lines
 
     if (program_file is None) == (model is None):
         raise CompletionError("give exactly one of --program FILE or --model NAME")

@@ -10,7 +10,7 @@ tflops_per_gpu, mfu, max_memory_bytes, the breakdowns, ``device_memory_bytes``,
 ``reserved_memory_bytes``, ``usable_memory_bytes``, ``memory_headroom``,
 ``memory_headroom_bytes``, ``memory_limit_bytes``, ``fits_in_memory`` and ``framework``,
 ``attention``, ``attention_kernel``, ``seq_len``; the inputs it assumed
-(``meshplan.commands.cost_inputs.assumed_inputs``: ``seq_len_source``, ``gpus_used`` /
+(``meshplan.cost_inputs.assumed_inputs``: ``seq_len_source``, ``gpus_used`` /
 ``gpus_available`` / ``gpus_idle`` with a warning when GPUs stay idle, ``zero`` and what it
 shards, ``attention_source``, the whole ``strategy``, ``warnings``); and two bubble figures
 under names that say which: ``zb_bubble_rate`` (the Zero Bubble paper's, Qi et al. 2024
@@ -33,6 +33,7 @@ from typing import Any
 
 import typer
 
+from meshplan import goodput_inputs as gi
 from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import megatron_launch as launch
@@ -122,7 +123,7 @@ def band_line(b: dict[str, Any]) -> str:
 
 def _render(model: str, cluster: str, res: object, fit: dict[str, object], sw: dict[str, object],
             inputs: dict[str, object], lay: dict[str, object], band: dict[str, Any]) -> str:
-    from meshplan.commands.cost_inputs import input_lines
+    from meshplan.cost_inputs import input_lines
 
     d = res.to_dict()  # type: ignore[attr-defined]
     lines = [
@@ -299,7 +300,7 @@ def cost_cmd(
     force: bool = outputs.FORCE,
 ) -> None:
     """Cost one training step of MODEL on CLUSTER under a strategy (or of a PLAN.json)."""
-    from meshplan.commands.cost_inputs import assumed_inputs
+    from meshplan.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
     inputs_given = {f: v for f, v in (("PLAN.json", plan_file), ("--torchtitan-config", torchtitan_config),
@@ -374,7 +375,7 @@ def cost_cmd(
                  + launch.finish(ctx, lambda: engine.source))
     fit = memory_fit(res, engine.cluster.device, memory_headroom)
     # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)
-    train, train_lines = gp.goodput_report(engine, res, gp.parse_tokens(tokens), price, prices, checkpoint,
+    train, train_lines = gi.goodput_report(engine, res, gi.parse_tokens(tokens), price, prices, checkpoint,
                                            checkpoint_interval, spares, jitter_samples, jitter_seed)
     if trace is not None or memory_png is not None:
         from simulator import memory_timeline, step_trace

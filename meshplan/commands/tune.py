@@ -24,6 +24,7 @@ from typing import Any
 
 import typer
 
+from meshplan import goodput_inputs as gi
 from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
@@ -73,9 +74,9 @@ def _report(result, study: str, storage: str, k: int, width: int = 200) -> str:
 
 
 def step_of(rec: Any) -> float:
-    """``meshplan.commands.tune_sizes.step_of`` (imported when called: ``tune --help`` stays
+    """``meshplan.tune_sizes.step_of`` (imported when called: ``tune --help`` stays
     light)."""
-    from meshplan.commands.tune_sizes import step_of as _step
+    from meshplan.tune_sizes import step_of as _step
 
     return _step(rec)
 
@@ -137,7 +138,7 @@ def _finish(result, cfg, study: str, storage: str, out: Path, top: int,
     plan = replace(plan, search=search_facts(result, rec))
     plan.save(out / "plan.json")
     line = _best_line(plan, cand, rec, cfg)
-    note, late = gp.run_note(rec, deadline_s)  # --objective time-to-train, cost-to-train, p90
+    note, late = gi.run_note(rec, deadline_s)  # --objective time-to-train, cost-to-train, p90
     line += note
     missed = max_step_time is not None and step > max_step_time
     if missed:
@@ -311,7 +312,7 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     database or in memory. ``names``: (MODEL as given, the mode's name) for the default
     study name. Raises MeshplanError (or the tuner's own error) naming the option."""
     from meshplan.commands.outputs import check_tune_output
-    from meshplan.commands.tune_sizes import check_single, check_sizes
+    from meshplan.tune_sizes import check_single, check_sizes
     from tuner.bound_seed import check_seed_option
     from tuner.search import MEMORY, check_exhaustive
     from tuner.study import check_study_name
@@ -475,8 +476,8 @@ def tune_cmd(
     import optuna
 
     from meshplan import terminal
-    from meshplan.commands.tune_sizes import tune_over_sizes
     from meshplan.commands.unused import check_tune_options
+    from meshplan.tune_sizes import tune_over_sizes
     from tuner.search import MEMORY, search
     from tuner.space import SpaceError, parse_fix
 
@@ -500,12 +501,12 @@ def tune_cmd(
     # --cluster A,B with --gpus: every size of each cluster (tune_sizes.tune_over_sizes)
     many = [c.strip() for c in cluster.split(",")] if gpus is not None and "," in cluster else None
     cluster = many[0] if many else cluster
-    deadline_s = gp.parse_duration(deadline)
+    deadline_s = gi.parse_duration(deadline)
 
     def goal(cl: str) -> dict[str, Any] | None:  # --objective time-to-train ...: the scorer's
         from clusters import load_cluster
 
-        return gp.search_objective(objective, load_cluster(cl), tokens, price, prices, checkpoint,
+        return gi.search_objective(objective, load_cluster(cl), tokens, price, prices, checkpoint,
                                    checkpoint_interval, spares, jitter_samples, jitter_seed)
 
     def config_for(n: int | None, cl: str | None = None) -> Any:  # this command line on n nodes

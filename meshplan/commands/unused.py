@@ -19,10 +19,10 @@ def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | N
     an empty ``--fix`` item; ``--vpp N > 1`` or an interleaved ``--schedule`` pinned with
     ``--pp 1`` (no pipeline to interleave: cost refuses the same plan); ``--objective``
     without ``--gpus`` (one size: the cheapest plan is the fastest); more ``--workers``
-    than this host's cores (:func:`meshplan.commands.resources.check_processes`).
+    than this host's cores (:func:`meshplan.resources.check_processes`).
     ``fixed``: the knobs the options and ``--fix`` pin. Raises UnusedOptionError (or
     ResourceError) naming the option."""
-    from meshplan.commands.resources import check_processes
+    from meshplan.resources import check_processes
 
     check_processes("--workers", workers, "worker processes", "no faster than one per core: "
                     "each scores plans with the CPU")
@@ -46,7 +46,7 @@ def check_tune_options(ctx: Any, fixed: dict[str, Any], fix_items: list[str] | N
             raise UnusedOptionError(f"{pinned('schedule')} interleaves a pipeline's chunks, and "
                                     f"{pinned('pp')} has no pipeline")
     # an unknown objective is refused by name where the sizes are checked
-    from meshplan.commands.goodput_options import RUN_OBJECTIVES
+    from meshplan.goodput_inputs import RUN_OBJECTIVES
     from tuner.sizing import OBJECTIVES
 
     # time and cost only pick among sizes; a run objective also changes what one size's

@@ -37,7 +37,7 @@ import typer
 
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
-from meshplan.commands.resources import host_cores
+from meshplan.resources import host_cores
 from meshplan.validation_report import (
     CSV_COLUMNS,
     DEFAULT_CSV,

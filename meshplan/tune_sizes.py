@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import typer
 
 from meshplan.errors import MeshplanError
+from meshplan.terminal import echo
 
 
 def step_of(rec: Any) -> float:
@@ -103,7 +103,7 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     clusters = cluster if many else [cluster]
     plans = [(c, check_sizes(gpus_spec, c)) for c in clusters]  # every range first
     outcomes = []
-    say = (lambda *_a: None) if as_json else typer.echo
+    say = (lambda *_a: None) if as_json else echo
     for c, (gpn, sizes) in plans:
         for nodes in sizes:
             g = nodes * gpn
@@ -125,7 +125,7 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
     if best is None:
         say(f"no size qualifies: {why_none(outcomes, max_step_time, deadline_s)}")
         if as_json:
-            typer.echo(json.dumps({"sizes": rows, "chosen": None}, sort_keys=True))
+            echo(json.dumps({"sizes": rows, "chosen": None}, sort_keys=True))
         return None
     src = out / (f"{_slug(best.cluster)}-g{best.gpus}" if many else f"g{best.gpus}") / "plan.json"
     shutil.copyfile(src, out / "plan.json")
@@ -141,7 +141,7 @@ def tune_over_sizes(gpus_spec: str, objective: str, max_step_time: float | None,
         f"{best.step_time_s:.3f} s, {best.gpu_hours_per_mtok:.4f} GPU-h per million tokens{run} "
         f"({_WHAT[objective]}{limits}); {proof}; wrote {out / 'plan.json'} and {out / 'sizes.csv'}")
     if as_json:
-        typer.echo(json.dumps({"sizes": rows, "chosen": best.gpus, "cluster": best.cluster or None,
+        echo(json.dumps({"sizes": rows, "chosen": best.gpus, "cluster": best.cluster or None,
                                "proven": proven, "doubts": doubts}, sort_keys=True))
     return best
 
@@ -170,7 +170,7 @@ def pareto(outcomes: list[Any], max_step_time: float | None = None,
     return front
 
 
-def _write_pareto(front: list[Any], out: Path, say: Callable[..., Any] = typer.echo) -> None:
+def _write_pareto(front: list[Any], out: Path, say: Callable[..., Any] = echo) -> None:
     """Print the Pareto table (with ``say``), write ``pareto.csv`` and ``pareto.png`` (days
     vs dollars)."""
     if not front:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import typer
+from meshplan.terminal import echo
 
 #: Most rank traces one calibration reads from a directory
 MAX_TRACES = 64
@@ -219,22 +219,22 @@ def _print_step_diagnostics(loaded: list[tuple[dict, list[dict]]], pooled: _Pool
 
     metas = [m for m, _ in loaded]
     if pooled.gaps and pooled.folded:
-        typer.echo(f"host time outside the recorded spans: median {statistics.median(pooled.gaps) * 1e3:.3f} ms "
+        echo(f"host time outside the recorded spans: median {statistics.median(pooled.gaps) * 1e3:.3f} ms "
                    f"a rank's step, spread over its actions (the per-action overhead)")
     cost = recording_cost(metas)
     if cost is not None:
         rec, plain, per_step = cost
-        typer.echo(f"recorded steps: median {rec * 1e3:.3f} ms vs {plain * 1e3:.3f} ms unrecorded, "
+        echo(f"recorded steps: median {rec * 1e3:.3f} ms vs {plain * 1e3:.3f} ms unrecorded, "
                    f"alternating ({rec / plain - 1:+.1%}); the recorder's cost per span accounts for "
                    f"{per_step / plain:+.1%} and is taken off the spans")
     cpu = cpu_medians(metas)
     if cpu is not None and cpu[1] > 0:
-        typer.echo(f"CPU time of the ranks' threads: median {cpu[0] * 1e3:.3f} ms recorded vs "
+        echo(f"CPU time of the ranks' threads: median {cpu[0] * 1e3:.3f} ms recorded vs "
                    f"{cpu[1] * 1e3:.3f} ms unrecorded ({cpu[0] / cpu[1] - 1:+.1%}; the host's other "
                    f"work adds wall time only)")
     align = round_alignment([(m, recorded_spans(ev)) for m, ev in loaded])
     if align is not None:
-        typer.echo(f"ranks' start of each recorded step (one host's clock): up to {max(align.skew) * 1e3:.3f} ms "
+        echo(f"ranks' start of each recorded step (one host's clock): up to {max(align.skew) * 1e3:.3f} ms "
                    f"apart (median {statistics.median(align.skew) * 1e3:.3f} ms); median step "
                    f"{statistics.median(align.slowest) * 1e3:.3f} ms as the slowest rank's own duration "
                    f"(the measured step's rule), {statistics.median(align.synced) * 1e3:.3f} ms from the "
@@ -284,19 +284,19 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         if rounds != [None] else "the step of median time"
     per_round = {k: v // len(rounds) for k, v in fit.counts.items() if k != "stream"}
     streams = f"; in-place streaming ops of the profiler pass: {fit.counts['stream']}" if "stream" in fit.counts else ""
-    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
+    echo(f"wrote {out} (cluster {cluster} calibrated from {len(files)} executor trace(s) of "
                f"{plan_file}, {what}; plan ops matched per round: {per_round}{streams})")
     for line in rank_warnings:
-        typer.echo(f"warning: {line}", err=True)
+        echo(f"warning: {line}", err=True)
     # per round: the pooled rounds' mean
     measured, before, after = ({k: v / len(rounds) for k, v in d.items()} for d in (
         measured_class_times(samples), class_times(samples, base, dtype), class_times(samples, spec, dtype)))
     if fit.dropped:
-        typer.echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
-    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
+        echo(f"not fitted per op (efficiency below the spec's minimum): {', '.join(fit.dropped)}")
+    echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
     for cls in sorted(measured):
         if cls != "other":
-            typer.echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
+            echo(f"{cls:<14}{measured[cls] * 1e3:>13.3f}{before.get(cls, 0) * 1e3:>13.3f}"
                        f"{after.get(cls, 0) * 1e3:>13.3f}")
     _print_step_diagnostics(loaded, pooled)
     measured = measured_step(metas)
@@ -305,6 +305,6 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         step, series = measured
         src = ("the unrecorded steps alternating with the recorded ones" if series == "paired_steps_s"
                else "the traced run's timed steps")
-        typer.echo(f"step (ms): measured {step * 1e3:.3f} (median of {src}); "
+        echo(f"step (ms): measured {step * 1e3:.3f} (median of {src}); "
                    f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
                    f"{p1 * 1e3:.3f} ({(p1 - step) / step:+.1%})")
