@@ -53,7 +53,7 @@ def test_validate_json_and_csv_row(tmp_path, capsys):
 
 
 def test_load_warning_and_spread():
-    from meshplan.commands.validate import load_warning, spread
+    from meshplan.validation_launch import load_warning, spread
 
     assert load_warning(1.5, 2.0, 2) is None  # at most the cores: no warning
     msg = load_warning(1.0, 4.5, 2)

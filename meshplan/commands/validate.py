@@ -27,14 +27,13 @@ The run plays the schedule the simulator played for the prediction
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import statistics
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from meshplan import validation_launch as vl
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.resources import host_cores
@@ -53,61 +52,6 @@ MAX_REPEATS = 100
 LAUNCHERS = ("local", "torchrun")
 
 
-def host_load() -> float | None:
-    """The host's 1-minute load average (None where the OS has none)."""
-    try:
-        return float(os.getloadavg()[0])
-    except (OSError, AttributeError):
-        return None
-
-
-def load_warning(before: float | None, after: float | None, cores: int) -> str | None:
-    """A warning when the load before or after the run exceeds ``cores`` (the ranks then
-    shared the cores with other work and the timings are slow and noisy), else None."""
-    worst = max((x for x in (before, after) if x is not None), default=None)
-    if worst is None or worst <= cores:
-        return None
-    return (f"host load {worst:.2f} exceeds its {cores} cores (before {before:.2f}, after "
-            f"{after:.2f}): other work shared the cores, the measured times are inflated and noisy")
-
-
-def spread(times: list[float]) -> float:
-    """(max - min) / median of ``times`` (0 for one value)."""
-    med = statistics.median(times)
-    return (max(times) - min(times)) / med if med > 0 else 0.0
-
-
-def _check_gpus_per_node(plan: Any, world: int, nnodes: int) -> None:
-    """On a GPU cluster (its device states ``sm_count``) each rank takes one GPU: refuse an
-    ``--nnodes`` that puts more ranks on a node than it has GPUs, naming the count that
-    fits. CPU clusters (gloo) take any number of processes a node."""
-    from clusters import load_cluster
-
-    cl = load_cluster(plan.cluster, plan.nodes)
-    gpn = int(cl.devices_per_node)
-    if cl.spec.device.sm_count is None or world % nnodes or world // nnodes <= gpn:
-        return
-    need = -(-world // gpn)
-    raise ValueError(f"--nnodes {nnodes}: {world // nnodes} ranks a node, but a node of cluster "
-                     f"{cl.name!r} has {gpn} GPUs (one rank each); use --nnodes {need}")
-
-
-def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
-                     endpoint: str = "", extra: list[str] | None = None) -> str:
-    """The torchrun command that runs the plan on ``nnodes`` nodes of ``world / nnodes``
-    processes each (c10d rendezvous at ``endpoint``, default ``127.0.0.1:29500`` on one
-    node, ``HEAD_NODE:29500`` otherwise), with ``extra`` arguments of
-    ``meshplan.executor.run`` after ``--steps``; every argument quoted for a POSIX shell.
-    Raises ValueError when ``nnodes`` does not divide ``world``."""
-    if nnodes < 1 or world % nnodes:
-        raise ValueError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
-    endpoint = endpoint or ("127.0.0.1:29500" if nnodes == 1 else "HEAD_NODE:29500")
-    args = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(world // nnodes),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "meshplan",
-            "-m", "meshplan.executor.run", plan_file, "--steps", str(steps), *(extra or [])]
-    return shlex.join(args)
-
-
 def _given(ctx: Any, param: str) -> bool:
     """Whether option ``param`` was typed on the command line (not its default)."""
     src = ctx.get_parameter_source(param) if ctx is not None else None
@@ -123,25 +67,6 @@ def _check_csv(csv_path: str, append: bool, force: bool) -> None:
     outputs.check_output("--csv", csv_path, "csv", force, append, new_folder=True)
     if append and Path(csv_path).is_file():
         outputs.check_csv_header("--csv", csv_path, CSV_COLUMNS)
-
-
-def executor_args(cluster: str, backend: str, csv_path: str, as_json: bool,
-                  profile_trace: str, backend_given: bool) -> list[str]:
-    """The options of ``validate`` that ``meshplan.executor.run`` takes too, for the printed
-    torchrun command: the prediction's cluster, the backend (when given), the CSV (when not
-    the default), JSON output and the profile trace directory."""
-    out = []
-    if cluster:
-        out += ["--cluster", cluster]
-    if backend_given:
-        out += ["--backend", backend]
-    if csv_path != DEFAULT_CSV:
-        out += ["--csv", csv_path]
-    if as_json:
-        out.append("--json")
-    if profile_trace:
-        out += ["--profile-trace", profile_trace]
-    return out
 
 
 def validate_cmd(
@@ -182,13 +107,13 @@ def validate_cmd(
         from meshplan.commands.export import costed_plan
 
         costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
-        _check_gpus_per_node(plan, world, nnodes)
+        vl.check_gpus_per_node(plan, world, nnodes)
         if nproc and nproc != world:
             raise ValueError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
                              f"(--launcher torchrun spreads them over --nnodes {nnodes})")
-        extra = executor_args(cluster, backend, csv_path, as_json, profile_trace,
+        extra = vl.executor_args(cluster, backend, csv_path, as_json, profile_trace,
                               _given(ctx, "backend"))
-        typer.echo(torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint, extra))
+        typer.echo(vl.torchrun_command(plan_file, world, nnodes, steps, rdzv_endpoint, extra))
         return
     nproc = nproc or world
     from executor.run import check_plan
@@ -203,7 +128,7 @@ def validate_cmd(
     default_log = ctx.get_parameter_source("csv_path").name != "COMMANDLINE"
     _check_csv(csv_path, append or (default_log and not force), force)
 
-    cores, before = host_cores(), host_load()
+    cores, before = host_cores(), vl.host_load()
     fp32 = plan.strategy.dtype == "float32"
     with terminal.Progress(2 if check and fp32 else 1, f"{repeats} repeat(s) on {nproc} ranks",
                            enabled=terminal.progress_enabled(as_json)) as bar:
@@ -213,11 +138,11 @@ def validate_cmd(
         numerics = verify(plan, nproc, runs[0].predicted, backend=backend) if check and fp32 else None
         if numerics is not None:
             bar.advance(note="numerics verified")
-    after = host_load()
+    after = vl.host_load()
     meas = runs[0]
     times = [m.step_time for m in runs]
     meas.step_time = statistics.median(times)
-    warning = load_warning(before, after, cores)
+    warning = vl.load_warning(before, after, cores)
     if warning:
         typer.echo(f"warning: {warning}", err=True)
     note = zero_note(plan)
@@ -235,14 +160,14 @@ def validate_cmd(
             "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
             "relative_error": meas.relative_error(), "losses": meas.losses,
             "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
-            "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": spread(times),
+            "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": vl.spread(times),
             "host_load": {"before": before, "after": after, "cores": cores},
             "load_warning": warning, "zero_note": note, "numerics": num, "profile_trace": profile_trace or None,
             "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
         return
     print_table(rows)
     typer.echo(f"step time over {repeats} repeat(s): median {meas.step_time * 1e3:.3f} ms, spread "
-               f"{spread(times):.1%} ({min(times) * 1e3:.3f} .. {max(times) * 1e3:.3f} ms)")
+               f"{vl.spread(times):.1%} ({min(times) * 1e3:.3f} .. {max(times) * 1e3:.3f} ms)")
     load = " / ".join("-" if x is None else f"{x:.2f}" for x in (before, after))
     typer.echo(f"host load before / after: {load} on {cores} cores")
     typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
