@@ -12,6 +12,7 @@ import shlex
 import statistics
 from typing import Any
 
+from meshplan.errors import MeshplanError
 from meshplan.validation_report import DEFAULT_CSV
 
 
@@ -60,7 +61,7 @@ def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
     processes each (c10d rendezvous at ``endpoint``, default ``127.0.0.1:29500`` on one
     node, ``HEAD_NODE:29500`` otherwise), with ``extra`` arguments of
     ``meshplan.executor.run`` after ``--steps``; every argument quoted for a POSIX shell.
-    Raises ValueError when ``nnodes`` does not divide ``world``."""
+    Raises MeshplanError when ``nnodes`` does not divide ``world``."""
     if nnodes < 1 or world % nnodes:
         raise MeshplanError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
     endpoint = endpoint or ("127.0.0.1:29500" if nnodes == 1 else "HEAD_NODE:29500")

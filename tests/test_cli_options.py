@@ -187,7 +187,7 @@ def test_size_bounds_mirror_their_packages():
     from clusters.spec import MAX_WORLD_SIZE
     from completion.models.config import MAX_MODEL_SIZES
     from executor.launch import MAX_LOCAL_RANKS
-    from meshplan.commands.clusters import MAX_RANKS
+    from meshplan.cluster_inputs import MAX_RANKS
     from simulator.schedules import base
 
     assert opt.MAX_SEQ_LEN == MAX_MODEL_SIZES["seq_len"]
