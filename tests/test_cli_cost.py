@@ -213,7 +213,7 @@ def test_outputs_never_overwrite_an_input(capsys, tmp_path):
 
 def test_a_cpu_rate_is_printed_in_gflops(capsys):
     """A hunt: 0.0 TFLOP/s per GPU beside MFU 42% on a CPU cluster."""
-    from meshplan.commands.cost import flop_rate
+    from meshplan.cost_report import flop_rate
 
     assert flop_rate(412.94e12) == "412.9 TFLOP/s" and flop_rate(28.31e9) == "28.3 GFLOP/s"
     rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--layers", "1", "--cluster", "cpu-local",

@@ -177,8 +177,8 @@ def compare_cmd(
     force: bool = outputs.FORCE,
 ) -> None:
     """Cost the cross product of comma-listed strategy options and compare the plans."""
-    from meshplan.commands.cost import memory_fit
     from meshplan.cost_inputs import framework_warnings
+    from meshplan.cost_report import memory_fit
     from meshplan.engine import Engine
     from simulator.error_band import band_of
 
