@@ -111,10 +111,6 @@ class Completer:
         self._done.clear()
         return self.chunks
 
-    def complete_process_mesh(self) -> None:
-        """Give every op a process mesh (module docstring) and reset derived attrs."""
-        self._prepare()
-
     def complete_forward_annotation(self) -> None:
         """Complete forward and loss ops (and the sources they use first)."""
         self._run("forward")

@@ -84,10 +84,6 @@ class Layout:
         """Mesh dims sharding tensor ``dim``, outermost first (mesh-dim order)."""
         return [m for m, p in enumerate(self.placements) if isinstance(p, Shard) and p.dim == dim]
 
-    def to_attr(self, ndim: int, chunk_id: int = 0) -> TensorDistAttr:
-        """The TensorDistAttr form; raises DistAttrError for nested sharding."""
-        return TensorDistAttr.from_placements(self.mesh, self.placements, ndim, chunk_id)
-
     def index_range(self, shape: Sequence[int], rank: int) -> tuple[tuple[int, int], ...]:
         """Per tensor dim, the ``[start, stop)`` of the global block that ``rank`` holds."""
         coord = self.mesh.coord(rank)

@@ -95,11 +95,6 @@ class KernelContext:
             raise KernelError(f"the local shape of result {i} is needed but not given")
         return tuple(int(s) for s in fallback)
 
-    def out_dtype(self, i: int, fallback: torch.dtype) -> torch.dtype:
-        if i < len(self.out_types) and self.out_types[i] is not None:
-            return torch_dtype(self.out_types[i].dtype, fallback)  # type: ignore[union-attr]
-        return fallback
-
     def global_shape(self, operand: int, local: Sequence[int]) -> tuple[int, ...]:
         """Global shape of operand ``operand`` (its local shape when unknown)."""
         if operand < len(self.in_global) and self.in_global[operand] is not None:

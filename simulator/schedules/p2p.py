@@ -90,13 +90,6 @@ def _io(own: dict[int, int], nvs: int, vs: int, rank: int, action: Any
     return sent, consumed
 
 
-def action_messages(s: Schedule, rank: int, action: Any
-                    ) -> tuple[tuple[int, Message] | None, tuple[int, Message] | None]:
-    """``(sent, consumed)`` of one action of ``rank``: each ``(peer rank, Message)`` or None
-    (a W, a same-rank neighbour, the first / last virtual stage)."""
-    return _io(_owners(s), s.num_vstages, s.vstage[rank][action.chunk], rank, action)
-
-
 def _walk(s: Schedule) -> tuple[dict[Pair, list[Message]], dict[Pair, list[Message]],
                                  list[list[tuple[int, Message] | None]]]:
     """(sends per pair in action order, consumption per pair, per rank per action its send).
