@@ -28,11 +28,11 @@ from meshplan.errors import MeshplanError
 
 #: target name -> (module defining ``export(plan) -> Export``, one-line description)
 TARGETS: dict[str, tuple[str, str]] = {
-    "megatron": ("meshplan.commands.export_megatron",
+    "megatron": ("meshplan.frameworks.megatron.export",
                  "Megatron-LM pretrain_gpt.py command-line arguments"),
-    "torchtitan": ("meshplan.commands.export_torchtitan",
+    "torchtitan": ("meshplan.frameworks.torchtitan.export",
                    "torchtitan job TOML ([parallelism], [activation_checkpoint], [training])"),
-    "deepspeed": ("meshplan.commands.export_deepspeed", "DeepSpeed JSON config"),
+    "deepspeed": ("meshplan.frameworks.deepspeed.export", "DeepSpeed JSON config"),
 }
 
 #: every knob of a layout, in print order
