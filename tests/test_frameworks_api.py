@@ -256,3 +256,28 @@ def test_the_package_exports_its_api():
     assert set(frameworks.TARGETS) == {"megatron", "torchtitan", "deepspeed"}
     with pytest.raises(frameworks.ExportError):
         export_plan(_plan(), "nemo")
+
+
+@pytest.mark.parametrize("argv", [
+    ARGV[:-4],
+    ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2", "--global-batch-size", "32",
+     "--pipeline-model-parallel-layout", "E,t*16|t*16,L", "--pipeline-model-parallel-size", "2",
+     "--fp16", "--recompute-granularity", "full", "--recompute-method", "block",
+     "--recompute-num-layers", "16"],
+])
+def test_the_api_reads_a_launch_line_as_meshplan_cost_does(capsys, argv):
+    """The same Megatron-LM arguments after ``cost --model llama2-7b --cluster dgx-h100
+    --nodes 4`` (32 GPUs) and through strategy_from_args(argv, 32): one strategy. The CLI
+    takes dp from ``--dp`` (default 1: idle GPUs, with a warning), Megatron-LM and the API
+    derive it from the world; the CLI reports the attention the model resolves to (the API
+    leaves None: the model's)."""
+    from tests._cli import run_main
+
+    s, _ = strategy_from_args(argv, 32, model="llama2-7b")
+    rc, out, err = run_main(capsys, "cost", "--model", "llama2-7b", "--cluster", "dgx-h100",
+                            "--nodes", "4", "--dp", str(s.dp), *argv, "--json")
+    assert rc == 0, err
+    cli = json.loads(out)["strategy"]
+    api = json.loads(json.dumps(s.to_dict()))  # tuples as JSON lists, as the CLI's
+    keys = (set(cli) & set(api)) - {"attention"}
+    assert len(keys) > 15 and {k: api[k] for k in keys} == {k: cli[k] for k in keys}

@@ -192,7 +192,7 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
     if sparse % ep:
         raise ExportError(f"torchtitan: expert_parallel_degree {ep} must divide dp_shard x cp x tp "
                           f"= {sparse} (its ParallelDims refuses it at start-up); the plan's HSDP "
-                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}")
+                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}", field="ep")
     par["expert_parallel_degree"] = ep
     if tp > 1 and eff.get("etp", tp) == tp:
         notes.append(Note("ep", f"torchtitan has no expert tensor parallelism: its experts are "
