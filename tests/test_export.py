@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 
 from completion.strategy import FP8_RECIPES
 from meshplan.commands import export as export_cmd_module
-from meshplan.commands.export_megatron import pipeline_layout
-from meshplan.commands.export_targets import LAYOUT_KNOBS, TARGETS, ExportError, export_plan, layout
-from meshplan.commands.export_torchtitan import even_split, module_fqns
+from meshplan.frameworks.megatron.export import pipeline_layout
+from meshplan.frameworks.targets import LAYOUT_KNOBS, TARGETS, ExportError, export_plan, layout
+from meshplan.frameworks.torchtitan.export import even_split, module_fqns
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from tests._cli import one_line_error, run_main

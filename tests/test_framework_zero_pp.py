@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from meshplan.commands.export_targets import export_plan
+from meshplan.frameworks.targets import export_plan
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from simulator.profiles import load_profile

@@ -12,8 +12,8 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from meshplan.commands.export_targets import export_plan
-from meshplan.commands.import_deepspeed import DeepSpeedConfigError, deepspeed_knobs
+from meshplan.frameworks.deepspeed.config import DeepSpeedConfigError, deepspeed_knobs
+from meshplan.frameworks.targets import export_plan
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
 from tests._cli import one_line_error, run_main

@@ -11,8 +11,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from meshplan.commands.export_targets import export_plan
-from meshplan.commands.import_torchtitan import (
+from meshplan.frameworks.targets import export_plan
+from meshplan.frameworks.torchtitan.config import (
     TorchtitanConfigError,
     default_split,
     torchtitan_knobs,

@@ -6,6 +6,10 @@ ones included, relative imports resolved):
     simulator  -> completion, clusters     tuner    -> completion (scores come from an
     executor   -> completion, clusters        injected scorer: meshplan.tuning)
     meshplan -> anything but experiments   experiments -> anything
+
+and, inside meshplan, the framework adapters are a library: nothing under
+``meshplan/frameworks`` imports typer, click or the command layer (``meshplan.commands``,
+``meshplan.cli``).
 """
 
 from __future__ import annotations
@@ -84,6 +88,33 @@ def test_the_checker_sees_relative_and_local_imports(tmp_path, monkeypatch):
 def test_package_imports_follow_the_design(package):
     bad = violations(package)
     assert not bad, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(bad)
+
+
+#: modules no file under meshplan/frameworks may import (the CLI's libraries and layer)
+CLI_ONLY = ("typer", "click", "meshplan.commands", "meshplan.cli")
+
+
+def cli_imports(folder: pathlib.Path) -> list[str]:
+    """``file:line imports module`` for every import of :data:`CLI_ONLY` under ``folder``."""
+    bad = []
+    for path in sorted(folder.rglob("*.py")):
+        for line, _, mod in sorted(imported_packages(path)):
+            if any(mod == m or mod.startswith(m + ".") for m in CLI_ONLY):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return bad
+
+
+def test_the_framework_adapters_import_no_cli(tmp_path, monkeypatch):
+    bad = cli_imports(ROOT / "meshplan" / "frameworks")
+    assert not bad, "meshplan/frameworks is a library (no typer, click or commands):\n" + "\n".join(bad)
+    pkg = tmp_path / "meshplan" / "frameworks"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("def f():\n    from typer import echo\n    import click.core\n"
+                              "from meshplan.commands import options\nimport typing\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert cli_imports(pkg) == ["meshplan/frameworks/x.py:2 imports typer",
+                                "meshplan/frameworks/x.py:3 imports click.core",
+                                "meshplan/frameworks/x.py:4 imports meshplan.commands"]
 
 
 # -- module boundaries: private names, import cycles, error types --------------------------

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from meshplan.commands.megatron_launch import split
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.megatron.launch import split
 from tests._cli import one_line_error, run_main
 
 BASE = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--tensor-model-parallel-size", "2",

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 
 from completion.models import get_model_config
 from completion.strategy import FP8_RECIPES
-from meshplan.commands.megatron_moe import MegatronMoE, check, layer_pattern
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.megatron.moe import MegatronMoE, check, layer_pattern
 from meshplan.plan import Plan
 from tests._cli import one_line_error, run_main
 from tests.test_export import plans
@@ -87,7 +87,7 @@ def test_check_of_qwen1_5_moe_shared_expert():
     ("E, t, t | t, t, L", (2, 2)),
 ])
 def test_layout_split_by_hand(layout, split):
-    from meshplan.commands.megatron_args import layout_split
+    from meshplan.frameworks.megatron.arguments import layout_split
 
     assert layout_split(layout) == split
 
@@ -103,7 +103,7 @@ def test_layout_split_by_hand(layout, split):
     ("Etttt|tLttt", "the loss L must close the last stage"),
 ])
 def test_bad_layouts_name_the_argument(layout, words):
-    from meshplan.commands.megatron_args import layout_split
+    from meshplan.frameworks.megatron.arguments import layout_split
 
     with pytest.raises(MeshplanError, match="--pipeline-model-parallel-layout"):
         layout_split(layout)
@@ -178,7 +178,7 @@ def test_any_megatron_export_pasted_into_cost_is_the_plan_megatron_runs(capsys, 
     arguments ``export --to megatron`` writes, pasted after ``cost --model M --cluster C
     --dp D``, give the Strategy of the plan as Megatron-LM runs it (``out.effective``):
     nothing is refused, nothing is lost."""
-    from meshplan.commands.export_targets import export_plan
+    from meshplan.frameworks.targets import export_plan
 
     fp8 = plan.strategy.fp8 if plan.strategy.fp8 in FP8_RECIPES and "megatron-core" in \
         FP8_RECIPES[plan.strategy.fp8] else None  # the recipes Megatron-LM runs

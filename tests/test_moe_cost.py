@@ -171,7 +171,7 @@ def test_ep_errors_name_the_field(tiny_moe, capsys):
 def test_ep_exports_to_each_framework():
     """Megatron-LM ``--expert-model-parallel-size`` (ModelParallelConfig), torchtitan
     ``[parallelism] expert_parallel_degree``; DeepSpeed sets it in model code: a note."""
-    from meshplan.commands.export_targets import export_plan
+    from meshplan.frameworks.targets import export_plan
     from meshplan.plan import Plan
 
     p = Plan(str(CONFIGS / "mixtral-8x7b.json"), "dgx-h100",

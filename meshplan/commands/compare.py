@@ -29,9 +29,9 @@ from typing import Any
 import typer
 
 from meshplan import comparison as cmp
-from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
+from meshplan.frameworks.megatron import arguments as mg
 
 #: most plans one compare costs (the product of the list lengths)
 MAX_PLANS = 64

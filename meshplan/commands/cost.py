@@ -23,7 +23,7 @@ high_ms, coverage, comparable_runs, basis; the text's ``error band:`` line).
 ``--json``), ``--jitter-samples`` the step-time percentiles and straggler sensitivity
 (``jitter``): ``meshplan.commands.goodput_options``.
 Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` and
-``meshplan.commands.megatron_args``)."""
+``meshplan.frameworks.megatron.arguments``)."""
 
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ import typer
 from meshplan import cost_report as cr
 from meshplan import goodput_inputs as gi
 from meshplan.commands import goodput_options as gp
-from meshplan.commands import megatron_args as mg
-from meshplan.commands import megatron_launch as launch
-from meshplan.commands import megatron_moe as moe_args
+from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.megatron import arguments as mg
+from meshplan.frameworks.megatron import moe as moe_args
 
 
 def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: int | None) -> Any:
@@ -52,7 +52,7 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
 
     from meshplan.plan import Plan
 
-    typed = opt.given_flags(ctx, *opt.FLAGS) + mg.typed(
+    typed = opt.given_flags(ctx, *opt.FLAGS) + opt.typed_flags(
         ctx, "--model", "-m", "--seq-len", "--seq-length", "-s", "--layers", "--num-layers", "-l",
         *mg.MEGATRON_FLAGS)
     if typed:
@@ -63,26 +63,9 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
     return plan.on(cluster, nodes)
 
 
-def _flag_strategy(ctx: typer.Context, p: dict[str, Any]) -> Any:
-    """The Strategy of cost's strategy options and Megatron-LM arguments (``p``: the
-    command's parameters), with the pipeline split of ``--layers-per-stage``. Raises
-    MeshplanError / StrategyError naming the flags typed."""
-    model, seq_len, layers = p["model"], p["seq_len"], p["layers"]
-    megatron = mg.MegatronArgs.from_params(p)
-    knobs = mg.apply(ctx, {k: p[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype",
-                                             "fsdp_shard_size")}, megatron,
-                     lambda: mg.model_layers(model, seq_len, layers), dp=p["dp"])
-    mg.check_grad_reduce(megatron, p["framework"], knobs["dtype"])
-    mg.check_overlaps(megatron, p["framework"])
-    strategy = opt.build_strategy(ctx, **{k: p[k] for k in (
-        "dp", "tp", "cp", "cp_comm", "ep", "etp", "moe_capacity_factor", "moe_load_imbalance",
-        "micro_batch_size", "framework", "attention")},
-        sequence_parallel=launch.sequence_parallel(ctx, bool(p["sequence_parallel"]), p["tp"]),
-        global_batch_size=p["global_batch"], **knobs)
-    return opt.pipeline_split(ctx, p["layers_per_stage"], strategy,
-                              lambda: mg.model_layers(model, seq_len, layers))
 
 
+@mo.megatron_options()
 def cost_cmd(
     ctx: typer.Context,
     plan_file: str | None = typer.Argument(
@@ -115,37 +98,8 @@ def cost_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
     memory_headroom: float = opt.MEMORY_HEADROOM,
-    vpp_layers: int | None = mg.VPP_LAYERS,
-    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
-    recompute_method: mg.Method | None = mg.METHOD,
-    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
-    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
-    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
-    bf16: bool = mg.BF16,
-    fp16: bool = mg.FP16,
-    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
-    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
-    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
-    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
-    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
-    pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
-    use_megatron_fsdp: bool = mg.MEGATRON_FSDP,
-    data_parallel_sharding_strategy: mg.DpSharding | None = mg.DP_SHARDING,
-    num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
-    outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
-    grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
-    overlap_grad_reduce: bool = mg.OVERLAP_GRAD_REDUCE,
-    overlap_param_gather: bool = mg.OVERLAP_PARAM_GATHER,
-    tp_comm_overlap: bool = mg.TP_COMM_OVERLAP,
-    num_experts: int | None = moe_args.NUM_EXPERTS,
-    moe_router_topk: int | None = moe_args.TOPK,
-    moe_ffn_hidden_size: int | None = moe_args.FFN,
-    moe_shared_expert_intermediate_size: int | None = moe_args.SHARED,
-    moe_layer_freq: str | None = moe_args.LAYER_FREQ,
-    moe_aux_loss_coeff: float | None = moe_args.AUX_COEFF,
-    moe_router_load_balancing_type: moe_args.Balancing | None = moe_args.BALANCING,
-    moe_grouped_gemm: bool = moe_args.GROUPED,
-    moe_token_dispatcher_type: moe_args.Dispatcher | None = moe_args.DISPATCHER,
+    megatron: mg.MegatronArgs = mo.MEGATRON,
+    moe: moe_args.MegatronMoE = mo.MOE,
     torchtitan_config: str | None = typer.Option(
         None, "--torchtitan-config", help="A torchtitan job TOML to cost (its \\[parallelism], "
         "\\[training], \\[activation_checkpoint], \\[compile], float8): the strategy comes from it, "
@@ -191,29 +145,37 @@ def cost_cmd(
         seq_len, layers = plan.seq_len, plan.num_layers
         global_batch = plan.strategy.global_batch_size
     read: list[warnings.WarningMessage] = []  # the config file's warnings (also in --json's list)
-    if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
-        from meshplan.commands.import_torchtitan import config_strategy
+    knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "etp": etp,
+             "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
+             "vpp": vpp, "schedule": schedule, "micro_batch_size": micro_batch_size,
+             "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
+             "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
+             "dtype": dtype, "framework": framework, "attention": attention}
 
-        (strategy, seq_len), read = _reading(lambda: config_strategy(ctx, torchtitan_config, model, cluster,
-                                                                     nodes, seq_len, layers), as_json)
+    def num_layers() -> int:  # the model's decoder layers (after --layers), read when needed
+        return mg.model_layers(model, seq_len, layers)
+    if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
+        from meshplan.commands.config_inputs import torchtitan_strategy
+
+        (strategy, seq_len), read = _reading(lambda: torchtitan_strategy(ctx, torchtitan_config, model, cluster,
+                                                                         nodes, seq_len, layers), as_json)
         global_batch = strategy.global_batch_size
     elif plan is None and deepspeed_config is not None and model is not None and cluster is not None:
-        from meshplan.commands.import_deepspeed import config_strategy as deepspeed_strategy
+        from meshplan.commands.config_inputs import deepspeed_strategy
 
-        params = locals()
-        strategy, read = _reading(lambda: deepspeed_strategy(ctx, deepspeed_config, params), as_json)
+        strategy, read = _reading(lambda: deepspeed_strategy(
+            ctx, deepspeed_config, knobs, cluster, nodes, layers_per_stage, num_layers), as_json)
         global_batch = strategy.global_batch_size
     elif model is None or cluster is None or global_batch is None:
         missing = [f for f, v in (("--model", model), ("--cluster", cluster),
                                   ("--global-batch", global_batch)) if v is None]
         raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
                             "PLAN.json (meshplan cost runs/7b/plan.json)")
-    moe = moe_args.MegatronMoE.from_params(locals())
     if plan is not None and moe.given():
         raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
                             "PLAN.json names its own")
     if torchtitan_config is None and deepspeed_config is None:
-        strategy = _flag_strategy(ctx, locals())
+        strategy = mo.megatron_strategy(ctx, knobs, megatron, num_layers, layers_per_stage)
     if plan is None and torchtitan_config is None:  # a .pir program is costed as written
         from meshplan.commands.program_input import refuse_ignored_cost_options
 
@@ -244,7 +206,7 @@ def cost_cmd(
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
     moe_notes = (_check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
-                 + launch.finish(ctx, lambda: engine.source))
+                 + mo.launch_notes(ctx, lambda: engine.source))
     fit = cr.memory_fit(res, engine.cluster.device, memory_headroom)
     # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)
     train, train_lines = gi.goodput_report(engine, res, gi.parse_tokens(tokens), price, prices, checkpoint,
@@ -292,7 +254,7 @@ def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str |
     from simulator.layer_split import even_split
 
     s = engine.strategy
-    typed = mg.typed(ctx, *mg.MEGATRON_FLAGS, "--tensor-model-parallel-size",
+    typed = opt.typed_flags(ctx, *mg.MEGATRON_FLAGS, "--tensor-model-parallel-size",
                      "--pipeline-model-parallel-size", "--context-parallel-size",
                      "--num-virtual-stages-per-pipeline-rank", "--global-batch-size")
     if plan is not None or toml is not None or not typed or s.pp * s.vpp == 1 or s.layers_per_stage:

@@ -1,6 +1,6 @@
 """``meshplan export PLAN.json --to megatron|torchtitan|deepspeed [--output FILE]``: write
 what that framework takes to run the plan (Megatron-LM arguments, a torchtitan job TOML, a
-DeepSpeed JSON config; ``meshplan.commands.export_targets`` lists the targets), with one
+DeepSpeed JSON config; ``meshplan.frameworks.targets`` lists the targets), with one
 note per plan knob the target cannot express (as comments in the file where the format
 has them, and always on stderr).
 
@@ -18,13 +18,13 @@ from typing import Any
 
 import typer
 
-from meshplan.commands import megatron_args as mg
-from meshplan.commands import megatron_launch as launch
+from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.megatron import arguments as mg
 
-#: the targets of ``meshplan.commands.export_targets.TARGETS`` (spelled here so that
+#: the targets of ``meshplan.frameworks.targets.TARGETS`` (spelled here so that
 #: ``meshplan --help`` imports nothing; tests/test_export.py checks that they agree)
 Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")}, type=str)
 
@@ -42,15 +42,8 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
         raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
                             "strategy options")
     assert model is not None and cluster is not None
-    moved = mg.apply(ctx, {k: knobs[k] for k in ("pp", "vpp", "schedule", "recompute", "zero", "dtype",
-                                                 "fsdp_shard_size")},
-                     megatron, lambda: mg.model_layers(model, seq_len, layers), dp=int(knobs["dp"]))
-    mg.check_grad_reduce(megatron, knobs["framework"], moved["dtype"])
-    mg.check_overlaps(megatron, knobs["framework"])
-    sp = launch.sequence_parallel(ctx, bool(knobs["sequence_parallel"]), int(knobs["tp"]))
-    strategy = opt.build_strategy(ctx, **{**knobs, **moved, "sequence_parallel": sp})
-    strategy = opt.pipeline_split(ctx, layers_per_stage, strategy,
-                                  lambda: mg.model_layers(model, seq_len, layers))
+    strategy = mo.megatron_strategy(ctx, knobs, megatron, lambda: mg.model_layers(model, seq_len, layers),
+                                    layers_per_stage)
     return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
                 num_layers=layers)
 
@@ -61,7 +54,7 @@ def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | 
     re-costs it there), its split restated by ``--layers-per-stage`` when given (a word
     replaces a split the file pins; ``opt.pipeline_split``). Raises MeshplanError for any
     other strategy option beside it, and what ``Plan.load`` and the split raise."""
-    from meshplan.commands.export_targets import model_sizes
+    from meshplan.frameworks.targets import model_sizes
     from meshplan.plan import Plan
 
     typed = [f for f in _strategy_flags_typed(ctx)
@@ -83,9 +76,10 @@ def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     """The strategy (and plan) options on the command line of ``ctx``."""
     plan_flags = ("--model", "-m", "--cluster", "--nodes", "--seq-len", "--seq-length", "-s",
                   "--layers", "--num-layers", "-l", *mg.MEGATRON_FLAGS)
-    return opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *plan_flags)
+    return opt.given_flags(ctx, *opt.FLAGS) + opt.typed_flags(ctx, *plan_flags)
 
 
+@mo.megatron_options()
 def export_cmd(
     ctx: typer.Context,
     plan_file: str | None = typer.Argument(
@@ -118,32 +112,11 @@ def export_cmd(
     dtype: opt.Dtype = opt.DTYPE,
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
-    vpp_layers: int | None = mg.VPP_LAYERS,
-    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
-    recompute_method: mg.Method | None = mg.METHOD,
-    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
-    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
-    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
-    bf16: bool = mg.BF16,
-    fp16: bool = mg.FP16,
-    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
-    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
-    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
-    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
-    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
-    pipeline_model_parallel_layout: str | None = mg.PIPELINE_LAYOUT,
-    use_megatron_fsdp: bool = mg.MEGATRON_FSDP,
-    data_parallel_sharding_strategy: mg.DpSharding | None = mg.DP_SHARDING,
-    num_distributed_optimizer_instances: int | None = mg.OPTIMIZER_INSTANCES,
-    outer_dp_sharding_strategy: str | None = mg.OUTER_SHARDING,
-    grad_reduce_in_bf16: bool = mg.GRAD_REDUCE_BF16,
-    overlap_grad_reduce: bool = mg.OVERLAP_GRAD_REDUCE,
-    overlap_param_gather: bool = mg.OVERLAP_PARAM_GATHER,
-    tp_comm_overlap: bool = mg.TP_COMM_OVERLAP,
+    megatron: mg.MegatronArgs = mo.MEGATRON,
     force: bool = outputs.FORCE,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
-    from meshplan.commands.export_targets import export_plan
+    from meshplan.frameworks.targets import export_plan
 
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
                           "--cluster": opt.input_file(cluster), "--output": output or None})
@@ -163,7 +136,6 @@ def export_cmd(
                  "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
                  "dtype": dtype,
                  "framework": framework, "attention": attention}
-        megatron = mg.MegatronArgs.from_params(locals())
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:
@@ -171,7 +143,7 @@ def export_cmd(
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
-    launch_notes = launch.finish(ctx, lambda: _model_source(checked))
+    launch_notes = mo.launch_notes(ctx, lambda: _model_source(checked))
     out = export_plan(checked, to.value)
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
@@ -265,8 +237,8 @@ def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
     interleaved schedule whose micro-batches are no multiple of pp). None when the schedule
     is the plan's."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.commands.export_targets import model_sizes
     from meshplan.engine import Engine
+    from meshplan.frameworks.targets import model_sizes
     from simulator.layer_split import even_split
 
     s = plan.strategy

@@ -5,7 +5,7 @@ One spelling per knob, the Strategy field's (``completion.strategy``): ``--dp``,
 ``--recompute``, ``--zero``, ``--fsdp-shard-size`` (alias ``--hsdp``), ``--sequence-parallel``, ``--dtype``; earlier and Megatron-LM
 spellings are aliases (:data:`FLAGS`); Megatron-LM arguments that are not one-to-one aliases
 (``--num-layers-per-virtual-pipeline-stage``, ``--recompute-granularity`` / ``--recompute-method``,
-``--use-distributed-optimizer``) are translated by ``meshplan.commands.megatron_args``. Closed value sets are typer Enum choices;
+``--use-distributed-optimizer``) are translated by ``meshplan.frameworks.megatron.arguments``. Closed value sets are typer Enum choices;
 schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
@@ -281,7 +281,7 @@ class StrategyCommand(TyperCommand):
 
         if clash:
             raise click_exceptions().UsageError(clash, ctx)
-        from meshplan.commands import megatron_launch as launch
+        from meshplan.frameworks.megatron import launch
 
         if self.name in launch.COMMANDS:
             try:

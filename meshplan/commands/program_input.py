@@ -27,7 +27,7 @@ from typing import Any
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 
-#: the Megatron-LM recompute arguments (``meshplan.commands.megatron_args``)
+#: the Megatron-LM recompute arguments (``meshplan.frameworks.megatron.arguments``)
 MEGATRON_RECOMPUTE = ("--recompute-granularity", "--recompute-method", "--recompute-num-layers",
                       "--recompute-activations")
 #: the Megatron-LM FP8 arguments that set the FP8 recipe

@@ -24,9 +24,10 @@ import typer
 from meshplan import goodput_inputs as gi
 from meshplan import tune_output as to
 from meshplan.commands import goodput_options as gp
-from meshplan.commands import megatron_args as mg
+from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.megatron import arguments as mg
 
 #: seconds the default search may take before it answers with its gap (``--time-budget``)
 DEFAULT_TIME_BUDGET = 120.0
@@ -43,14 +44,14 @@ def _tune_config(*args: Any, **kwargs: Any) -> Any:
 def _pins(ctx: Any, fix: str | None, flags: dict[str, Any], m: mg.MegatronArgs,
           num_layers: Any) -> dict[str, Any]:
     """The knobs pinned by ``--fix`` and by the strategy options (``flags``: field -> value or
-    None, not given) with the Megatron arguments ``m`` translated (``megatron_args.apply``).
+    None, not given) with the Megatron arguments ``m`` translated (``meshplan.frameworks.megatron.arguments.apply``).
     Raises MeshplanError when an option and ``--fix`` pin one knob to different values."""
     from tuner.space import parse_fix, tuner_schedule
 
     pins = {k: opt.value(v) for k, v in flags.items() if v is not None}
     if "schedule" in pins:
         pins["schedule"] = tuner_schedule(pins["schedule"])
-    pins = mg.apply(ctx, pins, m, num_layers, searched=True)
+    pins = mg.apply(mo.given(ctx), pins, m, num_layers, searched=True)
     if pins.pop("optimizer", "adamw") != "adamw":
         raise MeshplanError(f"--optimizer {opt.value(m.optimizer)}: tune scores AdamW plans (Megatron's "
                             "adam); cost and export take sgd")
@@ -80,7 +81,7 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     """A search-space error (written for ``--fix k=v``) in the words of the command line: a
     knob the user pinned with an option (``by_flag``) is named by that option (``--tp 3``,
     not ``--fix: tp=3``), and the ``--fix:`` prefix goes when ``--fix`` was not typed."""
-    if not mg.typed(ctx, "--fix"):
+    if not opt.typed_flags(ctx, "--fix"):
         msg = msg.removeprefix("--fix: ")
     for k in sorted(by_flag, key=len, reverse=True):
         msg = re.sub(rf"(?<![\w-]){k}=('?)([^,\s']+)\1", rf"{opt.typed_flag(ctx, k)} \2", msg)
@@ -188,6 +189,7 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     return name, out
 
 
+@mo.megatron_options(mo.TUNE_OPTIONS)
 def tune_cmd(
     ctx: typer.Context,
     model: str = opt.MODEL,
@@ -242,19 +244,7 @@ def tune_cmd(
     recompute: opt.Recompute | None = opt.RECOMPUTE_PIN,
     zero: int | None = opt.ZERO_PIN,
     sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL_PIN,
-    vpp_layers: int | None = mg.VPP_LAYERS,
-    recompute_granularity: mg.Granularity | None = mg.GRANULARITY,
-    recompute_method: mg.Method | None = mg.METHOD,
-    recompute_num_layers: int | None = mg.RECOMPUTE_LAYERS,
-    recompute_activations: bool = mg.RECOMPUTE_ACTIVATIONS,
-    use_distributed_optimizer: bool = mg.DISTRIBUTED_OPTIMIZER,
-    bf16: bool = mg.BF16,
-    fp16: bool = mg.FP16,
-    fp8_format: mg.Fp8Format | None = mg.FP8_FORMAT,
-    fp8_recipe: mg.Fp8Recipe | None = mg.FP8_RECIPE,
-    fp8_amax_history_len: int | None = mg.FP8_AMAX_HISTORY,
-    fp8_amax_compute_algo: str | None = mg.FP8_AMAX_ALGO,
-    megatron_optimizer: mg.MegatronOptimizer | None = mg.OPTIMIZER,
+    megatron: mg.MegatronArgs = mo.MEGATRON,
     gpus: str | None = typer.Option(None, "--gpus",
                                     help="Cluster sizes to compare: 512, 256,512 or 256-1024 "
                                          "(doubling); one search per size.", rich_help_panel=opt.PANEL_SEARCH),
@@ -336,7 +326,6 @@ def tune_cmd(
         raise MeshplanError(f"{flag} must be > 0 seconds (and finite), got {time_budget}")
     mode_name = opt.value(mode)
     split = _split_word(ctx, layers_per_stage)
-    megatron = mg.MegatronArgs.from_params(locals())
     fixed = _pins(ctx, fix, {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp,
                              "schedule": schedule, "micro_batch_size": micro_batch_size,
                              "recompute": recompute, "zero": zero,
@@ -358,7 +347,7 @@ def tune_cmd(
         cl = cl or cluster
         return _tune_config(model, cl, n, global_batch, seq_len, mode_name, seed, pareto,
                             fixed, sampler, layers, cross_node_tp,
-                            opt.value(mg.dtype_of(ctx, dtype, megatron)),
+                            opt.value(mg.dtype_of(mo.given(ctx), dtype, megatron, mo.echo_note)),
                             opt.value(framework), opt.value(attention), memory_headroom,
                             search_hsdp, search_fp8, split, all_schedules, search_cp,
                             opt.value(cp_comm), goal(cl))

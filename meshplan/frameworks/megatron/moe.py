@@ -21,11 +21,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
-import typer
-
 from meshplan.errors import MeshplanError
-
-_PANEL = "Megatron-LM MoE arguments (checked against --model)"
 
 
 class Dispatcher(str, Enum):
@@ -45,29 +41,6 @@ class Balancing(str, Enum):
     none = "none"
 
 
-NUM_EXPERTS = typer.Option(None, "--num-experts", min=1, rich_help_panel=_PANEL,
-                           help="Routed experts; must be the model's.")
-TOPK = typer.Option(None, "--moe-router-topk", min=1, rich_help_panel=_PANEL,
-                    help="Experts per token; must be the model's.")
-FFN = typer.Option(None, "--moe-ffn-hidden-size", min=1, rich_help_panel=_PANEL,
-                   help="An expert's hidden width; must be the model's.")
-SHARED = typer.Option(None, "--moe-shared-expert-intermediate-size", min=1, rich_help_panel=_PANEL,
-                      help="The shared expert's width; must be the model's.")
-LAYER_FREQ = typer.Option(None, "--moe-layer-freq", rich_help_panel=_PANEL,
-                          help="MoE layers: every N-th (an int) or a list [1,0,...] per layer; "
-                               "must be the model's.")
-AUX_COEFF = typer.Option(None, "--moe-aux-loss-coeff", min=0.0, rich_help_panel=_PANEL,
-                         help="Load-balancing loss weight; must be the model's.")
-BALANCING = typer.Option(None, "--moe-router-load-balancing-type", case_sensitive=False,
-                         rich_help_panel=_PANEL,
-                         help="aux_loss (with the model's coefficient) or none (a model without one).")
-GROUPED = typer.Option(False, "--moe-grouped-gemm", rich_help_panel=_PANEL,
-                       help="Grouped expert GEMMs (what meshplan costs).")
-DISPATCHER = typer.Option(None, "--moe-token-dispatcher-type", case_sensitive=False,
-                          rich_help_panel=_PANEL,
-                          help="alltoall (what meshplan costs); allgather and flex are refused.")
-
-
 @dataclass(frozen=True)
 class MegatronMoE:
     """The MoE arguments of one command line (None / False: not given); each field is the
@@ -85,7 +58,8 @@ class MegatronMoE:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MegatronMoE:
-        """From a command's parameters (its ``locals()``). Raises KeyError naming a missing one."""
+        """From a mapping of the field names (a command's parameters). Raises KeyError naming
+        a missing one."""
         return cls(**{f.name: params[f.name] for f in fields(cls)})
 
     def given(self) -> bool:
@@ -106,7 +80,7 @@ def layer_pattern(text: str, layers: int) -> list[int]:
     if t.lstrip("+").isdigit():
         n = int(t)
         if n < 1:
-            raise MeshplanError(f"--moe-layer-freq {text}: an int must be >= 1")
+            raise MeshplanError(f"--moe-layer-freq {text}: an int must be >= 1", field="--moe-layer-freq")
         return [int(i % n == 0) for i in range(layers)]
     try:
         got = json.loads(t)
@@ -114,9 +88,9 @@ def layer_pattern(text: str, layers: int) -> list[int]:
         got = None
     if not isinstance(got, list) or any(x not in (0, 1) or isinstance(x, bool) for x in got):
         raise MeshplanError(f"--moe-layer-freq {text!r}: give an int or a list of 0 and 1 per "
-                            "layer, e.g. [1,0,1,0] (expressions are not evaluated)")
+                            "layer, e.g. [1,0,1,0] (expressions are not evaluated)", field="--moe-layer-freq")
     if len(got) != layers:
-        raise MeshplanError(f"--moe-layer-freq lists {len(got)} layers but the model has {layers}")
+        raise MeshplanError(f"--moe-layer-freq lists {len(got)} layers but the model has {layers}", field="--moe-layer-freq")
     return got
 
 
@@ -141,17 +115,17 @@ def check(moe: MegatronMoE, cfg: Any, layers: int) -> list[str]:
         given = getattr(moe, f)
         if given is not None and given != ours:
             raise MeshplanError(f"{flag} {given}: model {cfg.name} has {ours if ours else 'none'} "
-                                "(the architecture comes from --model; write a config.json to change it)")
+                                "(the architecture comes from --model; write a config.json to change it)", field=flag)
     if moe.moe_layer_freq is not None:
         ours_pattern = [int(cfg.is_moe_layer(i)) for i in range(layers)]
         if layer_pattern(moe.moe_layer_freq, layers) != ours_pattern:
             raise MeshplanError(f"--moe-layer-freq {moe.moe_layer_freq}: model {cfg.name}'s MoE "
-                                f"layers are {ours_pattern}")
+                                f"layers are {ours_pattern}", field="--moe-layer-freq")
     _check_balancing(moe, cfg)
     dispatcher = _value(moe.moe_token_dispatcher_type)
     if dispatcher not in (None, "alltoall"):
         raise MeshplanError(f"--moe-token-dispatcher-type {dispatcher}: meshplan costs the alltoall "
-                            "dispatcher (all_to_all over the ep group) only")
+                            "dispatcher (all_to_all over the ep group) only", field="--moe-token-dispatcher-type")
     if not moe.moe_grouped_gemm:
         return ["the Megatron-LM MoE arguments lack --moe-grouped-gemm (one GEMM per local "
                 "expert); meshplan costs grouped expert GEMMs"]
@@ -165,16 +139,16 @@ def _check_balancing(moe: MegatronMoE, cfg: Any) -> None:
     kind = _value(moe.moe_router_load_balancing_type)
     if kind in ("seq_aux_loss", "sinkhorn"):
         raise MeshplanError(f"--moe-router-load-balancing-type {kind}: meshplan costs the aux_loss "
-                            "router (or none)")
+                            "router (or none)", field="--moe-router-load-balancing-type")
     if kind == "none" and ours > 0:
         raise MeshplanError(f"--moe-router-load-balancing-type none: model {cfg.name} has an aux "
-                            f"loss of weight {ours:g}")
+                            f"loss of weight {ours:g}", field="--moe-router-load-balancing-type")
     coeff = moe.moe_aux_loss_coeff
     # the weight scales one loss term: only whether there is one changes the step's cost
     if coeff is not None and kind != "none" and (coeff > 0) != (ours > 0):
         raise MeshplanError(f"--moe-aux-loss-coeff {coeff:g}: model {cfg.name} has "
                             f"{'an aux loss' if ours > 0 else 'none'} (only whether the router has "
-                            "one changes the cost, not its weight)")
+                            "one changes the cost, not its weight)", field="--moe-aux-loss-coeff")
 
 
 __all__ = ["Balancing", "Dispatcher", "MegatronMoE", "check", "layer_pattern"]

@@ -156,14 +156,15 @@ def _check_sections(doc: dict[str, Any], src: str) -> None:
 def _int(sec: dict[str, Any], key: str, default: int, where: str, low: int = 1) -> int:
     v = sec.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or (v < low and v != default):
-        raise TorchtitanConfigError(f"{where}.{key} must be an integer >= {low}, got {v!r}")
+        raise TorchtitanConfigError(f"{where}.{key} must be an integer >= {low}, got {v!r}",
+                                    field=where.rsplit("[", 1)[-1].rstrip("]") + "." + key)
     return v
 
 
 def _section(doc: dict[str, Any], name: str, src: str) -> dict[str, Any]:
     sec = doc.get(name, {})
     if not isinstance(sec, dict):
-        raise TorchtitanConfigError(f"{src}: [{name}] must be a table")
+        raise TorchtitanConfigError(f"{src}: [{name}] must be a table", field=f"{name}")
     return sec
 
 
@@ -174,38 +175,38 @@ def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict
     cp = _int(par, "context_parallel_degree", 1, where)
     if _int(par, "expert_tensor_parallel_degree", 1, where) != 1:
         raise TorchtitanConfigError(f"{where}.expert_tensor_parallel_degree: expert tensor "
-                                    "parallelism is not modelled")
+                                    "parallelism is not modelled", field="parallelism.expert_tensor_parallel_degree")
     rest = rep * tp * pp * cp
     if shard == -1:  # the ranks left over (torchtitan ParallelDims)
         if world % rest:
             raise TorchtitanConfigError(f"{where}: replicate {rep} x tp {tp} x pp {pp} x cp {cp} = {rest} "
-                                        f"does not divide the {world} GPUs")
+                                        f"does not divide the {world} GPUs", field="parallelism.data_parallel_shard_degree")
         shard = world // rest
     if rest * shard != world:
         raise TorchtitanConfigError(f"{where}: replicate {rep} x shard {shard} x tp {tp} x pp {pp} x "
                                     f"cp {cp} = {rest * shard}, but the cluster has {world} GPUs "
-                                    "(--nodes sets it)")
+                                    "(--nodes sets it)", field="parallelism.data_parallel_shard_degree")
     policy = par.get("fsdp_reshard_after_forward", "default")
     if policy not in ("default", "always", "never"):
-        raise TorchtitanConfigError(f"{where}.fsdp_reshard_after_forward {policy!r}: default, always or never")
+        raise TorchtitanConfigError(f"{where}.fsdp_reshard_after_forward {policy!r}: default, always or never", field="parallelism.fsdp_reshard_after_forward")
     reshard = policy == "always" or (policy == "default" and pp == 1)
     if shard == 1 and rep > 1 and (tp > 1 or pp > 1):
         raise TorchtitanConfigError(f"{where}: data_parallel_replicate_degree {rep} with shard degree 1 "
                                     "is DDP, which torchtitan runs only without tp and pp (\"DDP has "
-                                    "not supported > 1D parallelism\"); shard the data-parallel ranks")
+                                    "not supported > 1D parallelism\"); shard the data-parallel ranks", field="parallelism.data_parallel_shard_degree")
     if shard == 1 and rep > 1 and cp > 1:
         raise TorchtitanConfigError(f"{where}: replicate {rep} with shard degree 1 and cp {cp} is "
                                     "torchtitan's FSDP over the cp ranks only (HSDP over cp), which "
-                                    "meshplan does not model")
+                                    "meshplan does not model", field="parallelism.data_parallel_shard_degree")
     # FSDP runs over dp_shard x cp (torchtitan ParallelDims: fsdp_enabled with cp too)
     zero = 0 if shard == 1 and cp == 1 else (3 if reshard else 2)
     if rep > 1 and shard > 1 and zero == 2:
         raise TorchtitanConfigError(f"{where}: HSDP (replicate {rep} x shard {shard}) is modelled with "
                                     "parameters resharded after forward: set "
-                                    "fsdp_reshard_after_forward = \"always\"")
+                                    "fsdp_reshard_after_forward = \"always\"", field="parallelism.fsdp_reshard_after_forward")
     rotate = par.get("context_parallel_rotate_method", "allgather")
     if rotate not in ROTATE:
-        raise TorchtitanConfigError(f"{where}.context_parallel_rotate_method {rotate!r}: allgather or alltoall")
+        raise TorchtitanConfigError(f"{where}.context_parallel_rotate_method {rotate!r}: allgather or alltoall", field="parallelism.context_parallel_rotate_method")
     return {"dp": rep * shard, "tp": tp, "cp": cp, "cp_comm": ROTATE[rotate] if cp > 1 else "p2p",
             "ep": _int(par, "expert_parallel_degree", 1, where), "zero": zero,
             "fsdp_shard_size": shard if rep > 1 and shard > 1 else None, "sequence_parallel": tp > 1}
@@ -218,16 +219,16 @@ def _pipeline(par: dict[str, Any], pp: int, num_layers: Any, where: str) -> dict
     name = {k.lower(): k for k in SCHEDULES}.get(str(typed).lower())  # torch reads it case-blind
     if name is None:
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {typed!r}: meshplan costs "
-                                    f"{', '.join(SCHEDULES)}")
+                                    f"{', '.join(SCHEDULES)}", field="parallelism.pipeline_parallel_schedule")
     if par.get("pipeline_parallel_schedule_csv"):
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule_csv: a schedule from a CSV "
-                                    "is not modelled")
+                                    "is not modelled", field="parallelism.pipeline_parallel_schedule_csv")
     fqns = par.get("module_fqns_per_model_part")
     if fqns is not None:
         split = _fqn_split(fqns, f"{where}.module_fqns_per_model_part")
         if sum(split) != int(num_layers()):
             raise TorchtitanConfigError(f"{where}.module_fqns_per_model_part lists {sum(split)} "
-                                        f"decoder layers, the model has {int(num_layers())}")
+                                        f"decoder layers, the model has {int(num_layers())}", field="parallelism.module_fqns_per_model_part")
     else:
         layers = int(num_layers())
         first = _int(par, "pipeline_parallel_first_stage_less_layers", 1, where, low=0)
@@ -241,14 +242,15 @@ def _pipeline(par: dict[str, Any], pp: int, num_layers: Any, where: str) -> dict
         split = default_split(layers, stages, first, last)
     if len(split) % pp:
         raise TorchtitanConfigError(f"{where}: {len(split)} pipeline stages do not divide over "
-                                    f"pipeline_parallel_degree {pp}")
+                                    f"pipeline_parallel_degree {pp}", field="parallelism.pipeline_parallel_degree")
     vpp = len(split) // pp
     if (name in SINGLE_STAGE) != (vpp == 1):
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_schedule {name} runs "
                                     f"{'one stage' if name in SINGLE_STAGE else 'several stages'} "
-                                    f"per rank, but the config gives {vpp}")
+                                    f"per rank, but the config gives {vpp}", field="parallelism.pipeline_parallel_schedule")
     if name == "ZBVZeroBubble" and vpp != 2:
-        raise TorchtitanConfigError(f"{where}: ZBVZeroBubble runs two stages per rank, got {vpp}")
+        raise TorchtitanConfigError(f"{where}: ZBVZeroBubble runs two stages per rank, got {vpp}",
+                                    field="parallelism.pipeline_parallel_schedule")
     return {"schedule": SCHEDULES[name], "vpp": vpp, "layers_per_stage": split}
 
 
@@ -265,9 +267,9 @@ def _recompute(ac: dict[str, Any], src: str) -> str:
         raise TorchtitanConfigError(
             f"{src}: [activation_checkpoint] selective_ac_option {option!r} (torchtitan's default: "
             "every N-th layer fully recomputed) is not modelled; set selective_ac_option = \"op\", "
-            "or mode = \"full\" / \"none\"")
+            "or mode = \"full\" / \"none\"", field="activation_checkpoint.selective_ac_option")
     raise TorchtitanConfigError(f"{src}: [activation_checkpoint] mode {mode!r} is not modelled "
-                                "(none, full, selective with selective_ac_option \"op\")")
+                                "(none, full, selective with selective_ac_option \"op\")", field="activation_checkpoint.mode")
 
 
 def _fp8(doc: dict[str, Any], src: str) -> str | None:
@@ -275,11 +277,11 @@ def _fp8(doc: dict[str, Any], src: str) -> str | None:
     if isinstance(converters, str):
         converters = [c.strip() for c in converters.split(",") if c.strip()]
     if not isinstance(converters, list):
-        raise TorchtitanConfigError(f"{src}: [model] converters must be a list of names, got {converters!r}")
+        raise TorchtitanConfigError(f"{src}: [model] converters must be a list of names, got {converters!r}", field="model.converters")
     used = [c for c in converters if c in FP8_CONVERTERS]
     other = [c for c in converters if c not in FP8_CONVERTERS]
     if other:
-        raise TorchtitanConfigError(f"{src}: [model] converters {other} are not modelled")
+        raise TorchtitanConfigError(f"{src}: [model] converters {other} are not modelled", field="model.converters")
     if not used:
         return None
     sec: Any = doc
@@ -287,15 +289,16 @@ def _fp8(doc: dict[str, Any], src: str) -> str | None:
     for key in path:  # [quantize.linear.float8] (238fa99); [float8] of the older converter
         sec = sec.get(key, {}) if isinstance(sec, dict) else None
         if not isinstance(sec, dict):
-            raise TorchtitanConfigError(f"{src}: [{'.'.join(path)}] must be a table")
+            raise TorchtitanConfigError(f"{src}: [{'.'.join(path)}] must be a table", field=".".join(path))
     _warn_unknown(sec, FLOAT8_KEYS, f"[{'.'.join(path)}]", src)
     if sec.get("enable_fsdp_float8_all_gather"):
         raise TorchtitanConfigError(f"{src}: [{'.'.join(path)}] enable_fsdp_float8_all_gather: FSDP "
-                                    "all-gathers of float8 weights are not modelled (bf16 ones are)")
+                                    "all-gathers of float8 weights are not modelled (bf16 ones are)",
+                                    field=".".join((*path, "enable_fsdp_float8_all_gather")))
     recipe = sec.get("recipe_name") or "tensorwise"
     if recipe not in ("tensorwise", "rowwise"):
         raise TorchtitanConfigError(f"{src}: float8 recipe_name {recipe!r}: meshplan costs tensorwise "
-                                    "and rowwise")
+                                    "and rowwise", field=".".join((*path, "recipe_name")))
     return str(recipe)
 
 
@@ -332,37 +335,37 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     local = _int(tr, "local_batch_size", 8, f"{src}: [training]")
     glob = tr.get("global_batch_size", -1)
     if isinstance(glob, bool) or not isinstance(glob, int):
-        raise TorchtitanConfigError(f"{src}: [training].global_batch_size must be an integer, got {glob!r}")
+        raise TorchtitanConfigError(f"{src}: [training].global_batch_size must be an integer, got {glob!r}", field="training.global_batch_size")
     glob = local * knobs["dp"] if glob < 0 else glob  # torchtitan: negative = local x dp
     if glob % (local * knobs["dp"]):
         raise TorchtitanConfigError(f"{src}: [training] global_batch_size {glob} is not a multiple of "
-                                    f"local_batch_size {local} x dp {knobs['dp']} (torchtitan asserts it)")
+                                    f"local_batch_size {local} x dp {knobs['dp']} (torchtitan asserts it)", field="training.global_batch_size")
     if pp > 1 and glob > local * knobs["dp"]:
         raise TorchtitanConfigError(f"{src}: [training] global_batch_size {glob} > local_batch_size x dp "
                                     f"under pp: torchtitan runs {glob // (local * knobs['dp'])} pipeline "
                                     "passes a step, which meshplan does not model (one pass of "
-                                    "local_batch_size / pipeline_parallel_microbatch_size micro-batches)")
+                                    "local_batch_size / pipeline_parallel_microbatch_size micro-batches)", field="training.global_batch_size")
     if tr.get("enable_cpu_offload"):
-        raise TorchtitanConfigError(f"{src}: [training] enable_cpu_offload: FSDP CPU offload is not modelled")
+        raise TorchtitanConfigError(f"{src}: [training] enable_cpu_offload: FSDP CPU offload is not modelled", field="training.enable_cpu_offload")
     micro = _int(par, "pipeline_parallel_microbatch_size", 1, where) if pp > 1 else local
     if local % micro:
         raise TorchtitanConfigError(f"{where}.pipeline_parallel_microbatch_size {micro} does not "
-                                    f"divide [training] local_batch_size {local}")
+                                    f"divide [training] local_batch_size {local}", field="parallelism.pipeline_parallel_microbatch_size")
     comp = _section(doc, "compile", src)
     compiled = bool(comp.get("enable", tr.get("compile", False)))  # [training] compile: older torchtitan
     if compiled and "model" not in (comp.get("components") or ["model", "loss"]):
         raise TorchtitanConfigError(f"{src}: [compile] components {comp.get('components')!r}: meshplan "
                                     "costs a compiled model or an eager one (components with \"model\", "
-                                    "or enable = false)")
+                                    "or enable = false)", field="compile.components")
     async_tp = bool(par.get("enable_async_tensor_parallel", False)) and knobs["tp"] > 1
     if async_tp and not compiled:
-        raise TorchtitanConfigError(f"{where}.enable_async_tensor_parallel needs [compile] enable")
+        raise TorchtitanConfigError(f"{where}.enable_async_tensor_parallel needs [compile] enable", field="parallelism.enable_async_tensor_parallel")
     name = _section(doc, "optimizer", src).get("name", "AdamW")
     if name not in OPTIMIZERS:
-        raise TorchtitanConfigError(f"{src}: [optimizer] name {name!r}: meshplan costs {', '.join(OPTIMIZERS)}")
+        raise TorchtitanConfigError(f"{src}: [optimizer] name {name!r}: meshplan costs {', '.join(OPTIMIZERS)}", field="optimizer.name")
     dtype = tr.get("mixed_precision_param", "bfloat16")
     if dtype not in ("bfloat16", "float32"):
-        raise TorchtitanConfigError(f"{src}: [training] mixed_precision_param {dtype!r}: bfloat16 or float32")
+        raise TorchtitanConfigError(f"{src}: [training] mixed_precision_param {dtype!r}: bfloat16 or float32", field="training.mixed_precision_param")
     return knobs | {
         "micro_batch_size": micro,
         "global_batch_size": glob,
@@ -373,38 +376,4 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     }
 
 
-def config_strategy(ctx: Any, path: str, model: str, cluster: str, nodes: int | None,
-                    seq_len: int | None, layers: int | None) -> tuple[Any, int]:
-    """``(Strategy, seq_len)`` of the torchtitan job TOML ``path`` for ``cost
-    --torchtitan-config``: on the cluster's GPUs (``--cluster`` / ``--nodes``), the model's
-    layers for the pipeline split (``--layers`` applies). Raises MeshplanError for a strategy
-    option typed beside it (the file states the strategy), a ``--seq-len`` other than the
-    file's, and what :func:`torchtitan_knobs` and the Strategy raise (naming the file)."""
-    from clusters import load_cluster
-    from meshplan.commands import megatron_args as mg
-    from meshplan.commands import options as opt
-    from meshplan.strategy import Strategy, StrategyError
-
-    typed = opt.given_flags(ctx, *opt.FLAGS) + mg.typed(ctx, *mg.MEGATRON_FLAGS)
-    if typed:
-        raise MeshplanError(f"--torchtitan-config {path} states the strategy; drop {', '.join(typed)}")
-    world = load_cluster(cluster, nodes).world_size
-
-    def model_layers() -> int:  # the layer count only: the model's warnings come with the cost
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return mg.model_layers(model, seq_len, layers)
-
-    knobs = torchtitan_knobs(path, world, model_layers)
-    toml_seq = knobs.pop("seq_len")
-    if seq_len is not None and seq_len != toml_seq:
-        raise MeshplanError(f"--seq-len {seq_len}, but {path} trains at [training] seq_len {toml_seq}")
-    try:
-        return Strategy(**knobs), toml_seq
-    except StrategyError as e:
-        raise TorchtitanConfigError(f"{path}: {e}") from None
-
-
-__all__ = ["TorchtitanConfigError", "config_strategy", "default_split", "torchtitan_knobs"]
+__all__ = ["TorchtitanConfigError", "default_split", "torchtitan_knobs"]

@@ -34,7 +34,9 @@ Strategy fields as Megatron-LM itself derives them (``megatron/training/argument
 Each contradiction (``--recompute full --recompute-granularity selective``,
 ``--zero 2 --use-distributed-optimizer``, ``--vpp 2`` with
 ``--num-layers-per-virtual-pipeline-stage``) is a :class:`MeshplanError` naming both flags as
-typed. Nothing here imports more than typer (``meshplan --help`` stays fast).
+typed (``field`` set to the Megatron-LM argument at fault). Nothing here imports a
+command-line library: the flags a user typed come in as :class:`~meshplan.frameworks.given.GivenFlags`;
+the CLI declares the options once (``meshplan.commands.megatron_options``).
 """
 
 from __future__ import annotations
@@ -45,10 +47,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import typer
-
-from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.given import GivenFlags
 
 #: the Megatron-only options of this module as they are spelled
 MEGATRON_FLAGS = ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity",
@@ -106,22 +106,6 @@ class Method(str, Enum):
     block = "block"
 
 
-VPP_LAYERS = typer.Option(
-    None, "--num-layers-per-virtual-pipeline-stage", min=1, max=opt.MAX_LAYERS,
-    help="Megatron-LM: decoder layers per virtual pipeline stage; vpp = layers / (pp x N), "
-         "schedule VPP unless --schedule is given.", rich_help_panel=opt.PANEL_MEGATRON)
-GRANULARITY = typer.Option(None, "--recompute-granularity", case_sensitive=False,
-                           help="Megatron-LM: full or selective (= --recompute full / selective).", rich_help_panel=opt.PANEL_MEGATRON)
-METHOD = typer.Option(None, "--recompute-method", case_sensitive=False,
-                      help="Megatron-LM, with --recompute-granularity full: uniform or block.", rich_help_panel=opt.PANEL_MEGATRON)
-RECOMPUTE_LAYERS = typer.Option(
-    None, "--recompute-num-layers", min=1, max=opt.MAX_LAYERS,
-    help="Megatron-LM: layers per recompute unit (uniform; 1, the default) or recomputed layers "
-         "per model chunk (block; all of them).", rich_help_panel=opt.PANEL_MEGATRON)
-RECOMPUTE_ACTIVATIONS = typer.Option(False, "--recompute-activations",
-                                     help="Megatron-LM: = --recompute-granularity selective.", rich_help_panel=opt.PANEL_MEGATRON)
-DISTRIBUTED_OPTIMIZER = typer.Option(False, "--use-distributed-optimizer",
-                                     help="Megatron-LM: optimizer states sharded over dp (= --zero 1).", rich_help_panel=opt.PANEL_MEGATRON)
 class DpSharding(str, Enum):
     """``--data-parallel-sharding-strategy`` (Megatron-FSDP, arguments.py) -> a ZeRO stage."""
 
@@ -133,52 +117,6 @@ class DpSharding(str, Enum):
 
 #: Megatron-FSDP's sharding strategy -> ZeRO stage (docs/user-guide/features/megatron_fsdp.md)
 FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-
-MEGATRON_FSDP = typer.Option(False, "--use-megatron-fsdp",
-                             help="Megatron-LM: Megatron-FSDP; --data-parallel-sharding-strategy "
-                                  "gives the ZeRO stage.", rich_help_panel=opt.PANEL_MEGATRON)
-DP_SHARDING = typer.Option(None, "--data-parallel-sharding-strategy", case_sensitive=False,
-                           help="Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params "
-                                "(= --zero 0, 1, 2, 3).", rich_help_panel=opt.PANEL_MEGATRON)
-OPTIMIZER_INSTANCES = typer.Option(None, "--num-distributed-optimizer-instances", min=1,
-                                   help="Megatron-FSDP HSDP: K replicas of the sharded states "
-                                        "(= --hsdp dp / K, with --outer-dp-sharding-strategy no_shard).", rich_help_panel=opt.PANEL_MEGATRON)
-OUTER_SHARDING = typer.Option(None, "--outer-dp-sharding-strategy",
-                              help="Megatron-FSDP HSDP across the replicas: no_shard (what meshplan "
-                                   "costs).", rich_help_panel=opt.PANEL_MEGATRON)
-GRAD_REDUCE_BF16 = typer.Option(False, "--grad-reduce-in-bf16",
-                                help="Megatron-LM: gradients reduced in bf16; must be what the "
-                                     "--framework profile does (nemo, megatron-bridge).", rich_help_panel=opt.PANEL_MEGATRON)
-OVERLAP_GRAD_REDUCE = typer.Option(False, "--overlap-grad-reduce",
-                                   help="Megatron-LM: gradient reduce overlapped with backward "
-                                        "(the megatron-core profiles cost it so).", rich_help_panel=opt.PANEL_MEGATRON)
-OVERLAP_PARAM_GATHER = typer.Option(False, "--overlap-param-gather",
-                                    help="Megatron-LM: the distributed optimizer's all_gather "
-                                         "overlapped with forward (the megatron-core profiles).", rich_help_panel=opt.PANEL_MEGATRON)
-TP_COMM_OVERLAP = typer.Option(False, "--tp-comm-overlap",
-                               help="Megatron-LM: Transformer Engine userbuffers overlap of the "
-                                    "TP collectives (the megatron-core profiles).", rich_help_panel=opt.PANEL_MEGATRON)
-PIPELINE_LAYOUT = typer.Option(
-    None, "--pipeline-model-parallel-layout",
-    help="Megatron-LM: decoder layers per virtual stage, e.g. 'E,t*4|t*4,L' (E embedding on the "
-         "first, L loss on the last, | between stages): = --layers-per-stage 4,4, with vpp = "
-         "stages / pp.", rich_help_panel=opt.PANEL_MEGATRON)
-BF16 = typer.Option(False, "--bf16", help="Megatron-LM: = --dtype bfloat16.", rich_help_panel=opt.PANEL_MEGATRON)
-FP16 = typer.Option(False, "--fp16", help="Megatron-LM: = --dtype float16.", rich_help_panel=opt.PANEL_MEGATRON)
-FP8_FORMAT = typer.Option(None, "--fp8-format", case_sensitive=False,
-                          help="Megatron-LM: FP8 decoder linears (hybrid or e4m3, the same cost) under "
-                               "BF16: = --dtype fp8-delayed.", rich_help_panel=opt.PANEL_MEGATRON)
-FP8_RECIPE = typer.Option(None, "--fp8-recipe", case_sensitive=False,
-                          help="Megatron-LM, with --fp8-format: delayed (the default) or tensorwise "
-                               "(current scaling, costed as delayed).", rich_help_panel=opt.PANEL_MEGATRON)
-FP8_AMAX_HISTORY = typer.Option(None, "--fp8-amax-history-len", min=1,
-                                help="Megatron-LM: taken, no cost effect (the model keeps a "
-                                     "1024-step amax history).", rich_help_panel=opt.PANEL_MEGATRON)
-FP8_AMAX_ALGO = typer.Option(None, "--fp8-amax-compute-algo",
-                             help="Megatron-LM: max or most_recent; taken, no cost effect.", rich_help_panel=opt.PANEL_MEGATRON)
-OPTIMIZER = typer.Option(None, "--optimizer", case_sensitive=False,
-                         help="Megatron-LM: adam (Adam with decoupled weight decay, meshplan's "
-                              "adamw, the default) or sgd.", rich_help_panel=opt.PANEL_MEGATRON)
 
 
 @dataclass(frozen=True)
@@ -207,7 +145,7 @@ class MegatronArgs:
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
 
-    #: the command parameter (the typer function's argument) of each field
+    #: the command parameter (the CLI function's argument) of each field
     PARAMS = {"vpp_layers": "vpp_layers", "granularity": "recompute_granularity",
               "method": "recompute_method", "recompute_layers": "recompute_num_layers",
               "recompute_activations": "recompute_activations",
@@ -224,14 +162,14 @@ class MegatronArgs:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> MegatronArgs:
         """The Megatron arguments of a command's parameters (its ``locals()``: the names of
-        :attr:`PARAMS`, each the typer option of this module, e.g. ``VPP_LAYERS``); one the
+        :attr:`PARAMS`, e.g. ``meshplan.commands.megatron_options.VPP_LAYERS``); one the
         command does not offer keeps its default (``tune`` has no
         ``--pipeline-model-parallel-layout``)."""
         return cls(**{f: params[p] for f, p in cls.PARAMS.items() if p in params})
 
     def needs_layers(self) -> bool:
         """True when translating needs the model's decoder layer count."""
-        return self.vpp_layers is not None or opt.value(self.method) == "block"
+        return self.vpp_layers is not None or _value(self.method) == "block"
 
 
 def _expand_layout(text: str) -> str:
@@ -240,18 +178,18 @@ def _expand_layout(text: str) -> str:
     flag = "--pipeline-model-parallel-layout"
     def rep(part: str, n: str) -> str:
         if len(part) * int(n) > 1 << 16:
-            raise MeshplanError(f"{flag} {text!r}: more than {1 << 16} layers")
+            raise MeshplanError(f"{flag} {text!r}: more than {1 << 16} layers", field=flag)
         return part * int(n)
 
     t = re.sub(r"[\s,]", "", text)
     if re.search(r"\([^)]*\(", t):  # Megatron-LM's parse_str_to_list takes one level
-        raise MeshplanError(f"{flag} {text!r}: nested (...) groups are not Megatron-LM's grammar")
+        raise MeshplanError(f"{flag} {text!r}: nested (...) groups are not Megatron-LM's grammar", field=flag)
     t = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
     t = re.sub(r"\(([^()]*)\)", r"\1", t)
     t = re.sub(r"([A-Za-z])\*(\d+)", lambda m: rep(m.group(1), m.group(2)), t)
     if not re.fullmatch(r"[A-Za-z|]*", t) or len(t) > 1 << 16:
         raise MeshplanError(f"{flag} {text!r}: not a layout of E, t, L and | (with *N repeats "
-                            "and (...) groups), e.g. 'E,t*4|t*4,L'")
+                            "and (...) groups), e.g. 'E,t*4|t*4,L'", field=flag)
     return t
 
 
@@ -269,14 +207,14 @@ def layout_split(text: str) -> tuple[int, ...]:
         bad = sorted(set(st) - {"E", "t", "L"})
         if bad:
             raise MeshplanError(f"{flag} {text!r}: meshplan models E (embedding), t (decoder "
-                                f"layer) and L (loss); stage {i} has {''.join(bad)}")
+                                f"layer) and L (loss); stage {i} has {''.join(bad)}", field=flag)
         if ("E" in st) != (i == 0) or st.count("E") > 1 or (i == 0 and not st.startswith("E")):
             raise MeshplanError(f"{flag} {text!r}: the embedding E must open the first stage "
-                                "(where meshplan places it), once")
+                                "(where meshplan places it), once", field=flag)
         if ("L" in st) != (i == len(stages) - 1) or st.count("L") > 1 or \
                 (i == len(stages) - 1 and not st.endswith("L")):
             raise MeshplanError(f"{flag} {text!r}: the loss L must close the last stage (where "
-                                "meshplan places it), once")
+                                "meshplan places it), once", field=flag)
     return tuple(st.count("t") for st in stages)
 
 
@@ -285,49 +223,50 @@ FLAG_NAMES = {"pp": "--pp/--pipeline-model-parallel-size",
               "vpp": "--vpp/--num-virtual-stages-per-pipeline-rank"}
 
 
-#: the ``flags`` present on the command line of ``ctx`` (``--f`` or ``--f=V``)
-typed = opt.typed_flags
+def _value(choice: Any) -> Any:
+    """The plain value of an Enum choice (``Fp8Recipe.delayed`` -> ``"delayed"``); others as is."""
+    return choice.value if isinstance(choice, Enum) else choice
 
 
-def _conflict(ctx: Any, field: str, ours: str, why: str) -> MeshplanError:
-    return MeshplanError(f"{opt.typed_flag(ctx, field)} and {ours}: {why}; give one of them")
+def _conflict(cl: GivenFlags, field: str, ours: str, why: str) -> MeshplanError:
+    return MeshplanError(f"{cl.flag(field)} and {ours}: {why}; give one of them", field=ours.split()[0])
 
 
-def _recompute(ctx: Any, m: MegatronArgs, layers_per_chunk: Callable[[], int]) -> str | None:
+def _recompute(cl: GivenFlags, m: MegatronArgs, layers_per_chunk: Callable[[], int]) -> str | None:
     """meshplan's recompute for the Megatron recompute arguments (None: none given)."""
-    gran = opt.value(m.granularity)
-    method = opt.value(m.method)
+    gran = _value(m.granularity)
+    method = _value(m.method)
     if m.recompute_activations:
         if gran not in (None, "selective"):
             raise MeshplanError("--recompute-activations is --recompute-granularity selective; "
-                                f"it contradicts --recompute-granularity {gran}")
+                                f"it contradicts --recompute-granularity {gran}", field="--recompute-activations")
         gran = "selective"
     if gran is None:
         if method is not None or m.recompute_layers is not None:
             flag = "--recompute-method" if method is not None else "--recompute-num-layers"
-            raise MeshplanError(f"{flag} needs --recompute-granularity full")
+            raise MeshplanError(f"{flag} needs --recompute-granularity full", field=flag)
         return None
     if gran == "selective":
         if method is not None or m.recompute_layers is not None:
             flag = "--recompute-method" if method is not None else "--recompute-num-layers"
             raise MeshplanError(f"{flag} is not taken with --recompute-granularity selective "
-                                "(Megatron-LM: selective recompute always covers all layers)")
+                                "(Megatron-LM: selective recompute always covers all layers)", field=flag)
         return "selective"
     if method is None:
-        raise MeshplanError("--recompute-granularity full needs --recompute-method uniform or block")
+        raise MeshplanError("--recompute-granularity full needs --recompute-method uniform or block", field="--recompute-granularity")
     n = m.recompute_layers
     if method == "uniform":
         if n not in (None, 1):
             raise MeshplanError(f"--recompute-num-layers {n} with --recompute-method uniform "
                                 "(recompute units of several layers) is not modelled; meshplan's "
-                                "full recompute keeps each layer's input (--recompute-num-layers 1)")
+                                "full recompute keeps each layer's input (--recompute-num-layers 1)", field="--recompute-num-layers")
         return "full"
     chunk = layers_per_chunk()
     if n is None or n < chunk:
         raise MeshplanError(f"--recompute-method block with --recompute-num-layers {n} "
                             f"recomputes only part of each model chunk's {chunk} layers, which is "
                             f"not modelled; give --recompute-num-layers {chunk} (every layer) or "
-                            "--recompute-method uniform")
+                            "--recompute-method uniform", field="--recompute-method")
     return "full"
 
 
@@ -341,38 +280,40 @@ def model_layers(model: str, seq_len: int | None = None, layers: int | None = No
     return int(resolve_model(model, seq_len).num_layers)
 
 
-def dtype_of(ctx: Any, dtype: Any, m: MegatronArgs) -> Any:
+def dtype_of(cl: GivenFlags, dtype: Any, m: MegatronArgs,
+             note: Callable[[str], None] | None = None) -> Any:
     """``dtype`` (``--dtype``'s value) with Megatron's precision flags of ``m`` translated
-    into it (module docstring). Raises MeshplanError naming the flags at fault: --bf16 with
+    into it (module docstring); ``note(text)`` is told what is costed as something else
+    (``--fp8-recipe tensorwise``). Raises MeshplanError naming the flags at fault: --bf16 with
     --fp16, --fp8-recipe without --fp8-format, FP8 with --fp16, a --dtype that says
     otherwise, an --fp8-amax-compute-algo other than max / most_recent."""
     if m.fp8_amax_algo is not None and m.fp8_amax_algo not in ("max", "most_recent"):
         raise MeshplanError(f"--fp8-amax-compute-algo {m.fp8_amax_algo!r}: Megatron-LM takes max or "
-                            "most_recent")
+                            "most_recent", field="--fp8-amax-compute-algo")
     if m.bf16 and m.fp16:
-        raise MeshplanError("--bf16 and --fp16 both given: Megatron-LM trains in one of them")
+        raise MeshplanError("--bf16 and --fp16 both given: Megatron-LM trains in one of them", field="--bf16")
     if m.fp8_recipe is not None and m.fp8_format is None:
-        raise MeshplanError("--fp8-recipe needs --fp8-format (hybrid or e4m3), as in Megatron-LM")
+        raise MeshplanError("--fp8-recipe needs --fp8-format (hybrid or e4m3), as in Megatron-LM", field="--fp8-recipe")
     if m.fp8_format is not None and m.fp16:
         raise MeshplanError("--fp8-format with --fp16: meshplan's FP8 recipes run BF16 beside the "
-                            "FP8 linears; give --bf16")
+                            "FP8 linears; give --bf16", field="--fp8-format")
     if m.fp8_format is not None:
-        recipe = str(opt.value(m.fp8_recipe or "delayed"))
+        recipe = str(_value(m.fp8_recipe or "delayed"))
         want, flag = FP8_RECIPE_DTYPES[recipe], "--fp8-format"
         if recipe == "tensorwise":
-            typer.echo("note: --fp8-recipe tensorwise (Transformer Engine current scaling) is costed "
-                       "as delayed scaling, fp8-delayed: its amax pass before each cast is not "
-                       "costed", err=True)
+            if note is not None:
+                note("--fp8-recipe tensorwise (Transformer Engine current scaling) is costed as "
+                     "delayed scaling, fp8-delayed: its amax pass before each cast is not costed")
     elif m.bf16 or m.fp16:
         want, flag = ("bfloat16", "--bf16") if m.bf16 else ("float16", "--fp16")
     else:
         return dtype
-    if opt.given_flags(ctx, "dtype") and str(opt.value(dtype)) != want:
-        raise _conflict(ctx, "dtype", flag, f"they ask for {opt.value(dtype)} and {want}")
+    if cl.given("dtype") and str(_value(dtype)) != want:
+        raise _conflict(cl, "dtype", flag, f"they ask for {_value(dtype)} and {want}")
     return want
 
 
-def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any],
+def _layout_knobs(cl: GivenFlags, text: str, pp: int, knobs: dict[str, Any],
                   num_layers: Callable[[], int]) -> dict[str, Any]:
     """``layers_per_stage`` and ``vpp`` of ``--pipeline-model-parallel-layout`` on ``pp``
     pipeline ranks (vpp = stages / pp, as Megatron-LM derives it). Raises MeshplanError
@@ -382,58 +323,58 @@ def _layout_knobs(ctx: Any, text: str, pp: int, knobs: dict[str, Any],
     flag = "--pipeline-model-parallel-layout"
     if sum(split) != num_layers():
         raise MeshplanError(f"{flag} {text!r} places {sum(split)} decoder layers, the model has "
-                            f"{num_layers()}")
+                            f"{num_layers()}", field=flag)
     if pp == 1 and len(split) > 1:
         raise MeshplanError(f"{flag} {text!r} has {len(split)} stages but "
-                            f"{opt.typed_flag(ctx, 'pp')} is 1: give the pipeline size they run on")
+                            f"{cl.flag('pp')} is 1: give the pipeline size they run on", field=flag)
     if len(split) % pp:
         raise MeshplanError(f"--pipeline-model-parallel-layout {text!r} has {len(split)} stages, "
-                            f"not a multiple of {opt.typed_flag(ctx, 'pp')} {pp}")
+                            f"not a multiple of {cl.flag('pp')} {pp}", field="--pipeline-model-parallel-layout")
     vpp = len(split) // pp
-    if opt.given_flags(ctx, "vpp") and int(opt.value(knobs.get("vpp")) or 1) != vpp:
-        raise _conflict(ctx, "vpp", "--pipeline-model-parallel-layout",
+    if cl.given("vpp") and int(_value(knobs.get("vpp")) or 1) != vpp:
+        raise _conflict(cl, "vpp", "--pipeline-model-parallel-layout",
                         f"the layout's {len(split)} stages on pp {pp} are {vpp} per rank")
-    if opt.given_flags(ctx, "layers_per_stage"):
-        raise _conflict(ctx, "layers_per_stage", "--pipeline-model-parallel-layout",
+    if cl.given("layers_per_stage"):
+        raise _conflict(cl, "layers_per_stage", "--pipeline-model-parallel-layout",
                         "both give the pipeline split")
     return {"vpp": vpp, "layers_per_stage": split}
 
 
-def _fsdp_knobs(ctx: Any, m: MegatronArgs, knobs: dict[str, Any], dp: int | None) -> dict[str, Any]:
+def _fsdp_knobs(cl: GivenFlags, m: MegatronArgs, knobs: dict[str, Any], dp: int | None) -> dict[str, Any]:
     """``zero`` (and ``fsdp_shard_size``) of the Megatron-FSDP arguments: the sharding
     strategy's stage (:data:`FSDP_ZERO`; Megatron-FSDP's default ``no_shard``), HSDP's
     ``dp / K`` shard group for K optimizer instances. Raises MeshplanError naming the flags
     when they contradict ``--zero``, need Megatron-FSDP, or K does not divide dp."""
     out: dict[str, Any] = {}
-    sharding = opt.value(m.dp_sharding)
+    sharding = _value(m.dp_sharding)
     if m.optimizer_instances not in (None, 1) and not m.megatron_fsdp:
         raise MeshplanError(f"--num-distributed-optimizer-instances {m.optimizer_instances} without "
                             "--use-megatron-fsdp is Megatron-LM's partial distributed optimizer "
-                            "(ZeRO-1 within each of K groups), which meshplan does not model")
+                            "(ZeRO-1 within each of K groups), which meshplan does not model", field="--num-distributed-optimizer-instances")
     if sharding is not None and not m.megatron_fsdp:
         raise MeshplanError("--data-parallel-sharding-strategy sets Megatron-FSDP: give "
-                            "--use-megatron-fsdp with it")
+                            "--use-megatron-fsdp with it", field="--data-parallel-sharding-strategy")
     if not m.megatron_fsdp:
         return out
     zero = FSDP_ZERO[sharding or "no_shard"]
-    if opt.given_flags(ctx, "zero") and int(opt.value(knobs["zero"])) != zero:
-        raise _conflict(ctx, "zero", f"--data-parallel-sharding-strategy {sharding or 'no_shard'}",
-                        f"they ask for ZeRO stages {opt.value(knobs['zero'])} and {zero}")
+    if cl.given("zero") and int(_value(knobs["zero"])) != zero:
+        raise _conflict(cl, "zero", f"--data-parallel-sharding-strategy {sharding or 'no_shard'}",
+                        f"they ask for ZeRO stages {_value(knobs['zero'])} and {zero}")
     out["zero"] = zero
     k = m.optimizer_instances
     if m.outer_sharding not in (None, "no_shard"):
         raise MeshplanError(f"--outer-dp-sharding-strategy {m.outer_sharding}: meshplan costs HSDP "
-                            "replicas that keep whole copies (no_shard)")
+                            "replicas that keep whole copies (no_shard)", field="--outer-dp-sharding-strategy")
     if k is not None and k > 1:
         if zero != 3:
             raise MeshplanError(f"--num-distributed-optimizer-instances {k}: meshplan's HSDP is "
                                 "ZeRO-3 in shard groups (--data-parallel-sharding-strategy "
-                                "optim_grads_params)")
+                                "optim_grads_params)", field="--num-distributed-optimizer-instances")
         if dp is None or dp % k or dp // k < 2:
             raise MeshplanError(f"--num-distributed-optimizer-instances {k} must divide "
-                                f"{opt.typed_flag(ctx, 'dp')} {dp} into shard groups of 2 or more")
-        if opt.given_flags(ctx, "fsdp_shard_size") and int(knobs.get("fsdp_shard_size") or 0) != dp // k:
-            raise _conflict(ctx, "fsdp_shard_size", "--num-distributed-optimizer-instances",
+                                f"{cl.flag('dp')} {dp} into shard groups of 2 or more", field="--num-distributed-optimizer-instances")
+        if cl.given("fsdp_shard_size") and int(knobs.get("fsdp_shard_size") or 0) != dp // k:
+            raise _conflict(cl, "fsdp_shard_size", "--num-distributed-optimizer-instances",
                             f"the shard group is dp / K = {dp // k}")
         out["fsdp_shard_size"] = dp // k
     return out
@@ -454,12 +395,12 @@ def check_overlaps(m: MegatronArgs, framework: Any) -> None:
         return
     from simulator.profiles import load_profile
 
-    name = str(opt.value(framework))
+    name = str(_value(framework))
     ov = load_profile(name).overlap
     for flag in given:
         if not getattr(ov, OVERLAP_SWITCHES[flag][1]).value:
             raise MeshplanError(f"{flag}: the {name} profile does not overlap it; a profile that "
-                                "does (megatron-core, nemo, megatron-bridge) costs that run")
+                                "does (megatron-core, nemo, megatron-bridge) costs that run", field=flag)
 
 
 def check_grad_reduce(m: MegatronArgs, framework: Any, dtype: Any) -> None:
@@ -471,26 +412,28 @@ def check_grad_reduce(m: MegatronArgs, framework: Any, dtype: Any) -> None:
         return
     from simulator.profiles import load_profile
 
-    name = str(opt.value(framework))
-    if str(opt.value(dtype)) != "bfloat16" and not str(opt.value(dtype)).startswith("fp8"):  # FP8 is bf16 too
-        raise MeshplanError(f"--grad-reduce-in-bf16 needs bf16 training (--bf16), got {opt.value(dtype)}")
+    name = str(_value(framework))
+    if str(_value(dtype)) != "bfloat16" and not str(_value(dtype)).startswith("fp8"):  # FP8 is bf16 too
+        raise MeshplanError(f"--grad-reduce-in-bf16 needs bf16 training (--bf16), got {_value(dtype)}", field="--grad-reduce-in-bf16")
     if load_profile(name).gradients.reduce_dtype.value != "same":
         raise MeshplanError(f"--grad-reduce-in-bf16: the {name} profile reduces gradients in fp32 "
                             "(Megatron-LM's default); --framework nemo or megatron-bridge reduce "
-                            "them in bf16")
+                            "them in bf16", field="--grad-reduce-in-bf16")
 
 
-def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
+def apply(cl: GivenFlags, knobs: dict[str, Any], m: MegatronArgs,
           num_layers: Callable[[], int], searched: bool = False,
-          dp: int | None = None) -> dict[str, Any]:
+          dp: int | None = None, note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``knobs`` (Strategy fields as the shared options gave them: pp, vpp, schedule,
     recompute, zero, and dtype where given) with the Megatron arguments ``m`` translated
     into them, ``optimizer`` added by ``--optimizer`` (see the module
     docstring); ``num_layers`` gives the model's decoder layer count, called only when
     needed. ``searched`` (``tune``): ``knobs`` holds only the pinned knobs, and a knob a
     translation needs (pp, vpp) but is searched is an error. ``dp``: the data-parallel degree
-    (Megatron-FSDP's HSDP shard group is dp / K). Raises MeshplanError naming the flags at
-    fault."""
+    (Megatron-FSDP's HSDP shard group is dp / K). ``cl``: the flags typed (a value typed
+    beside a Megatron argument that sets it too is a contradiction; errors name flags as
+    typed). ``note(text)``: told what is costed as something else. Raises MeshplanError
+    naming the flags at fault (``.field``: the Megatron-LM argument)."""
     out = dict(knobs)
     if searched and m.needs_layers():
         flag = ("--num-layers-per-virtual-pipeline-stage" if m.vpp_layers is not None
@@ -499,58 +442,58 @@ def apply(ctx: Any, knobs: dict[str, Any], m: MegatronArgs,
                 and not (f == "vpp" and m.vpp_layers is not None)]
         if need:
             raise MeshplanError(f"{flag} needs the layers per pipeline stage: pin "
-                                + " and ".join(FLAG_NAMES[f] for f in need) + " too")
+                                + " and ".join(FLAG_NAMES[f] for f in need) + " too", field=flag)
     pp = int(out.get("pp", 1) or 1)
     if m.distributed_optimizer and not m.megatron_fsdp:
-        if opt.given_flags(ctx, "zero") and int(out["zero"]) != 1:
-            raise _conflict(ctx, "zero", "--use-distributed-optimizer",
+        if cl.given("zero") and int(out["zero"]) != 1:
+            raise _conflict(cl, "zero", "--use-distributed-optimizer",
                             f"the distributed optimizer is ZeRO stage 1, not {out['zero']}")
         out["zero"] = 1
-    out.update(_fsdp_knobs(ctx, m, out, dp))
+    out.update(_fsdp_knobs(cl, m, out, dp))
     # either spelling of the virtual pipeline size switches a default schedule to VPP
     # (``cost``, ``export``); ``tune`` keeps its schedule searched with --vpp
-    megatron_vpp = typed(ctx, "--num-virtual-stages-per-pipeline-rank",
+    megatron_vpp = cl.typed("--num-virtual-stages-per-pipeline-rank",
                          *(() if searched else ("--vpp",)))
     if m.pipeline_layout is not None:
-        out.update(_layout_knobs(ctx, m.pipeline_layout, pp, out, num_layers))
+        out.update(_layout_knobs(cl, m.pipeline_layout, pp, out, num_layers))
         megatron_vpp = megatron_vpp or ["--pipeline-model-parallel-layout"]
     if m.vpp_layers is not None:
-        if opt.given_flags(ctx, "vpp"):
-            raise _conflict(ctx, "vpp", "--num-layers-per-virtual-pipeline-stage",
+        if cl.given("vpp"):
+            raise _conflict(cl, "vpp", "--num-layers-per-virtual-pipeline-stage",
                             "both set the virtual pipeline size")
         layers = num_layers()
         if layers % pp:
             raise MeshplanError(f"--num-layers-per-virtual-pipeline-stage: the model's {layers} "
-                                f"layers do not divide by {opt.typed_flag(ctx, 'pp')} {pp}")
+                                f"layers do not divide by {cl.flag('pp')} {pp}", field="--num-layers-per-virtual-pipeline-stage")
         per_stage = layers // pp
         if per_stage % m.vpp_layers:
             raise MeshplanError(f"--num-layers-per-virtual-pipeline-stage {m.vpp_layers} does not "
                                 f"divide the {per_stage} layers of each pipeline stage "
-                                f"({layers} layers / {opt.typed_flag(ctx, 'pp')} {pp})")
+                                f"({layers} layers / {cl.flag('pp')} {pp})", field="--num-layers-per-virtual-pipeline-stage")
         out["vpp"] = per_stage // m.vpp_layers
         megatron_vpp = ["--num-layers-per-virtual-pipeline-stage"]
-    if megatron_vpp and int(out.get("vpp") or 1) > 1 and not opt.given_flags(ctx, "schedule"):
+    if megatron_vpp and int(out.get("vpp") or 1) > 1 and not cl.given("schedule"):
         out["schedule"] = "VPP"  # Megatron-LM runs interleaved 1F1B whenever vpp > 1
     elif megatron_vpp and int(out.get("vpp") or 1) > 1:
         from completion.strategy import interleaved
 
-        sched = str(opt.value(out.get("schedule")))
+        sched = str(_value(out.get("schedule")))
         if not interleaved(sched):
             raise MeshplanError(f"{megatron_vpp[0]} gives {out['vpp']} model chunks per pipeline "
                                 f"rank, but --schedule {sched} runs one: use --schedule VPP (or "
-                                f"ZBVPP), or drop {megatron_vpp[0]}")
+                                f"ZBVPP), or drop {megatron_vpp[0]}", field=megatron_vpp[0])
 
     def layers_per_chunk() -> int:
         return max(1, num_layers() // (pp * int(out.get("vpp") or 1)))
 
     if "dtype" in out:
-        out["dtype"] = dtype_of(ctx, out["dtype"], m)
+        out["dtype"] = dtype_of(cl, out["dtype"], m, note)
     if m.optimizer is not None:
-        out["optimizer"] = OPTIMIZERS[str(opt.value(m.optimizer))]
-    rec = _recompute(ctx, m, layers_per_chunk)
+        out["optimizer"] = OPTIMIZERS[str(_value(m.optimizer))]
+    rec = _recompute(cl, m, layers_per_chunk)
     if rec is not None:
-        if opt.given_flags(ctx, "recompute") and opt.value(out["recompute"]) != rec:
-            raise _conflict(ctx, "recompute", "--recompute-granularity",
-                            f"they ask for {opt.value(out['recompute'])} and {rec} recompute")
+        if cl.given("recompute") and _value(out["recompute"]) != rec:
+            raise _conflict(cl, "recompute", "--recompute-granularity",
+                            f"they ask for {_value(out['recompute'])} and {rec} recompute")
         out["recompute"] = rec
     return out

@@ -28,11 +28,11 @@ from meshplan.errors import MeshplanError
 
 #: target name -> (module defining ``export(plan) -> Export``, one-line description)
 TARGETS: dict[str, tuple[str, str]] = {
-    "megatron": ("meshplan.commands.export_megatron",
+    "megatron": ("meshplan.frameworks.megatron.export",
                  "Megatron-LM pretrain_gpt.py command-line arguments"),
-    "torchtitan": ("meshplan.commands.export_torchtitan",
+    "torchtitan": ("meshplan.frameworks.torchtitan.export",
                    "torchtitan job TOML ([parallelism], [activation_checkpoint], [training])"),
-    "deepspeed": ("meshplan.commands.export_deepspeed", "DeepSpeed JSON config"),
+    "deepspeed": ("meshplan.frameworks.deepspeed.export", "DeepSpeed JSON config"),
 }
 
 #: every knob of a layout, in print order
@@ -130,10 +130,12 @@ class ExportError(MeshplanError):
 
 
 def export_plan(plan: Any, target: str) -> Export:
-    """Export ``plan`` to ``target`` (a :data:`TARGETS` name). Raises ExportError for an
-    unknown target."""
+    """Export ``plan`` (a :class:`meshplan.plan.Plan`) to ``target`` (a :data:`TARGETS`
+    name): the file's text, the notes on what the target cannot express, the layout it will
+    run. Raises ExportError (a MeshplanError) for an unknown target (``.field``
+    ``"target"``) or a plan the target cannot run (``.field`` the Strategy field)."""
     if target not in TARGETS:
-        raise ExportError(f"unknown export target {target!r}; known: {sorted(TARGETS)}")
+        raise ExportError(f"unknown export target {target!r}; known: {sorted(TARGETS)}", field="target")
     module = importlib.import_module(TARGETS[target][0])
     out = module.export(plan)
     out.notes += annotation_notes(plan, target)

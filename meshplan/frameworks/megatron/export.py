@@ -60,7 +60,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from meshplan.commands.export_targets import (
+from meshplan.frameworks.targets import (
     Export,
     Note,
     framework_note,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout, routing_notes
+from meshplan.frameworks.targets import Export, Note, framework_note, layout, routing_notes
 
 FAMILIES = ("deepspeed",)
 OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}

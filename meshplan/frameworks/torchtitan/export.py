@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.commands.export_targets import Export, Note, framework_note, layout, routing_notes
+from meshplan.frameworks.targets import Export, Note, framework_note, layout, routing_notes
 from simulator.profiles import load_profile
 from tuner.legality import replicated_beside_others
 
@@ -175,7 +175,7 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
     a note; an ep that still does not divide is an ExportError. torchtitan has no expert
     tensor parallelism there: with tp > 1 its experts are split over ranks, not sharded --
     the plan's etp 1 (whole experts folded over dp x cp x tp), noted when the plan's etp is tp."""
-    from meshplan.commands.export_targets import ExportError
+    from meshplan.frameworks.targets import ExportError
 
     ep, dp, cp, tp = eff["ep"], eff["dp"], eff["cp"], eff["tp"]
     sparse = par["data_parallel_shard_degree"] * cp * tp
@@ -192,7 +192,7 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
     if sparse % ep:
         raise ExportError(f"torchtitan: expert_parallel_degree {ep} must divide dp_shard x cp x tp "
                           f"= {sparse} (its ParallelDims refuses it at start-up); the plan's HSDP "
-                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}")
+                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}", field="ep")
     par["expert_parallel_degree"] = ep
     if tp > 1 and eff.get("etp", tp) == tp:
         notes.append(Note("ep", f"torchtitan has no expert tensor parallelism: its experts are "

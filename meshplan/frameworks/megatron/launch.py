@@ -35,7 +35,8 @@ from meshplan.errors import MeshplanError
 
 #: the commands that take a Megatron-LM launch line
 COMMANDS = ("cost", "export")
-#: ctx.meta keys: the neutral arguments as typed, the architecture ones by flag
+#: where the CLI keeps, per command line (click's ``ctx.meta``), the neutral arguments as
+#: typed and the architecture ones by flag
 NEUTRAL_KEY = "meshplan.megatron_neutral"
 ARCH_KEY = "meshplan.megatron_arch"
 
@@ -150,7 +151,7 @@ def split(args: Sequence[str]) -> tuple[list[str], list[str], dict[str, str | bo
         takes = flag in NEUTRAL_VALUE or (flag in ARCH and not ARCH[flag].switch)
         if flag in NEUTRAL_SWITCHES or (flag in ARCH and ARCH[flag].switch):
             if eq:
-                raise MeshplanError(f"Megatron-LM's {flag} is a switch: it takes no value (got {tok!r})")
+                raise MeshplanError(f"Megatron-LM's {flag} is a switch: it takes no value (got {tok!r})", field=flag)
             if flag in ARCH:
                 arch[flag] = True
             else:
@@ -159,7 +160,7 @@ def split(args: Sequence[str]) -> tuple[list[str], list[str], dict[str, str | bo
         elif takes:
             if not eq:
                 if i + 1 >= n or args[i + 1].startswith("--"):
-                    raise MeshplanError(f"Megatron-LM's {flag} needs a value")
+                    raise MeshplanError(f"Megatron-LM's {flag} needs a value", field=flag)
                 val, i = args[i + 1], i + 1
             if flag in ARCH:
                 arch[flag] = val
@@ -181,13 +182,13 @@ def split(args: Sequence[str]) -> tuple[list[str], list[str], dict[str, str | bo
 
 def _differ(cfg: Any, given: str, ours: Any) -> MeshplanError:
     return MeshplanError(f"{given}: model {cfg.name} has {ours} (the architecture comes from "
-                         f"--model; write a config.json to cost another)")
+                         f"--model; write a config.json to cost another)", field=given.split()[0])
 
 
 def _by_default(cfg: Any, builds: str, ours: Any, add: str) -> MeshplanError:
     return MeshplanError(f"the launch line describes the model ({', '.join(DESCRIBING)}) and gives no "
                          f"{add}: Megatron-LM then builds {builds}, model {cfg.name} has {ours} (add "
-                         f"{add}, or drop the architecture arguments)")
+                         f"{add}, or drop the architecture arguments)", field=add.split()[0])
 
 
 def check(arch: dict[str, str | bool], cfg: Any, seq_len: int | None = None) -> None:
@@ -210,7 +211,7 @@ def check(arch: dict[str, str | bool], cfg: Any, seq_len: int | None = None) -> 
         try:
             values[flag] = a.parse(str(given))
         except ValueError as e:
-            raise MeshplanError(f"Megatron-LM's {flag} {given!r}: not readable ({e})") from None
+            raise MeshplanError(f"Megatron-LM's {flag} {given!r}: not readable ({e})", field=flag) from None
     for flag in arch:
         ours = ARCH[flag].ours
         if ours is None:  # a rule of its own, below
@@ -226,7 +227,7 @@ def check(arch: dict[str, str | bool], cfg: Any, seq_len: int | None = None) -> 
         mpe = values["--max-position-embeddings"]
         if mpe < seq_len:
             raise MeshplanError(f"--max-position-embeddings {mpe} is below the sequence, {seq_len} tokens "
-                                "(Megatron-LM asserts max_position_embeddings >= seq_length)")
+                                "(Megatron-LM asserts max_position_embeddings >= seq_length)", field="--max-position-embeddings")
         if cfg.resolved_positions == "learned" and mpe != cfg.seq_len:
             raise _differ(cfg, f"--max-position-embeddings {mpe}", f"a learned position table of "
                                                                      f"{cfg.seq_len} rows")
@@ -248,7 +249,7 @@ def _check_attention(arch: dict[str, str | bool], values: dict[str, Any], cfg: A
         raise MeshplanError(f"--num-attention-heads {heads} without --group-query-attention: Megatron-LM "
                             f"builds {cfg.num_heads} key/value heads, model {cfg.name} has "
                             f"{cfg.num_kv_heads} (add --group-query-attention --num-query-groups "
-                            f"{cfg.num_kv_heads})")
+                            f"{cfg.num_kv_heads})", field="--num-attention-heads")
 
 
 def _check_biases(arch: dict[str, str | bool], cfg: Any) -> None:
@@ -293,30 +294,29 @@ def _check_defaults(arch: dict[str, str | bool], cfg: Any) -> None:
         raise _by_default(cfg, "no q/k normalisation", "q/k normalisation", "--qk-layernorm")
 
 
-def sequence_parallel(ctx: Any, sp: bool, tp: int) -> bool:
+def sequence_parallel(neutral: list[str], sp: bool, tp: int) -> bool:
     """``--sequence-parallel`` as Megatron-LM takes it: at tp 1 it turns it off with a warning
     (d98e8a64 ``arguments.py`` ``validate_args``; its Llama 3 and Mixtral example scripts pass
-    it at tp 1), so it is costed off and named in :func:`finish`'s note."""
+    it at tp 1), so it is costed off and named in :func:`finish`'s note (appended to
+    ``neutral``, the launch line's cost-neutral arguments)."""
     if sp and tp == 1:
-        meta = ctx.meta.setdefault(NEUTRAL_KEY, [])
-        meta.append("--sequence-parallel (at tp 1 Megatron-LM turns it off)")
+        neutral.append("--sequence-parallel (at tp 1 Megatron-LM turns it off)")
         return False
     return sp
 
 
-def finish(ctx: Any, source: Callable[[], Any]) -> list[str]:
-    """After the model is known: check the launch line's architecture arguments against
-    ``source()`` (the ``completion.models.source.ModelSource`` costed, read only when there
-    are some; a .pir program has no config: refused) and return the note naming the
-    cost-neutral ones (empty when none)."""
-    meta = getattr(ctx, "meta", {}) or {}
-    arch, neutral = meta.get(ARCH_KEY) or {}, meta.get(NEUTRAL_KEY) or []
+def finish(arch: dict[str, str | bool], neutral: Sequence[str], source: Callable[[], Any]) -> list[str]:
+    """After the model is known: check the launch line's architecture arguments ``arch``
+    (:func:`split`'s) against ``source()`` (the ``completion.models.source.ModelSource``
+    costed, read only when there are some; a .pir program has no config: refused) and
+    return the note naming the cost-neutral ones ``neutral`` (empty when none). Raises
+    MeshplanError naming the argument (``.field``) that differs from the model."""
     if arch:
         src = source()
         cfg = getattr(src, "config", None)
         if cfg is None:
             raise MeshplanError(f"{', '.join(arch)}: Megatron-LM architecture arguments describe a "
-                                "model config; a .pir program is costed as written")
+                                "model config; a .pir program is costed as written", field=next(iter(arch)))
         check(arch, cfg, getattr(src, "seq_len", None))
     if not neutral:
         return []

@@ -3,7 +3,7 @@ costs the run a DeepSpeed user already has (the ``config`` of ``deepspeed.initia
 model comes from ``--model``, the GPUs from ``--cluster`` / ``--nodes``, and what the training
 script sets rather than the config from its flags (``--tp``, ``--pp``, ``--recompute``,
 ``--sequence-parallel``, ``--schedule``, ...). The inverse of ``meshplan export --to
-deepspeed`` (:mod:`meshplan.commands.export_deepspeed`).
+deepspeed`` (:mod:`meshplan.frameworks.deepspeed.export`).
 
 Names, defaults and meanings are those of DeepSpeed's configuration reference
 (https://www.deepspeed.ai/docs/config-json/) and of its source at deepspeedai/DeepSpeed
@@ -71,6 +71,7 @@ otherwise be costed as its default; DeepSpeed itself refuses an unknown
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,7 @@ def _warn_unknown(sec: dict[str, Any], known: set[str], name: str, src: str) -> 
 def _no_auto(v: Any, key: str, src: str) -> None:
     if v == "auto":
         raise DeepSpeedConfigError(f"{src}: {key} is \"auto\", a placeholder the Hugging Face Trainer "
-                                   "fills in before DeepSpeed reads the config; give the value")
+                                   "fills in before DeepSpeed reads the config; give the value", field=key)
 
 
 def _int(sec: dict[str, Any], key: str, path: str, src: str, low: int = 1,
@@ -156,12 +157,12 @@ def _int(sec: dict[str, Any], key: str, path: str, src: str, low: int = 1,
     if v is None and key in sec and not nullable:
         raise DeepSpeedConfigError(f"{src}: {path} is null; DeepSpeed's config model takes an "
                                    f"integer there (and refuses null): give one, or leave the key "
-                                   f"out for its default")
+                                   f"out for its default", field=path)
     if v is None:
         return None
     _no_auto(v, path, src)
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise DeepSpeedConfigError(f"{src}: {path} must be an integer >= {low}, got {v!r}")
+        raise DeepSpeedConfigError(f"{src}: {path} must be an integer >= {low}, got {v!r}", field=path)
     return v
 
 
@@ -172,7 +173,7 @@ def _on(sec: dict[str, Any], key: str, path: str, src: str) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise DeepSpeedConfigError(f"{src}: {path} must be true or false, got {v!r}")
+        raise DeepSpeedConfigError(f"{src}: {path} must be true or false, got {v!r}", field=path)
     return v
 
 
@@ -181,7 +182,7 @@ def _section(doc: dict[str, Any], name: str, src: str) -> dict[str, Any]:
     if sec is None:
         return {}
     if not isinstance(sec, dict):
-        raise DeepSpeedConfigError(f"{src}: {name} must be an object, got {sec!r}")
+        raise DeepSpeedConfigError(f"{src}: {name} must be an object, got {sec!r}", field=f"{name}")
     return sec
 
 
@@ -255,7 +256,7 @@ def batch_sizes(doc: dict[str, Any], dp: int, src: str, why: str = "") -> tuple[
         raise DeepSpeedConfigError(
             f"{src}: train_batch_size {total} != train_micro_batch_size_per_gpu {micro} x "
             f"gradient_accumulation_steps {acc} x dp {dp} = {micro * acc * dp}{derived}; DeepSpeed "
-            f"asserts they agree{why}")
+            f"asserts they agree{why}", field="train_batch_size")
     return micro, total
 
 
@@ -265,11 +266,11 @@ def _tensor_parallel(doc: dict[str, Any], tp: int | None, sp: bool, src: str) ->
                 src, low=0, nullable=False) or 0
     if auto > 1 and tp is not None and tp != auto:
         raise DeepSpeedConfigError(f"{src}: tensor_parallel.autotp_size {auto}, but --tp {tp}: give one "
-                                   "of them, or the same value")
+                                   "of them, or the same value", field="tensor_parallel.autotp_size")
     if auto > 1 and sp:
         raise DeepSpeedConfigError(f"{src}: tensor_parallel.autotp_size {auto}: AutoTP shards the linear "
                                    "layers only, without Megatron sequence parallelism; drop "
-                                   "--sequence-parallel")
+                                   "--sequence-parallel", field="tensor_parallel.autotp_size")
     return (auto, True) if auto > 1 else (tp or 1, False)
 
 
@@ -283,43 +284,43 @@ def _zero(doc: dict[str, Any], dp: int, pp: int, src: str) -> tuple[int, int | N
     _warn_unknown(zero, ZERO_KEYS, "zero_optimization", src)
     stage = _int(zero, "stage", "zero_optimization.stage", src, low=0, nullable=False) or 0
     if stage > 3:
-        raise DeepSpeedConfigError(f"{src}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
+        raise DeepSpeedConfigError(f"{src}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage}", field="zero_optimization.stage")
     if pp > 1 and stage >= 2:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.stage {stage} with pp {pp} (--pp): "
                                    f"DeepSpeed's PipelineEngine asserts \"{PIPE_ASSERT}\" "
-                                   "(deepspeed/runtime/pipe/engine.py); use stage 0 or 1")
+                                   "(deepspeed/runtime/pipe/engine.py); use stage 0 or 1", field="zero_optimization.stage")
     for key in ("offload_optimizer", "offload_param"):
         sec = zero.get(key)
         if sec is None:
             continue
         if not isinstance(sec, dict):
-            raise DeepSpeedConfigError(f"{src}: zero_optimization.{key} must be an object, got {sec!r}")
+            raise DeepSpeedConfigError(f"{src}: zero_optimization.{key} must be an object, got {sec!r}", field=f"zero_optimization.{key}")
         dev = sec.get("device", "none")
         _no_auto(dev, f"zero_optimization.{key}.device", src)
         if dev not in OFFLOAD_DEVICES:
             raise DeepSpeedConfigError(f"{src}: zero_optimization.{key}.device {dev!r}: one of "
-                                       f"{', '.join(OFFLOAD_DEVICES)}")
+                                       f"{', '.join(OFFLOAD_DEVICES)}", field=f"zero_optimization.{key}.device")
         if dev != "none":
             raise DeepSpeedConfigError(f"{src}: zero_optimization.{key}.device {dev!r}: offloading to CPU "
                                        "or NVMe is not modelled (meshplan costs the states in GPU "
-                                       "memory); set it to \"none\" to cost the run without it")
+                                       "memory); set it to \"none\" to cost the run without it", field=f"zero_optimization.{key}.device")
     for key in ("cpu_offload", "cpu_offload_param"):
         if _on(zero, key, f"zero_optimization.{key}", src):
             raise DeepSpeedConfigError(f"{src}: zero_optimization.{key} (the old spelling of "
                                        "offload_optimizer / offload_param device \"cpu\"): CPU offload "
-                                       "is not modelled")
+                                       "is not modelled", field=f"zero_optimization.{key}")
     if zero.get("zenflow") is not None:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.zenflow (ZenFlow's CPU-offloaded optimizer "
-                                   "steps) is not modelled")
+                                   "steps) is not modelled", field="zero_optimization.zenflow")
     hpz = _int(zero, "zero_hpz_partition_size", "zero_optimization.zero_hpz_partition_size", src, low=0,
                nullable=False)
     if hpz is not None and hpz > 1:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.zero_hpz_partition_size {hpz} (ZeRO++ hpZ, "
-                                   "a secondary weight copy per group) is not modelled")
+                                   "a secondary weight copy per group) is not modelled", field="zero_optimization.zero_hpz_partition_size")
     for key in ("zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"):
         if _on(zero, key, f"zero_optimization.{key}", src):
             raise DeepSpeedConfigError(f"{src}: zero_optimization.{key} (ZeRO++ quantized collectives) "
-                                       "is not modelled")
+                                       "is not modelled", field=f"zero_optimization.{key}")
     return stage, _mics(zero, stage, dp, src)
 
 
@@ -328,7 +329,7 @@ def _mics(zero: dict[str, Any], stage: int, dp: int, src: str) -> int | None:
     _no_auto(mics, "zero_optimization.mics_shard_size", src)
     if isinstance(mics, bool) or not isinstance(mics, int):
         raise DeepSpeedConfigError(f"{src}: zero_optimization.mics_shard_size must be an integer "
-                                   f"(-1: off), got {mics!r}")
+                                   f"(-1: off), got {mics!r}", field="zero_optimization.mics_shard_size")
     if mics <= 0:
         return None
     if stage != 3:
@@ -337,11 +338,11 @@ def _mics(zero: dict[str, Any], stage: int, dp: int, src: str) -> int | None:
         return None
     if mics > dp or dp % mics:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.mics_shard_size {mics} must divide dp {dp} "
-                                   "(MiCS: \"dp group size is not dividable by dp_shard_size\")")
+                                   "(MiCS: \"dp group size is not dividable by dp_shard_size\")", field="zero_optimization.mics_shard_size")
     if mics == 1:
         raise DeepSpeedConfigError(f"{src}: zero_optimization.mics_shard_size 1 keeps a whole copy of "
                                    "the states on every rank, which meshplan's HSDP (shard groups of 2 "
-                                   "or more) does not model")
+                                   "or more) does not model", field="zero_optimization.mics_shard_size")
     return None if mics == dp else mics  # one group of all dp ranks: plain ZeRO-3
 
 
@@ -353,17 +354,17 @@ def _dtype(doc: dict[str, Any], src: str) -> str:
     if bf_on and fp_on:
         raise DeepSpeedConfigError(f"{src}: {bf_key}.enabled and fp16.enabled are both true (DeepSpeed "
                                    "asserts \"bfloat16 and fp16 modes cannot be simultaneously "
-                                   "enabled\"); enable one")
+                                   "enabled\"); enable one", field=f"{bf_key}.enabled")
     for sec, name, key in ((bf, bf_key, "bf16_master_weights_and_grads"), (bf, bf_key, "bf16_optimizer_states"),
                            (fp, "fp16", "fp16_master_weights_and_grads")):
         if _on(sec, key, f"{name}.{key}", src):
             raise DeepSpeedConfigError(f"{src}: {name}.{key}: 16-bit master weights, gradients or "
                                        "optimizer states are not modelled (meshplan keeps them in "
-                                       "fp32, the deepspeed profile's optimizer.master_weights)")
+                                       "fp32, the deepspeed profile's optimizer.master_weights)", field=f"{name}.{key}")
     for name in ("amp", "torch_autocast"):
         if _on(_section(doc, name, src), "enabled", f"{name}.enabled", src):
             raise DeepSpeedConfigError(f"{src}: {name}.enabled: {'apex AMP' if name == 'amp' else 'torch autocast over fp32 weights'} "
-                                       "is not modelled; use bf16 or fp16")
+                                       "is not modelled; use bf16 or fp16", field=f"{name}.enabled")
     return "bfloat16" if bf_on else "float16" if fp_on else "float32"
 
 
@@ -374,7 +375,7 @@ def _optimizer(doc: dict[str, Any], src: str) -> str:
         return "adamw"
     _no_auto(typ, "optimizer.type", src)
     if not isinstance(typ, str) or typ.lower() not in OPTIMIZERS:
-        raise DeepSpeedConfigError(f"{src}: optimizer.type {typ!r}: meshplan costs Adam and AdamW")
+        raise DeepSpeedConfigError(f"{src}: optimizer.type {typ!r}: meshplan costs Adam and AdamW", field="optimizer.type")
     return OPTIMIZERS[typ.lower()]
 
 
@@ -382,24 +383,24 @@ def _refuse_unmodelled(doc: dict[str, Any], src: str) -> None:
     sp = _int(doc, "sequence_parallel_size", "sequence_parallel_size", src)
     if sp is not None and sp > 1:
         raise DeepSpeedConfigError(f"{src}: sequence_parallel_size {sp} (DeepSpeed-Ulysses, an all-to-all "
-                                   "over the attention heads) is not modelled")
+                                   "over the attention heads) is not modelled", field="sequence_parallel_size")
     ep = _section(doc, "expert_parallel", src)
     if _on(ep, "enabled", "expert_parallel.enabled", src) or (
             _int(ep, "autoep_size", "expert_parallel.autoep_size", src) or 1) > 1:
         raise DeepSpeedConfigError(f"{src}: expert_parallel (AutoEP) is not read; cost the experts' "
-                                   "split with --ep")
+                                   "split with --ep", field="expert_parallel")
     ac = _section(doc, "activation_checkpointing", src)
     if _on(ac, "cpu_checkpointing", "activation_checkpointing.cpu_checkpointing", src):
         raise DeepSpeedConfigError(f"{src}: activation_checkpointing.cpu_checkpointing: checkpoints "
-                                   "offloaded to CPU memory are not modelled")
+                                   "offloaded to CPU memory are not modelled", field="activation_checkpointing.cpu_checkpointing")
     if _on(_section(doc, "elasticity", src), "enabled", "elasticity.enabled", src):
         raise DeepSpeedConfigError(f"{src}: elasticity.enabled: DeepSpeed then chooses the batch and "
                                    "micro-batch from the GPU count (runtime/config.py "
                                    "compute_elastic_config), not the batch keys; give the batch the "
-                                   "run uses without elasticity")
+                                   "run uses without elasticity", field="elasticity.enabled")
     if _on(_section(doc, "compile", src), "deepcompile", "compile.deepcompile", src):
         raise DeepSpeedConfigError(f"{src}: compile.deepcompile: DeepCompile's compiled ZeRO passes "
-                                   "(scheduling, prefetch, offload) are not modelled")
+                                   "(scheduling, prefetch, offload) are not modelled", field="compile.deepcompile")
 
 
 def _recompute(doc: dict[str, Any], pp: int, tp: int, recompute: str | None, src: str) -> str:
@@ -408,11 +409,11 @@ def _recompute(doc: dict[str, Any], pp: int, tp: int, recompute: str | None, src
     if interval is not None and interval > 1:
         raise DeepSpeedConfigError(f"{src}: pipeline.activation_checkpoint_interval {interval} "
                                    f"checkpoints {interval} layers as one block, which is not modelled "
-                                   "(1: every layer, full recompute)")
+                                   "(1: every layer, full recompute)", field="pipeline.activation_checkpoint_interval")
     if interval == 1:
         if recompute not in (None, "full"):
             raise DeepSpeedConfigError(f"{src}: pipeline.activation_checkpoint_interval 1 recomputes "
-                                       f"every layer (full), but --recompute {recompute}")
+                                       f"every layer (full), but --recompute {recompute}", field="pipeline.activation_checkpoint_interval")
         recompute = "full"
     ac = doc.get("activation_checkpointing")
     if recompute is None:
@@ -455,17 +456,21 @@ def _bf16_optimizer(doc: dict[str, Any], dtype: str, zero: int, pp: int, src: st
     return zero
 
 
-def deepspeed_knobs(path: str | Path, world: int, tp: int | None = None, pp: int = 1,
+def deepspeed_knobs(path: str | Path | Mapping[str, Any], world: int, tp: int | None = None, pp: int = 1,
                     recompute: str | None = None, sequence_parallel: bool = False) -> dict[str, Any]:
-    """Strategy keyword arguments of the DeepSpeed JSON config at ``path`` on ``world`` GPUs
+    """Strategy keyword arguments of the DeepSpeed JSON config at ``path`` (or the config
+    itself, a mapping as ``json.load`` gives it; messages then name it "the DeepSpeed
+    config") on ``world`` GPUs
     (module docstring): ``dp``, ``tp``, ``pp``, ``zero``, ``fsdp_shard_size``,
     ``micro_batch_size`` / ``global_batch_size`` (sequences), ``dtype``, ``optimizer``,
     ``recompute``. ``tp``, ``pp``, ``recompute`` and ``sequence_parallel``: what the
     command line gives (``--tp`` None when not typed: AutoTP's or 1; ``--recompute`` None
     when not typed). Raises DeepSpeedConfigError naming the file and key of a value it
     cannot read or meshplan does not model; warns (UserWarning) of unknown keys."""
-    src = str(path)
-    doc = read_config(path)
+    if isinstance(path, Mapping):
+        src, doc = "the DeepSpeed config", dict(path)
+    else:
+        src, doc = str(path), read_config(path)
     _warn_unknown(doc, TOP_KEYS, "the top level", src)
     tp, autotp = _tensor_parallel(doc, tp, sequence_parallel, src)
     if world % (tp * pp):
@@ -496,40 +501,4 @@ def deepspeed_knobs(path: str | Path, world: int, tp: int | None = None, pp: int
             "optimizer": _optimizer(doc, src), "recompute": _recompute(doc, pp, tp, recompute, src)}
 
 
-def config_strategy(ctx: Any, path: str, p: dict[str, Any]) -> Any:
-    """The Strategy of the DeepSpeed JSON config ``path`` for ``cost --deepspeed-config``
-    (``p``: the command's parameters): on the cluster's GPUs (``--cluster`` / ``--nodes``),
-    with what the training script sets from the flags (``--tp``, ``--pp``, ``--recompute``,
-    ``--sequence-parallel``, ``--schedule``, ``--vpp``, ``--ep``, ``--attention``,
-    ``--layers-per-stage``, ``--framework``; the profile ``deepspeed`` by default). Raises
-    MeshplanError for a flag of what the file states (dp, batch, ZeRO, HSDP, dtype; the
-    Megatron-LM runtime arguments) or of context parallelism, DeepSpeedConfigError (module
-    docstring), and StrategyError in the flags' words (``options.build_strategy``)."""
-    from clusters import load_cluster
-    from meshplan.commands import megatron_args as mg
-    from meshplan.commands import options as opt
-
-    stated = (opt.given_flags(ctx, "dp", "micro_batch_size", "global_batch_size", "zero", "fsdp_shard_size",
-                              "dtype") + mg.typed(ctx, *mg.MEGATRON_FLAGS))
-    if stated:
-        raise MeshplanError(f"--deepspeed-config {path} states the batch, ZeRO stage and precision (dp is "
-                            f"the GPUs over tp x pp); drop {', '.join(stated)}")
-    cp = opt.given_flags(ctx, "cp", "cp_comm")
-    if cp:
-        raise MeshplanError(f"--deepspeed-config: DeepSpeed has no ring-attention context parallelism (its "
-                            f"Ulysses sequence parallelism is not modelled); drop {', '.join(cp)}")
-    world = load_cluster(p["cluster"], p["nodes"]).world_size
-    typed_tp = p["tp"] if opt.given_flags(ctx, "tp") else None
-    typed_rc = opt.value(p["recompute"]) if opt.given_flags(ctx, "recompute") else None
-    knobs = deepspeed_knobs(path, world, typed_tp, p["pp"], typed_rc, bool(p["sequence_parallel"]))
-    framework = p["framework"] if opt.given_flags(ctx, "framework") else "deepspeed"
-    strategy = opt.build_strategy(ctx, **knobs, sequence_parallel=p["sequence_parallel"], vpp=p["vpp"],
-                                  schedule=p["schedule"], ep=p["ep"],
-                                  moe_capacity_factor=p["moe_capacity_factor"],
-                                  moe_load_imbalance=p["moe_load_imbalance"], framework=framework,
-                                  attention=p["attention"])
-    return opt.pipeline_split(ctx, p["layers_per_stage"], strategy,
-                              lambda: mg.model_layers(p["model"], p["seq_len"], p["layers"]))
-
-
-__all__ = ["DeepSpeedConfigError", "batch_sizes", "config_strategy", "deepspeed_knobs", "read_config"]
+__all__ = ["DeepSpeedConfigError", "batch_sizes", "deepspeed_knobs", "read_config"]
