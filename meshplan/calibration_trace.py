@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import MeshplanError
 from meshplan.terminal import echo
 
 #: Most rank traces one calibration reads from a directory
@@ -308,3 +309,52 @@ def from_executor_trace(files: list[Path], plan_file: str, cluster: str, base: d
         echo(f"step (ms): measured {step * 1e3:.3f} (median of {src}); "
                    f"predicted before {p0 * 1e3:.3f} ({(p0 - step) / step:+.1%}), after "
                    f"{p1 * 1e3:.3f} ({(p1 - step) / step:+.1%})")
+
+
+def calibrate_from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> None:
+    """``meshplan calibrate --from-trace``: fit a cluster to ``trace`` (an executor trace of
+    ``plan``, :func:`from_executor_trace`; or a foreign profiler trace, per kernel class:
+    ``executor.trace_calibrate``), write the YAML ``output`` and print measured vs predicted
+    per kernel class. ``plan`` or ``cluster`` (exactly one) gives the cluster fitted. Raises
+    MeshplanError naming the option for a bad combination."""
+    from pathlib import Path
+
+    import yaml
+
+    from clusters import load_cluster
+    from executor.trace_calibrate import (
+        apply_fit,
+        class_times,
+        fit_trace,
+        load_trace,
+        measured_times,
+        trace_samples,
+    )
+
+    if bool(plan) == bool(cluster):
+        raise MeshplanError("--from-trace needs exactly one of --plan PLAN.json or --cluster NAME")
+    if plan:
+        from meshplan.plan import Plan
+
+        cluster = Plan.load(plan).cluster
+    base = load_cluster(cluster).spec.model_dump(exclude_none=True)
+    files = executor_traces(trace)
+    if files:
+        if not plan:
+            raise MeshplanError("--from-trace of an executor trace needs --plan PLAN.json (its ops are matched)")
+        from_executor_trace(files, plan, cluster, base, output, name)
+        return
+    samples = trace_samples(load_trace(trace))
+    fit = fit_trace(samples)
+    out = Path(output)
+    spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
+    spec["name"] = name or out.stem
+    check_fit(spec, out, trace)
+    out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "
+                   f"see executor/trace_calibrate.py.\n" + yaml.safe_dump(spec, sort_keys=False, width=200))
+    echo(f"wrote {out} (cluster {cluster} calibrated from {trace}; {samples.counts})")
+    measured, before, after = measured_times(samples), class_times(samples, base), class_times(samples, spec)
+    echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
+    for cls, t in measured.items():
+        if t > 0:
+            echo(f"{cls:<14}{t * 1e3:>13.3f}{before[cls] * 1e3:>13.3f}{after[cls] * 1e3:>13.3f}")

@@ -49,7 +49,9 @@ def calibrate_cmd(
         check_processes("--nproc", nproc, "ranks", "the collective timings it records would "
                         "measure their contention, and take minutes")
     if from_trace:
-        _from_trace(from_trace, plan, cluster, output, name)
+        from meshplan.calibration_trace import calibrate_from_trace
+
+        calibrate_from_trace(from_trace, plan, cluster, output, name)
         return
     from clusters import load_cluster
     from executor.calibrate import (
@@ -131,55 +133,6 @@ def _check_device(device: str) -> None:
     if kind == "cuda" and idx and int(idx) >= torch.cuda.device_count():
         raise typer.BadParameter(f"{device!r}: this host has {torch.cuda.device_count()} CUDA device(s)",
                                  param_hint="'--device'")
-
-
-def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> None:
-    """``--from-trace``: fit, write the YAML, print measured vs predicted per kernel class."""
-    from pathlib import Path
-
-    import yaml
-
-    from clusters import load_cluster
-    from executor.trace_calibrate import (
-        apply_fit,
-        class_times,
-        fit_trace,
-        load_trace,
-        measured_times,
-        trace_samples,
-    )
-
-    if bool(plan) == bool(cluster):
-        raise ValueError("--from-trace needs exactly one of --plan PLAN.json or --cluster NAME")
-    if plan:
-        from meshplan.plan import Plan
-
-        cluster = Plan.load(plan).cluster
-    base = load_cluster(cluster).spec.model_dump(exclude_none=True)
-    from meshplan.calibration_trace import executor_traces, from_executor_trace
-
-    files = executor_traces(trace)
-    if files:
-        if not plan:
-            raise ValueError("--from-trace of an executor trace needs --plan PLAN.json (its ops are matched)")
-        from_executor_trace(files, plan, cluster, base, output, name)
-        return
-    samples = trace_samples(load_trace(trace))
-    fit = fit_trace(samples)
-    out = Path(output)
-    spec = apply_fit(base, fit, samples.dtype, Path(trace).name)
-    spec["name"] = name or out.stem
-    from meshplan.calibration_trace import check_fit
-
-    check_fit(spec, out, trace)
-    out.write_text(f"# Written by `meshplan calibrate --from-trace {trace}` from cluster {cluster}; "
-                   f"see executor/trace_calibrate.py.\n" + yaml.safe_dump(spec, sort_keys=False, width=200))
-    typer.echo(f"wrote {out} (cluster {cluster} calibrated from {trace}; {samples.counts})")
-    measured, before, after = measured_times(samples), class_times(samples, base), class_times(samples, spec)
-    typer.echo(f"{'kernel class':<14}{'measured ms':>13}{'before ms':>13}{'after ms':>13}")
-    for cls, t in measured.items():
-        if t > 0:
-            typer.echo(f"{cls:<14}{t * 1e3:>13.3f}{before[cls] * 1e3:>13.3f}{after[cls] * 1e3:>13.3f}")
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from meshplan import goodput_inputs as gi
+from meshplan import tune_notes as tn
 from meshplan import tune_output as to
 from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_options as mo
@@ -88,64 +89,6 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     return opt.user_words(ctx, msg.replace(",--", ", --"))
 
 
-def _note_cpu_cluster(cluster: str, nodes: int | None, framework: str, dtype: str) -> None:
-    """One ``note:`` line on stderr when the cluster is a CPU host (``cpu-local``, a
-    ``meshplan calibrate`` YAML: device name ``cpu...``) and the search is not the one
-    ``meshplan validate`` can compare (``meshplan.validation``: it predicts under the
-    ``eager`` profile, checks numerics in float32 only, holds ZeRO-1 memory at most; a bf16
-    CPU GEMM also runs far below fp32)."""
-    from clusters import load_cluster
-
-    if not str(load_cluster(cluster, nodes).device.name).lower().startswith("cpu"):
-        return
-    if framework == "eager" and dtype == "float32":
-        return
-    typer.echo(f"note: {cluster} is a CPU host: meshplan validate predicts a plan under the "
-               "eager profile (the executor's), checks numerics of float32 plans and compares "
-               "ZeRO 0-1 memory; --framework eager --dtype float32 (and --fix zero=1) search "
-               "plans it measures as predicted", err=True)
-
-
-def _note_unrun_cp(pinned: int | None, framework: str) -> None:
-    """One ``note:`` line on stderr when cp > 1 is pinned under a framework that runs no
-    context parallelism (``meshplan.tuning.framework_cp_comms`` empty): costed as asked,
-    but the plan cannot run there."""
-    from meshplan.tuning import framework_cp_comms
-
-    if (pinned or 1) > 1 and not framework_cp_comms(framework):
-        typer.echo(f"note: the {framework} profile's framework runs no context parallelism: plans "
-                   f"with cp {pinned} are costed as asked, but cannot run under it", err=True)
-
-
-def _note_unrun_schedule(pinned: str | None, framework: str, every: bool) -> None:
-    """One ``note:`` line on stderr when the pinned schedule is not one ``framework`` runs
-    (its profile's ``pipeline.schedules``, ``meshplan.tuning.runs_schedule``; none listed:
-    every one): the search costs it as asked, but the plan cannot run under that framework."""
-    from meshplan.tuning import runs_schedule
-    from simulator.profiles import load_profile
-
-    runs = load_profile(framework).pipeline.schedules
-    if pinned is None or every or runs is None or runs_schedule(runs.value, pinned):
-        return
-    typer.echo(f"note: the {framework} profile's framework does not run {pinned} (it runs "
-               f"{', '.join(runs.value)}): plans are costed as asked, but cannot run there", err=True)
-
-
-def _note_other_studies(out: Path, name: str) -> None:
-    """One ``note:`` line on stderr when the journal in ``out`` holds studies other than
-    ``name`` (``tuner.search.other_studies``): an earlier command line of another
-    configuration, which this run does not resume."""
-    from tuner.search import other_studies
-
-    others = other_studies(out, name)
-    if others:
-        typer.echo(f"note: {out}/journal.log holds study {', '.join(others)}, not this command "
-                   f"line's {name} (another option, or a default a newer meshplan changed): "
-                   f"this search runs beside it and rewrites plan.json and history.csv; the "
-                   f"command line that started it resumes it, and tuner.search.load_result"
-                   f"({str(out)!r}, {others[0]!r}) reads it", err=True)
-
-
 def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
                     storage: str | None, seed_from_bound: int | None, objective: str,
                     max_step_time: float | None, gpus: str | None, nodes: int | None,
@@ -183,10 +126,16 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     if storage is None:
         opt.ensure_dir(out)  # the journal lives there
         if gpus is None:  # with --gpus each size has a folder of its own (run_one)
-            _note_other_studies(out, name)
+            _note(tn.other_studies(out, name))
     elif storage != MEMORY and "://" not in storage:
         opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
     return name, out
+
+
+def _note(line: str | None) -> None:
+    """Print a ``note:`` line (``meshplan.tune_notes``) on stderr; None: nothing."""
+    if line is not None:
+        typer.echo(line, err=True)
 
 
 @mo.megatron_options(mo.TUNE_OPTIONS)
@@ -358,9 +307,9 @@ def tune_cmd(
     except SpaceError as e:
         raise SpaceError(_pin_words(ctx, str(e), set(fixed) - set(parse_fix(fix)))) from None
     if fixed.get("pp") != 1:  # one stage runs no pipeline schedule
-        _note_unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules)
-    _note_unrun_cp(fixed.get("cp"), opt.value(framework))
-    _note_cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype)))
+        _note(tn.unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules))
+    _note(tn.unrun_cp(fixed.get("cp"), opt.value(framework)))
+    _note(tn.cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype))))
     name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
                                 seed_from_bound, objective, max_step_time, gpus, nodes, cluster,
                                 force)
@@ -376,7 +325,7 @@ def tune_cmd(
             cfg_n = config_for(n, cl)
             if storage is None:
                 opt.ensure_dir(d)
-                _note_other_studies(d, study_name)
+                _note(tn.other_studies(d, study_name))
             res_n = run(cfg_n, study_name, d)
             opt.ensure_dir(d)
             to.finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top,
