@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from meshplan.errors import MeshplanError
@@ -88,3 +89,62 @@ def executor_args(cluster: str, backend: str, csv_path: str, as_json: bool,
     if profile_trace:
         out += ["--profile-trace", profile_trace]
     return out
+
+
+@dataclass
+class ValidationSummary:
+    """What ``meshplan validate`` reports of a local run beside the predicted-vs-measured
+    table: the repeats' step times (s; the median is ``meas.step_time``), the numerics check
+    (``meshplan.validation.verify``'s result, None: not checked), the host's load
+    ``(before, after, cores)`` and its warning, the ZeRO note and the profile trace folder."""
+
+    plan_file: str
+    plan: Any
+    meas: Any
+    times: list[float]
+    numerics: Any
+    check: bool
+    load: tuple[float | None, float | None, int]
+    warning: str | None
+    note: str | None
+    profile_trace: str
+
+    def numerics_dict(self) -> dict[str, Any]:
+        """``checked``, ``ok`` (None: not checked) and the one-line ``summary``."""
+        n = self.numerics
+        return {"checked": n is not None, "ok": None if n is None else bool(n.ok),
+                "summary": n.summary() if n is not None else
+                "not checked (--no-verify)" if not self.check else
+                f"not checked (verify compares fp32 runs at 1e-5; the plan trains in {self.plan.strategy.dtype})"}
+
+    def to_dict(self, repeats: int) -> dict[str, Any]:
+        """``validate --json``: the predicted and measured step (ms), relative error, losses,
+        peak memory (bytes), the repeats, the host load, warnings and the table's rows."""
+        from meshplan.validation_report import report_rows
+
+        rows = report_rows(self.plan, self.meas)
+        before, after, cores = self.load
+        return {
+            "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
+            "relative_error": self.meas.relative_error(), "losses": self.meas.losses,
+            "peak_memory_bytes": self.meas.peak_memory, "repeats": repeats,
+            "repeat_step_times_ms": [t * 1e3 for t in self.times], "step_time_spread": spread(self.times),
+            "host_load": {"before": before, "after": after, "cores": cores},
+            "load_warning": self.warning, "zero_note": self.note, "numerics": self.numerics_dict(),
+            "profile_trace": self.profile_trace or None,
+            "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}
+
+    def lines(self, repeats: int) -> list[str]:
+        """The text under the table: the repeats' median and spread, the host load, the
+        losses, the numerics and where the profiler traces went."""
+        times, before, after, cores = self.times, *self.load
+        load = " / ".join("-" if x is None else f"{x:.2f}" for x in (before, after))
+        out = [f"step time over {repeats} repeat(s): median {self.meas.step_time * 1e3:.3f} ms, spread "
+               f"{spread(times):.1%} ({min(times) * 1e3:.3f} .. {max(times) * 1e3:.3f} ms)",
+               f"host load before / after: {load} on {cores} cores",
+               f"losses: {', '.join(f'{x:.4f}' for x in self.meas.losses)}",
+               f"numerics: {self.numerics_dict()['summary']}"]
+        if self.profile_trace:
+            out.append(f"profiler traces: {str(self.profile_trace).rstrip('/')}/rank<R>.json (meshplan "
+                       f"calibrate --from-trace {self.profile_trace} --plan {self.plan_file} -o FITTED.yaml)")
+        return out

@@ -150,31 +150,13 @@ def validate_cmd(
         typer.echo(f"note: {note}", err=True)
     opt.write_output("--csv", csv_path,
                      lambda: append_csv(Path(csv_path), plan_file, plan, meas, replace=force))
-    rows = report_rows(plan, meas)
-    num = {"checked": numerics is not None, "ok": None if numerics is None else bool(numerics.ok),
-           "summary": numerics.summary() if numerics is not None else
-           "not checked (--no-verify)" if not check else
-           f"not checked (verify compares fp32 runs at 1e-5; the plan trains in {plan.strategy.dtype})"}
+    summary = vl.ValidationSummary(plan_file, plan, meas, times, numerics, check,
+                                   (before, after, cores), warning, note, profile_trace)
     if as_json:
-        typer.echo(json.dumps({
-            "predicted_step_time_ms": rows[0][1], "measured_step_time_ms": rows[0][2],
-            "relative_error": meas.relative_error(), "losses": meas.losses,
-            "peak_memory_bytes": meas.peak_memory, "repeats": repeats,
-            "repeat_step_times_ms": [t * 1e3 for t in times], "step_time_spread": vl.spread(times),
-            "host_load": {"before": before, "after": after, "cores": cores},
-            "load_warning": warning, "zero_note": note, "numerics": num, "profile_trace": profile_trace or None,
-            "rows": [{"quantity": q, "predicted": p, "measured": m} for q, p, m in rows]}))
+        typer.echo(json.dumps(summary.to_dict(repeats)))
         return
-    print_table(rows)
-    typer.echo(f"step time over {repeats} repeat(s): median {meas.step_time * 1e3:.3f} ms, spread "
-               f"{vl.spread(times):.1%} ({min(times) * 1e3:.3f} .. {max(times) * 1e3:.3f} ms)")
-    load = " / ".join("-" if x is None else f"{x:.2f}" for x in (before, after))
-    typer.echo(f"host load before / after: {load} on {cores} cores")
-    typer.echo(f"losses: {', '.join(f'{x:.4f}' for x in meas.losses)}")
-    typer.echo(f"numerics: {num['summary']}")
-    if profile_trace:
-        typer.echo(f"profiler traces: {str(profile_trace).rstrip('/')}/rank<R>.json (meshplan calibrate --from-trace "
-                   f"{profile_trace} --plan {plan_file} -o FITTED.yaml)")
+    print_table(report_rows(plan, meas))
+    typer.echo("\n".join(summary.lines(repeats)))
 
 
 def register(app: typer.Typer) -> None:
