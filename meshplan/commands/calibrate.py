@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import typer
 
+from meshplan.errors import MeshplanError
+
 
 def calibrate_cmd(
     ctx: typer.Context,
@@ -150,7 +152,7 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
     )
 
     if bool(plan) == bool(cluster):
-        raise ValueError("--from-trace needs exactly one of --plan PLAN.json or --cluster NAME")
+        raise MeshplanError("--from-trace needs exactly one of --plan PLAN.json or --cluster NAME")
     if plan:
         from meshplan.plan import Plan
 
@@ -161,7 +163,7 @@ def _from_trace(trace: str, plan: str, cluster: str, output: str, name: str) -> 
     files = executor_traces(trace)
     if files:
         if not plan:
-            raise ValueError("--from-trace of an executor trace needs --plan PLAN.json (its ops are matched)")
+            raise MeshplanError("--from-trace of an executor trace needs --plan PLAN.json (its ops are matched)")
         from_executor_trace(files, plan, cluster, base, output, name)
         return
     samples = trace_samples(load_trace(trace))

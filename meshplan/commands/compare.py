@@ -33,6 +33,7 @@ import typer
 from meshplan.commands import megatron_args as mg
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
+from meshplan.errors import MeshplanError
 
 #: most plans one compare costs (the product of the list lengths)
 MAX_PLANS = 64
@@ -43,9 +44,9 @@ def _ints(flag: str, low: int) -> Any:
         try:
             v = int(s)
         except ValueError:
-            raise ValueError(f"{flag}: {s!r} is not an integer") from None
+            raise MeshplanError(f"{flag}: {s!r} is not an integer") from None
         if v < low:
-            raise ValueError(f"{flag}: {v} must be >= {low}")
+            raise MeshplanError(f"{flag}: {v} must be >= {low}")
         return v
     return parse
 
@@ -55,7 +56,7 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
         try:
             v = float(s)
         except ValueError:
-            raise ValueError(f"{flag}: {s!r} is not a number") from None
+            raise MeshplanError(f"{flag}: {s!r} is not a number") from None
         return opt.finite(flag, v, low, low_open=low_open)  # type: ignore[return-value]
     return parse
 
@@ -63,7 +64,7 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
 def _split(s: str) -> str:
     word = opt.split_word(s)
     if word is None:
-        raise ValueError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
+        raise MeshplanError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
                          f"(compare takes the words; cost takes a list of layers per stage)")
     return word
 
@@ -73,7 +74,7 @@ def _choices(flag: str, enum: type[Enum]) -> Any:
 
     def parse(s: str) -> str:
         if s.lower() not in names:
-            raise ValueError(f"{flag}: {s!r} is not one of {', '.join(m.value for m in enum)}")
+            raise MeshplanError(f"{flag}: {s!r} is not one of {', '.join(m.value for m in enum)}")
         return names[s.lower()]
     return parse
 
@@ -117,7 +118,7 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
             continue
         items = [s.strip() for s in text.split(",")]
         if any(not s for s in items):
-            raise ValueError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
+            raise MeshplanError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
                              f"e.g. {EXAMPLES.get(field, '1,2')})")
         out[field] = list(dict.fromkeys(PARSERS[field](s) for s in items))
     n = 1
@@ -125,7 +126,7 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
         n *= len(vals)
     if n > MAX_PLANS:
         sizes = " x ".join(f"{opt.FLAGS[f][0]} {len(v)}" for f, v in out.items() if len(v) > 1)
-        raise ValueError(f"compare: {sizes} = {n} plans, at most {MAX_PLANS}; shorten a list")
+        raise MeshplanError(f"compare: {sizes} = {n} plans, at most {MAX_PLANS}; shorten a list")
     return out
 
 
@@ -312,7 +313,7 @@ def compare_cmd(
     from simulator.error_band import band_of
 
     if global_batch is None:
-        raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
+        raise MeshplanError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
     outputs.check_output("--plot", plot, "image", force)
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,

@@ -34,6 +34,7 @@ from typing import Any
 import typer
 
 from meshplan.commands import options as opt
+from meshplan.errors import MeshplanError
 
 
 def parse_mesh(spec: str) -> tuple[Any, int]:
@@ -96,7 +97,7 @@ def parse_annotation(spec: str) -> tuple[str, list[int]]:
     name, sep, dm = spec.partition("=")
     try:
         if not sep or not name.strip():
-            raise ValueError
+            raise MeshplanError
         dims = [int(x) for x in dm.strip().strip("[]").split(",") if x.strip()]
     except ValueError:
         raise CompletionError(f"--annotate {spec!r} is not NAME=DIMS_MAPPING "

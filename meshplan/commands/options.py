@@ -25,6 +25,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from meshplan.errors import MeshplanError
+
 #: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
 SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
@@ -331,7 +333,7 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
     if bad:
         lo = f"> {low:g}" if low_open else f">= {low:g}"
         hi = "" if high == float("inf") else f" and at most {high:g}"
-        raise ValueError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
+        raise MeshplanError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
     return x
 
 
@@ -342,18 +344,18 @@ def writable_file(flag: str, path: str) -> None:
     import os
 
     if not path.strip():
-        raise ValueError(f"{flag} is empty; give a file name")
+        raise MeshplanError(f"{flag} is empty; give a file name")
     if os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+        raise MeshplanError(f"{flag} {path!r} is a directory; give a file name")
     if os.path.exists(path):  # rewritten in place: the file's own permission decides
         if not os.access(path, os.W_OK):
-            raise ValueError(f"{flag} {path!r}: this user cannot write it")
+            raise MeshplanError(f"{flag} {path!r}: this user cannot write it")
         return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ValueError(f"{flag} {path!r}: its folder {folder} does not exist")
+        raise MeshplanError(f"{flag} {path!r}: its folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
-        raise ValueError(f"{flag} {path!r}: this user cannot create a file in {folder}")
+        raise MeshplanError(f"{flag} {path!r}: this user cannot create a file in {folder}")
 
 
 def distinct_outputs(paths: dict[str, str | None]) -> None:
@@ -368,7 +370,7 @@ def distinct_outputs(paths: dict[str, str | None]) -> None:
             continue
         key = os.path.realpath(path)
         if key in seen:
-            raise ValueError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
+            raise MeshplanError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
         seen[key] = flag
 
 
@@ -387,7 +389,7 @@ def write_output(flag: str, path: str, write: Any) -> None:
     try:
         write()
     except OSError as e:
-        raise ValueError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
+        raise MeshplanError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
 
 
 def ensure_dir(path: Any, flag: str = "--output") -> None:
@@ -404,9 +406,9 @@ def ensure_dir(path: Any, flag: str = "--output") -> None:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ValueError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
+        raise MeshplanError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
     except OSError as e:
-        raise ValueError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
+        raise MeshplanError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
     typer.echo(f"created {p}", err=True)
 
 
@@ -468,8 +470,6 @@ def flag_error(ctx: Any, err: Exception) -> Exception:
     try:
         return type(err)(text)
     except Exception:  # an error type with another constructor
-        from meshplan.errors import MeshplanError
-
         return MeshplanError(text)
 
 
@@ -501,7 +501,7 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     if word == "even":
         n = int(num_layers())
         if n % stages:
-            raise ValueError(f"{flag} even: the model's {n} decoder layers do not divide over "
+            raise MeshplanError(f"{flag} even: the model's {n} decoder layers do not divide over "
                              f"{typed_flag(ctx, 'pp')} * {typed_flag(ctx, 'vpp')} = {strategy.pp} * "
                              f"{strategy.vpp} = {stages} virtual stages; give the "
                              f"split as {stages} comma-separated integers, or 'balanced'")
@@ -511,11 +511,11 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     else:
         parts = text.split(",")
         if not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
-            raise ValueError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
+            raise MeshplanError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
                              f"virtual stage as comma-separated integers (e.g. 5,3)")
         vpp_flag = "--num-layers-per-virtual-pipeline-stage"
         if typed_flags(ctx, vpp_flag):
-            raise ValueError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
+            raise MeshplanError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
                              f"stage (Megatron-LM refuses a layout beside it too): give --vpp "
                              f"with the list, or {vpp_flag} alone")
         split = tuple(int(p) for p in parts)

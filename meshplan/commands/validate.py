@@ -38,6 +38,7 @@ import typer
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.commands.resources import host_cores
+from meshplan.errors import MeshplanError
 from meshplan.validation_report import (
     CSV_COLUMNS,
     DEFAULT_CSV,
@@ -88,7 +89,7 @@ def _check_gpus_per_node(plan: Any, world: int, nnodes: int) -> None:
     if cl.spec.device.sm_count is None or world % nnodes or world // nnodes <= gpn:
         return
     need = -(-world // gpn)
-    raise ValueError(f"--nnodes {nnodes}: {world // nnodes} ranks a node, but a node of cluster "
+    raise MeshplanError(f"--nnodes {nnodes}: {world // nnodes} ranks a node, but a node of cluster "
                      f"{cl.name!r} has {gpn} GPUs (one rank each); use --nnodes {need}")
 
 
@@ -100,7 +101,7 @@ def torchrun_command(plan_file: str, world: int, nnodes: int, steps: int,
     ``meshplan.executor.run`` after ``--steps``; every argument quoted for a POSIX shell.
     Raises ValueError when ``nnodes`` does not divide ``world``."""
     if nnodes < 1 or world % nnodes:
-        raise ValueError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
+        raise MeshplanError(f"--nnodes {nnodes} must divide the plan's {world} ranks")
     endpoint = endpoint or ("127.0.0.1:29500" if nnodes == 1 else "HEAD_NODE:29500")
     args = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(world // nnodes),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "meshplan",
@@ -175,7 +176,7 @@ def validate_cmd(
     from meshplan.plan import Plan
 
     if launcher not in LAUNCHERS:
-        raise ValueError(f"--launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
+        raise MeshplanError(f"--launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
     plan = Plan.load(plan_file)
     world = plan.strategy.world_size
     if launcher == "torchrun":
@@ -184,7 +185,7 @@ def validate_cmd(
         costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
         _check_gpus_per_node(plan, world, nnodes)
         if nproc and nproc != world:
-            raise ValueError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
+            raise MeshplanError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
                              f"(--launcher torchrun spreads them over --nnodes {nnodes})")
         extra = executor_args(cluster, backend, csv_path, as_json, profile_trace,
                               _given(ctx, "backend"))
