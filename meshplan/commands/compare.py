@@ -8,9 +8,9 @@ included) takes a comma list here, e.g. ``--schedule 1F1B,VPP,ZBH1,ZB-2p`` (also
 product of the lists (:data:`PARSERS` order: dp varies slowest, then tp, pp, ...). A plan the
 strategy rules refuse (e.g. ``--tp 3`` for 32 heads) is a table row marked ``refused`` and
 ``[i]``, reason i listed under the table; if every plan is refused the command fails with the
-first reason. Without ``--vpp`` each plan runs the chunks its schedule needs: 2 for the
-interleaved schedules (VPP, ZBVPP; ``completion.strategy.INTERLEAVED``), 1 for the others,
-so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-per-stage``
+first reason. Without ``--vpp`` each plan runs the chunks its schedule needs (the
+Strategy's rule): 2 for the interleaved schedules (VPP, ZBVPP;
+``completion.strategy.INTERLEAVED``) on pp > 1, 1 for the others, so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-per-stage``
 takes the words only (``balanced,even``: the cost model's split beside the frameworks' even
 one; the table shows each split costed), the MoE routing options
 (``--moe-capacity-factor``, ``--moe-load-imbalance``) lists of numbers. ``--json`` prints
@@ -139,14 +139,6 @@ def plans(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def label(knobs: dict[str, Any], varied: list[str]) -> str:
     """``schedule=VPP tp=8``: the knobs that differ between the plans (``plan`` for one)."""
     return " ".join(f"{HEADS[f]}={knobs[f]}" for f in varied) or "plan"
-
-
-def chunks_for(schedule: str) -> int:
-    """Model chunks per rank a plan of ``schedule`` (a name or alias) runs when ``--vpp``
-    is not given: 2 for ``completion.strategy.INTERLEAVED``, else 1."""
-    from completion.strategy import interleaved
-
-    return 2 if interleaved(schedule) else 1
 
 
 #: the result keys of a costed row (null in a refused one, which has ``error``)
@@ -326,13 +318,15 @@ def compare_cmd(
     rows, panels, first_error = [], [], None
     for knobs in plans(lists):
         if vpp is None:
-            knobs = {**knobs, "vpp": chunks_for(knobs["schedule"])}
+            from completion.strategy import default_vpp
+
+            knobs = {**knobs, "vpp": default_vpp(knobs["schedule"], knobs["pp"])}
         try:
             strategy = _strategy(ctx, knobs, sequence_parallel,
                                  lambda: mg.model_layers(model, seq_len, layers))
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
-        except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
+        except MeshplanError as e:  # StrategyError, ProgramCostError, ...: this plan only
             e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
             rows.append({**knobs, **dict.fromkeys(RESULT_KEYS), "error": " ".join(str(e).split()),

@@ -441,12 +441,17 @@ _BARE = re.compile(r"(?<![\w'-])(" + "|".join(sorted(_BARE_FIELDS, key=len, reve
                    + r")(?![\w'=-])")
 
 
-def user_words(ctx: Any, msg: str) -> str:
+def user_words(ctx: Any, msg: str, field: str | None = None) -> str:
     """``msg`` (an error of the Strategy, Engine or planner, in field names) in the words of
     the command line of ``ctx``: ``strategy field 'F'`` and the bare field names of
     :data:`_BARE_FIELDS` become the flag the user typed for F, else its canonical flag
     (``strategy field 'global_batch_size' (8) must be a multiple of dp * micro_batch_size``
-    -> ``--global-batch-size (8) must be a multiple of --dp * --micro-batch-size``)."""
+    -> ``--global-batch-size (8) must be a multiple of --dp * --micro-batch-size``).
+    ``field`` (the error's ``.field``, the input at fault) names the flag of a message that
+    opens with ``strategy field 'F'`` directly; the patterns read the other fields it names."""
+    lead = f"strategy field {field!r}"
+    if field in FLAGS and msg.startswith(lead) and not msg.startswith(lead + " x "):
+        msg = typed_flag(ctx, field) + msg[len(lead):]
 
     def fields(m: re.Match[str]) -> str:
         return " x ".join(typed_flag(ctx, f) if f in FLAGS else f
@@ -459,18 +464,21 @@ def user_words(ctx: Any, msg: str) -> str:
 
 def flag_error(ctx: Any, err: Exception) -> Exception:
     """``err`` (a StrategyError, EngineError, ... naming ``strategy field 'F'`` or the bare
-    fields) in the user's words (:func:`user_words`): ``--zero (ZeRO stage) must be 0, 1, 2
+    fields; its ``.field`` the one at fault) in the user's words (:func:`user_words`): ``--zero (ZeRO stage) must be 0, 1, 2
     or 3``; the same type (a MeshplanError when that type cannot be rebuilt from a message),
     so ``meshplan.cli.main`` still prints one ``error:`` line and exits 2. An error naming no
     field is returned as is."""
-    msg = str(err)
-    if _FIELDS_RE.search(msg) is None and _BARE.search(msg) is None:
+    if not isinstance(err, MeshplanError):  # a bug, not bad input: shown as it is
         return err
-    text = user_words(ctx, msg)
+    msg = str(err)
+    field = err.field
+    if field not in FLAGS and _FIELDS_RE.search(msg) is None and _BARE.search(msg) is None:
+        return err
+    text = user_words(ctx, msg, field)
     try:
-        return type(err)(text)
+        return type(err)(text, field=field)
     except Exception:  # an error type with another constructor
-        return MeshplanError(text)
+        return MeshplanError(text, field=field)
 
 
 def split_word(text: str | None) -> str | None:
@@ -533,34 +541,16 @@ def value(choice: Any) -> Any:
 
 
 def build_strategy(ctx: Any, **knobs: Any) -> Any:
-    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. An
-    interleaved schedule (``completion.strategy.INTERLEAVED``: VPP, ZBVPP) on pp > 1 without
-    a typed ``--vpp`` runs 2 model chunks per rank (``compare`` does the same); a typed
-    ``--vpp 1`` with one is refused, since one chunk per rank is plain 1F1B (pp = 1 has no
-    pipeline to interleave: vpp stays as given). Raises StrategyError
-    naming the flag the user typed (:func:`flag_error`)."""
-    from completion.strategy import canonical_schedule, interleaved
+    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. A ``vpp``
+    of 1 the user did not type is left to the Strategy (vpp 0: 2 model chunks per rank for
+    an interleaved schedule on pp > 1, else 1); every rule is the Strategy's
+    (``completion.strategy``), so the Python API and the CLI accept and refuse the same
+    things. Raises StrategyError naming the flag the user typed (:func:`flag_error`)."""
     from meshplan.strategy import Strategy, StrategyError
 
     knobs = {k: value(v) for k, v in knobs.items()}
-    sched = knobs.get("schedule")
-    sched_flag = given_flags(ctx, "schedule") + typed_flags(ctx, "--schedules")  # compare's too
-    if knobs.get("pp", 1) == 1 and knobs.get("vpp", 1) == 1 and sched is not None \
-            and sched_flag and canonical_schedule(sched) != Strategy.schedule:
-        raise StrategyError(f"{sched_flag[0]} {canonical_schedule(sched)} orders "
-                            f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
-                            f"or drop it")
-    if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
-        typed = given_flags(ctx, "vpp")
-        if typed:
-            raise StrategyError(f"{typed[0]} 1 with --schedule {canonical_schedule(sched)} runs "
-                                f"one model chunk per pipeline rank, which is 1F1B: give "
-                                f"{typed[0]} 2 or more, or --schedule 1F1B")
-        knobs["vpp"] = 2
-    if knobs.get("cp", 1) == 1 and knobs.get("cp_comm", "p2p") != "p2p" and given_flags(ctx, "cp_comm"):
-        raise StrategyError(f"{given_flags(ctx, 'cp_comm')[0]} {knobs['cp_comm']} needs --cp > 1: "
-                            "without context parallelism there is no K/V exchange")
-    _check_fp8_framework(ctx, knobs.get("dtype"), knobs.get("framework"))
+    if knobs.get("vpp") == 1 and not given_flags(ctx, "vpp"):
+        knobs["vpp"] = 0  # the Strategy's choice by the schedule
     try:
         return Strategy(**knobs)
     except StrategyError as e:
@@ -571,26 +561,6 @@ def either(names: Any) -> str:
     """``a, b or c``: the choices of a message."""
     *first, last = list(names)
     return f"{', '.join(first)} or {last}" if first else last
-
-
-def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
-    """Refuse an FP8 ``--dtype`` whose recipe the ``--framework`` does not run
-    (``completion.strategy.FP8_RECIPES``: Transformer Engine's under the Megatron family and
-    llm-foundry, torchao's under fsdp2), naming both flags as typed; the Strategy's own
-    message names its fields (``'fp8'``), which the user never typed."""
-    from completion.strategy import FP8_DTYPES, FP8_RECIPES
-    from meshplan.strategy import StrategyError
-
-    if dtype not in FP8_DTYPES or framework is None:
-        return
-    runs = FP8_RECIPES[FP8_DTYPES[dtype]]
-    if framework in runs:
-        return
-    names = either(runs)
-    default = "" if given_flags(ctx, "framework") else " (the default)"
-    raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
-                        f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
-                        f"give one of them")
 
 
 def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:
