@@ -1,10 +1,13 @@
-"""Errors raised by the clusters package. All derive from ``ValueError`` so the CLI turns
-them into a one-line ``error: ...`` message with exit code 2."""
+"""Errors raised by the clusters package. All derive from ``MeshplanError``
+(``completion.errors``, the one root; a ``ValueError``) so the CLI turns them into a
+one-line ``error: ...`` message with exit code 2."""
 
 from __future__ import annotations
 
+from completion.errors import MeshplanError
 
-class ClusterError(ValueError):
+
+class ClusterError(MeshplanError):
     """Base class for every error the clusters package raises on bad input."""
 
 

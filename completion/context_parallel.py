@@ -109,7 +109,7 @@ def fold_strategy(strategy: Any) -> Any:
         return s
     shard = getattr(s, "fsdp_shard_size", None)
     kw = {} if shard is None else {"fsdp_shard_size": shard * s.cp}
-    return s.replace(dp=s.dp * s.cp, cp=1, global_batch_size=s.global_batch_size * s.cp, **kw)
+    return s.replace(dp=s.dp * s.cp, cp=1, cp_comm="p2p", global_batch_size=s.global_batch_size * s.cp, **kw)
 
 
 def fold_source(source: Any, cp: int) -> Any:

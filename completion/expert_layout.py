@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from completion.errors import CompletionError
+
 
 @dataclass(frozen=True)
 class ExpertLayout:
@@ -88,7 +90,7 @@ def expert_layout(dp: int, cp: int, tp: int, ep: int, etp: int | None) -> Expert
     :func:`layout_problem`'s message when they do not fold."""
     why = layout_problem(dp, cp, tp, ep, etp)
     if why is not None:
-        raise ValueError(why)
+        raise CompletionError(why)
     etp = tp if etp is None else etp
     return ExpertLayout(ep=ep, etp=etp, edp=dp * cp * tp // (ep * etp), tp=tp, folded_dp=dp * cp)
 

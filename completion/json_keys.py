@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from completion.errors import CompletionError
+
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` for ``json.loads``: the object as a dict; raises ValueError
@@ -13,6 +15,6 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"key {k!r} appears twice in one object")
+            raise CompletionError(f"key {k!r} appears twice in one object")
         out[k] = v
     return out

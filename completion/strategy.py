@@ -36,7 +36,9 @@ config, the CLI and plan JSON. The names are Megatron-LM's (Narayanan et al. 202
   E)`` slots per sequence (:attr:`Strategy.expert_slot_factor`; the dispatch / combine
   ``capacity_factor``, ``completion.ops.moe``): its grouped GEMMs and its all_to_all grow
   with f, up to the capacity when tokens are dropped;
-- ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V);
+- ``vpp``: model chunks per pipeline rank (interleaved 1F1B; 2 for ZB-V); 0, the default,
+  chooses by the schedule: 2 for an interleaved one (:data:`INTERLEAVED`) on pp > 1, else 1
+  (the CLI's ``--schedule VPP`` without ``--vpp`` runs 2, by this rule);
 - ``schedule``: the pipeline schedule (:data:`SCHEDULES`, case-insensitive, with the aliases of
   :data:`SCHEDULE_ALIASES`);
 - ``micro_batch_size`` / ``global_batch_size``: sequences per micro-batch / per step;
@@ -161,13 +163,20 @@ def interleaved(name: Any) -> bool:
     return _SCHEDULE_BY_LOWER.get(str(name).strip().lower()) in INTERLEAVED
 
 
+def default_vpp(schedule: Any, pp: Any) -> int:
+    """Model chunks per pipeline rank of a strategy that does not give ``vpp`` (vpp 0): 2 for
+    an interleaved schedule (:data:`INTERLEAVED`, any spelling) on pp > 1 (one chunk per
+    rank would be plain 1F1B), else 1."""
+    return 2 if interleaved(schedule) and pp != 1 else 1
+
+
 def canonical_schedule(name: Any) -> str:
     """The canonical spelling of a schedule name (case-insensitive; aliases such as
     ``GPipe`` -> ``FThenB``, ``ZB-V`` -> ``ZBVPP``). Raises StrategyError for an unknown one."""
     key = str(name).strip().lower()
     if key not in _SCHEDULE_BY_LOWER:
         raise StrategyError(f"strategy field 'schedule' must be one of {list(SCHEDULES)} "
-                            f"(case-insensitive), got {name!r}")
+                            f"(case-insensitive), got {name!r}", field="schedule")
     return _SCHEDULE_BY_LOWER[key]
 
 
@@ -187,7 +196,7 @@ class Strategy:
     dp: int = 1
     tp: int = 1
     pp: int = 1
-    vpp: int = 1
+    vpp: int = 0
     schedule: str = "1F1B"
     micro_batch_size: int = 1
     global_batch_size: int = 1
@@ -210,88 +219,111 @@ class Strategy:
     moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
+        spelled = None  # the dtype spelling of an FP8 recipe (fp8-delayed), for messages
         if isinstance(self.dtype, str) and self.dtype in FP8_DTYPES:
+            spelled = self.dtype
             recipe = FP8_DTYPES[self.dtype]
             if self.fp8 is not None and self.fp8 != recipe:
                 raise StrategyError(f"strategy field 'dtype' {self.dtype!r} means fp8 {recipe!r} "
-                                    f"but field 'fp8' is {self.fp8!r}")
+                                    f"but field 'fp8' is {self.fp8!r}", field="dtype")
             object.__setattr__(self, "dtype", "bfloat16")
             object.__setattr__(self, "fp8", recipe)
+        self._resolve_vpp()
         for name in _INT_FIELDS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise StrategyError(f"strategy field {name!r} must be an integer >= 1, got {v!r}")
+                raise StrategyError(f"strategy field {name!r} must be an integer >= 1, got {v!r}", field=name)
             if v > MAX_VALUES[name]:
                 raise StrategyError(f"strategy field {name!r} is {v}, above the limit of "
-                                    f"{MAX_VALUES[name]} (completion.strategy.MAX_VALUES)")
+                                    f"{MAX_VALUES[name]} (completion.strategy.MAX_VALUES)", field=name)
         if self.world_size > MAX_DEGREE:
             raise StrategyError(f"strategy field 'dp' x 'cp' x 'tp' x 'pp' = {self.world_size} "
-                                f"ranks is above the limit of {MAX_DEGREE} (completion.strategy.MAX_DEGREE)")
+                                f"ranks is above the limit of {MAX_DEGREE} (completion.strategy.MAX_DEGREE)", field="dp")
         object.__setattr__(self, "schedule", canonical_schedule(self.schedule))
-        self._check_choices()
+        self._check_choices(spelled)
         self._check_combinations()
         self._check_hsdp()
         self._check_annotation()
         self._check_layers_per_stage()
 
-    def _check_choices(self) -> None:
+    def _check_choices(self, spelled: str | None = None) -> None:
         if isinstance(self.cp_comm, str) and self.cp_comm in CP_COMM_ALIASES:
             object.__setattr__(self, "cp_comm", CP_COMM_ALIASES[self.cp_comm])
         if self.cp_comm in ("a2a", "a2a+p2p"):
             raise StrategyError(f"strategy field 'cp_comm' {self.cp_comm!r} (Megatron-LM's "
                                 "all-to-all, Ulysses-style context parallelism) is not modelled; "
-                                f"one of {list(CP_COMMS)}")
+                                f"one of {list(CP_COMMS)}", field="cp_comm")
         for name, allowed in (("recompute", RECOMPUTE), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
                               ("framework", FRAMEWORKS), ("cp_comm", CP_COMMS)):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in allowed:
                 raise StrategyError(f"strategy field {name!r} must be one of {list(allowed)}, "
-                                    f"got {getattr(self, name)!r}")
+                                    f"got {getattr(self, name)!r}", field=name)
         if self.attention is not None and (not isinstance(self.attention, str) or self.attention not in ATTENTIONS):
             raise StrategyError(f"strategy field 'attention' must be one of {list(ATTENTIONS)} or "
-                                f"null (the model's own), got {self.attention!r}")
+                                f"null (the model's own), got {self.attention!r}", field="attention")
         if self.fp8 is not None:
             if not isinstance(self.fp8, str) or self.fp8 not in FP8_RECIPES:
                 raise StrategyError(f"strategy field 'fp8' must be one of {list(FP8_RECIPES)} or "
-                                    f"null (no FP8), got {self.fp8!r}")
-            if self.framework not in FP8_RECIPES[self.fp8]:
-                *first, last = FP8_RECIPES[self.fp8]
-                names = f"{', '.join(first)} or {last}" if first else last
-                raise StrategyError(f"strategy field 'fp8' {self.fp8!r} runs under framework "
-                                    f"{names}, not {self.framework!r}")
+                                    f"null (no FP8), got {self.fp8!r}", field="fp8")
+            self._check_fp8_framework(spelled)
             if self.dtype != "bfloat16":
                 raise StrategyError(f"strategy field 'fp8' {self.fp8!r} keeps BF16 outside the "
-                                    f"FP8 GEMMs; 'dtype' must be bfloat16, got {self.dtype!r}")
+                                    f"FP8 GEMMs; 'dtype' must be bfloat16, got {self.dtype!r}", field="fp8")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
-            raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+            raise StrategyError(f"strategy field 'zero' (ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}", field="zero")
         if not isinstance(self.sequence_parallel, bool):
             raise StrategyError(f"strategy field 'sequence_parallel' must be true or false, "
-                                f"got {self.sequence_parallel!r}")
+                                f"got {self.sequence_parallel!r}", field="sequence_parallel")
+
+    def _resolve_vpp(self) -> None:
+        """vpp 0 (the default): :func:`default_vpp` of the schedule and pp."""
+        if self.vpp == 0 and not isinstance(self.vpp, bool):
+            object.__setattr__(self, "vpp", default_vpp(self.schedule, self.pp))
+
+    def _check_fp8_framework(self, spelled: str | None = None) -> None:
+        """Refuse an FP8 recipe the framework does not run (:data:`FP8_RECIPES`); the
+        message names the ``dtype`` spelling when the recipe came from one (``spelled``)."""
+        runs = FP8_RECIPES.get(self.fp8) if isinstance(self.fp8, str) else None
+        if runs is None or self.framework in runs:
+            return
+        *first, last = runs
+        names = f"{', '.join(first)} or {last}" if first else last
+        if spelled is not None:
+            raise StrategyError(f"strategy field 'dtype' {spelled} runs under strategy field "
+                                f"'framework' {names}, not {self.framework}: give one of them",
+                                field="dtype")
+        raise StrategyError(f"strategy field 'fp8' {self.fp8!r} runs under framework "
+                            f"{names}, not {self.framework!r}", field="fp8")
 
     def _check_combinations(self) -> None:
         per_step = self.dp * self.micro_batch_size
         if self.global_batch_size % per_step:
             raise StrategyError(
                 f"strategy field 'global_batch_size' ({self.global_batch_size}) must be a multiple "
-                f"of dp * micro_batch_size = {per_step}")
+                f"of dp * micro_batch_size = {per_step}", field="global_batch_size")
         if self.schedule == "DualPipeV" and self.num_microbatches < 2 * self.pp:
             raise StrategyError(f"schedule DualPipeV needs at least 2 x pp = {2 * self.pp} micro-batches "
                                 f"per step, got {self.num_microbatches} (global_batch_size / (dp x "
                                 "micro_batch_size))")
         if self.schedule in V_SHAPED and self.vpp != 2:
             raise StrategyError(f"strategy field 'vpp' must be 2 for {self.schedule} (two chunks per rank in "
-                                f"a V), got {self.vpp}")
+                                f"a V), got {self.vpp}", field="vpp")
         if self.pp == 1 and self.vpp == 1 and self.schedule != "1F1B":
-            raise StrategyError(f"strategy field 'schedule' is {self.schedule!r} but pp = 1 has no "
-                                f"pipeline to schedule (every schedule is the same step there): "
-                                f"use 1F1B, the default, or pp > 1")
+            raise StrategyError(f"strategy field 'schedule' {self.schedule} orders the micro-batches "
+                                f"of a pipeline, and pp 1 has none: give pp > 1, or schedule 1F1B "
+                                f"(the default)", field="schedule")
         if self.schedule == "VPP" and self.vpp == 1 and self.pp > 1:
-            raise StrategyError("strategy field 'vpp' is 1 with schedule 'VPP': one model chunk "
-                                "per pipeline rank is 1F1B; give vpp >= 2, or schedule 1F1B")
+            raise StrategyError("strategy field 'vpp' 1 with schedule VPP runs one model chunk per "
+                                "pipeline rank, which is 1F1B: give vpp 2 or more (or leave it "
+                                "out), or schedule 1F1B", field="vpp")
         if self.vpp > 1 and self.schedule not in INTERLEAVED:
             raise StrategyError(f"strategy field 'vpp' is {self.vpp} but schedule "
-                                f"{self.schedule!r} runs one chunk per rank; use schedule VPP (or ZBVPP at vpp 2)")
+                                f"{self.schedule!r} runs one chunk per rank; use schedule VPP (or ZBVPP at vpp 2)", field="vpp")
+        if self.cp == 1 and self.cp_comm != "p2p":
+            raise StrategyError(f"strategy field 'cp_comm' {self.cp_comm} needs cp > 1: without "
+                                "context parallelism there is no K/V exchange", field="cp_comm")
         if self.sequence_parallel and self.tp == 1:
-            raise StrategyError("strategy field 'sequence_parallel' needs tp > 1")
+            raise StrategyError("strategy field 'sequence_parallel' needs tp > 1", field="sequence_parallel")
         why = layout_problem(self.dp, self.cp, self.tp, self.ep, self.etp)
         if why is not None:
             raise StrategyError(why)
@@ -299,12 +331,12 @@ class Strategy:
             raise StrategyError(f"strategy field 'ep' = {self.ep} with 'zero' = {self.zero}: only the "
                                 "distributed optimizer (zero 1, optimizer states sharded over the "
                                 "expert-data-parallel group for experts) is modelled with experts; "
-                                "use zero 0 or 1")
+                                "use zero 0 or 1", field="ep")
         self._check_moe_routing()
         if self.cp > 1 and self.attention == "unfused":
             raise StrategyError(f"strategy field 'cp' = {self.cp} needs the fused (flash) attention: "
                                 "context parallelism splits the attention into blockwise kernels "
-                                "(Megatron-LM runs it with Transformer Engine's fused attention)")
+                                "(Megatron-LM runs it with Transformer Engine's fused attention)", field="cp")
 
     def _check_hsdp(self) -> None:
         """HSDP needs ZeRO-3 and a shard group size N with 2 <= N < dp, N | dp (0 reads as
@@ -315,14 +347,14 @@ class Strategy:
             return
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise StrategyError(f"strategy field 'fsdp_shard_size' (HSDP shard group) must be an "
-                                f"integer >= 2 or null, got {n!r}")
+                                f"integer >= 2 or null, got {n!r}", field="fsdp_shard_size")
         if self.zero != 3:
             raise StrategyError(f"strategy field 'fsdp_shard_size' = {n} (HSDP) shards weights, "
-                                f"gradients and optimizer states: it needs zero 3, got zero {self.zero}")
+                                f"gradients and optimizer states: it needs zero 3, got zero {self.zero}", field="fsdp_shard_size")
         if n < 2 or n >= self.dp or self.dp % n:
             raise StrategyError(f"strategy field 'fsdp_shard_size' = {n} must divide dp = {self.dp} "
                                 f"and lie in 2..dp/2 (HSDP: dp / {n} replicas of a shard group; "
-                                f"null shards over all of dp)")
+                                f"null shards over all of dp)", field="fsdp_shard_size")
 
     @property
     def zero_shard_degree(self) -> int:
@@ -342,29 +374,29 @@ class Strategy:
             for k, pl in ann.items():
                 if not isinstance(pl, (list, tuple)):
                     raise StrategyError(f"strategy field 'annotation': value {k!r} needs a list of "
-                                        f"placements (one per mesh dim), got {pl!r}")
+                                        f"placements (one per mesh dim), got {pl!r}", field="annotation")
                 try:
                     out[str(k)] = [repr(parse_placement(p)) for p in pl]
                 except DistAttrError as e:
-                    raise StrategyError(f"strategy field 'annotation': value {k!r}: {e}") from None
+                    raise StrategyError(f"strategy field 'annotation': value {k!r}: {e}", field="annotation") from None
             object.__setattr__(self, "annotation", out)
         elif ann not in ("megatron", "none"):
             raise StrategyError(f"strategy field 'annotation' must be 'megatron', 'none' or a "
-                                f"mapping value name -> placements, got {ann!r}")
+                                f"mapping value name -> placements, got {ann!r}", field="annotation")
 
     def _check_layers_per_stage(self) -> None:
         lps = self.layers_per_stage
         if lps is None:
             return
         if isinstance(lps, (str, bytes, dict)) or not hasattr(lps, "__iter__"):
-            raise StrategyError(f"strategy field 'layers_per_stage' must be a list of integers, got {lps!r}")
+            raise StrategyError(f"strategy field 'layers_per_stage' must be a list of integers, got {lps!r}", field="layers_per_stage")
         vals = tuple(lps)
         if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_LAYERS for x in vals):
             raise StrategyError(f"strategy field 'layers_per_stage' must hold integers in 0..{MAX_LAYERS}, "
-                                f"got {list(vals)[:16]}{' ...' if len(vals) > 16 else ''}")
+                                f"got {list(vals)[:16]}{' ...' if len(vals) > 16 else ''}", field="layers_per_stage")
         if len(vals) != self.pp * self.vpp:
             raise StrategyError(f"strategy field 'layers_per_stage' has {len(vals)} entries; pp * vpp "
-                                f"= {self.pp} * {self.vpp} = {self.pp * self.vpp} virtual stages need one each")
+                                f"= {self.pp} * {self.vpp} = {self.pp * self.vpp} virtual stages need one each", field="layers_per_stage")
         object.__setattr__(self, "layers_per_stage", vals)
 
     # -- derived ---------------------------------------------------------------------------
@@ -381,17 +413,17 @@ class Strategy:
                 f"strategy field 'global_batch_size' ({self.global_batch_size}) gives {m} "
                 f"micro-batches per step (global_batch_size / (dp x micro_batch_size) = "
                 f"{self.global_batch_size} / {per_step}); VPP with vpp {self.vpp} needs a multiple "
-                f"of pp = {self.pp}")
+                f"of pp = {self.pp}", field="global_batch_size")
 
     def _check_moe_routing(self) -> None:
         """moe_capacity_factor None or a number in (0, 64]; moe_load_imbalance in [1, 64]."""
         c, f = self.moe_capacity_factor, self.moe_load_imbalance
         if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 64):
             raise StrategyError(f"strategy field 'moe_capacity_factor' must be a number in (0, 64] "
-                                f"(left out: dropless), got {c!r}")
+                                f"(left out: dropless), got {c!r}", field="moe_capacity_factor")
         if isinstance(f, bool) or not isinstance(f, int | float) or not 1 <= f <= 64:
             raise StrategyError(f"strategy field 'moe_load_imbalance' must be a number in [1, 64] "
-                                f"(the busiest expert's tokens over the mean), got {f!r}")
+                                f"(the busiest expert's tokens over the mean), got {f!r}", field="moe_load_imbalance")
 
     @property
     def expert_slot_factor(self) -> float:
@@ -452,7 +484,7 @@ class Strategy:
         for k, v in data.items():
             name = LEGACY_KEYS.get(k, k)
             if name in out:
-                raise StrategyError(f"strategy field {name!r} is given twice (as {k!r})")
+                raise StrategyError(f"strategy field {name!r} is given twice (as {k!r})", field=name)
             out[name] = v
         extra = sorted(set(out) - known)
         if extra:

@@ -13,6 +13,7 @@ import numpy as np
 
 from completion.dist_attr import Partial
 from completion.reshard import Layout
+from executor.errors import ExecutorError
 
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
@@ -30,11 +31,11 @@ def assemble(layout: Layout | None, shape: Sequence[int], blocks: Mapping[int, n
     cur: dict[tuple[int, ...], np.ndarray] = {}
     for r in mesh.process_ids:
         if r not in blocks:
-            raise ValueError(f"assemble: rank {r} of mesh {list(mesh.shape)} sent no block")
+            raise ExecutorError(f"assemble: rank {r} of mesh {list(mesh.shape)} sent no block")
         want = layout.local_shape(shape, r)
         b = np.asarray(blocks[r])
         if tuple(b.shape) != tuple(want):
-            raise ValueError(f"assemble: rank {r} block {b.shape} but layout wants {want}")
+            raise ExecutorError(f"assemble: rank {r} block {b.shape} but layout wants {want}")
         cur[mesh.coord(r)] = b
     for m, p in enumerate(layout.placements):
         if isinstance(p, Partial):

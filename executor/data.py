@@ -30,6 +30,7 @@ import torch
 
 from completion.ir import Value
 from completion.reshard import Layout
+from executor.errors import ExecutorError
 from executor.kernels import torch_dtype
 from executor.kernels.attention import rope_tables
 
@@ -118,6 +119,6 @@ def local_block(glob: torch.Tensor, layout: Layout | None, rank: int) -> torch.T
     if layout is None or rank not in layout.mesh.process_ids or glob.ndim == 0:
         return glob.clone()
     if any(type(p).__name__ == "Partial" for p in layout.placements):
-        raise ValueError(f"cannot initialise a block of a Partial layout {layout}")
+        raise ExecutorError(f"cannot initialise a block of a Partial layout {layout}")
     idx = tuple(slice(a, b) for a, b in layout.index_range(tuple(glob.shape), rank))
     return glob[idx].clone().contiguous()

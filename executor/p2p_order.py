@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from completion.ir import OpRole, Program
+from executor.errors import ExecutorError
 from executor.rank_plan import RankPlan, unit_of_op
 
 #: unit keys run once per step (not per micro-batch)
@@ -44,7 +45,7 @@ def recv_unit(program: Program, send_index: int) -> Any:
     """The receiver's unit key of the recv op paired with the send op at ``send_index``
     (the op after it). Raises ValueError when that op is not a recv."""
     if send_index + 1 >= len(program.ops) or program.ops[send_index + 1].type != "recv":
-        raise ValueError(f"send op at index {send_index} has no recv op after it")
+        raise ExecutorError(f"send op at index {send_index} has no recv op after it")
     op = program.ops[send_index + 1]
     return unit_of_op(program, send_index + 1, step=op.role == OpRole.OPTIMIZE)
 

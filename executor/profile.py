@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 
+from executor.errors import ExecutorError
 from executor.quiet_stderr import kineto_quiet
 
 #: Prefix of every name the executor gives a profiler span
@@ -242,7 +243,7 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     from executor.span_trace import SpanRecorder, span_cost
 
     if steps < 1 or pairs < 1:
-        raise ValueError(f"profile_step needs steps >= 1 and pairs >= 1, got {steps}, {pairs}")
+        raise ExecutorError(f"profile_step needs steps >= 1 and pairs >= 1, got {steps}, {pairs}")
     out = trace_path(directory, ex.rank)
     out.parent.mkdir(parents=True, exist_ok=True)
     acts = [ProfilerActivity.CPU]

@@ -273,7 +273,7 @@ class RankExecutor:
             op = {"sum": torch.distributed.ReduceOp.SUM, "avg": torch.distributed.ReduceOp.SUM,
                   "max": torch.distributed.ReduceOp.MAX, "min": torch.distributed.ReduceOp.MIN}
             if rtype not in op:
-                raise ValueError(f"unknown reduce_type {rtype!r}")
+                raise ExecutorError(f"unknown reduce_type {rtype!r}")
             work = torch.distributed.all_reduce(out, op=op[rtype], group=self.groups.get(group),
                                                 async_op=True)
             self._deferred[id(out)] = (work, out, len(group), rtype)

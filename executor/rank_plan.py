@@ -31,6 +31,7 @@ from typing import Any
 from completion import RankOp, rank_program
 from completion.ir import Operation, OpRole, Program, Value
 from completion.passes.reshard import value_layout
+from executor.errors import ExecutorError
 
 SOURCES = ("data", "parameter", "full")
 P2P = ("send", "recv")
@@ -194,7 +195,7 @@ def unit_of_op(program: Program, index: int, step: bool = False) -> Any:
     that is not a recv."""
     op = program.ops[index]
     if op.type != "recv":
-        raise ValueError(f"op {index} of the program is {op.type!r}, not a recv")
+        raise ExecutorError(f"op {index} of the program is {op.type!r}, not a recv")
     keys = _keys(op, None, {}, {id(op)} if step else set(), {}, program, {id(op): index})
     return keys[0][0]
 

@@ -25,6 +25,8 @@ import time
 from array import array
 from typing import Any
 
+from executor.errors import ExecutorError
+
 #: ``cat`` of every event the recorder writes (``executor.trace_match`` keeps them apart
 #: from the profiler's ``cpu_op`` / ``user_annotation`` events of the same thread)
 SPAN_CAT = "meshplan_span"
@@ -109,7 +111,7 @@ def span_cost(spans: int = COST_SPANS, repeats: int = COST_REPEATS) -> float:
     (a closure entering a :class:`SpanRecorder` span), less the same calls unwrapped, over
     ``spans``; >= 0. Raises ValueError for ``spans`` or ``repeats`` < 1."""
     if spans < 1 or repeats < 1:
-        raise ValueError(f"span_cost needs spans >= 1 and repeats >= 1, got {spans}, {repeats}")
+        raise ExecutorError(f"span_cost needs spans >= 1 and repeats >= 1, got {spans}, {repeats}")
     rec = SpanRecorder()
 
     def wrapped(f: Any) -> None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from completion.errors import InputFileNotFoundError
 from executor.calibrate_fit import FitError, collective_terms, fit_gemm, fit_links, fit_ratio
 from executor.errors import ExecutorError
 
@@ -113,7 +114,7 @@ def read_trace(path: str | Path) -> tuple[Any, list[dict[str, Any]]]:
     :func:`load_trace`'s events. Raises as :func:`load_trace`."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"trace file not found: {p}")
+        raise InputFileNotFoundError(f"trace file not found: {p}")
     if p.stat().st_size > MAX_TRACE_BYTES:
         raise TraceError(f"{p}: {p.stat().st_size} bytes, above the {MAX_TRACE_BYTES} a trace may have")
     try:
@@ -141,7 +142,7 @@ def _numel(dims: Any) -> int:
     try:
         for d in dims:
             if isinstance(d, bool) or int(d) != d or d < 0:
-                raise ValueError
+                raise ExecutorError
             n *= int(d)
     except (TypeError, ValueError, OverflowError):
         raise TraceError(f"an event's 'Input Dims' entry {dims!r} is not a list of "

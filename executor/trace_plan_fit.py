@@ -145,7 +145,7 @@ def stream_bandwidth(streams: list[tuple[float, float]]) -> float:
         groups.setdefault(b, []).append(t)
     total_t = sum(len(ts) * statistics.median(ts) for ts in groups.values())
     if total_t <= 0:
-        raise ValueError("no in-place streaming op with a positive time")
+        raise ExecutorError("no in-place streaming op with a positive time")
     return sum(b * len(ts) for b, ts in groups.items()) / total_t
 
 

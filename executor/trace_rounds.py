@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from executor.calibrate_ops import OpSample
+from executor.errors import ExecutorError
 
 #: the share of the rounds, by time around the median, whose samples a fit pools
 POOLED_SHARE = 1 / 3
@@ -60,7 +61,7 @@ def middle_rounds(metas: list[dict], share: float = POOLED_SHARE) -> list[int]:
     ties broken by round index. [] when a rank recorded no round. Raises ValueError for a
     share outside (0, 1]."""
     if not 0 < share <= 1:
-        raise ValueError(f"the pooled share of rounds must be in (0, 1], got {share}")
+        raise ExecutorError(f"the pooled share of rounds must be in (0, 1], got {share}")
     times = round_times(metas)
     n = len(times)
     if n == 0:
@@ -105,7 +106,7 @@ def fold_step_gap(samples: list[OpSample], gap: float) -> list[OpSample]:
     spread evenly over its ``action`` samples (module docstring); unchanged when it has
     none (the gap then stays out of the fit). Raises ValueError for a negative gap."""
     if gap < 0:
-        raise ValueError(f"a step's uncovered host time cannot be negative, got {gap} s")
+        raise ExecutorError(f"a step's uncovered host time cannot be negative, got {gap} s")
     n = sum(s.kind == "action" for s in samples)
     if n == 0 or gap == 0:
         return list(samples)

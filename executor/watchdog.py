@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from executor.errors import ExecutorError
+
 #: seconds between beats
 INTERVAL = 1.0
 #: a rank whose beats stop this long is dead
@@ -99,7 +101,7 @@ class Watchdog:
                  interval: float = INTERVAL, dead_after: float = DEAD_AFTER,
                  hang_after: float = HANG_AFTER, progress_dir: str | None = None) -> None:
         if not 0 < interval < min(dead_after, hang_after):
-            raise ValueError(f"watchdog times must satisfy 0 < interval < dead_after, hang_after; "
+            raise ExecutorError(f"watchdog times must satisfy 0 < interval < dead_after, hang_after; "
                              f"got interval={interval}, dead_after={dead_after}, hang_after={hang_after}")
         self.store, self.rank, self.world = store, rank, world_size
         self.on_verdict = on_verdict

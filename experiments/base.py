@@ -15,8 +15,10 @@ from typing import Any
 
 import pandas as pd
 
+from completion.errors import MeshplanError
 
-class ExperimentError(ValueError):
+
+class ExperimentError(MeshplanError):
     """An experiment that cannot run (a missing prerequisite, an unknown name) or that
     failed; the message names the experiment and what is missing."""
 

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from completion.errors import InputFileNotFoundError
 from completion.models.catalog import MEGATRON_2021
 from completion.models.config import ModelConfig, ModelConfigError
 from completion.strategy import Strategy, StrategyError
@@ -539,7 +540,7 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, str]]:
     Raises FileNotFoundError naming the path when it is absent."""
     p = Path(path) if path is not None else DATA_CSV
     if not p.is_file():
-        raise FileNotFoundError(f"measured runs file not found: {p}")
+        raise InputFileNotFoundError(f"measured runs file not found: {p}")
     with p.open(newline="", encoding="utf-8") as f:
         return [dict(r) for r in csv.DictReader(f)]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.base import ExperimentError
+
 #: measured step times closer than this (relative, larger over smaller minus 1) are a tie
 PAIR_MARGIN = 0.03
 
@@ -39,9 +41,9 @@ def pairs_in_order(measured: Sequence[float], predicted: Sequence[float],
     pair). Raises ValueError for lists of different lengths or a non-positive measured
     time."""
     if len(measured) != len(predicted) or (layouts is not None and len(layouts) != len(measured)):
-        raise ValueError(f"pairs_in_order: {len(measured)} measured times, {len(predicted)} predicted")
+        raise ExperimentError(f"pairs_in_order: {len(measured)} measured times, {len(predicted)} predicted")
     if any(not m > 0 for m in measured):
-        raise ValueError("pairs_in_order: measured times must be > 0")
+        raise ExperimentError("pairs_in_order: measured times must be > 0")
     compared = right = 0
     n = len(measured)
     for i in range(n):
@@ -59,7 +61,7 @@ def regret(measured: Sequence[float], predicted: Sequence[float]) -> float:
     """Measured time of the predicted-fastest run over the measured-fastest, minus 1 (the
     first of predicted ties). Raises ValueError for empty or unequal lists."""
     if not measured or len(measured) != len(predicted):
-        raise ValueError(f"regret: needs equal non-empty lists, got {len(measured)} and {len(predicted)}")
+        raise ExperimentError(f"regret: needs equal non-empty lists, got {len(measured)} and {len(predicted)}")
     pick = min(range(len(predicted)), key=lambda i: predicted[i])
     return measured[pick] / min(measured) - 1.0
 

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.base import ExperimentError
+
 MISSING = "n/a"
 
 
@@ -46,7 +48,7 @@ def to_markdown(df: pd.DataFrame, float_format: str = ".4f") -> str:
         ValueError: ``df`` has no columns.
     """
     if len(df.columns) == 0:
-        raise ValueError("to_markdown: the DataFrame has no columns")
+        raise ExperimentError("to_markdown: the DataFrame has no columns")
     header = [str(c).replace("|", "\\|") for c in df.columns]
     align = ["---:" if _numeric(df[c]) else "---" for c in df.columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]

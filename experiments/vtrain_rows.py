@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from completion.errors import InputFileNotFoundError
 from completion.models.config import ModelConfig
 from completion.models.hf_config import config_from_hf_dict
 from completion.strategy import Strategy
@@ -98,7 +99,7 @@ def load(path: str | Path | None = None) -> list[VtrainRun]:
     read (a column missing, a cell not a number, tp x pp x dp != GPUs)."""
     p = Path(path) if path is not None else DATA_CSV
     if not p.is_file():
-        raise FileNotFoundError(f"vTrain rows file not found: {p}")
+        raise InputFileNotFoundError(f"vTrain rows file not found: {p}")
     out = []
     with p.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)

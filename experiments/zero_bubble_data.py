@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from experiments.base import ExperimentError
+
 MS = 1e-3
 
 
@@ -116,7 +118,7 @@ def interleaved_chunks(model: ZBModel, p: int) -> int:
     """
     total = model.layers + 2
     if total % p:
-        raise ValueError(
+        raise ExperimentError(
             f"1F1B-I for {model.name}: layers + 2 = {total} is not a multiple of p = {p}")
     return total // p
 
@@ -134,7 +136,7 @@ def schedule_args(label: str, row: Table9Row) -> tuple[str, int, dict]:
         ValueError: unknown label.
     """
     if label not in OUR_NAME:
-        raise ValueError(f"unknown Zero Bubble schedule label {label!r}; known: {PAPER_SCHEDULES}")
+        raise ExperimentError(f"unknown Zero Bubble schedule label {label!r}; known: {PAPER_SCHEDULES}")
     name = OUR_NAME[label]
     if label == "1F1B-I":
         return name, interleaved_chunks(MODELS[row.model], row.p), {}

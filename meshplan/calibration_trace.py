@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from completion.errors import InputFileNotFoundError
 from meshplan.errors import MeshplanError
 from meshplan.terminal import echo
 
@@ -44,12 +45,12 @@ def executor_traces(trace: str) -> list[Path]:
     if p.is_dir():
         files = sorted(p.glob("rank*.json"), key=lambda f: int("".join(c for c in f.stem if c.isdigit()) or 0))
         if not files:
-            raise ValueError(f"--from-trace {p}: the directory holds no rank*.json trace")
+            raise MeshplanError(f"--from-trace {p}: the directory holds no rank*.json trace")
         if len(files) > MAX_TRACES:
-            raise ValueError(f"--from-trace {p}: {len(files)} rank traces, above the {MAX_TRACES} read")
+            raise MeshplanError(f"--from-trace {p}: {len(files)} rank traces, above the {MAX_TRACES} read")
         return files
     if not p.is_file():
-        raise FileNotFoundError(f"trace file not found: {p}")
+        raise InputFileNotFoundError(f"trace file not found: {p}")
     try:  # the executor writes its metadata after the events: the whole file is read
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):

@@ -18,7 +18,7 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from meshplan import __version__, help_format
 from meshplan.commands import repeated
-from meshplan.errors import click_exceptions
+from meshplan.errors import MeshplanError, click_exceptions
 
 # One entry per command module; each defines register(app: typer.Typer) -> None.
 COMMAND_MODULES = [
@@ -154,10 +154,11 @@ INTERRUPTED = 130
 
 
 def _is_run_failure(e: BaseException) -> bool:
-    """True for an ``executor`` error of a run (a rank that died or hung): the executor is
-    loaded only when a command ran it, so its module is looked up, not imported."""
+    """True for an ``executor`` error of a run (a rank that died or hung: an ExecutorError
+    that is also a RuntimeError); the executor is loaded only when a command ran it, so its
+    module is looked up, not imported."""
     errors = sys.modules.get("executor.errors")
-    return errors is not None and isinstance(e, errors.ExecutorError)
+    return errors is not None and isinstance(e, errors.ExecutorError) and isinstance(e, RuntimeError)
 
 
 #: Longest error message printed (characters); a message quoting a huge input is cut.
@@ -208,12 +209,14 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
 
 def _main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
     """Entry point of the console script (``argv``: the arguments after the program name,
-    default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (any
-    ``ValueError``, ``FileNotFoundError`` or ``KeyError`` raised by meshplan, or an option
-    value outside its choices or range, an unknown option or a missing argument: click's
-    message) prints ``error: <message>`` and exits with 2. A local run that failed (a rank
-    died, was killed or hung: ``executor``'s RankFailure / LaunchTimeout) prints
-    ``error: <message>`` and exits with 1. Messages are always one line; so are warnings
+    default ``sys.argv[1:]``; ``prog_name``: the name usage lines show). Bad input (a
+    :class:`~meshplan.errors.MeshplanError`, the root of every error meshplan raises on bad
+    input, or an option value outside its choices or range, an unknown option or a missing
+    argument: click's message) prints ``error: <message>`` and exits with 2; so does a file
+    named that is absent, unreadable or unwritable (an ``OSError``). A local run that failed
+    (a rank died, was killed or hung: ``executor``'s RankFailure / LaunchTimeout) prints
+    ``error: <message>`` and exits with 1. Any other exception (a bare ValueError or KeyError
+    from inside) is a bug: it is raised, with its traceback. Messages are always one line; so are warnings
     (``warning: <message>``, e.g. a config.json key known but not modelled)."""
     warnings.formatwarning = _warning_line
     try:
@@ -228,14 +231,12 @@ def _main(argv: list[str] | None = None, prog_name: str | None = None) -> int:
         return e.exit_code
     except SystemExit as e:  # click usage errors already printed
         return int(e.code or 0) if not isinstance(e.code, str) else 2
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except MeshplanError as e:  # bad input; or a run that failed (exit 1)
+        typer.echo(f"error: {_one_line(e)}", err=True)
+        return 1 if _is_run_failure(e) else 2
+    except FileNotFoundError as e:  # a file the user named that is not there
         typer.echo(f"error: {_one_line(e)}", err=True)
         return 2
-    except RuntimeError as e:
-        if not _is_run_failure(e):
-            raise
-        typer.echo(f"error: {_one_line(e)}", err=True)
-        return 1
     except OSError as e:  # an output path that is a directory, unwritable, a full disk, ...
         where = f": {e.filename}" if e.filename else ""
         typer.echo(f"error: {' '.join(str(e.strerror or e).split())}{where}", err=True)

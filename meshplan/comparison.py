@@ -33,14 +33,6 @@ def label(knobs: dict[str, Any], varied: list[str]) -> str:
     return " ".join(f"{HEADS[f]}={knobs[f]}" for f in varied) or "plan"
 
 
-def chunks_for(schedule: str) -> int:
-    """Model chunks per rank a plan of ``schedule`` (a name or alias) runs when ``--vpp``
-    is not given: 2 for ``completion.strategy.INTERLEAVED``, else 1."""
-    from completion.strategy import interleaved
-
-    return 2 if interleaved(schedule) else 1
-
-
 #: the result keys of a costed row (null in a refused one, which has ``error``)
 RESULT_KEYS = ("gpus", "gpus_available", "step_time_ms", "tokens_per_s", "mfu", "mfu_causal",
                "bubble_ratio",

@@ -1,21 +1,11 @@
 """Errors raised by the meshplan facade. All derive from :class:`MeshplanError`, a
-``ValueError`` (the CLI prints them as one ``error: ...`` line)."""
+``ValueError`` (the CLI prints them as one ``error: ...`` line): the one root of every
+package's errors, defined in ``completion.errors`` (the lowest package, so that every
+package may derive from it) and re-exported here as the same class."""
 
+from completion.errors import MeshplanError
 
-class MeshplanError(ValueError):
-    """Base class of every error the facade raises on bad input; names the field at fault.
-
-    Args:
-        message: the one-line explanation the CLI prints after ``error:``.
-        field: the input at fault, as the library spells it (a Strategy field such as
-            ``"tp"``, a config key such as ``"zero_optimization.stage"``, a Megatron-LM
-            argument such as ``"--num-layers"``), or None; the CLI maps a Strategy field
-            to the flag the user typed.
-    """
-
-    def __init__(self, message: str = "", *args: object, field: str | None = None) -> None:
-        super().__init__(message, *args)
-        self.field = field
+__all__ = ["MeshplanError", "click_exceptions"]
 
 
 def click_exceptions():

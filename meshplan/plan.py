@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from completion.errors import InputFileNotFoundError
 from completion.json_keys import unique_keys
 from completion.models.config import MAX_MODEL_SIZES
 from completion.nesting import json_depth
@@ -201,9 +202,9 @@ class Plan:
         if p.is_dir() and (p / "plan.json").is_file():  # tune's --output folder
             p = p / "plan.json"
         if p.is_dir():
-            raise FileNotFoundError(f"plan file not found: {p} is a folder without a plan.json")
+            raise InputFileNotFoundError(f"plan file not found: {p} is a folder without a plan.json")
         if not p.is_file():
-            raise FileNotFoundError(f"plan file not found: {p}")
+            raise InputFileNotFoundError(f"plan file not found: {p}")
         if p.stat().st_size > MAX_PLAN_BYTES:
             raise PlanError(f"{p}: {p.stat().st_size} bytes, larger than a plan can be "
                             f"({MAX_PLAN_BYTES}, meshplan.plan.MAX_PLAN_BYTES)")

@@ -210,7 +210,7 @@ def check_sizes(gpus_spec: str, cluster: str) -> tuple[int, list[int]]:
     sizes = cluster_sizes(gpus_spec, gpn)
     too_big = [n * gpn for n in sizes if n * gpn > MAX_WORLD_SIZE]
     if too_big:
-        raise ValueError(f"--gpus {gpus_spec!r}: {too_big[0]} GPUs is above meshplan's limit of "
+        raise MeshplanError(f"--gpus {gpus_spec!r}: {too_big[0]} GPUs is above meshplan's limit of "
                          f"{MAX_WORLD_SIZE} ranks (clusters.spec.MAX_WORLD_SIZE)")
     return gpn, sizes
 

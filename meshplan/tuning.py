@@ -23,6 +23,7 @@ from clusters.goodput_spec import goodput_sections
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
 from completion.models import get_model_config
 from meshplan.engine import Engine
+from meshplan.errors import MeshplanError
 from meshplan.layout_bound import SharedLayoutBound
 from meshplan.objective_scoring import ObjectiveBound, objective_of, objective_score
 from meshplan.plan import Plan
@@ -113,13 +114,13 @@ def with_layer_split(s: Strategy, config: Mapping[str, Any], num_layers: Any) ->
     requested: that trial is refused, with this reason)."""
     split = config.get("layer_split") or "balanced"
     if split not in LAYER_SPLITS:
-        raise ValueError(f"scorer config 'layer_split' must be one of {LAYER_SPLITS}, got {split!r}")
+        raise MeshplanError(f"scorer config 'layer_split' must be one of {LAYER_SPLITS}, got {split!r}")
     stages = s.pp * s.vpp
     if split == "balanced" or stages == 1:
         return s
     n = int(num_layers())
     if n % stages:
-        raise ValueError(f"an even layer split needs the {n} layers to divide over pp * vpp = "
+        raise MeshplanError(f"an even layer split needs the {n} layers to divide over pp * vpp = "
                          f"{s.pp} * {s.vpp} = {stages} virtual stages")
     return s.replace(layers_per_stage=even_split(n, stages))
 

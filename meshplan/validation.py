@@ -21,6 +21,7 @@ import dataclasses
 import os
 from typing import Any
 
+from meshplan.errors import MeshplanError
 from simulator.schedules import Schedule, build_schedule
 from simulator.stage_cost import PHASES
 
@@ -265,7 +266,7 @@ def run_repeated(plan: Any, nproc: int, repeats: int, *, cluster: Any = None,
     from executor import run_plans as _run
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+        raise MeshplanError(f"repeats must be an integer >= 1, got {repeats!r}")
     pred, sched = predict(plan, cluster)
     check_fits_host(pred, nproc, kwargs.get("backend", "gloo"))
     run = predicted_plan(plan, pred)

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import MeshplanError
+
 DEFAULT_CSV = "reports/validation.csv"
 
 
@@ -58,7 +60,7 @@ def append_csv(path: Path, plan_path: str, plan: Any, meas: Any, replace: bool =
     if not new:
         with path.open(newline="") as f:
             if next(csv.reader(f), None) != CSV_COLUMNS:
-                raise ValueError(f"--csv {str(path)!r}: its columns are not the validation CSV's; "
+                raise MeshplanError(f"--csv {str(path)!r}: its columns are not the validation CSV's; "
                                  f"give another file")
     with path.open("w" if new else "a", newline="") as f:
         w = csv.writer(f)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import simpy
 
+from simulator.errors import SimulatorError
 from simulator.result import TimelineEvent
 
 #: kinds of actions that finish a chunk's gradients (a W, or a fused BW; a B of a schedule
@@ -79,7 +80,7 @@ def grad_reduce_intervals(timeline: Sequence[TimelineEvent], num_ranks: int,
         ev = last.get((r, c))
         for frac, sec in items:
             if not 0.0 <= frac <= 1.0 or sec < 0:
-                raise ValueError(f"gradient bucket of rank {r} chunk {c}: fraction {frac} must "
+                raise SimulatorError(f"gradient bucket of rank {r} chunk {c}: fraction {frac} must "
                                  f"be in [0, 1] and seconds {sec} >= 0")
             if overlap and ev is not None:
                 at = ev.start + round(frac * (ev.end - ev.start))

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.errors import SimulatorError
 from simulator.op_cost import FP8_DTYPE, KernelCost
 from simulator.op_signature import OpSig, TensorSig
 from simulator.types import Phase
@@ -138,7 +139,7 @@ def recipe_of(sig: OpSig) -> Fp8Recipe | None:
     if not name:
         return None
     if name not in RECIPES:
-        raise KeyError(f"{sig.type}: fp8 recipe {name!r} is not one of {list(RECIPES)}")
+        raise SimulatorError(f"{sig.type}: fp8 recipe {name!r} is not one of {list(RECIPES)}")
     return RECIPES[name]
 
 

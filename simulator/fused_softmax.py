@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from simulator.errors import SimulatorError
+
 #: the longest key sequence Megatron's fused softmax kernels take (microsoft/Megatron-DeepSpeed
 #: f4157bea ``megatron/model/fused_softmax.py`` ``is_kernel_available``: ``16 < sk <= 4096``;
 #: Megatron-LM's is the same at d98e8a64 ``megatron/core/fusions/fused_softmax.py``)
@@ -31,7 +33,7 @@ def softmax_batch_per_block(sk: int) -> int:
     block has 128 threads. E.g. ``sk = 1024``: 4 warps of 32, one row each -> 4. Raises
     ValueError for ``sk < 1``."""
     if sk < 1:
-        raise ValueError(f"softmax_batch_per_block: key length must be >= 1, got {sk}")
+        raise SimulatorError(f"softmax_batch_per_block: key length must be >= 1, got {sk}")
     n = 1 << (sk - 1).bit_length()
     warp = min(n, WARP)
     return (SOFTMAX_BLOCK_THREADS // warp) * (2 if n <= 128 else 1)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from simulator.errors import SimulatorError
+
 #: action kind -> colour (pipeline actions, then the step's other work)
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8C613C", "BW": "#DD8452",
           "optimizer": "#C44E52", "dp_sync": "#8172B3", "pp_comm": "#937860"}
@@ -140,7 +142,7 @@ def plot_steps(panels: Sequence[tuple[str, Any]], path: str | Path) -> Path:
     """A PNG of one or more steps side by side (stacked, one shared time axis so their
     lengths compare): ``panels`` = [(label, StepResult)]. Raises ValueError when empty."""
     if not panels:
-        raise ValueError("plot_steps needs at least one step")
+        raise SimulatorError("plot_steps needs at least one step")
     fig, axes = figure([res.sim.num_stages for _, res in panels])
     allbars: list[Bar] = []
     for ax, (label, res) in zip(axes, panels, strict=True):

@@ -50,6 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from simulator.errors import SimulatorError
+
 
 def host_seconds(profile: Any, launches: int, collectives: int = 0) -> float:
     """Host seconds to dispatch ``launches`` kernels and ``collectives`` collectives under
@@ -57,7 +59,7 @@ def host_seconds(profile: Any, launches: int, collectives: int = 0) -> float:
     collectives x (kernel_launch_s + collective_launch_s)``; 0 when the profile states no
     ``host`` section (or there is no profile). Raises ValueError for a negative count."""
     if launches < 0 or collectives < 0:
-        raise ValueError(f"host_seconds: counts must be >= 0, got launches={launches}, "
+        raise SimulatorError(f"host_seconds: counts must be >= 0, got launches={launches}, "
                          f"collectives={collectives}")
     host = getattr(profile, "host", None)
     if host is None:
@@ -87,7 +89,7 @@ class Dispatch:
         """One kernel launched after ``host_s`` host seconds that runs ``device_s``. Raises
         ValueError for a negative time."""
         if host_s < 0 or device_s < 0:
-            raise ValueError(f"Dispatch.kernel: times must be >= 0, got host {host_s}, "
+            raise SimulatorError(f"Dispatch.kernel: times must be >= 0, got host {host_s}, "
                              f"device {device_s}")
         return cls(host_s, device_s, host_s + device_s)
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from completion.ir import Operation, OpRole
 from completion.ops.registry import op_traits
 from completion.roles import is_grad_type
+from simulator.errors import SimulatorError
 from simulator.op_signature import param_root
 
 #: ops of one layer (forward, in program order) -> ids of the ops it recomputes
@@ -144,7 +145,7 @@ def recompute_policy(name: str) -> RecomputePolicy:
     try:
         return RECOMPUTE_POLICIES[name]
     except KeyError:
-        raise KeyError(f"recompute must be one of {tuple(RECOMPUTE_POLICIES)}, got {name!r}") from None
+        raise SimulatorError(f"recompute must be one of {tuple(RECOMPUTE_POLICIES)}, got {name!r}") from None
 
 
 def recomputed_ops(ops: Sequence[Operation], blocks: dict[int, object], name: str) -> set[int]:

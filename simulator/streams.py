@@ -23,6 +23,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from simulator.errors import SimulatorError
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -34,7 +36,7 @@ class Kernel:
 
     def __post_init__(self) -> None:
         if not (self.seconds >= 0 and self.contended >= self.seconds):
-            raise ValueError(f"kernel times need 0 <= seconds <= contended, got "
+            raise SimulatorError(f"kernel times need 0 <= seconds <= contended, got "
                              f"{self.seconds}, {self.contended}")
 
 
@@ -50,7 +52,7 @@ def overlapped_time(comm: float, window: Sequence[Kernel]) -> float:
 
     Raises ValueError for a negative collective time."""
     if comm < 0:
-        raise ValueError(f"collective time must be >= 0 s, got {comm}")
+        raise SimulatorError(f"collective time must be >= 0 s, got {comm}")
     t, left = 0.0, comm
     for k in window:
         if left <= 0.0:
@@ -92,7 +94,7 @@ def prefetched_chain(compute: Sequence[Kernel], gathers: Sequence[float], depth:
     Raises ValueError when the lists differ in length or ``depth`` < 0."""
     n = len(compute)
     if len(gathers) != n or (reduces is not None and len(reduces) != n) or depth < 0:
-        raise ValueError(f"prefetched_chain: {n} blocks need {n} gathers (and reduces) and "
+        raise SimulatorError(f"prefetched_chain: {n} blocks need {n} gathers (and reduces) and "
                          f"depth >= 0; got {len(gathers)} gathers, depth {depth}")
     queue: list[tuple[float, int, str, int, float]] = []
     order = itertools.count()

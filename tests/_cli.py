@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from meshplan.cli import main
+from meshplan.errors import MeshplanError
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:
@@ -22,7 +23,7 @@ def one_line_error(rc: int, out: str, err: str) -> str:
     return lines[0]
 
 
-class Stopped(ValueError):
+class Stopped(MeshplanError):
     """Raised by a stand-in Engine or search once it has what the command built (the CLI
     prints it as a one-line error with exit code 2)."""
 

@@ -240,7 +240,7 @@ def test_an_interleaved_schedule_without_vpp_runs_two_chunks(capsys, strategies,
 def test_a_typed_vpp_of_one_with_vpp_is_refused(capsys, flag):
     line = one_line_error(*run_main(capsys, *BASE, "--pp", "2", "--global-batch", "16", "--schedule", "VPP",
                                            flag, "1"))
-    assert f"{flag} 1 with --schedule VPP" in line and "1F1B" in line
+    assert f"{flag} 1 with schedule VPP runs one model chunk per pipeline rank, which is 1F1B: give {flag} 2" in line
 
 
 @pytest.mark.parametrize("args, first, second", [

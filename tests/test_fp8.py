@@ -246,7 +246,7 @@ def test_cli_dtype_fp8(capsys, tmp_path):
     assert "device 'A100-SXM-80GB'" in line
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-tensorwise"))
     assert ("--dtype fp8-tensorwise runs under --framework fsdp2, fsdp2-eager or fsdp2-async-tp, "
-            "not megatron-core (the default): give one of them") in line
+            "not megatron-core: give one of them") in line
     line = one_line_error(*run_main(capsys, *base, "--cluster", "dgx-h100", "--dtype", "fp8-delayed",
                                     "--framework", "fsdp2"))
     assert "--dtype fp8-delayed runs under --framework megatron-core, megatron-bridge, nemo or " \

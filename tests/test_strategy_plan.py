@@ -50,7 +50,7 @@ def test_schedule_names_are_case_insensitive_with_aliases():
     assert Strategy(schedule="gpipe", pp=2).schedule == "FThenB"  # pp 1 takes 1F1B only
     assert Strategy(schedule="1f1b-i", vpp=2).schedule == "VPP"
     assert Strategy(schedule="zb-2P", pp=2).schedule == "ZB-2p"
-    with pytest.raises(StrategyError, match="pp = 1 has no pipeline to schedule"):
+    with pytest.raises(StrategyError, match="ZBH1 orders the micro-batches of a pipeline, and pp 1 has none"):
         Strategy(schedule="ZBH1")  # issue 43: the API refuses what --schedule ZBH1 --pp 1 does
 
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from meshplan import terminal
-from tests._cli import run_main
+from tests._cli import Stopped, run_main
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -125,7 +125,7 @@ def test_calibrate_advances_once_per_phase(bars, monkeypatch, tmp_path, capsys):
     def fake(nproc, quick, device, on_phase):
         for name in cal.calibration_phases(device):
             on_phase(name)
-        raise ValueError("stub stops here")
+        raise Stopped("stub stops here")
 
     monkeypatch.setattr(cal, "calibrate", fake)
     rc, _, err = run_main(capsys, "calibrate", "--output", str(tmp_path / "c.yaml"), "--quick")
@@ -140,7 +140,7 @@ def test_validate_bar_is_off_with_json(bars, monkeypatch, tmp_path, capsys, json
     import meshplan.validation as val
 
     def fake(*a, **k):
-        raise ValueError("stub stops here")
+        raise Stopped("stub stops here")
 
     monkeypatch.setattr(val, "run_repeated", fake)
     rc, _, err = run_main(capsys, "validate", "benchmarks/plans/dp2.json", "--nproc", "2",

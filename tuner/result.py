@@ -32,6 +32,7 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
+from tuner.errors import TunerError
 from tuner.space import Candidate
 
 HISTORY_COLUMNS = (
@@ -184,7 +185,7 @@ class TuneResult:
         by trial number; ``names="paddle"``: PaddlePaddle's auto-tuner columns instead
         (:func:`paddle_view`). Raises ValueError for another ``names``."""
         if names not in ("meshplan", "paddle"):
-            raise ValueError(f"names: 'meshplan' or 'paddle', got {names!r}")
+            raise TunerError(f"names: 'meshplan' or 'paddle', got {names!r}")
         rows = [_row(t, self.global_batch_size) for t in self.history_trials()]
         df = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
         df = df.astype({**{c: "Int64" for c in INT_COLUMNS}, **{c: "boolean" for c in BOOL_COLUMNS}})

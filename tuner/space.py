@@ -281,7 +281,7 @@ def parse_fix(text: str | None) -> dict[str, Any]:
         try:
             if typ is bool:
                 if v.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(v)
+                    raise TunerError(v)
                 out[k] = v.lower() in ("true", "1")
             else:
                 out[k] = typ(v)

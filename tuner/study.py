@@ -76,8 +76,9 @@ CONFIG_ATTR = "meshplan_config"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-class TuneError(TunerError):
-    """A bad search request (mode, sampler, a study that belongs to another search)."""
+#: the tuner's one error class under its older name (a bad search request: mode, sampler, a
+#: study that belongs to another search): ``TuneError is TunerError``
+TuneError = TunerError
 
 
 @dataclass(frozen=True)

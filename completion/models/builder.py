@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from completion.errors import CompletionError
 from completion.ir import OpRole, Program, Value
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -24,7 +25,7 @@ class ProgramBuilder:
 
     def __init__(self, program: Program | None = None, dtype: str = "bfloat16") -> None:
         if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one of {list(DTYPES)}")
+            raise CompletionError(f"dtype {dtype!r} is not one of {list(DTYPES)}")
         self.program = program if program is not None else Program()
         self.dtype = dtype
         self.role = OpRole.FORWARD

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from completion.errors import CompletionError
 from completion.ir import OpRole, Program
 from completion.models.builder import ProgramBuilder
 
@@ -22,7 +23,7 @@ def build_mlp(batch_size: int = 4, in_features: int = 16, hidden: int = 16, out_
     for nm, v in (("batch_size", batch_size), ("in_features", in_features), ("hidden", hidden),
                   ("out_features", out_features)):
         if not isinstance(v, int) or v < 1:
-            raise ValueError(f"build_mlp: {nm} must be a positive int, got {v!r}")
+            raise CompletionError(f"build_mlp: {nm} must be a positive int, got {v!r}")
     pb = ProgramBuilder(dtype=dtype)
     pb.data("learning_rate_1", [], dtype, persistable=True)
     w1 = pb.param("", "parameter_1", [hidden, out_features])

@@ -8,9 +8,9 @@ included) takes a comma list here, e.g. ``--schedule 1F1B,VPP,ZBH1,ZB-2p`` (also
 product of the lists (:data:`PARSERS` order: dp varies slowest, then tp, pp, ...). A plan the
 strategy rules refuse (e.g. ``--tp 3`` for 32 heads) is a table row marked ``refused`` and
 ``[i]``, reason i listed under the table; if every plan is refused the command fails with the
-first reason. Without ``--vpp`` each plan runs the chunks its schedule needs: 2 for the
-interleaved schedules (VPP, ZBVPP; ``completion.strategy.INTERLEAVED``), 1 for the others,
-so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-per-stage``
+first reason. Without ``--vpp`` each plan runs the chunks its schedule needs (the
+Strategy's rule): 2 for the interleaved schedules (VPP, ZBVPP;
+``completion.strategy.INTERLEAVED``) on pp > 1, 1 for the others, so ``--schedules 1F1B,VPP`` compares them as each is normally run. ``--layers-per-stage``
 takes the words only (``balanced,even``: the cost model's split beside the frameworks' even
 one; the table shows each split costed), the MoE routing options
 (``--moe-capacity-factor``, ``--moe-load-imbalance``) lists of numbers. ``--json`` prints
@@ -31,6 +31,7 @@ import typer
 from meshplan import comparison as cmp
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
+from meshplan.errors import MeshplanError
 from meshplan.frameworks.megatron import arguments as mg
 
 #: most plans one compare costs (the product of the list lengths)
@@ -42,9 +43,9 @@ def _ints(flag: str, low: int) -> Any:
         try:
             v = int(s)
         except ValueError:
-            raise ValueError(f"{flag}: {s!r} is not an integer") from None
+            raise MeshplanError(f"{flag}: {s!r} is not an integer") from None
         if v < low:
-            raise ValueError(f"{flag}: {v} must be >= {low}")
+            raise MeshplanError(f"{flag}: {v} must be >= {low}")
         return v
     return parse
 
@@ -54,7 +55,7 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
         try:
             v = float(s)
         except ValueError:
-            raise ValueError(f"{flag}: {s!r} is not a number") from None
+            raise MeshplanError(f"{flag}: {s!r} is not a number") from None
         return opt.finite(flag, v, low, low_open=low_open)  # type: ignore[return-value]
     return parse
 
@@ -62,7 +63,7 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
 def _split(s: str) -> str:
     word = opt.split_word(s)
     if word is None:
-        raise ValueError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
+        raise MeshplanError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
                          f"(compare takes the words; cost takes a list of layers per stage)")
     return word
 
@@ -72,7 +73,7 @@ def _choices(flag: str, enum: type[Enum]) -> Any:
 
     def parse(s: str) -> str:
         if s.lower() not in names:
-            raise ValueError(f"{flag}: {s!r} is not one of {', '.join(m.value for m in enum)}")
+            raise MeshplanError(f"{flag}: {s!r} is not one of {', '.join(m.value for m in enum)}")
         return names[s.lower()]
     return parse
 
@@ -110,7 +111,7 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
             continue
         items = [s.strip() for s in text.split(",")]
         if any(not s for s in items):
-            raise ValueError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
+            raise MeshplanError(f"{opt.FLAGS[field][0]}: empty item in {text!r} (a comma list, "
                              f"e.g. {EXAMPLES.get(field, '1,2')})")
         out[field] = list(dict.fromkeys(PARSERS[field](s) for s in items))
     n = 1
@@ -118,7 +119,7 @@ def parse_lists(raw: dict[str, str | None]) -> dict[str, list[Any]]:
         n *= len(vals)
     if n > MAX_PLANS:
         sizes = " x ".join(f"{opt.FLAGS[f][0]} {len(v)}" for f, v in out.items() if len(v) > 1)
-        raise ValueError(f"compare: {sizes} = {n} plans, at most {MAX_PLANS}; shorten a list")
+        raise MeshplanError(f"compare: {sizes} = {n} plans, at most {MAX_PLANS}; shorten a list")
     return out
 
 
@@ -183,7 +184,7 @@ def compare_cmd(
     from simulator.error_band import band_of
 
     if global_batch is None:
-        raise ValueError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
+        raise MeshplanError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
     outputs.check_output("--plot", plot, "image", force)
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
@@ -196,13 +197,15 @@ def compare_cmd(
     rows, panels, first_error = [], [], None
     for knobs in cmp.plans(lists):
         if vpp is None:
-            knobs = {**knobs, "vpp": cmp.chunks_for(knobs["schedule"])}
+            from completion.strategy import default_vpp
+
+            knobs = {**knobs, "vpp": default_vpp(knobs["schedule"], knobs["pp"])}
         try:
             strategy = _strategy(ctx, knobs, sequence_parallel,
                                  lambda: mg.model_layers(model, seq_len, layers))
             engine = Engine(model, cluster, strategy, nodes=nodes, seq_len=seq_len, num_layers=layers)
             res = engine.simulate()
-        except ValueError as e:  # StrategyError, ProgramCostError, ...: this plan only
+        except MeshplanError as e:  # StrategyError, ProgramCostError, ...: this plan only
             e = opt.flag_error(ctx, e)  # in the flags' words, as cost says it
             first_error = first_error or e
             rows.append({**knobs, **dict.fromkeys(cmp.RESULT_KEYS), "error": " ".join(str(e).split()),

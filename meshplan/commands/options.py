@@ -25,6 +25,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from meshplan.errors import MeshplanError
+
 #: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
 SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
 SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
@@ -331,7 +333,7 @@ def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("in
     if bad:
         lo = f"> {low:g}" if low_open else f">= {low:g}"
         hi = "" if high == float("inf") else f" and at most {high:g}"
-        raise ValueError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
+        raise MeshplanError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
     return x
 
 
@@ -342,18 +344,18 @@ def writable_file(flag: str, path: str) -> None:
     import os
 
     if not path.strip():
-        raise ValueError(f"{flag} is empty; give a file name")
+        raise MeshplanError(f"{flag} is empty; give a file name")
     if os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+        raise MeshplanError(f"{flag} {path!r} is a directory; give a file name")
     if os.path.exists(path):  # rewritten in place: the file's own permission decides
         if not os.access(path, os.W_OK):
-            raise ValueError(f"{flag} {path!r}: this user cannot write it")
+            raise MeshplanError(f"{flag} {path!r}: this user cannot write it")
         return
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ValueError(f"{flag} {path!r}: its folder {folder} does not exist")
+        raise MeshplanError(f"{flag} {path!r}: its folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
-        raise ValueError(f"{flag} {path!r}: this user cannot create a file in {folder}")
+        raise MeshplanError(f"{flag} {path!r}: this user cannot create a file in {folder}")
 
 
 def distinct_outputs(paths: dict[str, str | None]) -> None:
@@ -368,7 +370,7 @@ def distinct_outputs(paths: dict[str, str | None]) -> None:
             continue
         key = os.path.realpath(path)
         if key in seen:
-            raise ValueError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
+            raise MeshplanError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
         seen[key] = flag
 
 
@@ -387,7 +389,7 @@ def write_output(flag: str, path: str, write: Any) -> None:
     try:
         write()
     except OSError as e:
-        raise ValueError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
+        raise MeshplanError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
 
 
 def ensure_dir(path: Any, flag: str = "--output") -> None:
@@ -404,9 +406,9 @@ def ensure_dir(path: Any, flag: str = "--output") -> None:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ValueError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
+        raise MeshplanError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
     except OSError as e:
-        raise ValueError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
+        raise MeshplanError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
     typer.echo(f"created {p}", err=True)
 
 
@@ -439,12 +441,17 @@ _BARE = re.compile(r"(?<![\w'-])(" + "|".join(sorted(_BARE_FIELDS, key=len, reve
                    + r")(?![\w'=-])")
 
 
-def user_words(ctx: Any, msg: str) -> str:
+def user_words(ctx: Any, msg: str, field: str | None = None) -> str:
     """``msg`` (an error of the Strategy, Engine or planner, in field names) in the words of
     the command line of ``ctx``: ``strategy field 'F'`` and the bare field names of
     :data:`_BARE_FIELDS` become the flag the user typed for F, else its canonical flag
     (``strategy field 'global_batch_size' (8) must be a multiple of dp * micro_batch_size``
-    -> ``--global-batch-size (8) must be a multiple of --dp * --micro-batch-size``)."""
+    -> ``--global-batch-size (8) must be a multiple of --dp * --micro-batch-size``).
+    ``field`` (the error's ``.field``, the input at fault) names the flag of a message that
+    opens with ``strategy field 'F'`` directly; the patterns read the other fields it names."""
+    lead = f"strategy field {field!r}"
+    if field in FLAGS and msg.startswith(lead) and not msg.startswith(lead + " x "):
+        msg = typed_flag(ctx, field) + msg[len(lead):]
 
     def fields(m: re.Match[str]) -> str:
         return " x ".join(typed_flag(ctx, f) if f in FLAGS else f
@@ -457,20 +464,21 @@ def user_words(ctx: Any, msg: str) -> str:
 
 def flag_error(ctx: Any, err: Exception) -> Exception:
     """``err`` (a StrategyError, EngineError, ... naming ``strategy field 'F'`` or the bare
-    fields) in the user's words (:func:`user_words`): ``--zero (ZeRO stage) must be 0, 1, 2
+    fields; its ``.field`` the one at fault) in the user's words (:func:`user_words`): ``--zero (ZeRO stage) must be 0, 1, 2
     or 3``; the same type (a MeshplanError when that type cannot be rebuilt from a message),
     so ``meshplan.cli.main`` still prints one ``error:`` line and exits 2. An error naming no
     field is returned as is."""
-    msg = str(err)
-    if _FIELDS_RE.search(msg) is None and _BARE.search(msg) is None:
+    if not isinstance(err, MeshplanError):  # a bug, not bad input: shown as it is
         return err
-    text = user_words(ctx, msg)
+    msg = str(err)
+    field = err.field
+    if field not in FLAGS and _FIELDS_RE.search(msg) is None and _BARE.search(msg) is None:
+        return err
+    text = user_words(ctx, msg, field)
     try:
-        return type(err)(text)
+        return type(err)(text, field=field)
     except Exception:  # an error type with another constructor
-        from meshplan.errors import MeshplanError
-
-        return MeshplanError(text)
+        return MeshplanError(text, field=field)
 
 
 def split_word(text: str | None) -> str | None:
@@ -501,7 +509,7 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     if word == "even":
         n = int(num_layers())
         if n % stages:
-            raise ValueError(f"{flag} even: the model's {n} decoder layers do not divide over "
+            raise MeshplanError(f"{flag} even: the model's {n} decoder layers do not divide over "
                              f"{typed_flag(ctx, 'pp')} * {typed_flag(ctx, 'vpp')} = {strategy.pp} * "
                              f"{strategy.vpp} = {stages} virtual stages; give the "
                              f"split as {stages} comma-separated integers, or 'balanced'")
@@ -511,11 +519,11 @@ def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -
     else:
         parts = text.split(",")
         if not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
-            raise ValueError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
+            raise MeshplanError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
                              f"virtual stage as comma-separated integers (e.g. 5,3)")
         vpp_flag = "--num-layers-per-virtual-pipeline-stage"
         if typed_flags(ctx, vpp_flag):
-            raise ValueError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
+            raise MeshplanError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
                              f"stage (Megatron-LM refuses a layout beside it too): give --vpp "
                              f"with the list, or {vpp_flag} alone")
         split = tuple(int(p) for p in parts)
@@ -533,34 +541,16 @@ def value(choice: Any) -> Any:
 
 
 def build_strategy(ctx: Any, **knobs: Any) -> Any:
-    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. An
-    interleaved schedule (``completion.strategy.INTERLEAVED``: VPP, ZBVPP) on pp > 1 without
-    a typed ``--vpp`` runs 2 model chunks per rank (``compare`` does the same); a typed
-    ``--vpp 1`` with one is refused, since one chunk per rank is plain 1F1B (pp = 1 has no
-    pipeline to interleave: vpp stays as given). Raises StrategyError
-    naming the flag the user typed (:func:`flag_error`)."""
-    from completion.strategy import canonical_schedule, interleaved
+    """``meshplan.strategy.Strategy(**knobs)`` with Enum choices as plain values. A ``vpp``
+    of 1 the user did not type is left to the Strategy (vpp 0: 2 model chunks per rank for
+    an interleaved schedule on pp > 1, else 1); every rule is the Strategy's
+    (``completion.strategy``), so the Python API and the CLI accept and refuse the same
+    things. Raises StrategyError naming the flag the user typed (:func:`flag_error`)."""
     from meshplan.strategy import Strategy, StrategyError
 
     knobs = {k: value(v) for k, v in knobs.items()}
-    sched = knobs.get("schedule")
-    sched_flag = given_flags(ctx, "schedule") + typed_flags(ctx, "--schedules")  # compare's too
-    if knobs.get("pp", 1) == 1 and knobs.get("vpp", 1) == 1 and sched is not None \
-            and sched_flag and canonical_schedule(sched) != Strategy.schedule:
-        raise StrategyError(f"{sched_flag[0]} {canonical_schedule(sched)} orders "
-                            f"the micro-batches of a pipeline, and pp 1 has none: give --pp > 1, "
-                            f"or drop it")
-    if interleaved(sched) and knobs.get("vpp") == 1 and knobs.get("pp", 1) != 1:
-        typed = given_flags(ctx, "vpp")
-        if typed:
-            raise StrategyError(f"{typed[0]} 1 with --schedule {canonical_schedule(sched)} runs "
-                                f"one model chunk per pipeline rank, which is 1F1B: give "
-                                f"{typed[0]} 2 or more, or --schedule 1F1B")
-        knobs["vpp"] = 2
-    if knobs.get("cp", 1) == 1 and knobs.get("cp_comm", "p2p") != "p2p" and given_flags(ctx, "cp_comm"):
-        raise StrategyError(f"{given_flags(ctx, 'cp_comm')[0]} {knobs['cp_comm']} needs --cp > 1: "
-                            "without context parallelism there is no K/V exchange")
-    _check_fp8_framework(ctx, knobs.get("dtype"), knobs.get("framework"))
+    if knobs.get("vpp") == 1 and not given_flags(ctx, "vpp"):
+        knobs["vpp"] = 0  # the Strategy's choice by the schedule
     try:
         return Strategy(**knobs)
     except StrategyError as e:
@@ -571,26 +561,6 @@ def either(names: Any) -> str:
     """``a, b or c``: the choices of a message."""
     *first, last = list(names)
     return f"{', '.join(first)} or {last}" if first else last
-
-
-def _check_fp8_framework(ctx: Any, dtype: Any, framework: Any) -> None:
-    """Refuse an FP8 ``--dtype`` whose recipe the ``--framework`` does not run
-    (``completion.strategy.FP8_RECIPES``: Transformer Engine's under the Megatron family and
-    llm-foundry, torchao's under fsdp2), naming both flags as typed; the Strategy's own
-    message names its fields (``'fp8'``), which the user never typed."""
-    from completion.strategy import FP8_DTYPES, FP8_RECIPES
-    from meshplan.strategy import StrategyError
-
-    if dtype not in FP8_DTYPES or framework is None:
-        return
-    runs = FP8_RECIPES[FP8_DTYPES[dtype]]
-    if framework in runs:
-        return
-    names = either(runs)
-    default = "" if given_flags(ctx, "framework") else " (the default)"
-    raise StrategyError(f"{typed_flag(ctx, 'dtype')} {dtype} runs under "
-                        f"{typed_flag(ctx, 'framework')} {names}, not {framework}{default}: "
-                        f"give one of them")
 
 
 def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:

@@ -36,6 +36,7 @@ import typer
 from meshplan import validation_launch as vl
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
+from meshplan.errors import MeshplanError
 from meshplan.resources import host_cores
 from meshplan.validation_report import (
     CSV_COLUMNS,
@@ -100,7 +101,7 @@ def validate_cmd(
     from meshplan.plan import Plan
 
     if launcher not in LAUNCHERS:
-        raise ValueError(f"--launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
+        raise MeshplanError(f"--launcher must be one of {list(LAUNCHERS)}, got {launcher!r}")
     plan = Plan.load(plan_file)
     world = plan.strategy.world_size
     if launcher == "torchrun":
@@ -109,7 +110,7 @@ def validate_cmd(
         costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
         vl.check_gpus_per_node(plan, world, nnodes)
         if nproc and nproc != world:
-            raise ValueError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
+            raise MeshplanError(f"--nproc {nproc}: the plan runs dp*tp*pp*cp = {world} ranks "
                              f"(--launcher torchrun spreads them over --nnodes {nnodes})")
         extra = vl.executor_args(cluster, backend, csv_path, as_json, profile_trace,
                               _given(ctx, "backend"))

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import MeshplanError
+
 #: Seconds to wait, after a collective raised, for the watchdog to name the rank at fault
 #: (a peer's death shows first as a broken connection on its neighbours).
 VERDICT_GRACE = 2.0
@@ -65,14 +67,14 @@ def parser() -> argparse.ArgumentParser:
 
 def _check_args(a: argparse.Namespace) -> None:
     if a.steps is not None and not 1 <= a.steps <= 10_000:
-        raise ValueError(f"--steps must be in 1..10000, got {a.steps}")
+        raise MeshplanError(f"--steps must be in 1..10000, got {a.steps}")
     if a.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {a.warmup}")
+        raise MeshplanError(f"--warmup must be >= 0, got {a.warmup}")
     for name in ("collective_timeout", "heartbeat", "dead_after", "hang_after"):
         if not getattr(a, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
+            raise MeshplanError(f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
     if a.heartbeat >= min(a.dead_after, a.hang_after):
-        raise ValueError("--heartbeat must be shorter than --dead-after and --hang-after")
+        raise MeshplanError("--heartbeat must be shorter than --dead-after and --hang-after")
 
 
 def prepare(a: argparse.Namespace, world: int) -> tuple:

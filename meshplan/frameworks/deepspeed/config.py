@@ -190,7 +190,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
-        raise ValueError(f"the key {twice[0]!r} is given twice")
+        raise MeshplanError(f"the key {twice[0]!r} is given twice")
     return dict(pairs)
 
 

@@ -87,14 +87,14 @@ class ArchArg:
 def _norm(v: str) -> str:
     names = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm"}
     if v not in names:
-        raise ValueError(f"one of {', '.join(names)}")
+        raise MeshplanError(f"one of {', '.join(names)}")
     return names[v]
 
 
 def _positions(v: str) -> str:
     names = {"rope": "rope", "learned_absolute": "learned"}
     if v not in names:
-        raise ValueError(f"one of {', '.join(names)} (meshplan models these two)")
+        raise MeshplanError(f"one of {', '.join(names)} (meshplan models these two)")
     return names[v]
 
 
