@@ -16,9 +16,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported when a frame is made: ``tune --help`` stays light
+    import pandas as pd
 
 from meshplan.errors import MeshplanError
 from meshplan.terminal import echo
@@ -71,6 +72,8 @@ def sizes_frame(outcomes: list[Any]) -> pd.DataFrame:
         if any(x.cluster for x in outcomes):
             row = {"cluster": o.cluster, **row}
         rows.append(row)
+    import pandas as pd
+
     return pd.DataFrame(rows)
 
 
