@@ -138,7 +138,7 @@ def test_writable_file_checks_the_file_it_would_write(tmp_path):
 
     import pytest
 
-    from meshplan.commands.options import writable_file
+    from meshplan.outputs import writable_file
 
     ro = tmp_path / "ro"
     ro.mkdir()

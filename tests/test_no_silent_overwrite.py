@@ -8,7 +8,7 @@ import csv
 
 import pytest
 
-from meshplan.commands import outputs
+from meshplan import outputs as outs
 from meshplan.validation_report import CSV_COLUMNS
 from tests._cli import one_line_error, run_main
 
@@ -74,17 +74,17 @@ def test_the_validation_csv_grows_only_with_append_and_only_its_own_columns(tmp_
     mine = tmp_path / "v.csv"
     with mine.open("w", newline="") as f:
         csv.writer(f).writerow(CSV_COLUMNS)
-    with pytest.raises(outputs.OutputError, match="exists; .*--append"):
+    with pytest.raises(outs.OutputError, match="exists; .*--append"):
         _check_csv(str(mine), append=False, force=False)
     _check_csv(str(mine), append=True, force=False)  # its own columns: a row is added
     _check_csv(str(mine), append=False, force=True)
     other = tmp_path / "sales.csv"
     other.write_text("region,total\nnorth,3\n")
-    with pytest.raises(outputs.OutputError, match="columns are not this command's"):
+    with pytest.raises(outs.OutputError, match="columns are not this command's"):
         _check_csv(str(other), append=True, force=False)
-    with pytest.raises(outputs.OutputError, match="one"):
+    with pytest.raises(outs.OutputError, match="one"):
         _check_csv(str(mine), append=True, force=True)
-    with pytest.raises(outputs.OutputError, match="must end in .csv"):
+    with pytest.raises(outs.OutputError, match="must end in .csv"):
         _check_csv(str(tmp_path / "v.txt"), append=True, force=False)
     _check_csv(str(tmp_path / "new" / "v.csv"), append=False, force=False)  # a new file
 

@@ -40,7 +40,7 @@ def calibrate_cmd(
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
 ) -> None:
     """Measure this machine (or fit a profiler trace) and write a cluster YAML with provenance."""
-    from meshplan.commands.outputs import check_output
+    from meshplan.outputs import check_output
     from meshplan.resources import check_processes
 
     check_output("--output", output, "cluster", force)  # before minutes of measuring, not after

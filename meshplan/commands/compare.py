@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from meshplan import comparison as cmp
+from meshplan import outputs as outs
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
@@ -185,7 +186,7 @@ def compare_cmd(
 
     if global_batch is None:
         raise MeshplanError(f"compare needs {' / '.join(opt.FLAGS['global_batch_size'])}")
-    outputs.check_output("--plot", plot, "image", force)
+    outs.check_output("--plot", plot, "image", force)
     raw = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "vpp": vpp,
            "schedule": schedule, "micro_batch_size": micro_batch_size,
            "global_batch_size": global_batch, "recompute": recompute, "zero": zero,
@@ -222,7 +223,7 @@ def compare_cmd(
         if plot is not None:
             from simulator.gantt import plot_steps
 
-            opt.write_output("--plot", plot, lambda: plot_steps(panels, plot))
+            outs.write_output("--plot", plot, lambda: plot_steps(panels, plot))
 
     cmp.mark_ties(rows)
     if as_json:

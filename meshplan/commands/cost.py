@@ -35,6 +35,7 @@ import typer
 
 from meshplan import cost_report as cr
 from meshplan import goodput_inputs as gi
+from meshplan import outputs as outs
 from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
@@ -184,12 +185,12 @@ def cost_cmd(
         from completion.plan_program import plan_strategy
 
         strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
-    opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
-                          "--cluster": opt.input_file(cluster),
-                          "--torchtitan-config": opt.input_file(torchtitan_config),
-                          "--deepspeed-config": opt.input_file(deepspeed_config), "--trace": trace,
+    outs.distinct_outputs({"PLAN.json": plan_file, "--model": outs.input_file(model),
+                          "--cluster": outs.input_file(cluster),
+                          "--torchtitan-config": outs.input_file(torchtitan_config),
+                          "--deepspeed-config": outs.input_file(deepspeed_config), "--trace": trace,
                           "--plot": plot, "--memory-png": memory_png})  # never over an input
-    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image"),
+    outs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image"),
                            "--memory-png": (memory_png, "image")}, force)
     # the model's warnings (config.json keys not modelled, ...) also go into --json's list
     refused: ValueError | None = None
@@ -215,13 +216,13 @@ def cost_cmd(
         from simulator import memory_timeline, step_trace
 
         if trace is not None:
-            opt.write_output("--trace", trace, lambda: step_trace.write_trace(res, trace))
+            outs.write_output("--trace", trace, lambda: step_trace.write_trace(res, trace))
         if memory_png is not None:
-            opt.write_output("--memory-png", memory_png, lambda: memory_timeline.plot(res, memory_png))
+            outs.write_output("--memory-png", memory_png, lambda: memory_timeline.plot(res, memory_png))
     if plot is not None:
         from simulator.gantt import plot_steps
 
-        opt.write_output("--plot", plot, lambda: plot_steps([(f"{model} on {cluster}", res)], plot))
+        outs.write_output("--plot", plot, lambda: plot_steps([(f"{model} on {cluster}", res)], plot))
     written = [p for p in (trace, memory_png, plot) if p is not None]
     if written:  # on stderr under --json: stdout stays one JSON document
         typer.echo(f"wrote {', '.join(written)}", err=as_json)

@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 
+from meshplan import outputs as outs
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
@@ -118,10 +119,10 @@ def export_cmd(
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.frameworks.targets import export_plan
 
-    opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
-                          "--cluster": opt.input_file(cluster), "--output": output or None})
+    outs.distinct_outputs({"PLAN.json": plan_file, "--model": outs.input_file(model),
+                          "--cluster": outs.input_file(cluster), "--output": output or None})
     if output or opt.typed_flags(ctx, "--output", "-o"):  # -o '' is not stdout
-        outputs.check_output("--output", output, to.value, force, new_folder=True)
+        outs.check_output("--output", output, to.value, force, new_folder=True)
     if plan_file is not None:
         plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
     else:
@@ -156,8 +157,8 @@ def export_cmd(
         out.text = "".join(f"# note: {n}\n" for n in (fit_note, run_note) if n) + out.text
     if output:
         path = Path(output)
-        opt.ensure_dir(path.parent)
-        opt.write_output("--output", output, lambda: path.write_text(out.text))
+        outs.ensure_dir(path.parent)
+        outs.write_output("--output", output, lambda: path.write_text(out.text))
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)

@@ -322,96 +322,6 @@ def conflicting_flags(args: list[str] | tuple[str, ...]) -> str | None:
     return None
 
 
-def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("inf"),
-           low_open: bool = False) -> float | None:
-    """``x`` (None passes) unless it is NaN, infinite, below ``low`` (or equal, with
-    ``low_open``) or above ``high``: then ValueError naming ``flag``, which
-    ``meshplan.cli.main`` prints as one ``error:`` line."""
-    if x is None:
-        return None
-    bad = not math.isfinite(x) or x < low or (low_open and x == low) or x > high
-    if bad:
-        lo = f"> {low:g}" if low_open else f">= {low:g}"
-        hi = "" if high == float("inf") else f" and at most {high:g}"
-        raise MeshplanError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
-    return x
-
-
-def writable_file(flag: str, path: str) -> None:
-    """Refuse, before any work, an output file the command could not write at its end: a
-    directory, a file in a folder that does not exist, or in one this user cannot write
-    (ValueError naming ``flag`` and the path)."""
-    import os
-
-    if not path.strip():
-        raise MeshplanError(f"{flag} is empty; give a file name")
-    if os.path.isdir(path):
-        raise MeshplanError(f"{flag} {path!r} is a directory; give a file name")
-    if os.path.exists(path):  # rewritten in place: the file's own permission decides
-        if not os.access(path, os.W_OK):
-            raise MeshplanError(f"{flag} {path!r}: this user cannot write it")
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise MeshplanError(f"{flag} {path!r}: its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise MeshplanError(f"{flag} {path!r}: this user cannot create a file in {folder}")
-
-
-def distinct_outputs(paths: dict[str, str | None]) -> None:
-    """Refuse, before any work, two output options (flag -> path; None not given) naming the
-    same file: the second write would replace the first in silence. ValueError naming both
-    flags and the path; paths are compared resolved (``a.png`` and ``./a.png`` are one)."""
-    import os
-
-    seen: dict[str, str] = {}
-    for flag, path in paths.items():
-        if path is None:
-            continue
-        key = os.path.realpath(path)
-        if key in seen:
-            raise MeshplanError(f"{seen[key]} and {flag} name the same file {path!r}: give each its own")
-        seen[key] = flag
-
-
-def input_file(path: str | None) -> str | None:
-    """``path`` when it names an existing file (a --model config.json or program, a
-    --cluster YAML), else None (a catalog or built-in name): the inputs
-    :func:`distinct_outputs` keeps outputs off."""
-    import os
-
-    return path if path is not None and os.path.isfile(path) else None
-
-
-def write_output(flag: str, path: str, write: Any) -> None:
-    """Run ``write()`` (which writes ``path``), turning an OSError into a ValueError that
-    names ``flag`` and the path (``--trace /proc/x.json: cannot write it: ...``)."""
-    try:
-        write()
-    except OSError as e:
-        raise MeshplanError(f"{flag} {path!r}: cannot write it: {e.strerror or e}") from None
-
-
-def ensure_dir(path: Any, flag: str = "--output") -> None:
-    """Create directory ``path`` (and its missing parents) when it does not exist, saying so
-    in one line ``created DIR`` on stderr (stdout stays the command's output, e.g. JSON):
-    commands create directories only where the user asked (an output option, ``flag``) or
-    the documented default, never silently. A file in the way, or a folder that cannot be
-    made, is a ValueError naming ``flag`` and the path."""
-    from pathlib import Path
-
-    p = Path(path)
-    if p.is_dir():
-        return
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise MeshplanError(f"{flag} {str(path)!r}: a file is in the way of the folder it needs") from None
-    except OSError as e:
-        raise MeshplanError(f"{flag} {str(path)!r}: cannot create the folder: {e.strerror or e}") from None
-    typer.echo(f"created {p}", err=True)
-
-
 def typed_flag(ctx: Any, field: str) -> str:
     """The spelling of ``field``'s flag on the command line of ``ctx`` (e.g. ``--mp`` when the
     user typed ``--mp 4``), else its canonical flag (``--tp``). Raises KeyError for a field
@@ -569,3 +479,18 @@ def typed_on_line(ctx: Any, params: dict[str, str]) -> list[str]:
     that do not record their arguments (not a :class:`StrategyCommand`)."""
     return [flag for name, flag in params.items()
             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+
+
+def finite(flag: str, x: float | None, low: float = 0.0, high: float = float("inf"),
+           low_open: bool = False) -> float | None:
+    """``x`` (None passes) unless it is NaN, infinite, below ``low`` (or equal, with
+    ``low_open``) or above ``high``: then ValueError naming ``flag``, which
+    ``meshplan.cli.main`` prints as one ``error:`` line."""
+    if x is None:
+        return None
+    bad = not math.isfinite(x) or x < low or (low_open and x == low) or x > high
+    if bad:
+        lo = f"> {low:g}" if low_open else f">= {low:g}"
+        hi = "" if high == float("inf") else f" and at most {high:g}"
+        raise MeshplanError(f"{flag} must be a finite number {lo}{hi}, got {x!r}")
+    return x

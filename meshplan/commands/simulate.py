@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from meshplan import outputs as outs
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
 
@@ -46,8 +47,8 @@ def simulate_cmd(
     for flag, x in (("--tw", tw), ("--tcomm", tcomm)):
         opt.finite(flag, x, 0.0, MAX_TIME_MS)
     opt.finite("--memory-limit", memory_limit, 1.0, opt.MAX_MEMORY_LIMIT)
-    opt.distinct_outputs({"--trace": trace, "--plot": plot})
-    outputs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image")}, force)
+    outs.distinct_outputs({"--trace": trace, "--plot": plot})
+    outs.check_outputs({"--trace": (trace, "trace"), "--plot": (plot, "image")}, force)
     st = {"F": tf * 1e-3, "B": tb * 1e-3, "W": tw * 1e-3}
     asked = schedule
     schedule, zb_limit = _builder(schedule, stages)
@@ -71,9 +72,9 @@ def simulate_cmd(
     res = simulate_pipeline(sched, st, tcomm * 1e-3, memory={"M_B": 1.0, "M_W": 0.5},
                             p2p_sync=p2p == "sync")
     if trace is not None:
-        opt.write_output("--trace", trace, lambda: res.to_chrome_trace(trace))
+        outs.write_output("--trace", trace, lambda: res.to_chrome_trace(trace))
     if plot is not None:
-        opt.write_output("--plot", plot, lambda: res.plot_timeline(plot))
+        outs.write_output("--plot", plot, lambda: res.plot_timeline(plot))
     if as_json:
         out = {"step_time_ms": res.step_time * 1e3, "bubble_ratio": res.bubble_ratio,
                "peak_memory": res.peak_memory, "framework": opt.value(framework), "p2p": p2p}

@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from meshplan import goodput_inputs as gi
+from meshplan import outputs as outs
 from meshplan import tune_notes as tn
 from meshplan import tune_output as to
 from meshplan.commands import goodput_options as gp
@@ -100,7 +101,7 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     cluster cannot take. Makes the folder (or the journal's) unless the storage is a
     database or in memory. ``names``: (MODEL as given, the mode's name) for the default
     study name. Raises MeshplanError (or the tuner's own error) naming the option."""
-    from meshplan.commands.outputs import check_tune_output
+    from meshplan.outputs import check_tune_output
     from meshplan.tune_sizes import check_single, check_sizes
     from tuner.bound_seed import check_seed_option
     from tuner.search import MEMORY, check_exhaustive
@@ -124,11 +125,11 @@ def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output:
     out = Path(output) if output is not None else Path("meshplan-runs") / name
     check_tune_output("--output", out, name, force)  # another study's results: not replaced
     if storage is None:
-        opt.ensure_dir(out)  # the journal lives there
+        outs.ensure_dir(out)  # the journal lives there
         if gpus is None:  # with --gpus each size has a folder of its own (run_one)
             _note(tn.other_studies(out, name))
     elif storage != MEMORY and "://" not in storage:
-        opt.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
+        outs.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
     return name, out
 
 
@@ -324,10 +325,10 @@ def tune_cmd(
         def run_one(n: int | None, study_name: str, d: Path, cl: str | None = None) -> Any:
             cfg_n = config_for(n, cl)
             if storage is None:
-                opt.ensure_dir(d)
+                outs.ensure_dir(d)
                 _note(tn.other_studies(d, study_name))
             res_n = run(cfg_n, study_name, d)
-            opt.ensure_dir(d)
+            outs.ensure_dir(d)
             to.finish(res_n, cfg_n, study_name, storage or str(d / "journal.log"), d, top,
                       quiet=as_json)
             return res_n
@@ -342,7 +343,7 @@ def tune_cmd(
         return
     res = run(cfg, name, out)
     where = storage or str(out / "journal.log")
-    opt.ensure_dir(out)
+    outs.ensure_dir(out)
     if not to.finish(res, cfg, name, where, out, top, max_step_time, deadline_s, as_json):
         raise typer.Exit(1)  # no feasible plan, or none within --max-step-time / --deadline
 

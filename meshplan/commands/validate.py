@@ -33,6 +33,7 @@ from typing import Any
 
 import typer
 
+from meshplan import outputs as outs
 from meshplan import validation_launch as vl
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
@@ -64,10 +65,10 @@ def _check_csv(csv_path: str, append: bool, force: bool) -> None:
     directory, in a folder that cannot be created, an existing file without ``--append``
     (add the row; its columns must be this command's) or ``--force`` (replace it)."""
     if append and force:
-        raise outputs.OutputError("--append adds a row to the CSV and --force replaces it; give one")
-    outputs.check_output("--csv", csv_path, "csv", force, append, new_folder=True)
+        raise outs.OutputError("--append adds a row to the CSV and --force replaces it; give one")
+    outs.check_output("--csv", csv_path, "csv", force, append, new_folder=True)
     if append and Path(csv_path).is_file():
-        outputs.check_csv_header("--csv", csv_path, CSV_COLUMNS)
+        outs.check_csv_header("--csv", csv_path, CSV_COLUMNS)
 
 
 def validate_cmd(
@@ -149,7 +150,7 @@ def validate_cmd(
     note = zero_note(plan)
     if note:
         typer.echo(f"note: {note}", err=True)
-    opt.write_output("--csv", csv_path,
+    outs.write_output("--csv", csv_path,
                      lambda: append_csv(Path(csv_path), plan_file, plan, meas, replace=force))
     summary = vl.ValidationSummary(plan_file, plan, meas, times, numerics, check,
                                    (before, after, cores), warning, note, profile_trace)
