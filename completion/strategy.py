@@ -77,15 +77,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from completion.choices import (
+    ATTENTIONS,
+    CP_COMM_ALIASES,
+    CP_COMMS,
+    DTYPES,
+    FP8_DTYPES,
+    FRAMEWORKS,
+    OPTIMIZERS,
+    RECOMPUTE,
+    SCHEDULE_ALIASES,
+    SCHEDULES,
+)
 from completion.dist_attr import parse_placement
 from completion.errors import CompletionError, DistAttrError
 from completion.expert_layout import layout_problem
 
-SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
-#: other spellings users bring, lower-case -> canonical name
-SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
-                    "interleaved-1f1b": "VPP", "zb-h1": "ZBH1", "zb-h2": "ZBH2",
-                    "zb-v": "ZBVPP", "zbv": "ZBVPP", "dualpipe-v": "DualPipeV"}
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
 #: schedules that run more than one model chunk per rank
 INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
@@ -96,25 +103,6 @@ V_SHAPED = ("ZBVPP", "DualPipeV")
 #: pipeline stages) of the automatic ZB schedule (Qi et al. 2024, sec. 4); "ZB" alone
 #: runs at ZB-2p's (``Strategy.registered_schedule``; ``meshplan simulate``)
 ZB_LIMITS = {"ZB-1p": 1, "ZB-2p": 2}
-RECOMPUTE = ("none", "selective", "selective-op", "full")
-DTYPES = ("bfloat16", "float16", "float32")
-#: software profiles that run a plan: the one list of their names (the Strategy validates
-#: against it, ``FP8_RECIPES`` names its entries; ``simulator.profiles.check_catalog`` checks that
-#: ``simulator/profiles/catalog/*.yaml`` holds exactly these files, each ``name:`` its file
-#: name; ``meshplan.commands.options.FRAMEWORK_NAMES`` mirrors it, see there)
-FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-              "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
-              "eager")
-#: attention implementations: flash (fused, FlashAttention), unfused (QK^T, softmax,
-#: dropout, AV as separate kernels; Hugging Face's "eager"); None: the model's own setting,
-#: else the framework's default
-ATTENTIONS = ("flash", "unfused")
-OPTIMIZERS = ("adamw", "adam", "sgd")
-#: how a context-parallel attention gets the other ranks' keys and values (Megatron-LM
-#: ``--cp-comm-type``; ``a2a`` (Ulysses) is not modelled)
-CP_COMMS = ("p2p", "all_gather")
-#: Megatron-LM's spellings of :data:`CP_COMMS` (``--cp-comm-type allgather``)
-CP_COMM_ALIASES = {"allgather": "all_gather"}
 #: the framework profiles that run Transformer Engine FP8 / torchao ``Float8Linear``
 _TE_FP8 = ("megatron-core", "megatron-bridge", "nemo", "llm-foundry")
 _TORCHAO_FP8 = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
@@ -131,9 +119,6 @@ FP8_RECIPES: dict[str, tuple[str, ...]] = {
     "tensorwise": _TORCHAO_FP8,
     "rowwise": _TORCHAO_FP8,
 }
-#: ``dtype`` spellings of the FP8 recipes (``--dtype fp8-delayed``): dtype bfloat16 + ``fp8``
-FP8_DTYPES = {"fp8-delayed": "te-delayed", "fp8-te": "te-delayed", "fp8-tensorwise": "tensorwise",
-              "fp8-rowwise": "rowwise"}
 ZERO_STAGES = (0, 1, 2, 3)
 #: knob names of earlier plan files -> today's
 LEGACY_KEYS = {"mp": "tp", "schedule_mode": "schedule", "sharding_stage": "zero"}

@@ -56,6 +56,7 @@ from simulator.program_costs import (
     layer_roles,
     merged_activations,
 )
+from simulator.recompute import recompute_policy
 from simulator.stage_cost import BlockCost
 from simulator.step_bound import fused_backward
 from tuner.exhaustive_report import Bound
@@ -131,11 +132,13 @@ class LayoutCosts:
         forward, F_pre the pre block's forward."""
         key = (recompute, fused)
         if key not in self._work:
+            policy = recompute_policy(recompute)
+
             def phases(blk: BlockCost, layer: bool) -> tuple[float, float]:
                 t = blk.times(self.profile, 0.0)
                 extra = 0.0
                 if layer:
-                    extra = t["F"] if recompute == "full" else blk.recompute_time(recompute)
+                    extra = policy.rerun_time(t["F"], blk.recompute_f)
                 return t["F"] + (t["BW"] if fused else t["B"] + t["W"]) + extra, t["F"]
             per = {id(b): phases(b, True) for b in self.layers}
             total = sum(per[id(b)][0] for b in self.layers)

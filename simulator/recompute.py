@@ -29,9 +29,10 @@ Registered policies (``Strategy.recompute``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from completion.choices import RECOMPUTE
 from completion.ir import Operation, OpRole
 from completion.ops.registry import op_traits
 from completion.roles import is_grad_type
@@ -56,6 +57,15 @@ class RecomputePolicy:
             even if no backward op reads them (torch's selective checkpoint ``MUST_SAVE``
             stores them for the recompute); False: only what backward reads is kept.
         source: where the policy is defined.
+        reruns: what the backward of a layer block reruns: ``"nothing"``, ``"part"`` (the
+            ops :attr:`select` picks, costed per op by ``simulator.stage_cost`` into
+            ``BlockCost.recompute_f``) or ``"forward"`` (the whole forward, collectives
+            included, overlapped as the forward is: Chen et al. 2016).
+
+    The one place that says what a mode costs: its rerun time (:meth:`rerun_time`) and its
+    memory (:attr:`select`, :attr:`keeps_layer_inputs`, :attr:`saves_outputs`, read by
+    ``simulator.memory``); the step model resolves ``Strategy.recompute`` into its policy
+    once (``simulator.step.StepConfig.recompute_policy``).
     """
 
     name: str
@@ -63,6 +73,28 @@ class RecomputePolicy:
     keeps_layer_inputs: bool
     saves_outputs: bool
     source: str
+    reruns: str = "part"
+
+    @property
+    def reruns_forward(self) -> bool:
+        """True when the backward reruns a layer's whole forward (``full``): its kernels,
+        its collectives and their dispatch, before the layer's backward."""
+        return self.reruns == "forward"
+
+    @property
+    def partial(self) -> bool:
+        """True for a policy that reruns part of a layer's forward (its time is costed per
+        op and accumulated per block: ``BlockCost.recompute_f``)."""
+        return self.reruns == "part"
+
+    def rerun_time(self, forward_s: float, partial_s: Mapping[str, float]) -> float:
+        """Seconds the backward of one layer block spends rerunning what this policy drops:
+        ``forward_s`` (the block's forward, as the caller times it) when it reruns the whole
+        forward, ``partial_s[name]`` (the block's per-policy rerun seconds,
+        ``BlockCost.recompute_f``) for a partial policy, 0 for none."""
+        if self.reruns == "forward":
+            return forward_s
+        return partial_s.get(self.name, 0.0) if self.partial else 0.0
 
 
 def _nothing(ops: Sequence[Operation]) -> set[int]:
@@ -124,24 +156,27 @@ def _op_sac(ops: Sequence[Operation]) -> set[int]:
 
 RECOMPUTE_POLICIES: dict[str, RecomputePolicy] = {
     p.name: p for p in (
-        RecomputePolicy("none", _nothing, False, False, "no recompute"),
+        RecomputePolicy("none", _nothing, False, False, "no recompute", reruns="nothing"),
         RecomputePolicy("selective", _attention_core, False, False,
                         "Korthikanti et al. 2022 sec. 5 (Megatron-LM selective recompute)"),
         RecomputePolicy("selective-op", _op_sac, True, True,
                         "torchtitan 9dec370 parallelize_llama.py _apply_ac_to_transformer_block "
                         "(selective_ac_option = 'op')"),
         RecomputePolicy("full", _everything, True, False,
-                        "Chen et al. 2016; Megatron-LM --recompute-granularity full"),
+                        "Chen et al. 2016; Megatron-LM --recompute-granularity full", reruns="forward"),
     )
 }
 
 
 #: the policies that rerun part of a layer's forward (their time is accumulated per block)
-PARTIAL_RECOMPUTE = tuple(n for n in RECOMPUTE_POLICIES if n not in ("none", "full"))
+PARTIAL_RECOMPUTE = tuple(n for n, p in RECOMPUTE_POLICIES.items() if p.partial)
+if tuple(RECOMPUTE_POLICIES) != RECOMPUTE:  # one registry of the names: completion.choices
+    raise SimulatorError(f"simulator.recompute registers {tuple(RECOMPUTE_POLICIES)}, "
+                         f"completion.choices.RECOMPUTE names {RECOMPUTE}")
 
 
 def recompute_policy(name: str) -> RecomputePolicy:
-    """The registered policy ``name``. Raises KeyError naming the known ones."""
+    """The registered policy ``name``. Raises SimulatorError naming the known ones."""
     try:
         return RECOMPUTE_POLICIES[name]
     except KeyError:

@@ -42,7 +42,7 @@ from simulator.host_time import Dispatch, host_seconds
 from simulator.memory import is_regather
 from simulator.op_cost import KernelCost, op_cost
 from simulator.op_signature import OpSig, is_weight_grad, local_tensor, op_signature, param_root
-from simulator.recompute import PARTIAL_RECOMPUTE, recomputed_ops
+from simulator.recompute import PARTIAL_RECOMPUTE, recompute_policy, recomputed_ops
 from simulator.roofline import Roofline
 from simulator.streams import Kernel, overlapped_time
 from simulator.types import BlockKey, Phase
@@ -179,9 +179,7 @@ class BlockCost:
         """Seconds the backward spends recomputing this block's forward under ``mode``
         (``full``: the whole forward, collectives included; a partial policy: its share,
         :attr:`recompute_f`; ``none``: 0)."""
-        if mode == "full":
-            return self.time("F", overlap)
-        return self.recompute_f.get(mode, 0.0)
+        return recompute_policy(mode).rerun_time(self.time("F", overlap), self.recompute_f)
 
     def time(self, phase: Phase, overlap: float = 0.0) -> float:
         """Seconds of ``phase``: compute + (1 - overlap) * in-stage collectives."""

@@ -88,14 +88,13 @@ class StageTimer:
         ov, cfg = self.cfg.overlap, self.cfg
         blocks = self.blocks(vs)
         recomputed = self._recomputed(vs)
+        policy = cfg.recompute_policy
         out = []
         for blk in blocks:
             t = blk.times(cfg.profile, ov)
             extra = 0.0
-            if id(blk) in recomputed and cfg.recompute == "full":
-                extra = t["F"]  # the forward again, overlapped as the forward is
-            elif id(blk) in recomputed:
-                extra = blk.recompute_time(cfg.recompute)
+            if id(blk) in recomputed:  # full: the forward again, overlapped as the forward is
+                extra = policy.rerun_time(t["F"], blk.recompute_f)
             t["B"] += extra
             t["BW"] += extra
             out.append(t)
@@ -111,7 +110,7 @@ class StageTimer:
         for blk in self.blocks(vs):
             f += (1 - ov) * blk.a2a["F"]
             b += (1 - ov) * (blk.a2a["B"] + blk.a2a["W"])
-            if id(blk) in recomputed and cfg.recompute == "full":
+            if id(blk) in recomputed and cfg.recompute_policy.reruns_forward:
                 b += (1 - ov) * blk.a2a["F"]
         return f, b
 
@@ -152,16 +151,17 @@ class StageTimer:
         blocks, per = self._block_phases(vs)
         parts = {"compute": 0.0, "comm": 0.0, "cp_hidden": 0.0}
         recomputed = self._recomputed(vs)
+        policy = self.cfg.recompute_policy
         for blk in blocks:
             parts["compute"] += sum(blk.compute[ph] for ph in PHASES)
             parts["comm"] += (1 - ov) * sum(blk.comm[ph] for ph in PHASES)
             parts["cp_hidden"] += sum(blk.cp_hidden[ph] for ph in PHASES)
-            if id(blk) in recomputed and self.cfg.recompute == "full":
+            if id(blk) in recomputed and policy.reruns_forward:
                 parts["compute"] += blk.compute["F"]
                 parts["comm"] += (1 - ov) * blk.comm["F"]
                 parts["cp_hidden"] += blk.cp_hidden["F"]
             elif id(blk) in recomputed:
-                parts["compute"] += blk.recompute_time(self.cfg.recompute)
+                parts["compute"] += policy.rerun_time(0.0, blk.recompute_f)
         times, gathered = self._zero3_times(blocks, per)
         parts.update(self._host_bound(vs, blocks, times))
         parts["comm"] += gathered
@@ -188,7 +188,7 @@ class StageTimer:
         block order; the backward in reverse block order, a block under full recompute
         replaying its forward before its backward; BW each block's B then W."""
         blocks = self.blocks(vs) if blocks is None else blocks
-        again = self._recomputed(vs) if self.cfg.recompute == "full" else set()
+        again = self._recomputed(vs) if self.cfg.recompute_policy.reruns_forward else set()
         prof = getattr(self.cfg, "profile", None)
 
         def back(*phases: Any) -> Dispatch:

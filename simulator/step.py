@@ -39,6 +39,7 @@ from simulator.layer_split import split_layers
 from simulator.memory import optimizer_bytes_per_param, timeline_activation_peaks
 from simulator.pipeline_sim import simulate_pipeline
 from simulator.program_costs import EXECUTED_EXTRA, ProgramCosts
+from simulator.recompute import RecomputePolicy, recompute_policy
 from simulator.result import SimResult
 from simulator.roofline import Roofline
 from simulator.schedules import Schedule, build_schedule
@@ -108,6 +109,13 @@ class StepConfig:
     """Context-parallel ranks of the plan before folding (``completion.context_parallel
     .fold_strategy``: the step runs dp * cp replicas, so ``dp`` holds both): only the NCCL
     communicator count reads it (the cp group is a communicator of its own)."""
+
+    @property
+    def recompute_policy(self) -> RecomputePolicy:
+        """The policy ``recompute`` names (``simulator.recompute``): what the backward reruns
+        (its time) and what the forward keeps (its memory); every reader of the step's
+        recompute asks it, not the name."""
+        return recompute_policy(self.recompute)
 
     @classmethod
     def of(cls, strategy: Any, roofline: Roofline, *, boundary_bytes: float, seq_len: int,

@@ -167,7 +167,7 @@ def rank_memory(cfg: Any, params: int | RankParams, act_peak: float, acts: Stage
     states = _states(cfg, rp)
     rank_layers = list(rank_layers)
     recompute = 0
-    if cfg.recompute != "none":
+    if cfg.recompute_policy.reruns != "nothing":
         recompute = max((acts.dropped_by_block.get(layer_keys[i], 0) for i in rank_layers), default=0)
     op_work = max((b.workspace for b in blocks), default=0)
     prof = cfg.profile

@@ -73,7 +73,7 @@ from simulator.blocks import assign_blocks
 from simulator.errors import SimulatorError
 from simulator.fusion import FusionPlan
 from simulator.op_signature import op_signature
-from simulator.recompute import PARTIAL_RECOMPUTE, recomputed_ops
+from simulator.recompute import PARTIAL_RECOMPUTE, recompute_policy, recomputed_ops
 from simulator.roofline import Roofline
 from simulator.stage_cost import PHASES, StageCoster
 from simulator.types import BlockKey
@@ -122,9 +122,7 @@ class BlockWork:
 
     def with_recompute(self, mode: str) -> float:
         """F + B + W + what ``mode`` reruns."""
-        if mode == "full":
-            return self.fbw + self.phase["F"]
-        return self.fbw + self.recompute.get(mode, 0.0)
+        return self.fbw + recompute_policy(mode).rerun_time(self.phase["F"], self.recompute)
 
 
 def max_memory_efficiency(rf: Roofline) -> float:

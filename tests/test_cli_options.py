@@ -160,26 +160,42 @@ def test_tune_passes_plain_choices_to_the_search(monkeypatch, capsys, tmp_path):
     assert seen["dtype"] == "float16" and seen["name"].startswith("llama2-7b-full_random-")
 
 
-def test_choice_lists_mirror_their_packages():
+def test_choices_are_generated_from_the_registries():
+    """The CLI's choices are ``completion.choices``' registries (no mirror): the Strategy,
+    the simulator and the tuner read the same objects."""
     from clusters.collectives import KINDS
+    from completion import choices
     from meshplan.commands.clusters import KINDS as CLI_KINDS
+    from simulator.recompute import RECOMPUTE_POLICIES
+    from tuner.space import RECOMPUTE as SPACE_RECOMPUTE
     from tuner.study import MODES
 
-    assert opt.SCHEDULE_NAMES == cs.SCHEDULES
-    assert opt.SCHEDULE_ALIAS_NAMES == tuple(cs.SCHEDULE_ALIASES)
+    assert cs.SCHEDULES is choices.SCHEDULES and cs.RECOMPUTE is choices.RECOMPUTE
+    assert cs.FRAMEWORKS is choices.FRAMEWORKS and SPACE_RECOMPUTE is choices.RECOMPUTE
     assert tuple(s.value for s in opt.Schedule) == cs.SCHEDULES + tuple(cs.SCHEDULE_ALIASES)
-    assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE
+    assert tuple(r.value for r in opt.Recompute) == cs.RECOMPUTE == tuple(RECOMPUTE_POLICIES)
     assert tuple(d.value for d in opt.Dtype) == cs.DTYPES + tuple(cs.FP8_DTYPES)
-    assert tuple(f.value for f in opt.Framework) == opt.FRAMEWORK_NAMES == cs.FRAMEWORKS
+    assert tuple(f.value for f in opt.Framework) == cs.FRAMEWORKS
     assert tuple(a.value for a in opt.Attention) == cs.ATTENTIONS
     assert tuple(c.value for c in opt.CpComm) == cs.CP_COMMS + tuple(cs.CP_COMM_ALIASES)
-    assert tuple(m.value for m in opt.Mode) == MODES
+    assert tuple(m.value for m in opt.Mode) == MODES == choices.MODES
+    assert opt.Dtype.fp8_delayed.value == "fp8-delayed" and opt.Mode.pattern_based.value == "pattern-based"
     assert CLI_KINDS == KINDS
     from simulator.layer_split import SPLITS
 
     assert opt.SPLIT_WORDS == SPLITS
     fields = {f for f in cs.Strategy.__dataclass_fields__}
     assert set(opt.FLAGS) <= fields
+
+
+def test_the_registries_module_is_light():
+    """``completion.choices`` imports nothing: ``meshplan --help`` may load it."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(choices_path := cs.__file__).with_name("choices.py").read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [getattr(n, "module", None) for n in imports] == ["__future__"], choices_path
 
 
 def test_size_bounds_mirror_their_packages():

@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
 
 #: modules of ``completion`` any package may import: they import nothing of ours (nor numpy or
 #: pydantic), and completion's ``__init__`` is lazy, so importing them loads nothing else
-LIGHT = ("completion.errors",)
+LIGHT = ("completion.errors", "completion.choices")
 
 
 def _module_name(path: pathlib.Path) -> list[str]:

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from completion import choices
 from completion.models.config import MAX_MODEL_SIZES
 from completion.strategy import FP8_RECIPES, MAX_BATCH, StrategyError, canonical_schedule
 from tuner.errors import TunerError
@@ -49,10 +50,10 @@ def tuner_schedule(name: Any) -> str:
         raise SpaceError(f"schedule {name!r} is not one of {list(PINNABLE_SCHEDULES)} (or their "
                          "aliases, as cost's --schedule takes them)") from None
     return "ZB" if canon == "ZB-2p" else canon
-#: Recompute modes a space may hold (``completion.strategy.RECOMPUTE``: ``selective-op`` is
-#: torchtitan's op-level selective checkpointing); :data:`DEFAULT_RECOMPUTE` is a space's
-#: default (``meshplan tune`` searches the framework's, ``meshplan.tune_setup``).
-RECOMPUTE = ("none", "selective", "selective-op", "full")
+#: Recompute modes a space may hold (``completion.choices.RECOMPUTE``, the one list:
+#: ``selective-op`` is torchtitan's op-level selective checkpointing); :data:`DEFAULT_RECOMPUTE`
+#: is a space's default (``meshplan tune`` searches the framework's, ``meshplan.tune_setup``).
+RECOMPUTE = choices.RECOMPUTE
 DEFAULT_RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MODES = ("pattern-based", "full_random", "semi-auto")

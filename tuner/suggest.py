@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 
+from completion.choices import MODES
 from tuner import legality as L
 from tuner.errors import TunerError
 from tuner.space import Candidate, SearchSpace, iter_base_candidates
@@ -25,7 +26,7 @@ from tuner.space import Candidate, SearchSpace, iter_base_candidates
 #: the layout the frameworks run, Megatron's tensor parallelism (column- and row-parallel
 #: attention and MLP, vocab-parallel embedding and head, the sequence-parallel norm where
 #: sp), the same candidates as ``semi-auto`` with the ``megatron`` annotation.
-PATTERN, RANDOM, SEMI, FRAMEWORK = "pattern-based", "full_random", "semi-auto", "framework"
+FRAMEWORK, PATTERN, RANDOM, SEMI = MODES  # completion.choices.MODES, the one list
 _TP_RULES = (L.tp_divides_heads, L.tp_divides_kv_heads, L.tp_divides_hidden,
              L.tp_divides_ffn_hidden, L.tp_divides_vocab, L.tp_within_node)
 #: Templates that make up Megatron's layout (``tuner.legality.MEGATRON_BASE``); the norm's

@@ -9,10 +9,11 @@ spellings are aliases (:data:`FLAGS`); Megatron-LM arguments that are not one-to
 schedule names are case-insensitive and take the aliases of
 ``completion.strategy.SCHEDULE_ALIASES``.
 
-The choice lists mirror ``completion.strategy`` (SCHEDULES, SCHEDULE_ALIASES, RECOMPUTE,
-DTYPES + FP8_DTYPES, CP_COMMS) and ``tuner.study.MODES`` instead of importing them: those packages pull numpy and
-pydantic, and ``meshplan --help`` must stay fast. ``tests/test_cli_options.py`` checks that
-they agree.
+The choices are generated from the registries of ``completion.choices`` (SCHEDULES,
+SCHEDULE_ALIASES, RECOMPUTE, DTYPES + FP8_DTYPES, CP_COMMS, ATTENTIONS, FRAMEWORKS, MODES),
+the one list of each knob that the Strategy, the simulator and the tuner read too: a light
+module (it imports nothing; ``completion``'s ``__init__`` is lazy), so ``meshplan --help``
+stays fast (tests/test_cli_structure.py).
 """
 
 from __future__ import annotations
@@ -25,61 +26,32 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from completion import choices
 from meshplan.errors import MeshplanError
 
-#: completion.strategy.SCHEDULES, then the keys of SCHEDULE_ALIASES
-SCHEDULE_NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
-SCHEDULE_ALIAS_NAMES = ("gpipe", "1f1b-i", "interleaved", "interleaved-1f1b", "zb-h1", "zb-h2",
-                        "zb-v", "zbv", "dualpipe-v")
+SCHEDULE_NAMES = choices.SCHEDULES
+SCHEDULE_ALIAS_NAMES = tuple(choices.SCHEDULE_ALIASES)
+
+
+def _choices(name: str, values: tuple[str, ...]) -> Any:
+    """A typer choice Enum of ``values`` (a registry of ``completion.choices``): each member
+    named as its value with ``-`` as ``_`` (``Dtype.fp8_delayed``), valued as the value."""
+    return Enum(name, {v.replace("-", "_"): v for v in values}, type=str)
+
 
 #: Pipeline schedule choices (canonical names and aliases; matched case-insensitively).
 Schedule = Enum("Schedule", {n: n for n in SCHEDULE_NAMES + SCHEDULE_ALIAS_NAMES}, type=str)
-
-
-class Recompute(str, Enum):
-    """Activation recompute (completion.strategy.RECOMPUTE)."""
-
-    none = "none"
-    selective = "selective"
-    selective_op = "selective-op"
-    full = "full"
-
-
-class Attention(str, Enum):
-    """Attention implementation (completion.strategy.ATTENTIONS)."""
-
-    flash = "flash"
-    unfused = "unfused"
-
-
-class CpComm(str, Enum):
-    """How context-parallel attention gets K/V (completion.strategy.CP_COMMS)."""
-
-    p2p = "p2p"
-    all_gather = "all_gather"
-    allgather = "allgather"  # Megatron-LM's --cp-comm-type spelling of all_gather
-
-
-class Dtype(str, Enum):
-    """Training dtype (completion.strategy.DTYPES, then the FP8 recipes' spellings
-    completion.strategy.FP8_DTYPES: BF16 with the decoder linears' GEMMs in FP8)."""
-
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
-    fp8_delayed = "fp8-delayed"
-    fp8_te = "fp8-te"
-    fp8_tensorwise = "fp8-tensorwise"
-    fp8_rowwise = "fp8-rowwise"
-
-
-class Mode(str, Enum):
-    """Strategy search mode (tuner.study.MODES)."""
-
-    framework = "framework"
-    pattern_based = "pattern-based"
-    full_random = "full_random"
-    semi_auto = "semi-auto"
+#: Activation recompute (completion.choices.RECOMPUTE).
+Recompute = _choices("Recompute", choices.RECOMPUTE)
+#: Attention implementation (completion.choices.ATTENTIONS).
+Attention = _choices("Attention", choices.ATTENTIONS)
+#: How context-parallel attention gets K/V (CP_COMMS, then Megatron-LM's allgather).
+CpComm = _choices("CpComm", choices.CP_COMMS + tuple(choices.CP_COMM_ALIASES))
+#: Training dtype (DTYPES, then the FP8 recipes' spellings FP8_DTYPES: BF16 with the decoder
+#: linears' GEMMs in FP8).
+Dtype = _choices("Dtype", choices.DTYPES + tuple(choices.FP8_DTYPES))
+#: Strategy search mode (completion.choices.MODES, tuner.study.MODES).
+Mode = _choices("Mode", choices.MODES)
 
 
 #: Upper bounds of the size options (issue 16 item 8), mirrored from the packages that
@@ -135,14 +107,6 @@ SIZE_FLAGS: dict[str, tuple[str, ...]] = {
     "seq_len": ("--seq-len", "--seq-length", "-s"),
     "num_layers": ("--layers", "--num-layers", "-l"),
 }
-
-#: framework profiles: a mirror of ``completion.strategy.FRAMEWORKS`` (the one list;
-#: ``simulator.profiles.check_catalog`` checks the catalog against it), not an import of it:
-#: importing ``completion`` here would load numpy and pydantic on ``meshplan --help``
-#: (tests/test_cli_structure.py). tests/test_cli_options.py checks that they are equal.
-FRAMEWORK_NAMES = ("megatron-core", "megatron-bridge", "nemo", "megatron-2021", "megatron-2021-torch-ddp",
-                   "fsdp2", "fsdp2-eager", "fsdp2-async-tp", "llm-foundry", "deepspeed", "deepspeed-2021", "megatron-deepspeed",
-                   "eager")
 
 #: the groups of options ``--help`` shows (typer's ``rich_help_panel``); options without one
 #: fall under "Options"
@@ -217,7 +181,7 @@ FSDP_SHARD_SIZE = typer.Option(
 SEQUENCE_PARALLEL = typer.Option(False, *FLAGS["sequence_parallel"],
                                  help="Megatron sequence parallelism (needs tp > 1).", rich_help_panel=PANEL_STRATEGY)
 DTYPE = typer.Option(Dtype.bfloat16, *FLAGS["dtype"], case_sensitive=False, help="Training dtype; fp8-delayed (Transformer Engine), fp8-tensorwise or fp8-rowwise (torchao) run the decoder linears in FP8.", rich_help_panel=PANEL_STRATEGY)
-Framework = Enum("Framework", {n: n for n in FRAMEWORK_NAMES}, type=str)
+Framework = Enum("Framework", {n: n for n in choices.FRAMEWORKS}, type=str)
 FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_sensitive=False,
                          help="Framework profile that runs the plan (what fuses, what overlaps).", rich_help_panel=PANEL_STRATEGY)
 ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,

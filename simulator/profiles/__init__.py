@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from completion.strategy import FRAMEWORKS
+from completion.choices import FRAMEWORKS
 from simulator.profiles.loader import CATALOG_DIR, load_profile_file, parse_profile
 from simulator.profiles.spec import FUSION_GROUPS, STATE_MODELS, ProfileError, ProfileSpec
 

@@ -139,7 +139,7 @@ class CpComms(_Quantity):
     @field_validator("value")
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from completion.strategy import CP_COMMS
+        from completion.choices import CP_COMMS
 
         bad = [x for x in v if x not in CP_COMMS]
         if bad:
@@ -302,7 +302,7 @@ class Schedules(_Quantity):
     @field_validator("value")
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from completion.strategy import SCHEDULES
+        from completion.choices import SCHEDULES
 
         bad = [x for x in v if x not in SCHEDULES]
         if bad:
@@ -334,7 +334,7 @@ class RecomputeModes(_Quantity):
     @field_validator("value")
     @classmethod
     def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from completion.strategy import RECOMPUTE
+        from completion.choices import RECOMPUTE
 
         bad = [x for x in v if x not in RECOMPUTE]
         if bad:
