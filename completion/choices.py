@@ -43,3 +43,6 @@ CP_COMM_ALIASES = {"allgather": "all_gather"}
 #: strategy search modes (``tuner.study.MODES``): framework (Megatron's layout),
 #: pattern-based, full_random, semi-auto
 MODES = ("framework", "pattern-based", "full_random", "semi-auto")
+#: pipeline splits given as a word (``--layers-per-stage``, the scorer's ``layer_split``;
+#: ``simulator.layer_split``): the cost model's balanced split, or Megatron-LM's even one
+SPLITS = ("balanced", "even")

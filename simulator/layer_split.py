@@ -7,11 +7,11 @@ import itertools
 
 import numpy as np
 
-from simulator.errors import SimulatorError
-
 #: how the decoder layers are split when no list is given: the cost model's balanced split
-#: (the default) or the frameworks' even one (``--layers-per-stage``, tune's scorer config)
-SPLITS = ("balanced", "even")
+#: (the default) or the frameworks' even one (``--layers-per-stage``, tune's scorer config);
+#: the registry is ``completion.choices.SPLITS``
+from completion.choices import SPLITS  # noqa: F401
+from simulator.errors import SimulatorError
 
 
 def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | None = None,

@@ -181,9 +181,10 @@ def test_choices_are_generated_from_the_registries():
     assert tuple(m.value for m in opt.Mode) == MODES == choices.MODES
     assert opt.Dtype.fp8_delayed.value == "fp8-delayed" and opt.Mode.pattern_based.value == "pattern-based"
     assert CLI_KINDS == KINDS
+    from meshplan.pipeline_split import SPLIT_WORDS
     from simulator.layer_split import SPLITS
 
-    assert opt.SPLIT_WORDS == SPLITS
+    assert SPLIT_WORDS is SPLITS is choices.SPLITS  # one list
     fields = {f for f in cs.Strategy.__dataclass_fields__}
     assert set(opt.FLAGS) <= fields
 

@@ -34,6 +34,7 @@ from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 from meshplan.frameworks.megatron import arguments as mg
+from meshplan.pipeline_split import SPLIT_WORDS, split_word
 
 #: most plans one compare costs (the product of the list lengths)
 MAX_PLANS = 64
@@ -62,9 +63,9 @@ def _floats(flag: str, low: float, low_open: bool = False) -> Any:
 
 
 def _split(s: str) -> str:
-    word = opt.split_word(s)
+    word = split_word(s)
     if word is None:
-        raise MeshplanError(f"--layers-per-stage: {s!r} is not one of {', '.join(opt.SPLIT_WORDS)} "
+        raise MeshplanError(f"--layers-per-stage: {s!r} is not one of {', '.join(SPLIT_WORDS)} "
                          f"(compare takes the words; cost takes a list of layers per stage)")
     return word
 

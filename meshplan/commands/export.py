@@ -24,6 +24,7 @@ from meshplan.commands import options as opt
 from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 from meshplan.frameworks.megatron import arguments as mg
+from meshplan.pipeline_split import split_word
 
 #: the targets of ``meshplan.frameworks.targets.TARGETS`` (spelled here so that
 #: ``meshplan --help`` imports nothing; tests/test_export.py checks that they agree)
@@ -67,7 +68,7 @@ def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | 
     plan = Plan.load(plan_file).on(cluster, nodes)
     if layers_per_stage is None:
         return plan
-    if plan.strategy.layers_per_stage is not None and opt.split_word(layers_per_stage):
+    if plan.strategy.layers_per_stage is not None and split_word(layers_per_stage):
         plan = dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=None))
     s = opt.pipeline_split(ctx, layers_per_stage, plan.strategy, lambda: model_sizes(plan)[0])
     return dataclasses.replace(plan, strategy=s)
@@ -140,7 +141,7 @@ def export_cmd(
         plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
                                   layers_per_stage)
     try:
-        balanced = opt.split_word(layers_per_stage) == "balanced"
+        balanced = split_word(layers_per_stage) == "balanced"
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None

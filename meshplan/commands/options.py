@@ -187,9 +187,7 @@ FRAMEWORK = typer.Option(Framework["megatron-core"], *FLAGS["framework"], case_s
 ATTENTION = typer.Option(None, *FLAGS["attention"], case_sensitive=False,
                          help="Attention implementation (default: the model's, else the "
                               "framework's).", rich_help_panel=PANEL_STRATEGY)
-#: the words ``--layers-per-stage`` takes besides a list (:func:`pipeline_split`): a mirror
-#: of ``simulator.layer_split.SPLITS`` (tests/test_cli_options.py checks that they agree)
-SPLIT_WORDS = ("balanced", "even")
+#: ``--layers-per-stage``: a list, or a word of ``completion.choices.SPLITS`` (:func:`pipeline_split`)
 LAYERS_PER_STAGE = typer.Option(
     None, *FLAGS["layers_per_stage"],
     help="Decoder layers per virtual stage in model order: pp x vpp comma-separated integers "
@@ -355,56 +353,23 @@ def flag_error(ctx: Any, err: Exception) -> Exception:
         return MeshplanError(text, field=field)
 
 
-def split_word(text: str | None) -> str | None:
-    """The :data:`SPLIT_WORDS` word ``--layers-per-stage TEXT`` names (any case, spaces
-    around it), else None (not given, or a list)."""
-    word = (text or "").strip().lower()
-    return word if word in SPLIT_WORDS else None
-
-
 def pipeline_split(ctx: Any, text: str | None, strategy: Any, num_layers: Any) -> Any:
-    """``strategy`` with the split ``--layers-per-stage TEXT`` asks for: None or
-    ``balanced`` leave it unset (the cost model balances the stages,
-    ``simulator.layer_split``); ``even`` is ``num_layers() / (pp * vpp)`` layers on every
-    virtual stage (Megatron-LM d98e8a64 ``--decoder-first-pipeline-num-layers`` help:
-    "Default None is even split"; torchtitan's default split points); a comma list is used
-    as given. ``num_layers`` (a callable: the model's decoder layers after ``--layers``) is
-    called only for ``even``. Raises ValueError naming the flag as typed for a word or list
-    it cannot read, or an even split of layers that do not divide; StrategyError (in the
-    user's words, :func:`flag_error`) for a list of the wrong length. A list that does not
-    sum to the model's layers is refused by the Engine (``completion.plan_program``)."""
-    if text is None:
-        return strategy
-    flag = typed_flag(ctx, "layers_per_stage")
-    word = split_word(text)
-    stages = strategy.pp * strategy.vpp
-    if word == "balanced" or (word == "even" and stages == 1):
-        return strategy
-    if word == "even":
-        n = int(num_layers())
-        if n % stages:
-            raise MeshplanError(f"{flag} even: the model's {n} decoder layers do not divide over "
-                             f"{typed_flag(ctx, 'pp')} * {typed_flag(ctx, 'vpp')} = {strategy.pp} * "
-                             f"{strategy.vpp} = {stages} virtual stages; give the "
-                             f"split as {stages} comma-separated integers, or 'balanced'")
-        from simulator.layer_split import even_split
-
-        split: tuple[int, ...] = even_split(n, stages)
-    else:
-        parts = text.split(",")
-        if not all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in parts):
-            raise MeshplanError(f"{flag} {text!r}: give 'even', 'balanced' or the layers of each "
-                             f"virtual stage as comma-separated integers (e.g. 5,3)")
-        vpp_flag = "--num-layers-per-virtual-pipeline-stage"
-        if typed_flags(ctx, vpp_flag):
-            raise MeshplanError(f"{flag} {text} and {vpp_flag} both set the layers of each virtual "
-                             f"stage (Megatron-LM refuses a layout beside it too): give --vpp "
-                             f"with the list, or {vpp_flag} alone")
-        split = tuple(int(p) for p in parts)
+    """``meshplan.pipeline_split.with_split`` in the flags the user typed; a list beside
+    Megatron-LM's ``--num-layers-per-virtual-pipeline-stage`` is refused (both set the layers
+    of each virtual stage). Raises what it raises, a StrategyError in the user's words
+    (:func:`flag_error`)."""
+    from meshplan.pipeline_split import split_word, with_split
     from meshplan.strategy import StrategyError
 
+    vpp_flag = "--num-layers-per-virtual-pipeline-stage"
+    if text is not None and split_word(text) is None and typed_flags(ctx, vpp_flag) \
+            and all(re.fullmatch(r"\s*[0-9]+\s*", p) for p in text.split(",")):
+        raise MeshplanError(f"{typed_flag(ctx, 'layers_per_stage')} {text} and {vpp_flag} both set "
+                            f"the layers of each virtual stage (Megatron-LM refuses a layout beside "
+                            f"it too): give --vpp with the list, or {vpp_flag} alone")
     try:
-        return strategy.replace(layers_per_stage=split)
+        return with_split(strategy, text, num_layers, typed_flag(ctx, "layers_per_stage"),
+                          typed_flag(ctx, "pp"), typed_flag(ctx, "vpp"))
     except StrategyError as e:
         raise flag_error(ctx, e) from None
 

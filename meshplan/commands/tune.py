@@ -30,6 +30,7 @@ from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
 from meshplan.frameworks.megatron import arguments as mg
+from meshplan.pipeline_split import SPLIT_WORDS, split_word
 
 #: seconds the default search may take before it answers with its gap (``--time-budget``)
 DEFAULT_TIME_BUDGET = 120.0
@@ -71,10 +72,10 @@ def _split_word(ctx: Any, text: str | None) -> str | None:
     export take one). Raises MeshplanError naming the flag."""
     if text is None:
         return None
-    word = opt.split_word(text)
+    word = split_word(text)
     if word is None:
         raise MeshplanError(f"{opt.typed_flag(ctx, 'layers_per_stage')} {text!r}: tune takes "
-                            f"{' or '.join(opt.SPLIT_WORDS)} (a list of layers per stage fits one "
+                            f"{' or '.join(SPLIT_WORDS)} (a list of layers per stage fits one "
                             f"plan: give it to cost or export)")
     return word
 
