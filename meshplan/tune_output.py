@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import goodput_inputs as gi
+from meshplan.errors import MeshplanError
 from meshplan.terminal import echo
 from meshplan.tune_sizes import step_of
 
@@ -162,3 +163,49 @@ def json_answer(result: Any, plan: Any, rec: Any, study: str, out: Path) -> dict
             "step_time_s": facts.pop("step_time_s", None),
             "peak_memory_bytes": facts.pop("peak_memory_bytes", None),
             "memory_limit_bytes": facts.pop("memory_limit_bytes", None), "search": facts}
+
+
+def checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
+                    storage: str | None, seed_from_bound: int | None, objective: str,
+                    max_step_time: float | None, gpus: str | None, nodes: int | None,
+                    cluster: str, force: bool = False) -> tuple[str, Path, str | None]:
+    """The study name and output folder of a search, after every refusal that needs no
+    search (so that a refused command line leaves no folder behind): ``--seed-from-bound``
+    with the sampler, ``--sampler exhaustive`` with ``--pareto``, ``--objective`` /
+    ``--max-step-time`` without ``--gpus``, ``--gpus`` with ``--nodes`` or a size the
+    cluster cannot take. Makes the folder (or the journal's) unless the storage is a
+    database or in memory. ``names``: (MODEL as given, the mode's name) for the default
+    study name. Returns (study name, folder, the note of ``meshplan.tune_notes.other_studies``
+    or None). Raises MeshplanError (or the tuner's own error) naming the option."""
+    from meshplan.outputs import check_tune_output, ensure_dir
+    from meshplan.tune_notes import other_studies
+    from meshplan.tune_sizes import check_single, check_sizes
+    from tuner.bound_seed import check_seed_option
+    from tuner.search import MEMORY, check_exhaustive
+    from tuner.study import check_study_name
+
+    check_seed_option(cfg.sampler_name, seed_from_bound)
+    if cfg.sampler_name == "exhaustive":
+        check_exhaustive(cfg)
+    check_single(objective, max_step_time)
+    if gpus is not None and nodes is not None:  # each size sets its own node count
+        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
+    if gpus is not None:
+        try:
+            check_sizes(gpus, cluster)
+        except ValueError as e:
+            raise MeshplanError(str(e)) from None
+    model, mode_name = names
+    name = check_study_name(study) if study is not None else default_study(cfg.to_dict(), model, mode_name)
+    if output is not None and not output.strip():
+        raise MeshplanError("--output is empty; give a folder (default: meshplan-runs/STUDY)")
+    out = Path(output) if output is not None else Path("meshplan-runs") / name
+    check_tune_output("--output", out, name, force)  # another study's results: not replaced
+    note = None
+    if storage is None:
+        ensure_dir(out)  # the journal lives there
+        if gpus is None:  # with --gpus each size has a folder of its own (run_one)
+            note = other_studies(out, name)
+    elif storage != MEMORY and "://" not in storage:
+        ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
+    return name, out, note

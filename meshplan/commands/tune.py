@@ -91,49 +91,6 @@ def _pin_words(ctx: Any, msg: str, by_flag: set[str]) -> str:
     return opt.user_words(ctx, msg.replace(",--", ", --"))
 
 
-def _checked_output(cfg: Any, names: tuple[str, str], study: str | None, output: str | None,
-                    storage: str | None, seed_from_bound: int | None, objective: str,
-                    max_step_time: float | None, gpus: str | None, nodes: int | None,
-                    cluster: str, force: bool = False) -> tuple[str, Path]:
-    """The study name and output folder of a search, after every refusal that needs no
-    search (so that a refused command line leaves no folder behind): ``--seed-from-bound``
-    with the sampler, ``--sampler exhaustive`` with ``--pareto``, ``--objective`` /
-    ``--max-step-time`` without ``--gpus``, ``--gpus`` with ``--nodes`` or a size the
-    cluster cannot take. Makes the folder (or the journal's) unless the storage is a
-    database or in memory. ``names``: (MODEL as given, the mode's name) for the default
-    study name. Raises MeshplanError (or the tuner's own error) naming the option."""
-    from meshplan.outputs import check_tune_output
-    from meshplan.tune_sizes import check_single, check_sizes
-    from tuner.bound_seed import check_seed_option
-    from tuner.search import MEMORY, check_exhaustive
-    from tuner.study import check_study_name
-
-    check_seed_option(cfg.sampler_name, seed_from_bound)
-    if cfg.sampler_name == "exhaustive":
-        check_exhaustive(cfg)
-    check_single(objective, max_step_time)
-    if gpus is not None and nodes is not None:  # each size sets its own node count
-        raise MeshplanError(f"--gpus {gpus} sets the node count of each size; drop --nodes {nodes}")
-    if gpus is not None:
-        try:
-            check_sizes(gpus, cluster)
-        except ValueError as e:
-            raise MeshplanError(str(e)) from None
-    model, mode_name = names
-    name = check_study_name(study) if study is not None else to.default_study(cfg.to_dict(), model, mode_name)
-    if output is not None and not output.strip():
-        raise MeshplanError("--output is empty; give a folder (default: meshplan-runs/STUDY)")
-    out = Path(output) if output is not None else Path("meshplan-runs") / name
-    check_tune_output("--output", out, name, force)  # another study's results: not replaced
-    if storage is None:
-        outs.ensure_dir(out)  # the journal lives there
-        if gpus is None:  # with --gpus each size has a folder of its own (run_one)
-            _note(tn.other_studies(out, name))
-    elif storage != MEMORY and "://" not in storage:
-        outs.ensure_dir(Path(storage.removeprefix("journal:")).parent, "--storage")
-    return name, out
-
-
 def _note(line: str | None) -> None:
     """Print a ``note:`` line (``meshplan.tune_notes``) on stderr; None: nothing."""
     if line is not None:
@@ -312,9 +269,10 @@ def tune_cmd(
         _note(tn.unrun_schedule(fixed.get("schedule"), opt.value(framework), all_schedules))
     _note(tn.unrun_cp(fixed.get("cp"), opt.value(framework)))
     _note(tn.cpu_cluster(cluster, nodes, opt.value(framework), str(opt.value(dtype))))
-    name, out = _checked_output(cfg, (model, mode_name), study, output, storage,
-                                seed_from_bound, objective, max_step_time, gpus, nodes, cluster,
-                                force)
+    name, out, note = to.checked_output(cfg, (model, mode_name), study, output, storage,
+                                        seed_from_bound, objective, max_step_time, gpus, nodes,
+                                        cluster, force)
+    _note(note)
 
     def run(c: Any, study_name: str, d: Path) -> Any:  # one study, in d unless in memory
         return search(c, study_name, storage=storage, study_dir=None if storage == MEMORY else d,
