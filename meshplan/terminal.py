@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import shutil
 import sys
+import warnings
 from typing import Any
 
 #: the width of a terminal that says nothing (and of a pipe)
@@ -85,3 +86,28 @@ class Progress:
         self.completed += n
         kw = {"description": note} if note is not None else {}
         self.progress.update(self.task, advance=n, **kw)
+
+
+def reading(read: Any, as_json: bool) -> tuple[Any, list[warnings.WarningMessage]]:
+    """``read()`` with its warnings recorded: shown at once (text output, or when it
+    raises, before its error) and returned for ``--json``'s list."""
+    err: Exception | None = None
+    out: Any = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            out = read()
+        except Exception as e:  # re-raised below, after the warnings it gave
+            err = e
+    if err is not None or not as_json:
+        replay(caught)
+    if err is not None:
+        raise err
+    return out, (list(caught) if as_json else [])
+
+
+def replay(caught: list[warnings.WarningMessage]) -> None:
+    """Show recorded warnings as they would have shown (one ``warning:`` line each, cli).
+    Call it outside ``catch_warnings(record=True)``, which would record them again."""
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)

@@ -36,6 +36,7 @@ import typer
 from meshplan import cost_report as cr
 from meshplan import goodput_inputs as gi
 from meshplan import outputs as outs
+from meshplan import terminal
 from meshplan.commands import goodput_options as gp
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
@@ -62,8 +63,6 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
                             "plan on another cluster)")
     plan = Plan.load(plan_file)
     return plan.on(cluster, nodes)
-
-
 
 
 @mo.megatron_options()
@@ -158,13 +157,13 @@ def cost_cmd(
     if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
         from meshplan.commands.config_inputs import torchtitan_strategy
 
-        (strategy, seq_len), read = _reading(lambda: torchtitan_strategy(ctx, torchtitan_config, model, cluster,
+        (strategy, seq_len), read = terminal.reading(lambda: torchtitan_strategy(ctx, torchtitan_config, model, cluster,
                                                                          nodes, seq_len, layers), as_json)
         global_batch = strategy.global_batch_size
     elif plan is None and deepspeed_config is not None and model is not None and cluster is not None:
         from meshplan.commands.config_inputs import deepspeed_strategy
 
-        strategy, read = _reading(lambda: deepspeed_strategy(
+        strategy, read = terminal.reading(lambda: deepspeed_strategy(
             ctx, deepspeed_config, knobs, cluster, nodes, layers_per_stage, num_layers), as_json)
         global_batch = strategy.global_batch_size
     elif model is None or cluster is None or global_batch is None:
@@ -203,10 +202,10 @@ def cost_cmd(
             refused = e
     # replayed outside the block: inside it, each shown warning would be recorded again
     if refused is not None or not as_json:
-        _replay(caught)
+        terminal.replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
-    moe_notes = (_check_moe(moe, engine) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
+    moe_notes = (moe_args.check_source(moe, engine.source) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
                  + mo.launch_notes(ctx, lambda: engine.source))
     fit = cr.memory_fit(res, engine.cluster.device, memory_headroom)
     # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)
@@ -248,63 +247,17 @@ def cost_cmd(
 
 
 def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str | None) -> list[str]:
-    """A note when Megatron-LM arguments were typed for a pipelined plan whose split the cost
-    model balanced: Megatron-LM splits the layers evenly unless told (d98e8a64
-    ``--decoder-first-pipeline-num-layers`` help: "Default None is even split"), so the
-    figures are of another run than the pasted arguments' (``export`` notes the same)."""
-    from simulator.layer_split import even_split
+    """``meshplan.frameworks.megatron.notes.even_split_note`` when Megatron-LM arguments
+    were typed (not a plan file or a framework config)."""
+    from meshplan.frameworks.megatron.notes import even_split_note
 
-    s = engine.strategy
     typed = opt.typed_flags(ctx, *mg.MEGATRON_FLAGS, "--tensor-model-parallel-size",
-                     "--pipeline-model-parallel-size", "--context-parallel-size",
-                     "--num-virtual-stages-per-pipeline-rank", "--global-batch-size")
-    if plan is not None or toml is not None or not typed or s.pp * s.vpp == 1 or s.layers_per_stage:
+                            "--pipeline-model-parallel-size", "--context-parallel-size",
+                            "--num-virtual-stages-per-pipeline-rank", "--global-batch-size")
+    if plan is not None or toml is not None or not typed:
         return []
-    costed = tuple(engine.resolved_strategy().layers_per_stage or ())
-    layers, stages = sum(costed), s.pp * s.vpp
-    if not costed or layers % stages or even_split(layers, stages) == costed:
-        return []
-    return [f"with Megatron-LM arguments: the cost model balanced the pipeline stages as "
-            f"{list(costed)}, while Megatron-LM splits the layers evenly, "
-            f"{list(even_split(layers, stages))}; --layers-per-stage even costs that split"]
-
-
-def _check_moe(moe: moe_args.MegatronMoE, engine: Any) -> list[str]:
-    """The Megatron-LM MoE arguments checked against the costed model
-    (``megatron_moe.check``); their notes. Raises MeshplanError for a difference, or for
-    such arguments beside a .pir program (it has no model config)."""
-    if not moe.given():
-        return []
-    cfg = getattr(engine.source, "config", None)
-    if cfg is None:
-        raise MeshplanError("the Megatron-LM MoE arguments describe a model config; a .pir program "
-                            "is costed as written")
-    return moe_args.check(moe, cfg, engine.source.num_layers)
-
-
-def _reading(read: Any, as_json: bool) -> tuple[Any, list[warnings.WarningMessage]]:
-    """``read()`` with its warnings recorded: shown at once (text output, or when it
-    raises, before its error) and returned for ``--json``'s list."""
-    err: Exception | None = None
-    out: Any = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        try:
-            out = read()
-        except Exception as e:  # re-raised below, after the warnings it gave
-            err = e
-    if err is not None or not as_json:
-        _replay(caught)
-    if err is not None:
-        raise err
-    return out, (list(caught) if as_json else [])
-
-
-def _replay(caught: list[warnings.WarningMessage]) -> None:
-    """Show recorded warnings as they would have shown (one ``warning:`` line each, cli).
-    Call it outside ``catch_warnings(record=True)``, which would record them again."""
-    for w in caught:
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    note = even_split_note(engine.strategy, lambda: tuple(engine.resolved_strategy().layers_per_stage or ()))
+    return [note] if note else []
 
 
 def register(app: typer.Typer) -> None:

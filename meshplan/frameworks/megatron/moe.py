@@ -152,3 +152,16 @@ def _check_balancing(moe: MegatronMoE, cfg: Any) -> None:
 
 
 __all__ = ["Balancing", "Dispatcher", "MegatronMoE", "check", "layer_pattern"]
+
+
+def check_source(moe: MegatronMoE, source: Any) -> list[str]:
+    """The Megatron-LM MoE arguments checked against the costed model (``source``: the
+    Engine's model source; :func:`check`); their notes. Raises MeshplanError for a
+    difference, or for such arguments beside a .pir program (it has no model config)."""
+    if not moe.given():
+        return []
+    cfg = getattr(source, "config", None)
+    if cfg is None:
+        raise MeshplanError("the Megatron-LM MoE arguments describe a model config; a .pir program "
+                            "is costed as written")
+    return check(moe, cfg, source.num_layers)
