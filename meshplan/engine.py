@@ -235,7 +235,7 @@ class Engine:
         """The :class:`simulator.step.StepModel` of this plan under its framework profile.
         ``accumulate_grads`` overrides the profile's gradient accumulation (see
         ``StepConfig.accumulate_grads``); ``costs`` replaces :meth:`program_costs` (the
-        same layout's costs from elsewhere: ``meshplan.layout_bound``). Raises EngineError
+        same layout's costs from elsewhere: ``meshplan.bounds.layout``). Raises EngineError
         for a split the pipeline cannot take."""
         costs = self.program_costs() if costs is None else costs
         # a cp plan steps as its folded strategy: dp * cp replicas of seq_len / cp tokens
@@ -258,10 +258,10 @@ class Engine:
 
     def lower_bound(self, costs: ProgramCosts | None = None) -> tuple[float, int]:
         """``(seconds, bytes)`` no greater than :meth:`simulate`'s step time and peak memory,
-        from the stage times alone (``simulator.step_bound.step_lower_bound``: no schedule
+        from the stage times alone (``simulator.bounds.step.step_lower_bound``: no schedule
         is built or played); ``costs`` as in :meth:`step_model`. Raises EngineError as
         :meth:`step_model` does."""
-        from simulator.step_bound import step_lower_bound
+        from simulator.bounds.step import step_lower_bound
 
         return step_lower_bound(self.step_model(costs=costs))
 

@@ -1,5 +1,5 @@
 """The one-layer template program the tuner's annotations are written against, shared by
-the scorer (:mod:`meshplan.tuning`) and the cheap bound (:mod:`meshplan.tier0`)."""
+the scorer (:mod:`meshplan.tuning`) and the cheap bound (:mod:`meshplan.bounds.tier0`)."""
 
 from __future__ import annotations
 

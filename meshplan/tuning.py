@@ -22,9 +22,9 @@ from clusters import load_cluster
 from clusters.goodput_spec import goodput_sections
 from clusters.spec import DEFAULT_MEMORY_HEADROOM
 from completion.models import get_model_config
+from meshplan.bounds.layout import SharedLayoutBound
 from meshplan.engine import Engine
 from meshplan.errors import MeshplanError
-from meshplan.layout_bound import SharedLayoutBound
 from meshplan.objective_scoring import ObjectiveBound, objective_of, objective_score
 from meshplan.plan import Plan
 from meshplan.strategy import Strategy
@@ -155,7 +155,7 @@ def to_plan(c: Candidate, config: Mapping[str, Any]) -> Plan:
 
 
 class _LazyTier0:
-    """``meshplan.tier0.Tier0Bound(config)``, built on its first call (a scorer that never
+    """``meshplan.bounds.tier0.Tier0Bound(config)``, built on its first call (a scorer that never
     runs an exhaustive search never builds it)."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -163,7 +163,7 @@ class _LazyTier0:
 
     def __call__(self, c: Candidate) -> Bound:
         if self.bound is None:
-            from meshplan.tier0 import Tier0Bound
+            from meshplan.bounds.tier0 import Tier0Bound
 
             try:
                 self.bound = Tier0Bound(self.config)
@@ -217,7 +217,7 @@ def make_scorer(config: Mapping[str, Any]):
     # what ``--sampler exhaustive`` prunes with (tuner.exhaustive): ``Engine.lower_bound``,
     # one costed program per layout shared by its dp degrees and recompute modes
     score.bound = SharedLayoutBound(config, strategy_of, cl, cap)
-    score.cheap_bound = _LazyTier0(config)  # and first, with no completion (meshplan.tier0)
+    score.cheap_bound = _LazyTier0(config)  # and first, with no completion (meshplan.bounds.tier0)
     if sections is not None:  # the objective's bounds, from the step-time ones
         gpn = cl.devices_per_node
         score.bound = ObjectiveBound(score.bound, goal, sections, gb * seq, gpn)

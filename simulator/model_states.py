@@ -82,7 +82,7 @@ class StateInputs:
         backward_freed: bytes of activations one micro-batch's backward frees on the rank
             (its smallest chunk's); with ``accumulate_unsharded`` at ZeRO-3 the rank holds
             all its weights gathered only right after a backward, with that much less
-            activation than at its peak. None (a lower bound: ``meshplan.tier0``): those
+            activation than at its peak. None (a lower bound: ``meshplan.bounds.tier0``): those
             weights are not counted.
     """
 

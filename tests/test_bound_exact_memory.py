@@ -1,5 +1,5 @@
 """The exhaustive search's memory bound is the simulated peak itself for every schedule whose
-action order does not depend on the stage times (``simulator.step_bound``,
+action order does not depend on the stage times (``simulator.bounds.step``,
 ``order_activation_peaks``): the search prunes a plan that cannot fit without playing its
 pipeline, and the pruning stays sound (bound <= simulated, with equality here)."""
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from meshplan.engine import Engine
 from meshplan.tuning import make_scorer, search_problem, template_kinds
+from simulator.bounds.step import order_activation_peaks, step_lower_bound
 from simulator.schedules.base import TIME_AWARE
-from simulator.step_bound import order_activation_peaks, step_lower_bound
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
 

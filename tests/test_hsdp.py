@@ -265,7 +265,7 @@ def test_readme_hsdp_line_runs(capsys):
 
 
 def test_lower_bound_stays_below_the_simulated_hsdp_step():
-    """The exhaustive search's bound (simulator.step_bound) holds for every shard group."""
+    """The exhaustive search's bound (simulator.bounds.step) holds for every shard group."""
     for n in (2, 4, 8, None):
         e = _engine(n)
         t, m = e.lower_bound()

@@ -1,4 +1,4 @@
-"""meshplan.layout_bound: the tight bound from one costed program per layout, shared by its
+"""meshplan.bounds.layout: the tight bound from one costed program per layout, shared by its
 dp degrees and recompute modes, equals ``Engine.lower_bound`` on random candidates of three spaces and frameworks, and costs each layout
 once."""
 
@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusters import load_cluster
-from meshplan.engine import Engine
-from meshplan.layout_bound import (
+from meshplan.bounds.layout import (
     SHARED_DP,
     LayoutCosts,
     SharedLayoutBound,
@@ -20,6 +19,7 @@ from meshplan.layout_bound import (
     layout_key,
     shares_layout,
 )
+from meshplan.engine import Engine
 from meshplan.tuning import make_scorer, search_problem, template_kinds, to_strategy
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates

@@ -22,11 +22,11 @@ from completion.ir import Operation, Program, Value
 from completion.ops.registry import TensorType
 from completion.passes.splice import OpSplicer
 from simulator import build_schedule, simulate_pipeline
+from simulator.bounds.step import fused_backward
 from simulator.pipeline_sim import clear_play_cache, normalize_stage_times
 from simulator.schedules import p2p
 from simulator.schedules.base import clear_schedule_cache
 from simulator.schedules.zb_auto import _best, zb_heuristic
-from simulator.step_bound import fused_backward
 
 NAMES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZB", "ZBVPP")
 

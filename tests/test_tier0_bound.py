@@ -1,4 +1,4 @@
-"""The tier-0 bound (simulator.tier0_bound, meshplan.tier0) and the two-tier search
+"""The tier-0 bound (simulator.bounds.tier0, meshplan.bounds.tier0) and the two-tier search
 (tuner.exhaustive_tiered): never above the simulated step time or peak memory, hand values
 of its formula, and the same proven optimum as brute force."""
 
@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshplan.tier0 import Tier0Bound
+from meshplan.bounds.tier0 import Tier0Bound
 from meshplan.tuning import make_scorer, search_problem, template_kinds
-from simulator.errors import SimulatorError
-from simulator.roofline import Roofline
-from simulator.tier0_bound import (
+from simulator.bounds.tier0 import (
     BlockWork,
     compute_peak,
     max_efficiency,
     max_memory_efficiency,
     tier0_step_time,
 )
+from simulator.errors import SimulatorError
+from simulator.roofline import Roofline
 from tuner.exhaustive_tiered import prove_tiered
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates

@@ -1,5 +1,5 @@
-"""The tier-0 split memory bound (meshplan.tier0.Tier0Bound.split_memory_bytes,
-simulator.tier0_bound.least_peak / inflight_counts): never above the simulated peak, its
+"""The tier-0 split memory bound (meshplan.bounds.tier0.Tier0Bound.split_memory_bytes,
+simulator.bounds.tier0.least_peak / inflight_counts): never above the simulated peak, its
 per-layer activation bound never above a completed layout's, hand values of its parts."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from clusters import load_cluster
 from completion.strategy import Strategy
+from meshplan.bounds.tier0 import Tier0Bound
 from meshplan.engine import Engine
-from meshplan.tier0 import Tier0Bound
 from meshplan.tuning import make_scorer, search_problem, template_kinds
+from simulator.bounds.tier0 import INFLIGHT, inflight_counts, least_peak
 from simulator.schedules import build_schedule
-from simulator.tier0_bound import INFLIGHT, inflight_counts, least_peak
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
 

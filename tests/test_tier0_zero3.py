@@ -1,4 +1,4 @@
-"""The tier-0 ZeRO-3 time bound (meshplan.tier0.Tier0Bound.zero3_time_s) and the FP8 weight
+"""The tier-0 ZeRO-3 time bound (meshplan.bounds.tier0.Tier0Bound.zero3_time_s) and the FP8 weight
 state in the split memory bound: never above the simulated step / peak, a hand value."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusters import load_cluster
-from meshplan.tier0 import Tier0Bound
+from meshplan.bounds.tier0 import Tier0Bound
 from meshplan.tuning import make_scorer, search_problem, template_kinds
 from simulator import dp_groups
 from tuner.space import SearchSpace

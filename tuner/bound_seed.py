@@ -5,7 +5,7 @@ When the space is too big to prove exhaustively, the lower bounds of
 :mod:`tuner.exhaustive` still help twice:
 
 1. **Seeds.** The *enumerable part* of the space (:func:`enumerable_part`) is bounded
-   (``scorer.bound``: step time and peak memory lower bounds, ``simulator.step_bound``);
+   (``scorer.bound``: step time and peak memory lower bounds, ``simulator.bounds.step``);
    the ``K`` candidates with the lowest time bound whose memory bound fits are enqueued
    (``study.enqueue_trial`` with their parameters, lowest bound first), so the sampler's
    first trials are the plans that *could* be fastest, and TPE's model starts from them.

@@ -3,7 +3,7 @@ enumerable space, by branch and bound.
 
 Every legal candidate of the space (``tuner.suggest.enumerate_candidates``) gets a lower
 bound on its step time and on its peak memory (the scorer's ``bound`` attribute: for the
-cost model ``meshplan.tuning.make_scorer``, ``simulator.step_bound.step_lower_bound``,
+cost model ``meshplan.tuning.make_scorer``, ``simulator.bounds.step.step_lower_bound``,
 from the stage times and the schedule's ideal warm-up bubble; no schedule is built or
 played). Then (:func:`prove_best`):
 
@@ -172,7 +172,7 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     A scorer that also carries ``cheap_bound`` (a bound needing no layout costs) is
     searched best-first over both (:func:`tuner.exhaustive_tiered.prove_tiered`): every
     candidate cheap-bounded, ``bound`` computed only for those the cheap bound cannot prune
-    (and, when ``bound`` has a ``layout_time`` -- ``meshplan.layout_bound`` --, that
+    (and, when ``bound`` has a ``layout_time`` -- ``meshplan.bounds.layout`` --, that
     layout-level bound in between).
 
     Raises TunerError when the scorer has no ``bound``; a ValueError of a bound marks the

@@ -2,7 +2,7 @@
 
 The tight bound of :mod:`tuner.exhaustive` (``scorer.bound``) needs the candidate's layout
 costed (a completion per distinct layer layout, 0.15-0.4 s). A scorer may also carry
-``cheap_bound`` (``meshplan.tier0.Tier0Bound``: no completion, microseconds) whose time and
+``cheap_bound`` (``meshplan.bounds.tier0.Tier0Bound``: no completion, microseconds) whose time and
 memory are also lower bounds on the simulated ones, usually looser. :func:`prove_tiered`
 runs a best-first search over both:
 
@@ -61,7 +61,7 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
         evaluate: scores candidate i (``tuner.exhaustive.Evaluate``).
         deadline, incumbent: as :func:`tuner.exhaustive.prove_best`.
         middle: an optional time bound of candidate i between the cheap and the tight one
-            (``meshplan.layout_bound.SharedLayoutBound.layout_time``: cheap once its layout
+            (``meshplan.bounds.layout.SharedLayoutBound.layout_time``: cheap once its layout
             is costed). Once a feasible plan is known, a cheap entry taken from the heap
             gets it first and goes back under ``max(cheap, middle)``; only when that
             entry comes up again is it tight-bounded. An entry pruned while at this tier

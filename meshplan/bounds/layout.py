@@ -1,7 +1,7 @@
 """The tight lower bound of a candidate (``Engine.lower_bound``) from layout costs shared
 over data-parallel degrees and recompute modes: what an exhaustive search costs per layout.
 
-``Engine.lower_bound`` (``simulator.step_bound.step_lower_bound``) needs the block costs of
+``Engine.lower_bound`` (``simulator.bounds.step.step_lower_bound``) needs the block costs of
 the candidate's representative program, keyed by its costing strategy
 (``simulator.program_costs.costing_strategy``: dp, tp, micro-batch, recompute, SP,
 annotation, ...). Two of those key parts do not change what rank 0 computes:
@@ -28,7 +28,7 @@ annotation, ...). Two of those key parts do not change what rank 0 computes:
 So for a ``dp >= 2``, ``cp = 1`` candidate without expert parallelism the layout costs
 equal those ``Engine.program_costs`` builds -- the post block's forward comm to the
 rounding of one float sum (~1e-19 s), far inside the 0.5 ns per action the bound already
-leaves for the engine's integer-ns rounding (``simulator.step_bound``) -- hence the same
+leaves for the engine's integer-ns rounding (``simulator.bounds.step``) -- hence the same
 balanced layer split and the same bounds; any other candidate (dp = 1, cp > 1, ep > 1, a
 given program) takes ``Engine.lower_bound`` as it is. The equality is tested on random
 candidates of several spaces and frameworks (``tests/test_layout_bound.py``).
@@ -47,6 +47,7 @@ from completion.reshard.planner import plan_reshard
 from completion.strategy import Strategy
 from meshplan.engine import Engine
 from simulator.blocks import assign_blocks
+from simulator.bounds.step import fused_backward
 from simulator.memory import StageActivations, loss_logits, moe_unsaved
 from simulator.program_costs import (
     ProgramCosts,
@@ -58,7 +59,6 @@ from simulator.program_costs import (
 )
 from simulator.recompute import recompute_policy
 from simulator.stage_cost import BlockCost
-from simulator.step_bound import fused_backward
 from tuner.exhaustive_report import Bound
 
 NS = 1e-9
@@ -209,7 +209,7 @@ class SharedLayoutBound:
     def layout_time(self, c: Any) -> float:
         """A time bound (s) of candidate ``c`` from its layout's block costs alone, between
         the tier-0 bound and :meth:`__call__`'s: a few operations once the layout is costed
-        (``-inf`` for a candidate whose layout is not shared). As in ``simulator.step_bound``
+        (``-inf`` for a candidate whose layout is not shared). As in ``simulator.bounds.step``
         each pipeline rank r ends no earlier than ``chain_r + busy_r``; ``sum_r busy_r >= m
         * W`` (every block on one rank, each stage time at least the sum of its blocks'
         phase times: ZeRO-3 chains, scatter-gather, accumulation and host overheads add >=

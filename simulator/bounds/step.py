@@ -52,6 +52,7 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
+from simulator.bounds.tier0 import INFLIGHT
 from simulator.grad_sync import (
     fixed_time,
     held_reduce_time,
@@ -66,7 +67,6 @@ from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import vstage_ranks
 from simulator.step_memory import rank_memory, vstage_activation_bytes
-from simulator.tier0_bound import INFLIGHT
 
 NS = 1e-9
 

@@ -1,6 +1,6 @@
 """A tier-0 lower bound on a plan's simulated step time that needs no completion of its layout.
 
-:mod:`simulator.step_bound` bounds a plan from its layout's block costs, which need a
+:mod:`simulator.bounds.step` bounds a plan from its layout's block costs, which need a
 completion of the layout's representative program (0.15-0.4 s each). This module bounds it
 from the *unsharded* one-rank program of the same model, micro-batch and sequence (built
 once per micro-batch size and ``seq_len / cp``, shared by every layout), so an exhaustive
@@ -46,7 +46,7 @@ unsharded program of ``seq_len / cp`` tokens has the GEMM FLOPs of a cp rank exa
 at most its attention FLOPs (a cp rank attends its ``s / cp`` queries to more keys than
 ``s / cp``: ring attention, Liu et al. 2023).
 
-Pipeline (:mod:`simulator.step_bound`'s argument): rank r's last action ends no earlier than
+Pipeline (:mod:`simulator.bounds.step`'s argument): rank r's last action ends no earlier than
 ``chain_r + busy_r``; ``sum_r busy_r = m * sum over every block of (F + B + W)`` (each
 virtual stage is on one rank), and ``chain_r`` (the forward of micro-batch 0 through the
 virtual stages below rank r's lowest, ``s_r = r`` for every registered placement,

@@ -1,10 +1,10 @@
 """The tier-0 bound of a scorer config: ``candidate -> Bound`` without completing its layout.
 
-``simulator.tier0_bound`` proves the inequality; this module feeds it. Per micro-batch size
+``simulator.bounds.tier0`` proves the inequality; this module feeds it. Per micro-batch size
 and per ``seq_len / cp`` it builds the unsharded one-rank representative program of the
 model (``completion.plan_program.build_plan_program`` with dp = tp = pp = cp = 1: no
 completion, a few milliseconds) under the scorer's framework profile and attention, and
-reads its per-block works (``simulator.tier0_bound.block_work``); each candidate then
+reads its per-block works (``simulator.bounds.tier0.block_work``); each candidate then
 costs a few arithmetic operations (:class:`Tier0Bound`).
 
 Memory: the peak of a rank is its model states plus non-negative terms
@@ -28,7 +28,7 @@ the bound takes ``P_rank0 / (pp * ep)`` sharded over N, below both.
 
 A second memory bound (:meth:`Tier0Bound.split_memory_bytes`) adds each rank's activations
 and the fixed lines, per pipeline rank and for every split of the layers at once
-(``simulator.tier0_bound.least_peak``: the heaviest rank is at least the least, over all
+(``simulator.bounds.tier0.least_peak``: the heaviest rank is at least the least, over all
 splits, of the heaviest rank). Rank r holding ``n`` decoder layers has at least
 
 * model states at ``n * p_layer`` elements plus the "pre" block's on rank 0 and the "post"
@@ -36,7 +36,7 @@ splits, of the heaviest rank). Rank r holding ``n`` decoder layers has at least
   elements on tensor rank 0 as above; an end block's unsharded elements over ``tp``), by
   the same monotone state model;
 * activations ``k_r * A(n)``: ``k_r`` micro-batches in flight
-  (``simulator.tier0_bound.inflight_counts`` for an order-fixed schedule; at least
+  (``simulator.bounds.tier0.inflight_counts`` for an order-fixed schedule; at least
   ``1 / vpp`` of the rank's layers for any schedule: the first forward of its largest
   chunk) times ``A(n) = n a_mid - (a_mid - a_first)^+ - (a_mid - a_last)^+``: of any n
   layers at most one is the model's first and one its last, the others stand for the
@@ -79,7 +79,7 @@ slots are per sequence, ``completion.models.moe``: D times too). The accounting 
 value's largest shard on the mesh, at least its global size over the ``D * tp`` ranks,
 hence at least the unsharded value over ``tp``: each bound is the unsharded one ``// tp``.
 Made where the in-flight argument holds (forward passes of at least 1 ns: a layer's
-forward kernels over ``tp``, ``simulator.tier0_bound``, or the per-pass host overhead)
+forward kernels over ``tp``, ``simulator.bounds.tier0``, or the per-pass host overhead)
 and for at least 3 layers; elsewhere 0. ``tests/test_tier0_memory.py`` checks them against
 every layer of completed programs (Megatron and pattern layouts, cp, FP8 recipes, expert
 parallelism) and the whole bound against simulated peaks (hypothesis, four frameworks,
@@ -100,13 +100,8 @@ from completion.models.source import resolve_model
 from completion.plan_program import build_plan_program
 from completion.strategy import Strategy
 from meshplan.engine import Engine
-from simulator.dp_groups import pipeline_holds_unsharded
-from simulator.model_states import StateInputs, model_states
-from simulator.program_costs import layer_roles
-from simulator.stage_timing import reduce_bytes
-from simulator.step_bound import fused_backward
-from simulator.step_memory import communicators
-from simulator.tier0_bound import (
+from simulator.bounds.step import fused_backward
+from simulator.bounds.tier0 import (
     INFLIGHT,
     BlockWork,
     block_work,
@@ -115,13 +110,18 @@ from simulator.tier0_bound import (
     least_peak,
     tier0_step_time,
 )
+from simulator.dp_groups import pipeline_holds_unsharded
+from simulator.model_states import StateInputs, model_states
+from simulator.program_costs import layer_roles
+from simulator.stage_timing import reduce_bytes
+from simulator.step_memory import communicators
 from tuner.exhaustive import Bound
 from tuner.space import Candidate
 
 
 class Tier0Bound:
     """``bound(c) -> Bound(time_s, 0, memory limit)`` with ``time_s <=`` the step time
-    ``meshplan.tuning.make_scorer(config)(c)`` simulates (``simulator.tier0_bound``).
+    ``meshplan.tuning.make_scorer(config)(c)`` simulates (``simulator.bounds.tier0``).
 
     ``config``: the scorer config (model, cluster, nodes, global_batch_size, seq_len, dtype,
     num_layers, framework, attention, memory_headroom). Raises ValueError (the engine's
