@@ -10,8 +10,8 @@ regime, applied to its prediction: ``[t * q_lo, t * q_hi]`` (seconds). No distri
 assumed; with the default coverage of 0.8 one comparable run in ten measured below the band
 and one in ten above it.
 
-Regime (:class:`Regime`): the framework family (:data:`FAMILIES`: Megatron, FSDP, DeepSpeed,
-eager), dense or mixture of experts, the scale (:data:`SCALES`: one node, up to 128 GPUs,
+Regime (:class:`Regime`): the framework family (the profile's ``family``: Megatron, FSDP,
+DeepSpeed, eager; :func:`family`), dense or mixture of experts, the scale (:data:`SCALES`: one node, up to 128 GPUs,
 more) and the kernel size (:data:`SIZES`: hidden size below 4,096 or not). The band uses the
 rows of the narrowest of these groupings that holds at least :data:`MIN_ROWS` rows: family,
 experts, scale and size; then family, experts and scale; family and experts; experts; all
@@ -38,14 +38,6 @@ from typing import Any
 from simulator.errors import SimulatorError
 
 RESIDUALS = Path(__file__).resolve().parent / "data" / "residuals.csv"
-#: framework profile -> family whose measured runs stand for it
-FAMILIES: dict[str, str] = {
-    "megatron-core": "megatron", "megatron-bridge": "megatron", "nemo": "megatron",
-    "megatron-2021": "megatron", "megatron-2021-torch-ddp": "megatron",
-    "fsdp2": "fsdp", "fsdp2-eager": "fsdp", "fsdp2-async-tp": "fsdp", "llm-foundry": "fsdp",
-    "deepspeed": "deepspeed", "deepspeed-2021": "deepspeed", "megatron-deepspeed": "deepspeed",
-    "eager": "eager",
-}
 #: (upper bound on GPUs, name) of the scale classes
 SCALES: tuple[tuple[float, str], ...] = ((8, "node"), (128, "pod"), (math.inf, "scale"))
 #: (upper bound on the hidden size, exclusive, name) of the kernel-size classes
@@ -54,6 +46,15 @@ SIZES: tuple[tuple[float, str], ...] = ((4096, "small"), (math.inf, "large"))
 MIN_ROWS = 5
 #: default share of comparable runs inside the band
 COVERAGE = 0.8
+
+
+def family(framework: str) -> str:
+    """The framework family of profile ``framework`` (its ``family`` field,
+    ``simulator/profiles/catalog``); a name that is no profile is a family of its own."""
+    from completion.choices import FRAMEWORKS
+    from simulator.profiles import load_profile
+
+    return load_profile(framework).family.value if framework in FRAMEWORKS else framework
 
 
 class ErrorBandError(SimulatorError):
@@ -80,7 +81,7 @@ class Regime:
         family), ``gpus`` it runs on, the model's ``hidden`` size (None: a program without
         a config, taken as large)."""
         size = "large" if hidden is None else ("small" if hidden < SIZES[0][0] else "large")
-        return cls(FAMILIES.get(framework, framework), bool(moe), _bucket(gpus, SCALES), size)
+        return cls(family(framework), bool(moe), _bucket(gpus, SCALES), size)
 
 
 @dataclass(frozen=True)

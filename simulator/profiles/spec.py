@@ -468,13 +468,22 @@ class Host(BaseModel):
     collective_launch_s: Latency | None = None
 
 
+class Family(_Quantity):
+    """The framework family whose measured runs stand for the profile's (the error band's
+    regime, ``simulator.error_band``): ``megatron``, ``fsdp``, ``deepspeed`` or ``eager``."""
+
+    value: Literal["megatron", "fsdp", "deepspeed", "eager"]
+
+
 class ProfileSpec(BaseModel):
-    """A whole framework profile as read from YAML; ``checkpoint`` (optional,
-    :data:`DEFAULT_CHECKPOINT` when absent) says how it saves."""
+    """A whole framework profile as read from YAML; ``family`` the framework family of its
+    measured runs; ``checkpoint`` (optional, :data:`DEFAULT_CHECKPOINT` when absent) says
+    how it saves."""
 
     model_config = _STRICT
     name: str = Field(min_length=1)
     description: str = ""
+    family: Family
     kernels: Kernels
     overlap: Overlap
     pipeline: Pipeline
