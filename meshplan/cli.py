@@ -18,7 +18,8 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from meshplan import __version__, help_format
 from meshplan.commands import repeated
-from meshplan.errors import MeshplanError, click_exceptions
+from meshplan.commands.click_compat import click_exceptions
+from meshplan.errors import MeshplanError
 
 # One entry per command module; each defines register(app: typer.Typer) -> None.
 COMMAND_MODULES = [

@@ -5,15 +5,5 @@ package may derive from it) and re-exported here as the same class."""
 
 from completion.errors import MeshplanError
 
-__all__ = ["MeshplanError", "click_exceptions"]
+__all__ = ["MeshplanError"]
 
-
-def click_exceptions():
-    """click's exceptions module (``UsageError``, ``BadParameter``, ``Abort``, ...): typer
-    >= 0.2x vendors click as ``typer._click``; older typer depends on the click
-    distribution."""
-    try:
-        from typer._click import exceptions
-    except ImportError:
-        from click import exceptions  # type: ignore[no-redef]
-    return exceptions

@@ -123,6 +123,29 @@ def test_the_framework_adapters_import_no_cli(tmp_path, monkeypatch):
                                 "meshplan/frameworks/x.py:4 imports meshplan.commands"]
 
 
+#: the modules of meshplan that are its command line (everything else there is the library;
+#: every ``__main__.py`` is an entry point too)
+CLI_MODULES = ("commands", "cli.py", "help_format.py", "__main__.py")
+
+
+def test_the_meshplan_library_imports_no_cli():
+    """Every module of ``meshplan`` outside its command line (:data:`CLI_MODULES`: the
+    commands, their entry point and help formatting) is library a Python user can call: it
+    imports neither typer, click nor the command layer (issue 38: no rule only the CLI holds)."""
+    root = ROOT / "meshplan"
+    bad = [hit for path in sorted(root.rglob("*.py"))
+           if path.relative_to(root).parts[0] not in CLI_MODULES and path.name != "__main__.py"
+           for hit in cli_imports_of(path)]
+    assert not bad, "library modules of meshplan importing the CLI:\n" + "\n".join(bad)
+
+
+def cli_imports_of(path: pathlib.Path) -> list[str]:
+    """``file:line imports module`` for every import of :data:`CLI_ONLY` in ``path``."""
+    return [f"{path.relative_to(ROOT)}:{line} imports {mod}"
+            for line, _, mod in sorted(imported_packages(path))
+            if any(mod == m or mod.startswith(m + ".") for m in CLI_ONLY)]
+
+
 # -- module boundaries: private names, import cycles, error types --------------------------
 def _modules() -> dict[str, pathlib.Path]:
     out = {}

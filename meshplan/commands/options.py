@@ -241,7 +241,7 @@ class StrategyCommand(TyperCommand):
         as typer does."""
         ctx.meta[ARGS_KEY] = tuple(args)
         clash = conflicting_flags(args)
-        from meshplan.errors import click_exceptions
+        from meshplan.commands.click_compat import click_exceptions
 
         if clash:
             raise click_exceptions().UsageError(clash, ctx)

@@ -66,7 +66,7 @@ def install() -> None:
     included) refuse a repeated option (:func:`repeated_option`) with click's UsageError."""
     from typer.core import TyperCommand
 
-    from meshplan.errors import click_exceptions
+    from meshplan.commands.click_compat import click_exceptions
 
     parse = TyperCommand.parse_args
     if getattr(parse, "__wrapped__", None) is not None:
