@@ -47,7 +47,7 @@ lint: $(STAMP_DEV) typecheck
 	$(VENV)/bin/ruff check .
 
 # mypy on the public API modules ([tool.mypy] in pyproject.toml); make test runs it too
-# (tests/test_typecheck.py)
+# (tests/meshplan/test_typecheck.py)
 typecheck: $(STAMP_DEV)
 	$(PY) -m mypy
 

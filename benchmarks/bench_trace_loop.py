@@ -2,7 +2,7 @@
 --profile-trace``, ``meshplan calibrate --from-trace``, then the re-predicted step against
 the measured one, within 10%.
 
-The plan is the one of ``tests/test_trace_loop.py`` (a 2-layer LLaMA, hidden 128, dp 2 on
+The plan is the one of ``tests/meshplan/test_trace_loop.py`` (a 2-layer LLaMA, hidden 128, dp 2 on
 2 gloo ranks). The measured step is the median, per round the slowest rank's, of the
 unrecorded steps that alternated with the span-recorded ones in the same run
 (``executor.profile``: the moments of the host the fit saw); the re-predicted step is the
@@ -66,7 +66,7 @@ def _cli(*argv: str) -> str:
 def trial(workdir: Path) -> Trial:
     """One loop in ``workdir`` (module docstring). Raises RuntimeError when a command fails
     or calibrate prints no step line."""
-    from tests.test_trace_loop import loop_plan
+    from tests.meshplan.test_trace_loop import loop_plan
 
     load0 = wait_for_quiet(QUIET_LOAD, QUIET_WAIT_S)
     plan, traces = loop_plan(workdir), workdir / "traces"

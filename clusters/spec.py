@@ -78,7 +78,7 @@ MAX_SPEC_BYTES = 2**20
 
 
 #: dtype names a ``device.peak_flops`` key may have: the spellings ``simulator.roofline``
-#: looks up (its ``_DTYPE_ALIASES``; tests/test_cluster_spec_keys.py keeps the two equal)
+#: looks up (its ``_DTYPE_ALIASES``; tests/clusters/test_cluster_spec_keys.py keeps the two equal)
 #: and int8 (integer GEMMs); any other key would never be read
 PEAK_FLOPS_DTYPES = ("bf16", "bfloat16", "fp16", "float16", "f16", "fp32", "float32", "tf32", "f32",
                      "fp8", "float8", "int8")

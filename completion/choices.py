@@ -4,7 +4,7 @@ generated from them (``meshplan.commands.options``).
 
 This module imports nothing (no numpy, no pydantic, nothing of ours), and ``completion``'s
 ``__init__`` is lazy, so ``meshplan --help`` imports it and nothing else of the package
-(tests/test_cli_structure.py). Each entry is the one list of its knob: add a value here
+(tests/meshplan/test_cli_structure.py). Each entry is the one list of its knob: add a value here
 and to the code that gives it meaning (the checks named beside each one keep them equal).
 """
 

@@ -3,7 +3,7 @@
 :class:`MeshplanError` is the one base class of every error meshplan raises on bad input
 (``except meshplan.MeshplanError`` catches them all; ``meshplan.errors.MeshplanError`` is
 this class). It lives here, in the lowest package of docs/design.md's dependency order,
-so that every package may derive from it (tests/test_layering.py lets each import
+so that every package may derive from it (tests/meshplan/test_layering.py lets each import
 ``completion.errors``). This module imports nothing, so the CLI loads it on ``--help``.
 """
 

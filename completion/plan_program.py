@@ -32,7 +32,7 @@ its backward (the final norm is its only reader), a middle layer has both neighb
 layer 0 stands for the first model layer, layer 1 for every middle one and layer 2 for the
 last (``simulator.program_costs``); every stage runs the same [dp, tp] layout shifted by
 stage * dp * tp ranks. Its layers' ops are those of the whole program's first, middle and
-last layers (``tests/test_plan_program.py``). A representative program of a pure data-parallel plan of a config
+last layers (``tests/completion/test_plan_program.py``). A representative program of a pure data-parallel plan of a config
 model (tp = 1, Megatron annotation) is not annotated at all and holds one micro-batch:
 every dp rank runs that same program, and its only collectives (the gradient sync; ZeRO's
 reduce_scatter / all_gather) are costed by the step model.

@@ -56,7 +56,7 @@ def freeze(x: Any) -> Hashable:
     with str keys; an unhashable leaf -> its repr). Scalars of the exact built-in types
     (the common leaves: op attrs are ints, floats, strings and lists of them) are taken as
     they are, without the generic hash probe or a generator per level; the result is the
-    same as the plain recursion (tests/test_sched_fastpaths.py compares them)."""
+    same as the plain recursion (tests/completion/test_sched_fastpaths.py compares them)."""
     t = type(x)
     if t in _SCALARS:
         return x

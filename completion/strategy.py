@@ -111,7 +111,7 @@ _TORCHAO_FP8 = ("fsdp2", "fsdp2-eager", "fsdp2-async-tp")
 #: Megatron-Core / NeMo ``--fp8-format hybrid``, Composer/llm-foundry ``amp_fp8``),
 #: ``tensorwise`` and ``rowwise`` (torchao ``Float8Linear`` dynamic scaling per tensor or
 #: per row, as torchtitan's ``--float8`` runs it under FSDP2). The tuples name
-#: :data:`FRAMEWORKS` entries (tests/test_fp8.py checks it); they are not read from the
+#: :data:`FRAMEWORKS` entries (tests/completion/test_fp8.py checks it); they are not read from the
 #: profiles because the Strategy checks ``fp8`` against its framework and ``completion``
 #: does not import ``simulator``.
 FP8_RECIPES: dict[str, tuple[str, ...]] = {

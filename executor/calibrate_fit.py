@@ -150,7 +150,7 @@ def fit_links(points: dict[str, list[tuple[float, float]]]) -> tuple[float, floa
 
 #: Candidate output tiles of the wave model: ``simulator.roofline.GEMM_TILES`` (NVIDIA
 #: "Matrix Multiplication Background" user's guide, ch. 2.3), repeated because the
-#: executor does not import the simulator; tests/test_gemm_model.py checks they agree.
+#: executor does not import the simulator; tests/executor/test_gemm_model.py checks they agree.
 GEMM_TILES: tuple[tuple[int, int], ...] = (
     (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64),
 )

@@ -7,7 +7,7 @@ runs in its own ``meshplan validate PLAN.json --nproc 2 --steps S --json --clust
 subprocess, which prints ``predicted_step_time_ms``, ``measured_step_time_ms`` and
 ``relative_error``; its CSV rows go to ``<out>/local_validation_plans/validate.csv``.
 ``--quick`` (CI) runs the dp=2 plan for 3 steps, one repeat (tensor-parallel plans run on the
-executor in tests/test_executor_verify.py); the full run all four for 10, with validate's repeats.
+executor in tests/meshplan/test_executor_verify.py); the full run all four for 10, with validate's repeats.
 
 Plans (issue 9's validation set, as ``benchmarks/plans/``): a LLaMA-style model (hidden
 256, 4 heads, seq 128, vocabulary 1000, fp32; 2 layers, 4 for ZBVPP which needs

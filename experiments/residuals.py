@@ -4,7 +4,7 @@
 (``experiments.measured_runs.predict``) and writes, for each row no constant was fitted
 on (``experiments.measured_runs.fitted_rows``), its row id, source, framework profile,
 GPUs, hidden size, whether the model has experts, and the measured and predicted step
-times (s). Rerun it whenever the model or the rows change; ``tests/test_error_band.py``
+times (s). Rerun it whenever the model or the rows change; ``tests/meshplan/test_error_band.py``
 checks the table against fresh predictions of a few rows.
 """
 

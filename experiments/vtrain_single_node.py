@@ -5,7 +5,7 @@ micro-batch 1-8), and how the model ranks their layouts.
 Each row is stated as a user states it to ``meshplan cost`` (``experiments.vtrain_rows``:
 a GPT-2 config.json, ``dgx-a100-80g``, the row's layout under the ``megatron-deepspeed``
 profile) and predicted with ``meshplan.engine.Engine(model, cluster, strategy, nodes=1,
-seq_len=...).simulate()`` -- the Engine ``cost`` builds (tests/test_vtrain_experiment.py
+seq_len=...).simulate()`` -- the Engine ``cost`` builds (tests/experiments/test_vtrain_experiment.py
 checks one row against the command). Outputs beside the per-row table:
 
 - ``vtrain_single_node_by_regime.csv`` / ``.md``: MAPE, mean signed error and the worst row

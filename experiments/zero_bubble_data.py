@@ -5,9 +5,9 @@ Source: Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv:2401.102
 transcribed in shared/reference/published_tables.md (Table 9 all rows, Table 5 1.5B rows,
 Table 4 1.5B rows) and shared/reference/hardware_and_models.md (Table 3 model shapes).
 The ZB-2p column of Table 5 is not in that file; it is taken from the paper's Table 5
-(arXiv v1), as tests/test_engine.py cites it.
+(arXiv v1), as tests/simulator/test_engine.py cites it.
 
-Method (the same as tests/test_engine.py and issue 6):
+Method (the same as tests/simulator/test_engine.py and issue 6):
 
 * Table 9 gives per-stage, per-micro-batch T_F, T_B, T_W and T_comm in ms; they enter the
   simulator as seconds, identical for every stage.

@@ -3,7 +3,7 @@ write the report directory (history CSV, plan.json, the best plan's Gantt PNG an
 trace, the step time vs peak memory PNG); :mod:`meshplan.demo_markdown` writes its README.
 
 Each block is usable at a small size (few trials, fewer layers), which is how
-``tests/test_demo.py`` checks the report without running the full demo.
+``tests/meshplan/test_demo.py`` checks the report without running the full demo.
 
 Units: seconds and bytes in the API; figures print seconds and GiB (2**30 bytes).
 """

@@ -18,7 +18,7 @@ drawn, never what the command parses:
 - the name columns never wrap or shrink (rich narrows the help column instead).
 
 :func:`install` wraps ``typer.rich_utils._print_options_panel`` (typer 0.29's rich help;
-with an older typer that lacks it nothing changes). ``tests/test_cli_help_width.py``
+with an older typer that lacks it nothing changes). ``tests/meshplan/test_cli_help_width.py``
 checks every command at ``COLUMNS=80``.
 """
 

@@ -35,7 +35,7 @@ def split_layers(num_layers: int, num_vstages: int, explicit: tuple[int, ...] | 
     largest stage load) by a steepest-descent search over one-layer moves between stages
     (:func:`_rank_balanced`), started from the even split and from the stage-balanced one,
     whichever ends lower. It is a local search: it ends where no single move helps, which
-    for identical decoder layers is the optimum (``tests/test_layer_split_balance.py``
+    for identical decoder layers is the optimum (``tests/simulator/test_layer_split_balance.py``
     checks it by brute force) and for layers of different costs may not be (a few percent
     on mixed dense / MoE stacks). E.g. Qwen3-30B-A3B, 16 layers on pp 2 x vpp 4 beside a
     151k-vocabulary head: 9 layers on one rank and 7 plus the head on the other, where

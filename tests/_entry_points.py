@@ -2,7 +2,7 @@
 Python API (``Strategy`` and ``Engine``), a plan.json (``meshplan cost PLAN.json``) and the
 CLI flags (``meshplan cost -m ... --dp ...``). Each answers *accepted* (a cost) or
 *refused* (one ``error:`` line, exit 2); anything else (a traceback, another exit code)
-is a fault. Shared by tests/test_one_validation_path.py (a fast slice) and
+is a fault. Shared by tests/meshplan/test_one_validation_path.py (a fast slice) and
 benchmarks/fuzz_entry_points.py (the recorded run)."""
 
 from __future__ import annotations

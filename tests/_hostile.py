@@ -2,7 +2,7 @@
 43, item 7). Each ``make(rng, folder)`` writes what it needs under ``folder`` and returns a
 :class:`Case`: the ``meshplan`` command line and what must happen (``refused``: one
 ``error:`` line, exit 2, no traceback, the files named in ``untouched`` unchanged).
-Shared by tests/test_fuzz_slice.py (a few per kind) and benchmarks/fuzz_entry_points.py
+Shared by tests/meshplan/test_fuzz_slice.py (a few per kind) and benchmarks/fuzz_entry_points.py
 (the recorded run of 1,000+ inputs)."""
 
 from __future__ import annotations

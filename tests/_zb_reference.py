@@ -1,6 +1,6 @@
 """The ZB automatic-schedule heuristic (``simulator.schedules.zb_auto``) as it was before
 its speed-ups of issue 18 (commit 07ab042), kept verbatim as the reference the optimised
-builder must equal (tests/test_sched_fastpaths.py). Not used by the package."""
+builder must equal (tests/completion/test_sched_fastpaths.py). Not used by the package."""
 
 from __future__ import annotations
 

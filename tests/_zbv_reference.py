@@ -1,6 +1,6 @@
 """The ZB-V construction (``simulator.schedules.zbv``) as it was before its speed-ups of
 issue 18 (commit 07ab042), kept verbatim as the reference the optimised builder must
-equal: same per-rank order, per-rank bubbles and chosen switches (tests/test_sched_fastpaths.py).
+equal: same per-rank order, per-rank bubbles and chosen switches (tests/completion/test_sched_fastpaths.py).
 Not used by the package."""
 
 from __future__ import annotations

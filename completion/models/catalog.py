@@ -69,7 +69,7 @@ _CATALOG_LIST = [
 _CATALOG_LIST += [
     # Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; its config.json:
     # rope_theta 1e6, rms_norm_eps 1e-5, 32768 positions, no sliding window), 46,702,792,704
-    # parameters (tests/test_models_moe.py derives them). seq_len here is the default
+    # parameters (tests/completion/test_models_moe.py derives them). seq_len here is the default
     # training length, 4096 (rotary: no position table; the config.json's 32768 is the
     # context window, as DEFAULT_TRAIN_SEQ caps it for config files)
     ModelConfig("mixtral-8x7b", "llama", 32, 4096, 32, 8, 14336, 32000, 4096, rope_theta=1e6,

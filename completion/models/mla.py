@@ -21,7 +21,7 @@ heads, hidden h, nope / rope / value head sizes d_n, d_r, d_v and latent ranks r
 - ``o_proj`` ``[H d_v, h]`` (bias when ``attention_bias``).
 
 Per layer the parameters are ``h r_q + r_q + r_q H (d_n + d_r) + h (r_kv + d_r) + r_kv +
-r_kv H (d_n + d_v) + H d_v h`` (DeepSeek-V3: 187,107,328; ``tests/test_models_frontier.py``).
+r_kv H (d_n + d_v) + H d_v h`` (DeepSeek-V3: 187,107,328; ``tests/completion/test_models_frontier.py``).
 Under the Megatron layout (:mod:`completion.annotate`) the up-projections ``q_b_proj`` /
 ``kv_b_proj`` are column-parallel over the heads and ``o_proj`` row-parallel, while the
 down-projections and their norms are replicated on every tensor-parallel rank

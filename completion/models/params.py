@@ -7,7 +7,7 @@ count is the total less ``(E - k) / E`` of each MoE layer's routed expert parame
 and the model cards of Qwen3, GPT-OSS and Llama 4). Vendors differ on the embeddings: the
 count here includes every parameter a token touches (the token embedding row and the LM
 head whole); DeepSeek's 37B and OpenAI's 5.1B leave the input embedding out
-(``tests/test_models_frontier.py`` states each convention).
+(``tests/completion/test_models_frontier.py`` states each convention).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ Layouts (b sequences of s tokens, hidden h, E experts, top-k):
   E * f_e / (b s)``. So the aux loss needs no value sent between pipeline stages. Like
   Megatron-Core's default, it is each rank's loss on its own micro-batch's tokens: a plan
   with several micro-batches or dp ranks balances per micro-batch and rank, which differs
-  from one pass over the whole batch (``tests/test_moe_verify.py`` verifies it on one
+  from one pass over the whole batch (``tests/meshplan/test_moe_verify.py`` verifies it on one
   micro-batch), and its gradient is not scaled by 1 / micro-batches (Megatron-Core's
   ``MoEAuxLossAutoScaler.set_loss_scale`` does; no cost effect).
 

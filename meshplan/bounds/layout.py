@@ -31,7 +31,7 @@ rounding of one float sum (~1e-19 s), far inside the 0.5 ns per action the bound
 leaves for the engine's integer-ns rounding (``simulator.bounds.step``) -- hence the same
 balanced layer split and the same bounds; any other candidate (dp = 1, cp > 1, ep > 1, a
 given program) takes ``Engine.lower_bound`` as it is. The equality is tested on random
-candidates of several spaces and frameworks (``tests/test_layout_bound.py``).
+candidates of several spaces and frameworks (``tests/meshplan/test_layout_bound.py``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ value's largest shard on the mesh, at least its global size over the ``D * tp`` 
 hence at least the unsharded value over ``tp``: each bound is the unsharded one ``// tp``.
 Made where the in-flight argument holds (forward passes of at least 1 ns: a layer's
 forward kernels over ``tp``, ``simulator.bounds.tier0``, or the per-pass host overhead)
-and for at least 3 layers; elsewhere 0. ``tests/test_tier0_memory.py`` checks them against
+and for at least 3 layers; elsewhere 0. ``tests/meshplan/test_tier0_memory.py`` checks them against
 every layer of completed programs (Megatron and pattern layouts, cp, FP8 recipes, expert
 parallelism) and the whole bound against simulated peaks (hypothesis, four frameworks,
 every schedule).

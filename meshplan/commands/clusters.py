@@ -14,7 +14,7 @@ import typer
 from meshplan import cluster_inputs as ci
 
 #: clusters.collectives.KINDS (listed here so that ``meshplan --help`` does not import the
-#: cluster model; tests/test_cli_options.py checks that they agree)
+#: cluster model; tests/meshplan/test_cli_options.py checks that they agree)
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON instead of tables.")

@@ -27,7 +27,7 @@ from meshplan.frameworks.megatron import arguments as mg
 from meshplan.pipeline_split import split_word
 
 #: the targets of ``meshplan.frameworks.targets.TARGETS`` (spelled here so that
-#: ``meshplan --help`` imports nothing; tests/test_export.py checks that they agree)
+#: ``meshplan --help`` imports nothing; tests/meshplan/test_export.py checks that they agree)
 Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")}, type=str)
 
 

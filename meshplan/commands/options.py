@@ -13,7 +13,7 @@ The choices are generated from the registries of ``completion.choices`` (SCHEDUL
 SCHEDULE_ALIASES, RECOMPUTE, DTYPES + FP8_DTYPES, CP_COMMS, ATTENTIONS, FRAMEWORKS, MODES),
 the one list of each knob that the Strategy, the simulator and the tuner read too: a light
 module (it imports nothing; ``completion``'s ``__init__`` is lazy), so ``meshplan --help``
-stays fast (tests/test_cli_structure.py).
+stays fast (tests/meshplan/test_cli_structure.py).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ Mode = _choices("Mode", choices.MODES)
 
 
 #: Upper bounds of the size options (issue 16 item 8), mirrored from the packages that
-#: own them so that ``meshplan --help`` imports nothing heavy (tests/test_cli_options.py
+#: own them so that ``meshplan --help`` imports nothing heavy (tests/meshplan/test_cli_options.py
 #: checks that they agree): tokens per sequence and decoder layers
 #: (``completion.models.config.MAX_MODEL_SIZES``), nodes (``clusters.spec.MAX_WORLD_SIZE``),
 #: sequences per step (``completion.strategy.MAX_BATCH``), pipeline passes and times of one
@@ -219,7 +219,7 @@ RECOMPUTE_PIN = typer.Option(None, *FLAGS["recompute"], case_sensitive=False,
 ZERO_PIN = typer.Option(None, *FLAGS["zero"], min=0, max=3, help="Pin the ZeRO stage (0-3).", rich_help_panel=PANEL_STRATEGY)
 SEQUENCE_PARALLEL_PIN = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
                                      help="Pin Megatron sequence parallelism on or off.", rich_help_panel=PANEL_STRATEGY)
-#: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/test_cli_options.py checks it)
+#: ``clusters.spec.DEFAULT_MEMORY_HEADROOM``, mirrored (tests/meshplan/test_cli_options.py checks it)
 DEFAULT_MEMORY_HEADROOM = 0.05
 MEMORY_HEADROOM = typer.Option(
     DEFAULT_MEMORY_HEADROOM, "--memory-headroom", min=0.0, max=0.99,

@@ -5,7 +5,7 @@ An exporter turns a :class:`~meshplan.plan.Plan` into what one training framewor
 says, as :class:`Note` s, which knobs of the plan that framework cannot express and what it
 runs instead. It also returns the *effective layout*: the plan's knobs as the framework will
 run them (:func:`layout` of the plan, with each inexpressible knob replaced by what the
-target does). ``tests/test_export.py`` parses each output with a parser written from the
+target does). ``tests/meshplan/test_export.py`` parses each output with a parser written from the
 framework's documented names and checks that the parsed layout equals the effective one,
 and that every knob where the effective layout differs from the plan's carries a note.
 

@@ -226,7 +226,7 @@ def inflight_counts(schedule: Any) -> list[int]:
 
 
 #: ``inflight_counts`` of the registered order-fixed schedules in closed form, (pp, m) ->
-#: per rank (``tests/test_tier0_memory.py`` checks each against its builder over a grid):
+#: per rank (``tests/meshplan/test_tier0_memory.py`` checks each against its builder over a grid):
 #: 1F1B and ZB-H1 hold min(p - r, m) micro-batches on rank r (Narayanan et al. 2021, sec.
 #: 2.2; ZB-H1 keeps 1F1B's warm-up, Qi et al. 2024, sec. 3), FThenB all m, Megatron's
 #: interleaved schedule min(m, p, 2 (p - r) - 1) of every chunk at once (its warm-up of

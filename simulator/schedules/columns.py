@@ -13,7 +13,7 @@ path, which names the offending action.
 Below :data:`MIN_ACTIONS` actions the callers keep the plain walk (numpy's fixed cost per
 call is larger there). The checks here only *accept*: each returns True when the schedule
 certainly passes the plain check, False when it may not (the caller then runs the plain
-check, which raises the message naming the first bad action). tests/test_sched_columns.py compares both on
+check, which raises the message naming the first bad action). tests/simulator/test_sched_columns.py compares both on
 schedules with random defects (hypothesis).
 """
 

@@ -30,7 +30,7 @@ is one micro-batch's expert-parallel all-to-all with the other's compute, which 
 model takes from the framework profile: ``overlap.moe_a2a``, :mod:`simulator.profiles`).
 With equal chunk passes (F = T_B = T_W) every rank's bubble is then (p - 1)(F&B + B - 3W),
 the report's Table 2 with PP = 2p stages (B the full backward, T_B + T_W):
-tests/test_dualpipe.py derives it by hand.
+tests/simulator/test_dualpipe.py derives it by hand.
 """
 
 from __future__ import annotations

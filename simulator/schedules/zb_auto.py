@@ -31,7 +31,7 @@ in ``Schedule.meta["cost_s"]``).
 Memory is counted as in the paper's scheduler: F = +2 units, B = -1, W = -1 (M_B = 2
 units, M_W = 1). ``memory_limit`` is in units of M_B per stage: ``p`` is ZB-1p (2p units),
 ``2p`` is ZB-2p (4p units, the default). With the 1.5B inputs of the paper's Table 9 this
-reproduces its Table 5 ZB-1p and ZB-2p bubble rates (tests/test_engine.py).
+reproduces its Table 5 ZB-1p and ZB-2p bubble rates (tests/simulator/test_engine.py).
 """
 
 from __future__ import annotations

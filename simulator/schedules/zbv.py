@@ -328,7 +328,7 @@ def _search(p: int, m: int, times: tuple[int, int, int], comm: int) -> tuple[_VP
     A re-run is abandoned once its worst bubble reaches both the best so far and the
     allowance's worst: from then on it can neither be chosen nor lead to another re-run
     (the loop would stop after it), so the choice is that of running it to the end
-    (tests/test_sched_fastpaths.py compares with the unabandoned search). A first run of a
+    (tests/completion/test_sched_fastpaths.py compares with the unabandoned search). A first run of a
     setting is never abandoned: its bubbles are the next run's allowance."""
     best: tuple[_VPlan, tuple[bool, bool]] | None = None
     for switches in ((True, True), (True, False), (False, True), (False, False)):

@@ -24,7 +24,7 @@ from meshplan.frameworks.megatron import launch
 
 #: Megatron-LM argument -> the Strategy field (or size) it sets one-to-one, and its type;
 #: each is an alias of that field on the CLI too (``meshplan.commands.options.FLAGS`` /
-#: ``SIZE_FLAGS``: tests/test_frameworks_api.py checks that they agree)
+#: ``SIZE_FLAGS``: tests/meshplan/test_frameworks_api.py checks that they agree)
 FIELD_ARGS: dict[str, tuple[str, Any]] = {
     "--tensor-model-parallel-size": ("tp", int),
     "--pipeline-model-parallel-size": ("pp", int),
