@@ -32,9 +32,10 @@ Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")},
 def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | None,
                        nodes: int | None, seq_len: int | None, layers: int | None,
                        knobs: dict[str, Any], megatron: mg.MegatronArgs,
-                       layers_per_stage: str | None = None) -> Any:
-    """The Plan the strategy options describe. Raises MeshplanError naming a missing
-    --model / --cluster, StrategyError naming the flag typed."""
+                       layers_per_stage: str | None = None) -> tuple[Any, str | None]:
+    """The Plan the strategy options describe, and the note of a dp read from the world as
+    Megatron-LM reads it (``megatron_options.megatron_dp``; None: none). Raises
+    MeshplanError naming a missing --model / --cluster, StrategyError naming the flag typed."""
     from meshplan.plan import Plan
 
     missing = [f for f, v in (("--model", model), ("--cluster", cluster)) if v is None]
@@ -42,10 +43,11 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
         raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
                             "strategy options")
     assert model is not None and cluster is not None
+    knobs, dp_note = mo.megatron_dp(ctx, knobs, cluster, nodes)
     strategy = mo.megatron_strategy(ctx, knobs, megatron, lambda: mg.model_layers(model, seq_len, layers),
                                     layers_per_stage)
     return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
-                num_layers=layers)
+                num_layers=layers), dp_note
 
 
 def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | None,
@@ -122,6 +124,7 @@ def export_cmd(
                           "--cluster": opt.input_file(cluster), "--output": output or None})
     if output or opt.typed_flags(ctx, "--output", "-o"):  # -o '' is not stdout
         outputs.check_output("--output", output, to.value, force, new_folder=True)
+    dp_note: str | None = None
     if plan_file is not None:
         plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
     else:
@@ -136,8 +139,8 @@ def export_cmd(
                  "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
                  "dtype": dtype,
                  "framework": framework, "attention": attention}
-        plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
-                                  layers_per_stage)
+        plan, dp_note = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
+                                           layers_per_stage)
     try:
         balanced = opt.split_word(layers_per_stage) == "balanced"
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
@@ -148,7 +151,7 @@ def export_cmd(
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
-    notes = (([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
+    notes = (([dp_note] if dp_note else []) + ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
              + launch_notes)
     for note in notes:
         typer.echo(f"note: {note}", err=True)
