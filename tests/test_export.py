@@ -617,7 +617,11 @@ def test_export_names_the_flags_as_typed_and_notes_an_out_of_memory_plan(capsys)
     line = one_line_error(*run_main(capsys, *base, "--model", "llama2-7b", "--tensor-model-parallel-size", "3",
                                     "--dp", "1", "--global-batch", "8"))
     assert line.startswith("error: --tensor-model-parallel-size = 3 does not divide")
-    code, out, err = run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8")
+    # a job that does not fit is an error (issue 39), unless --force
+    line = one_line_error(*run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8"))
+    assert line.startswith("error: the exported job does not fit as megatron runs it: peak ")
+    code, out, err = run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8",
+                              "--force")
     assert code == 0 and "--tensor-model-parallel-size 1" in out
     assert "note: OUT OF MEMORY as costed: the plan needs" in err and "GiB limit" in err
 
@@ -719,7 +723,8 @@ def test_the_as_run_note_says_when_the_framework_cannot_run_it_or_it_does_not_fi
     assert "schedule: Megatron-LM cannot run this plan as VPP: " in flat and "needs a multiple of pp = 4" in flat
     rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", "llama2-13b", "--cluster",
                             "dgx-h100", "--nodes", "1", "--dp", "1", "--tp", "2", "--pp", "4", "--vpp",
-                            "2", "--schedule", "ZBVPP", "--micro-batch-size", "2", "--global-batch", "16")
+                            "2", "--schedule", "ZBVPP", "--micro-batch-size", "2", "--global-batch", "16",
+                            "--force")
     assert rc == 0, err
     line = next(ln for ln in err.splitlines() if "as Megatron-LM runs it" in ln)
     peak = float(re.search(r"runs it \(VPP\): [\d.]+ ms a step, peak ([\d.]+) GiB", line).group(1))

@@ -148,13 +148,16 @@ def export_cmd(
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     launch_notes = mo.launch_notes(ctx, lambda: _model_source(checked))
     out = export_plan(checked, to.value)
+    recost_note, recost_warning = recosted(checked, out, force)
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
     notes = (([dp_note] if dp_note else []) + ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
-             + launch_notes)
+             + launch_notes + ([recost_note] if recost_note else []))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
+    if recost_warning:
+        typer.echo(f"warning: {recost_warning}", err=True)
     if to.value != "deepspeed":  # the file keeps them too (JSON has no comments)
         out.text = "".join(f"# note: {n}\n" for n in (fit_note, run_note) if n) + out.text
     if output:
@@ -164,6 +167,27 @@ def export_cmd(
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
     else:
         typer.echo(out.text, nl=False)
+
+
+def recosted(plan: Any, out: Any, force: bool) -> tuple[str | None, str | None]:
+    """``(note, warning)`` of the exported job re-costed as its target runs it
+    (``meshplan.frameworks.recost``): the note gives its step and peak beside the tuned
+    plan's; the warning names what changed when either moved by more than 5%, or says why
+    the file could not be re-costed. Raises MeshplanError when the exported job does not fit
+    in the device's memory, unless ``force``."""
+    from meshplan.frameworks.recost import recost
+
+    try:
+        r = recost(plan, out)
+    except MeshplanError as e:
+        return None, f"not re-costed: {e}"
+    if not r.fits and not force:
+        what = f" ({'; '.join(r.changed)})" if r.changed else ""
+        raise MeshplanError(f"the exported job does not fit as {out.target} runs it{what}: peak "
+                            f"{r.peak_bytes / 2**30:.2f} GiB of the {r.limit_bytes / 2**30:.2f} GiB limit "
+                            f"(the tuned plan: {r.tuned_peak_bytes / 2**30:.2f} GiB); --force writes it "
+                            "anyway", field="target")
+    return r.line(), r.warning()
 
 
 def _model_source(plan: Any) -> Any:
