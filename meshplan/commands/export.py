@@ -81,6 +81,14 @@ def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     return opt.given_flags(ctx, *opt.FLAGS) + opt.typed_flags(ctx, *plan_flags)
 
 
+LAUNCH = typer.Option(None, "--launch", help="Also write a bash launch script (.sh): torchrun on "
+                      "the plan's nodes and GPUs with the environment it needs, running the "
+                      "--output file (Megatron-LM's pretrain_gpt.py, torchtitan.train, or your "
+                      "DeepSpeed script).")
+FORCE = typer.Option(False, "--force", help="Replace output files that already exist, and write a "
+                     "job that does not fit in the device's memory as the target runs it.")
+
+
 @mo.megatron_options()
 def export_cmd(
     ctx: typer.Context,
@@ -115,15 +123,22 @@ def export_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
     megatron: mg.MegatronArgs = mo.MEGATRON,
-    force: bool = outputs.FORCE,
+    launch: str | None = LAUNCH,
+    force: bool = FORCE,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.frameworks.targets import export_plan
 
     opt.distinct_outputs({"PLAN.json": plan_file, "--model": opt.input_file(model),
-                          "--cluster": opt.input_file(cluster), "--output": output or None})
+                          "--cluster": opt.input_file(cluster), "--output": output or None,
+                          "--launch": launch})
     if output or opt.typed_flags(ctx, "--output", "-o"):  # -o '' is not stdout
         outputs.check_output("--output", output, to.value, force, new_folder=True)
+    if launch is not None:
+        if not output:
+            raise MeshplanError("export --launch: give --output too (the launch script runs the "
+                                "exported file)", field="--launch")
+        outputs.check_output("--launch", launch, "launch", force, new_folder=True)
     dp_note: str | None = None
     if plan_file is not None:
         plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
@@ -165,8 +180,23 @@ def export_cmd(
         opt.ensure_dir(path.parent)
         opt.write_output("--output", output, lambda: path.write_text(out.text))
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
+        if launch is not None:
+            _write_launch(checked, out, output, launch)
     else:
         typer.echo(out.text, nl=False)
+
+
+def _write_launch(plan: Any, out: Any, output: str, launch: str) -> None:
+    """Write the launch script of ``out`` (``meshplan.frameworks.launch_script``) to
+    ``launch``, executable, and say so on stderr."""
+    from meshplan.frameworks.launch_script import launch_script
+
+    text = launch_script(plan, out, output, launch)
+    path = Path(launch)
+    opt.ensure_dir(path.parent)
+    opt.write_output("--launch", launch, lambda: path.write_text(text))
+    path.chmod(0o755)
+    typer.echo(f"wrote {path} (torchrun launch script of {out.target}; run it on every node)", err=True)
 
 
 def recosted(plan: Any, out: Any, force: bool) -> tuple[str | None, str | None]:

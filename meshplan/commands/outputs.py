@@ -28,6 +28,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "megatron": (".sh", ".txt", ".args"),  # Megatron-LM arguments, commented
     "torchtitan": (".toml",),
     "deepspeed": (".json",),
+    "launch": (".sh",),  # a bash launch script (meshplan.frameworks.launch_script)
 }
 
 FORCE = typer.Option(False, "--force", help="Replace output files that already exist.")
