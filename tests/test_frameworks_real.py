@@ -3,13 +3,15 @@ only; :mod:`tests._frameworks_real` loads it).
 
 Which rules are checked by which code:
 
-- DeepSpeed 0.19.8, ``deepspeed.runtime.config.DeepSpeedConfig``: every section it reads
+- DeepSpeed 0.19.8, ``deepspeed.runtime.config.DeepSpeedConfig``: on every export, every
+  section it reads
   (pydantic models of ``zero_optimization``, ``bf16`` / ``fp16``, ``tensor_parallel``,
   ``optimizer``, ``activation_checkpointing``), the keys it has removed (MiCS's
   ``mics_shard_size``) and the batch-key rule ``train_batch_size == micro x
   gradient_accumulation_steps x world_size``, with DeepSpeed's world size taken the two ways
   its code takes it (an mpu's data-parallel size: dp; no mpu under AutoTP: every rank,
-  dp x tp).
+  dp x tp); on the importer's batch cases, that meshplan reads the batch keys as DeepSpeed
+  does (same values, same refusals).
 - Megatron-Core 0.16.1, ``TransformerConfig`` built as Megatron-LM's
   ``core_transformer_config_from_args`` builds it (``_frameworks_real.transformer_config``):
   the parallel sizes (tp, pp, virtual pipeline, cp, ep, expert tp, sequence parallelism and
@@ -137,6 +139,36 @@ def test_deepspeed_refuses_mics_so_hsdp_is_written_as_zero3():
     assert json.loads(out.text)["zero_optimization"] == {"stage": 3}
     assert out.effective["fsdp_shard_size"] is None
     assert any(n.knob == "fsdp_shard_size" and "0.19.8" in n.text for n in out.notes)
+
+
+#: batch keys on dp ranks (tests/test_import_deepspeed.py's cases): meshplan's reading and
+#: DeepSpeed's must agree, accepting or refusing
+BATCHES = [({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2}, 8),
+           ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8),
+           ({"train_batch_size": 64}, 16), ({"train_micro_batch_size_per_gpu": 3}, 16),
+           ({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 16),
+           ({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 8),
+           ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 16),
+           ({"train_batch_size": 60, "train_micro_batch_size_per_gpu": 2}, 16),
+           ({"train_batch_size": 8}, 16), ({"gradient_accumulation_steps": 4}, 16)]
+
+
+@pytest.mark.parametrize("batch, dp", BATCHES)
+def test_the_importers_batch_rule_is_deepspeeds(batch, dp):
+    """``meshplan cost --deepspeed-config`` reads the batch keys as DeepSpeedConfig does:
+    the same micro-batch and train_batch_size where both accept them, both refusing the
+    others (keys that disagree, a micro-batch of 0, neither batch key)."""
+    from meshplan.frameworks.deepspeed.config import DeepSpeedConfigError, deepspeed_knobs
+
+    try:
+        k = deepspeed_knobs({**batch, "bf16": {"enabled": True}}, dp)
+    except DeepSpeedConfigError:
+        with pytest.raises(AssertionError):
+            real.deepspeed_config(batch, dp)
+        return
+    ds = real.deepspeed_config(batch, dp)
+    assert (ds.train_micro_batch_size_per_gpu, ds.train_batch_size) == (k["micro_batch_size"],
+                                                                         k["global_batch_size"])
 
 
 # -- torchtitan -------------------------------------------------------------------------------
