@@ -28,6 +28,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "megatron": (".sh", ".txt", ".args"),  # Megatron-LM arguments, commented
     "torchtitan": (".toml",),
     "deepspeed": (".json",),
+    "launch": (".sh",),  # a bash launch script (meshplan.frameworks.launch_script)
 }
 
 

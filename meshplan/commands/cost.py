@@ -145,6 +145,7 @@ def cost_cmd(
         seq_len, layers = plan.seq_len, plan.num_layers
         global_batch = plan.strategy.global_batch_size
     read: list[warnings.WarningMessage] = []  # the config file's warnings (also in --json's list)
+    dp_note: str | None = None  # dp read from the world, as Megatron-LM reads it (a note)
     knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "etp": etp,
              "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
              "vpp": vpp, "schedule": schedule, "micro_batch_size": micro_batch_size,
@@ -175,6 +176,8 @@ def cost_cmd(
         raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
                             "PLAN.json names its own")
     if torchtitan_config is None and deepspeed_config is None:
+        if plan is None and cluster is not None:  # Megatron-LM arguments: dp from the world
+            knobs, dp_note = mo.megatron_dp(ctx, knobs, cluster, nodes)
         strategy = mo.megatron_strategy(ctx, knobs, megatron, num_layers, layers_per_stage)
     if plan is None and torchtitan_config is None:  # a .pir program is costed as written
         from meshplan.commands.program_input import refuse_ignored_cost_options
@@ -205,7 +208,7 @@ def cost_cmd(
         terminal.replay(caught)
     if refused is not None:  # in the flags' words, unless a plan file gave the strategy
         raise (opt.flag_error(ctx, refused) if plan is None else refused) from None
-    moe_notes = (moe_args.check_source(moe, engine.source) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
+    moe_notes = ([dp_note] if dp_note else []) + (moe_args.check_source(moe, engine.source) + _megatron_split_note(ctx, engine, plan, torchtitan_config or deepspeed_config)
                  + mo.launch_notes(ctx, lambda: engine.source))
     fit = cr.memory_fit(res, engine.cluster.device, memory_headroom)
     # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)

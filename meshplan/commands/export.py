@@ -34,9 +34,10 @@ Target = Enum("Target", {n: n for n in ("megatron", "torchtitan", "deepspeed")},
 def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | None,
                        nodes: int | None, seq_len: int | None, layers: int | None,
                        knobs: dict[str, Any], megatron: mg.MegatronArgs,
-                       layers_per_stage: str | None = None) -> Any:
-    """The Plan the strategy options describe. Raises MeshplanError naming a missing
-    --model / --cluster, StrategyError naming the flag typed."""
+                       layers_per_stage: str | None = None) -> tuple[Any, str | None]:
+    """The Plan the strategy options describe, and the note of a dp read from the world as
+    Megatron-LM reads it (``megatron_options.megatron_dp``; None: none). Raises
+    MeshplanError naming a missing --model / --cluster, StrategyError naming the flag typed."""
     from meshplan.plan import Plan
 
     missing = [f for f, v in (("--model", model), ("--cluster", cluster)) if v is None]
@@ -44,10 +45,11 @@ def _plan_from_options(ctx: typer.Context, model: str | None, cluster: str | Non
         raise MeshplanError(f"export: give PLAN.json, or {' and '.join(missing)} with the "
                             "strategy options")
     assert model is not None and cluster is not None
+    knobs, dp_note = mo.megatron_dp(ctx, knobs, cluster, nodes)
     strategy = mo.megatron_strategy(ctx, knobs, megatron, lambda: mg.model_layers(model, seq_len, layers),
                                     layers_per_stage)
     return Plan(model=model, cluster=cluster, strategy=strategy, nodes=nodes, seq_len=seq_len,
-                num_layers=layers)
+                num_layers=layers), dp_note
 
 
 def _plan_from_file(ctx: typer.Context, plan_file: str, layers_per_stage: str | None,
@@ -79,6 +81,14 @@ def _strategy_flags_typed(ctx: typer.Context) -> list[str]:
     plan_flags = ("--model", "-m", "--cluster", "--nodes", "--seq-len", "--seq-length", "-s",
                   "--layers", "--num-layers", "-l", *mg.MEGATRON_FLAGS)
     return opt.given_flags(ctx, *opt.FLAGS) + opt.typed_flags(ctx, *plan_flags)
+
+
+LAUNCH = typer.Option(None, "--launch", help="Also write a bash launch script (.sh): torchrun on "
+                      "the plan's nodes and GPUs with the environment it needs, running the "
+                      "--output file (Megatron-LM's pretrain_gpt.py, torchtitan.train, or your "
+                      "DeepSpeed script).")
+FORCE = typer.Option(False, "--force", help="Replace output files that already exist, and write a "
+                     "job that does not fit in the device's memory as the target runs it.")
 
 
 @mo.megatron_options()
@@ -115,15 +125,23 @@ def export_cmd(
     framework: opt.Framework = opt.FRAMEWORK,
     attention: opt.Attention | None = opt.ATTENTION,
     megatron: mg.MegatronArgs = mo.MEGATRON,
-    force: bool = outputs.FORCE,
+    launch: str | None = LAUNCH,
+    force: bool = FORCE,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     from meshplan.frameworks.targets import export_plan
 
     outs.distinct_outputs({"PLAN.json": plan_file, "--model": outs.input_file(model),
-                          "--cluster": outs.input_file(cluster), "--output": output or None})
+                           "--cluster": outs.input_file(cluster), "--output": output or None,
+                           "--launch": launch})
     if output or opt.typed_flags(ctx, "--output", "-o"):  # -o '' is not stdout
         outs.check_output("--output", output, to.value, force, new_folder=True)
+    if launch is not None:
+        if not output:
+            raise MeshplanError("export --launch: give --output too (the launch script runs the "
+                                "exported file)", field="--launch")
+        outs.check_output("--launch", launch, "launch", force, new_folder=True)
+    dp_note: str | None = None
     if plan_file is not None:
         plan = _plan_from_file(ctx, plan_file, layers_per_stage, cluster, nodes)
     else:
@@ -138,8 +156,8 @@ def export_cmd(
                  "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
                  "dtype": dtype,
                  "framework": framework, "attention": attention}
-        plan = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
-                                  layers_per_stage)
+        plan, dp_note = _plan_from_options(ctx, model, cluster, nodes, seq_len, layers, knobs, megatron,
+                                           layers_per_stage)
     try:
         balanced = split_word(layers_per_stage) == "balanced"
         checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
@@ -147,13 +165,16 @@ def export_cmd(
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
     launch_notes = mo.launch_notes(ctx, lambda: _model_source(checked))
     out = export_plan(checked, to.value)
+    recost_note, recost_warning = recosted(checked, out, force)
     run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
-    notes = (([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
-             + launch_notes)
+    notes = (([dp_note] if dp_note else []) + ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
+             + launch_notes + ([recost_note] if recost_note else []))
     for note in notes:
         typer.echo(f"note: {note}", err=True)
+    if recost_warning:
+        typer.echo(f"warning: {recost_warning}", err=True)
     if to.value != "deepspeed":  # the file keeps them too (JSON has no comments)
         out.text = "".join(f"# note: {n}\n" for n in (fit_note, run_note) if n) + out.text
     if output:
@@ -161,8 +182,44 @@ def export_cmd(
         outs.ensure_dir(path.parent)
         outs.write_output("--output", output, lambda: path.write_text(out.text))
         typer.echo(f"wrote {path} ({to.value}, {len(notes)} note(s))", err=True)
+        if launch is not None:
+            _write_launch(checked, out, output, launch)
     else:
         typer.echo(out.text, nl=False)
+
+
+def _write_launch(plan: Any, out: Any, output: str, launch: str) -> None:
+    """Write the launch script of ``out`` (``meshplan.frameworks.launch_script``) to
+    ``launch``, executable, and say so on stderr."""
+    from meshplan.frameworks.launch_script import launch_script
+
+    text = launch_script(plan, out, output, launch)
+    path = Path(launch)
+    outs.ensure_dir(path.parent)
+    outs.write_output("--launch", launch, lambda: path.write_text(text))
+    path.chmod(0o755)
+    typer.echo(f"wrote {path} (torchrun launch script of {out.target}; run it on every node)", err=True)
+
+
+def recosted(plan: Any, out: Any, force: bool) -> tuple[str | None, str | None]:
+    """``(note, warning)`` of the exported job re-costed as its target runs it
+    (``meshplan.frameworks.recost``): the note gives its step and peak beside the tuned
+    plan's; the warning names what changed when either moved by more than 5%, or says why
+    the file could not be re-costed. Raises MeshplanError when the exported job does not fit
+    in the device's memory, unless ``force``."""
+    from meshplan.frameworks.recost import recost
+
+    try:
+        r = recost(plan, out)
+    except MeshplanError as e:
+        return None, f"not re-costed: {e}"
+    if not r.fits and not force:
+        what = f" ({'; '.join(r.changed)})" if r.changed else ""
+        raise MeshplanError(f"the exported job does not fit as {out.target} runs it{what}: peak "
+                            f"{r.peak_bytes / 2**30:.2f} GiB of the {r.limit_bytes / 2**30:.2f} GiB limit "
+                            f"(the tuned plan: {r.tuned_peak_bytes / 2**30:.2f} GiB); --force writes it "
+                            "anyway", field="target")
+    return r.line(), r.warning()
 
 
 def _model_source(plan: Any) -> Any:

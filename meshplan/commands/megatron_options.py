@@ -220,6 +220,24 @@ def launch_notes(ctx: Any, source: Callable[[], Any]) -> list[str]:
     return launch.finish(meta.get(launch.ARCH_KEY) or {}, meta.get(launch.NEUTRAL_KEY) or [], source)
 
 
+def megatron_dp(ctx: Any, knobs: dict[str, Any], cluster: str, nodes: int | None) -> tuple[dict[str, Any], str | None]:
+    """``(knobs, note)``: ``knobs`` with dp read as Megatron-LM reads it when the command line
+    of ``ctx`` holds Megatron-LM arguments and no ``--dp`` (the cluster's GPUs over tp x pp x
+    cp, ``frameworks.megatron.data_parallel.megatron_dp``) and its note (for the command to
+    show once the strategy is built), else ``(knobs, None)``. A degree below 1 is left to
+    the Strategy's own refusal."""
+    from clusters import load_cluster
+    from meshplan.frameworks.megatron.data_parallel import megatron_dp as derive
+    from meshplan.frameworks.megatron.data_parallel import megatron_spelled
+
+    g = given(ctx)
+    degrees = [int(knobs[k]) for k in ("tp", "pp", "cp")]
+    if g.given("dp") or min(degrees) < 1 or not megatron_spelled(g):  # no cluster loaded then
+        return knobs, None
+    got = derive(g, *degrees, load_cluster(cluster, nodes).world_size)
+    return (knobs, None) if got is None else ({**knobs, "dp": got[0]}, got[1])
+
+
 def megatron_strategy(ctx: Any, knobs: dict[str, Any], megatron: mg.MegatronArgs,
                       num_layers: Callable[[], int], layers_per_stage: str | None) -> Any:
     """The Strategy of a command's strategy options ``knobs`` (Strategy field -> the option's

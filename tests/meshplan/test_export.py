@@ -64,6 +64,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--use-megatron-fsdp", action="store_true")
     p.add_argument("--data-parallel-sharding-strategy", default="optim_grads_params",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--ckpt-format", default="torch_dist",
+                   choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])
     p.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
     p.add_argument("--outer-dp-sharding-strategy", default="no_shard", choices=["no_shard", "optim"])
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None)
@@ -121,6 +123,9 @@ def parse_megatron(text: str, world: int) -> dict:
     recompute = {None: "none", "selective": "selective", "full": "full"}[a.recompute_granularity]
     if recompute == "full":  # every layer: uniform chunks of one layer
         assert (a.recompute_method, a.recompute_num_layers) == ("uniform", 1)
+    # Megatron-FSDP and its checkpoint format go together (validate_args asserts both ways,
+    # arguments.py lines 1169-1170 and 1675-1676 at d98e8a64)
+    assert a.use_megatron_fsdp == (a.ckpt_format == "fsdp_dtensor")
     if a.use_megatron_fsdp:
         zero = {"optim_grads": 2, "optim_grads_params": 3}[a.data_parallel_sharding_strategy]
     else:
@@ -240,20 +245,27 @@ DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu",
                   "tensor_parallel", "optimizer", "activation_checkpointing"}
 
 
-def parse_deepspeed(text: str, world: int) -> dict:
-    """The layout DeepSpeed runs for the exported JSON on ``world`` ranks (pp: the world
-    over dp x tp, as PipelineModule(num_stages) must then be set)."""
+def parse_deepspeed(text: str, world: int, pp: int | None = None) -> dict:
+    """The layout DeepSpeed runs for the exported JSON on ``world`` ranks, by DeepSpeed
+    0.19.8's batch rule (``runtime/config.py``: train_batch_size = micro x
+    gradient_accumulation_steps x dp). pp: the script's ``PipelineModule(num_stages)``
+    (the export's pp note); None: the world over the dp that ``train_batch_size`` states
+    and tp. AutoTP configs leave ``train_batch_size`` for DeepSpeed to derive (its batch
+    world is dp or dp x tp depending on the script's mpu), so they need pp."""
     cfg = json.loads(text)
     assert set(cfg) <= DEEPSPEED_KEYS
     micro, gas = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
     tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
-    # AutoTP: the batch keys count every GPU of a stage, the tp ranks sharing a micro-batch
-    dp, rem = divmod(cfg["train_batch_size"], micro * gas * tp)
-    assert rem == 0
-    assert world % (dp * tp) == 0
+    assert ("train_batch_size" in cfg) == (tp == 1)
+    if pp is None:
+        dp, rem = divmod(cfg["train_batch_size"], micro * gas)
+        assert rem == 0 and world % (dp * tp) == 0
+        pp = world // (dp * tp)
+    dp = world // (tp * pp)
+    assert cfg.get("train_batch_size", micro * gas * dp) == micro * gas * dp
     assert not (cfg["bf16"]["enabled"] and cfg["fp16"]["enabled"])
-    out = {"dp": dp, "tp": tp, "pp": world // (dp * tp), "cp": 1, "vpp": 1, "schedule": "1F1B",
-           "micro_batch_size": micro, "global_batch_size": cfg["train_batch_size"] // tp,
+    out = {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "vpp": 1, "schedule": "1F1B",
+           "micro_batch_size": micro, "global_batch_size": micro * gas * dp,
            "zero": cfg["zero_optimization"]["stage"], "sequence_parallel": False,
            "fsdp_shard_size": cfg["zero_optimization"].get("mics_shard_size"),
            "recompute": "full" if "activation_checkpointing" in cfg else "none", "fp8": None,
@@ -316,7 +328,11 @@ def _check_round_trip(plan: Plan, target: str) -> dict:
     out = export_plan(plan, target)
     # the ranks the exported job is launched on (a target that drops cp runs without it)
     world = plan.strategy.world_size // plan.strategy.cp * out.effective["cp"]
-    parsed = PARSERS[target](out.text, world)
+    if target == "deepspeed":  # pp: the script's PipelineModule(num_stages=N), as noted
+        stages = [re.search(r"num_stages=(\d+)", n.text) for n in out.notes if n.knob == "pp"]
+        parsed = parse_deepspeed(out.text, world, int(stages[0].group(1)) if stages else 1)
+    else:
+        parsed = PARSERS[target](out.text, world)
     assert set(CORE) <= set(parsed), set(CORE) - set(parsed)
     assert parsed == {k: out.effective[k] for k in parsed}, (out.text, out.effective)
     want = layout(plan)
@@ -433,11 +449,16 @@ def test_torchtitan_toml_of_a_known_plan():
 
 
 def test_deepspeed_json_of_a_known_plan():
-    """global 16 = micro 1 x 8 accumulation steps x dp 2, written as AutoTP counts it: x tp
-    2 = 32; pp is a script setting (noted)."""
+    """global 16 = micro 1 x 8 accumulation steps x dp 2; under AutoTP train_batch_size is
+    left for DeepSpeed to derive (noted); pp is a script setting (noted)."""
     out = export_plan(_plan(pp=1, vpp=1, schedule="1F1B", zero=2), "deepspeed")
     cfg = json.loads(out.text)
-    assert cfg["train_batch_size"] == 32 and cfg["gradient_accumulation_steps"] == 8
+    assert "train_batch_size" not in cfg and cfg["gradient_accumulation_steps"] == 8
+    assert cfg["train_micro_batch_size_per_gpu"] == 1
+    assert "global_batch_size" in {n.knob for n in out.notes}
+    dense = json.loads(export_plan(_plan(tp=1, pp=1, vpp=1, schedule="1F1B", sequence_parallel=False),
+                                   "deepspeed").text)
+    assert dense["train_batch_size"] == 16 and "tensor_parallel" not in dense
     assert cfg["zero_optimization"] == {"stage": 2} and cfg["tensor_parallel"] == {"autotp_size": 2}
     assert cfg["bf16"] == {"enabled": True} and "activation_checkpointing" in cfg
     assert "sequence_parallel" in {n.knob for n in out.notes}
@@ -510,10 +531,11 @@ def test_hsdp_plan_exports_to_each_target():
     assert "--num-distributed-optimizer-instances 2" in meg.text
     assert "--outer-dp-sharding-strategy no_shard" in meg.text
     ds = export_plan(plan, "deepspeed")
-    assert json.loads(ds.text)["zero_optimization"] == {"stage": 3, "mics_shard_size": 8}
+    # DeepSpeed 0.19.8 refuses MiCS's mics_shard_size: ZeRO-3 over all dp, noted
+    assert json.loads(ds.text)["zero_optimization"] == {"stage": 3}
     assert "fsdp_shard_size" in {n.knob for n in ds.notes}
     for target in TARGETS:
-        assert _check_round_trip(plan, target)["fsdp_shard_size"] == 8, target
+        assert _check_round_trip(plan, target)["fsdp_shard_size"] == (None if target == "deepspeed" else 8), target
 
 
 def test_fp8_plans_export_their_recipe_or_say_why_not():
@@ -595,7 +617,11 @@ def test_export_names_the_flags_as_typed_and_notes_an_out_of_memory_plan(capsys)
     line = one_line_error(*run_main(capsys, *base, "--model", "llama2-7b", "--tensor-model-parallel-size", "3",
                                     "--dp", "1", "--global-batch", "8"))
     assert line.startswith("error: --tensor-model-parallel-size = 3 does not divide")
-    code, out, err = run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8")
+    # a job that does not fit is an error (issue 39), unless --force
+    line = one_line_error(*run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8"))
+    assert line.startswith("error: the exported job does not fit as megatron runs it: peak ")
+    code, out, err = run_main(capsys, *base, "--model", "llama2-70b", "--dp", "8", "--global-batch", "8",
+                              "--force")
     assert code == 0 and "--tensor-model-parallel-size 1" in out
     assert "note: OUT OF MEMORY as costed: the plan needs" in err and "GiB limit" in err
 
@@ -697,7 +723,8 @@ def test_the_as_run_note_says_when_the_framework_cannot_run_it_or_it_does_not_fi
     assert "schedule: Megatron-LM cannot run this plan as VPP: " in flat and "needs a multiple of pp = 4" in flat
     rc, out, err = run_main(capsys, "export", "--to", "megatron", "-m", "llama2-13b", "--cluster",
                             "dgx-h100", "--nodes", "1", "--dp", "1", "--tp", "2", "--pp", "4", "--vpp",
-                            "2", "--schedule", "ZBVPP", "--micro-batch-size", "2", "--global-batch", "16")
+                            "2", "--schedule", "ZBVPP", "--micro-batch-size", "2", "--global-batch", "16",
+                            "--force")
     assert rc == 0, err
     line = next(ln for ln in err.splitlines() if "as Megatron-LM runs it" in ln)
     peak = float(re.search(r"runs it \(VPP\): [\d.]+ ms a step, peak ([\d.]+) GiB", line).group(1))

@@ -4,21 +4,24 @@ Keys are those of DeepSpeed's configuration reference (https://www.deepspeed.ai/
 config-json/) and its AutoTP training tutorial (https://www.deepspeed.ai/tutorials/
 autotp-training/, DeepSpeed >= 0.16.4). Mapping:
 
-- batch: ``train_batch_size`` = global, ``train_micro_batch_size_per_gpu`` = micro,
-  ``gradient_accumulation_steps`` = m; DeepSpeed requires train_batch_size = micro x
-  m x dp and takes dp from the world size over its model-parallel groups, so dp = global /
-  (micro x m) is stated by the batch keys. With AutoTP no mpu reaches the config
-  (``deepspeed/__init__.py``), so its dp is every GPU of a stage (under pp the
-  PipelineModule's default topology, world / pp): train_batch_size = global x tp.
+- batch: ``train_micro_batch_size_per_gpu`` = micro, ``gradient_accumulation_steps`` = m
+  and, without AutoTP, ``train_batch_size`` = global. DeepSpeed asserts train_batch_size =
+  micro x m x its world size, which it takes from the mpu's data-parallel size when the
+  script passes an mpu (a PipelineModule always does: world / pp) and else from every rank
+  (``runtime/config.py`` ``DeepSpeedConfig.__init__`` and ``_batch_assertion`` in the
+  0.19.8 release). With AutoTP both happen (its tutorial passes an mpu "optional"), and the
+  world size then either is dp or counts the tp ranks sharing a micro-batch, so no single
+  train_batch_size passes both: it is left out and DeepSpeed derives it (micro x m x its
+  world size, ``_set_batch_related_parameters``); micro x m x dp = global either way.
 - ``zero_optimization.stage`` = ZeRO stage; ``tensor_parallel.autotp_size`` = tp (AutoTP
   combines with ZeRO stages 0-3 from DeepSpeed 0.19.4 on, ``docs/_pages/config-json.md``
   at edaa722; ZeRO 3 with tp > 1 is noted for older releases).
-- HSDP (ZeRO-3 in shard groups of N): ``zero_optimization.mics_shard_size`` = N (MiCS,
-  Zhang et al. 2022: model states partitioned within groups of N ranks, replicated across
-  them; ``deepspeed.zero.MiCS_Init`` in the script). Noted: DeepSpeed releases without MiCS reject
-  the MiCS keys, and ZeRO++ hpZ (``zero_hpz_partition_size``) is not the same thing (it
-  keeps only a secondary copy of the weights per group; gradients and optimizer states
-  stay sharded over all of dp).
+- HSDP (ZeRO-3 in shard groups of N) has no DeepSpeed form: MiCS (Zhang et al. 2022,
+  ``zero_optimization.mics_shard_size``) is removed in 0.19.8, whose ``DeepSpeedConfig``
+  refuses the key (``runtime/config.py`` ``_REMOVED_ZERO_CONFIG_KEYS``), and ZeRO++ hpZ
+  (``zero_hpz_partition_size``) is not the same thing (it keeps only a secondary copy of
+  the weights per group; gradients and optimizer states stay sharded over all of dp). ZeRO-3
+  over all of dp is written, noted.
 - pp: DeepSpeed's pipeline stages are not a config key (``deepspeed.pipe.PipelineModule
   (num_stages=pp)`` in the training script), so pp is noted and the world size must be dp x
   tp x pp; its pipeline engine runs 1F1B only, one chunk per rank.
@@ -61,12 +64,12 @@ def _notes(eff: dict[str, Any], notes: list[Note]) -> None:
                                   "engine.py _configure_tensor_parallel_states); earlier releases "
                                   "assert ZeRO stage <= 2"))
     if eff["fsdp_shard_size"]:
-        notes.append(Note("fsdp_shard_size", f"HSDP is written as MiCS (mics_shard_size "
-                                             f"{eff['fsdp_shard_size']}; build the model under "
-                                             f"deepspeed.zero.MiCS_Init); DeepSpeed releases "
-                                             f"without MiCS reject the key: there drop it (ZeRO-3 "
-                                             f"over all dp) -- hpZ (zero_hpz_partition_size) "
-                                             f"shards only a secondary weight copy per group"))
+        notes.append(Note("fsdp_shard_size", f"HSDP shard groups of {eff['fsdp_shard_size']} have no "
+                                             f"DeepSpeed form (MiCS's mics_shard_size is refused "
+                                             f"by DeepSpeed 0.19.8; hpZ shards only a secondary "
+                                             f"weight copy per group): ZeRO-3 over all dp "
+                                             f"{eff['dp']} is written"))
+        eff["fsdp_shard_size"] = None
     if eff["recompute"] in ("selective", "selective-op"):
         notes.append(Note("recompute", "DeepSpeed checkpoints whole wrapped layers; selective "
                                        "recompute is not a config option (none written)"))
@@ -139,19 +142,22 @@ def export(plan: Any) -> Export:
         eff["fp8"] = None
     m = eff["global_batch_size"] // (eff["dp"] * eff["micro_batch_size"])
     cfg: dict[str, Any] = {
-        # AutoTP: DeepSpeed's batch keys count every GPU of a stage, the tp ranks sharing a
-        # micro-batch (no mpu reaches its config; under pp the PipelineModule's own topology)
-        "train_batch_size": eff["global_batch_size"] * eff["tp"],
+        "train_batch_size": eff["global_batch_size"],
         "train_micro_batch_size_per_gpu": eff["micro_batch_size"],
         "gradient_accumulation_steps": m,
         "zero_optimization": {"stage": eff["zero"]},
         "bf16": {"enabled": eff["dtype"] == "bfloat16"},
         "fp16": {"enabled": eff["dtype"] == "float16"},
     }
-    if eff["fsdp_shard_size"]:
-        cfg["zero_optimization"]["mics_shard_size"] = eff["fsdp_shard_size"]
     if eff["tp"] > 1:
+        # AutoTP: DeepSpeed's batch world is dp with an mpu, dp x tp without (docstring)
+        del cfg["train_batch_size"]
         cfg["tensor_parallel"] = {"autotp_size": eff["tp"]}
+        notes.append(Note("global_batch_size", f"AutoTP: train_batch_size is left for DeepSpeed to "
+                                               f"derive (micro x gradient_accumulation_steps x its "
+                                               f"world size, which counts the {eff['tp']} tp ranks "
+                                               f"unless the script passes an mpu); the step trains "
+                                               f"{eff['global_batch_size']} sequences either way"))
     if eff["optimizer"] in OPTIMIZERS:
         cfg["optimizer"] = {"type": OPTIMIZERS[eff["optimizer"]], "params": {}}
     else:

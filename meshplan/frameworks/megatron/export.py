@@ -38,7 +38,12 @@ Mapping (Megatron's meanings):
 - ZeRO 1: ``--use-distributed-optimizer`` (optimizer states sharded over dp; weights and
   gradients full: 6 + 12/dp bytes per parameter, reference/fidelity_notes.md); 2 and 3:
   Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
-  ``optim_grads_params``, docs/user-guide/features/megatron_fsdp.md). HSDP (ZeRO-3 in
+  ``optim_grads_params``, docs/user-guide/features/megatron_fsdp.md) with ``--ckpt-format
+  fsdp_dtensor``, which ``validate_args`` asserts beside ``--use-megatron-fsdp``
+  (``arguments.py`` lines 1169-1170); ``--no-gradient-accumulation-fusion`` is not needed
+  at d98e8a64 (the same guide: Megatron-FSDP supports the fusion, on by default), and the
+  launch environment must leave ``CUDA_DEVICE_MAX_CONNECTIONS`` unset or above 1
+  (``arguments.py`` line 1166 asserts it). HSDP (ZeRO-3 in
   shard groups of N): Megatron-FSDP's HSDP, ``--num-distributed-optimizer-instances dp/N
   --outer-dp-sharding-strategy no_shard`` (the same doc, "Hybrid-Sharded Data
   Parallelism": states sharded over the inner dp ranks, replicated over the outer ones).
@@ -78,11 +83,14 @@ RECOMPUTE_ARGS = {"none": (), "selective": ("--recompute-granularity", "selectiv
                   "full": ("--recompute-granularity", "full", "--recompute-method", "uniform",
                            "--recompute-num-layers", "1")}
 #: plan ZeRO stage -> arguments (Megatron-FSDP's sharding strategy names)
+#: plan ZeRO stage -> arguments (Megatron-FSDP's sharding strategy names, and the checkpoint
+#: format validate_args asserts with --use-megatron-fsdp: arguments.py lines 1169-1170 at
+#: d98e8a64, ``ckpt_format`` of training/config/training_config.py)
 ZERO_ARGS = {0: (), 1: ("--use-distributed-optimizer",),
              2: ("--use-distributed-optimizer", "--use-megatron-fsdp",
-                 "--data-parallel-sharding-strategy", "optim_grads"),
+                 "--data-parallel-sharding-strategy", "optim_grads", "--ckpt-format", "fsdp_dtensor"),
              3: ("--use-distributed-optimizer", "--use-megatron-fsdp",
-                 "--data-parallel-sharding-strategy", "optim_grads_params")}
+                 "--data-parallel-sharding-strategy", "optim_grads_params", "--ckpt-format", "fsdp_dtensor")}
 #: plan cp_comm -> ``--cp-comm-type`` (arguments.py: p2p, a2a, allgather or a2a+p2p)
 CP_COMM_ARGS = {"p2p": "p2p", "all_gather": "allgather"}
 DTYPE_ARGS = {"bfloat16": ("--bf16",), "float16": ("--fp16",), "float32": ()}

@@ -1,0 +1,252 @@
+"""An export re-costed as the target framework will run it: the exported file read back by
+the same reader ``meshplan cost`` uses to import that framework's files
+(:func:`~meshplan.frameworks.megatron.strategy_from_args`,
+:func:`~meshplan.frameworks.torchtitan.strategy_from_toml`,
+:func:`~meshplan.frameworks.deepspeed.strategy_from_config`), costed by the Engine under
+that framework's profile, beside the tuned plan's own prediction.
+
+What the file does not carry comes from the plan, as the user would give it when importing:
+the GPUs (the exported job's world: dp x tp x pp x cp as the target runs it) and the model
+(its decoder layers, sequence length; Megatron-LM's MoE arguments are checked against it,
+as ``meshplan cost`` checks them); for DeepSpeed also what its training script sets (pp for
+the ``PipelineModule``, the checkpoint calls' recompute, the schedule it runs). The profile:
+the plan's own when it is one of the target's (:data:`FAMILIES`), else the first of the
+target's that reads the file (``megatron-core`` unless the file asks for what only
+``megatron-bridge`` runs, e.g. ``--grad-reduce-in-bf16``; torchtitan's comes from its
+``[compile]`` section).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import MeshplanError
+
+#: target -> the framework profiles that are its (the first: what a plan of another
+#: profile is re-costed with)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "megatron": ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp"),
+    "torchtitan": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
+    "deepspeed": ("deepspeed",),
+}
+#: Strategy fields compared between the tuned plan and the re-imported job, with the words a
+#: warning names them by
+COMPARED = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp",
+            "schedule": "schedule", "micro_batch_size": "micro-batch", "global_batch_size": "global batch",
+            "recompute": "recompute", "zero": "ZeRO stage", "fsdp_shard_size": "HSDP shard group",
+            "sequence_parallel": "sequence parallelism", "dtype": "dtype", "fp8": "FP8 recipe",
+            "optimizer": "optimizer", "layers_per_stage": "layer split", "framework": "framework profile",
+            "cp_comm": "cp exchange"}
+#: relative step or peak difference over which the export warns
+WARN_OVER = 0.05
+
+
+@dataclass
+class Recost:
+    """The tuned plan's prediction and the exported job's, under the target's profile.
+
+    Attributes:
+        target: the export target.
+        strategy: the Strategy the target's reader makes of the exported file.
+        step_s, peak_bytes: the exported job's predicted step (seconds) and peak memory of
+            its heaviest rank (bytes).
+        tuned_step_s, tuned_peak_bytes: the tuned plan's.
+        limit_bytes: the device's memory limit at the default headroom (bytes).
+        changed: the :data:`COMPARED` fields whose value differs, as ``"ZeRO stage 2 -> 1"``.
+        reader_notes: what the reader noted while importing.
+    """
+
+    target: str
+    strategy: Any
+    step_s: float
+    peak_bytes: float
+    tuned_step_s: float
+    tuned_peak_bytes: float
+    limit_bytes: float
+    changed: list[str] = field(default_factory=list)
+    reader_notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the exported job's peak is within the device's limit."""
+        return self.peak_bytes <= self.limit_bytes
+
+    @property
+    def step_change(self) -> float:
+        """(exported - tuned) / tuned step time."""
+        return self.step_s / self.tuned_step_s - 1
+
+    @property
+    def peak_change(self) -> float:
+        """(exported - tuned) / tuned peak memory."""
+        return self.peak_bytes / self.tuned_peak_bytes - 1
+
+    def line(self) -> str:
+        """``re-costed as <target> runs it (<profile>): step X ms, peak Y GiB; the tuned plan:
+        ...`` (one line)."""
+        return (f"re-costed as {self.target} runs it ({self.strategy.framework} profile, the file read "
+                f"back as `meshplan cost` imports it): step {self.step_s * 1e3:.1f} ms, peak "
+                f"{self.peak_bytes / 2**30:.2f} GiB of {self.limit_bytes / 2**30:.2f}; the tuned plan: "
+                f"{self.tuned_step_s * 1e3:.1f} ms, {self.tuned_peak_bytes / 2**30:.2f} GiB")
+
+    def warning(self) -> str | None:
+        """A line when the step or the peak moved by more than :data:`WARN_OVER`, naming what
+        changed; None otherwise."""
+        if abs(self.step_change) <= WARN_OVER and abs(self.peak_change) <= WARN_OVER:
+            return None
+        what = "; ".join(self.changed) or "no knob (the profile's kernels and overlap)"
+        return (f"the exported job is predicted at {self.step_change:+.1%} step time and "
+                f"{self.peak_change:+.1%} peak memory against the tuned plan: {what}")
+
+
+def _argv(text: str) -> list[str]:
+    """The arguments of a Megatron-LM export (``#`` comment lines dropped, continuations joined)."""
+    return shlex.split(" ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.startswith("#")))
+
+
+def _profiles(plan: Any, target: str) -> tuple[str, ...]:
+    """The profiles to read the file with, in order: the plan's own when it is one of the
+    target's, then the target's others."""
+    fw = plan.strategy.framework
+    return (fw,) + tuple(f for f in FAMILIES[target] if f != fw) if fw in FAMILIES[target] else FAMILIES[target]
+
+
+def _moe_split(argv: list[str]) -> tuple[list[str], Any]:
+    """(the arguments without Megatron-LM's MoE ones, those as a ``MegatronMoE``): the MoE
+    arguments describe the model and are checked against it, as ``meshplan cost`` does."""
+    from dataclasses import fields
+
+    from meshplan.frameworks.megatron.moe import MegatronMoE
+
+    names = {"--" + f.name.replace("_", "-"): f for f in fields(MegatronMoE)}
+    kept: list[str] = []
+    got: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        f = names.get(argv[i])
+        if f is None:
+            kept.append(argv[i])
+        elif f.type in (bool, "bool"):
+            got[f.name] = True
+        else:
+            got[f.name], i = argv[i + 1], i + 1
+        i += 1
+    for k in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        if k in got:
+            got[k] = int(got[k])
+    if "moe_aux_loss_coeff" in got:
+        got["moe_aux_loss_coeff"] = float(got["moe_aux_loss_coeff"])
+    return kept, MegatronMoE(**got)
+
+
+def _megatron(plan: Any, out: Any, world: int) -> tuple[Any, list[str]]:
+    from meshplan.frameworks.megatron import moe, strategy_from_args
+    from meshplan.frameworks.targets import model_config, model_sizes
+
+    argv, moe_args = _moe_split(_argv(out.text))
+    notes: list[str] = []
+    cfg = model_config(plan)
+    if moe_args.given() and cfg is not None:
+        notes += moe.check(moe_args, cfg, model_sizes(plan)[0] or cfg.num_layers)
+    err: MeshplanError | None = None
+    for fw in _profiles(plan, "megatron"):  # e.g. --grad-reduce-in-bf16: a profile that runs it
+        try:
+            strategy, more = strategy_from_args(argv, world, model=plan.model, framework=fw)
+            return strategy, notes + more
+        except MeshplanError as e:
+            err = err or e
+    assert err is not None
+    raise err
+
+
+def _torchtitan(plan: Any, out: Any, world: int) -> tuple[Any, list[str]]:
+    from meshplan.frameworks.targets import model_sizes
+    from meshplan.frameworks.torchtitan import strategy_from_toml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "job.toml"
+        path.write_text(out.text)
+        strategy, _, notes = strategy_from_toml(path, world, model_sizes(plan)[0])
+    return strategy, notes
+
+
+def _deepspeed(plan: Any, out: Any, world: int) -> tuple[Any, list[str]]:
+    from meshplan.frameworks.deepspeed import strategy_from_config
+
+    eff = out.effective
+    script = {"schedule": eff["schedule"], "vpp": eff["vpp"], "ep": eff["ep"]}
+    if eff["attention"] is not None:
+        script["attention"] = eff["attention"]
+    if eff["layers_per_stage"] is not None and eff["pp"] > 1:
+        script["layers_per_stage"] = tuple(eff["layers_per_stage"])
+    return strategy_from_config(json.loads(out.text), world, pp=eff["pp"], recompute=eff["recompute"],
+                                sequence_parallel=bool(eff["sequence_parallel"]),
+                                framework=_profiles(plan, "deepspeed")[0], **script)
+
+
+#: target -> its reader of an exported file: (plan, Export, world) -> (Strategy, notes)
+READERS: dict[str, Callable[[Any, Any, int], tuple[Any, list[str]]]] = {
+    "megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}
+
+
+def moved_fields(tuned: Any, exported: Any) -> list[str]:
+    """The :data:`COMPARED` fields whose value differs between two Strategies (a ZeRO stage
+    over one data-parallel rank shards nothing either way; a layer split one of them leaves
+    to the framework is not compared)."""
+    out = []
+    for f in COMPARED:
+        a, b = getattr(tuned, f), getattr(exported, f)
+        if (f == "zero" and tuned.dp == exported.dp == 1) or (f == "layers_per_stage" and None in (a, b)):
+            continue
+        if a != b:
+            out.append(f)
+    return out
+
+
+def changed_fields(tuned: Any, exported: Any) -> list[str]:
+    """``"<name> <tuned> -> <exported>"`` for each of :func:`moved_fields`."""
+    word = {True: "on", False: "off", None: "none"}
+
+    def say(v: Any) -> Any:
+        return word[v] if isinstance(v, bool) or v is None else v
+
+    return [f"{COMPARED[f]} {say(getattr(tuned, f))} -> {say(getattr(exported, f))}"
+            for f in moved_fields(tuned, exported)]
+
+
+def recost(plan: Any, out: Any) -> Recost:
+    """Re-cost ``out`` (the :class:`~meshplan.frameworks.targets.Export` of ``plan``) as its
+    target runs it (module docstring).
+
+    Raises:
+        MeshplanError: the target's reader refuses the exported file, or the Engine refuses
+            the job it reads (the message names the target and the reason): the export
+            cannot be re-costed.
+    """
+    from clusters.spec import DEFAULT_MEMORY_HEADROOM
+    from meshplan.engine import Engine
+
+    eff = out.effective
+    world = eff["dp"] * eff["tp"] * eff["pp"] * eff["cp"]
+    tuned_engine = Engine.from_plan(plan, None)
+    tuned = tuned_engine.step_model().run()
+    try:
+        strategy, notes = READERS[out.target](plan, out, world)
+        engine = Engine(plan.model, plan.cluster, strategy, nodes=plan.nodes, seq_len=plan.seq_len,
+                        num_layers=plan.num_layers)
+        res = engine.step_model().run()
+    except (MeshplanError, ValueError) as e:
+        raise MeshplanError(f"the {out.target} export cannot be re-costed as {out.target} reads it: {e}",
+                            field="target") from None
+    return Recost(out.target, strategy, res.step_time, res.max_memory_bytes, tuned.step_time,
+                  tuned.max_memory_bytes, engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM),
+                  changed_fields(plan.strategy, strategy), notes)
+
+
+__all__ = ["COMPARED", "FAMILIES", "READERS", "WARN_OVER", "Recost", "changed_fields", "moved_fields", "recost"]
