@@ -21,7 +21,6 @@ import typer
 from meshplan import outputs as outs
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
-from meshplan.commands import outputs
 from meshplan.errors import MeshplanError
 from meshplan.frameworks.megatron import arguments as mg
 from meshplan.pipeline_split import split_word
