@@ -101,7 +101,9 @@ def test_stage_actions_compose_blocks_by_hand():
 
     l0 = _block(f=[30e-6], b=[5e-6, 5e-6])
     l1 = _block(f=[2e-6], b=[40e-6])
-    cfg = SimpleNamespace(recompute="full", profile=_host(10e-6))
+    from simulator.recompute import recompute_policy
+
+    cfg = SimpleNamespace(recompute="full", recompute_policy=recompute_policy("full"), profile=_host(10e-6))
     timer = StageTimer([l0, l1], None, None, [[0, 1]], cfg, None, None)
     acts = timer.action_dispatch(0)
     # F: l0's 30 us kernel launched at 10 (ends 40); l1's launched at 20, starts at 40: 42
