@@ -20,7 +20,7 @@ TUNE = ["tune", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--nodes", 
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    from meshplan.commands import resources
+    from meshplan import resources
 
     monkeypatch.setattr(resources, "host_cores", lambda: 2)
 
@@ -43,7 +43,7 @@ def test_more_processes_than_cores_are_refused_with_the_reason(tmp_path, monkeyp
 
 
 def test_the_default_two_processes_pass_on_one_core(monkeypatch):
-    from meshplan.commands import resources
+    from meshplan import resources
 
     monkeypatch.setattr(resources, "host_cores", lambda: 1)
     resources.check_processes("--nproc", 2, "ranks", "x")  # the defaults stay usable
