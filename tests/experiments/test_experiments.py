@@ -44,6 +44,7 @@ def published_table5() -> dict[tuple[str, int], dict[str, float]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_experiment_writes_csv_and_markdown(quick_report):
     assert {"zb_bubbles", "schedule_tradeoffs", "zb_throughput", "megatron_table1",
             "search_quality"} <= set(EXPERIMENTS)

@@ -145,6 +145,7 @@ def test_time_unknown_kind_and_bad_options(capsys):
     assert line == "error: --nodes must be >= 1, got 0"
 
 
+@pytest.mark.slow
 def test_demo_prints_the_catalog_first(tmp_path, capsys):
     # The demo's step 1 is the catalog table (meshplan/demo docstring); a short search
     # without the 2-rank validation keeps this fast and writes only under tmp_path.

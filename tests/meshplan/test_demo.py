@@ -43,6 +43,7 @@ def report(tmp_path_factory):
     return out, outcome, best, names
 
 
+@pytest.mark.slow
 def test_every_listed_file_exists_and_is_not_trivial(report):
     out, _, best, names = report
     assert best is not None
@@ -142,6 +143,7 @@ def test_validation_table_relative_errors():
     assert validation_lines({"error": "boom"}) == ["Failed: boom"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_demo_validation_runs_meshplan_validate(tmp_path):
     plan_path = write_validation_plan(tmp_path)

@@ -50,6 +50,7 @@ def _check(names, results):
         assert r.param_errors
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_verify_two_rank_plans(llama):
     ann = random_annotation(parse_program(open(MLP).read()), 2, 1)

@@ -95,6 +95,7 @@ def test_two_agents_verify(tmp_path, name, kw):
     assert len(doc["losses"]) == 2 and doc["losses"][1] < doc["losses"][0]  # SGD descends
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_agents_measure_and_write_the_report_and_csv(tmp_path):
     plan = _plan(tmp_path, "pp2_dp2", dp=2, pp=2)

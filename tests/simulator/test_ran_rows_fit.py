@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,6 +137,7 @@ def test_llm_foundry_fused_cross_entropy_by_hand():
 
 # -- every row that ran fits its GPU ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_every_measured_row_fits_the_gpu_it_ran_on():
     """Each expressible row of the measured runs (the CSV and the MoE rows) ran on its GPU,
     so its predicted peak is at most the device's usable memory (+ TOLERANCE). Before the

@@ -179,6 +179,7 @@ def _legal_combinations(p):
                 yield "VPP", m, v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", range(1, 17))
 def test_sweep_every_legal_combination_runs_without_deadlock(p):
     """Issue 6: every legal (schedule, p <= 16, m <= 64, v <= 4) simulates to completion

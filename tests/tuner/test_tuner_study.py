@@ -49,6 +49,7 @@ def run(c: TuneConfig, n: int):
     return study, rec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
 def test_every_draw_is_legal_and_no_repeat_is_a_trial(sampler):
     """The sampler draws only legal plans (tuner.legal_draw): no trial is pruned, every
@@ -77,6 +78,7 @@ def test_oom_is_a_constraint_not_a_failure():
     assert best.value == min(feas)
 
 
+@pytest.mark.slow
 def test_identical_plans_scored_once():
     study, rec = run(cfg(), 150)  # TPE revisits points of this small space
     keys = [x.key() for x in rec.seen]
