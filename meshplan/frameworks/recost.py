@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.frameworks.deepspeed import export as deepspeed_export
+from meshplan.frameworks.megatron import export as megatron_export
+from meshplan.frameworks.torchtitan import export as torchtitan_export
 
-#: target -> the framework profiles that are its (the first: what a plan of another
-#: profile is re-costed with)
+#: target -> the framework profiles that are its, as its exporter names them (the first:
+#: what a plan of another profile is re-costed with)
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "megatron": ("megatron-core", "megatron-bridge", "megatron-2021", "megatron-2021-torch-ddp"),
-    "torchtitan": ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"),
-    "deepspeed": ("deepspeed",),
-}
+    "megatron": megatron_export.FAMILIES, "torchtitan": torchtitan_export.FAMILIES,
+    "deepspeed": deepspeed_export.FAMILIES}
 #: Strategy fields compared between the tuned plan and the re-imported job, with the words a
 #: warning names them by
 COMPARED = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp",

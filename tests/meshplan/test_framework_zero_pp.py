@@ -62,7 +62,9 @@ def test_a_nemo_fp8_export_pastes_into_cost(capsys):
     import shlex
 
     base = ("--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "2", "--dp", "16", "--framework", "nemo")
-    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--global-batch", "64", "--dtype", "fp8-delayed")
+    # the plan does not fit (122 GiB as costed): --force exports it anyway (issue 39)
+    rc, out, err = run_main(capsys, "export", "--to", "megatron", *base, "--global-batch", "64", "--dtype", "fp8-delayed",
+                            "--force")
     assert rc == 0, err
     args = [a for ln in out.splitlines() if not ln.startswith("#") for a in shlex.split(ln.rstrip(" \\"))]
     assert "--grad-reduce-in-bf16" in args and "--fp8-format" in args
