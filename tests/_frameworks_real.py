@@ -1,5 +1,5 @@
 """The training frameworks' own config code, loaded on a CPU host (the ``frameworks`` extra of
-pyproject.toml), for tests/test_frameworks_real.py.
+pyproject.toml), for tests/meshplan/test_frameworks_real.py.
 
 - DeepSpeed 0.19.8: ``deepspeed.runtime.config.DeepSpeedConfig(config, mpu)``. Its batch-key
   rule (``train_batch_size == micro x gradient_accumulation_steps x world_size``,
