@@ -22,6 +22,7 @@ from meshplan import outputs as outs
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
+from meshplan.frameworks import recost as rc
 from meshplan.frameworks.megatron import arguments as mg
 from meshplan.pipeline_split import split_word
 
@@ -159,13 +160,13 @@ def export_cmd(
                                            layers_per_stage)
     try:
         balanced = split_word(layers_per_stage) == "balanced"
-        checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
+        checked, fit_note = rc.costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
-    launch_notes = mo.launch_notes(ctx, lambda: _model_source(checked))
+    launch_notes = mo.launch_notes(ctx, lambda: rc.model_source(checked))
     out = export_plan(checked, to.value)
-    recost_note, recost_warning = recosted(checked, out, force)
-    run_note = as_run_note(checked, out.effective, to.value)
+    recost_note, recost_warning = rc.recost_notes(checked, out, force)
+    run_note = rc.as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
     notes = (([dp_note] if dp_note else []) + ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
@@ -198,140 +199,6 @@ def _write_launch(plan: Any, out: Any, output: str, launch: str) -> None:
     outs.write_output("--launch", launch, lambda: path.write_text(text))
     path.chmod(0o755)
     typer.echo(f"wrote {path} (torchrun launch script of {out.target}; run it on every node)", err=True)
-
-
-def recosted(plan: Any, out: Any, force: bool) -> tuple[str | None, str | None]:
-    """``(note, warning)`` of the exported job re-costed as its target runs it
-    (``meshplan.frameworks.recost``): the note gives its step and peak beside the tuned
-    plan's; the warning names what changed when either moved by more than 5%, or says why
-    the file could not be re-costed. Raises MeshplanError when the exported job does not fit
-    in the device's memory, unless ``force``."""
-    from meshplan.frameworks.recost import recost
-
-    try:
-        r = recost(plan, out)
-    except MeshplanError as e:
-        return None, f"not re-costed: {e}"
-    if not r.fits and not force:
-        what = f" ({'; '.join(r.changed)})" if r.changed else ""
-        raise MeshplanError(f"the exported job does not fit as {out.target} runs it{what}: peak "
-                            f"{r.peak_bytes / 2**30:.2f} GiB of the {r.limit_bytes / 2**30:.2f} GiB limit "
-                            f"(the tuned plan: {r.tuned_peak_bytes / 2**30:.2f} GiB); --force writes it "
-                            "anyway", field="target")
-    return r.line(), r.warning()
-
-
-def _model_source(plan: Any) -> Any:
-    """The ModelSource of ``plan``'s model, its warnings already shown by the costing."""
-    import warnings
-
-    from completion.models.source import resolve_model
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return resolve_model(plan.model, plan.seq_len)
-
-
-def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tuple[Any, str | None]:
-    """``plan`` after every check ``meshplan cost`` runs on it (the model's heads, layers and
-    sequence against tp / pp / vpp / cp, the world against the cluster's GPUs ...; the
-    errors of ``Engine.from_plan`` and the step model, naming the field at fault), with the
-    pipeline layer split the cost model used when the plan fixes none and the layers do not
-    divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
-    ``get_num_layers_to_build`` refuses that without a layout): what is exported or
-    launched is what was costed, never a layout the framework would refuse at start-up.
-    Where the layers divide, the frameworks' arguments split them evenly (the torchtitan
-    exporter lists that split, since torchtitan's own counts the embedding and the head as
-    layers) while the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp
-    2 beside the embedding and loss): the plan keeps the even split and the note gives
-    both splits' step time and peak, the even one costed again (``--layers-per-stage``
-    pins either). A split the plan pins is exported as it was costed, without a note; so is
-    the cost model's own split with ``pin`` (``--layers-per-stage balanced``). ``target``:
-    the export target the note speaks of (DeepSpeed runs no even split of its own).
-    Returns ``(plan, note)``: the note (None when there is nothing to say) also says that
-    the costed peak memory is over the device's limit with the default headroom, as
-    ``cost`` prints OUT OF MEMORY."""
-    from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.engine import Engine
-    from meshplan.validation import predicted_plan
-    from simulator.layer_split import even_split
-
-    engine = Engine.from_plan(plan, None)
-    res = engine.step_model().run()
-    split = list(res.layers_per_vstage)
-    notes = []
-    if plan.strategy.layers_per_stage is not None:  # pinned: exported as costed
-        pass
-    elif pin or sum(split) % len(split) != 0:  # asked for, or the framework needs it stated
-        plan = predicted_plan(plan, {"layers_per_vstage": split})
-    elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
-        even = list(even_split(sum(split), len(split)))
-        other = Engine.from_plan(_with_split(plan, even), None).step_model().run()
-        runs = ("DeepSpeed partitions the layers its own way (its note); the even split "
-                f"{even}" if target == "deepspeed" else
-                f"the framework splits the layers evenly, {even}, as exported")
-        notes.append(f"layers_per_stage: the cost model balanced the stages as {split} "
-                     f"({res.step_time * 1e3:.1f} ms a step, peak {res.max_memory_bytes / 2**30:.2f} "
-                     f"GiB); {runs}: "
-                     f"{other.step_time * 1e3:.1f} ms, peak {other.max_memory_bytes / 2**30:.2f} GiB "
-                     f"(--layers-per-stage balanced exports the balanced one)")
-        res = other
-    limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
-    if res.max_memory_bytes > limit:
-        notes.append(f"OUT OF MEMORY as costed: the plan needs {res.max_memory_bytes / 2**30:.2f} GiB of "
-                     f"the {limit / 2**30:.2f} GiB limit (meshplan cost shows the breakdown)")
-    return plan, "; ".join(notes) or None
-
-
-def as_run_note(plan: Any, eff: dict[str, Any], target: str) -> str | None:
-    """A note with the step time and peak memory of ``plan`` as ``target`` runs it, when the
-    exporter changed its pipeline schedule or chunks per rank (``eff``: the exported layout,
-    ``Export.effective``; e.g. Megatron-LM runs a ZBVPP plan as interleaved 1F1B, DeepSpeed one
-    chunk per rank): the plan's own figures would be the prediction of a run that does not
-    happen. The exported layer split is kept where it has pp x vpp entries, else the
-    framework's even split is costed. The note says OUT OF MEMORY when that run is over the
-    device's limit (the default headroom, as ``costed_plan``), and says why when the
-    framework cannot run the plan that way at all (the cost model refuses it: e.g. an
-    interleaved schedule whose micro-batches are no multiple of pp). None when the schedule
-    is the plan's."""
-    from clusters.spec import DEFAULT_MEMORY_HEADROOM
-    from meshplan.engine import Engine
-    from meshplan.frameworks.targets import model_sizes
-    from simulator.layer_split import even_split
-
-    s = plan.strategy
-    sched, vpp = eff.get("schedule", s.schedule), eff.get("vpp", s.vpp)
-    if (sched, vpp) == (s.schedule, s.vpp):
-        return None
-    lps = eff.get("layers_per_stage", s.layers_per_stage)
-    layers = sum(s.layers_per_stage) if s.layers_per_stage else model_sizes(plan)[0]
-    if lps is None or len(lps) != s.pp * vpp:
-        lps = (even_split(layers, s.pp * vpp) if layers is not None and s.pp * vpp > 1
-               and layers % (s.pp * vpp) == 0 else None)
-    name = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed"}.get(target, target)
-    chunks = f" with {vpp} chunk(s) per rank" if vpp != s.vpp else ""
-    engine = Engine.from_plan(plan, None)
-    own = engine.step_model().run()
-    mine = (f"the plan's {s.schedule}{f' (vpp {s.vpp})' if chunks else ''}: "
-            f"{own.step_time * 1e3:.1f} ms, peak {own.max_memory_bytes / 2**30:.2f} GiB")
-    try:
-        ran = dataclasses.replace(plan, strategy=s.replace(schedule=sched, vpp=vpp,
-                                                           layers_per_stage=lps and tuple(lps)))
-        run = Engine.from_plan(ran, None).step_model().run()
-    except ValueError as e:  # the framework's version of the plan is not a plan
-        return (f"schedule: {name} cannot run this plan as {sched}{chunks}: "
-                f"{' '.join(str(e).split())}; {mine}")
-    limit = engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM)
-    oom = (f" -- OUT OF MEMORY ({limit / 2**30:.2f} GiB limit)" if run.max_memory_bytes > limit
-           else "")
-    return (f"schedule: as {name} runs it ({sched}{chunks}): {run.step_time * 1e3:.1f} ms a step, "
-            f"peak {run.max_memory_bytes / 2**30:.2f} GiB{oom} (under the plan's {s.framework} "
-            f"profile); {mine}")
-
-
-def _with_split(plan: Any, split: list[int]) -> Any:
-    """``plan`` with its strategy's layer split set to ``split``."""
-    return dataclasses.replace(plan, strategy=plan.strategy.replace(layers_per_stage=tuple(split)))
 
 
 def register(app: typer.Typer) -> None:

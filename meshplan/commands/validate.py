@@ -106,7 +106,7 @@ def validate_cmd(
     plan = Plan.load(plan_file)
     world = plan.strategy.world_size
     if launcher == "torchrun":
-        from meshplan.commands.export import costed_plan
+        from meshplan.frameworks.recost import costed_plan
 
         costed_plan(plan)  # refuse here what every rank would refuse at start-up (its note: cost's)
         vl.check_gpus_per_node(plan, world, nnodes)

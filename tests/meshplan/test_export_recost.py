@@ -95,7 +95,7 @@ def test_tune_framework_then_export_round_trips(data, target):
     peak, or the export says why not: every Strategy field the framework runs otherwise
     carries an exporter note (and the re-cost warning names it), or the reason the file
     cannot be re-costed is given."""
-    from meshplan.commands.export import costed_plan
+    from meshplan.frameworks.recost import costed_plan
     from meshplan.tuning import to_strategy
 
     c = data.draw(st.sampled_from(CANDIDATES[target]))
