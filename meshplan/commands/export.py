@@ -22,7 +22,6 @@ from meshplan import outputs as outs
 from meshplan.commands import megatron_options as mo
 from meshplan.commands import options as opt
 from meshplan.errors import MeshplanError
-from meshplan.frameworks import recost as rc
 from meshplan.frameworks.megatron import arguments as mg
 from meshplan.pipeline_split import split_word
 
@@ -129,6 +128,7 @@ def export_cmd(
     force: bool = FORCE,
 ) -> None:
     """Export a plan to Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
+    from meshplan.frameworks.recost import as_run_note, costed_plan, model_source, recost_notes
     from meshplan.frameworks.targets import export_plan
 
     outs.distinct_outputs({"PLAN.json": plan_file, "--model": outs.input_file(model),
@@ -160,13 +160,13 @@ def export_cmd(
                                            layers_per_stage)
     try:
         balanced = split_word(layers_per_stage) == "balanced"
-        checked, fit_note = rc.costed_plan(plan, pin=balanced, target=to.value)
+        checked, fit_note = costed_plan(plan, pin=balanced, target=to.value)
     except ValueError as e:  # the user's flags named as typed, as cost names them
         raise (opt.flag_error(ctx, e) if plan_file is None else e) from None
-    launch_notes = mo.launch_notes(ctx, lambda: rc.model_source(checked))
+    launch_notes = mo.launch_notes(ctx, lambda: model_source(checked))
     out = export_plan(checked, to.value)
-    recost_note, recost_warning = rc.recost_notes(checked, out, force)
-    run_note = rc.as_run_note(checked, out.effective, to.value)
+    recost_note, recost_warning = recost_notes(checked, out, force)
+    run_note = as_run_note(checked, out.effective, to.value)
     if run_note and fit_note:
         fit_note += f" (with the plan's {checked.strategy.schedule} schedule; see the schedule note)"
     notes = (([dp_note] if dp_note else []) + ([fit_note] if fit_note else []) + [str(n) for n in out.notes] + ([run_note] if run_note else [])
