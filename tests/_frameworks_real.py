@@ -61,13 +61,14 @@ class MPU:
         return 1
 
 
-def one_rank_group() -> None:
+def one_rank_group() -> bool:
     """A 1-rank gloo process group, handed to ``deepspeed.comm`` (DeepSpeedConfig reads the
     mpu only while ``deepspeed.comm.get_rank()`` answers: ``comm/comm.py``
     ``init_distributed`` wraps a torch.distributed group the caller initialised). Its
     TorchBackend would JIT-compile DeepSpeed's shared-memory CPU collective kernel
     (``comm/torch.py`` ``build_shm_op``), which no config check needs: it is marked
-    unavailable first."""
+    unavailable first. Returns whether it created the group (the caller then destroys it, so no
+    later test in the same worker finds a default group it did not make)."""
     import deepspeed.comm
     import deepspeed.ops
     import torch.distributed as dist
@@ -76,19 +77,26 @@ def one_rank_group() -> None:
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
-    if not dist.is_initialized():
+    created = not dist.is_initialized()
+    if created:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    return created
 
 
 def deepspeed_config(config: dict[str, Any], dp: int) -> Any:
     """DeepSpeed's own ``DeepSpeedConfig`` of ``config`` with ``dp`` ranks in its batch rule
     (raises what DeepSpeed raises: AssertionError for bad batch keys, pydantic's
     ValidationError for a bad section)."""
-    one_rank_group()
+    import torch.distributed as dist
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    return DeepSpeedConfig(dict(config), mpu=MPU(dp))
+    created = one_rank_group()
+    try:
+        return DeepSpeedConfig(dict(config), mpu=MPU(dp))
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 # -- Megatron-Core ---------------------------------------------------------------------------
