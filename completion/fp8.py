@@ -19,7 +19,7 @@ cost model (``simulator.fp8``) and any printer see it:
 - ``fp8_weight_cache``: on a forward ``matmul``, whether the framework keeps the FP8
   weight across the micro-batches of a step (Megatron-Core passes ``is_first_microbatch``
   to Transformer Engine modules, which then cast the weight on the first micro-batch only:
-  :data:`WEIGHT_CACHE_FRAMEWORKS`) or casts it in every forward (Composer's ``amp_fp8``
+  the profile's ``fp8.weight_cache``, :class:`FP8Weights` ``cache``) or casts it in every forward (Composer's ``amp_fp8``
   calls TE modules without it; torchao's dynamic scaling always does);
 - ``fp8_param``: on a forward ``matmul``, whether the weight itself is an FP8 parameter
   (Megatron ``--fp8-param-gather``, which Megatron-Bridge 7af9601's
@@ -29,7 +29,7 @@ cost model (``simulator.fp8``) and any printer see it:
   ``post_all_gather_processing`` makes their transposed (columnwise) copy after the
   distributed optimizer's all-gather (tensorwise scaling on Hopper): 1 + 1 bytes per weight
   element that replace the 16-bit weight, with no FP8 cache beside it
-  (:data:`FP8_PARAM_FRAMEWORKS`; the once-per-step cast is the optimizer's, of the updated
+  (the profile's ``fp8.params``, :class:`FP8Weights` ``params``; the once-per-step cast is the optimizer's, of the updated
   master weights). NeMo 24.x does the same with ``model.fp8_params`` (NVIDIA
   dgxc-benchmarking 35a9aecc ``configure.sh`` sets it with FP8; NeMo v2.0.0
   ``megatron_gpt_model.py`` builds the model under Transformer Engine's ``fp8_model_init``
@@ -51,6 +51,7 @@ The executor runs these ops in the compute dtype (FP8 numerics are not emulated)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from completion.chunks import DEFAULT_SEG_METHOD
 from completion.errors import CompletionError
@@ -65,11 +66,19 @@ SHARED_INPUT_CAST = ("te-delayed",)
 #: ``PrepareFloat8ModuleInput``, tensorwise dynamic scaling only: "This currently assumes
 #: tensorwise scaling"), so those all-gathers move FP8 (``simulator.fp8``)
 TP_FLOAT8_GATHER = ("tensorwise",)
-#: frameworks that cast each FP8 weight once per step (module docstring)
-WEIGHT_CACHE_FRAMEWORKS = ("megatron-core", "megatron-bridge", "nemo")
-#: frameworks whose FP8 linears keep their weights as FP8 parameters (module docstring,
-#: ``fp8_param``)
-FP8_PARAM_FRAMEWORKS = ("megatron-bridge", "nemo")
+
+
+@dataclass(frozen=True)
+class FP8Weights:
+    """How a framework holds the weights of its FP8 linears (module docstring): ``cache``,
+    each weight's FP8 copy is cast once per step and kept across micro-batches
+    (``fp8_weight_cache``); ``params``, the weights are FP8 parameters (``fp8_param``).
+    The framework profile states both (``simulator.profiles.spec.Fp8``,
+    ``ProfileSpec.fp8_weights``); the default (neither) is a framework that casts every
+    weight in every forward."""
+
+    cache: bool = False
+    params: bool = False
 
 
 #: struct name of a MoE layer's router GEMM (``completion.models.moe.moe_mlp``: ``...mlp.gate``)
@@ -102,13 +111,16 @@ def shares_input_cast(recipe: str, tp: int) -> bool:
     return recipe in SHARED_INPUT_CAST or (recipe in TP_FLOAT8_GATHER and tp > 1)
 
 
-def mark_fp8_linears(program: Program, recipe: str, framework: str = "", tp: int = 1) -> int:
+def mark_fp8_linears(program: Program, recipe: str, weights: FP8Weights | None = None,
+                     tp: int = 1) -> int:
     """Set the ``fp8`` (and ``fp8_cast_x``, ``fp8_weight_cache``, ``fp8_param``) attributes (module
-    docstring) on the FP8 linears of ``program`` (forward and, when present, backward) as
-    ``framework`` runs ``recipe`` with ``tp`` tensor-parallel ranks; returns how many forward
+    docstring) on the FP8 linears of ``program`` (forward and, when present, backward) as a
+    framework holding its weights as ``weights`` (None: :class:`FP8Weights`'s default) runs ``recipe`` with ``tp`` tensor-parallel
+    ranks; returns how many forward
     GEMMs were marked. Raises CompletionError for an unknown recipe."""
     if recipe not in FP8_RECIPES:
         raise CompletionError(f"fp8 recipe {recipe!r} is not one of {list(FP8_RECIPES)}")
+    weights = weights or FP8Weights()
     cast: set[int] = set()
     n = 0
     for op in program.ops:
@@ -118,8 +130,8 @@ def mark_fp8_linears(program: Program, recipe: str, framework: str = "", tp: int
         if op.type == "matmul" and op.role == OpRole.FORWARD:
             x = op.operands[0]
             op.attrs["fp8_cast_x"] = not shares_input_cast(recipe, tp) or id(x) not in cast
-            op.attrs["fp8_weight_cache"] = framework in WEIGHT_CACHE_FRAMEWORKS
-            op.attrs["fp8_param"] = framework in FP8_PARAM_FRAMEWORKS
+            op.attrs["fp8_weight_cache"] = weights.cache
+            op.attrs["fp8_param"] = weights.params
             cast.add(id(x))
             n += 1
     return n

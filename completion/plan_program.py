@@ -63,7 +63,7 @@ from completion.context_parallel import (
 from completion.dist_attr import parse_placements
 from completion.errors import CompletionError
 from completion.expert_layout import layout_of
-from completion.fp8 import mark_fp8_linears
+from completion.fp8 import FP8Weights, mark_fp8_linears
 from completion.gc_pause import gc_paused
 from completion.ir import OpRole, Program
 from completion.mesh import ProcessMesh
@@ -341,7 +341,7 @@ def _forward(source: ModelSource, s: Strategy, batch: int, representative: bool,
 @gc_paused()  # builds a graph of cyclic Values/Operations (completion.gc_pause)
 def build_plan_program(source: ModelSource, strategy: Strategy, *, representative: bool = False,
                        resolve_reshards: bool = True, adam_epsilon: float | None = None,
-                       attention: str | None = None) -> PlanProgram:
+                       attention: str | None = None, fp8_weights: FP8Weights | None = None) -> PlanProgram:
     """The completed, partitioned program of ``strategy`` on ``source`` (module docstring).
 
     Args:
@@ -354,6 +354,9 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
             :func:`resolve_attention` without a default (strategy, model, flash). The
             Engine passes ``resolve_attention(strategy, source, <its framework profile's
             kernels.attention>)``.
+        fp8_weights: how the framework holds the weights of FP8 linears
+            (``completion.fp8.FP8Weights``; None: its default). The Engine passes its
+            framework profile's ``fp8_weights``.
 
     Raises PlanProgramError (a CompletionError) for an illegal plan, and completion's errors
     (naming the op or value) for a layout that does not fit.
@@ -374,7 +377,7 @@ def build_plan_program(source: ModelSource, strategy: Strategy, *, representativ
     if cp > 1:
         mark_attention(prog, strategy)
     if s.fp8 is not None:  # the decoder linears' GEMMs in FP8 (completion.fp8)
-        mark_fp8_linears(prog, s.fp8, s.framework, s.tp)
+        mark_fp8_linears(prog, s.fp8, fp8_weights, s.tp)
     if not any(op.role == OpRole.OPTIMIZE for op in prog.ops):
         extra = {} if adam_epsilon is None or s.optimizer == "sgd" else {"epsilon": adam_epsilon}
         apply_optimizer(prog, s.optimizer, learning_rate=LEARNING_RATES[s.optimizer], **extra)

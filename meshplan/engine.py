@@ -150,7 +150,8 @@ class Engine:
         """The representative plan program the engine costs (built once)."""
         if self._costed is None:
             self._costed = build_plan_program(self.source, self.strategy, representative=True,
-                                              resolve_reshards=False)
+                                              resolve_reshards=False,
+                                              fp8_weights=self.profile.fp8_weights)
         return self._costed
 
     def partition(self) -> Program:
@@ -161,7 +162,8 @@ class Engine:
     def plan_program(self) -> PlanProgram:
         """The whole program the executor runs for this plan (every layer and stage,
         reshards resolved), with the layer split of :meth:`resolved_strategy`."""
-        return build_plan_program(self.source, self.resolved_strategy())
+        return build_plan_program(self.source, self.resolved_strategy(),
+                                  fp8_weights=self.profile.fp8_weights)
 
     def resolved_strategy(self) -> Strategy:
         """The strategy with the pipeline layer split the cost model chose
@@ -220,7 +222,8 @@ class Engine:
         group = expert_group_strategy(base) if base.cp == 1 else base
 
         def build() -> tuple[PlanProgram, dict[Any, Any], ProgramTables]:
-            prog = build_plan_program(self.source, group, representative=True, resolve_reshards=False)
+            prog = build_plan_program(self.source, group, representative=True, resolve_reshards=False,
+                                      fp8_weights=self.profile.fp8_weights)
             return prog, StageCoster(prog.program, self.cluster, self.roofline, rank=0,
                                      profile=self.profile).block_costs(), ProgramTables(prog.program)
 

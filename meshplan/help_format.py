@@ -8,7 +8,7 @@ column and cut names (``--global-batch…``). This module changes only how the t
 drawn, never what the command parses:
 
 - the name column shows an option's first long spelling (its canonical one, the Strategy
-  field's: ``meshplan.commands.options.FLAGS``) and its short one; the other spellings are
+  field's: ``meshplan.flags.FLAGS``) and its short one; the other spellings are
   named at the end of the help text (``Also: --mp, --tensor-model-parallel-size``);
 - an on/off pair (``--sequence-parallel/--no-sequence-parallel``) shows its on switch,
   the off one named in the help (``Off: --no-sequence-parallel``);

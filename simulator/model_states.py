@@ -72,7 +72,7 @@ class StateInputs:
         prefetch: FSDP blocks gathered ahead of the running one (profile
             ``overlap.fsdp_prefetch``).
         reduce_bytes: bytes of a gradient element as it is reduced (4 for fp32).
-        fp8_params: the weights are FP8 parameters (``completion.fp8.FP8_PARAM_FRAMEWORKS``
+        fp8_params: the weights are FP8 parameters (the framework profile's ``fp8.params``
             under an FP8 recipe), not 16-bit ones.
         embedding_params: of ``params``, the embedding tables' elements (word and position
             embeddings, a tied head's table), whose gradients NeMo keeps in fp32.

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from completion.dtypes import DTYPE_BYTES
-from completion.fp8 import FP8_PARAM_FRAMEWORKS
 from simulator.cluster_memo import memoised
 from simulator.dp_stream import grad_reduce_intervals
 from simulator.expert_parallel import expert_dp_degree, expert_sync_time
@@ -98,7 +97,7 @@ class StepConfig:
     """Expert tensor-parallel ranks (``Strategy.etp``; None: tp)."""
     fp8_params: bool = False
     """The FP8 linears' weights are FP8 parameters (an FP8 recipe under a framework of
-    ``completion.fp8.FP8_PARAM_FRAMEWORKS``): the state model sees no 16-bit weights."""
+    its profile's ``fp8.params``): the state model sees no 16-bit weights."""
     optimizer: str = ""
     """The strategy's optimizer (``sgd``, ``adam``, ``adamw``): its update op's measured
     efficiency (``device.efficiency.by_op["<op>:O"]``) times the update when present."""
@@ -147,7 +146,7 @@ class StepConfig:
                    fsdp_shard_size=getattr(s, "fsdp_shard_size", None),
                    ep=int(getattr(s, "ep", 1) or 1), etp=getattr(s, "etp", None), optimizer=str(getattr(s, "optimizer", "") or ""),
                    fp8_params=getattr(s, "fp8", None) is not None
-                   and s.framework in FP8_PARAM_FRAMEWORKS, cp=cp)
+                   and profile is not None and profile.fp8_weights.params, cp=cp)
 
 
 #: MFU's two conventions, by the key each is reported under (``StepResult.to_dict``)

@@ -169,7 +169,8 @@ class Tier0Bound:
             s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=mbs, global_batch_size=mbs, dtype=self.dtype,
                          framework=self.framework, attention=self.attention,
                          **({"fp8": fp8} if fp8 is not None else {}))
-            self._programs[key] = (build_plan_program(src, s, representative=True, resolve_reshards=False).program,
+            self._programs[key] = (build_plan_program(src, s, representative=True, resolve_reshards=False,
+                                                      fp8_weights=self.profile.fp8_weights).program,
                                    src.num_layers)
         return self._programs[key][0]
 
@@ -236,10 +237,8 @@ class Tier0Bound:
     def _param_bytes(self, c: Candidate) -> int:
         """Bytes per parameter element a layer's gathered weights have at least: the
         smallest of the one-rank program's layer parameters' (1 for an FP8 recipe whose
-        framework keeps FP8 parameters, ``completion.fp8.FP8_PARAM_FRAMEWORKS``)."""
-        from completion.fp8 import FP8_PARAM_FRAMEWORKS
-
-        if c.fp8 is not None and self.framework in FP8_PARAM_FRAMEWORKS:
+        framework keeps FP8 parameters, its profile's ``fp8.params``)."""
+        if c.fp8 is not None and self.profile.fp8_weights.params:
             return 1
         return self.elem_bytes
 

@@ -2,7 +2,7 @@
 side -- one table (step time, tokens/s, MFU, bubble, peak memory, fits) and, with
 ``--plot``, one timeline PNG with a panel per plan on a shared time axis.
 
-Each strategy option of ``meshplan cost`` (``meshplan.commands.options.FLAGS``, aliases
+Each strategy option of ``meshplan cost`` (``meshplan.flags.FLAGS``, aliases
 included) takes a comma list here, e.g. ``--schedule 1F1B,VPP,ZBH1,ZB-2p`` (also spelled
 ``--schedules``), ``--tp 4,8`` or ``--recompute none,full``; the plans are the cross
 product of the lists (:data:`PARSERS` order: dp varies slowest, then tp, pp, ...). A plan the

@@ -22,7 +22,7 @@ high_ms, coverage, comparable_runs, basis; the text's ``error band:`` line).
 ``--tokens`` adds the expected time to train, its breakdown and cost (``time_to_train`` in
 ``--json``), ``--jitter-samples`` the step-time percentiles and straggler sensitivity
 (``jitter``): ``meshplan.commands.goodput_options``.
-Megatron-LM's argument names are accepted (``meshplan.commands.options.FLAGS`` and
+Megatron-LM's argument names are accepted (``meshplan.flags.FLAGS`` and
 ``meshplan.frameworks.megatron.arguments``)."""
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import Any
 
 import typer
 
-from meshplan.commands.options import ARGS_KEY, FLAGS, MAX_LAYERS, PANEL_MEGATRON, SIZE_FLAGS
+from meshplan.commands.options import ARGS_KEY, MAX_LAYERS, PANEL_MEGATRON
+from meshplan.flags import FLAGS, SIZE_FLAGS
 from meshplan.frameworks.given import GivenFlags
 from meshplan.frameworks.megatron import arguments as mg
 from meshplan.frameworks.megatron import launch

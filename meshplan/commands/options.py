@@ -28,6 +28,7 @@ from typer.core import TyperCommand
 
 from completion import choices
 from meshplan.errors import MeshplanError
+from meshplan.flags import FLAGS, SIZE_FLAGS
 
 SCHEDULE_NAMES = choices.SCHEDULES
 SCHEDULE_ALIAS_NAMES = tuple(choices.SCHEDULE_ALIASES)
@@ -76,37 +77,6 @@ MAX_LOCAL_RANKS = 64
 MAX_TRIALS = 10**7
 MAX_WORKERS = 256
 MAX_SEED = 2**32 - 1
-
-#: Strategy field -> its CLI flags (the first is the canonical one, the rest aliases)
-FLAGS: dict[str, tuple[str, ...]] = {
-    "dp": ("--dp",),
-    "tp": ("--tp", "--mp", "--tensor-model-parallel-size"),
-    "pp": ("--pp", "--pipeline-model-parallel-size"),
-    "cp": ("--cp", "--context-parallel-size"),
-    "ep": ("--ep", "--expert-model-parallel-size"),
-    "etp": ("--etp", "--expert-tensor-parallel-size"),
-    "moe_capacity_factor": ("--moe-capacity-factor", "--moe-expert-capacity-factor"),
-    "moe_load_imbalance": ("--moe-load-imbalance",),
-    "cp_comm": ("--cp-comm", "--cp-comm-type"),
-    "vpp": ("--vpp", "--num-virtual-stages-per-pipeline-rank"),
-    "schedule": ("--schedule",),
-    "micro_batch_size": ("--micro-batch-size",),
-    "global_batch_size": ("--global-batch", "--global-batch-size"),
-    "recompute": ("--recompute",),
-    "zero": ("--zero", "--zero-stage"),
-    "fsdp_shard_size": ("--fsdp-shard-size", "--hsdp"),
-    "sequence_parallel": ("--sequence-parallel",),
-    "dtype": ("--dtype",),
-    "framework": ("--framework",),
-    "attention": ("--attention", "--attention-backend"),  # Megatron-LM's spelling
-    "layers_per_stage": ("--layers-per-stage",),
-}
-
-#: flags of the plan's sizes besides the Strategy fields (named in errors as the user typed)
-SIZE_FLAGS: dict[str, tuple[str, ...]] = {
-    "seq_len": ("--seq-len", "--seq-length", "-s"),
-    "num_layers": ("--layers", "--num-layers", "-l"),
-}
 
 #: the groups of options ``--help`` shows (typer's ``rich_help_panel``); options without one
 #: fall under "Options"

@@ -18,7 +18,7 @@ class GivenFlags:
             flags are read (``--f`` or ``--f=V``), values are not.
         flags: a field (a Strategy field such as ``"tp"``, or a size such as ``"seq_len"``)
             -> its flags, the canonical one first (on the CLI,
-            ``meshplan.commands.options.FLAGS`` and ``SIZE_FLAGS``). A field missing here is
+            ``meshplan.flags.FLAGS`` and ``SIZE_FLAGS``). A field missing here is
             spelled ``--`` + its name with dashes.
     """
 

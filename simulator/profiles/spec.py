@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from completion.fp8 import FP8Weights
 from clusters.spec import Count, Fraction, Latency, NonNegative, Positive
 from simulator.errors import SimulatorError
 
@@ -468,6 +469,23 @@ class Host(BaseModel):
     collective_launch_s: Latency | None = None
 
 
+class Fp8(BaseModel):
+    """How the framework holds the weights of its FP8 linears (``completion.fp8``: the
+    ``fp8_weight_cache`` and ``fp8_param`` attributes it sets on the program).
+
+    Attributes:
+        weight_cache: the FP8 copy of each weight is cast once per step and kept across the
+            micro-batches (Megatron-Core passes ``is_first_microbatch`` to Transformer
+            Engine), rather than cast in every forward.
+        params: the weights themselves are FP8 parameters (Megatron ``--fp8-param-gather``,
+            NeMo ``fp8_params``): 1 + 1 bytes per element replace the 16-bit weight.
+    """
+
+    model_config = _STRICT
+    weight_cache: Flag
+    params: Flag
+
+
 class Family(_Quantity):
     """The framework family whose measured runs stand for the profile's (the error band's
     regime, ``simulator.error_band``): ``megatron``, ``fsdp``, ``deepspeed`` or ``eager``."""
@@ -478,7 +496,7 @@ class Family(_Quantity):
 class ProfileSpec(BaseModel):
     """A whole framework profile as read from YAML; ``family`` the framework family of its
     measured runs; ``checkpoint`` (optional, :data:`DEFAULT_CHECKPOINT` when absent) says
-    how it saves."""
+    how it saves; ``fp8`` (optional) how it holds the weights of FP8 linears."""
 
     model_config = _STRICT
     name: str = Field(min_length=1)
@@ -493,6 +511,15 @@ class ProfileSpec(BaseModel):
     memory: Memory
     checkpoint: Checkpoint | None = None
     host: Host | None = None
+    fp8: Fp8 | None = None
+
+    @property
+    def fp8_weights(self) -> FP8Weights:
+        """The :class:`completion.fp8.FP8Weights` of :attr:`fp8` (a profile that states no
+        FP8 facts casts every weight in every forward and keeps 16-bit parameters)."""
+        if self.fp8 is None:
+            return FP8Weights()
+        return FP8Weights(cache=self.fp8.weight_cache.value, params=self.fp8.params.value)
 
     @property
     def checkpointing(self) -> Checkpoint:

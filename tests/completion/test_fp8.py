@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusters import load_cluster
-from completion.fp8 import is_fp8_linear, mark_fp8_linears
+from completion.fp8 import FP8Weights, is_fp8_linear, mark_fp8_linears
 from completion.models import build_model, get_model_config
 from completion.strategy import FP8_DTYPES, FP8_RECIPES, FRAMEWORKS, Strategy, StrategyError
 from meshplan import Engine
@@ -36,14 +36,11 @@ def test_strategy_takes_recipes_and_dtype_spellings():
 
 
 def test_recipe_frameworks_are_catalog_names():
-    """FP8_RECIPES and the weight-cache list name FRAMEWORKS entries (the catalog's names,
+    """FP8_RECIPES names FRAMEWORKS entries (the catalog's names,
     simulator.profiles.check_catalog), and a Strategy takes a recipe exactly under them:
     Transformer Engine under megatron-core, megatron-bridge, nemo and llm-foundry, torchao
     under the FSDP2 three."""
-    from completion.fp8 import FP8_PARAM_FRAMEWORKS, WEIGHT_CACHE_FRAMEWORKS
-
-    named = ({f for fws in FP8_RECIPES.values() for f in fws} | set(WEIGHT_CACHE_FRAMEWORKS)
-             | set(FP8_PARAM_FRAMEWORKS))
+    named = {f for fws in FP8_RECIPES.values() for f in fws}
     assert named <= set(FRAMEWORKS)
     ok = {(r, f) for r in FP8_RECIPES for f in FRAMEWORKS
           if not _refused(lambda r=r, f=f: Strategy(fp8=r, framework=f))}
@@ -51,6 +48,20 @@ def test_recipe_frameworks_are_catalog_names():
                   ("te-delayed", "nemo"), ("te-delayed", "llm-foundry"),
                   *((r, f) for r in ("tensorwise", "rowwise")
                     for f in ("fsdp2", "fsdp2-eager", "fsdp2-async-tp"))}
+
+
+def test_the_profiles_say_how_fp8_weights_are_held():
+    """The FP8 weight facts are profile fields (``fp8:``), read by nothing else: Megatron-Core
+    caches each weight's FP8 cast across micro-batches (is_first_microbatch) and keeps 16-bit
+    weights; Megatron-Bridge and NeMo inherit the cache and keep FP8 parameters
+    (fp8_param_gather / fp8_params); every other profile states none (cast in every
+    forward, 16-bit weights)."""
+    from simulator.profiles import list_profiles, load_profile
+
+    held = {n: load_profile(n).fp8_weights for n in list_profiles()}
+    assert held.pop("megatron-core") == FP8Weights(cache=True, params=False)
+    assert held.pop("megatron-bridge") == held.pop("nemo") == FP8Weights(cache=True, params=True)
+    assert set(held.values()) == {FP8Weights()}
 
 
 def _refused(make) -> bool:
@@ -73,7 +84,7 @@ def _llama(layers: int = 2):
 
 def test_marking_picks_the_decoder_linears_only():
     prog = _llama()
-    n = mark_fp8_linears(prog, "te-delayed", "megatron-core")
+    n = mark_fp8_linears(prog, "te-delayed", FP8Weights(cache=True))
     assert n == 2 * 7  # q, k, v, o, gate, up, down per layer; the LM head stays BF16
     fwd = [op for op in prog.ops if op.type == "matmul" and op.attrs.get("fp8")]
     grads = [op for op in prog.ops if op.type == "matmul_grad" and op.attrs.get("fp8")]
@@ -86,11 +97,11 @@ def test_marking_picks_the_decoder_linears_only():
                      "gate_proj": True, "up_proj": False, "down_proj": True}
     assert all(op.attrs["fp8_weight_cache"] for op in fwd)
     t = _llama()
-    mark_fp8_linears(t, "tensorwise", "fsdp2", tp=1)  # separate Float8Linear casts
+    mark_fp8_linears(t, "tensorwise", FP8Weights(), tp=1)  # separate Float8Linear casts
     assert all(op.attrs["fp8_cast_x"] and not op.attrs["fp8_weight_cache"]
                for op in t.ops if op.type == "matmul" and op.attrs.get("fp8"))
     t2 = _llama()
-    mark_fp8_linears(t2, "tensorwise", "fsdp2", tp=2)  # PrepareFloat8ModuleInput: one cast
+    mark_fp8_linears(t2, "tensorwise", FP8Weights(), tp=2)  # PrepareFloat8ModuleInput: one cast
     assert sum(op.attrs.get("fp8_cast_x", False) for op in t2.ops if op.type == "matmul") == 2 * 4
 
 

@@ -123,12 +123,19 @@ def test_a_launch_line_refuses_what_it_cannot_read_naming_the_argument():
 
 def test_the_launch_line_names_are_the_cli_aliases_of_the_same_fields():
     """FIELD_ARGS (the API's reading) and the CLI's FLAGS / SIZE_FLAGS give one field to each
-    Megatron-LM name; the Megatron-only names are the ones MEGATRON_FLAGS lists."""
-    from meshplan.commands.options import FLAGS, SIZE_FLAGS
+    Megatron-LM name (both read meshplan.flags); the Megatron-only names are the ones
+    MEGATRON_FLAGS lists. The spellings as typed: own long flags, the Megatron-LM alias,
+    the short flag."""
+    from meshplan.commands import options
+    from meshplan.flags import FLAGS, SIZE_FLAGS
 
+    assert (options.FLAGS, options.SIZE_FLAGS) == (FLAGS, SIZE_FLAGS)
     cli = {f: name for table in (FLAGS, SIZE_FLAGS) for name, flags in table.items() for f in flags}
     assert {flag: cli.get(flag) for flag in FIELD_ARGS} == {f: field for f, (field, _) in FIELD_ARGS.items()}
     assert set(MEGATRON_ARGS) == set(mg.MEGATRON_FLAGS)
+    assert FLAGS["tp"] == ("--tp", "--mp", "--tensor-model-parallel-size")
+    assert FLAGS["micro_batch_size"] == ("--micro-batch-size",)
+    assert SIZE_FLAGS["seq_len"] == ("--seq-len", "--seq-length", "-s")
 
 
 # -- a DeepSpeed config (strategy_from_config) ---------------------------------------------------

@@ -128,7 +128,7 @@ def test_fp8_params_keep_no_weight_cache_and_the_router_stays_bf16(specs):
     hist = AMAX_TENSORS * (1024 + 2) * 4
     assert hist == 12_312
     for framework, cache in (("megatron-bridge", False), ("megatron-core", True)):
-        mark_fp8_linears(prog, "te-delayed", framework)
+        mark_fp8_linears(prog, "te-delayed", load_profile(framework).fp8_weights)
         fwd = [op for op in prog.ops if op.type == "matmul" and op.attrs.get("fp8")
                and op.role.name == "FORWARD"]
         names = sorted(op.struct_name.rsplit(".", 1)[-1] for op in fwd)

@@ -211,11 +211,11 @@ CATALOG_DELTAS = {
     "megatron-2021-torch-ddp": ("megatron-2021", {"name", "description", "overlap.dp_grad_reduce",
                                                   "gradients.bucket_params"}),
     "nemo": ("megatron-core", {"name", "description", "gradients.main_grad",
-                               "gradients.reduce_dtype", "memory.model_states"}),
+                               "gradients.reduce_dtype", "memory.model_states", "fp8.params"}),
     "megatron-bridge": ("megatron-core", {"name", "description", "kernels.moe_probs",
                                           "gradients.main_grad", "gradients.reduce_dtype",
                                           "memory.model_states", "memory.loss_saved_bytes",
-                                          "memory.loss_temp_bytes"}),
+                                          "memory.loss_temp_bytes", "fp8.params"}),
 }
 
 

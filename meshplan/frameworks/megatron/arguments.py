@@ -1,5 +1,5 @@
 """Megatron-LM arguments that ``meshplan cost``, ``tune`` and ``export`` take besides the
-one-to-one aliases of :data:`meshplan.commands.options.FLAGS`: each is translated into
+one-to-one aliases of :data:`meshplan.flags.FLAGS`: each is translated into
 Strategy fields as Megatron-LM itself derives them (``megatron/training/arguments.py`` and
 ``megatron/core/transformer/transformer_config.py`` at NVIDIA/Megatron-LM d98e8a6):
 

@@ -18,29 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.flags import MEGATRON_FIELD_ARGS
 from meshplan.frameworks.given import GivenFlags
 from meshplan.frameworks.megatron import arguments as mg
 from meshplan.frameworks.megatron import launch
 
-#: Megatron-LM argument -> the Strategy field (or size) it sets one-to-one, and its type;
-#: each is an alias of that field on the CLI too (``meshplan.commands.options.FLAGS`` /
-#: ``SIZE_FLAGS``: tests/meshplan/test_frameworks_api.py checks that they agree)
-FIELD_ARGS: dict[str, tuple[str, Any]] = {
-    "--tensor-model-parallel-size": ("tp", int),
-    "--pipeline-model-parallel-size": ("pp", int),
-    "--context-parallel-size": ("cp", int),
-    "--expert-model-parallel-size": ("ep", int),
-    "--expert-tensor-parallel-size": ("etp", int),
-    "--moe-expert-capacity-factor": ("moe_capacity_factor", float),
-    "--cp-comm-type": ("cp_comm", str),
-    "--num-virtual-stages-per-pipeline-rank": ("vpp", int),
-    "--micro-batch-size": ("micro_batch_size", int),
-    "--global-batch-size": ("global_batch_size", int),
-    "--sequence-parallel": ("sequence_parallel", bool),
-    "--attention-backend": ("attention", str),
-    "--seq-length": ("seq_len", int),
-    "--num-layers": ("num_layers", int),
-}
+#: Megatron-LM argument -> the Strategy field (or size) it sets one to one, and its type: the
+#: CLI's aliases of the same fields (one table, ``meshplan.flags``)
+FIELD_ARGS: dict[str, tuple[str, Any]] = MEGATRON_FIELD_ARGS
 #: the :class:`~.arguments.MegatronArgs` field each Megatron-only argument sets, and its type
 #: (``--fp8-amax-history-len`` is taken and changes nothing: no field)
 MEGATRON_ARGS: dict[str, tuple[str | None, Any]] = {
