@@ -54,8 +54,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from completion.fp8 import FP8Weights
 from clusters.spec import Count, Fraction, Latency, NonNegative, Positive
+from completion.fp8 import FP8Weights
 from simulator.errors import SimulatorError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
