@@ -513,6 +513,29 @@ class StepModel:
                           root=sum(root.values()), holds_loss=self.nvs - 1 in vstages,
                           embedding=tables)
 
+    def rank_memory_terms(self, vstages: list[int], params: int, expert: int, rank_layers: list[int],
+                          layer_blocks: list[BlockCost], blocks: list[BlockCost], act_peak: float,
+                          freed: int | None) -> dict[str, int]:
+        """Peak memory terms of the pipeline rank holding ``vstages``, bytes: its model
+        states by profile (``simulator.step_memory.rank_memory``: ``params`` local parameter
+        elements, ``expert`` of them expert ones), the loss's temporaries on the rank that
+        runs it, the activation peak ``act_peak`` (``freed``: bytes a backward frees), and
+        the FP8 weight copies and amax histories of ``layer_blocks`` (``simulator.fp8``) as
+        ``fp8_weights`` before ``total``. ``meshplan``'s step bound
+        (``simulator.bounds.step``) reads the same terms with its own activation bound."""
+        facts = replace(self.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert,
+                        backward_freed=freed)
+        memory = rank_memory(self.cfg, facts, act_peak,
+                             self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
+                             loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
+                             tied=self.tied_elems() > 0)
+        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
+        if fp8_state:
+            total = memory.pop("total") + fp8_state
+            memory["fp8_weights"] = fp8_state
+            memory["total"] = total
+        return memory
+
     def tied_elems(self) -> int:
         """Local elements of the parameters read by both "pre" and "post" (tied embeddings)."""
         pre, post = self.costs.pre, self.costs.post
@@ -570,17 +593,8 @@ class StepModel:
         # issued in-stage collectives: what the actions carry plus the context-parallel
         # exchange hidden beside attention (it is then all "overlapped")
         comm = m * sum(parts[vs]["comm"] + parts[vs].get("cp_hidden", 0.0) for vs in vstages)
-        facts = replace(self.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert,
-                        backward_freed=freed)
-        memory = rank_memory(c, facts, act_peak,
-                             self.costs.activations, self.costs.layer_keys, rank_layers, blocks,
-                             loss_elements=self.costs.loss.elements, loss_block=self.costs.post,
-                             tied=self.tied_elems() > 0)
-        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
-        if fp8_state:  # FP8 weight copies and amax histories (simulator.fp8), before total
-            total = memory.pop("total") + fp8_state
-            memory["fp8_weights"] = fp8_state
-            memory["total"] = total
+        memory = self.rank_memory_terms(vstages, params, expert, rank_layers, layer_blocks, blocks,
+                                        act_peak, freed)
         # the hops this rank sends: an F output to the next virtual stage and a B output to
         # the previous one when that stage is on another rank (ZB-V's turn of the V is not);
         # with synchronous sends each keeps the rank busy for t_comm after the action

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import replace
 from typing import Any
 
 from simulator.bounds.tier0 import INFLIGHT
@@ -66,7 +65,7 @@ from simulator.schedules import build_schedule
 from simulator.schedules.base import TIME_AWARE
 from simulator.stage_cost import BlockCost
 from simulator.stage_timing import vstage_ranks
-from simulator.step_memory import rank_memory, vstage_activation_bytes
+from simulator.step_memory import vstage_activation_bytes
 
 NS = 1e-9
 
@@ -197,14 +196,8 @@ def step_lower_bound(model: Any) -> tuple[float, int]:
             act, freed = exact[r], int(min(chunk_mb, default=0))
         # the same memory terms as StepModel.run (model states by profile, the loss's
         # temporaries on its rank, FP8 weight copies): only the activation peak is a bound
-        facts = replace(model.rank_param_facts(vstages, params, layer_blocks, blocks), expert=expert,
-                        backward_freed=freed)
-        mem = rank_memory(c, facts, act,
-                          model.costs.activations, model.costs.layer_keys, rank_layers, blocks,
-                          loss_elements=model.costs.loss.elements, loss_block=model.costs.post,
-                          tied=model.tied_elems() > 0)
-        fp8_state = int(sum(b.fp8_state_bytes for b in layer_blocks))
-        best_m = max(best_m, int(mem["total"]) + fp8_state)
+        mem = model.rank_memory_terms(vstages, params, expert, rank_layers, layer_blocks, blocks, act, freed)
+        best_m = max(best_m, int(mem["total"]))
     return max(0.0, best_t), best_m
 
 
