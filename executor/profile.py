@@ -238,31 +238,65 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
     ``step_times``: this rank's timed steps (seconds), kept in the metadata with ``layers``
     (the run's layers per stage). Returns the path. Raises OSError when the directory
     cannot be written, ValueError for ``steps`` or ``pairs`` < 1."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     from executor.span_trace import SpanRecorder, span_cost
 
     if steps < 1 or pairs < 1:
         raise ExecutorError(f"profile_step needs steps >= 1 and pairs >= 1, got {steps}, {pairs}")
     out = trace_path(directory, ex.rank)
     out.parent.mkdir(parents=True, exist_ok=True)
+    per_mix = events_per_mix()
+    wall, eps = _profiled_steps(ex, actions, out, steps, per_mix)
+    rec = SpanRecorder()
+    cost = span_cost()
+    plain, recorded, plain_cpu, recorded_cpu = _paired_steps(ex, actions, rec, pairs)
+    import os
+    import socket
+    import threading
+
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    _finish(out, rec, os.getpid(), threading.get_native_id(), rank=ex.rank, world_size=world,
+            layers_per_stage=layers, step_times_s=[float(t) for t in step_times],
+            profiled_steps_s=wall, profiler_event_s=eps,
+            probe_events=PROBE_REPEATS * PROBE_CALLS * per_mix, paired_steps_s=plain,
+            span_steps_s=recorded, paired_cpu_s=plain_cpu, span_cpu_s=recorded_cpu,
+            span_event_s=cost, span_count=len(rec.spans), host=socket.gethostname())
+    return out
+
+
+def _profiled_steps(ex: Any, actions: Any, out: Path, steps: int, per_mix: int) -> tuple[list[float], float]:
+    """Phase 1 of :func:`profile_step`: one discarded warm-up step and ``steps`` steps under
+    ``torch.profiler``, exported to ``out`` as a Chrome trace; returns their wall seconds and
+    the profiler's cost per recorded event (seconds, ``profiler_event_cost``, probed while
+    the last step records)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
     acts = [ProfilerActivity.CPU]
     if ex.device.type == "cuda":
         acts.append(ProfilerActivity.CUDA)
-    per_mix, bare = events_per_mix(), _probe_seconds()
+    bare = _probe_seconds()
     sched = schedule(wait=0, warmup=1, active=steps, repeat=1)
+    wall: list[float] = []
+    eps = 0.0
     with kineto_quiet(), profile(activities=acts, record_shapes=True, schedule=sched,
                                  on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
         _timed_step(ex, actions)  # the profiler's warm-up step: recorded, then discarded
         prof.step()
-        wall = []
         for i in range(steps):
             with span(f"{PROFILED_PREFIX}{i}"):
                 wall.append(_timed_step(ex, actions))
             if i == steps - 1:  # while recording: the probe
                 eps = profiler_event_cost(bare, per_mix)
             prof.step()
-    rec, run_item, run_unit = SpanRecorder(), ex.exec_item, ex.run_unit
+    return wall, eps
+
+
+def _paired_steps(ex: Any, actions: Any, rec: Any, pairs: int
+                  ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Phase 2 of :func:`profile_step`: ``pairs`` ABBA rounds of one unrecorded step and one
+    step with every item, unit call and gradient bucket in a span of ``rec`` (a
+    ``SpanRecorder``); returns the wall and thread-CPU seconds of the unrecorded and the
+    recorded steps (plain, recorded, plain_cpu, recorded_cpu)."""
+    run_item, run_unit = ex.exec_item, ex.run_unit
 
     def named_item(it, mb, env, left, key):
         with rec.span(item_label(key, it.index, it.op.type)):
@@ -283,8 +317,10 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
         finally:
             ex.exec_item, ex.run_unit, ex.bucket_span = run_item, run_unit, None
 
-    cost = span_cost()
-    plain, recorded, plain_cpu, recorded_cpu = [], [], [], []
+    plain: list[float] = []
+    recorded: list[float] = []
+    plain_cpu: list[float] = []
+    recorded_cpu: list[float] = []
 
     def cpu_timed(step: Any, walls: list, cpus: list) -> None:
         c0 = time.thread_time()
@@ -297,15 +333,4 @@ def profile_step(ex: Any, actions: Any, directory: str | Path, step_times: list[
         cpu_timed(lambda i=i: recorded_step(i), recorded, recorded_cpu)
         if i % 2 == 1:
             cpu_timed(lambda: _timed_step(ex, actions), plain, plain_cpu)
-    import os
-    import socket
-    import threading
-
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    _finish(out, rec, os.getpid(), threading.get_native_id(), rank=ex.rank, world_size=world,
-            layers_per_stage=layers, step_times_s=[float(t) for t in step_times],
-            profiled_steps_s=wall, profiler_event_s=eps,
-            probe_events=PROBE_REPEATS * PROBE_CALLS * per_mix, paired_steps_s=plain,
-            span_steps_s=recorded, paired_cpu_s=plain_cpu, span_cpu_s=recorded_cpu,
-            span_event_s=cost, span_count=len(rec.spans), host=socket.gethostname())
-    return out
+    return plain, recorded, plain_cpu, recorded_cpu
