@@ -144,52 +144,16 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
     ``profile_dir``: after the timed steps, a few more steps run under the profiler and the
     span recorder and their Chrome trace is written to ``DIR/rank<R>.json``
     (:mod:`executor.profile`; never one of the timed steps)."""
-    from executor.collectives import Groups
-    from executor.expert_copies import CopyGroups, copies_of
-    from executor.p2p_order import send_orders
     from executor.program import build_program
-    from executor.rank_exec import RankExecutor
-    from executor.rank_plan import build_rank_plan
 
     pp = build_program(plan, single_process=single, adam_epsilon=adam_epsilon)
     s = pp.strategy
-    copies = None if single else copies_of(pp, rank)  # ep < dp: copies of one ep group's program
-    if copies is None:
-        groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
-        prank = rank
-    else:
-        world_groups = Groups(copies.world_groups(program_groups(pp.program)), timeout=STEP_TIMEOUT)
-        groups, prank = CopyGroups(world_groups, copies), copies.program_rank(rank)
     if rows is None:
         rows = single_stage_order(pp.num_microbatches)
     stage = rank // (s.dp * s.tp)
     dist_on = not single and torch.distributed.is_initialized()
-    device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
-    rplan = build_rank_plan(pp.program, prank)
-    ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
-    if copies is not None:
-        ex.expert_copy = (copies.copy, s.micro_batch_size * s.dp,
-                          world_groups.get(copies.copy_group(prank)), copies.count)
-    if pp.context_parallel > 1:
-        ex.context_parallel = (pp.context_parallel, s.micro_batch_size, s.tp)
-    if s.pp > 1:  # send to each peer in its receive order (NCCL matches p2p by order)
-        ex.send_order = send_orders(pp.program, rplan, rows, lambda r: r // (s.dp * s.tp))
-    step_times, losses, times = [], [], []
-    for i in range(warmup + steps):
-        if i == warmup:
-            ex.mem.reset_peak()
-            if device != "cpu":
-                torch.cuda.reset_peak_memory_stats(device)
-        if dist_on:
-            torch.distributed.barrier()
-        if progress is not None:
-            ex.on_action = lambda a, step=i: progress(step, a)
-        times = ex.run_step(rows[stage])
-        ex.average_losses_over_copies()
-        if i >= warmup:
-            step_times.append(times[-1][-1])
-            losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
-    peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else ex.mem.peak
+    ex, copies, prank = _rank_executor(pp, rank, single, seed, rows, dist_on)
+    step_times, losses, times, peak = _timed_steps(ex, rows[stage], warmup, steps, dist_on, progress)
     if profile_dir:
         from executor.profile import profile_step
 
@@ -204,6 +168,66 @@ def rank_main(rank: int, nproc: int, plan: Any, steps: int, warmup: int, seed: i
             "loss_shape": tuple(loss_v.shape) if loss_v is not None else (),
             "params": ex.parameters() if want_params else {}, "p2p_log": list(ex.p2p_log),
             "program_rank": prank, "copy": copies.copy if copies is not None else 0}
+
+
+def _rank_executor(pp: Any, rank: int, single: bool, seed: int, rows: Rows, dist_on: bool
+                   ) -> tuple[Any, Any, int]:
+    """The ``RankExecutor`` of ``rank`` over plan program ``pp`` (its communicators, its
+    expert-copy group where ``ep < dp`` runs copies of one ep group's program, its context
+    parallelism and its pipeline send order), on ``cuda:<rank>`` under an NCCL group, else
+    the CPU; returns (executor, the rank's copies or None, its rank in the program)."""
+    from executor.collectives import Groups
+    from executor.expert_copies import CopyGroups, copies_of
+    from executor.p2p_order import send_orders
+    from executor.rank_exec import RankExecutor
+    from executor.rank_plan import build_rank_plan
+
+    s = pp.strategy
+    copies = None if single else copies_of(pp, rank)  # ep < dp: copies of one ep group's program
+    if copies is None:
+        groups = Groups(program_groups(pp.program), timeout=STEP_TIMEOUT)
+        prank = rank
+    else:
+        world_groups = Groups(copies.world_groups(program_groups(pp.program)), timeout=STEP_TIMEOUT)
+        groups, prank = CopyGroups(world_groups, copies), copies.program_rank(rank)
+    device = f"cuda:{rank}" if dist_on and torch.distributed.get_backend() == "nccl" else "cpu"
+    rplan = build_rank_plan(pp.program, prank)
+    ex = RankExecutor(rplan, groups, pp.batch, pp.num_microbatches, seed, device)
+    if copies is not None:
+        ex.expert_copy = (copies.copy, s.micro_batch_size * s.dp,
+                          world_groups.get(copies.copy_group(prank)), copies.count)
+    if pp.context_parallel > 1:
+        ex.context_parallel = (pp.context_parallel, s.micro_batch_size, s.tp)
+    if s.pp > 1:  # send to each peer in its receive order (NCCL matches p2p by order)
+        ex.send_order = send_orders(pp.program, rplan, rows, lambda r: r // (s.dp * s.tp))
+    return ex, copies, prank
+
+
+def _timed_steps(ex: Any, actions: Any, warmup: int, steps: int, dist_on: bool, progress: Any
+                 ) -> tuple[list[float], list[dict], list, int]:
+    """``warmup`` + ``steps`` steps of ``actions`` on executor ``ex``, each after a barrier
+    when distributed; returns the timed steps' seconds, their per-micro-batch losses, the
+    last step's action times and the peak memory (bytes) over the timed steps."""
+    cuda = ex.device.type == "cuda"
+    step_times: list[float] = []
+    losses: list[dict] = []
+    times: list = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            ex.mem.reset_peak()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(ex.device)
+        if dist_on:
+            torch.distributed.barrier()
+        if progress is not None:
+            ex.on_action = lambda a, step=i: progress(step, a)
+        times = ex.run_step(actions)
+        ex.average_losses_over_copies()
+        if i >= warmup:
+            step_times.append(times[-1][-1])
+            losses.append({mb: t.numpy() for mb, t in ex.losses.items()})
+    peak = torch.cuda.max_memory_allocated(ex.device) if cuda else ex.mem.peak
+    return step_times, losses, times, int(peak)
 
 
 def _rank_main_many(rank: int, nproc: int, jobs: list[tuple]) -> list[dict[str, Any]]:
