@@ -13,6 +13,8 @@ from __future__ import annotations
 #: pipeline schedules (``Strategy.schedule``; ``simulator.schedules`` registers a builder
 #: for each, ZB-1p / ZB-2p as the automatic ZB at a memory limit)
 SCHEDULES = ("FThenB", "1F1B", "VPP", "ZBH1", "ZBH2", "ZBVPP", "ZB", "ZB-1p", "ZB-2p", "DualPipeV")
+#: the schedules that run more than one model chunk per rank (vpp > 1)
+INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
 #: other spellings users bring, lower-case -> canonical name
 SCHEDULE_ALIASES = {"gpipe": "FThenB", "1f1b-i": "VPP", "interleaved": "VPP",
                     "interleaved-1f1b": "VPP", "zb-h1": "ZBH1", "zb-h2": "ZBH2",

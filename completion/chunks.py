@@ -30,13 +30,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from completion.choices import INTERLEAVED
 from completion.errors import CompletionError
 from completion.ir import Operation, OpRole, Program
 
 DEFAULT_SEG_METHOD = r"layers\.(\d+)(?:\.|$)"
 SCHEDULES = {"fthenb": "FThenB", "1f1b": "1F1B", "vpp": "VPP", "zbh1": "ZBH1", "zbh2": "ZBH2",
              "zbvpp": "ZBVPP", "zbv": "ZBVPP", "zb-v": "ZBVPP", "dualpipev": "DualPipeV"}
-INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
 #: two chunks per rank in a V (``completion.strategy.V_SHAPED``)
 V_SHAPED = ("ZBVPP", "DualPipeV")
 

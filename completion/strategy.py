@@ -84,6 +84,7 @@ from completion.choices import (
     DTYPES,
     FP8_DTYPES,
     FRAMEWORKS,
+    INTERLEAVED,
     OPTIMIZERS,
     RECOMPUTE,
     SCHEDULE_ALIASES,
@@ -94,8 +95,6 @@ from completion.errors import CompletionError, DistAttrError
 from completion.expert_layout import layout_problem
 
 _SCHEDULE_BY_LOWER = {**{s.lower(): s for s in SCHEDULES}, **SCHEDULE_ALIASES}
-#: schedules that run more than one model chunk per rank
-INTERLEAVED = ("VPP", "ZBVPP", "DualPipeV")
 #: schedules whose two chunks per rank run in a V (rank i holds virtual stages i and
 #: 2 pp - 1 - i): ZB-V (Qi et al. 2024, sec. 6) and DualPipeV (``simulator.schedules.dualpipe``)
 V_SHAPED = ("ZBVPP", "DualPipeV")

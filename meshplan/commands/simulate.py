@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from completion.choices import INTERLEAVED
 from meshplan import outputs as outs
 from meshplan.commands import options as opt
 from meshplan.commands import outputs
@@ -58,10 +59,10 @@ def simulate_cmd(
                                      f"--schedule ZB with --memory-limit {memory_limit:g} instead",
                                      param_hint="'--memory-limit'")
         memory_limit = zb_limit
-    if chunks is not None and chunks > 1 and schedule not in ("ZBVPP", "VPP", "DualPipeV"):
+    if chunks is not None and chunks > 1 and schedule not in INTERLEAVED:
         raise typer.BadParameter(f"{asked} runs one chunk per rank; --chunks {chunks} needs VPP or ZBVPP",
                                  param_hint="'--chunks'")
-    v = chunks if chunks is not None else (2 if schedule in ("ZBVPP", "VPP", "DualPipeV") else 1)
+    v = chunks if chunks is not None else (2 if schedule in INTERLEAVED else 1)
     if tw == 0 and schedule in SPLIT_BACKWARD:
         _no_weight_pass(asked, schedule)
     opts = {"stage_times": st, "comm_time": tcomm * 1e-3} if schedule in ("ZB", "ZBVPP") else {}
