@@ -236,7 +236,7 @@ def plot_time_vs_memory(result: TuneResult, capacity_bytes: float, path: str | P
     ax.set_ylabel("simulated step time (s, log scale)", fontsize=12)
     ax.set_title(title or "Step time vs peak memory over all trials", fontsize=13)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=10, framealpha=0.9)
+    ax.legend(loc="best", fontsize=10, framealpha=0.9)  # the emptiest corner, not over the plans
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=100)
