@@ -178,7 +178,11 @@ def _torchtitan(plan: Any, out: Any, world: int) -> tuple[Any, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.toml"
         path.write_text(out.text)
-        strategy, _, notes = strategy_from_toml(path, world, model_sizes(plan)[0])
+        try:
+            strategy, _, notes = strategy_from_toml(path, world, model_sizes(plan)[0])
+        except MeshplanError as e:  # the temporary file's name says nothing to the user
+            raise MeshplanError(str(e).replace(f"{path}: ", "the exported TOML: ").replace(str(path), "the exported TOML"),
+                                field=getattr(e, "field", None)) from None
     return strategy, notes
 
 

@@ -23,7 +23,8 @@ the ``[parallelism]`` names used here (``torchtitan/config/configs.py`` at b5bcd
   model chunks per rank: torchtitan builds 1 for a single-stage schedule and 2 for a
   looped one unless ``module_fqns_per_model_part`` lists each stage's modules, which is
   written (with the llama modules ``tok_embeddings``, ``layers.<i>``, ``norm``,
-  ``output``) for the plan's ``layers_per_stage`` or for vpp > 2.
+  ``output``) for the plan's ``layers_per_stage`` (``meshplan export`` pins the cost
+  model's split: ``meshplan.frameworks.recost.costed_plan``), else for an even split, noted.
 - batch: with pp > 1 ``local_batch_size`` = global / dp sequences per step and
   ``pipeline_parallel_microbatch_size`` = the micro-batch (m = local / micro pipeline
   micro-batches); with pp = 1 ``local_batch_size`` = the micro-batch and
@@ -137,8 +138,11 @@ def _pipeline(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> No
 def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> None:
     dp, zero = eff["dp"], eff["zero"]
     if zero == 1:
+        beside = (f"; meshplan models no FSDP beside expert parallelism (ep {eff['ep']}), so this "
+                  "job is not re-costed" if eff["ep"] > 1 else "")
         notes.append(Note("zero", "FSDP2 has no ZeRO-1 (optimizer states only); ZeRO-2 "
-                                  "(reshard_after_forward never: gradients sharded too) is written"))
+                                  "(reshard_after_forward never: gradients sharded too) is written"
+                                  + beside))
         zero = eff["zero"] = 2
     if zero == 0 and replicated_beside_others(dp, eff["tp"], eff["pp"], eff["cp"]):
         # torchtitan runs DDP only as the one mesh dim (parallelize: "DDP has not supported > 1D
@@ -189,7 +193,9 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
         shard = eff["fsdp_shard_size"] or dp
         notes.append(Note("zero", f"torchtitan's expert parallelism borrows FSDP ranks ({why}): dp "
                                   f"{dp} is written as FSDP shards of {shard} with "
-                                  "reshard_after_forward never (ZeRO-2), not replicated (ZeRO 0)"))
+                                  "reshard_after_forward never (ZeRO-2), not replicated (ZeRO 0); "
+                                  "meshplan models no FSDP beside expert parallelism, so this job "
+                                  "is not re-costed"))
         eff["zero"] = 2
         par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = dp // shard, shard
         par["fsdp_reshard_after_forward"] = "never"
