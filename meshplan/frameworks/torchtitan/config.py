@@ -231,8 +231,8 @@ def _expert(par: dict[str, Any], shard: int, cp: int, tp: int, where: str) -> tu
     """(ep, etp) of ``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (1, its
     default: whole experts over dp_shard x cp x tp; tp: each expert split as the dense MLP,
     ep over dp_shard x cp), refused where torchtitan's ParallelDims asserts
-    (:func:`expert_ep_problem`); etp None (meshplan's tp)
-    without experts to spread, where torchtitan ignores it."""
+    (:func:`expert_ep_problem`); etp None (meshplan's tp) without experts to spread, where
+    torchtitan ignores it."""
     ep = _int(par, "expert_parallel_degree", 1, where)
     etp = _int(par, "expert_tensor_parallel_degree", 1, where)
     if ep == 1:

@@ -201,8 +201,10 @@ def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]
         par["fsdp_reshard_after_forward"] = "never"
         why = expert_ep_problem(shard, cp, tp, ep, etp)
     if why:
-        raise ExportError(f"torchtitan: {why} (its ParallelDims refuses it at start-up); the plan's "
-                          f"HSDP shard group {eff['fsdp_shard_size']} is too small for ep {ep}", field="ep")
+        hsdp = eff["fsdp_shard_size"]
+        raise ExportError(f"torchtitan: {why} (its ParallelDims refuses it at start-up)"
+                          + (f"; the plan's HSDP shard group {hsdp} is too small for ep {ep}" if hsdp else ""),
+                          field="ep")
     par["expert_parallel_degree"] = ep
     par["expert_tensor_parallel_degree"] = etp
 
