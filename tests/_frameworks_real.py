@@ -249,3 +249,16 @@ def torchtitan_config_manager() -> Any:
 def torchtitan_job(path: str) -> Any:
     """torchtitan's own ``JobConfig`` of a job TOML (its ``ConfigManager.parse_args``)."""
     return torchtitan_config_manager()().parse_args(["--job.config_file", str(path)])
+
+
+def torchtitan_parallel_dims(par: Any, world: int) -> Any:
+    """torchtitan 0.2.2's own ``ParallelDims`` of a job's ``[parallelism]`` on ``world`` ranks
+    (its ``__post_init__`` validates the degrees: the world's product, etp 1 or tp), as
+    ``train.py`` builds it; the meshes are not built (no process group)."""
+    torchtitan_config_manager()  # the package stub, without triton
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    return ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
+                        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+                        pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
+                        etp=par.expert_tensor_parallel_degree, world_size=world)

@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 #: Strategy fields compared between the tuned plan and the re-imported job, with the words a
 #: warning names them by
 COMPARED = {"dp": "dp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp",
+            "etp": "expert tensor parallelism",
             "schedule": "schedule", "micro_batch_size": "micro-batch", "global_batch_size": "global batch",
             "recompute": "recompute", "zero": "ZeRO stage", "fsdp_shard_size": "HSDP shard group",
             "sequence_parallel": "sequence parallelism", "dtype": "dtype", "fp8": "FP8 recipe",
@@ -62,6 +63,8 @@ class Recost:
         limit_bytes: the device's memory limit at the default headroom (bytes).
         changed: the :data:`COMPARED` fields whose value differs, as ``"ZeRO stage 2 -> 1"``.
         reader_notes: what the reader noted while importing.
+        moved: the names of those fields (:func:`moved_fields`, the layer split compared as
+            each side was costed).
     """
 
     target: str
@@ -73,6 +76,7 @@ class Recost:
     limit_bytes: float
     changed: list[str] = field(default_factory=list)
     reader_notes: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -174,7 +178,11 @@ def _torchtitan(plan: Any, out: Any, world: int) -> tuple[Any, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.toml"
         path.write_text(out.text)
-        strategy, _, notes = strategy_from_toml(path, world, model_sizes(plan)[0])
+        try:
+            strategy, _, notes = strategy_from_toml(path, world, model_sizes(plan)[0])
+        except MeshplanError as e:  # the temporary file's name says nothing to the user
+            raise MeshplanError(str(e).replace(f"{path}: ", "the exported TOML: ").replace(str(path), "the exported TOML"),
+                                field=getattr(e, "field", None)) from None
     return strategy, notes
 
 
@@ -197,29 +205,55 @@ READERS: dict[str, Callable[[Any, Any, int], tuple[Any, list[str]]]] = {
     "megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}
 
 
-def moved_fields(tuned: Any, exported: Any) -> list[str]:
+def moved_fields(tuned: Any, exported: Any, splits: tuple[Any, Any] | None = None) -> list[str]:
     """The :data:`COMPARED` fields whose value differs between two Strategies (a ZeRO stage
-    over one data-parallel rank shards nothing either way; a layer split one of them leaves
-    to the framework is not compared)."""
+    over one data-parallel rank shards nothing either way; etp None is tp, and without expert
+    parallelism on either side etp splits no experts, ep naming the change). A layer split one
+    of them leaves to the framework (None) is compared as costed when ``splits`` gives the
+    split each one's costing ran (the Engine's ``StepResult.layers_per_vstage``: the cost
+    model balances the stages of a None split, e.g. [7, 5, 6, 6], where the file may list an
+    even one), else not compared."""
     out = []
     for f in COMPARED:
-        a, b = getattr(tuned, f), getattr(exported, f)
-        if (f == "zero" and tuned.dp == exported.dp == 1) or (f == "layers_per_stage" and None in (a, b)):
+        a, b = _value(tuned, f), _value(exported, f)
+        if f == "layers_per_stage" and None in (a, b):
+            if splits is None:
+                continue
+            a, b = (tuple(x) for x in splits)
+        if (f == "zero" and tuned.dp == exported.dp == 1) or (f == "etp" and 1 in (tuned.ep, exported.ep)):
             continue
         if a != b:
             out.append(f)
     return out
 
 
-def changed_fields(tuned: Any, exported: Any) -> list[str]:
-    """``"<name> <tuned> -> <exported>"`` for each of :func:`moved_fields`."""
+def _value(s: Any, f: str) -> Any:
+    """Strategy field ``f`` of ``s``, etp None read as tp (Megatron-Core's default) and a
+    layer split as a tuple."""
+    v = getattr(s, f)
+    if f == "etp" and v is None:
+        return s.tp
+    return tuple(v) if f == "layers_per_stage" and v is not None else v
+
+
+def changed_fields(tuned: Any, exported: Any, splits: tuple[Any, Any] | None = None) -> list[str]:
+    """``"<name> <tuned> -> <exported>"`` for each of :func:`moved_fields` (the layer split
+    as costed where a side leaves it to the framework, ``splits``)."""
     word = {True: "on", False: "off", None: "none"}
 
     def say(v: Any) -> Any:
+        if isinstance(v, (tuple, list)):
+            return list(v)
         return word[v] if isinstance(v, bool) or v is None else v
 
-    return [f"{COMPARED[f]} {say(getattr(tuned, f))} -> {say(getattr(exported, f))}"
-            for f in moved_fields(tuned, exported)]
+    def pair(f: str) -> tuple[Any, Any]:
+        a, b = _value(tuned, f), _value(exported, f)
+        if f == "layers_per_stage" and None in (a, b) and splits is not None:
+            return splits
+        return a, b
+
+    return [f"{COMPARED[f]} {say(pair(f)[0])} -> {say(pair(f)[1])}"
+            for f in moved_fields(tuned, exported, splits)]
 
 
 def recost(plan: Any, out: Any) -> Recost:
@@ -246,9 +280,11 @@ def recost(plan: Any, out: Any) -> Recost:
     except (MeshplanError, ValueError) as e:
         raise MeshplanError(f"the {out.target} export cannot be re-costed as {out.target} reads it: {e}",
                             field="target") from None
+    splits = (tuple(tuned.layers_per_vstage), tuple(res.layers_per_vstage))
     return Recost(out.target, strategy, res.step_time, res.max_memory_bytes, tuned.step_time,
                   tuned.max_memory_bytes, engine.cluster.device.memory_limit(DEFAULT_MEMORY_HEADROOM),
-                  changed_fields(plan.strategy, strategy), notes)
+                  changed_fields(plan.strategy, strategy, splits), notes,
+                  moved_fields(plan.strategy, strategy, splits))
 
 
 __all__ = ["COMPARED", "FAMILIES", "READERS", "WARN_OVER", "Recost", "changed_fields", "moved_fields", "recost"]
@@ -292,19 +328,21 @@ def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tupl
     divide over the virtual stages (``meshplan.validation.predicted_plan``; Megatron-LM's
     ``get_num_layers_to_build`` refuses that without a layout): what is exported or
     launched is what was costed, never a layout the framework would refuse at start-up.
-    Where the layers divide, the frameworks' arguments split them evenly (the torchtitan
-    exporter lists that split, since torchtitan's own counts the embedding and the head as
-    layers) while the cost model balances the stages' time (e.g. [5, 3] for 8 layers on pp
-    2 beside the embedding and loss): the plan keeps the even split and the note gives
-    both splits' step time and peak, the even one costed again (``--layers-per-stage``
-    pins either). A split the plan pins is exported as it was costed, without a note; so is
-    the cost model's own split with ``pin`` (``--layers-per-stage balanced``). ``target``:
-    the export target the note speaks of (DeepSpeed runs no even split of its own).
+    Where the layers divide, Megatron-LM's arguments split them evenly while the cost model
+    balances the stages' time (e.g. [5, 3] for 8 layers on pp 2 beside the embedding and
+    loss): the plan keeps the even split and the note gives both splits' step time and
+    peak, the even one costed again (``--layers-per-stage`` pins either). A target whose
+    file lists every stage's layers anyway (``targets.LISTS_EVERY_SPLIT``: torchtitan's
+    module lists) gets the cost model's split pinned, as tuned: the exported job re-costs
+    as the tuned plan. A split the plan pins is exported as it was costed, without a note;
+    so is the cost model's own split with ``pin`` (``--layers-per-stage balanced``).
+    ``target``: the export target (DeepSpeed runs no even split of its own).
     Returns ``(plan, note)``: the note (None when there is nothing to say) also says that
     the costed peak memory is over the device's limit with the default headroom, as
     ``cost`` prints OUT OF MEMORY."""
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from meshplan.engine import Engine
+    from meshplan.frameworks.targets import LISTS_EVERY_SPLIT
     from meshplan.validation import predicted_plan
     from simulator.layer_split import even_split
 
@@ -314,7 +352,8 @@ def costed_plan(plan: Any, pin: bool = False, target: str | None = None) -> tupl
     notes = []
     if plan.strategy.layers_per_stage is not None:  # pinned: exported as costed
         pass
-    elif pin or sum(split) % len(split) != 0:  # asked for, or the framework needs it stated
+    elif pin or sum(split) % len(split) != 0 or (target in LISTS_EVERY_SPLIT and len(split) > 1):
+        # asked for, the framework needs it stated, or its file lists every split anyway
         plan = predicted_plan(plan, {"layers_per_vstage": split})
     elif len(set(split)) > 1:  # the framework's own even split runs: cost it too, say both
         even = list(even_split(sum(split), len(split)))

@@ -35,6 +35,13 @@ TARGETS: dict[str, tuple[str, str]] = {
     "deepspeed": ("meshplan.frameworks.deepspeed.export", "DeepSpeed JSON config"),
 }
 
+#: targets whose file lists every (virtual) stage's decoder layers whatever the split (torchtitan's
+#: ``module_fqns_per_model_part``, read as given by ``pipeline_module_split`` in
+#: torchtitan/distributed/pipeline_parallel.py at 238fa99): the cost model's balanced split is
+#: written as costed, where the others leave an even split to the framework
+#: (``meshplan.frameworks.recost.costed_plan``)
+LISTS_EVERY_SPLIT = frozenset({"torchtitan"})
+
 #: every knob of a layout, in print order
 LAYOUT_KNOBS = ("dp", "tp", "pp", "cp", "cp_comm", "ep", "vpp", "micro_batch_size", "global_batch_size", "schedule",
                 "recompute", "zero", "fsdp_shard_size", "sequence_parallel", "dtype", "fp8", "optimizer",

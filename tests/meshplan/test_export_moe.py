@@ -13,9 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_torchtitan_expert_parallelism_is_written_so_that_its_parallel_dims_accepts_it(capsys):
-    """torchtitan's ParallelDims (b5bcd76) raises unless ep divides dp_shard x cp x tp: a
-    dp 8 = ep 8 plan at ZeRO 0 wrote replicate 8, shard 1 (refused at start-up); it is
-    written as 8 FSDP shards (ZeRO-2) with a note, and tp > 1 notes the missing expert TP."""
+    """torchtitan's ParallelDims (238fa99 parallel_dims.py lines 59 and 138) raises unless ep x
+    etp divides dp_shard x cp x tp, etp 1 or tp: a dp 8 = ep 8 plan at ZeRO 0 wrote replicate
+    8, shard 1 (refused at start-up); it is written as 8 FSDP shards (ZeRO-2) with a note. The
+    plan's etp is written: None (tp 2) as expert_tensor_parallel_degree 2 (4 x 2 divides
+    shard 4 x tp 2 = 8), etp 1 as 1 (the whole experts of ep 4 over dp 2 x tp 2 = 4 ranks)."""
     from tests._cli import run_main
 
     base = ["export", "--to", "torchtitan", "-m", "qwen3-30b-a3b", "--cluster", "dgx-h100",
@@ -31,8 +33,28 @@ def test_torchtitan_expert_parallelism_is_written_so_that_its_parallel_dims_acce
     rc, out, err = run_main(capsys, *base, "--dp", "4", "--tp", "2", "--ep", "4")
     assert rc == 0, err
     par = tomllib.loads(out)["parallelism"]
-    assert (par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]) % par["expert_parallel_degree"] == 0
-    assert "no expert tensor parallelism" in err
+    assert (par["data_parallel_shard_degree"], par["tensor_parallel_degree"], par["expert_parallel_degree"],
+            par["expert_tensor_parallel_degree"]) == (4, 2, 4, 2)
+    assert "no expert tensor parallelism" not in err
+    rc, out, err = run_main(capsys, *base, "--dp", "2", "--tp", "2", "--ep", "4", "--etp", "1")
+    assert rc == 0, err
+    par = tomllib.loads(out)["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["tensor_parallel_degree"], par["expert_parallel_degree"],
+            par["expert_tensor_parallel_degree"]) == (2, 2, 4, 1)
+
+
+def test_torchtitan_expert_layout_rule_by_hand():
+    """``expert_ep_problem`` is ParallelDims' rule (238fa99 lines 59, 138): efsdp = dp_shard
+    x cp x tp / (ep x etp) a whole number, etp 1 or tp. By hand: shard 1, tp 4, ep 4, etp 1:
+    4 / 4 = 1 rank (fits); etp 4: 4 / 16 (refused); shard 2, cp 2, tp 2, ep 4, etp 2: 8 / 8
+    (fits); etp 3 with tp 2: neither 1 nor tp (refused); shard 3, tp 1, ep 2: 3 / 2 (refused)."""
+    from meshplan.frameworks.torchtitan.config import expert_ep_problem
+
+    assert expert_ep_problem(1, 1, 4, 4, 1) is None
+    assert "= 1 x 1 x 4 = 4" in expert_ep_problem(1, 1, 4, 4, 4)
+    assert expert_ep_problem(2, 2, 2, 4, 2) is None
+    assert "must be 1 or tensor_parallel_degree 2" in expert_ep_problem(2, 1, 2, 2, 3)
+    assert "= 3 x 1 x 1 = 3" in expert_ep_problem(3, 1, 1, 2, 1)
 
 
 def test_megatron_export_states_the_moe_model_it_costed(tmp_path, capsys):

@@ -73,6 +73,9 @@ PLANS = {
                                  zero=1, sequence_parallel=True),
     "qwen3-moe-ep8-selective": _plan("qwen3-30b-a3b", 2, dp=16, ep=8, global_batch_size=128, zero=1,
                                      recompute="selective"),
+    # whole experts (etp 1, torchtitan's default expert layout): ep 4 over dp 2 x tp 4 ranks
+    "qwen3-moe-tp4-ep4-etp1": _plan("qwen3-30b-a3b", 1, dp=2, tp=4, ep=4, etp=1, global_batch_size=32,
+                                    zero=1, sequence_parallel=True, framework="fsdp2"),
     "fsdp2-zero3-sac": _plan("llama2-7b", 2, dp=16, global_batch_size=64, zero=3, framework="fsdp2",
                              recompute="selective-op"),
     "deepspeed-tp2-zero2": _plan("llama2-7b", 2, dp=8, tp=2, global_batch_size=64, zero=2,
@@ -197,6 +200,11 @@ def check_torchtitan(plan: Plan, tmp_path: Path) -> None:
     assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == eff["dp"]
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
             par.expert_parallel_degree) == (eff["tp"], eff["pp"], eff["cp"], eff["ep"])
+    if eff["ep"] > 1:  # torchtitan's ParallelDims takes the degrees, and its sparse mesh
+        # (pp, dp_replicate, efsdp, ep, etp) covers the dense one's ranks (build_mesh's efsdp)
+        dims = real.torchtitan_parallel_dims(par, eff["dp"] * eff["tp"] * eff["pp"] * eff["cp"])
+        efsdp, rem = divmod(dims.dp_shard * dims.cp * dims.tp, dims.etp * dims.ep)
+        assert rem == 0 and efsdp >= 1 and dims.etp == eff["etp"]
     if eff["pp"] > 1:
         assert par.pipeline_parallel_microbatch_size == eff["micro_batch_size"]
         assert tr.local_batch_size * eff["dp"] == eff["global_batch_size"]

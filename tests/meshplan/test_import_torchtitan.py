@@ -35,7 +35,7 @@ def test_defaults_by_hand(tmp_path):
     with pytest.raises(TorchtitanConfigError, match=r"selective_ac_option '2'"):
         _knobs(tmp_path, "")
     k = _knobs(tmp_path, '[activation_checkpoint]\nmode = "none"\n')
-    assert k == {"dp": 16, "tp": 1, "cp": 1, "cp_comm": "p2p", "ep": 1, "zero": 3, "fsdp_shard_size": None,
+    assert k == {"dp": 16, "tp": 1, "cp": 1, "cp_comm": "p2p", "ep": 1, "etp": None, "zero": 3, "fsdp_shard_size": None,
                  "sequence_parallel": False, "pp": 1, "schedule": "1F1B", "vpp": 1, "micro_batch_size": 8,
                  "global_batch_size": 128, "recompute": "none", "dtype": "bfloat16", "fp8": None,
                  "optimizer": "adamw", "framework": "fsdp2-eager", "seq_len": 2048}
@@ -94,6 +94,25 @@ def test_what_meshplan_does_not_model_is_named(tmp_path, text, words):
     with pytest.raises(TorchtitanConfigError) as e:
         _knobs(tmp_path, text)
     assert words in str(e.value) and "job.toml" in str(e.value)
+
+
+def test_expert_parallel_degrees_by_hand(tmp_path):
+    """``expert_parallel_degree`` with ``expert_tensor_parallel_degree`` (238fa99 job_config.py:
+    default 1; ParallelDims lines 59, 138: etp 1 or tp, ep x etp dividing dp_shard x cp x tp).
+    16 GPUs, tp 4: shard 16 / 4 = 4; ep 4 with the default etp 1 reads as meshplan's etp 1
+    (whole experts); ep 4 with etp 4 (= tp) as etp None (tp; 4 x 4 divides 4 x 4 = 16); ep 8
+    with etp 4: 32 does not divide 16 (refused); etp 2 is neither 1 nor tp 4 (refused); etp
+    without experts (ep 1) is ignored, as torchtitan ignores it."""
+    base = '[activation_checkpoint]\nmode = "none"\n[parallelism]\ntensor_parallel_degree = 4\n'
+    k = _knobs(tmp_path, base + "expert_parallel_degree = 4\n")
+    assert (k["dp"], k["ep"], k["etp"], k["zero"]) == (4, 4, 1, 3)
+    k = _knobs(tmp_path, base + "expert_parallel_degree = 4\nexpert_tensor_parallel_degree = 4\n")
+    assert (k["ep"], k["etp"]) == (4, None)
+    with pytest.raises(TorchtitanConfigError, match=r"= 4 x 1 x 4 = 16"):
+        _knobs(tmp_path, base + "expert_parallel_degree = 8\nexpert_tensor_parallel_degree = 4\n")
+    with pytest.raises(TorchtitanConfigError, match=r"must be 1 or tensor_parallel_degree 4"):
+        _knobs(tmp_path, base + "expert_parallel_degree = 2\nexpert_tensor_parallel_degree = 2\n")
+    assert _knobs(tmp_path, base + "expert_tensor_parallel_degree = 4\n")["etp"] is None
 
 
 @settings(max_examples=20, deadline=None, derandomize=True,

@@ -13,7 +13,8 @@ pytorch/torchtitan 238fa9953e4a (the last commit that reads TOML job files; the 
   replicate x shard both > 1 is HSDP (shard groups of the shard degree).
 - ``tensor_parallel_degree`` (sequence parallel on with tp > 1: torchtitan always shards
   the norms), ``context_parallel_degree`` with ``context_parallel_rotate_method``
-  (``allgather``, the default, or ``alltoall``: the ring), ``expert_parallel_degree``.
+  (``allgather``, the default, or ``alltoall``: the ring), ``expert_parallel_degree`` with
+  ``expert_tensor_parallel_degree`` (1, the default: whole experts, meshplan's etp 1; or tp).
 - pp: ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (GPipe, 1F1B,
   Interleaved1F1B, ZBVZeroBubble), ``pipeline_parallel_microbatch_size`` (1). Stages:
   ``module_fqns_per_model_part`` when given, else ``pipeline_parallel_layers_per_stage``,
@@ -173,9 +174,6 @@ def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict
     shard = _int(par, "data_parallel_shard_degree", -1, where)
     tp = _int(par, "tensor_parallel_degree", 1, where)
     cp = _int(par, "context_parallel_degree", 1, where)
-    if _int(par, "expert_tensor_parallel_degree", 1, where) != 1:
-        raise TorchtitanConfigError(f"{where}.expert_tensor_parallel_degree: expert tensor "
-                                    "parallelism is not modelled", field="parallelism.expert_tensor_parallel_degree")
     rest = rep * tp * pp * cp
     if shard == -1:  # the ranks left over (torchtitan ParallelDims)
         if world % rest:
@@ -207,9 +205,43 @@ def _data_parallel(par: dict[str, Any], world: int, pp: int, where: str) -> dict
     rotate = par.get("context_parallel_rotate_method", "allgather")
     if rotate not in ROTATE:
         raise TorchtitanConfigError(f"{where}.context_parallel_rotate_method {rotate!r}: allgather or alltoall", field="parallelism.context_parallel_rotate_method")
+    ep, etp = _expert(par, shard, cp, tp, where)
     return {"dp": rep * shard, "tp": tp, "cp": cp, "cp_comm": ROTATE[rotate] if cp > 1 else "p2p",
-            "ep": _int(par, "expert_parallel_degree", 1, where), "zero": zero,
+            "ep": ep, "etp": etp, "zero": zero,
             "fsdp_shard_size": shard if rep > 1 and shard > 1 else None, "sequence_parallel": tp > 1}
+
+
+def expert_ep_problem(dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> str | None:
+    """Why torchtitan 238fa99's ``ParallelDims`` refuses ``ep`` x ``etp`` on a dense mesh of
+    ``dp_shard`` x ``cp`` x ``tp`` ranks (per pipeline stage and replica), or None: etp must be
+    1 or tp (line 59) and ``efsdp = dp_shard x cp x tp / (etp x ep)`` a whole number >= 1
+    (line 138, the sparse mesh unflattened from the same ranks). E.g. dp_shard 1, tp 4: ep 4
+    with etp 1 fits (efsdp 1), ep 4 with etp 4 does not (16 > 4 ranks)."""
+    if etp not in (1, tp):
+        return f"expert_tensor_parallel_degree {etp} must be 1 or tensor_parallel_degree {tp}"
+    ranks = dp_shard * cp * tp
+    if ranks % (ep * etp):
+        return (f"expert_parallel_degree {ep} x expert_tensor_parallel_degree {etp} must divide "
+                f"data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree = "
+                f"{dp_shard} x {cp} x {tp} = {ranks}")
+    return None
+
+
+def _expert(par: dict[str, Any], shard: int, cp: int, tp: int, where: str) -> tuple[int, int | None]:
+    """(ep, etp) of ``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (1, its
+    default: whole experts over dp_shard x cp x tp; tp: each expert split as the dense MLP,
+    ep over dp_shard x cp), refused where torchtitan's ParallelDims asserts
+    (:func:`expert_ep_problem`); etp None (meshplan's tp) without experts to spread, where
+    torchtitan ignores it."""
+    ep = _int(par, "expert_parallel_degree", 1, where)
+    etp = _int(par, "expert_tensor_parallel_degree", 1, where)
+    if ep == 1:
+        return 1, None
+    why = expert_ep_problem(shard, cp, tp, ep, etp)
+    if why:
+        raise TorchtitanConfigError(f"{where}: {why} (torchtitan's ParallelDims asserts it)",
+                                    field="parallelism.expert_parallel_degree")
+    return ep, (None if etp == tp else 1)
 
 
 def _pipeline(par: dict[str, Any], pp: int, num_layers: Any, where: str) -> dict[str, Any]:
@@ -376,4 +408,4 @@ def torchtitan_knobs(path: str | Path, world: int, num_layers: Any) -> dict[str,
     }
 
 
-__all__ = ["TorchtitanConfigError", "default_split", "torchtitan_knobs"]
+__all__ = ["TorchtitanConfigError", "default_split", "expert_ep_problem", "torchtitan_knobs"]

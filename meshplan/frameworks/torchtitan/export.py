@@ -23,7 +23,8 @@ the ``[parallelism]`` names used here (``torchtitan/config/configs.py`` at b5bcd
   model chunks per rank: torchtitan builds 1 for a single-stage schedule and 2 for a
   looped one unless ``module_fqns_per_model_part`` lists each stage's modules, which is
   written (with the llama modules ``tok_embeddings``, ``layers.<i>``, ``norm``,
-  ``output``) for the plan's ``layers_per_stage`` or for vpp > 2.
+  ``output``) for the plan's ``layers_per_stage`` (``meshplan export`` pins the cost
+  model's split: ``meshplan.frameworks.recost.costed_plan``), else for an even split, noted.
 - batch: with pp > 1 ``local_batch_size`` = global / dp sequences per step and
   ``pipeline_parallel_microbatch_size`` = the micro-batch (m = local / micro pipeline
   micro-batches); with pp = 1 ``local_batch_size`` = the micro-batch and
@@ -33,6 +34,8 @@ the ``[parallelism]`` names used here (``torchtitan/config/configs.py`` at b5bcd
   attention) has no equivalent (written as op-level, noted).
 - cp: ``context_parallel_degree`` and ``context_parallel_rotate_method`` (``alltoall``
   for the ring, ``allgather``; written always, torchtitan's default being ``allgather``).
+- ep: ``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (the plan's etp, 1
+  or tp; :func:`_expert_parallel`).
 - dtype: ``mixed_precision_param`` bfloat16 / float32 (fp32 master weights,
   ``training.dtype`` left at float32); float16 is not offered (noted).
 """
@@ -42,6 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.frameworks.targets import Export, Note, framework_note, layout, routing_notes
+from meshplan.frameworks.torchtitan.config import expert_ep_problem
 from simulator.profiles import load_profile
 from tuner.legality import replicated_beside_others
 
@@ -134,8 +138,11 @@ def _pipeline(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> No
 def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> None:
     dp, zero = eff["dp"], eff["zero"]
     if zero == 1:
+        beside = (f"; meshplan models no FSDP beside expert parallelism (ep {eff['ep']}), so this "
+                  "job is not re-costed" if eff["ep"] > 1 else "")
         notes.append(Note("zero", "FSDP2 has no ZeRO-1 (optimizer states only); ZeRO-2 "
-                                  "(reshard_after_forward never: gradients sharded too) is written"))
+                                  "(reshard_after_forward never: gradients sharded too) is written"
+                                  + beside))
         zero = eff["zero"] = 2
     if zero == 0 and replicated_beside_others(dp, eff["tp"], eff["pp"], eff["cp"]):
         # torchtitan runs DDP only as the one mesh dim (parallelize: "DDP has not supported > 1D
@@ -168,36 +175,38 @@ def _data_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) 
 
 
 def _expert_parallel(eff: dict[str, Any], notes: list[Note], par: dict[str, Any]) -> None:
-    """torchtitan's MoE expert parallelism borrows its ranks from the sparse region
-    ``dp_shard x cp x tp`` and raises unless ep divides it (``ParallelDims`` in
-    torchtitan/distributed/parallel_dims.py at b5bcd76): a plan whose dp replicates (ZeRO 0)
-    is written with its dp as FSDP shards (ZeRO-2, the nearest that torchtitan runs), with
-    a note; an ep that still does not divide is an ExportError. torchtitan has no expert
-    tensor parallelism there: with tp > 1 its experts are split over ranks, not sharded --
-    the plan's etp 1 (whole experts folded over dp x cp x tp), noted when the plan's etp is tp."""
+    """``expert_parallel_degree`` and ``expert_tensor_parallel_degree``: torchtitan's MoE
+    experts run on the sparse mesh ``(pp, dp_replicate, efsdp, ep, etp)`` with ``efsdp =
+    dp_shard x cp x tp / (etp x ep)``, etp being tp (ep drawn from dp_shard x cp) or 1 (whole
+    experts, ep drawn from dp_shard x cp x tp; its default), asserted in ``ParallelDims``
+    (torchtitan/distributed/parallel_dims.py lines 59 and 138 at 238fa99; the same in the
+    torchtitan 0.2.2 wheel): the plan's etp (None: tp) is written as it is, so the job reads
+    back as the same expert layout (``config.expert_ep_problem``). A plan whose dp replicates
+    (ZeRO 0) is written with its dp as FSDP shards (ZeRO-2, the nearest that torchtitan
+    runs), with a note, where ep x etp would not divide the sparse ranks otherwise; one
+    that still does not fit is an ExportError."""
     from meshplan.frameworks.targets import ExportError
 
-    ep, dp, cp, tp = eff["ep"], eff["dp"], eff["cp"], eff["tp"]
-    sparse = par["data_parallel_shard_degree"] * cp * tp
-    if sparse % ep and eff["zero"] == 0:
+    ep, etp, dp, cp, tp = eff["ep"], eff["etp"], eff["dp"], eff["cp"], eff["tp"]
+    why = expert_ep_problem(par["data_parallel_shard_degree"], cp, tp, ep, etp)
+    if why and eff["zero"] == 0:
         shard = eff["fsdp_shard_size"] or dp
-        notes.append(Note("zero", f"torchtitan's expert parallelism borrows FSDP ranks (ep {ep} must "
-                                  f"divide dp_shard x cp x tp): dp {dp} is written as FSDP shards "
-                                  f"of {shard} with reshard_after_forward never (ZeRO-2), not "
-                                  "replicated (ZeRO 0)"))
+        notes.append(Note("zero", f"torchtitan's expert parallelism borrows FSDP ranks ({why}): dp "
+                                  f"{dp} is written as FSDP shards of {shard} with "
+                                  "reshard_after_forward never (ZeRO-2), not replicated (ZeRO 0); "
+                                  "meshplan models no FSDP beside expert parallelism, so this job "
+                                  "is not re-costed"))
         eff["zero"] = 2
         par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = dp // shard, shard
         par["fsdp_reshard_after_forward"] = "never"
-        sparse = shard * cp * tp
-    if sparse % ep:
-        raise ExportError(f"torchtitan: expert_parallel_degree {ep} must divide dp_shard x cp x tp "
-                          f"= {sparse} (its ParallelDims refuses it at start-up); the plan's HSDP "
-                          f"shard group {eff['fsdp_shard_size']} is too small for ep {ep}", field="ep")
+        why = expert_ep_problem(shard, cp, tp, ep, etp)
+    if why:
+        hsdp = eff["fsdp_shard_size"]
+        raise ExportError(f"torchtitan: {why} (its ParallelDims refuses it at start-up)"
+                          + (f"; the plan's HSDP shard group {hsdp} is too small for ep {ep}" if hsdp else ""),
+                          field="ep")
     par["expert_parallel_degree"] = ep
-    if tp > 1 and eff.get("etp", tp) == tp:
-        notes.append(Note("ep", f"torchtitan has no expert tensor parallelism: its experts are "
-                                f"split over ep {ep} ranks drawn from dp_shard x cp x tp, while the "
-                                f"plan shards each expert over tp {tp}"))
+    par["expert_tensor_parallel_degree"] = etp
 
 
 def _activation_checkpoint(eff: dict[str, Any], notes: list[Note]) -> dict[str, Any]:
