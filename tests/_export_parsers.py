@@ -157,7 +157,7 @@ TORCHTITAN_FIELDS = {
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
                     "context_parallel_degree", "context_parallel_rotate_method",
-                    "expert_parallel_degree"},
+                    "expert_parallel_degree", "expert_tensor_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option", "early_stop", "memory_budget"},
     "optimizer": {"name", "lr", "eps"},
     "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
