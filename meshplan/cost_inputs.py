@@ -113,10 +113,11 @@ def assumed_inputs(engine: Any, *, seq_len_flag: int | None, attention_flag: str
 def framework_warnings(engine: Any) -> list[str]:
     """The lines ``cost`` and ``compare`` warn with when the plan's framework does not run it
     as costed: its schedule (:func:`unrun_schedule_warning`), its context-parallel exchange
-    (:func:`unrun_cp_warning`) or its ZeRO stage beside the other degrees
-    (:func:`unrun_zero_warning`)."""
+    (:func:`unrun_cp_warning`), its ZeRO stage beside the other degrees
+    (:func:`unrun_zero_warning`) or tensor parallelism without sequence parallelism
+    (:func:`unrun_sp_warning`)."""
     return [w for w in (unrun_schedule_warning(engine), unrun_cp_warning(engine),
-                        unrun_zero_warning(engine)) if w]
+                        unrun_zero_warning(engine), unrun_sp_warning(engine)) if w]
 
 
 def unrun_schedule_warning(engine: Any) -> str | None:
@@ -158,6 +159,18 @@ def unrun_zero_warning(engine: Any) -> str | None:
     s = engine.strategy
     why = zero_not_run(engine.profile, s.zero, s.pp, dp=s.dp, tp=s.tp, cp=s.cp)
     return None if why is None else f"the {s.framework} profile's framework {why}: costed as asked"
+
+
+def unrun_sp_warning(engine: Any) -> str | None:
+    """One line when the plan splits tp > 1 ways without sequence parallelism under a
+    framework whose tensor parallelism always shards the sequence (``kernels.sequence_parallel``
+    ``always``: torchtitan). None otherwise."""
+    s = engine.strategy
+    sp = engine.profile.kernels.sequence_parallel
+    if s.tp == 1 or s.sequence_parallel or sp is None or sp.value != "always":
+        return None
+    return (f"the {s.framework} profile's framework runs tp > 1 with sequence parallelism only: "
+            f"tp {s.tp} without it costed as asked (--sequence-parallel is what it runs)")
 
 
 def idle_gpu_warning(rec: dict[str, Any]) -> str | None:

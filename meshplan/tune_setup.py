@@ -70,7 +70,13 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
 
     from clusters.spec import DEFAULT_MEMORY_HEADROOM
     from completion.strategy import CP_COMM_ALIASES
-    from meshplan.tuning import SCORER_FACTORY, framework_schedules, search_problem, template_kinds
+    from meshplan.tuning import (
+        SCORER_FACTORY,
+        framework_schedules,
+        framework_sequence_parallel,
+        search_problem,
+        template_kinds,
+    )
     from tuner.space import SearchSpace, parse_fix
     from tuner.study import TuneConfig
 
@@ -84,6 +90,8 @@ def tune_config(model: str, cluster: str, nodes: int | None, global_batch: int,
     zeros, pp_zeros, ddp_alone = check_zero(framework, fixed)
     if pp_zeros is not None or ddp_alone:
         prob = replace(prob, pp_zero_stages=pp_zeros, ddp_alone=ddp_alone)
+    if framework_sequence_parallel(framework) == "always":  # torchtitan: tp > 1 shards the sequence
+        prob = replace(prob, sp_always=True)
     sc = {"model": model, "cluster": cluster, "nodes": nodes, "global_batch_size": global_batch,
           "seq_len": prob.seq_len, "dtype": dtype, "num_layers": layers,
           "framework": framework, "attention": attention, "memory_headroom": memory_headroom}

@@ -259,6 +259,16 @@ def framework_cp_comms(framework: str) -> tuple[str, ...]:
     return CP_COMMS if runs is None else runs.value
 
 
+def framework_sequence_parallel(framework: str) -> str:
+    """Whether ``framework`` runs tensor parallelism without sequence parallelism: its
+    profile's ``kernels.sequence_parallel`` (``optional`` when it does not say, ``always``:
+    torchtitan)."""
+    from simulator.profiles import load_profile
+
+    sp = load_profile(framework).kernels.sequence_parallel
+    return "optional" if sp is None else sp.value
+
+
 def zero_not_run(profile: Any, zero: int, pp: int, *, dp: int = 1, tp: int = 1, cp: int = 1
                  ) -> str | None:
     """Why a framework ``profile`` cannot run ZeRO stage ``zero`` on ``pp`` pipeline stages
@@ -302,5 +312,5 @@ def search_cp_degrees(world_size: int, seq_len: int) -> tuple[int, ...]:
                  if world_size % c == 0 and (c == 1 or seq_len % (2 * c) == 0))
 
 
-__all__ = ["LAYER_SPLITS", "ddp_beside_others", "framework_cp_comms", "search_cp_degrees", "zero_not_run", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
+__all__ = ["LAYER_SPLITS", "ddp_beside_others", "framework_cp_comms", "framework_sequence_parallel", "search_cp_degrees", "zero_not_run", "PATTERN", "RANDOM", "SCORER_FACTORY", "with_layer_split", "annotation_of", "make_scorer",
            "framework_schedules", "runs_schedule", "search_problem", "template_kinds", "to_plan", "to_strategy"]

@@ -152,6 +152,14 @@ def sequence_parallel_needs_tp(c: Candidate, p: SearchProblem) -> str | None:
     return None
 
 
+def sequence_parallel_always(c: Candidate, p: SearchProblem) -> str | None:
+    """A framework whose tensor parallelism always shards the sequence (its profile's
+    ``kernels.sequence_parallel`` ``always``: torchtitan) runs no tp > 1 plan without it."""
+    if p.sp_always and c.tp > 1 and not c.sequence_parallel:
+        return "the framework runs tp > 1 with sequence parallelism only"
+    return None
+
+
 def sequence_parallel_seq_divisible(c: Candidate, p: SearchProblem) -> str | None:
     """Sequence parallelism shards the sequence over tp: tp | seq_len (the cp rank's
     seq_len / cp under context parallelism)."""
@@ -280,7 +288,7 @@ RULES: tuple[Rule, ...] = (
     tp_divides_ffn_hidden, tp_divides_vocab, tp_within_node, pp_divides_layers,
     cp_load_balance, layers_divisible_by_chunks, vpp_needs_interleaved_schedule, zbvpp_needs_vpp2,
     global_batch_divisible, microbatches_at_least_pp, vpp_microbatches_multiple_of_pp,
-    sequence_parallel_needs_tp, sequence_parallel_seq_divisible, schedule_needs_pipeline,
+    sequence_parallel_needs_tp, sequence_parallel_always, sequence_parallel_seq_divisible, schedule_needs_pipeline,
     zero_needs_dp, hsdp_shard_group, ep_layout, ep_needs_megatron_layout, zero_runs_with_pp,
     zero0_alone,
 )

@@ -120,7 +120,9 @@ class SearchProblem:
         sequences per step; seq_len: tokens per sequence; uneven_pp: allow a layer count not
         divisible by pp (stages differ by at most one layer); pp_zero_stages: the ZeRO
         stages the framework runs beside pp > 1 (None: every one); ddp_alone: ZeRO 0 only as
-        the one parallel dimension (``tuner.legality.zero0_alone``, torchtitan).
+        the one parallel dimension (``tuner.legality.zero0_alone``, torchtitan); sp_always:
+        tp > 1 only with sequence parallelism (``tuner.legality.sequence_parallel_always``,
+        torchtitan).
 
     Raises SpaceError naming the field when a number is not a positive integer.
     """
@@ -134,6 +136,7 @@ class SearchProblem:
     uneven_pp: bool = False
     pp_zero_stages: tuple[int, ...] | None = None
     ddp_alone: bool = False
+    sp_always: bool = False
 
     def __post_init__(self) -> None:
         if self.pp_zero_stages is not None:
@@ -156,6 +159,8 @@ class SearchProblem:
             del d["pp_zero_stages"]
         if not d["ddp_alone"]:  # likewise
             del d["ddp_alone"]
+        if not d["sp_always"]:  # likewise
+            del d["sp_always"]
         return d
 
     @classmethod

@@ -220,13 +220,23 @@ class EagerMap(_Quantity):
 _NO_EAGER = EagerMap(value=(), provenance="no eager decomposition: each op one kernel")
 
 
+class SequenceParallel(_Quantity):
+    """Whether the framework's tensor parallelism may run without sequence parallelism:
+    ``optional`` (Megatron-LM's ``--sequence-parallel``) or ``always`` (its tensor-parallel
+    plan shards the norms and dropouts along the sequence whenever tp > 1: torchtitan)."""
+
+    value: Literal["optional", "always"]
+
+
 class Kernels(BaseModel):
     """Kernel-level facts: fusion, eager implementations, attention and its
     context-parallel implementation (``cp_attention``; None: ``simulator.cp_impls``'s
     default) and the K/V exchanges it runs (``cp_comms``; None: every one, empty: no context
     parallelism; ``meshplan tune --search-cp`` searches cp only under a framework that runs
     it, and ``cost`` says when a plan's is not run), where MoE router weights are applied
-    (``moe_probs``; None: ``combine``)."""
+    (``moe_probs``; None: ``combine``), and whether tensor parallelism runs without sequence
+    parallelism (``sequence_parallel``; None: ``optional``; ``always``: ``meshplan tune``
+    searches no tp > 1 plan without it)."""
 
     model_config = _STRICT
     fused: Groups
@@ -237,6 +247,7 @@ class Kernels(BaseModel):
     cp_attention: CpAttention | None = None
     cp_comms: CpComms | None = None
     moe_probs: MoeProbs | None = None
+    sequence_parallel: SequenceParallel | None = None
 
     @field_validator("eager")
     @classmethod

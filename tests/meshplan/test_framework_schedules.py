@@ -167,7 +167,7 @@ def test_compare_warns_about_the_zero_stage_as_cost_does(capsys):
     does not run (torchtitan's DDP beside tp; cost warned)."""
     rc, out, err = run_main(capsys, "compare", "--model", "llama2-7b", "--cluster", "dgx-h100", "--dp", "4",
                             "--tp", "2", "--zero", "0,2", "--framework", "fsdp2", "--global-batch", "8",
-                            "--layers", "2")
+                            "--layers", "2", "--sequence-parallel")  # torchtitan's tp shards the sequence
     assert rc == 0, err
     assert ("warning: ZeRO=0: the fsdp2 profile's framework runs ZeRO 0 (DDP) only as the one parallel "
             "dimension") in err and "ZeRO=2:" not in err

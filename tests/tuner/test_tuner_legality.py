@@ -146,6 +146,21 @@ def test_sequence_parallel_rules():
     assert fails(L.sequence_parallel_seq_divisible, c(sequence_parallel=True)) is None
 
 
+def test_a_framework_that_always_shards_the_sequence_runs_no_tp_plan_without_it():
+    """sp_always (torchtitan's profile, kernels.sequence_parallel always): tp 8 without
+    sequence parallelism is refused, with it or at tp 1 (nothing to shard) it is legal; the
+    same plan is legal where the framework makes it optional."""
+    import dataclasses
+
+    tt = dataclasses.replace(PROB, sp_always=True)
+    assert fails(L.sequence_parallel_always, c(), tt) == "the framework runs tp > 1 with sequence parallelism only"
+    assert fails(L.sequence_parallel_always, c(sequence_parallel=True), tt) is None
+    assert fails(L.sequence_parallel_always, c(dp=64, tp=1), tt) is None
+    assert fails(L.sequence_parallel_always, c()) is None
+    assert "sp_always" not in PROB.to_dict() and tt.to_dict()["sp_always"] is True
+    assert SearchProblem.from_dict(tt.to_dict()) == tt
+
+
 def test_duplicate_removal_rules():
     assert fails(L.schedule_needs_pipeline, c(schedule="ZBH1"))
     assert fails(L.schedule_needs_pipeline, c(schedule="1F1B")) is None
