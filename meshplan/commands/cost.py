@@ -214,20 +214,7 @@ def cost_cmd(
     # --tokens / --jitter-samples: the run's time, cost and step-time tail (none: unchanged)
     train, train_lines = gi.goodput_report(engine, res, gi.parse_tokens(tokens), price, prices, checkpoint,
                                            checkpoint_interval, spares, jitter_samples, jitter_seed)
-    if trace is not None or memory_png is not None:
-        from simulator import memory_timeline, step_trace
-
-        if trace is not None:
-            outs.write_output("--trace", trace, lambda: step_trace.write_trace(res, trace))
-        if memory_png is not None:
-            outs.write_output("--memory-png", memory_png, lambda: memory_timeline.plot(res, memory_png))
-    if plot is not None:
-        from simulator.gantt import plot_steps
-
-        outs.write_output("--plot", plot, lambda: plot_steps([(f"{model} on {cluster}", res)], plot))
-    written = [p for p in (trace, memory_png, plot) if p is not None]
-    if written:  # on stderr under --json: stdout stays one JSON document
-        typer.echo(f"wrote {', '.join(written)}", err=as_json)
+    _write_files(res, f"{model} on {cluster}", trace, memory_png, plot, as_json)
     inputs = assumed_inputs(engine, seq_len_flag=None if plan is not None else seq_len,
                             attention_flag=None if plan is not None else opt.value(attention),
                             plan=plan, seq_len_from="torchtitan" if torchtitan_config else None)
@@ -247,6 +234,27 @@ def cost_cmd(
         typer.echo(cr.render(model, cluster, res, fit, cr.software(engine), inputs, cr.layout(engine.strategy), band))
         for line in train_lines:
             typer.echo(line)
+
+
+def _write_files(res: Any, title: str, trace: str | None, memory_png: str | None, plot: str | None,
+                 as_json: bool) -> None:
+    """The step's files the user asked for (``--trace`` Perfetto JSON, ``--memory-png``,
+    ``--plot`` Gantt chart titled ``title``) and one ``wrote`` line naming them (on stderr
+    under ``--json``: stdout stays one JSON document)."""
+    if trace is not None or memory_png is not None:
+        from simulator import memory_timeline, step_trace
+
+        if trace is not None:
+            outs.write_output("--trace", trace, lambda: step_trace.write_trace(res, trace))
+        if memory_png is not None:
+            outs.write_output("--memory-png", memory_png, lambda: memory_timeline.plot(res, memory_png))
+    if plot is not None:
+        from simulator.gantt import plot_steps
+
+        outs.write_output("--plot", plot, lambda: plot_steps([(title, res)], plot))
+    written = [p for p in (trace, memory_png, plot) if p is not None]
+    if written:
+        typer.echo(f"wrote {', '.join(written)}", err=as_json)
 
 
 def _megatron_split_note(ctx: typer.Context, engine: Any, plan: Any, toml: str | None) -> list[str]:
