@@ -18,6 +18,7 @@ from meshplan.engine import Engine
 from meshplan.tuning import make_scorer, search_problem, template_kinds
 from simulator.bounds.tier0 import INFLIGHT, inflight_counts, least_peak
 from simulator.schedules import build_schedule
+from tests._bound_spaces import bound_space
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
 
@@ -42,15 +43,10 @@ CONFIGS = {
 def spaces():
     out = {}
     for name, sc in CONFIGS.items():
-        prob = search_problem(sc["model"], sc["cluster"], sc["nodes"], sc["global_batch_size"],
-                              sc["seq_len"], num_layers=sc["num_layers"])
         extra = {"cp_degrees": (1, 2, 4), "fp8_recipes": (None, "te-delayed")} if name.endswith("cp-fp8") else {}
-        space = SearchSpace(prob, schedules=("FThenB", "1F1B", "VPP", "ZBH1", "ZB", "ZBVPP"), vpp_degrees=(2,),
-                            micro_batch_sizes=(1, 2, 4), recompute=("none", "selective", "full"),
-                            zero_stages=(0, 1, 2, 3), **extra)
-        cands = [c for mode in ("pattern-based", "semi-auto")
-                 for c in enumerate_candidates(space, mode, template_kinds(sc["model"], sc["seq_len"]))]
-        out[name] = (cands, make_scorer(sc), Tier0Bound(sc))
+        out[name] = bound_space(sc, schedules=("FThenB", "1F1B", "VPP", "ZBH1", "ZB", "ZBVPP"), vpp_degrees=(2,),
+                                micro_batch_sizes=(1, 2, 4), recompute=("none", "selective", "full"),
+                                zero_stages=(0, 1, 2, 3), **extra)
     return out
 
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from clusters import load_cluster
 from meshplan.bounds.tier0 import Tier0Bound
-from meshplan.tuning import make_scorer, search_problem, template_kinds
+from meshplan.tuning import search_problem
 from simulator import dp_groups
+from tests._bound_spaces import bound_space
 from tuner.space import SearchSpace
 from tuner.suggest import enumerate_candidates
 
@@ -33,13 +34,8 @@ CONFIGS = {
 def spaces():
     out = {}
     for name, (sc, kw) in CONFIGS.items():
-        prob = search_problem(sc["model"], sc["cluster"], sc["nodes"], sc["global_batch_size"], sc["seq_len"],
-                              num_layers=sc["num_layers"])
-        space = SearchSpace(prob, schedules=("1F1B", "VPP", "ZBH1"), vpp_degrees=(2,), micro_batch_sizes=(1, 2),
-                            recompute=("none", "full"), zero_stages=(3,), **kw)
-        cands = [c for mode in ("pattern-based", "semi-auto")
-                 for c in enumerate_candidates(space, mode, template_kinds(sc["model"], sc["seq_len"]))]
-        out[name] = (cands, make_scorer(sc), Tier0Bound(sc))
+        out[name] = bound_space(sc, schedules=("1F1B", "VPP", "ZBH1"), vpp_degrees=(2,), micro_batch_sizes=(1, 2),
+                                recompute=("none", "full"), zero_stages=(3,), **kw)
     return out
 
 

@@ -11,8 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshplan.bounds.tier0 import Tier0Bound
-from meshplan.tuning import make_scorer, search_problem, template_kinds
 from simulator.bounds.tier0 import (
     BlockWork,
     compute_peak,
@@ -22,9 +20,8 @@ from simulator.bounds.tier0 import (
 )
 from simulator.errors import SimulatorError
 from simulator.roofline import Roofline
+from tests._bound_spaces import bound_space
 from tuner.exhaustive_tiered import prove_tiered
-from tuner.space import SearchSpace
-from tuner.suggest import enumerate_candidates
 
 CONFIGS = {
     "megatron-a100": {"model": "llama2-7b", "cluster": "dgx-a100-80g", "nodes": 1, "global_batch_size": 32,
@@ -46,12 +43,8 @@ CONFIGS = {
 def spaces():
     out = {}
     for name, sc in CONFIGS.items():
-        prob = search_problem(sc["model"], sc["cluster"], sc["nodes"], sc["global_batch_size"],
-                              sc["seq_len"], num_layers=sc["num_layers"])
-        space = SearchSpace(prob, cp_degrees=(1, 2) if name.endswith("-cp") else (1,),
-                            fp8_recipes=(None, "te-delayed") if "h100" in name else (None,))
-        cands = enumerate_candidates(space, "pattern-based", template_kinds(sc["model"], sc["seq_len"]))
-        out[name] = (cands, make_scorer(sc), Tier0Bound(sc))
+        out[name] = bound_space(sc, ("pattern-based",), cp_degrees=(1, 2) if name.endswith("-cp") else (1,),
+                                fp8_recipes=(None, "te-delayed") if "h100" in name else (None,))
     return out
 
 
