@@ -65,6 +65,71 @@ def _plan_file(ctx: typer.Context, plan_file: str, cluster: str | None, nodes: i
     return plan.on(cluster, nodes)
 
 
+def _strategy_of_inputs(ctx: typer.Context, plan_file: str | None, model: str | None, cluster: str | None,
+                        nodes: int | None, seq_len: int | None, layers: int | None, global_batch: int | None,
+                        knobs: dict[str, Any], layers_per_stage: str | None, megatron: Any, moe: Any,
+                        torchtitan_config: str | None, deepspeed_config: str | None, as_json: bool) -> Any:
+    """Which input gives the strategy -- a PLAN.json, a torchtitan TOML, a DeepSpeed JSON, or
+    the strategy options with Megatron-LM's arguments (dp from the world when not typed) --
+    and that strategy. Returns (plan or None, strategy, model, cluster, nodes, seq_len,
+    layers, the config file's warnings, the dp note or None). Raises MeshplanError for
+    inputs given together or missing."""
+    inputs_given = {f: v for f, v in (("PLAN.json", plan_file), ("--torchtitan-config", torchtitan_config),
+                                      ("--deepspeed-config", deepspeed_config)) if v is not None}
+    if len(inputs_given) > 1:
+        raise MeshplanError(f"cost: give {' or '.join(inputs_given)}, "
+                            f"{'not both' if len(inputs_given) == 2 else 'only one'} (got "
+                            f"{' and '.join(inputs_given.values())})")
+    config_flag = next((f for f in inputs_given if f != "PLAN.json"), None)
+    if config_flag is not None and (model is None or cluster is None):
+        raise MeshplanError(f"cost {config_flag}: give --model (the architecture) and --cluster "
+                            "(the GPUs) too; the file gives the strategy")
+    plan = _plan_file(ctx, plan_file, cluster, nodes) if plan_file is not None else None
+    if plan is not None:  # the strategy options below are their defaults, unused
+        model, cluster, nodes = plan.model, plan.cluster, plan.nodes
+        seq_len, layers = plan.seq_len, plan.num_layers
+        global_batch = plan.strategy.global_batch_size
+    knobs = {**knobs, "global_batch_size": global_batch}
+    read: list[warnings.WarningMessage] = []  # the config file's warnings (also in --json's list)
+    dp_note: str | None = None  # dp read from the world, as Megatron-LM reads it (a note)
+
+    def num_layers() -> int:  # the model's decoder layers (after --layers), read when needed
+        return mg.model_layers(model, seq_len, layers)
+    if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
+        from meshplan.commands.config_inputs import torchtitan_strategy
+
+        (strategy, seq_len), read = terminal.reading(lambda: torchtitan_strategy(ctx, torchtitan_config, model, cluster,
+                                                                         nodes, seq_len, layers), as_json)
+        global_batch = strategy.global_batch_size
+    elif plan is None and deepspeed_config is not None and model is not None and cluster is not None:
+        from meshplan.commands.config_inputs import deepspeed_strategy
+
+        strategy, read = terminal.reading(lambda: deepspeed_strategy(
+            ctx, deepspeed_config, knobs, cluster, nodes, layers_per_stage, num_layers), as_json)
+        global_batch = strategy.global_batch_size
+    elif model is None or cluster is None or global_batch is None:
+        missing = [f for f, v in (("--model", model), ("--cluster", cluster),
+                                  ("--global-batch", global_batch)) if v is None]
+        raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
+                            "PLAN.json (meshplan cost runs/7b/plan.json)")
+    if plan is not None and moe.given():
+        raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
+                            "PLAN.json names its own")
+    if torchtitan_config is None and deepspeed_config is None:
+        if plan is None and cluster is not None:  # Megatron-LM arguments: dp from the world
+            knobs, dp_note = mo.megatron_dp(ctx, knobs, cluster, nodes)
+        strategy = mo.megatron_strategy(ctx, knobs, megatron, num_layers, layers_per_stage)
+    if plan is None and torchtitan_config is None:  # a .pir program is costed as written
+        from meshplan.commands.program_input import refuse_ignored_cost_options
+
+        refuse_ignored_cost_options(ctx, model, strategy)
+    if plan is not None:
+        from completion.plan_program import plan_strategy
+
+        strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
+    return plan, strategy, model, cluster, nodes, seq_len, layers, read, dp_note
+
+
 @mo.megatron_options()
 def cost_cmd(
     ctx: typer.Context,
@@ -129,23 +194,6 @@ def cost_cmd(
     from meshplan.cost_inputs import assumed_inputs
     from meshplan.engine import Engine
 
-    inputs_given = {f: v for f, v in (("PLAN.json", plan_file), ("--torchtitan-config", torchtitan_config),
-                                      ("--deepspeed-config", deepspeed_config)) if v is not None}
-    if len(inputs_given) > 1:
-        raise MeshplanError(f"cost: give {' or '.join(inputs_given)}, "
-                            f"{'not both' if len(inputs_given) == 2 else 'only one'} (got "
-                            f"{' and '.join(inputs_given.values())})")
-    config_flag = next((f for f in inputs_given if f != "PLAN.json"), None)
-    if config_flag is not None and (model is None or cluster is None):
-        raise MeshplanError(f"cost {config_flag}: give --model (the architecture) and --cluster "
-                            "(the GPUs) too; the file gives the strategy")
-    plan = _plan_file(ctx, plan_file, cluster, nodes) if plan_file is not None else None
-    if plan is not None:  # the strategy options below are their defaults, unused
-        model, cluster, nodes = plan.model, plan.cluster, plan.nodes
-        seq_len, layers = plan.seq_len, plan.num_layers
-        global_batch = plan.strategy.global_batch_size
-    read: list[warnings.WarningMessage] = []  # the config file's warnings (also in --json's list)
-    dp_note: str | None = None  # dp read from the world, as Megatron-LM reads it (a note)
     knobs = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "cp_comm": cp_comm, "ep": ep, "etp": etp,
              "moe_capacity_factor": moe_capacity_factor, "moe_load_imbalance": moe_load_imbalance,
              "vpp": vpp, "schedule": schedule, "micro_batch_size": micro_batch_size,
@@ -153,40 +201,9 @@ def cost_cmd(
              "fsdp_shard_size": fsdp_shard_size, "sequence_parallel": sequence_parallel,
              "dtype": dtype, "framework": framework, "attention": attention}
 
-    def num_layers() -> int:  # the model's decoder layers (after --layers), read when needed
-        return mg.model_layers(model, seq_len, layers)
-    if plan is None and torchtitan_config is not None and model is not None and cluster is not None:
-        from meshplan.commands.config_inputs import torchtitan_strategy
-
-        (strategy, seq_len), read = terminal.reading(lambda: torchtitan_strategy(ctx, torchtitan_config, model, cluster,
-                                                                         nodes, seq_len, layers), as_json)
-        global_batch = strategy.global_batch_size
-    elif plan is None and deepspeed_config is not None and model is not None and cluster is not None:
-        from meshplan.commands.config_inputs import deepspeed_strategy
-
-        strategy, read = terminal.reading(lambda: deepspeed_strategy(
-            ctx, deepspeed_config, knobs, cluster, nodes, layers_per_stage, num_layers), as_json)
-        global_batch = strategy.global_batch_size
-    elif model is None or cluster is None or global_batch is None:
-        missing = [f for f, v in (("--model", model), ("--cluster", cluster),
-                                  ("--global-batch", global_batch)) if v is None]
-        raise MeshplanError(f"cost: give {', '.join(missing)} with the strategy options, or a "
-                            "PLAN.json (meshplan cost runs/7b/plan.json)")
-    if plan is not None and moe.given():
-        raise MeshplanError("the Megatron-LM MoE arguments describe the model of --model; a "
-                            "PLAN.json names its own")
-    if torchtitan_config is None and deepspeed_config is None:
-        if plan is None and cluster is not None:  # Megatron-LM arguments: dp from the world
-            knobs, dp_note = mo.megatron_dp(ctx, knobs, cluster, nodes)
-        strategy = mo.megatron_strategy(ctx, knobs, megatron, num_layers, layers_per_stage)
-    if plan is None and torchtitan_config is None:  # a .pir program is costed as written
-        from meshplan.commands.program_input import refuse_ignored_cost_options
-
-        refuse_ignored_cost_options(ctx, model, strategy)
-    if plan is not None:
-        from completion.plan_program import plan_strategy
-
-        strategy = plan_strategy(plan)  # the plan's annotations, as Engine.from_plan takes them
+    plan, strategy, model, cluster, nodes, seq_len, layers, read, dp_note = _strategy_of_inputs(
+        ctx, plan_file, model, cluster, nodes, seq_len, layers, global_batch, knobs, layers_per_stage,
+        megatron, moe, torchtitan_config, deepspeed_config, as_json)
     outs.distinct_outputs({"PLAN.json": plan_file, "--model": outs.input_file(model),
                           "--cluster": outs.input_file(cluster),
                           "--torchtitan-config": outs.input_file(torchtitan_config),
