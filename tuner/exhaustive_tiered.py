@@ -202,7 +202,6 @@ class _Dive:
         idx = np.flatnonzero(fits)
         self.order = idx[np.argsort(t0[idx], kind="stable")]
         self.lean = idx[np.lexsort((t0[idx], m0[idx] / cap[idx]))]  # lightest first, then fastest
-        self.t0 = t0
         self.done = np.zeros(len(t0), dtype=bool)
         self.tightened = np.zeros(len(t0), dtype=bool)
         self.rho, self.at, self.lean_at, self.count = 1.0, 0, 0, 0
