@@ -196,12 +196,16 @@ def repair(cs: optuna.Study, n_slices: int) -> None:
             _new_slice_trial(cs, k)
 
 
-def claim(cs: optuna.Study, n_slices: int) -> FrozenTrial | None:
-    """Take one open slice (module docstring: the claim rule), or None when none is open."""
+def claim(cs: optuna.Study, n_slices: int, prefer: Sequence[int] | None = None) -> FrozenTrial | None:
+    """Take one open slice (module docstring: the claim rule), or None when none is open;
+    ``prefer``: slices in the order to take them (:func:`slice_order`; the others after
+    them), else in the order of their trials."""
     recover(cs)
     repair(cs, n_slices)
     st = cs._storage
-    for t in sorted(cs.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda u: u.number):
+    rank = {k: r for r, k in enumerate(prefer or ())}
+    waiting = cs.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    for t in sorted(waiting, key=lambda u: (rank.get(_slice(u), len(rank)), u.number)):
         try:
             if not st.set_trial_state_values(t._trial_id, TrialState.RUNNING):
                 continue  # another worker took it
@@ -333,6 +337,33 @@ def open_bound(cs: optuna.Study, n_slices: int, candidates: Sequence[Any], score
     return (None if low is None or math.isinf(low) else low), merge_shapes(parts)
 
 
+def slice_order(candidates: Sequence[Any], n_slices: int, scorer: Any, memo: dict[str, dict[int, Any]],
+                deadline: float | None = None) -> list[int] | None:
+    """The slices, most promising first: by the smallest first-tier bound of a member that
+    may fit (``scorer.cheap_bound``, else ``bound``, as :func:`tuner.exhaustive.run_exhaustive`
+    takes them, kept in ``memo`` for its turns), ties by slice number; a slice whose
+    members all cannot fit last. A slice that holds a fast plan is searched first, and its
+    incumbent prunes the others by their cheap bounds before their layouts are costed
+    (Llama-3.1-405B on 2,048 GPUs with cp and FP8: one slice's smallest cheap bound is
+    16.1 s, the optimum 12.06 s). The order only changes which slice is worked on first,
+    not what is proven. None when ``deadline`` (``time.monotonic()``) passes first."""
+    from tuner.exhaustive import candidate_bounds
+
+    cheap = getattr(scorer, "cheap_bound", None)
+    known = memo.setdefault("cheap" if cheap is not None else "tight", {})
+    bound = cheap or scorer.bound
+    low = [math.inf] * n_slices
+    for j, c in enumerate(candidates):
+        if j % 1024 == 0 and deadline is not None and time.monotonic() > deadline:
+            return None
+        b = known.get(j)
+        if b is None:
+            b = known[j] = candidate_bounds(bound, c)
+        if b[1] <= b[2]:
+            low[j % n_slices] = min(low[j % n_slices], b[0])
+    return sorted(range(n_slices), key=lambda k: (low[k], k))
+
+
 def _release(cs: optuna.Study, t: FrozenTrial, r: ExhaustiveReport) -> None:
     """Fail a slice whose turn or budget ended (``stopped``), recording its open bound (None:
     unknown) and per-shape bounds, so that a resume redoes it from the study's history."""
@@ -349,7 +380,8 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
                max_simulated: int | None = None) -> tuple[ExhaustiveReport, int]:
     """Work on the slices of ``study`` until none is open; with ``wait`` (the ``tune``
     process) also until every slice is finished, taking over the slices of workers that
-    die meanwhile. ``n_slices``: the slices to cut a new search into (None: join one).
+    die meanwhile; the first turns go to the most promising slices (:func:`slice_order`).
+    ``n_slices``: the slices to cut a new search into (None: join one).
 
     With a ``timeout`` (s) a worker takes turns: a slice gets at most the time left divided
     by the slices still open (at least :data:`MIN_TURN_S` of branch and bound), then it is
@@ -369,6 +401,8 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
     cs, s = open_slices(study, n_slices, n)
     incumbent, history, mine = Incumbent(study, cs), {}, 0
     memo: dict[str, dict[int, Any]] = {}  # this process's bounds, reused when a slice comes round again
+    order = slice_order(candidates, s, scorer, memo, deadline)
+    taken: set[int] = set()  # slices this process had a turn on: then in the claim's own order
 
     def on_scored(i: int) -> None:  # post a feasible score so that peers prune against it
         rec = history[plan_key(candidates[i])]
@@ -379,13 +413,14 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
 
     budget_out = False
     while not budget_out and (deadline is None or time.monotonic() < deadline):
-        t = claim(cs, s)
+        t = claim(cs, s, None if order is None else [k for k in order if k not in taken])
         if t is None:
             if not wait or merged_report(cs, s, n).proven:
                 break
             time.sleep(POLL_S)
             continue
         history.update(history_cache(study))
+        taken.add(_slice(t))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         turn = None if left is None else max(MIN_TURN_S, left / max(1, _open_slices(cs, s)))
         cap = None if max_simulated is None else max(0, max_simulated - mine)
@@ -415,4 +450,4 @@ def run_shared(study: optuna.Study, candidates: Sequence[Any], scorer: Any, *,
 
 __all__ = ["BEAT_S", "Incumbent", "MIN_TURN_S", "open_bound", "SLICES_PER_WORKER", "SLICE_STUDY_SUFFIX", "STALE_S", "claim",
            "is_slice_study", "merged_report", "open_slices", "recover", "repair", "run_shared",
-           "slice_members", "slice_study_name", "study_best"]
+           "slice_members", "slice_order", "slice_study_name", "study_best"]

@@ -273,3 +273,27 @@ def test_a_killed_workers_slice_is_finished_by_the_lead(tmp_path):
     assert sum(v - 1 for v in scored.values()) <= 1
     slices = optuna.load_study(study_name="peer" + SLICE_STUDY_SUFFIX, storage=journal)
     assert any(t.user_attrs.get("interrupted") for t in slices.get_trials(states=(TrialState.FAIL,)))
+
+
+def test_the_first_turns_go_to_the_slices_of_smallest_cheap_bound():
+    """Eight candidates in 4 slices (k, k + 4) with cheap times 5 1 9 3 | 4 7 2 8, candidate
+    1 over its memory limit: the smallest bound that may fit is 4 in slice 0 (5, 4), 7 in
+    slice 1 (1 cannot fit), 2 in slice 2 (9, 2), 3 in slice 3 (3, 8): order 2 3 0 1, the
+    bounds kept for the turns. A claim takes the preferred slices first, then the rest in
+    the order of their trials."""
+    from types import SimpleNamespace
+
+    from tuner.exhaustive import Bound
+    from tuner.exhaustive_shared import claim, open_slices, slice_order
+
+    times = [5.0, 1.0, 9.0, 3.0, 4.0, 7.0, 2.0, 8.0]
+    scorer = SimpleNamespace(cheap_bound=lambda c: Bound(times[c], 2 if c == 1 else 0, 1), bound=None)
+    memo: dict = {}
+    assert slice_order(list(range(8)), 4, scorer, memo) == [2, 3, 0, 1]
+    assert memo["cheap"][1] == (1.0, 2.0, 1.0) and len(memo["cheap"]) == 8
+    assert slice_order(list(range(8)), 4, scorer, {}, deadline=time.monotonic() - 1) is None
+    study = optuna.create_study()
+    cs, s = open_slices(study, 4, 8)
+    got = [claim(cs, s, [2, 3]).user_attrs["slice"], claim(cs, s, [3]).user_attrs["slice"],
+           claim(cs, s).user_attrs["slice"], claim(cs, s).user_attrs["slice"]]
+    assert got == [2, 3, 0, 1] and claim(cs, s) is None

@@ -216,3 +216,62 @@ def test_prove_tiered_dives_and_reports_the_best_when_stopped():
                        deadline=_time.monotonic() + 0.01)
     assert not rep.proven and rep.best_time_s == 5.0 and rep.open_bound_s == 1.2
     assert (rep.simulated, rep.pruned_cheap, rep.pruned_time) == (1, 1, 0)
+
+
+def test_prove_tiered_simulates_the_smallest_tight_bound_once_ready_every_went_unsimulated():
+    """A poor first incumbent (candidate 0: cheap 1.0, tight 2.0, simulated 10.0) leaves
+    candidates 1..12 below it by their cheap bounds 1.1..2.2. Best-first order would
+    tight-bound all twelve before it simulates anything; instead, after READY_EVERY = 8
+    tight bounds (candidates 1..8, all keyed 5.0 but candidate 1 at 3.0) without a
+    simulation, the plan of the smallest key -- candidate 1, 3.0 -- is simulated at once
+    and becomes the incumbent: candidates 9..12 are then tight-bounded (their cheap bounds
+    2.0-2.2 are below 3.0) and pruned by time (5.0 >= 3.0)."""
+    from tuner.exhaustive_tiered import READY_EVERY
+
+    assert READY_EVERY == 8
+    calls = []
+    tights = {0: 2.0, 1: 3.0}
+    sims = {0: 10.0, 1: 3.0}
+
+    def tight(i):
+        calls.append(("tight", i))
+        return tights.get(i, 5.0), 0.0, 1.0
+
+    def evaluate(i):
+        calls.append(("sim", i))
+        return sims.get(i, 5.0), 0, 1
+
+    cheap = [1.0] + [1.0 + 0.1 * k for k in range(1, 13)]
+    rep = prove_tiered(cheap, [0.0] * 13, [1.0] * 13, tight, evaluate)
+    assert calls == ([("tight", 0), ("sim", 0)] + [("tight", i) for i in range(1, 9)] + [("sim", 1)]
+                     + [("tight", i) for i in range(9, 13)])
+    assert rep.proven and (rep.best_index, rep.best_time_s) == (1, 3.0)
+    assert (rep.simulated, rep.pruned_time, rep.pruned_cheap, rep.pruned_memory) == (2, 11, 0, 0)
+    # stopped right after that dive (two plans scored): the answer is already the optimum
+    calls.clear()
+    rep = prove_tiered(cheap, [0.0] * 13, [1.0] * 13, tight, evaluate,
+                       stop=lambda: sum(c[0] == "sim" for c in calls) >= 2)
+    assert not rep.proven and rep.best_time_s == 3.0 and rep.open_bound_s == pytest.approx(1.9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(point, min_size=1, max_size=40), st.floats(0.2, 1.0), st.integers(1, 3))
+def test_prove_tiered_with_frequent_ready_dives_equals_brute_force(points, limit, every):
+    """As test_prove_tiered_equals_brute_force with a dive after every 1-3 tight bounds
+    (READY_EVERY patched): the dives change the order of simulation, never the optimum,
+    and the counts still add up."""
+    from unittest import mock
+
+    import tuner.exhaustive_tiered as et
+
+    time_s = [p[0] for p in points]
+    tight_t = [p[0] * (p[1] + (1 - p[1]) * p[2]) for p in points]
+    cheap_t = [p[0] * p[1] for p in points]
+    mem = [p[3] for p in points]
+    cheap_m = [p[3] * p[4] for p in points]
+    with mock.patch.object(et, "READY_EVERY", every):
+        rep = prove_tiered(cheap_t, cheap_m, [limit] * len(points),
+                           lambda i: (tight_t[i], mem[i] * 0.9, limit), lambda i: (time_s[i], mem[i], limit))
+    feasible = [t for t, m in zip(time_s, mem, strict=True) if m <= limit]
+    assert rep.proven and rep.best_time_s == (min(feasible) if feasible else None)
+    assert rep.simulated + rep.pruned_memory + rep.pruned_time + rep.pruned_cheap == len(points)
