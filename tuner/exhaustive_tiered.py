@@ -232,7 +232,7 @@ class _Dive:
                 self.lean_at += 1
         while self.at < len(self.order):
             j = int(self.order[self.at])
-            if not self.done[j] and not math.isinf(lower[j]) and self.m0[j] * self.rho <= self.cap[j]:
+            if not self.done[j] and not math.isinf(lower[j]) and float(self.m0[j]) * self.rho <= self.cap[j]:
                 return j
             self.at += 1  # evaluated, pruned, or too heavy for the ratio (it only grows)
         return None
@@ -243,7 +243,9 @@ class _Dive:
         self.count += 1
         self.tight_at_sim = self.tight_count
         if rec is not None and rec[1] > rec[2] and self.m0[i] > 0:
-            self.rho = max(self.rho, rec[1] / self.m0[i])
+            # a peak over a cheap bound near 0 makes the ratio unbounded: no heavier plan dives
+            ratio = rec[1] / float(self.m0[i])
+            self.rho = max(self.rho, ratio)
 
 
 __all__ = ["READY_EVERY", "Tight", "prove_tiered"]
