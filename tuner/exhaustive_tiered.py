@@ -90,6 +90,17 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
     heapq.heapify(heap)
     dive = _Dive(t0, m0, cap, fits) if can_evaluate is None else None
     best = math.inf
+
+    def tightened(i: int) -> tuple[float, float, float]:
+        """``tight(i)``, counted for the dives, refused when NaN."""
+        if dive is not None:
+            dive.tightened[i] = True
+            dive.tight_count += 1
+        t, m, c = tight(i)
+        if math.isnan(t) or math.isnan(m):
+            raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+        return t, m, c
+
     while True:
         while heap and dive is not None and dive.done[heap[0][2]]:
             heapq.heappop(heap)  # evaluated by a dive meanwhile
@@ -115,11 +126,7 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
         if j is not None:  # a dive: a plan likely to fit, simulated before its turn
             i = j
             if not dive.tightened[i]:
-                dive.tightened[i] = True
-                dive.tight_count += 1
-                t, m, c = tight(i)
-                if math.isnan(t) or math.isnan(m):
-                    raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+                t, m, c = tightened(i)
                 if m > c:  # its tight memory bound proves it cannot fit: never simulated
                     rep.pruned_memory += 1
                     lower[i], dive.done[i] = math.inf, True
@@ -135,12 +142,7 @@ def prove_tiered(cheap_time: Sequence[float], cheap_memory: Sequence[float], mem
                 heapq.heappush(heap, (lower[i], 1, i))
                 continue
             if tier <= 1:
-                if dive is not None:
-                    dive.tightened[i] = True
-                    dive.tight_count += 1
-                t, m, c = tight(i)
-                if math.isnan(t) or math.isnan(m):
-                    raise TunerError(f"the tight lower bound of candidate {i} is NaN")
+                t, m, c = tightened(i)
                 if m > c:
                     rep.pruned_memory += 1
                     lower[i] = math.inf
