@@ -123,6 +123,31 @@ def _record_trial(study: optuna.Study, candidate: Any, key: str, rec: dict[str, 
     study.add_trial(trial)
 
 
+def _memoised(store: dict[str, dict[int, Any]], name: str, candidates: Sequence[Any],
+              fn: Callable[[Any], Any]) -> Callable[[int], Any]:
+    """Candidate index -> ``fn(candidates[j])``, kept in ``store[name]`` (a search's bounds,
+    reused when it comes round again)."""
+    known = store.setdefault(name, {})
+
+    def get(j: int) -> Any:
+        v = known.get(j)
+        if v is None:
+            v = known[j] = fn(candidates[j])
+        return v
+    return get
+
+
+def first_tier_bounds(scorer: Any, candidates: Sequence[Any], store: dict[str, dict[int, Any]]
+                      ) -> Callable[[int], tuple[float, float, float]]:
+    """Candidate index -> its first-tier bound (time s, memory bytes, limit bytes): the
+    scorer's ``cheap_bound`` when it has one (kept in ``store["cheap"]``), else its
+    ``bound`` (``store["tight"]``), as :func:`run_exhaustive` bounds every candidate first."""
+    cheap = getattr(scorer, "cheap_bound", None)
+    fn = cheap or scorer.bound
+    return _memoised(store, "cheap" if cheap is not None else "tight", candidates,
+                     lambda c: candidate_bounds(fn, c))
+
+
 def candidate_bounds(bound: Callable[[Any], Bound], c: Any) -> tuple[float, float, float]:
     """(time, memory, limit) of ``bound(c)``; a ValueError (a plan the engine refuses)
     gives no bound: (-inf, 0, 1), simulated early and refused by the scorer the same way."""
@@ -187,16 +212,9 @@ def run_exhaustive(study: optuna.Study, candidates: Sequence[Any], scorer: Any,
     store: dict[str, dict[int, Any]] = {} if memo is None else memo
 
     def memoised(name: str, fn: Callable[[Any], Any]) -> Callable[[int], Any]:
-        known = store.setdefault(name, {})
+        return _memoised(store, name, candidates, fn)
 
-        def get(j: int) -> Any:  # j indexes ``candidates``
-            v = known.get(j)
-            if v is None:
-                v = known[j] = fn(candidates[j])
-            return v
-        return get
-
-    first = memoised("cheap" if cheap is not None else "tight", lambda c: candidate_bounds(cheap or bound, c))
+    first = first_tier_bounds(scorer, candidates, store)
     t_lb, m_lb, cap, bounded = _bound_all(idx, first, deadline, tick, every=1 if cheap is None else 1024)
     ev = _Evaluator(study, candidates, idx, scorer, history, t_lb, on_scored, tick)
     turn_end = None if quantum is None else time.monotonic() + quantum
@@ -304,4 +322,4 @@ class _Evaluator:
         return rec["time_s"], rec["memory_bytes"], rec["memory_limit_bytes"]
 
 
-__all__ = ["Bound", "ExhaustiveReport", "plan_key", "prove_best", "run_exhaustive"]
+__all__ = ["Bound", "ExhaustiveReport", "first_tier_bounds", "plan_key", "prove_best", "run_exhaustive"]

@@ -347,18 +347,14 @@ def slice_order(candidates: Sequence[Any], n_slices: int, scorer: Any, memo: dic
     (Llama-3.1-405B on 2,048 GPUs with cp and FP8: one slice's smallest cheap bound is
     16.1 s, the optimum 12.06 s). The order only changes which slice is worked on first,
     not what is proven. None when ``deadline`` (``time.monotonic()``) passes first."""
-    from tuner.exhaustive import candidate_bounds
+    from tuner.exhaustive import first_tier_bounds
 
-    cheap = getattr(scorer, "cheap_bound", None)
-    known = memo.setdefault("cheap" if cheap is not None else "tight", {})
-    bound = cheap or scorer.bound
+    first = first_tier_bounds(scorer, candidates, memo)
     low = [math.inf] * n_slices
-    for j, c in enumerate(candidates):
+    for j in range(len(candidates)):
         if j % 1024 == 0 and deadline is not None and time.monotonic() > deadline:
             return None
-        b = known.get(j)
-        if b is None:
-            b = known[j] = candidate_bounds(bound, c)
+        b = first(j)
         if b[1] <= b[2]:
             low[j % n_slices] = min(low[j % n_slices], b[0])
     return sorted(range(n_slices), key=lambda k: (low[k], k))
