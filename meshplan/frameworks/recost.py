@@ -213,6 +213,12 @@ def moved_fields(tuned: Any, exported: Any, splits: tuple[Any, Any] | None = Non
     split each one's costing ran (the Engine's ``StepResult.layers_per_vstage``: the cost
     model balances the stages of a None split, e.g. [7, 5, 6, 6], where the file may list an
     even one), else not compared."""
+    return [f for f, _ in _moved(tuned, exported, splits)]
+
+
+def _moved(tuned: Any, exported: Any, splits: tuple[Any, Any] | None) -> list[tuple[str, tuple[Any, Any]]]:
+    """(field, (tuned value, exported value)) of each :func:`moved_fields` field, in
+    :data:`COMPARED` order, the values as compared."""
     out = []
     for f in COMPARED:
         a, b = _value(tuned, f), _value(exported, f)
@@ -223,7 +229,7 @@ def moved_fields(tuned: Any, exported: Any, splits: tuple[Any, Any] | None = Non
         if (f == "zero" and tuned.dp == exported.dp == 1) or (f == "etp" and 1 in (tuned.ep, exported.ep)):
             continue
         if a != b:
-            out.append(f)
+            out.append((f, (a, b)))
     return out
 
 
@@ -246,14 +252,7 @@ def changed_fields(tuned: Any, exported: Any, splits: tuple[Any, Any] | None = N
             return list(v)
         return word[v] if isinstance(v, bool) or v is None else v
 
-    def pair(f: str) -> tuple[Any, Any]:
-        a, b = _value(tuned, f), _value(exported, f)
-        if f == "layers_per_stage" and None in (a, b) and splits is not None:
-            return splits
-        return a, b
-
-    return [f"{COMPARED[f]} {say(pair(f)[0])} -> {say(pair(f)[1])}"
-            for f in moved_fields(tuned, exported, splits)]
+    return [f"{COMPARED[f]} {say(a)} -> {say(b)}" for f, (a, b) in _moved(tuned, exported, splits)]
 
 
 def recost(plan: Any, out: Any) -> Recost:
